@@ -1,0 +1,47 @@
+"""The `ddpdoctor` command line: one click group; each command lives in ddpdoctor/commands/<name>.py.
+
+Commands load lazily so that `ddpdoctor topo` or `ddpdoctor logs` never pay for importing torch."""
+
+from __future__ import annotations
+
+import importlib
+import importlib.util
+from typing import Any
+
+import click
+
+COMMANDS: dict[str, tuple[str, str]] = {
+    "profile": ("ddpdoctor.commands.profile", "Launch a DDP script like torchrun, profile a few steps on every rank, report."),
+    "run": ("ddpdoctor.commands.run", "Launch a DDP script like torchrun under hang and crash watch, without profiling."),
+    "analyze": ("ddpdoctor.commands.analyze", "Analyse a run directory or PyTorch profiler traces (GPU or CPU)."),
+    "check-sync": ("ddpdoctor.commands.check_sync", "Check that gradients, parameters, buffers and data shards agree across ranks."),
+    "logs": ("ddpdoctor.commands.logs", "Explain logs of a job that ran without ddpdoctor (hangs, crashes, mismatches)."),
+    "topo": ("ddpdoctor.commands.topo", "Read NCCL_DEBUG=INFO output and topology dumps; flag a misconfigured fabric."),
+    "preflight": ("ddpdoctor.commands.preflight", "Check the cluster and the job's environment before a big run."),
+}
+
+
+class LazyGroup(click.Group):
+    def list_commands(self, ctx: click.Context) -> list[str]:
+        return [name for name, (mod, _) in COMMANDS.items() if importlib.util.find_spec(mod) is not None]
+
+    def get_command(self, ctx: click.Context, cmd_name: str) -> click.Command | None:
+        entry = COMMANDS.get(cmd_name)
+        if entry is None or importlib.util.find_spec(entry[0]) is None:
+            return None
+        module = importlib.import_module(entry[0])
+        return getattr(module, "command")
+
+    def format_commands(self, ctx: click.Context, formatter: Any) -> None:
+        rows = [(name, COMMANDS[name][1]) for name in self.list_commands(ctx)]
+        if rows:
+            with formatter.section("Commands"):
+                formatter.write_dl(rows)
+
+
+@click.group(cls=LazyGroup, context_settings={"help_option_names": ["-h", "--help"]})
+@click.version_option(package_name="ddpdoctor", prog_name="ddpdoctor")
+def main() -> None:
+    """ddpdoctor: find out why a PyTorch DDP job is slow, hangs or trains wrong, without changing its code.
+
+    Exit codes: 0 nothing wrong, 1 a problem was found (or the job failed), 2 bad input."""

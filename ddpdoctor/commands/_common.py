@@ -1,0 +1,102 @@
+"""What every command shares: bad-input handling, output (terminal or --json), exit codes, launch options."""
+
+from __future__ import annotations
+
+import functools
+import json
+import os
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any, NoReturn
+
+import click
+
+from ddpdoctor.errors import EXIT_BAD_INPUT, BadInput
+from ddpdoctor.findings.model import Severity
+from ddpdoctor.launch.flags import torchrun_options
+from ddpdoctor.report import Report
+
+SectionRenderer = Callable[[Report, Any, bool], None]
+
+
+def cli_errors(fn: Callable[..., Any]) -> Callable[..., Any]:
+    """Bad input becomes one line on stderr and exit code 2, never a traceback."""
+
+    @functools.wraps(fn)
+    def wrapper(*args: Any, **kwargs: Any) -> Any:
+        try:
+            return fn(*args, **kwargs)
+        except BadInput as exc:
+            click.echo(f"ddpdoctor: error: {exc}", err=True)
+            sys.exit(EXIT_BAD_INPUT)
+        except KeyboardInterrupt:
+            click.echo("ddpdoctor: interrupted", err=True)
+            sys.exit(130)
+
+    return wrapper
+
+
+def json_option(fn: Callable[..., Any]) -> Callable[..., Any]:
+    return click.option("--json", "as_json", is_flag=True, help="Print the report as JSON (docs/json.md).")(fn)
+
+
+def fail_on_option(fn: Callable[..., Any]) -> Callable[..., Any]:
+    return click.option(
+        "--fail-on",
+        type=click.Choice(["error", "warning"]),
+        default="error",
+        show_default=True,
+        help="Exit 1 when a finding of this severity or worse is found.",
+    )(fn)
+
+
+def emit(
+    report: Report,
+    *,
+    as_json: bool,
+    verbose: bool = False,
+    fail_on: str = "error",
+    sections: SectionRenderer | None = None,
+    exit_code: int | None = None,
+) -> NoReturn:
+    """Print the report and exit with the code its findings imply (or ``exit_code`` when it is worse)."""
+    if as_json:
+        click.echo(json.dumps(report.to_json(), indent=2, default=str))
+    else:
+        from ddpdoctor.renderers.console import render
+
+        render(report, sections=sections, verbose=verbose)
+    code = report.exit_code(Severity(fail_on))
+    if exit_code is not None:
+        code = max(code, exit_code)
+    sys.exit(code)
+
+
+def default_run_dir(name: str | None) -> Path:
+    """ddpdoctor-runs/<name>; without a name, the SLURM job/step when there is one, else a timestamp."""
+    if not name:
+        job = os.environ.get("SLURM_JOB_ID")
+        name = f"slurm-{job}.{os.environ.get('SLURM_STEP_ID', '0')}" if job else time.strftime("%Y%m%d-%H%M%S")
+    return Path("ddpdoctor-runs") / name
+
+
+def launch_options(fn: Callable[..., Any]) -> Callable[..., Any]:
+    """Options of every command that launches a job: torchrun's flags plus where the run directory goes."""
+    fn = click.argument("script_args", nargs=-1, type=click.UNPROCESSED)(fn)
+    fn = click.argument("script")(fn)
+    fn = click.option("--quiet", "-q", is_flag=True, help="Do not echo the ranks' output.")(fn)
+    fn = click.option(
+        "--launcher",
+        type=click.Choice(["torchrun", "none"]),
+        default="torchrun",
+        show_default=True,
+        help="none: the scheduler (srun, mpirun) already started one process per rank.",
+    )(fn)
+    fn = click.option("--name", default=None, help="Run name: the run directory is ddpdoctor-runs/NAME.")(fn)
+    fn = click.option("--out", "out", type=click.Path(path_type=Path), default=None, help="Run directory.")(fn)
+    return torchrun_options(fn)
+
+
+LAUNCH_CONTEXT = {"ignore_unknown_options": True, "allow_interspersed_args": False}

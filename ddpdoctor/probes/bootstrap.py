@@ -1,0 +1,157 @@
+"""Runs in every rank before the user's script: installs the probes, runs the script with runpy, records how it ended.
+
+torchrun starts this file instead of the script; the script's path, arguments and the probe settings
+arrive in $DDPDOCTOR_CONFIG. The script sees the usual ``__main__``, ``sys.argv`` and tracebacks."""
+
+from __future__ import annotations
+
+import os
+import runpy
+import signal
+import sys
+import time
+import traceback
+from pathlib import Path
+from typing import Any
+
+if __package__ in (None, ""):
+    # Started as a file by torchrun: make the package importable the way the launcher saw it.
+    sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+
+from ddpdoctor.probes import rank_info  # noqa: E402
+from ddpdoctor.probes.config import ProbeConfig, rank_from_env  # noqa: E402
+from ddpdoctor.probes.ddp_recorder import DDPRecorder  # noqa: E402
+from ddpdoctor.probes.steps import StepTracker  # noqa: E402
+from ddpdoctor.rundir.layout import RunDir, write_json  # noqa: E402
+
+
+class RankSession:
+    """Every probe of one rank, installed before the script and finished after it, whatever happened."""
+
+    def __init__(self, config: ProbeConfig) -> None:
+        self.config = config
+        self.rank, self.world_size, self.local_rank = rank_from_env()
+        self.run = RunDir(Path(config.run_dir))
+        self.tracker = StepTracker()
+        self.ddp = DDPRecorder()
+        self.profiler: Any = None
+        self.extra: list[Any] = []  # other probes: each has finish(status: dict) -> None
+        self.started = time.time()
+        self.info: dict[str, Any] = rank_info.basic(self.rank, self.world_size, self.local_rank)
+        self._finished = False
+
+    def install(self) -> None:
+        self.tracker.install()
+        self.ddp.install()
+        self.tracker.add_listener(self._record_layout_once)
+        if self.config.mode == "profile":
+            from ddpdoctor.probes.profiler import ProfilerProbe
+
+            self.profiler = ProfilerProbe(
+                self.run.traces, self.rank, self.config.schedule, self.config.record_shapes, self.config.with_stack
+            )
+            self.tracker.add_listener(self.profiler.on_step)
+            self.profiler.start()
+        write_json(self.run.rank_file(self.rank, "info.json"), self.info)
+
+    def _record_layout_once(self, step: int) -> None:
+        # DDP rebuilds its buckets after iteration 1; step 3 sees the layout the job keeps.
+        if step == 3:
+            self._write_info()
+
+    def _write_info(self) -> None:
+        try:
+            self.info["process_group"] = rank_info.process_group_info() or self.info.get("process_group")
+            self.info["ddp_modules"] = self.ddp.describe()
+            write_json(self.run.rank_file(self.rank, "info.json"), self.info)
+        except Exception:  # noqa: BLE001 - a probe never changes how the user's job ends
+            pass
+
+    def finish(self, status: dict[str, Any]) -> None:
+        if self._finished:
+            return
+        self._finished = True
+        status.update(
+            rank=self.rank,
+            steps_completed=self.tracker.step,
+            step_times_s=[round(t, 6) for t in self.tracker.step_times[-1000:]],
+            duration_s=round(time.time() - self.started, 3),
+            ddp_modules=self.ddp.count,
+        )
+        write_json(self.run.rank_file(self.rank, "status.json"), status)
+        if self.profiler is not None:
+            self.profiler.finish()
+            status["traces"] = [p.name for p in self.profiler.written]
+        for probe in self.extra:
+            try:
+                probe.finish(status)
+            except Exception:  # noqa: BLE001
+                pass
+        self._write_info()
+        self._summarise_traces()
+        write_json(self.run.rank_file(self.rank, "status.json"), status)
+        self.tracker.uninstall()
+        self.ddp.uninstall()
+
+    def _summarise_traces(self) -> None:
+        """Each rank reduces its own trace, so `analyze` of a 1,000-rank job merges small summaries."""
+        if self.profiler is None or not self.profiler.written:
+            return
+        try:
+            from ddpdoctor.traces.summary import summarize_trace_files
+
+            summary = summarize_trace_files(self.profiler.written, rank=self.rank)
+            write_json(self.run.rank_file(self.rank, "summary.json"), summary)
+        except Exception as exc:  # noqa: BLE001 - analyze can still read the trace itself
+            write_json(self.run.rank_file(self.rank, "summary-error.json"), {"error": repr(exc)})
+
+
+def _run_script(config: ProbeConfig) -> None:
+    if config.as_module:
+        sys.argv = [config.script, *config.script_args]
+        sys.path.insert(0, os.getcwd())
+        runpy.run_module(config.script, run_name="__main__", alter_sys=True)
+    else:
+        script = os.path.abspath(config.script)
+        sys.argv = [config.script, *config.script_args]
+        sys.path[0] = os.path.dirname(script)  # as `python script.py` would have it
+        runpy.run_path(script, run_name="__main__")
+
+
+def _on_sigterm(signum: int, frame: Any) -> None:
+    # torchrun SIGTERMs the surviving ranks when one fails: unwind so the profiler writes what it has.
+    raise SystemExit(128 + signum)
+
+
+def main() -> None:
+    config = ProbeConfig.from_env()
+    if config is None:
+        sys.stderr.write("ddpdoctor bootstrap: $DDPDOCTOR_CONFIG is not set; run the script through `ddpdoctor`.\n")
+        raise SystemExit(2)
+    session = RankSession(config)
+    session.install()
+    signal.signal(signal.SIGTERM, _on_sigterm)
+    status: dict[str, Any] = {"exit_code": 0}
+    try:
+        _run_script(config)
+    except SystemExit as exc:
+        code = exc.code
+        status["exit_code"] = code if isinstance(code, int) else (0 if code is None else 1)
+        if isinstance(code, int) and code > 128:
+            status["signal"] = signal.Signals(code - 128).name if code - 128 in signal.Signals._value2member_map_ else None
+        raise
+    except BaseException as exc:
+        status["exit_code"] = 1
+        status["exception"] = f"{type(exc).__name__}: {exc}"
+        status["exception_type"] = type(exc).__name__
+        status["traceback"] = traceback.format_exc()
+        raise
+    finally:
+        session.finish(status)
+
+
+if __name__ == "__main__":
+    from torch.distributed.elastic.multiprocessing.errors import record
+
+    # record() writes the exception into torchrun's error file, so torchrun's failure table shows it.
+    record(main)()

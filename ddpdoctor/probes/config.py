@@ -1,0 +1,72 @@
+"""The configuration a launcher hands to every rank's bootstrap, through one environment variable."""
+
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+ENV_VAR = "DDPDOCTOR_CONFIG"
+
+
+@dataclass
+class Schedule:
+    """torch.profiler's schedule: skip ``wait`` steps, warm up ``warmup``, record ``active``, ``repeat`` times.
+
+    The default waits 2 steps because DDP builds its buckets in iteration 0 and rebuilds them after
+    iteration 1, so the first steps are not what the job looks like."""
+
+    wait: int = 2
+    warmup: int = 1
+    active: int = 3
+    repeat: int = 1
+
+    def recorded_steps(self) -> list[int]:
+        """The ProfilerStep numbers a run that lasts long enough records."""
+        cycle = self.wait + self.warmup + self.active
+        steps: list[int] = []
+        for r in range(max(1, self.repeat)):
+            first = r * cycle + self.wait + self.warmup
+            steps.extend(range(first, first + self.active))
+        return steps
+
+
+@dataclass
+class ProbeConfig:
+    mode: str  # "profile", "run" or "check-sync"
+    run_dir: str
+    script: str
+    script_args: list[str] = field(default_factory=list)
+    as_module: bool = False
+    schedule: Schedule = field(default_factory=Schedule)
+    record_shapes: bool = True
+    with_stack: bool = False
+    monitor: str | None = None  # "host:port" of the launcher's heartbeat monitor
+    options: dict[str, Any] = field(default_factory=dict)  # per-mode options (check-sync, run)
+
+    def to_env(self) -> str:
+        return json.dumps(asdict(self))
+
+    @classmethod
+    def from_env(cls, environ: dict[str, str] | None = None) -> ProbeConfig | None:
+        raw = (environ if environ is not None else os.environ).get(ENV_VAR)
+        if not raw:
+            return None
+        data = json.loads(raw)
+        data["schedule"] = Schedule(**data.get("schedule", {}))
+        return cls(**data)
+
+
+def rank_from_env(environ: dict[str, str] | None = None) -> tuple[int, int, int]:
+    """(rank, world_size, local_rank) from torchrun's variables, else SLURM's/MPI's, else a single process."""
+    env = environ if environ is not None else os.environ
+    for rank_k, world_k, local_k in (
+        ("RANK", "WORLD_SIZE", "LOCAL_RANK"),
+        ("SLURM_PROCID", "SLURM_NTASKS", "SLURM_LOCALID"),
+        ("OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE", "OMPI_COMM_WORLD_LOCAL_RANK"),
+        ("PMI_RANK", "PMI_SIZE", "MPI_LOCALRANKID"),
+    ):
+        if rank_k in env and world_k in env:
+            return int(env[rank_k]), int(env[world_k]), int(env.get(local_k, env[rank_k]))
+    return 0, 1, 0

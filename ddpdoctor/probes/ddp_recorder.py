@@ -1,0 +1,116 @@
+"""Remembers every DistributedDataParallel module the script builds, and describes its configuration and buckets."""
+
+from __future__ import annotations
+
+import weakref
+from typing import Any
+
+import torch
+from torch.nn.parallel import DistributedDataParallel
+
+
+def _ints(text: Any) -> list[int]:
+    if isinstance(text, (list, tuple)):
+        return [int(x) for x in text]
+    return [int(x) for x in str(text).replace(",", " ").split()] if text not in (None, "") else []
+
+
+class DDPRecorder:
+    def __init__(self) -> None:
+        self._modules: list[tuple[weakref.ReferenceType[Any], dict[str, Any]]] = []
+        self._orig_init: Any = None
+        self._last: list[dict[str, Any]] = []
+        self.process_group_created = False
+
+    def install(self) -> None:
+        orig = DistributedDataParallel.__init__
+        recorder = self
+
+        def __init__(ddp: Any, module: Any, *args: Any, **kwargs: Any) -> None:
+            orig(ddp, module, *args, **kwargs)
+            try:
+                recorder._modules.append((weakref.ref(ddp), recorder._config(ddp)))
+            except Exception:  # noqa: BLE001 - recording must never break the user's model
+                pass
+
+        self._orig_init = orig
+        DistributedDataParallel.__init__ = __init__  # type: ignore[method-assign]
+
+    def uninstall(self) -> None:
+        if self._orig_init is not None:
+            DistributedDataParallel.__init__ = self._orig_init  # type: ignore[method-assign]
+            self._orig_init = None
+
+    @property
+    def count(self) -> int:
+        return len(self._modules)
+
+    def live_modules(self) -> list[Any]:
+        return [m for ref, _ in self._modules if (m := ref()) is not None]
+
+    @staticmethod
+    def _config(ddp: Any) -> dict[str, Any]:
+        cap = getattr(ddp, "bucket_bytes_cap", None)
+        return {
+            "module_class": type(ddp.module).__name__,
+            "bucket_cap_mb": round(cap / (1024 * 1024), 3) if cap else None,
+            "find_unused_parameters": bool(getattr(ddp, "find_unused_parameters", False)),
+            "static_graph": bool(getattr(ddp, "static_graph", False)),
+            "gradient_as_bucket_view": bool(getattr(ddp, "gradient_as_bucket_view", False)),
+            "broadcast_buffers": bool(getattr(ddp, "broadcast_buffers", True)),
+        }
+
+    def describe(self) -> list[dict[str, Any]]:
+        """Each DDP module: configuration, parameter count and bytes, and its bucket layout (as rebuilt
+        after the first iterations, else the initial one). Modules already freed keep their last description."""
+        out: list[dict[str, Any]] = []
+        for i, (ref, config) in enumerate(self._modules):
+            ddp = ref()
+            if ddp is None:
+                if i < len(self._last):
+                    out.append(self._last[i])
+                continue
+            out.append(self._describe_one(ddp, config))
+        self._last = out
+        return out
+
+    @staticmethod
+    def _describe_one(ddp: Any, config: dict[str, Any]) -> dict[str, Any]:
+        # DDP's reducer indexes the parameters that require grad, in named_parameters() order.
+        named = [(n, p) for n, p in ddp.module.named_parameters() if p.requires_grad]
+        ignored = set(getattr(ddp, "parameters_to_ignore", ()) or ())
+        named = [(n, p) for n, p in named if n not in ignored]
+        desc: dict[str, Any] = dict(config)
+        desc["parameter_count"] = int(sum(p.numel() for _, p in named))
+        desc["parameter_bytes"] = int(sum(p.numel() * p.element_size() for _, p in named))
+        desc["parameter_tensors"] = len(named)
+        desc["parameters_ignored"] = sorted(ignored)
+        desc["parameters"] = [
+            {"name": n, "numel": int(p.numel()), "bytes": int(p.numel() * p.element_size()), "dtype": str(p.dtype).replace("torch.", "")}
+            for n, p in named
+        ]
+        try:
+            data = ddp._get_ddp_logging_data()
+        except Exception:  # noqa: BLE001
+            data = {}
+        rebuilt = bool(data.get("has_rebuilt_buckets"))
+        sizes = _ints(data.get("rebuilt_bucket_sizes" if rebuilt else "bucket_sizes", ""))
+        indices_text = str(data.get("rebuilt_per_bucket_param_indices", "")) if rebuilt else ""
+        per_bucket = [_ints(chunk) for chunk in indices_text.split(",")] if indices_text else []
+        buckets = []
+        for b, size in enumerate(sizes):
+            idx = per_bucket[b] if b < len(per_bucket) else []
+            buckets.append({
+                "index": b,
+                "bytes": size,
+                "param_indices": idx,
+                "params": [named[i][0] for i in idx if i < len(named)],
+            })
+        desc["buckets"] = buckets
+        desc["buckets_rebuilt"] = rebuilt
+        desc["grad_ready_order"] = _ints(data.get("prev_iteration_grad_ready_order_indices", ""))
+        desc["iteration"] = int(data.get("iteration", 0) or 0)
+        desc["world_size"] = int(data.get("world_size", 0) or 0)
+        desc["backend"] = data.get("backend_name")
+        desc["bucket_cap_bytes"] = int(data.get("bucket_cap_bytes", 0) or 0) or None
+        return desc

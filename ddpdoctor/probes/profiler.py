@@ -1,0 +1,68 @@
+"""Runs torch.profiler on a schedule inside a rank, advanced by the StepTracker, writing into RUN/traces."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from ddpdoctor.probes.config import Schedule
+
+
+class ProfilerProbe:
+    """Owns one torch.profiler.profile. ``on_step`` advances it; ``finish`` writes what was recorded.
+
+    Traces are named ``rankR.<ts>.pt.trace.json.gz`` in RUN/traces, which TensorBoard's profiler
+    plugin reads as run "traces" with one worker per rank."""
+
+    def __init__(self, trace_dir: Path, rank: int, schedule: Schedule, record_shapes: bool, with_stack: bool):
+        self.trace_dir = trace_dir
+        self.rank = rank
+        self.schedule = schedule
+        self.written: list[Path] = []
+        self._done = False
+        activities = [torch.profiler.ProfilerActivity.CPU]
+        if torch.cuda.is_available():
+            activities.append(torch.profiler.ProfilerActivity.CUDA)
+        self._prof = torch.profiler.profile(
+            activities=activities,
+            schedule=torch.profiler.schedule(
+                wait=schedule.wait, warmup=schedule.warmup, active=schedule.active, repeat=schedule.repeat
+            ),
+            on_trace_ready=self._trace_ready,
+            record_shapes=record_shapes,
+            with_stack=with_stack,
+        )
+        self._last_step = schedule.recorded_steps()[-1] + 1 if schedule.active > 0 else 0
+
+    def start(self) -> None:
+        self._prof.start()
+
+    def on_step(self, step: int) -> None:
+        if self._done:
+            return
+        self._prof.step()
+        if step > self._last_step:
+            # The schedule is over: stop the profiler so later steps pay nothing for it.
+            self.finish()
+
+    def _trace_ready(self, prof: Any) -> None:
+        self.trace_dir.mkdir(parents=True, exist_ok=True)
+        before = set(self.trace_dir.glob(f"rank{self.rank}.*.pt.trace.json.gz"))
+        handler = torch.profiler.tensorboard_trace_handler(
+            str(self.trace_dir), worker_name=f"rank{self.rank}", use_gzip=True
+        )
+        handler(prof)
+        after = set(self.trace_dir.glob(f"rank{self.rank}.*.pt.trace.json.gz"))
+        self.written.extend(sorted(after - before))
+
+    def finish(self) -> None:
+        """Stop the profiler; a window still recording is written (the script ended early, or crashed)."""
+        if self._done:
+            return
+        self._done = True
+        try:
+            self._prof.stop()
+        except Exception:  # noqa: BLE001 - never let the probe hide the user's own exit status
+            pass

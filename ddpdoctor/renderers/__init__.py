@@ -1,0 +1,1 @@
+"""Renderers: turn a Report into text, JSON, HTML or TensorBoard events. They never measure."""

@@ -1,0 +1,100 @@
+"""Where each artefact lives inside a run directory (the serialisable middle of the pipeline).
+
+    RUN/
+      manifest.json                    the job: command line, world, versions, env, schedule, DDP modules
+      traces/rankR.<ts>.pt.trace.json.gz   profiler traces (a TensorBoard profiler-plugin run named "traces")
+      ranks/rankR/info.json            what rank R saw: host, pid, versions, env, its DDP modules and buckets
+      ranks/rankR/status.json          how rank R ended: exit code or exception + traceback
+      ranks/rankR/summary.json         rank R's own summary of its trace (analyze merges these)
+      ranks/rankR/stdout.log|stderr.log    rank R's output
+      torchrun/                        torchrun's own log dir
+      scalars/rankR/                   TensorBoard scalars per rank
+      report.json / report.txt / report.html
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from ddpdoctor.errors import BadInput
+
+TRACE_GLOB = "*.pt.trace.json*"
+_RANK_DIR = re.compile(r"^rank(\d+)$")
+
+
+@dataclass(frozen=True)
+class RunDir:
+    root: Path
+
+    @property
+    def manifest(self) -> Path:
+        return self.root / "manifest.json"
+
+    @property
+    def traces(self) -> Path:
+        return self.root / "traces"
+
+    @property
+    def torchrun_logs(self) -> Path:
+        return self.root / "torchrun"
+
+    @property
+    def scalars(self) -> Path:
+        return self.root / "scalars"
+
+    def rank_dir(self, rank: int) -> Path:
+        return self.root / "ranks" / f"rank{rank}"
+
+    def rank_file(self, rank: int, name: str) -> Path:
+        return self.rank_dir(rank) / name
+
+    def ranks_present(self) -> list[int]:
+        base = self.root / "ranks"
+        if not base.is_dir():
+            return []
+        found = [int(m.group(1)) for p in base.iterdir() if (m := _RANK_DIR.match(p.name))]
+        return sorted(found)
+
+    def trace_files(self) -> list[Path]:
+        if not self.traces.is_dir():
+            return []
+        return sorted(self.traces.glob(TRACE_GLOB))
+
+    def is_run_dir(self) -> bool:
+        return self.manifest.is_file()
+
+    def ensure_writable(self) -> None:
+        """Create the directory tree, or raise BadInput naming the directory that cannot be written."""
+        try:
+            for d in (self.root, self.traces, self.root / "ranks", self.scalars):
+                d.mkdir(parents=True, exist_ok=True)
+            probe = self.root / ".write-test"
+            probe.write_text("")
+            probe.unlink()
+        except OSError as exc:
+            raise BadInput(f"cannot write the run directory ({exc.strerror or exc})", self.root) from exc
+
+
+def write_json(path: Path, data: Any) -> None:
+    """Write JSON atomically (a rank killed mid-write leaves the old file, never half a file)."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    tmp.write_text(json.dumps(data, indent=1, default=str))
+    os.replace(tmp, path)
+
+
+def read_json(path: Path) -> Any:
+    """Read a JSON artefact, or raise BadInput naming the file and the problem."""
+    try:
+        return json.loads(path.read_text())
+    except FileNotFoundError as exc:
+        raise BadInput("file not found", path) from exc
+    except (OSError, UnicodeDecodeError) as exc:
+        raise BadInput(f"cannot read ({exc})", path) from exc
+    except json.JSONDecodeError as exc:
+        raise BadInput(f"not valid JSON ({exc.msg} at line {exc.lineno})", path) from exc

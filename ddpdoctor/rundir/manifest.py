@@ -1,0 +1,90 @@
+"""manifest.json: what the job was (written by the launcher) and what each rank reported (merged at the end)."""
+
+from __future__ import annotations
+
+import json
+import socket
+import sys
+import time
+from dataclasses import asdict
+from typing import TYPE_CHECKING, Any
+
+from ddpdoctor.rundir.layout import RunDir, read_json, write_json
+
+if TYPE_CHECKING:
+    from ddpdoctor.launch.launcher import LaunchSpec
+
+SCHEMA = 1
+
+
+def write_initial(spec: LaunchSpec) -> None:
+    from ddpdoctor import __version__
+
+    data = {
+        "schema": SCHEMA,
+        "ddpdoctor_version": __version__,
+        "mode": spec.mode,
+        "command_line": list(sys.argv),
+        "script": spec.script,
+        "script_args": list(spec.script_args),
+        "launcher": spec.launcher,
+        "launcher_host": socket.gethostname(),
+        "torchrun_flags": {k: v for k, v in spec.torchrun.items()},
+        "schedule": asdict(spec.schedule) if spec.mode == "profile" else None,
+        "options": spec.options,
+        "started_at": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+        "finished": False,
+    }
+    write_json(spec.run_dir.manifest, data)
+
+
+def _read_optional(path: Any) -> dict[str, Any] | None:
+    try:
+        return json.loads(path.read_text())
+    except (OSError, ValueError):
+        return None
+
+
+def finalize(run: RunDir, exit_code: int | None, duration_s: float, killed_by: str | None) -> dict[str, Any]:
+    """Merge every rank's info.json and status.json into the manifest."""
+    data = load(run)
+    ranks: list[dict[str, Any]] = []
+    ddp_modules: dict[str, Any] = {}
+    first_info: dict[str, Any] | None = None
+    for rank in run.ranks_present():
+        info = _read_optional(run.rank_file(rank, "info.json")) or {}
+        status = _read_optional(run.rank_file(rank, "status.json"))
+        first_info = first_info or info
+        ranks.append({
+            "rank": rank,
+            "local_rank": info.get("local_rank"),
+            "host": info.get("host"),
+            "pid": info.get("pid"),
+            "exit_code": status.get("exit_code") if status else None,
+            "exception": status.get("exception") if status else None,
+            "steps_completed": status.get("steps_completed") if status else None,
+            "status": "no status written (killed by a signal, e.g. SIGKILL or the OOM killer?)" if status is None else "exited",
+        })
+        if info.get("ddp_modules"):
+            ddp_modules[str(rank)] = info["ddp_modules"]
+    info0 = first_info or {}
+    pg = info0.get("process_group") or {}
+    data.update(
+        finished=True,
+        exit_code=exit_code,
+        duration_s=round(duration_s, 3),
+        killed_by=killed_by,
+        world_size=info0.get("world_size"),
+        ranks=ranks,
+        hosts=sorted({r["host"] for r in ranks if r.get("host")}),
+        backend=pg.get("backend"),
+        versions=info0.get("versions"),
+        env=info0.get("env"),
+        ddp_modules=ddp_modules,
+    )
+    write_json(run.manifest, data)
+    return data
+
+
+def load(run: RunDir) -> dict[str, Any]:
+    return read_json(run.manifest)

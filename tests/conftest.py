@@ -1,0 +1,42 @@
+"""Shared test fixtures: paths, the ../shared reference material, and running the CLI for real."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[1]
+SHARED = REPO.parent / "shared"
+EXAMPLES = REPO / "examples"
+SCENARIOS = REPO / "tests" / "scenarios"
+SAMPLE_RUN = REPO / "sample_traces" / "mlp_gloo_2rank"
+
+
+def shared_path(*parts: str) -> Path:
+    """A file under ../shared, or skip the test when the reference material is absent."""
+    path = SHARED.joinpath(*parts)
+    if not path.exists():
+        pytest.skip(f"../shared not present ({path})")
+    return path
+
+
+def run_cli(*args: str, cwd: Path | None = None, env: dict[str, str] | None = None, timeout: float = 240,
+            input: str | None = None) -> subprocess.CompletedProcess[str]:
+    """Run `python -m ddpdoctor ARGS` as a user would, capturing output."""
+    full_env = dict(os.environ)
+    full_env.setdefault("PYTHONUNBUFFERED", "1")
+    if env:
+        full_env.update(env)
+    return subprocess.run(
+        [sys.executable, "-m", "ddpdoctor", *args],
+        cwd=cwd or REPO, env=full_env, capture_output=True, text=True, timeout=timeout, input=input,
+    )
+
+
+@pytest.fixture
+def cli():
+    return run_cli
