@@ -30,7 +30,7 @@ class LazyGroup(click.Group):
         if entry is None or importlib.util.find_spec(entry[0]) is None:
             return None
         module = importlib.import_module(entry[0])
-        return getattr(module, "command")
+        return module.command
 
     def format_commands(self, ctx: click.Context, formatter: Any) -> None:
         rows = [(name, COMMANDS[name][1]) for name in self.list_commands(ctx)]

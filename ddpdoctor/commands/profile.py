@@ -16,6 +16,7 @@ from ddpdoctor.commands._common import (
     json_option,
     launch_options,
 )
+from ddpdoctor.errors import BadInput
 from ddpdoctor.launch.flags import pop_torchrun_values
 from ddpdoctor.launch.launcher import LaunchSpec, launch
 from ddpdoctor.probes.config import Schedule
@@ -65,4 +66,10 @@ def command(
     )
     result = launch(spec)
     report = job_report(spec.run_dir, "profile", analyse_traces=True)
+    if result.exit_code == 0 and not spec.run_dir.trace_files() and any(f.id == "no-steps-seen" for f in report.findings):
+        raise BadInput(
+            "no training iteration was seen on any rank (no optimizer step and no ddpdoctor.step()), so nothing "
+            "was profiled; call ddpdoctor.step() at the end of each iteration",
+            script,
+        )
     emit(report, as_json=as_json, verbose=verbose, fail_on=fail_on, exit_code=result.exit_code or None)

@@ -5,7 +5,6 @@ from __future__ import annotations
 import weakref
 from typing import Any
 
-import torch
 from torch.nn.parallel import DistributedDataParallel
 
 
@@ -30,6 +29,7 @@ class DDPRecorder:
             orig(ddp, module, *args, **kwargs)
             try:
                 recorder._modules.append((weakref.ref(ddp), recorder._config(ddp)))
+                recorder.describe()  # the initial layout, in case the script never reaches a later step
             except Exception:  # noqa: BLE001 - recording must never break the user's model
                 pass
 
@@ -63,19 +63,24 @@ class DDPRecorder:
     def describe(self) -> list[dict[str, Any]]:
         """Each DDP module: configuration, parameter count and bytes, and its bucket layout (as rebuilt
         after the first iterations, else the initial one). Modules already freed keep their last description."""
+        import torch.distributed as dist
+
         out: list[dict[str, Any]] = []
+        # After destroy_process_group() the reducer's logger must not be touched (it can abort the process):
+        # keep what was recorded while the group was alive.
+        alive = dist.is_available() and dist.is_initialized()
         for i, (ref, config) in enumerate(self._modules):
             ddp = ref()
-            if ddp is None:
+            if ddp is None or (not alive and i < len(self._last)):
                 if i < len(self._last):
                     out.append(self._last[i])
                 continue
-            out.append(self._describe_one(ddp, config))
+            out.append(self._describe_one(ddp, config, alive))
         self._last = out
         return out
 
     @staticmethod
-    def _describe_one(ddp: Any, config: dict[str, Any]) -> dict[str, Any]:
+    def _describe_one(ddp: Any, config: dict[str, Any], alive: bool) -> dict[str, Any]:
         # DDP's reducer indexes the parameters that require grad, in named_parameters() order.
         named = [(n, p) for n, p in ddp.module.named_parameters() if p.requires_grad]
         ignored = set(getattr(ddp, "parameters_to_ignore", ()) or ())
@@ -89,10 +94,12 @@ class DDPRecorder:
             {"name": n, "numel": int(p.numel()), "bytes": int(p.numel() * p.element_size()), "dtype": str(p.dtype).replace("torch.", "")}
             for n, p in named
         ]
-        try:
-            data = ddp._get_ddp_logging_data()
-        except Exception:  # noqa: BLE001
-            data = {}
+        data: dict[str, Any] = {}
+        if alive:
+            try:
+                data = ddp._get_ddp_logging_data()
+            except Exception:  # noqa: BLE001
+                data = {}
         rebuilt = bool(data.get("has_rebuilt_buckets"))
         sizes = _ints(data.get("rebuilt_bucket_sizes" if rebuilt else "bucket_sizes", ""))
         indices_text = str(data.get("rebuilt_per_bucket_param_indices", "")) if rebuilt else ""
