@@ -10,7 +10,8 @@ fi
 stamp=.venv/.ddpdoctor-installed
 want="$(cat pyproject.toml scripts/install.sh | sha256sum | cut -c1-16)"
 if [ ! -f "$stamp" ] || [ "$(cat "$stamp")" != "$want" ]; then
-  .venv/bin/python -m pip install -q --disable-pip-version-check "torch==2.13.0"
-  .venv/bin/python -m pip install -q --disable-pip-version-check -e ".[test,hta]"
+  quiet() { "$@" 2>&1 | { grep -v "^WARNING: Location 'file://" || true; }; return "${PIPESTATUS[0]}"; }
+  quiet .venv/bin/python -m pip install -q --disable-pip-version-check "torch==2.13.0"
+  quiet .venv/bin/python -m pip install -q --disable-pip-version-check -e ".[test,hta]"
   echo "$want" > "$stamp"
 fi
