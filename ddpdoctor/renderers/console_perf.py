@@ -1,0 +1,182 @@
+"""The terminal view of a performance report: per-rank table, stragglers, top advice, verbose per-step/collective tables."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
+from typing import Any
+
+from rich.console import Console
+from rich.markup import escape
+from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
+from rich.table import Table
+
+from ddpdoctor.findings.model import Severity
+from ddpdoctor.report import Report
+
+# Rows beyond this are summarised: a 1,000-rank job must still fit a screen in the default view.
+MAX_RANK_ROWS = 32
+MAX_VERBOSE_ROWS = 200
+
+
+def ms(us: Any, digits: int = 2) -> str:
+    """Microseconds as milliseconds for people; a missing value is shown as "-", never "nan"."""
+    if us is None or not isinstance(us, (int, float)):
+        return "-"
+    return f"{us / 1000.0:.{digits}f}"
+
+
+def pct(value: Any) -> str:
+    return "-" if value is None or not isinstance(value, (int, float)) else f"{value:.1f}%"
+
+
+def by_rank(mapping: Mapping[Any, Any] | None) -> dict[int, Any]:
+    """JSON turns integer keys into strings; accept both."""
+    out: dict[int, Any] = {}
+    for k, v in (mapping or {}).items():
+        try:
+            out[int(k)] = v
+        except (TypeError, ValueError):
+            continue
+    return out
+
+
+def _ranks_shown(ranks: list[dict[str, Any]], stragglers: list[int]) -> list[dict[str, Any]]:
+    """All ranks when few; else the slowest, the stragglers and rank 0 (the ones a person looks at first)."""
+    if len(ranks) <= MAX_RANK_ROWS:
+        return ranks
+    def median(r: dict[str, Any]) -> float:
+        return float((r.get("step_time_us") or {}).get("median") or 0.0)
+    keep = {r["rank"] for r in sorted(ranks, key=median, reverse=True)[: MAX_RANK_ROWS - 4]}
+    keep.update(stragglers)
+    keep.add(ranks[0]["rank"])
+    return [r for r in ranks if r["rank"] in keep]
+
+
+def rank_table(ranks: list[dict[str, Any]], stragglers: list[int]) -> Table:
+    table = Table(title="Per rank (times in ms; step time is the median over the recorded steps)")
+    for name in ("rank", "steps", "step", "p90", "compute", "comm", "overlap", "exposed", "exposed %", "idle",
+                 "data wait"):
+        table.add_column(name, justify="right")
+    shown = _ranks_shown(ranks, stragglers)
+    for r in shown:
+        st = r.get("step_time_us") or {}
+        mark = " [yellow](straggler)[/]" if r.get("rank") in stragglers else ""
+        overlap = pct(r.get("overlap_pct")) if r.get("comm_us") else "[dim]no comm[/]"
+        table.add_row(
+            f"{r.get('rank')}{mark}", str(r.get("steps", "-")), ms(st.get("median")), ms(st.get("p90")),
+            ms(r.get("compute_us")), ms(r.get("comm_us")), overlap, ms(r.get("exposed_comm_us")),
+            pct(r.get("exposed_comm_pct")), ms(r.get("idle_us")), ms(r.get("data_wait_us")),
+        )
+    if len(shown) < len(ranks):
+        table.caption = f"{len(ranks) - len(shown)} more ranks not shown (--json or the HTML report has all)"
+    return table
+
+
+def step_table(ranks: list[dict[str, Any]]) -> Table:
+    table = Table(title="Per step (ms)")
+    for name in ("rank", "step", "time", "compute", "comm", "overlap", "exposed", "idle", "backward",
+                 "comm in bwd", "data wait"):
+        table.add_column(name, justify="right")
+    rows = 0
+    for r in ranks:
+        for s in r.get("per_step") or []:
+            if rows >= MAX_VERBOSE_ROWS:
+                table.caption = "truncated; --json has every step"
+                return table
+            bwd = None
+            if isinstance(s.get("backward_end_us"), (int, float)) and isinstance(s.get("backward_start_us"), (int, float)):
+                bwd = s["backward_end_us"] - s["backward_start_us"]
+            table.add_row(str(r.get("rank")), str(s.get("step")), ms(s.get("dur_us")), ms(s.get("compute_us")),
+                          ms(s.get("comm_us")), pct(s.get("overlap_pct")), ms(s.get("exposed_comm_us")),
+                          ms(s.get("idle_us")), ms(bwd), ms(s.get("comm_in_backward_us")), ms(s.get("data_wait_us")))
+            rows += 1
+    return table
+
+
+def collective_tables(collectives: dict[str, Any]) -> list[Table]:
+    tables = []
+    by_op = collectives.get("by_op") or {}
+    if by_op:
+        t = Table(title="Collectives by op")
+        for name in ("op", "count", "MB", "time ms"):
+            t.add_column(name, justify="right")
+        for op, v in sorted(by_op.items()):
+            t.add_row(escape(str(op)), str(v.get("count", "-")), f"{(v.get('bytes') or 0) / 1e6:.2f}", ms(v.get("time_us")))
+        tables.append(t)
+    calls = collectives.get("calls") or []
+    if calls:
+        t = Table(title="Collective calls (start relative to backward start, ms)")
+        for name in ("rank", "step", "#", "op", "group", "MB", "dur", "start vs bwd", "algbw GB/s", "busbw GB/s"):
+            t.add_column(name, justify="right")
+        for c in calls[:MAX_VERBOSE_ROWS]:
+            t.add_row(str(c.get("rank")), str(c.get("step")), str(c.get("index")), escape(str(c.get("op"))),
+                      escape(str(c.get("group"))), f"{(c.get('bytes') or 0) / 1e6:.2f}", ms(c.get("dur_us")),
+                      ms(c.get("start_rel_backward_us")), _num(c.get("algbw_gbps")), _num(c.get("busbw_gbps")))
+        if len(calls) > MAX_VERBOSE_ROWS:
+            t.caption = f"{len(calls) - MAX_VERBOSE_ROWS} more calls; --json or the HTML report has all"
+        tables.append(t)
+    return tables
+
+
+def _num(v: Any) -> str:
+    return "-" if not isinstance(v, (int, float)) else f"{v:.3f}"
+
+
+def straggler_line(stragglers: dict[str, Any]) -> str | None:
+    ranks = stragglers.get("ranks") or []
+    if not ranks:
+        return None
+    ev = stragglers.get("evidence") or {}
+    waits = by_rank(ev.get("caused_wait_us"))
+    parts = [f"rank {r} (others waited {ms(waits.get(r))} ms)" for r in ranks[:8]]
+    more = f" and {len(ranks) - 8} more" if len(ranks) > 8 else ""
+    skew = ev.get("arrival_skew_median_us")
+    return (f"[yellow]Straggler(s):[/] {', '.join(parts)}{more}; median arrival skew {ms(skew)} ms")
+
+
+def top_advice(report: Report) -> str | None:
+    """The advice of the most severe finding that has some (what to do first)."""
+    ordered = sorted(report.findings, key=lambda f: -f.severity.rank)
+    for f in ordered:
+        if f.advice and f.severity is not Severity.INFO:
+            return f"[bold]Top advice[/] ({escape(f.id)}): {escape(f.advice)}"
+    return None
+
+
+def render_perf_sections(report: Report, out: Console, verbose: bool) -> None:
+    """Sections renderer for ``emit(..., sections=render_perf_sections)``: the per-rank summary first."""
+    s = report.sections
+    ranks: list[dict[str, Any]] = s.get("ranks") or []
+    stragglers = s.get("stragglers") or {}
+    if s.get("run_dir"):
+        out.print(f"[dim]run directory: {escape(str(s['run_dir']))}[/dim]")
+    if ranks:
+        out.print(rank_table(ranks, list(stragglers.get("ranks") or [])))
+    else:
+        out.print("[dim]No profiled steps to summarise.[/dim]")
+    line = straggler_line(stragglers)
+    if line:
+        out.print(line)
+    if verbose and ranks:
+        out.print(step_table(ranks))
+    if verbose:
+        for t in collective_tables(s.get("collectives") or {}):
+            out.print(t)
+    advice = top_advice(report)
+    if advice:
+        out.print(advice)
+    for name in ("html", "merged_trace", "tensorboard"):
+        if s.get("outputs", {}).get(name):
+            out.print(f"[dim]{name}: {escape(str(s['outputs'][name]))}[/dim]")
+
+
+@contextmanager
+def progress(description: str, total: int | None, console: Console | None = None) -> Iterator[Any]:
+    """A transient progress bar on stderr for long work (merging traces, writing views); silent when not a TTY."""
+    con = console or Console(stderr=True)
+    bar = Progress(TextColumn("{task.description}"), BarColumn(), TextColumn("{task.completed}/{task.total}"),
+                   TimeElapsedColumn(), console=con, transient=True, disable=not con.is_terminal)
+    with bar:
+        task = bar.add_task(description, total=total)
+        yield lambda n=1: bar.advance(task, n)
