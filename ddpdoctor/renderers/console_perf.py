@@ -53,23 +53,45 @@ def _ranks_shown(ranks: list[dict[str, Any]], stragglers: list[int]) -> list[dic
     return [r for r in ranks if r["rank"] in keep]
 
 
-def rank_table(ranks: list[dict[str, Any]], stragglers: list[int]) -> Table:
-    table = Table(title="Per rank (times in ms; step time is the median over the recorded steps)")
-    for name in ("rank", "steps", "step", "p90", "compute", "comm", "overlap", "exposed", "exposed %", "idle",
-                 "data wait"):
+def _steps(r: dict[str, Any]) -> str:
+    steps = r.get("steps")
+    return str(len(steps)) if isinstance(steps, list) else str(steps if steps is not None else "-")
+
+
+def _overlap(r: dict[str, Any]) -> str:
+    comm = r.get("comm_us")
+    if comm == 0:
+        return "no comm"
+    return pct(r.get("overlap_pct"))
+
+
+def rank_table(ranks: list[dict[str, Any]], stragglers: list[int], verbose: bool = False) -> Table:
+    """Fits 80 columns: ms everywhere, exposed communication with its share of step time."""
+    table = Table(title="Per rank: median step, totals over the recorded steps (ms)")
+    names = ["rank", "steps", "step", *(["p90", "max"] if verbose else []), "compute", "comm", "overlap",
+             "exposed", "idle", "data wait"]
+    for name in names:
         table.add_column(name, justify="right")
     shown = _ranks_shown(ranks, stragglers)
     for r in shown:
         st = r.get("step_time_us") or {}
-        mark = " [yellow](straggler)[/]" if r.get("rank") in stragglers else ""
-        overlap = pct(r.get("overlap_pct")) if r.get("comm_us") else "[dim]no comm[/]"
+        mark = "[yellow]*[/]" if r.get("rank") in stragglers else ""
+        exposed = ms(r.get("exposed_comm_us"))
+        if isinstance(r.get("exposed_comm_pct"), (int, float)):
+            exposed += f" ({r['exposed_comm_pct']:.0f}%)"
         table.add_row(
-            f"{r.get('rank')}{mark}", str(r.get("steps", "-")), ms(st.get("median")), ms(st.get("p90")),
-            ms(r.get("compute_us")), ms(r.get("comm_us")), overlap, ms(r.get("exposed_comm_us")),
-            pct(r.get("exposed_comm_pct")), ms(r.get("idle_us")), ms(r.get("data_wait_us")),
+            f"{r.get('rank')}{mark}", _steps(r), ms(st.get("median")),
+            *([ms(st.get("p90")), ms(st.get("max"))] if verbose else []),
+            ms(r.get("compute_us")), ms(r.get("comm_us")), _overlap(r), exposed, ms(r.get("idle_us")),
+            ms(r.get("data_wait_us")),
         )
+    captions = []
+    if stragglers:
+        captions.append("* straggler")
     if len(shown) < len(ranks):
-        table.caption = f"{len(ranks) - len(shown)} more ranks not shown (--json or the HTML report has all)"
+        captions.append(f"{len(ranks) - len(shown)} more ranks not shown (--json or the HTML report has all)")
+    if captions:
+        table.caption = "; ".join(captions)
     return table
 
 
@@ -152,7 +174,7 @@ def render_perf_sections(report: Report, out: Console, verbose: bool) -> None:
     if s.get("run_dir"):
         out.print(f"[dim]run directory: {escape(str(s['run_dir']))}[/dim]")
     if ranks:
-        out.print(rank_table(ranks, list(stragglers.get("ranks") or [])))
+        out.print(rank_table(ranks, list(stragglers.get("ranks") or []), verbose))
     else:
         out.print("[dim]No profiled steps to summarise.[/dim]")
     line = straggler_line(stragglers)
