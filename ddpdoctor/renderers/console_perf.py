@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from typing import Any
@@ -21,13 +22,13 @@ MAX_VERBOSE_ROWS = 200
 
 def ms(us: Any, digits: int = 2) -> str:
     """Microseconds as milliseconds for people; a missing value is shown as "-", never "nan"."""
-    if us is None or not isinstance(us, (int, float)):
+    if not isinstance(us, (int, float)) or not math.isfinite(us):
         return "-"
     return f"{us / 1000.0:.{digits}f}"
 
 
 def pct(value: Any) -> str:
-    return "-" if value is None or not isinstance(value, (int, float)) else f"{value:.1f}%"
+    return f"{value:.1f}%" if isinstance(value, (int, float)) and math.isfinite(value) else "-"
 
 
 def by_rank(mapping: Mapping[Any, Any] | None) -> dict[int, Any]:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import html
 import json
+import math
 from importlib import resources
 from pathlib import Path
 from typing import Any
@@ -39,17 +40,21 @@ def _asset(name: str) -> str:
     return text
 
 
+def _real(v: Any) -> bool:
+    return isinstance(v, (int, float)) and math.isfinite(v)
+
+
 def _ms(us: Any) -> str:
-    return "-" if not isinstance(us, (int, float)) else f"{us / 1000.0:.2f}"
+    return f"{us / 1000.0:.2f}" if _real(us) else "-"
 
 
 def _pct(v: Any) -> str:
-    return "-" if not isinstance(v, (int, float)) else f"{v:.1f}%"
+    return f"{v:.1f}%" if _real(v) else "-"
 
 
 def _finite(data: Any) -> Any:
     """NaN/inf have no JSON spelling: they become null here (the analyses should never produce them)."""
-    if isinstance(data, float) and (data != data or data in (float("inf"), float("-inf"))):
+    if isinstance(data, float) and not math.isfinite(data):
         return None
     if isinstance(data, dict):
         return {str(k): _finite(v) for k, v in data.items()}
