@@ -109,8 +109,8 @@ def _ranks_html(ranks: list[dict[str, Any]], stragglers: list[int]) -> str:
         st = r.get("step_time_us") or {}
         rows.append([
             f"{r.get('rank')}{' (straggler)' if r.get('rank') in stragglers else ''}", r.get("device", "-"),
-            r.get("steps", "-"), _ms(st.get("median")), _ms(st.get("p90")), _ms(r.get("compute_us")),
-            _ms(r.get("comm_us")), _pct(r.get("overlap_pct")) if r.get("comm_us") else "no comm",
+            len(r["steps"]) if isinstance(r.get("steps"), list) else r.get("steps", "-"), _ms(st.get("median")), _ms(st.get("p90")), _ms(r.get("compute_us")),
+            _ms(r.get("comm_us")), "no comm" if r.get("comm_us") == 0 else _pct(r.get("overlap_pct")),
             _ms(r.get("exposed_comm_us")), _pct(r.get("exposed_comm_pct")), _ms(r.get("idle_us")),
             _ms(r.get("data_wait_us")),
         ])

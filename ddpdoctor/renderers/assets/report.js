@@ -133,7 +133,8 @@
     rs.forEach(function (r, i) {
       var y = 10 + i * (barH + gap);
       label(svg, left - 8, y + barH - 4, "rank " + r.rank, "end");
-      if (!r.comm_us) { label(svg, left, y + barH - 4, "no communication"); return; }
+      if (num(r.comm_us) === null) { label(svg, left, y + barH - 4, "not measured"); return; }
+      if (r.comm_us === 0) { label(svg, left, y + barH - 4, "no communication"); return; }
       var ov = r.overlap_us || 0, ex = r.exposed_comm_us || 0;
       var a = el("rect", { x: left, y: y, width: ov / maxC * plotW, height: barH, fill: C.overlap, "class": "ov-bar" }, svg);
       tip(a, "overlapped with compute: " + ms(ov) + " ms");
