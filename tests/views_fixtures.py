@@ -2,8 +2,12 @@
 
 from __future__ import annotations
 
+import atexit
 import copy
+import functools
 import json
+import shutil
+import tempfile
 from pathlib import Path
 from typing import Any
 
@@ -39,3 +43,18 @@ def evil_report() -> Report:
     s["ddp"][0]["module_class"] = EVIL
     fs = findings() + [Finding(EVIL, Severity.INFO, EVIL, [0], {EVIL: EVIL}, EVIL)]
     return Report(command="analyze", sections=s, findings=fs, notes=[EVIL])
+
+
+@functools.cache
+def profiled_run() -> Path:
+    """One real 2-rank `ddpdoctor profile` of the bundled MLP (1 MB buckets, so several per step), shared by the
+    view e2e tests of this process; it also wrote ``extra.html`` next to it with --html."""
+    from tests.conftest import EXAMPLES, run_cli
+
+    root = Path(tempfile.mkdtemp(prefix="ddpdoctor-views-"))
+    atexit.register(shutil.rmtree, root, True)
+    run = root / "logs" / "run"
+    proc = run_cli("profile", "--nproc-per-node", "2", "--out", str(run), "-q", "--html", str(root / "extra.html"),
+                   str(EXAMPLES / "train_mlp.py"), "--bucket-cap-mb", "1", "--steps-per-epoch", "7")
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return run

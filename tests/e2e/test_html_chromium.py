@@ -11,8 +11,7 @@ from pathlib import Path
 import pytest
 
 from ddpdoctor.renderers.html import write_html
-from tests.conftest import EXAMPLES, run_cli
-from tests.views_fixtures import evil_report
+from tests.views_fixtures import evil_report, profiled_run
 
 pytestmark = pytest.mark.slow
 
@@ -88,13 +87,9 @@ def test_fixture_report_renders_and_markup_stays_inert(tmp_path):
 
 
 def test_real_profile_report_renders(tmp_path):
-    out = tmp_path / "run"
-    extra = tmp_path / "extra.html"
-    proc = run_cli("profile", "--nproc-per-node", "2", "--out", str(out), "-q", "--html", str(extra),
-                   str(EXAMPLES / "train_mlp.py"), "--bucket-cap-mb", "1")
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    page = out / "report.html"
-    assert page.is_file() and extra.read_text() == page.read_text()
+    run = profiled_run()
+    page = run / "report.html"
+    assert page.is_file() and (run.parents[1] / "extra.html").read_text() == page.read_text()
     dom = _dom(page, tmp_path)
     assert 'data-rendered="1"' in re.search(r"<body[^>]*>", dom).group(0)
     assert "data-error=" not in dom
