@@ -60,13 +60,25 @@
       if (!s || num(s.start_us) === null || num(s.dur_us) === null) return;
       var bk = buckets.filter(function (b) { return b.rank === r.rank && b.step === step; });
       var cs = calls.filter(function (c) { return c.rank === r.rank && c.step === step; });
-      rows.push({ rank: r.rank, s: s, buckets: bk, calls: cs });
+      // Collectives that overlap in time (gloo and NCCL run buckets concurrently) get their own sub-lanes.
+      var drawn = {}, items = [];
+      bk.forEach(function (b) { if (num(b.start_us) !== null && num(b.end_us) !== null) { drawn[b.start_us] = 1; items.push({ b: b, bucket: true }); } });
+      cs.forEach(function (c) { if (!drawn[c.start_us] && num(c.start_us) !== null && num(c.end_us) !== null) items.push({ b: c, bucket: false }); });
+      items.sort(function (a, b) { return a.b.start_us - b.b.start_us; });
+      var laneEnds = [];
+      items.forEach(function (it) {
+        var k = 0; while (k < laneEnds.length && laneEnds[k] > it.b.start_us) k++;
+        laneEnds[k] = it.b.end_us; it.lane = k;
+      });
+      rows.push({ rank: r.rank, s: s, items: items, lanes: Math.max(1, laneEnds.length) });
       t0 = Math.min(t0, s.start_us); t1 = Math.max(t1, s.start_us + s.dur_us);
       bk.concat(cs).forEach(function (b) { if (num(b.end_us) !== null) t1 = Math.max(t1, b.end_us); });
     });
     if (!rows.length) { note(container, "No per-step data for step " + step + "."); done(container); return; }
     var left = 70, right = 20, top = 24, lane = 16, gap = 10, width = Math.max(700, container.clientWidth || 1000);
-    var rowH = 2 * lane + gap, height = top + rows.length * rowH + 30;
+    var sub = 10, offsets = [], y0 = top;
+    rows.forEach(function (row) { offsets.push(y0); y0 += lane + 2 + row.lanes * sub + gap; });
+    var height = y0 + 30;
     var svg = el("svg", { width: width, height: height, role: "img", "aria-label": "timeline of step " + step }, container);
     var span = Math.max(1, t1 - t0), plotW = width - left - right;
     function X(t) { return left + (t - t0) / span * plotW; }
@@ -76,7 +88,7 @@
       label(svg, X(t0 + t), height - 10, (t / 1000).toFixed(t < 1000 ? 2 : 1) + " ms", "middle");
     }
     rows.forEach(function (row, i) {
-      var y = top + i * rowH, s = row.s;
+      var y = offsets[i], s = row.s;
       var tag = "rank " + row.rank + (stragglerRanks.indexOf(row.rank) >= 0 ? " *" : "");
       label(svg, left - 8, y + lane + 3, tag, "end");
       var stepBar = el("rect", { x: X(s.start_us), y: y, width: Math.max(1, X(s.start_us + s.dur_us) - X(s.start_us)),
@@ -88,20 +100,17 @@
           width: Math.max(1, X(s.backward_end_us) - X(s.backward_start_us)) }, svg);
         tip(bw, "backward: " + ms(s.backward_end_us - s.backward_start_us) + " ms");
       }
-      var cy = y + lane + 2, drawn = {};
-      row.buckets.forEach(function (b) {
-        drawn[b.start_us] = 1;
-        var r = el("rect", { x: X(b.start_us), y: cy, height: lane - 2, "class": "tl-bucket",
-          width: Math.max(1, X(b.end_us) - X(b.start_us)), fill: b.is_last ? C.last : C.bucket }, svg);
-        tip(r, "bucket " + b.index + (b.is_last ? " (last)" : "") + ": " + (b.bytes / 1e6).toFixed(2) + " MB, " +
-          ms(b.dur_us) + " ms" + (b.after_backward_end_us > 0 ? ", runs " + ms(b.after_backward_end_us) +
-          " ms after backward ends" : ""));
-      });
-      row.calls.forEach(function (c) {
-        if (drawn[c.start_us] || num(c.start_us) === null || num(c.end_us) === null) return;
-        var r = el("rect", { x: X(c.start_us), y: cy, height: lane - 2, fill: C.call, "class": "tl-call",
-          width: Math.max(1, X(c.end_us) - X(c.start_us)) }, svg);
-        tip(r, String(c.op) + " (group " + String(c.group) + "): " + ms(c.dur_us) + " ms");
+      row.items.forEach(function (it) {
+        var b = it.b, cy = y + lane + 2 + it.lane * sub;
+        var r = el("rect", { x: X(b.start_us), y: cy, height: sub - 2, width: Math.max(1, X(b.end_us) - X(b.start_us)),
+          "class": it.bucket ? "tl-bucket" : "tl-call", fill: it.bucket ? (b.is_last ? C.last : C.bucket) : C.call }, svg);
+        if (it.bucket) {
+          tip(r, "bucket " + b.index + (b.is_last ? " (last)" : "") + ": " + (num(b.bytes) === null ? "?" : (b.bytes / 1e6).toFixed(2)) +
+            " MB, " + ms(b.dur_us) + " ms" + (b.after_backward_end_us > 0 ? ", runs " + ms(b.after_backward_end_us) +
+            " ms after backward ends" : ""));
+        } else {
+          tip(r, String(b.op) + " (group " + String(b.group) + "): " + ms(b.dur_us) + " ms");
+        }
       });
     });
     if (ranks.length > shown.length) note(container, (ranks.length - shown.length) + " more ranks not drawn.");
