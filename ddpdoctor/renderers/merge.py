@@ -106,6 +106,13 @@ def _rank_events(data: dict[str, Any], rank: int, offset_us: float) -> Iterable[
         yield out
 
 
+def _discard(tmp: Path) -> None:
+    try:
+        tmp.unlink(missing_ok=True)
+    except OSError:
+        pass
+
+
 def merge_traces(
     traces: list[Path],
     out: Path,
@@ -122,10 +129,10 @@ def merge_traces(
         raise BadInput("no traces to merge", out)
     offsets = _offsets(clock_offsets_us)
     seen: dict[int, Path] = {}
-    out.parent.mkdir(parents=True, exist_ok=True)
     tmp = out.with_name(f".{out.name}.tmp")
     opener = gzip.open if out.name.endswith(".gz") else open
     try:
+        out.parent.mkdir(parents=True, exist_ok=True)
         with opener(tmp, "wt", encoding="utf-8") as fh:
             fh.write('{"displayTimeUnit": "ms", "traceEvents": [\n')
             first = True
@@ -147,9 +154,9 @@ def merge_traces(
             fh.write("\n], \"otherData\": " + json.dumps(other) + "}\n")
         tmp.replace(out)
     except OSError as exc:
-        tmp.unlink(missing_ok=True)
+        _discard(tmp)
         raise BadInput(f"cannot write the merged trace ({exc.strerror or exc})", out) from exc
     except BaseException:
-        tmp.unlink(missing_ok=True)
+        _discard(tmp)
         raise
     return out
