@@ -195,7 +195,7 @@ def render_html(report: Report) -> str:
 <main>
 <noscript><p class="noscript">Charts need JavaScript; the tables below do not.</p></noscript>
 <section id="findings"><h2>Findings</h2>{_findings_html(report.findings)}{notes}</section>
-<section id="ranks"><h2>Per rank</h2>{_ranks_html(ranks, stragglers)}</section>
+<section id="ranks"><h2>Per rank</h2><div class="scroll">{_ranks_html(ranks, stragglers)}</div></section>
 <section id="timeline"><h2>Timeline of a step <select id="step-select" aria-label="step"></select></h2>
 <div class="legend"><span><i style="background:#e5eaf1"></i>step</span><span><i style="background:#3b82f6"></i>backward</span>
 <span><i style="background:#f59e0b"></i>gradient bucket all_reduce</span><span><i style="background:#dc2626"></i>last bucket</span>

@@ -13,7 +13,8 @@ import pytest
 from ddpdoctor.renderers.html import write_html
 from tests.views_fixtures import evil_report, profiled_run
 
-pytestmark = pytest.mark.slow
+# One worker runs both view e2e modules, so they share one profiled run (tests/views_fixtures.py).
+pytestmark = [pytest.mark.slow, pytest.mark.xdist_group(name="views_profiled_run")]
 
 # The payload writes to the DOM if it ever runs, so the dumped DOM shows it (an attribute, not text).
 PWNED = "data-pwned"

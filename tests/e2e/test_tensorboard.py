@@ -17,7 +17,8 @@ import pytest
 from ddpdoctor.renderers.tensorboard import write_scalars
 from tests.views_fixtures import profiled_run, sections
 
-pytestmark = pytest.mark.slow
+# One worker runs both view e2e modules, so they share one profiled run (tests/views_fixtures.py).
+pytestmark = [pytest.mark.slow, pytest.mark.xdist_group(name="views_profiled_run")]
 
 
 def _free_port() -> int:
