@@ -68,6 +68,27 @@ def _main_pid(events: list[Any]) -> Any:
     return max(counts, key=counts.__getitem__) if counts else None
 
 
+def _process_labels(events: list[Any], main_pid: Any) -> dict[Any, str]:
+    """A short name per non-training process of a trace: Kineto's label ("GPU 0") when it has one, else its
+    process name when that differs from the training process's (traces often give every pid the job's name)."""
+    names: dict[Any, str] = {}
+    labels: dict[Any, str] = {}
+    for ev in events:
+        if isinstance(ev, dict) and ev.get("ph") == "M":
+            args = ev.get("args") or {}
+            if ev.get("name") == "process_name" and args.get("name"):
+                names[ev.get("pid")] = str(args["name"])
+            elif ev.get("name") == "process_labels" and args.get("labels"):
+                labels[ev.get("pid")] = str(args["labels"])
+    out: dict[Any, str] = {}
+    for pid in set(names) | set(labels):
+        if pid in labels and pid != main_pid:
+            out[pid] = labels[pid]
+        elif pid in names and names[pid] != names.get(main_pid):
+            out[pid] = names[pid]
+    return out
+
+
 def _rank_events(data: dict[str, Any], rank: int, offset_us: float) -> Iterable[dict[str, Any]]:
     """The rank's events moved into process ``rank`` on rank 0's clock (ts - offset)."""
     host = data.get("host_name")
@@ -84,8 +105,7 @@ def _rank_events(data: dict[str, Any], rank: int, offset_us: float) -> Iterable[
         yield {"ph": "M", "name": "process_labels", "pid": rank, "tid": 0, "args": {"labels": ", ".join(labels)}}
     events = data["traceEvents"]
     main_pid = _main_pid(events)
-    names = {ev.get("pid"): str((ev.get("args") or {}).get("name", ev.get("pid"))) for ev in events
-             if isinstance(ev, dict) and ev.get("ph") == "M" and ev.get("name") == "process_name"}
+    names = _process_labels(events, main_pid)
     for ev in events:
         if not isinstance(ev, dict):
             continue
@@ -97,7 +117,10 @@ def _rank_events(data: dict[str, Any], rank: int, offset_us: float) -> Iterable[
         # so a GPU stream 7 never lands on the same track as a CPU thread 7.
         pid = ev.get("pid")
         if pid != main_pid and pid not in (None, ""):
-            out["tid"] = f"{names.get(pid, pid)}: {ev.get('tid')}"
+            label = names.get(pid, f"pid {pid}")
+            out["tid"] = f"{label}: {ev.get('tid')}"
+            if ev.get("ph") == "M" and ev.get("name") == "thread_name":
+                out["args"] = {"name": f"{label} {(ev.get('args') or {}).get('name', ev.get('tid'))}".strip()}
         ts = ev.get("ts")
         if isinstance(ts, (int, float)) and offset_us:
             out["ts"] = ts - offset_us

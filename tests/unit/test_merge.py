@@ -10,6 +10,7 @@ import pytest
 
 from ddpdoctor.errors import BadInput
 from ddpdoctor.renderers.merge import merge_traces
+from tests.conftest import shared_path
 
 
 def _trace(rank: int | None, pid: int, t0: float) -> dict:
@@ -113,3 +114,27 @@ def test_real_recorded_traces_merge(tmp_path):
     assert {e["pid"] for e in ev} == {0, 1}
     assert sum(1 for e in ev if e.get("name") == "gloo:all_reduce") == sum(
         1 for evs in source for e in evs if e.get("name") == "gloo:all_reduce")
+
+
+@pytest.mark.shared
+def test_real_gpu_traces_keep_streams_apart(tmp_path):
+    """Two ranks of a real NCCL job (../shared/traces/sampled_2rank): every pid of the trace carries the job's
+    name, so GPU streams are labelled from Kineto's process_labels ("GPU 0"), never mixed with CPU threads."""
+    folder = shared_path("traces", "sampled_2rank")
+    traces = sorted(folder.glob("sampled_rank-*.json.gz"))
+    out = merge_traces(traces, tmp_path / "merged.json.gz", {"0": 0.0, "1": 1.5})
+    ev = _load(out)["traceEvents"]
+    kernels = [e for e in ev if e.get("cat") == "kernel"]
+    assert {e["pid"] for e in kernels} == {0, 1}
+    assert {e["tid"] for e in kernels if e["pid"] == 0} >= {"GPU 0: 7"}
+    assert {e["tid"] for e in kernels if e["pid"] == 1} >= {"GPU 1: 7"}
+    streams = {e["args"]["name"] for e in ev if e.get("ph") == "M" and e["name"] == "thread_name" and e["pid"] == 0}
+    assert "GPU 0 stream 7" in streams
+    # CPU ops stay on their own (integer) thread ids
+    assert all(isinstance(e["tid"], int) for e in ev if e.get("cat") == "cpu_op")
+    src = [json.loads(gzip.decompress(p.read_bytes()))["traceEvents"] for p in traces]
+    n_kernel = sum(1 for evs in src for e in evs if e.get("cat") == "kernel")
+    assert len(kernels) == n_kernel
+    first = {r: min(e["ts"] for e in src[r] if e.get("cat") == "kernel") for r in (0, 1)}
+    assert min(e["ts"] for e in kernels if e["pid"] == 1) == pytest.approx(first[1] - 1.5)
+    assert min(e["ts"] for e in kernels if e["pid"] == 0) == pytest.approx(first[0])
