@@ -18,6 +18,19 @@ _DROPPED_META = {"process_name", "process_labels", "process_sort_index"}
 _FLOW_ID_STRIDE = 1 << 40
 
 
+def trace_paths(paths: list[Path]) -> list[Path]:
+    """The trace files behind `analyze`'s arguments: a run directory's traces/, a folder's *.json[.gz], files."""
+    found: list[Path] = []
+    for p in paths:
+        if (p / "manifest.json").is_file() and (p / "traces").is_dir():
+            found.extend(sorted((p / "traces").glob("*.pt.trace.json*")))
+        elif p.is_dir():
+            found.extend(sorted(q for q in p.iterdir() if q.is_file() and q.name.endswith((".json", ".json.gz"))))
+        else:
+            found.append(p)
+    return found
+
+
 def read_trace(path: Path) -> dict[str, Any]:
     """A profiler trace (.json or .json.gz) as a dict, or BadInput naming the file and the problem."""
     try:

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from ddpdoctor.errors import BadInput
-from ddpdoctor.renderers.merge import merge_traces
+from ddpdoctor.renderers.merge import merge_traces, trace_paths
 from tests.conftest import shared_path
 
 
@@ -92,7 +92,7 @@ def test_two_traces_claiming_one_rank(tmp_path):
     (gzip.compress(b'{"a": 1}'), "no traceEvents"),
     (gzip.compress(b'{"traceEvents": [1,'), "not valid JSON"),
     (gzip.compress(b'{"traceEvents": ["\xff"]}'), "UTF-8"),
-])
+], ids=["not-gzip", "truncated-gzip", "not-a-trace", "truncated-json", "invalid-utf8"])
 def test_bad_trace_names_file_and_problem(tmp_path, content, problem):
     bad = tmp_path / "rank0.pt.trace.json.gz"
     bad.write_bytes(content)
@@ -138,3 +138,17 @@ def test_real_gpu_traces_keep_streams_apart(tmp_path):
     first = {r: min(e["ts"] for e in src[r] if e.get("cat") == "kernel") for r in (0, 1)}
     assert min(e["ts"] for e in kernels if e["pid"] == 1) == pytest.approx(first[1] - 1.5)
     assert min(e["ts"] for e in kernels if e["pid"] == 0) == pytest.approx(first[0])
+
+
+def test_trace_paths_of_run_dir_folder_and_files(tmp_path):
+    run = tmp_path / "run"
+    (run / "traces").mkdir(parents=True)
+    (run / "manifest.json").write_text("{}")
+    a = _write(run / "traces" / "rank0.1.pt.trace.json.gz", _trace(0, 1, 0.0))
+    (run / "report.json").write_text("{}")  # not a trace: a run directory's traces live in traces/
+    folder = tmp_path / "f"
+    folder.mkdir()
+    b = _write(folder / "w.json", _trace(1, 2, 0.0))
+    (folder / "notes.txt").write_text("x")
+    c = _write(tmp_path / "rank2.json", _trace(2, 3, 0.0))
+    assert trace_paths([run, folder, c]) == [a, b, c]
