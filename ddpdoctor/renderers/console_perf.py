@@ -7,10 +7,12 @@ from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from typing import Any
 
+from rich import box
 from rich.console import Console
 from rich.markup import escape
 from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
+from rich.text import Text
 
 from ddpdoctor.findings.model import Severity
 from ddpdoctor.report import Report
@@ -66,79 +68,84 @@ def _overlap(r: dict[str, Any]) -> str:
     return pct(r.get("overlap_pct"))
 
 
+def _table(title: str, headers: list[str], rows: list[list[str]], caption: str | None = None,
+           left: int = 0) -> Table:
+    """A compact table whose numbers are never cut: each column is at least as wide as its widest cell
+    (headers wrap instead), and light borders leave room for 11 columns in 80."""
+    table = Table(title=title, caption=caption, box=box.SIMPLE_HEAD, padding=(0, 0), pad_edge=False)
+    widths = [max([Text.from_markup(row[i]).cell_len for row in rows] + [1]) for i in range(len(headers))]
+    for i, (name, width) in enumerate(zip(headers, widths, strict=True)):
+        table.add_column(name, justify="left" if i < left else "right", min_width=width)
+    for row in rows:
+        table.add_row(*row)
+    return table
+
+
 def rank_table(ranks: list[dict[str, Any]], stragglers: list[int], verbose: bool = False) -> Table:
     """Fits 80 columns: ms everywhere, exposed communication with its share of step time."""
-    table = Table(title="Per rank: median step, totals over the recorded steps (ms)")
-    names = ["rank", "steps", "step", *(["p90", "max"] if verbose else []), "compute", "comm", "overlap",
-             "exposed", "idle", "data wait"]
-    for name in names:
-        table.add_column(name, justify="right")
+    counts = {_steps(r) for r in ranks}
+    steps = f"{counts.pop()} recorded steps" if len(counts) == 1 else "the recorded steps"
+    names = ["rank", *(["steps"] if verbose else []), "step", *(["p90", "max"] if verbose else []), "compute",
+             "comm", "overlap", "exposed", "idle", "data wait"]
     shown = _ranks_shown(ranks, stragglers)
+    rows = []
     for r in shown:
         st = r.get("step_time_us") or {}
         mark = "[yellow]*[/]" if r.get("rank") in stragglers else ""
         exposed = ms(r.get("exposed_comm_us"))
-        if isinstance(r.get("exposed_comm_pct"), (int, float)):
+        if isinstance(r.get("exposed_comm_pct"), (int, float)) and math.isfinite(r["exposed_comm_pct"]):
             exposed += f" ({r['exposed_comm_pct']:.0f}%)"
-        table.add_row(
-            f"{r.get('rank')}{mark}", _steps(r), ms(st.get("median")),
+        rows.append([
+            f"{r.get('rank')}{mark}", *([_steps(r)] if verbose else []), ms(st.get("median")),
             *([ms(st.get("p90")), ms(st.get("max"))] if verbose else []),
             ms(r.get("compute_us")), ms(r.get("comm_us")), _overlap(r), exposed, ms(r.get("idle_us")),
             ms(r.get("data_wait_us")),
-        )
+        ])
     captions = []
     if stragglers:
         captions.append("* straggler")
     if len(shown) < len(ranks):
         captions.append(f"{len(ranks) - len(shown)} more ranks not shown (--json or the HTML report has all)")
-    if captions:
-        table.caption = "; ".join(captions)
-    return table
+    return _table(f"Per rank: median step time, totals over {steps} (ms)", names, rows,
+                  "; ".join(captions) or None)
 
 
 def step_table(ranks: list[dict[str, Any]]) -> Table:
-    table = Table(title="Per step (ms)")
-    for name in ("rank", "step", "time", "compute", "comm", "overlap", "exposed", "idle", "backward",
-                 "comm in bwd", "data wait"):
-        table.add_column(name, justify="right")
-    rows = 0
+    rows: list[list[str]] = []
+    caption = None
     for r in ranks:
         for s in r.get("per_step") or []:
-            if rows >= MAX_VERBOSE_ROWS:
-                table.caption = "truncated; --json has every step"
-                return table
+            if len(rows) >= MAX_VERBOSE_ROWS:
+                caption = "truncated; --json has every step"
+                break
             bwd = None
             if isinstance(s.get("backward_end_us"), (int, float)) and isinstance(s.get("backward_start_us"), (int, float)):
                 bwd = s["backward_end_us"] - s["backward_start_us"]
-            table.add_row(str(r.get("rank")), str(s.get("step")), ms(s.get("dur_us")), ms(s.get("compute_us")),
-                          ms(s.get("comm_us")), pct(s.get("overlap_pct")), ms(s.get("exposed_comm_us")),
-                          ms(s.get("idle_us")), ms(bwd), ms(s.get("comm_in_backward_us")), ms(s.get("data_wait_us")))
-            rows += 1
-    return table
+            rows.append([str(r.get("rank")), str(s.get("step")), ms(s.get("dur_us")), ms(s.get("compute_us")),
+                         ms(s.get("comm_us")), pct(s.get("overlap_pct")), ms(s.get("exposed_comm_us")),
+                         ms(s.get("idle_us")), ms(bwd), ms(s.get("comm_in_backward_us")), ms(s.get("data_wait_us"))])
+    return _table("Per step (ms)", ["rank", "step", "time", "compute", "comm", "overlap", "exposed", "idle",
+                                    "backward", "comm in bwd", "data wait"], rows, caption)
 
 
 def collective_tables(collectives: dict[str, Any]) -> list[Table]:
     tables = []
     by_op = collectives.get("by_op") or {}
     if by_op:
-        t = Table(title="Collectives by op")
-        for name in ("op", "count", "MB", "time ms"):
-            t.add_column(name, justify="right")
-        for op, v in sorted(by_op.items()):
-            t.add_row(escape(str(op)), str(v.get("count", "-")), f"{(v.get('bytes') or 0) / 1e6:.2f}", ms(v.get("time_us")))
-        tables.append(t)
+        rows = [[escape(str(op)), str(v.get("count", "-")), f"{(v.get('bytes') or 0) / 1e6:.2f}", ms(v.get("time_us"))]
+                for op, v in sorted(by_op.items())]
+        tables.append(_table("Collectives by op", ["op", "count", "MB", "time ms"], rows, left=1))
     calls = collectives.get("calls") or []
     if calls:
-        t = Table(title="Collective calls (start relative to backward start, ms)")
-        for name in ("rank", "step", "#", "op", "group", "MB", "dur", "start vs bwd", "algbw GB/s", "busbw GB/s"):
-            t.add_column(name, justify="right")
-        for c in calls[:MAX_VERBOSE_ROWS]:
-            t.add_row(str(c.get("rank")), str(c.get("step")), str(c.get("index")), escape(str(c.get("op"))),
-                      escape(str(c.get("group"))), f"{(c.get('bytes') or 0) / 1e6:.2f}", ms(c.get("dur_us")),
-                      ms(c.get("start_rel_backward_us")), _num(c.get("algbw_gbps")), _num(c.get("busbw_gbps")))
-        if len(calls) > MAX_VERBOSE_ROWS:
-            t.caption = f"{len(calls) - MAX_VERBOSE_ROWS} more calls; --json or the HTML report has all"
-        tables.append(t)
+        rows = [[str(c.get("rank")), str(c.get("step")), str(c.get("index")), escape(str(c.get("op"))),
+                 escape(str(c.get("group"))), f"{(c.get('bytes') or 0) / 1e6:.2f}", ms(c.get("dur_us")),
+                 ms(c.get("start_rel_backward_us")), _num(c.get("algbw_gbps")), _num(c.get("busbw_gbps"))]
+                for c in calls[:MAX_VERBOSE_ROWS]]
+        caption = (f"{len(calls) - MAX_VERBOSE_ROWS} more calls; --json or the HTML report has all"
+                   if len(calls) > MAX_VERBOSE_ROWS else None)
+        tables.append(_table("Collective calls (ms; start relative to backward start)",
+                             ["rank", "step", "#", "op", "group", "MB", "dur", "start vs bwd", "algbw GB/s",
+                              "busbw GB/s"], rows, caption))
     return tables
 
 
