@@ -48,13 +48,15 @@ def evil_report() -> Report:
 @functools.cache
 def profiled_run() -> Path:
     """One real 2-rank `ddpdoctor profile` of the bundled MLP (1 MB buckets, so several per step), shared by the
-    view e2e tests of this process; it also wrote ``extra.html`` next to it with --html."""
+    view e2e tests of this process; it also wrote ``extra.html`` (--html) and ``merged.json.gz`` (--merge)
+    two levels up."""
     from tests.conftest import EXAMPLES, run_cli
 
     root = Path(tempfile.mkdtemp(prefix="ddpdoctor-views-"))
     atexit.register(shutil.rmtree, root, True)
     run = root / "logs" / "run"
     proc = run_cli("profile", "--nproc-per-node", "2", "--out", str(run), "-q", "--html", str(root / "extra.html"),
+                   "--merge", str(root / "merged.json.gz"),
                    str(EXAMPLES / "train_mlp.py"), "--bucket-cap-mb", "1", "--steps-per-epoch", "7")
     assert proc.returncode == 0, proc.stderr[-3000:]
     return run

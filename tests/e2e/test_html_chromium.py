@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import gzip
+import json
 import os
 import re
 import shutil
@@ -97,3 +99,14 @@ def test_real_profile_report_renders(tmp_path):
     assert "<svg" in dom
     if os.environ.get("DDPDOCTOR_SCREENSHOT_DIR"):
         _browse(page, tmp_path, f"--screenshot={Path(os.environ['DDPDOCTOR_SCREENSHOT_DIR']) / 'report-real.png'}")
+
+
+def test_profile_merge_option_writes_one_trace():
+    run = profiled_run()
+    merged = json.loads(gzip.decompress((run.parents[1] / "merged.json.gz").read_bytes()))
+    names = {e["pid"]: e["args"]["name"] for e in merged["traceEvents"]
+             if e.get("ph") == "M" and e.get("name") == "process_name"}
+    assert sorted(names) == [0, 1] and all(n.startswith(f"rank {p}") for p, n in names.items())
+    per_rank = {p: sum(1 for e in merged["traceEvents"] if e.get("pid") == p and e.get("name") == "gloo:all_reduce")
+                for p in (0, 1)}
+    assert per_rank[0] == per_rank[1] > 0  # every bucket all_reduce of both ranks is in the one trace
