@@ -5,6 +5,7 @@ from __future__ import annotations
 import math
 from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
+from pathlib import Path
 from typing import Any
 
 from rich import box
@@ -196,9 +197,10 @@ def render_perf_sections(report: Report, out: Console, verbose: bool) -> None:
     advice = top_advice(report)
     if advice:
         out.print(advice)
-    for name in ("html", "merged_trace", "tensorboard"):
-        if s.get("outputs", {}).get(name):
-            out.print(f"[dim]{name}: {escape(str(s['outputs'][name]))}[/dim]")
+    run_dir = s.get("run_dir")
+    if run_dir and (Path(run_dir) / "report.html").is_file():
+        out.print(f"[dim]open {escape(str(Path(run_dir) / 'report.html'))} in a browser, or: "
+                  f"tensorboard --logdir {escape(str(run_dir))} --host 127.0.0.1[/dim]")
 
 
 @contextmanager
