@@ -20,6 +20,8 @@ from ddpdoctor.errors import BadInput
 from ddpdoctor.launch.flags import pop_torchrun_values
 from ddpdoctor.launch.launcher import LaunchSpec, launch
 from ddpdoctor.probes.config import Schedule
+from ddpdoctor.renderers.console_perf import render_perf_sections
+from ddpdoctor.renderers.outputs import write_outputs
 from ddpdoctor.rundir.layout import RunDir
 from ddpdoctor.rundir.report import job_report
 
@@ -32,6 +34,10 @@ from ddpdoctor.rundir.report import job_report
 @click.option("--repeat", default=1, show_default=True, help="How many wait/warmup/active cycles.")
 @click.option("--with-stack", is_flag=True, help="Record Python stacks in the trace (bigger traces).")
 @click.option("--verbose", "-v", is_flag=True, help="Per-step and per-collective tables.")
+@click.option("--html", "html_path", type=click.Path(path_type=Path), default=None,
+              help="Also write the HTML report here (RUN/report.html is always written).")
+@click.option("--merge", "merge_path", type=click.Path(path_type=Path), default=None,
+              help="Write all ranks' traces as one Perfetto/Chrome trace (e.g. merged.json.gz).")
 @json_option
 @fail_on_option
 @cli_errors
@@ -48,6 +54,8 @@ def command(
     repeat: int,
     with_stack: bool,
     verbose: bool,
+    html_path: Path | None,
+    merge_path: Path | None,
     as_json: bool,
     fail_on: str,
     **kwargs: Any,
@@ -72,4 +80,7 @@ def command(
             "was profiled; call ddpdoctor.step() at the end of each iteration",
             script,
         )
-    emit(report, as_json=as_json, verbose=verbose, fail_on=fail_on, exit_code=result.exit_code or None)
+    # The run directory is also the HTML report's home and a TensorBoard log dir (RUN/scalars/rankR).
+    write_outputs(report, {}, spec.run_dir.root, html_path, merge_path, spec.run_dir.trace_files())
+    emit(report, as_json=as_json, verbose=verbose, fail_on=fail_on, exit_code=result.exit_code or None,
+         sections=render_perf_sections)

@@ -1,0 +1,214 @@
+"""The terminal view of a performance report: per-rank table, stragglers, top advice, verbose per-step/collective tables."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+from rich import box
+from rich.console import Console
+from rich.markup import escape
+from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
+from rich.table import Table
+from rich.text import Text
+
+from ddpdoctor.findings.model import Severity
+from ddpdoctor.report import Report
+
+# Rows beyond this are summarised: a 1,000-rank job must still fit a screen in the default view.
+MAX_RANK_ROWS = 32
+MAX_VERBOSE_ROWS = 200
+
+
+def ms(us: Any, digits: int = 2) -> str:
+    """Microseconds as milliseconds for people; a missing value is shown as "-", never "nan"."""
+    if not isinstance(us, (int, float)) or not math.isfinite(us):
+        return "-"
+    return f"{us / 1000.0:.{digits}f}"
+
+
+def pct(value: Any) -> str:
+    return f"{value:.1f}%" if isinstance(value, (int, float)) and math.isfinite(value) else "-"
+
+
+def by_rank(mapping: Mapping[Any, Any] | None) -> dict[int, Any]:
+    """JSON turns integer keys into strings; accept both."""
+    out: dict[int, Any] = {}
+    for k, v in (mapping or {}).items():
+        try:
+            out[int(k)] = v
+        except (TypeError, ValueError):
+            continue
+    return out
+
+
+def _ranks_shown(ranks: list[dict[str, Any]], stragglers: list[int]) -> list[dict[str, Any]]:
+    """All ranks when few; else the slowest, the stragglers and rank 0 (the ones a person looks at first)."""
+    if len(ranks) <= MAX_RANK_ROWS:
+        return ranks
+    def median(r: dict[str, Any]) -> float:
+        return float((r.get("step_time_us") or {}).get("median") or 0.0)
+    keep = {r["rank"] for r in sorted(ranks, key=median, reverse=True)[: MAX_RANK_ROWS - 4]}
+    keep.update(stragglers)
+    keep.add(ranks[0]["rank"])
+    return [r for r in ranks if r["rank"] in keep]
+
+
+def _steps(r: dict[str, Any]) -> str:
+    steps = r.get("steps")
+    return str(len(steps)) if isinstance(steps, list) else str(steps if steps is not None else "-")
+
+
+def _overlap(r: dict[str, Any]) -> str:
+    comm = r.get("comm_us")
+    if comm == 0:
+        return "no comm"
+    return pct(r.get("overlap_pct"))
+
+
+def _table(title: str, headers: list[str], rows: list[list[str]], caption: str | None = None,
+           left: int = 0) -> Table:
+    """A compact table whose numbers are never cut: each column is at least as wide as its widest cell
+    (headers wrap instead), and light borders leave room for 11 columns in 80."""
+    table = Table(title=title, caption=caption, box=box.SIMPLE_HEAD, padding=(0, 0), pad_edge=False)
+    widths = [max([Text.from_markup(row[i]).cell_len for row in rows] + [1]) for i in range(len(headers))]
+    for i, (name, width) in enumerate(zip(headers, widths, strict=True)):
+        table.add_column(name, justify="left" if i < left else "right", min_width=width)
+    for row in rows:
+        table.add_row(*row)
+    return table
+
+
+def rank_table(ranks: list[dict[str, Any]], stragglers: list[int], verbose: bool = False) -> Table:
+    """Fits 80 columns: ms everywhere, exposed communication with its share of step time."""
+    counts = {_steps(r) for r in ranks}
+    steps = f"{counts.pop()} recorded steps" if len(counts) == 1 else "the recorded steps"
+    names = ["rank", *(["steps"] if verbose else []), "step", *(["p90", "max"] if verbose else []), "compute",
+             "comm", "overlap", "exposed", "idle", "data wait"]
+    shown = _ranks_shown(ranks, stragglers)
+    rows = []
+    for r in shown:
+        st = r.get("step_time_us") or {}
+        mark = "[yellow]*[/]" if r.get("rank") in stragglers else ""
+        exposed = ms(r.get("exposed_comm_us"))
+        if isinstance(r.get("exposed_comm_pct"), (int, float)) and math.isfinite(r["exposed_comm_pct"]):
+            exposed += f" ({r['exposed_comm_pct']:.0f}%)"
+        rows.append([
+            f"{r.get('rank')}{mark}", *([_steps(r)] if verbose else []), ms(st.get("median")),
+            *([ms(st.get("p90")), ms(st.get("max"))] if verbose else []),
+            ms(r.get("compute_us")), ms(r.get("comm_us")), _overlap(r), exposed, ms(r.get("idle_us")),
+            ms(r.get("data_wait_us")),
+        ])
+    captions = []
+    if stragglers:
+        captions.append("* straggler")
+    if len(shown) < len(ranks):
+        captions.append(f"{len(ranks) - len(shown)} more ranks not shown (--json or the HTML report has all)")
+    return _table(f"Per rank: median step time, totals over {steps} (ms)", names, rows,
+                  "; ".join(captions) or None)
+
+
+def step_table(ranks: list[dict[str, Any]]) -> Table:
+    rows: list[list[str]] = []
+    caption = None
+    for r in ranks:
+        for s in r.get("per_step") or []:
+            if len(rows) >= MAX_VERBOSE_ROWS:
+                caption = "truncated; --json has every step"
+                break
+            bwd = None
+            if isinstance(s.get("backward_end_us"), (int, float)) and isinstance(s.get("backward_start_us"), (int, float)):
+                bwd = s["backward_end_us"] - s["backward_start_us"]
+            rows.append([str(r.get("rank")), str(s.get("step")), ms(s.get("dur_us")), ms(s.get("compute_us")),
+                         ms(s.get("comm_us")), pct(s.get("overlap_pct")), ms(s.get("exposed_comm_us")),
+                         ms(s.get("idle_us")), ms(bwd), ms(s.get("comm_in_backward_us")), ms(s.get("data_wait_us"))])
+    return _table("Per step (ms)", ["rank", "step", "time", "compute", "comm", "overlap", "exposed", "idle",
+                                    "backward", "comm in bwd", "data wait"], rows, caption)
+
+
+def collective_tables(collectives: dict[str, Any]) -> list[Table]:
+    tables = []
+    by_op = collectives.get("by_op") or {}
+    if by_op:
+        rows = [[escape(str(op)), str(v.get("count", "-")), f"{(v.get('bytes') or 0) / 1e6:.2f}", ms(v.get("time_us"))]
+                for op, v in sorted(by_op.items())]
+        tables.append(_table("Collectives by op", ["op", "count", "MB", "time ms"], rows, left=1))
+    calls = collectives.get("calls") or []
+    if calls:
+        rows = [[str(c.get("rank")), str(c.get("step")), str(c.get("index")), escape(str(c.get("op"))),
+                 escape(str(c.get("group"))), f"{(c.get('bytes') or 0) / 1e6:.2f}", ms(c.get("dur_us")),
+                 ms(c.get("start_rel_backward_us")), _num(c.get("algbw_gbps")), _num(c.get("busbw_gbps"))]
+                for c in calls[:MAX_VERBOSE_ROWS]]
+        caption = (f"{len(calls) - MAX_VERBOSE_ROWS} more calls; --json or the HTML report has all"
+                   if len(calls) > MAX_VERBOSE_ROWS else None)
+        tables.append(_table("Collective calls (ms; start relative to backward start)",
+                             ["rank", "step", "#", "op", "group", "MB", "dur", "start vs bwd", "algbw GB/s",
+                              "busbw GB/s"], rows, caption))
+    return tables
+
+
+def _num(v: Any) -> str:
+    return "-" if not isinstance(v, (int, float)) else f"{v:.3f}"
+
+
+def straggler_line(stragglers: dict[str, Any]) -> str | None:
+    ranks = stragglers.get("ranks") or []
+    if not ranks:
+        return None
+    ev = stragglers.get("evidence") or {}
+    waits = by_rank(ev.get("caused_wait_us"))
+    parts = [f"rank {r} (others waited {ms(waits.get(r))} ms)" for r in ranks[:8]]
+    more = f" and {len(ranks) - 8} more" if len(ranks) > 8 else ""
+    skew = ev.get("arrival_skew_median_us")
+    return (f"[yellow]Straggler(s):[/] {', '.join(parts)}{more}; median arrival skew {ms(skew)} ms")
+
+
+def top_advice(report: Report) -> str | None:
+    """The advice of the most severe finding that has some (what to do first)."""
+    ordered = sorted(report.findings, key=lambda f: -f.severity.rank)
+    for f in ordered:
+        if f.advice and f.severity is not Severity.INFO:
+            return f"[bold]Top advice[/] ({escape(f.id)}): {escape(f.advice)}"
+    return None
+
+
+def render_perf_sections(report: Report, out: Console, verbose: bool) -> None:
+    """Sections renderer for ``emit(..., sections=render_perf_sections)``: the per-rank summary first."""
+    s = report.sections
+    ranks: list[dict[str, Any]] = s.get("ranks") or []
+    stragglers = s.get("stragglers") or {}
+    if s.get("run_dir"):
+        out.print(f"[dim]run directory: {escape(str(s['run_dir']))}[/dim]")
+    if ranks:
+        out.print(rank_table(ranks, list(stragglers.get("ranks") or []), verbose))
+    else:
+        out.print("[dim]No profiled steps to summarise.[/dim]")
+    line = straggler_line(stragglers)
+    if line:
+        out.print(line)
+    if verbose and ranks:
+        out.print(step_table(ranks))
+    if verbose:
+        for t in collective_tables(s.get("collectives") or {}):
+            out.print(t)
+    advice = top_advice(report)
+    if advice:
+        out.print(advice)
+    run_dir = s.get("run_dir")
+    if run_dir and (Path(run_dir) / "report.html").is_file():
+        out.print(f"[dim]open {escape(str(Path(run_dir) / 'report.html'))} in a browser, or: "
+                  f"tensorboard --logdir {escape(str(run_dir))} --host 127.0.0.1[/dim]")
+
+
+@contextmanager
+def progress(description: str, total: int | None, console: Console | None = None) -> Iterator[Any]:
+    """A transient progress bar on stderr for long work (merging traces, writing views); silent when not a TTY."""
+    con = console or Console(stderr=True)
+    bar = Progress(TextColumn("{task.description}"), BarColumn(), TextColumn("{task.completed}/{task.total}"),
+                   TimeElapsedColumn(), console=con, transient=True, disable=not con.is_terminal)
+    with bar:
+        task = bar.add_task(description, total=total)
+        yield lambda n=1: bar.advance(task, n)

@@ -1,0 +1,58 @@
+"""Writes the file views of a performance report (HTML, TensorBoard scalars, merged trace) where they were asked for."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from ddpdoctor.errors import BadInput
+from ddpdoctor.renderers.console_perf import progress
+from ddpdoctor.report import Report
+
+
+def _input_ranks(sections: dict[str, Any]) -> dict[str, int]:
+    """Trace path -> rank as the analysis decided it (so the merge agrees with the report)."""
+    out: dict[str, int] = {}
+    for inp in sections.get("inputs") or []:
+        if isinstance(inp, dict) and isinstance(inp.get("rank"), int) and inp.get("path"):
+            out[str(inp["path"])] = inp["rank"]
+            out[str(Path(inp["path"]).resolve())] = inp["rank"]
+    return out
+
+
+def write_outputs(
+    report: Report,
+    analysis_sections: dict[str, Any],
+    run_dir: Path | None,
+    html: Path | None,
+    merge: Path | None,
+    traces: list[Path],
+) -> list[Path]:
+    """RUN/report.html and RUN/scalars/rankR when there is a run directory, plus --html and --merge files.
+
+    Returns the paths written. A path that cannot be written raises BadInput naming it.
+    """
+    from ddpdoctor.renderers.html import write_html
+    from ddpdoctor.renderers.tensorboard import write_scalars
+
+    sections = {**analysis_sections, **report.sections}
+    view = Report(command=report.command, sections=sections, findings=report.findings, notes=report.notes)
+    written: list[Path] = []
+    html_targets = ([run_dir / "report.html"] if run_dir else []) + ([html] if html else [])
+    for target in html_targets:
+        try:
+            written.append(write_html(view, target))
+        except OSError as exc:
+            raise BadInput(f"cannot write the HTML report ({exc.strerror or exc})", target) from exc
+    if run_dir:
+        try:
+            written.extend(write_scalars(sections, run_dir / "scalars"))
+        except OSError as exc:
+            raise BadInput(f"cannot write TensorBoard scalars ({exc.strerror or exc})", run_dir / "scalars") from exc
+    if merge:
+        from ddpdoctor.renderers.merge import merge_traces
+
+        with progress("merging traces", total=len(traces)) as advance:
+            written.append(merge_traces(traces, merge, sections.get("clock_offsets_us"), _input_ranks(sections),
+                                        on_file=lambda _p: advance()))
+    return written

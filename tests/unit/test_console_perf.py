@@ -1,0 +1,79 @@
+"""The terminal summary: per-rank numbers, stragglers and the top advice, readable at 80 columns."""
+
+from __future__ import annotations
+
+import re
+
+from rich.console import Console
+
+from ddpdoctor.findings.model import Finding, Severity
+from ddpdoctor.renderers.console import render
+from ddpdoctor.renderers.console_perf import MAX_RANK_ROWS, ms, render_perf_sections
+from ddpdoctor.report import Report
+from tests.views_fixtures import EVIL, evil_report, findings, sections
+
+
+def _row(text: str, *first: str) -> str:
+    """The table line whose first cells are ``first`` (cells are separated by spaces)."""
+    return next(line for line in text.splitlines() if line.split()[: len(first)] == list(first))
+
+
+def _text(report: Report, verbose: bool = False, width: int = 80) -> str:
+    out = Console(record=True, width=width, color_system=None)
+    render(report, sections=render_perf_sections, verbose=verbose, out=out)
+    return out.export_text()
+
+
+def test_summary_numbers_worked_out_by_hand():
+    text = _text(Report(command="analyze", sections=sections(), findings=findings()))
+    # tests/fixtures/views/README.md: rank 0 median step 40 ms, comm 72 ms, 43.06 % overlapped, 41 ms exposed
+    # (32.9 % of 124.6 ms of steps); rank 1 (straggler) made the others wait 10.6 ms.
+    row0 = _row(text, "0")
+    for cell in ("40.00", "71.00", "72.00", "43.1%", "41.00", "12.60", "1.11"):
+        assert cell in row0, (cell, row0)
+    assert "1*" in text and "* straggler" in text
+    assert "rank 1 (others waited 10.60 ms)" in text
+    # The top advice is the error finding's, and it comes before the findings table.
+    assert "Top advice (straggler.rank): Look at rank 1's host" in text
+    assert text.index("Top advice") < text.index("Findings")
+    assert max(len(line) for line in text.splitlines()) <= 80
+
+
+def test_verbose_adds_steps_and_collectives():
+    text = _text(Report(command="analyze", sections=sections(), findings=findings()), verbose=True, width=140)
+    assert "Per step (ms)" in text and "Collective calls" in text and "Collectives by op" in text
+    # rank 0 step 4: 54 ms, 34 ms of comm of which 11 ms overlapped (32.4 %), 23 ms exposed
+    step4 = _row(text, "0", "4")
+    for cell in ("54.00", "34.00", "32.4%", "23.00"):
+        assert cell in step4, (cell, step4)
+
+
+def test_no_comm_unknown_and_markup():
+    s = sections()
+    s["ranks"][0].update(comm_us=0.0, overlap_pct=None)
+    del s["ranks"][1]["comm_us"]
+    s["ranks"][1]["overlap_pct"] = None
+    text = _text(Report(command="analyze", sections=s))
+    assert "no comm" in _row(text, "0") and _row(text, "1*").split()[3:5] == ["-", "-"]
+    assert "nan" not in text.lower()
+    # rich markup in trace-derived strings is printed literally, not interpreted
+    evil = evil_report()
+    evil.findings.append(Finding("x", Severity.WARNING, "t", [0], {}, "[red]boom[/red] " + EVIL))
+    text = _text(evil, verbose=True, width=200)
+    assert "[red]boom[/red]" in text
+
+
+def test_many_ranks_fit_a_screen():
+    s = sections()
+    base = s["ranks"][0]
+    s["ranks"] = [dict(base, rank=r, step_time_us={"median": 1000.0 + r}) for r in range(1000)]
+    s["stragglers"] = {"ranks": [3], "evidence": {}}
+    text = _text(Report(command="analyze", sections=s), width=100)
+    rows = [line for line in text.splitlines() if re.match(r"^\s*\d+\*?\s+\d", line)]
+    assert len(rows) <= MAX_RANK_ROWS
+    assert "more ranks not shown" in text
+    assert _row(text, "999") and _row(text, "3*")  # the slowest and the straggler are kept
+
+
+def test_ms_never_prints_nan():
+    assert ms(float("nan")) == "-" and ms(None) == "-" and ms(1500.0) == "1.50"
