@@ -15,3 +15,4 @@ if [ ! -f "$stamp" ] || [ "$(cat "$stamp")" != "$want" ]; then
   quiet .venv/bin/python -m pip install -q --disable-pip-version-check -e ".[test,hta]"
   echo "$want" > "$stamp"
 fi
+bash scripts/install-chromium.sh || echo "chromium not installed: the HTML browser test will skip"
