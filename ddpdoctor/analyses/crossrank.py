@@ -11,10 +11,11 @@ import numpy as np
 from ddpdoctor.analyses.model import BandwidthFit, CollectiveCall, MatchedCollective, Stragglers
 from ddpdoctor.analyses.rank import RankResult
 
-# A rank is a straggler when the others' average wait for it is at least this share of their recorded step time
-# (below it, arrival differences are noise of a few scheduling quanta) and it caused most of all waiting.
+# A rank is a straggler when it makes the others wait at least twice as long as a typical rank does (arrival order
+# alone flips at random between healthy ranks), and the excess, per waiting rank, is at least 5% of the recorded
+# step time (below that it costs little whoever causes it).
+STRAGGLER_DOMINANCE = 2.0
 STRAGGLER_WAIT_SHARE = 0.05
-STRAGGLER_MAJORITY = 0.5
 
 
 def _key(c: CollectiveCall, k: int) -> str:
@@ -109,8 +110,9 @@ def stragglers(results: list[RankResult], matched: list[MatchedCollective]) -> S
     n = len(results)
     if n >= 2 and all_wait > 0 and total_step > 0:
         for rk, w in caused.items():
-            per_other = w / (n - 1)
-            if w >= STRAGGLER_MAJORITY * all_wait and per_other >= STRAGGLER_WAIT_SHARE * total_step:
+            typical = statistics.median([v for k, v in caused.items() if k != rk])
+            excess = (w - typical) / (n - 1)
+            if w >= STRAGGLER_DOMINANCE * typical and excess >= STRAGGLER_WAIT_SHARE * total_step:
                 flagged.append(rk)
     skews = [m.arrival_skew_us for m in matched]
     return Stragglers(
