@@ -99,7 +99,7 @@ def _enqueue_launches(comm: list[CommEvent], enqueues: list[CpuCall]) -> list[Cp
     return out
 
 
-def _step_of(t: float, steps: list[tuple[int, float, float]]) -> int | None:
+def step_of(t: float, steps: list[tuple[int, float, float]]) -> int | None:
     for sid, s, e in steps:
         if s <= t < e:
             return sid
@@ -129,7 +129,7 @@ def rank_collectives(
         seq = c.args.seq
         if seq is None:
             seq_by_group[group] = seq_by_group.get(group, -1) + 1
-        step = _step_of(launch if launch is not None else c.start, trace.steps)
+        step = step_of(launch if launch is not None else c.start, trace.steps)
         dur = c.end - c.start
         n = c.args.group_size or (trace.groups.get(group) if group is not None else None) or trace.world_size
         algbw = nbytes / dur / 1e3 if nbytes and dur > 0 else None
@@ -164,5 +164,5 @@ def buckets(
 def grad_ready(trace: Trace) -> list[GradReady]:
     out = []
     for g in trace.grads:
-        out.append(GradReady(rank=trace.rank, step=_step_of(g.start, trace.steps), t_us=g.end, bytes=args_bytes(g.args)))
+        out.append(GradReady(rank=trace.rank, step=step_of(g.start, trace.steps), t_us=g.end, bytes=args_bytes(g.args)))
     return out

@@ -85,12 +85,18 @@ def shift(results: list[RankResult], offsets: dict[int, float]) -> None:
             b.end_us -= d
         for g in r.grad_ready:
             g.t_us -= d
+        for sc in r.syncs:
+            sc.t_us -= d
         for p in r.metrics.per_step:
             p.start_us -= d
             if p.backward_start_us is not None:
                 p.backward_start_us -= d
             if p.backward_end_us is not None:
                 p.backward_end_us -= d
+            if p.cpu_backward_start_us is not None:
+                p.cpu_backward_start_us -= d
+            if p.cpu_backward_end_us is not None:
+                p.cpu_backward_end_us -= d
 
 
 def stragglers(results: list[RankResult], matched: list[MatchedCollective]) -> Stragglers:

@@ -38,6 +38,9 @@ class StepMetrics:
     backward_end_us: float | None
     comm_in_backward_us: float
     data_wait_us: float
+    # The backward pass as the CPU ran it (on GPU traces backward_*_us are the GPU span of its kernels).
+    cpu_backward_start_us: float | None = None
+    cpu_backward_end_us: float | None = None
 
 
 @dataclass
@@ -110,6 +113,18 @@ class GradReady:
 
 
 @dataclass
+class SyncCall:
+    """A call that blocks the CPU until queued device work is done (cudaDeviceSynchronize, .item(), ...)."""
+
+    rank: int
+    step: int | None
+    name: str
+    t_us: float  # CPU clock (aligned); compare with StepMetrics.cpu_backward_*_us
+    dur_us: float
+    detail: str = ""
+
+
+@dataclass
 class BandwidthFit:
     """dur = latency_us + bytes / bytes_per_us, least squares over this run's collectives with bytes."""
 
@@ -165,6 +180,7 @@ class Analysis:
     calls: list[CollectiveCall] = field(default_factory=list)
     buckets: list[Bucket] = field(default_factory=list)
     grad_ready: list[GradReady] = field(default_factory=list)
+    syncs: list[SyncCall] = field(default_factory=list)
     bandwidth: BandwidthFit = field(default_factory=lambda: BandwidthFit(None, None, 0))
     matched: list[MatchedCollective] = field(default_factory=list)
     stragglers: Stragglers | None = None
@@ -202,6 +218,7 @@ class Analysis:
                 "bandwidth": asdict(self.bandwidth),
                 "matched": matched,
             },
+            "syncs": [asdict(s) for s in self.syncs],
             "stragglers": self.stragglers.to_json() if self.stragglers else {"ranks": [], "evidence": {}},
             "clock_offsets_us": {str(k): v for k, v in self.clock_offsets_us.items()},
             "ddp": self.ddp,

@@ -94,7 +94,10 @@ def _reduce(unit: _Unit, window: str) -> RankResult:
         try:
             data = json.loads(unit.summary.read_text())
             if data.get("schema") == summ.SCHEMA:
-                return summ.from_dict(data)
+                result = summ.from_dict(data)
+                # The rank wrote its own paths; name the files where they are now (the run dir may have moved).
+                result.input.path = ",".join(str(f) for f in unit.files) or str(unit.summary)
+                return result
         except (OSError, ValueError, TypeError, KeyError):
             pass  # a stale or damaged summary: the trace itself is the truth
     return summ.analyze_files(unit.files, rank=unit.rank, window=window)
@@ -183,6 +186,7 @@ def analyze_paths(paths: list[Path], options: AnalyzeOptions | None = None) -> A
         calls=calls,
         buckets=[b for r in results for b in r.buckets],
         grad_ready=[g for r in results for g in r.grad_ready],
+        syncs=[s for r in results for s in r.syncs],
         bandwidth=crossrank.bandwidth_fit(calls),
         matched=matched,
         stragglers=crossrank.stragglers(results, matched),

@@ -9,7 +9,15 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from ddpdoctor.analyses import collectives as coll
-from ddpdoctor.analyses.model import Bucket, CollectiveCall, GradReady, InputInfo, RankMetrics, StepMetrics
+from ddpdoctor.analyses.model import (
+    Bucket,
+    CollectiveCall,
+    GradReady,
+    InputInfo,
+    RankMetrics,
+    StepMetrics,
+    SyncCall,
+)
 from ddpdoctor.traces import intervals as iv
 from ddpdoctor.traces.model import Spans, Trace
 
@@ -23,6 +31,7 @@ class RankResult:
     calls: list[CollectiveCall]
     buckets: list[Bucket]
     grad_ready: list[GradReady]
+    syncs: list[SyncCall] = field(default_factory=list)
     host: str | None = None
     notes: list[str] = field(default_factory=list)
 
@@ -101,16 +110,17 @@ def analyze_trace(trace: Trace, window: str = "all") -> RankResult:
         s_comm = iv.union_len(*sm)
         s_ov = iv.intersect_len(sm, sc)
         busy = iv.union_len(*iv.cat(sc, sm, smem))
-        bs = be = None
+        bs = be = cbs = cbe = None
         cib = 0.0
         if sid in bwd:
-            bs, be = bwd[sid][2], bwd[sid][3]
+            cbs, cbe, bs, be = bwd[sid]
             cib = iv.union_len(*iv.clip(sm[0], sm[1], bs, be))
         per_step.append(StepMetrics(
             step=sid, start_us=s, dur_us=e - s, compute_us=iv.union_len(*sc), comm_us=s_comm, overlap_us=s_ov,
             overlap_pct=_pct(s_ov, s_comm), exposed_comm_us=s_comm - s_ov, idle_us=max(0.0, (e - s) - busy),
             backward_start_us=bs, backward_end_us=be, comm_in_backward_us=cib,
             data_wait_us=iv.union_len(*iv.clip(data[0], data[1], s, e)),
+            cpu_backward_start_us=cbs, cpu_backward_end_us=cbe,
         ))
 
     durs = [p.dur_us for p in per_step]
@@ -147,6 +157,8 @@ def analyze_trace(trace: Trace, window: str = "all") -> RankResult:
         calls=calls,
         buckets=coll.buckets(trace, calls, launches, bwd),
         grad_ready=coll.grad_ready(trace),
+        syncs=[SyncCall(rank=trace.rank, step=coll.step_of(c.start, trace.steps), name=c.name, t_us=c.start,
+                        dur_us=c.end - c.start) for c in trace.syncs],
         host=trace.host,
         notes=list(trace.notes),
     )

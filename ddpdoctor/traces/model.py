@@ -20,6 +20,8 @@ _WAIT = re.compile(r"wait|synchronize", re.IGNORECASE)
 BACKWARD_PREFIX = "autograd::engine::evaluate_function:"
 DATA_PREFIX = "enumerate(DataLoader)"
 ACCUMULATE_GRAD = "torch::autograd::AccumulateGrad"
+SYNC_NAMES = ("cudaDeviceSynchronize", "cudaStreamSynchronize", "cudaEventSynchronize", "aten::item",
+              "aten::_local_scalar_dense")
 _CPU_CATS = {"cpu_op", "user_annotation", "python_function"}
 _RUNTIME_CATS = {"cuda_runtime", "cuda_driver", "runtime", "cuda_api"}
 
@@ -91,6 +93,7 @@ class Trace:
     data_wait: Spans
     enqueues: list[CpuCall]  # c10d::* / record_param_comms on the CPU
     grads: list[CpuCall]  # AccumulateGrad
+    syncs: list[CpuCall] = field(default_factory=list)  # calls that block the CPU on the device
     notes: list[str] = field(default_factory=list)
 
 
@@ -128,6 +131,7 @@ def build_trace(raw: RawTrace, fallback_rank: int | None = None) -> Trace:
     comm: list[CommEvent] = []
     enqueues: list[CpuCall] = []
     grads: list[CpuCall] = []
+    syncs: list[CpuCall] = []
     runtime: dict[int, float] = {}
     nan = float("nan")
     for ev in events:
@@ -146,6 +150,8 @@ def build_trace(raw: RawTrace, fallback_rank: int | None = None) -> Trace:
             else:
                 compute.append((ts, end, corr))
             continue
+        if name.startswith(SYNC_NAMES):
+            syncs.append(CpuCall(name, ts, end, None))
         if has_gpu and cat in _RUNTIME_CATS:
             a = decode_args(ev.args)
             if a.correlation is not None:
@@ -205,6 +211,7 @@ def build_trace(raw: RawTrace, fallback_rank: int | None = None) -> Trace:
         data_wait=Spans.of(data),
         enqueues=sorted(enqueues, key=lambda c: c.start),
         grads=sorted(grads, key=lambda c: c.end),
+        syncs=syncs,
         notes=notes,
     )
 

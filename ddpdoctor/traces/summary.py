@@ -11,7 +11,15 @@ from typing import Any
 
 import numpy as np
 
-from ddpdoctor.analyses.model import Bucket, CollectiveCall, GradReady, InputInfo, RankMetrics, StepMetrics
+from ddpdoctor.analyses.model import (
+    Bucket,
+    CollectiveCall,
+    GradReady,
+    InputInfo,
+    RankMetrics,
+    StepMetrics,
+    SyncCall,
+)
 from ddpdoctor.analyses.rank import RankResult, analyze_trace
 from ddpdoctor.errors import BadInput
 from ddpdoctor.traces.loader import load_raw
@@ -45,6 +53,7 @@ def merge_traces(traces: list[Trace]) -> Trace:
         data_wait=_cat_spans([t.data_wait for t in traces]),
         enqueues=sorted((c for t in traces for c in t.enqueues), key=lambda c: c.start),
         grads=sorted((c for t in traces for c in t.grads), key=lambda c: c.end),
+        syncs=sorted((c for t in traces for c in t.syncs), key=lambda c: c.start),
         notes=[n for t in traces for n in t.notes],
     )
 
@@ -71,6 +80,7 @@ def from_dict(d: dict[str, Any]) -> RankResult:
         calls=[CollectiveCall(**c) for c in d.get("calls", [])],
         buckets=[Bucket(**b) for b in d.get("buckets", [])],
         grad_ready=[GradReady(**g) for g in d.get("grad_ready", [])],
+        syncs=[SyncCall(**s) for s in d.get("syncs", [])],
         host=d.get("host"),
         notes=list(d.get("notes", [])),
     )
