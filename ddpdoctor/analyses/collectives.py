@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import bisect
 import math
 import re
+from collections import defaultdict, deque
 from typing import Any
 
 from ddpdoctor.analyses.model import Bucket, CollectiveCall, GradReady
@@ -81,28 +83,34 @@ def args_bytes(a: EventArgs | None) -> int | None:
 def _enqueue_launches(comm: list[CommEvent], enqueues: list[CpuCall]) -> list[CpuCall | None]:
     """Pair each gloo work item with the c10d call that enqueued it: same op, same size, enqueued no later, in order.
     (Their External ids do not match on gloo, so order, size and time are all there is.)"""
-    pool = [(e, op_name(e.name), _nelems(e.args.input_dims) if e.args else None) for e in enqueues
-            if e.name.startswith("c10d::")]
-    used = [False] * len(pool)
+    pending: dict[str, deque[tuple[CpuCall, int | None]]] = defaultdict(deque)
+    for e in enqueues:  # sorted by start
+        if e.name.startswith("c10d::"):
+            pending[op_name(e.name)].append((e, _nelems(e.args.input_dims) if e.args else None))
     out: list[CpuCall | None] = []
     for c in comm:
         op, n = op_name(c.name), _nelems(c.args.input_dims)
+        queue = pending.get(op)
         found = None
-        for i, (e, eop, en) in enumerate(pool):
-            if used[i] or e.start > c.start:
-                continue
-            if eop == op and (n is None or en is None or n == en):
-                used[i] = True
-                found = e
-                break
+        if queue:
+            # Usually the oldest pending call of the op; look a few further for a size match (two work threads).
+            for i in range(min(len(queue), 8)):
+                e, en = queue[i]
+                if e.start > c.start:
+                    break
+                if n is None or en is None or n == en:
+                    found = e
+                    del queue[i]
+                    break
         out.append(found)
     return out
 
 
 def step_of(t: float, steps: list[tuple[int, float, float]]) -> int | None:
-    for sid, s, e in steps:
-        if s <= t < e:
-            return sid
+    """The step whose [start, end) holds t (steps sorted by start and not overlapping)."""
+    i = bisect.bisect_right(steps, t, key=lambda s: s[1]) - 1
+    if i >= 0 and steps[i][1] <= t < steps[i][2]:
+        return steps[i][0]
     return None
 
 

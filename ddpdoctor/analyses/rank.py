@@ -4,6 +4,8 @@ per ProfilerStep and in total, for the window "all" (every event) or "hta" (work
 from __future__ import annotations
 
 import statistics
+from array import array
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -20,6 +22,8 @@ from ddpdoctor.analyses.model import (
 )
 from ddpdoctor.traces import intervals as iv
 from ddpdoctor.traces.model import Spans, Trace
+
+Pair = tuple[np.ndarray, np.ndarray]
 
 
 @dataclass
@@ -45,7 +49,7 @@ def _p(values: list[float], q: float) -> float | None:
 
 
 def _comm_spans(trace: Trace) -> Spans:
-    return Spans.of([(c.start, c.end, c.launch) for c in trace.comm])
+    return Spans.of(array("d", [x for c in trace.comm for x in (c.start, c.end, c.launch)]))
 
 
 def window_filter(trace: Trace, window: str) -> tuple[Spans, Spans, Spans, list[tuple[int, float, float]]]:
@@ -64,14 +68,18 @@ def window_filter(trace: Trace, window: str) -> tuple[Spans, Spans, Spans, list[
     return keep(comp), keep(comm), keep(mem), steps[:-1]
 
 
-def _in_step(sp: Spans, s: float, e: float, gpu: bool) -> tuple[np.ndarray, np.ndarray]:
-    """The step's part of the work: CPU work clipped to the step; GPU work launched in the step (not clipped,
-    since kernels run after the CPU step that launched them)."""
-    if not gpu:
-        return iv.clip(sp.start, sp.end, s, e)
-    t = np.where(np.isnan(sp.launch), sp.start, sp.launch)
-    m = (t >= s) & (t < e)
-    return sp.start[m], sp.end[m]
+class _ByLaunch:
+    """GPU work sorted by launch time (start where unknown): a step's work is one contiguous slice."""
+
+    def __init__(self, sp: Spans) -> None:
+        key = np.where(np.isnan(sp.launch), sp.start, sp.launch)
+        order = np.argsort(key, kind="stable")
+        self.key, self.start, self.end = key[order], sp.start[order], sp.end[order]
+
+    def launched_in(self, lo: float, hi: float, closed: bool = False) -> tuple[np.ndarray, np.ndarray]:
+        i0 = int(np.searchsorted(self.key, lo, side="left"))
+        i1 = int(np.searchsorted(self.key, hi, side="right" if closed else "left"))
+        return self.start[i0:i1], self.end[i0:i1]
 
 
 def backward_windows(trace: Trace, steps: list[tuple[int, float, float]]) -> dict[int, tuple[float, float, float, float]]:
@@ -79,19 +87,52 @@ def backward_windows(trace: Trace, steps: list[tuple[int, float, float]]) -> dic
     GPU: from the first to the last compute kernel launched inside that CPU span."""
     out: dict[int, tuple[float, float, float, float]] = {}
     b = trace.backward
+    order = np.argsort(b.start, kind="stable")
+    bst, ben = b.start[order], b.end[order]
+    kernels = _ByLaunch(trace.compute) if trace.device == "gpu" else None
     for sid, s, e in steps:
-        m = (b.start >= s) & (b.start < e)
-        if not m.any():
+        i0, i1 = int(np.searchsorted(bst, s, "left")), int(np.searchsorted(bst, e, "left"))
+        if i1 <= i0:
             continue
-        cs, ce = float(b.start[m].min()), float(b.end[m].max())
+        cs, ce = float(bst[i0]), float(ben[i0:i1].max())
         bs, be = cs, ce
-        if trace.device == "gpu":
-            lk = trace.compute.launch
-            km = (lk >= cs) & (lk <= ce)
-            if km.any():
-                bs, be = float(trace.compute.start[km].min()), float(trace.compute.end[km].max())
+        if kernels is not None:
+            ks, ke = kernels.launched_in(cs, ce, closed=True)
+            if len(ks):
+                bs, be = float(ks.min()), float(ke.max())
         out[sid] = (cs, ce, bs, be)
     return out
+
+
+StepPart = Callable[[float, float, "float | None", "float | None"], tuple[float, ...]]
+
+
+def _step_parts_cpu(C: Pair, M: Pair, Mem: Pair, data: Pair) -> StepPart:
+    """CPU work clipped to each step, on unions merged once (two binary searches per step and metric)."""
+    mC, mM, mCM = iv.merge(*C), iv.merge(*M), iv.merge(*iv.cat(C, M))
+    mBusy, mData = iv.merge(*iv.cat(C, M, Mem)), iv.merge(*data)
+
+    def part(s: float, e: float, bs: float | None, be: float | None) -> tuple[float, ...]:
+        comp, comm = iv.clipped_len(*mC, s, e), iv.clipped_len(*mM, s, e)
+        ov = max(0.0, comp + comm - iv.clipped_len(*mCM, s, e))
+        cib = iv.clipped_len(*mM, bs, be) if bs is not None and be is not None else 0.0
+        return comp, comm, ov, iv.clipped_len(*mBusy, s, e), cib, iv.clipped_len(*mData, s, e)
+
+    return part
+
+
+def _step_parts_gpu(comp: Spans, comm: Spans, mem: Spans, data: Pair) -> StepPart:
+    """Kernels run after the CPU step that launched them: a step's GPU work is what it launched, not clipped."""
+    kc, km, kmem, mData = _ByLaunch(comp), _ByLaunch(comm), _ByLaunch(mem), iv.merge(*data)
+
+    def part(s: float, e: float, bs: float | None, be: float | None) -> tuple[float, ...]:
+        sc, sm, smem = kc.launched_in(s, e), km.launched_in(s, e), kmem.launched_in(s, e)
+        c, m = iv.union_len(*sc), iv.union_len(*sm)
+        ov = iv.intersect_len(sm, sc)
+        cib = iv.union_len(*iv.clip(sm[0], sm[1], bs, be)) if bs is not None and be is not None else 0.0
+        return c, m, ov, iv.union_len(*iv.cat(sc, sm, smem)), cib, iv.clipped_len(*mData, s, e)
+
+    return part
 
 
 def analyze_trace(trace: Trace, window: str = "all") -> RankResult:
@@ -104,22 +145,15 @@ def analyze_trace(trace: Trace, window: str = "all") -> RankResult:
     bwd = backward_windows(trace, steps)
     data = trace.data_wait.pair()
 
+    part = _step_parts_gpu(comp, comm, mem, data) if gpu else _step_parts_cpu(C, M, Mem, data)
     per_step: list[StepMetrics] = []
     for sid, s, e in steps:
-        sc, sm, smem = _in_step(comp, s, e, gpu), _in_step(comm, s, e, gpu), _in_step(mem, s, e, gpu)
-        s_comm = iv.union_len(*sm)
-        s_ov = iv.intersect_len(sm, sc)
-        busy = iv.union_len(*iv.cat(sc, sm, smem))
-        bs = be = cbs = cbe = None
-        cib = 0.0
-        if sid in bwd:
-            cbs, cbe, bs, be = bwd[sid]
-            cib = iv.union_len(*iv.clip(sm[0], sm[1], bs, be))
+        cbs, cbe, bs, be = bwd.get(sid, (None, None, None, None))
+        s_comp, s_comm, s_ov, busy, cib, s_data = part(s, e, bs, be)
         per_step.append(StepMetrics(
-            step=sid, start_us=s, dur_us=e - s, compute_us=iv.union_len(*sc), comm_us=s_comm, overlap_us=s_ov,
+            step=sid, start_us=s, dur_us=e - s, compute_us=s_comp, comm_us=s_comm, overlap_us=s_ov,
             overlap_pct=_pct(s_ov, s_comm), exposed_comm_us=s_comm - s_ov, idle_us=max(0.0, (e - s) - busy),
-            backward_start_us=bs, backward_end_us=be, comm_in_backward_us=cib,
-            data_wait_us=iv.union_len(*iv.clip(data[0], data[1], s, e)),
+            backward_start_us=bs, backward_end_us=be, comm_in_backward_us=cib, data_wait_us=s_data,
             cpu_backward_start_us=cbs, cpu_backward_end_us=cbe,
         ))
 

@@ -29,6 +29,15 @@ def union_len(start: Arr, end: Arr) -> float:
     return float(np.sum(e - s)) if len(s) else 0.0
 
 
+def clipped_len(ms: Arr, me: Arr, lo: float, hi: float) -> float:
+    """Length of merged (disjoint, sorted) intervals inside [lo, hi): two binary searches and a slice."""
+    i0 = int(np.searchsorted(me, lo, side="right"))
+    i1 = int(np.searchsorted(ms, hi, side="left"))
+    if i1 <= i0:
+        return 0.0
+    return float(np.sum(np.minimum(me[i0:i1], hi) - np.maximum(ms[i0:i1], lo)))
+
+
 def clip(start: Arr, end: Arr, lo: float, hi: float) -> tuple[Arr, Arr]:
     """The parts of the intervals inside [lo, hi)."""
     s = np.maximum(start, lo)

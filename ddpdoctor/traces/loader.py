@@ -21,7 +21,7 @@ from ddpdoctor.errors import BadInput
 GZIP_MAGIC = b"\x1f\x8b"
 
 
-class Event(msgspec.Struct):
+class Event(msgspec.Struct, gc=False):
     ph: str = ""
     name: str = ""
     cat: str = ""

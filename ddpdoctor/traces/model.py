@@ -8,6 +8,7 @@ c10d enqueue calls. See docs/metrics.md."""
 from __future__ import annotations
 
 import re
+from array import array
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -42,9 +43,10 @@ class Spans:
     launch: np.ndarray  # CPU time the work was launched (GPU: the runtime call; CPU: = start); NaN if unknown
 
     @staticmethod
-    def of(rows: list[tuple[float, float, float]]) -> Spans:
-        a = np.array(rows, dtype=np.float64).reshape(-1, 3)
-        return Spans(a[:, 0], a[:, 1], a[:, 2])
+    def of(flat: array) -> Spans:
+        """From a flat array of (start, end, launch) rows."""
+        a = np.frombuffer(flat, dtype=np.float64).reshape(-1, 3) if len(flat) else np.empty((0, 3))
+        return Spans(a[:, 0].copy(), a[:, 1].copy(), a[:, 2].copy())
 
     def __len__(self) -> int:
         return len(self.start)
@@ -97,6 +99,37 @@ class Trace:
     notes: list[str] = field(default_factory=list)
 
 
+K_STEP, K_COMM, K_ENQ, K_GRAD, K_DATA, K_COMPUTE, K_BWD = 1, 2, 4, 8, 16, 32, 64
+K_GCOMM, K_GMEM, K_GCOMP, K_RUNTIME, K_SYNC = 128, 256, 512, 1024, 2048
+K_GPU = K_GCOMM | K_GMEM | K_GCOMP
+
+
+def classify(name: str, cat: str, has_gpu: bool) -> int:
+    """What an 'X' event is, as K_* flags (0: not used by any analysis)."""
+    if has_gpu and cat in ("kernel", "gpu_memcpy", "gpu_memset"):
+        if cat == "kernel" and is_comm_kernel(name):
+            return K_GCOMM
+        return K_GMEM if is_memory(name, cat) else K_GCOMP
+    k = K_SYNC if name.startswith(SYNC_NAMES) else 0
+    if has_gpu and cat in _RUNTIME_CATS:
+        return k | K_RUNTIME
+    if name.startswith("ProfilerStep#"):
+        return k | K_STEP if cat in _CPU_CATS else k
+    if name.startswith("gloo:"):
+        return k | (0 if has_gpu else K_COMM)
+    if name.startswith(("c10d::", "record_param_comms", "nccl:")):
+        return k | K_ENQ
+    if name.startswith(BACKWARD_PREFIX):
+        k |= K_BWD
+    if name == ACCUMULATE_GRAD:
+        k |= K_GRAD
+    if name.startswith(DATA_PREFIX):
+        return k | K_DATA
+    if not has_gpu and cat in _CPU_CATS and not _WAIT.search(name):
+        k |= K_COMPUTE
+    return k
+
+
 def build_trace(raw: RawTrace, fallback_rank: int | None = None) -> Trace:
     """Classify every complete ('X') event once."""
     dist = raw.dist
@@ -124,64 +157,64 @@ def build_trace(raw: RawTrace, fallback_rank: int | None = None) -> Trace:
     has_gpu = any(ev.cat == "kernel" for ev in events if ev.ph == "X")
 
     steps: list[tuple[int, float, float]] = []
-    compute: list[tuple[float, float, float]] = []
-    memory: list[tuple[float, float, float]] = []
-    backward: list[tuple[float, float, float]] = []
-    data: list[tuple[float, float, float]] = []
+    # Columns as flat float arrays (start, end, launch-or-correlation per row): 24 bytes a row, no tuples.
+    compute, memory, backward, data = array("d"), array("d"), array("d"), array("d")
     comm: list[CommEvent] = []
     enqueues: list[CpuCall] = []
     grads: list[CpuCall] = []
     syncs: list[CpuCall] = []
     runtime: dict[int, float] = {}
     nan = float("nan")
+    kinds: dict[tuple[str, str], int] = {}  # names repeat: classify each (name, cat) once
     for ev in events:
         if ev.ph != "X":
             continue
-        name, cat, ts = ev.name, ev.cat, ev.ts
+        name, cat = ev.name, ev.cat
+        k = kinds.get((name, cat))
+        if k is None:
+            k = kinds[(name, cat)] = classify(name, cat, has_gpu)
+        if not k:
+            continue
+        ts = ev.ts
         end = ts + ev.dur
-        if has_gpu and cat in ("kernel", "gpu_memcpy", "gpu_memset"):
+        if k & K_GPU:
             # The third slot holds the correlation id until the runtime calls are known (they may come later).
             a = decode_args(ev.args)
             corr = nan if a.correlation is None else float(a.correlation)
-            if cat == "kernel" and is_comm_kernel(name):
+            if k & K_GCOMM:
                 comm.append(CommEvent(name, ts, end, corr, ev.tid, a))
-            elif is_memory(name, cat):
-                memory.append((ts, end, corr))
             else:
-                compute.append((ts, end, corr))
+                (memory if k & K_GMEM else compute).extend((ts, end, corr))
             continue
-        if name.startswith(SYNC_NAMES):
+        if k & K_SYNC:
             syncs.append(CpuCall(name, ts, end, None))
-        if has_gpu and cat in _RUNTIME_CATS:
+        if k & K_RUNTIME:
             a = decode_args(ev.args)
             if a.correlation is not None:
                 runtime[a.correlation] = ts
             continue
-        if name.startswith("ProfilerStep#"):
+        if k & K_STEP:
             m = _STEP.match(name)
             if m:
                 steps.append((int(m.group(1)), ts, end))
             continue
-        if name.startswith(BACKWARD_PREFIX):
-            backward.append((ts, end, ts))
-        if name.startswith("gloo:"):
-            if not has_gpu:
-                comm.append(CommEvent(name, ts, end, ts, ev.tid, decode_args(ev.args)))
+        if k & K_COMM:
+            comm.append(CommEvent(name, ts, end, ts, ev.tid, decode_args(ev.args)))
             continue
-        if name.startswith(("c10d::", "record_param_comms", "nccl:")):
+        if k & K_ENQ:
             enqueues.append(CpuCall(name, ts, end, decode_args(ev.args)))
             continue
-        if name == ACCUMULATE_GRAD:
+        if k & K_BWD:
+            backward.extend((ts, end, ts))
+        if k & K_GRAD:
             grads.append(CpuCall(name, ts, end, decode_args(ev.args)))
-        if name.startswith(DATA_PREFIX):
-            data.append((ts, end, ts))
+        if k & K_DATA:
+            data.extend((ts, end, ts))
             continue
-        if has_gpu or cat not in _CPU_CATS or (ev.pid, ev.tid) in gloo_tids or _WAIT.search(name):
-            continue
-        compute.append((ts, end, ts))
+        if k & K_COMPUTE and (ev.pid, ev.tid) not in gloo_tids:
+            compute.extend((ts, end, ts))
 
-    comp = Spans.of(compute)
-    mem = Spans.of(memory)
+    comp, mem = Spans.of(compute), Spans.of(memory)
     if has_gpu:
         # Launch time of each kernel = the runtime call with its correlation id (for steps and HTA's window).
         def launch_of(corr: float) -> float:
