@@ -200,7 +200,9 @@ def findings_for(analysis: Analysis) -> list[Any]:
     """The findings helper's rules, when that module is installed (ddpdoctor.findings.perf)."""
     try:
         from ddpdoctor.findings.perf import perf_findings
-    except ImportError:
+    except ModuleNotFoundError as exc:
+        if exc.name != "ddpdoctor.findings.perf":
+            raise  # the rules exist but are broken: say so rather than report "no findings"
         return []
     return list(perf_findings(analysis))
 
