@@ -18,6 +18,10 @@ STRAGGLER_DOMINANCE = 2.0
 STRAGGLER_WAIT_SHARE = 0.05
 
 
+# Point-to-point transfers pair with one peer each (pipeline stages), not with every rank: no arrival skew.
+P2P_OPS = {"send", "recv", "send_recv"}
+
+
 def _key(c: CollectiveCall, k: int) -> str:
     return f"{c.group}:seq{c.seq}" if c.seq is not None else f"{c.group}:#{k}"
 
@@ -29,6 +33,8 @@ def match(results: list[RankResult]) -> list[MatchedCollective]:
     for r in results:
         per_group: dict[str | None, int] = defaultdict(int)
         for c in r.calls:
+            if c.op in P2P_OPS:
+                continue
             k = per_group[c.group]
             per_group[c.group] += 1
             key = _key(c, k)

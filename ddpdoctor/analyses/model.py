@@ -188,12 +188,14 @@ class Analysis:
     ddp: list[dict[str, Any]] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
 
-    def by_op(self) -> dict[str, dict[str, float]]:
-        out: dict[str, dict[str, float]] = {}
+    def by_op(self) -> dict[str, dict[str, Any]]:
+        """count, bytes (null when no call of the op has a known size) and total time per op."""
+        out: dict[str, dict[str, Any]] = {}
         for c in self.calls:
-            row = out.setdefault(c.op, {"count": 0, "bytes": 0, "time_us": 0.0})
+            row = out.setdefault(c.op, {"count": 0, "bytes": None, "time_us": 0.0})
             row["count"] += 1
-            row["bytes"] += c.bytes or 0
+            if c.bytes is not None:
+                row["bytes"] = (row["bytes"] or 0) + c.bytes
             row["time_us"] += c.dur_us
         return out
 

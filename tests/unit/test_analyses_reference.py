@@ -32,6 +32,14 @@ def test_overlap_matches_reference_table(folder):
             assert r.overlap_pct == pytest.approx(REFERENCE[(folder, r.rank)][col], abs=0.5), (window, r.rank)
 
 
+@pytest.mark.shared
+def test_point_to_point_is_not_matched_across_ranks():
+    a = analyze_paths([shared_path("traces", "sampled_2rank")], AnalyzeOptions(workers=1))
+    assert {c.op for c in a.calls} == {"send_recv"} and a.matched == [] and a.stragglers.ranks == []
+    assert a.to_sections()["collectives"]["by_op"]["send_recv"]["bytes"] is None
+    assert any("not aligned" in n for n in a.notes)
+
+
 def _random_gpu_trace(rank: int, seed: int) -> dict:
     """Random kernels on 3 streams (one NCCL) over 4 ProfilerSteps, each launched by a runtime call."""
     rng = random.Random(seed)
