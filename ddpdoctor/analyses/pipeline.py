@@ -134,7 +134,8 @@ def _assign_order_ranks(results: list[RankResult]) -> list[str]:
     for r in results:
         if r.input.rank_source == "order":
             r.metrics.rank = r.input.rank = nxt
-            for x in (*r.calls, *r.buckets, *r.grad_ready):
+            records: list[Any] = [*r.calls, *r.buckets, *r.grad_ready, *r.syncs]
+            for x in records:
                 x.rank = nxt
             notes.append(f"{r.input.path}: no rank in the trace or its name; called rank {nxt} (input order)")
             nxt += 1
