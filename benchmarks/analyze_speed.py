@@ -2,7 +2,7 @@
 
     python benchmarks/analyze_speed.py [--mb 110] [--source TRACE] [--skip-hta]
 
-Builds benchmarks/out/big/rank0.pt.trace.json (uncompressed) from time-shifted copies of a recorded CPU trace
+Builds benchmarks/out/big-SOURCE/rank0.pt.trace.json (uncompressed) from time-shifted copies of a recorded CPU trace
 (default: the 2-rank gloo fixture of the tests; each copy's ProfilerSteps renumbered), then runs, each in a fresh
 process whose peak RSS comes from os.wait4:
   1. `python -m ddpdoctor analyze FILE --json` end to end (interpreter start included);
@@ -100,7 +100,7 @@ def main() -> None:
     ap.add_argument("--skip-hta", action="store_true")
     args = ap.parse_args()
     source = args.source or sorted(DEFAULT_SOURCE.glob("rank0.*"))[0]
-    big = OUT / "big" / "rank0.pt.trace.json"
+    big = OUT / f"big-{source.name.split('.')[0]}" / "rank0.pt.trace.json"
     if not big.exists() or big.stat().st_size < args.mb * 1e6:
         build(source, args.mb, big)
     size_mb = big.stat().st_size / 1e6
