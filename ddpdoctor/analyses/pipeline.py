@@ -103,11 +103,11 @@ def _reduce(unit: _Unit, window: str) -> RankResult:
     return summ.analyze_files(unit.files, rank=unit.rank, window=window)
 
 
-def _reduce_safe(unit: _Unit, window: str) -> RankResult | str:
+def _reduce_safe(unit: _Unit, window: str) -> RankResult | tuple[str, str | None]:
     try:
         return _reduce(unit, window)
     except BadInput as exc:
-        return str(exc)
+        return exc.problem, exc.path
 
 
 def reduce_all(units: list[_Unit], opts: AnalyzeOptions) -> tuple[list[RankResult], list[str]]:
@@ -120,10 +120,10 @@ def reduce_all(units: list[_Unit], opts: AnalyzeOptions) -> tuple[list[RankResul
     else:
         out = [_reduce_safe(u, opts.window) for u in units]
     good = [r for r in out if isinstance(r, RankResult)]
-    bad = [r for r in out if isinstance(r, str)]
+    bad = [r for r in out if not isinstance(r, RankResult)]
     if not good:
-        raise BadInput(bad[0].split(": ", 1)[1], bad[0].split(": ", 1)[0]) if ": " in bad[0] else BadInput(bad[0])
-    return good, [f"skipped {b}" for b in bad]
+        raise BadInput(*bad[0])
+    return good, [f"skipped {path}: {problem}" for problem, path in bad]
 
 
 def _assign_order_ranks(results: list[RankResult]) -> list[str]:
