@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
 from ddpdoctor.analyses.pipeline import AnalyzeOptions, analyze_paths
 from ddpdoctor.traces import intervals as iv
@@ -12,8 +15,6 @@ approx = pytest.approx
 
 
 def test_interval_union_and_intersection():
-    import numpy as np
-
     s, e = np.array([5.0, 0.0, 20.0, 8.0]), np.array([10.0, 6.0, 30.0, 9.0])
     assert iv.union_len(s, e) == 20.0  # [0,10) + [20,30)
     assert iv.intersect_len((s, e), (np.array([9.0]), np.array([25.0]))) == 6.0  # [9,10) + [20,25)
@@ -125,3 +126,21 @@ def test_rank_from_filename_and_order(tmp_path):
     got = {(i.rank, i.rank_source) for i in a.inputs}
     assert got == {(3, "filename"), (4, "order")}
     assert any("input order" in n for n in a.notes)
+
+spans = st.lists(st.tuples(st.integers(0, 60), st.integers(0, 20)), max_size=25)
+
+
+def _cells(rows):
+    return {t for s, d in rows for t in range(s, s + d)}
+
+
+@given(a=spans, b=spans, lo=st.integers(0, 40), width=st.integers(0, 40))
+def test_interval_functions_match_unit_cells(a, b, lo, width):
+    def arr(rows):
+        return (np.array([s for s, _ in rows], dtype=float), np.array([s + d for s, d in rows], dtype=float))
+
+    A, B = arr(a), arr(b)
+    assert iv.union_len(*A) == len(_cells(a))
+    assert iv.intersect_len(A, B) == len(_cells(a) & _cells(b))
+    window = set(range(lo, lo + width))
+    assert iv.clipped_len(*iv.merge(*A), lo, lo + width) == len(_cells(a) & window)
