@@ -214,5 +214,9 @@ def report_for(analysis: Analysis, command: str = "analyze") -> Report:
 
 
 def analyze_run(run: RunDir) -> Report:
-    """Used by `profile` after the ranks exit: merge the per-rank summaries of the run directory."""
-    return report_for(analyze_paths([run.root]))
+    """Used by `profile` after the ranks exit: merge the per-rank summaries of the run directory. Unusable traces
+    (a rank killed while writing) leave a note: the job's own findings still matter more than exit code 2."""
+    try:
+        return report_for(analyze_paths([run.root]))
+    except BadInput as exc:
+        return Report(command="analyze", notes=[f"traces not analysed: {exc}"])

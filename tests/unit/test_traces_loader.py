@@ -131,3 +131,15 @@ def test_fuzz_analysis_of_arbitrary_events(tmp_path, events):
     sec = a.to_sections()
     text = json.dumps(sec)
     assert "NaN" not in text and "Infinity" not in text
+
+
+def test_profile_report_survives_unusable_traces(tmp_path):
+    from ddpdoctor.analyses.pipeline import analyze_run
+    from ddpdoctor.rundir.layout import RunDir
+
+    run = RunDir(tmp_path)
+    run.traces.mkdir(parents=True)
+    run.manifest.write_text("{}")
+    (run.traces / "rank0.1.pt.trace.json.gz").write_bytes(b"\x1f\x8b broken")
+    report = analyze_run(run)
+    assert report.sections == {} and "traces not analysed" in report.notes[0] and "rank0.1" in report.notes[0]
