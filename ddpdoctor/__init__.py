@@ -6,7 +6,16 @@ does not run under ddpdoctor, so a script that calls them still runs under plain
 
 from __future__ import annotations
 
-from ddpdoctor.probes.api import iteration, step
+from typing import Any
 
 __version__ = "0.1.0"
 __all__ = ["__version__", "iteration", "step"]
+
+
+def __getattr__(name: str) -> Any:
+    # Lazy (PEP 562): the in-script API needs torch, the CLI's analysis commands must not pay for importing it.
+    if name in ("iteration", "step"):
+        from ddpdoctor.probes import api
+
+        return getattr(api, name)
+    raise AttributeError(f"module 'ddpdoctor' has no attribute {name!r}")

@@ -1,28 +1,222 @@
-"""INTERIM (replaced by the analyze work): per-rank steps and step times straight from the traces."""
+"""The analyze pipeline: find the inputs (run dirs, trace folders, trace files), reduce each rank (per-rank
+summaries, or traces read in parallel processes), then the cross-rank analyses, findings and the Report."""
 
 from __future__ import annotations
 
-import gzip
 import json
-import re
-import statistics
+import os
+from collections import defaultdict
+from concurrent.futures import ProcessPoolExecutor
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
+from ddpdoctor.analyses import crossrank
+from ddpdoctor.analyses.model import Analysis
+from ddpdoctor.analyses.rank import RankResult
+from ddpdoctor.errors import BadInput
 from ddpdoctor.report import Report
 from ddpdoctor.rundir.layout import RunDir
+from ddpdoctor.traces import summary as summ
+from ddpdoctor.traces.loader import rank_from_filename
 
-_STEP = re.compile(r"^ProfilerStep#(\d+)$")
+TRACE_SUFFIXES = (".json", ".json.gz")
+
+
+@dataclass
+class AnalyzeOptions:
+    window: str = "all"  # "all": every recorded step; "hta": work launched before the last ProfilerStep begins
+    reread: bool = False  # re-read traces even where per-rank summaries exist
+    workers: int | None = None  # parallel processes for traces (default: one per core, at most one per unit)
+
+
+@dataclass
+class _Unit:
+    """One rank's input: trace files to read (grouped by rank in a run dir) or a summary.json to merge."""
+
+    files: list[Path]
+    rank: int | None = None
+    summary: Path | None = None
+
+
+def _is_trace_name(p: Path) -> bool:
+    return p.is_file() and p.name.endswith(TRACE_SUFFIXES)
+
+
+def _run_dir_units(run: RunDir, opts: AnalyzeOptions) -> list[_Unit]:
+    by_rank: dict[int | None, list[Path]] = defaultdict(list)
+    for f in run.trace_files():
+        by_rank[rank_from_filename(f)].append(f)
+    units: list[_Unit] = []
+    for rank, files in sorted(by_rank.items(), key=lambda kv: (kv[0] is None, kv[0] or 0)):
+        s = run.rank_file(rank, "summary.json") if rank is not None else None
+        if s is not None and s.is_file() and not opts.reread and opts.window == "all":
+            units.append(_Unit(files, rank, s))
+        elif rank is None:
+            units.extend(_Unit([f]) for f in files)
+        else:
+            units.append(_Unit(sorted(files), rank))
+    return units
+
+
+def discover(paths: list[Path], opts: AnalyzeOptions) -> tuple[list[_Unit], dict[str, Any] | None]:
+    """Units of work and the first run directory's manifest (for the "ddp" section)."""
+    units: list[_Unit] = []
+    manifest: dict[str, Any] | None = None
+    for p in paths:
+        p = Path(p)
+        if not p.exists():
+            raise BadInput("no such file or directory", p)
+        if p.is_dir():
+            run = RunDir(p)
+            if run.is_run_dir():
+                if manifest is None:
+                    try:
+                        manifest = json.loads(run.manifest.read_text())
+                    except (OSError, ValueError):
+                        manifest = None
+                found = _run_dir_units(run, opts)
+                if not found:
+                    raise BadInput("run directory holds no profiler traces (traces/*.pt.trace.json.gz)", p)
+                units.extend(found)
+                continue
+            files = sorted(f for f in p.rglob("*") if _is_trace_name(f))
+            if not files:
+                raise BadInput("no profiler traces (*.json, *.json.gz) in this folder", p)
+            units.extend(_Unit([f]) for f in files)
+        else:
+            units.append(_Unit([p]))
+    return units, manifest
+
+
+def _reduce(unit: _Unit, window: str) -> RankResult:
+    if unit.summary is not None:
+        try:
+            data = json.loads(unit.summary.read_text())
+            if data.get("schema") == summ.SCHEMA:
+                result = summ.from_dict(data)
+                # The rank wrote its own paths; name the files where they are now (the run dir may have moved).
+                result.input.path = ",".join(str(f) for f in unit.files) or str(unit.summary)
+                return result
+        except (OSError, ValueError, TypeError, KeyError):
+            pass  # a stale or damaged summary: the trace itself is the truth
+    return summ.analyze_files(unit.files, rank=unit.rank, window=window)
+
+
+def _reduce_safe(unit: _Unit, window: str) -> RankResult | tuple[str, str | None]:
+    try:
+        return _reduce(unit, window)
+    except BadInput as exc:
+        return exc.problem, exc.path
+
+
+def reduce_all(units: list[_Unit], opts: AnalyzeOptions) -> tuple[list[RankResult], list[str]]:
+    """Each unit in its own process when there are several and more than one core; bad files become warnings
+    as long as one file is usable."""
+    workers = opts.workers or min(len(units), os.cpu_count() or 1)
+    if workers > 1 and sum(1 for u in units if u.summary is None) > 1:
+        with ProcessPoolExecutor(max_workers=workers) as pool:
+            out = list(pool.map(_reduce_safe, units, [opts.window] * len(units)))
+    else:
+        out = [_reduce_safe(u, opts.window) for u in units]
+    good = [r for r in out if isinstance(r, RankResult)]
+    bad = [r for r in out if not isinstance(r, RankResult)]
+    if not good:
+        raise BadInput(*bad[0])
+    return good, [f"skipped {path}: {problem}" for problem, path in bad]
+
+
+def _assign_order_ranks(results: list[RankResult]) -> list[str]:
+    """Ranks from neither distributedInfo nor the file name are numbered after the known ones, in input order."""
+    known = {r.metrics.rank for r in results if r.input.rank_source != "order"}
+    nxt = max(known, default=-1) + 1
+    notes = []
+    for r in results:
+        if r.input.rank_source == "order":
+            r.metrics.rank = r.input.rank = nxt
+            records: list[Any] = [*r.calls, *r.buckets, *r.grad_ready, *r.syncs]
+            for x in records:
+                x.rank = nxt
+            notes.append(f"{r.input.path}: no rank in the trace or its name; called rank {nxt} (input order)")
+            nxt += 1
+    return notes
+
+
+def _check_duplicates(results: list[RankResult]) -> None:
+    seen: dict[int, str] = {}
+    for r in results:
+        if r.metrics.rank in seen:
+            raise BadInput(f"two traces claim rank {r.metrics.rank} (the other is {seen[r.metrics.rank]})", r.input.path)
+        seen[r.metrics.rank] = r.input.path
+
+
+def ddp_section(manifest: dict[str, Any] | None) -> list[dict[str, Any]]:
+    """The DDP modules of the lowest rank that reported them (configuration and bucket layout)."""
+    mods = (manifest or {}).get("ddp_modules") or {}
+    if not mods:
+        return []
+    rank = min(mods, key=lambda k: int(k))
+    return [{"rank": int(rank), "module": i, **m} for i, m in enumerate(mods[rank])]
+
+
+def analyze_paths(paths: list[Path], options: AnalyzeOptions | None = None) -> Analysis:
+    opts = options or AnalyzeOptions()
+    if opts.window not in ("all", "hta"):
+        raise BadInput(f"unknown window {opts.window!r} (all or hta)")
+    units, manifest = discover(paths, opts)
+    results, notes = reduce_all(units, opts)
+    notes += _assign_order_ranks(results)
+    _check_duplicates(results)
+    results.sort(key=lambda r: r.metrics.rank)
+    for r in results:
+        notes.extend(r.notes)
+        if r.metrics.comm_us == 0:
+            notes.append(f"rank {r.metrics.rank}: no communication in the trace, so overlap_pct is null")
+    matched = crossrank.match(results)
+    offsets, note = crossrank.clock_offsets(results, matched)
+    if note:
+        notes.append(note)
+    if any(offsets.values()):
+        crossrank.shift(results, offsets)
+        matched = crossrank.match(results)
+    calls = [c for r in results for c in r.calls]
+    return Analysis(
+        inputs=[r.input for r in results],
+        window=opts.window,
+        ranks=[r.metrics for r in results],
+        calls=calls,
+        buckets=[b for r in results for b in r.buckets],
+        grad_ready=[g for r in results for g in r.grad_ready],
+        syncs=[s for r in results for s in r.syncs],
+        bandwidth=crossrank.bandwidth_fit(calls),
+        matched=matched,
+        stragglers=crossrank.stragglers(results, matched),
+        clock_offsets_us=offsets,
+        ddp=ddp_section(manifest),
+        notes=notes,
+    )
+
+
+def findings_for(analysis: Analysis) -> list[Any]:
+    """The findings helper's rules, when that module is installed (ddpdoctor.findings.perf)."""
+    try:
+        from ddpdoctor.findings.perf import perf_findings
+    except ModuleNotFoundError as exc:
+        if exc.name != "ddpdoctor.findings.perf":
+            raise  # the rules exist but are broken: say so rather than report "no findings"
+        return []
+    return list(perf_findings(analysis))
+
+
+def report_for(analysis: Analysis, command: str = "analyze") -> Report:
+    return Report(command=command, sections=analysis.to_sections(), findings=findings_for(analysis),
+                  notes=list(analysis.notes))
 
 
 def analyze_run(run: RunDir) -> Report:
-    ranks = []
-    for path in run.trace_files():
-        data = json.loads(gzip.open(path).read() if path.suffix == ".gz" else Path(path).read_text())
-        steps = [e for e in data["traceEvents"] if _STEP.match(str(e.get("name", ""))) and e.get("ph") == "X"]
-        durs = [float(e["dur"]) for e in steps]
-        ranks.append({
-            "rank": data.get("distributedInfo", {}).get("rank"),
-            "steps": sorted(int(_STEP.match(e["name"]).group(1)) for e in steps),
-            "step_time_us": {"median": statistics.median(durs) if durs else None},
-        })
-    return Report(command="analyze", sections={"ranks": ranks})
+    """Used by `profile` after the ranks exit: merge the per-rank summaries of the run directory. Unusable traces
+    (a rank killed while writing) leave a note: the job's own findings still matter more than exit code 2."""
+    try:
+        return report_for(analyze_paths([run.root]))
+    except BadInput as exc:
+        return Report(command="analyze", notes=[f"traces not analysed: {exc}"])

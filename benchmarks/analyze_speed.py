@@ -1,0 +1,132 @@
+"""Speed and memory of `ddpdoctor analyze` on a >= 100 MB trace, against HTA and orjson measured in the same run.
+
+    python benchmarks/analyze_speed.py [--mb 110] [--source TRACE] [--skip-hta]
+
+Builds benchmarks/out/big-SOURCE/rank0.pt.trace.json (uncompressed) from time-shifted copies of a recorded CPU trace
+(default: the 2-rank gloo fixture of the tests; each copy's ProfilerSteps renumbered), then runs, each in a fresh
+process whose peak RSS comes from os.wait4:
+  1. `python -m ddpdoctor analyze FILE --json` end to end (interpreter start included);
+  2. HTA: TraceAnalysis(trace_dir) + get_comm_comp_overlap() (HTA's own worker processes included in its time);
+  3. orjson.loads of the same bytes with the garbage collector off (parse only, the floor for any JSON reader).
+Prints the times, ratios and peak RSS / file size. Nothing here asserts: timings are noisy on a shared machine."""
+
+from __future__ import annotations
+
+import argparse
+import gzip
+import json
+import os
+import re
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+OUT = REPO / "benchmarks" / "out"
+DEFAULT_SOURCE = REPO / "tests" / "fixtures" / "analyze" / "gloo_2rank_mlp" / "traces"
+_STEP = re.compile(r"^ProfilerStep#(\d+)$")
+
+
+def build(source: Path, target_mb: float, dest: Path) -> Path:
+    """Concatenate shifted copies of one trace's events until the file reaches target_mb."""
+    raw = source.read_bytes()
+    doc = json.loads(gzip.decompress(raw) if raw[:2] == b"\x1f\x8b" else raw)
+    events = doc["traceEvents"]
+    xs = [e for e in events if e.get("ph") == "X"]
+    t0 = min(e["ts"] for e in xs)
+    span = max(e["ts"] + e.get("dur", 0) for e in xs) - t0 + 100.0
+    meta = [e for e in events if e.get("ph") == "M"]
+    body = [e for e in events if e.get("ph") != "M"]
+    nsteps = max((int(m.group(1)) for e in body if (m := _STEP.match(str(e.get("name", ""))))), default=0) + 1
+    per_copy = len(json.dumps(body).encode())
+    copies = max(1, int(target_mb * 1e6 / per_copy) + 1)
+    dest.parent.mkdir(parents=True, exist_ok=True)
+    with open(dest, "w") as fh:
+        head = {k: v for k, v in doc.items() if k != "traceEvents"}
+        fh.write(json.dumps(head)[:-1] + ', "traceEvents": [')
+        fh.write(json.dumps(meta)[1:-1])
+        for c in range(copies):
+            shifted = []
+            for e in body:
+                e2 = dict(e)
+                if "ts" in e2:
+                    e2["ts"] = round(e2["ts"] + c * span, 3)
+                if (m := _STEP.match(str(e2.get("name", "")))) is not None:
+                    e2["name"] = f"ProfilerStep#{int(m.group(1)) + c * nsteps}"
+                shifted.append(e2)
+            fh.write(", " + json.dumps(shifted)[1:-1])
+        fh.write("]}")
+    return dest
+
+
+def measure(argv: list[str], env: dict[str, str] | None = None) -> tuple[float, float, str]:
+    """(wall seconds, peak RSS MB of the process tree's largest process, stdout) of one fresh process."""
+    t0 = time.perf_counter()
+    proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, env=env, cwd=REPO)
+    out = proc.stdout.read().decode() if proc.stdout else ""
+    _, status, usage = os.wait4(proc.pid, 0)
+    wall = time.perf_counter() - t0
+    proc.returncode = os.waitstatus_to_exitcode(status)
+    if proc.returncode not in (0, 1):
+        raise SystemExit(f"{argv[:4]} failed with exit code {proc.returncode}")
+    return wall, usage.ru_maxrss / 1024, out
+
+
+ORJSON = """
+import gc, sys, time, orjson
+data = open(sys.argv[1], 'rb').read()
+gc.disable(); t = time.perf_counter(); orjson.loads(data); print(time.perf_counter() - t)
+"""
+HTA = """
+import sys, time, logging
+logging.disable(logging.WARNING)
+from hta.trace_analysis import TraceAnalysis
+t = time.perf_counter()
+a = TraceAnalysis(trace_dir=sys.argv[1])
+load = time.perf_counter() - t
+try:
+    print(a.get_comm_comp_overlap(visualize=False).to_dict("records"))
+except Exception as exc:
+    print("raised", type(exc).__name__, exc)
+print(load, time.perf_counter() - t)
+"""
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--mb", type=float, default=110.0)
+    ap.add_argument("--source", type=Path, default=None)
+    ap.add_argument("--skip-hta", action="store_true")
+    args = ap.parse_args()
+    source = args.source or sorted(DEFAULT_SOURCE.glob("rank0.*"))[0]
+    big = OUT / f"big-{source.name.split('.')[0]}" / "rank0.pt.trace.json"
+    if not big.exists() or big.stat().st_size < args.mb * 1e6:
+        build(source, args.mb, big)
+    size_mb = big.stat().st_size / 1e6
+    py = sys.executable
+    print(f"trace: {big} ({size_mb:.1f} MB, built from {source.name})")
+
+    dd_wall, dd_rss, out = measure([py, "-m", "ddpdoctor", "analyze", str(big), "--json"])
+    rank = json.loads(out)["ranks"][0]
+    print(f"ddpdoctor analyze (end to end): {dd_wall:6.2f} s  peak RSS {dd_rss:7.0f} MB "
+          f"({dd_rss / size_mb:.2f}x file)  steps={rank['steps']} overlap_pct={rank['overlap_pct']:.2f}")
+
+    oj_wall, oj_rss, out = measure([py, "-c", ORJSON, str(big)])
+    oj = float(out.strip())
+    print(f"orjson.loads, GC off (parse only): {oj:6.2f} s  (process {oj_wall:.2f} s, peak RSS {oj_rss:.0f} MB)")
+    print(f"  ratio ddpdoctor / orjson.loads: {dd_wall / oj:.2f}x  (target <= 2x); vs orjson process: "
+          f"{dd_wall / oj_wall:.2f}x")
+
+    if not args.skip_hta:
+        hta_wall, hta_rss, out = measure([py, "-c", HTA, str(big.parent)])
+        lines = out.strip().splitlines()
+        load_s, total_s = (float(x) for x in lines[-1].split())
+        print(f"HTA load + get_comm_comp_overlap: {hta_wall:6.2f} s (load {load_s:.2f} s) peak RSS "
+              f"{hta_rss:.0f} MB (largest process); result: {' '.join(lines[:-1])[:160]}")
+        print(f"  speed-up ddpdoctor vs HTA: {hta_wall / dd_wall:.1f}x  (target >= 10x)")
+    print(f"peak RSS / file size: {dd_rss / size_mb:.2f}  (target <= 3)")
+
+
+if __name__ == "__main__":
+    main()

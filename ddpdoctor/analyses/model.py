@@ -1,0 +1,227 @@
+"""The result dataclasses of `analyze` (ANALYSIS_CONTRACT.md): what findings rules and renderers read.
+
+All times are microseconds (floats). ``None`` means "not measurable" (e.g. overlap_pct of a rank with no
+communication), never NaN. Timestamps in calls, buckets, grad_ready and per_step are on rank 0's clock
+after clock alignment (``clock_offsets_us``)."""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+
+@dataclass
+class InputInfo:
+    """One trace file (or per-rank summary) the analysis used."""
+
+    path: str
+    rank: int
+    rank_source: str  # "distributedInfo" | "filename" | "order" | "summary"
+    device: str  # "cpu" | "gpu"
+    events: int
+
+
+@dataclass
+class StepMetrics:
+    """One ProfilerStep#N window of one rank."""
+
+    step: int
+    start_us: float
+    dur_us: float
+    compute_us: float
+    comm_us: float
+    overlap_us: float
+    overlap_pct: float | None  # 100*overlap/comm; None iff comm_us == 0
+    exposed_comm_us: float
+    idle_us: float
+    backward_start_us: float | None
+    backward_end_us: float | None
+    comm_in_backward_us: float
+    data_wait_us: float
+    # The backward pass as the CPU ran it (on GPU traces backward_*_us are the GPU span of its kernels).
+    cpu_backward_start_us: float | None = None
+    cpu_backward_end_us: float | None = None
+
+
+@dataclass
+class RankMetrics:
+    """Totals over the recorded steps of one rank (per_step holds each step)."""
+
+    rank: int
+    world_size: int | None
+    device: str
+    backend: str | None
+    steps: int
+    step_ids: list[int]
+    step_time_us: dict[str, float | None]  # median, p90, max
+    compute_us: float
+    comm_us: float
+    overlap_us: float
+    overlap_pct: float | None  # None iff comm_us == 0
+    exposed_comm_us: float
+    exposed_comm_pct: float | None  # of step time (sum of step durations); None without steps
+    idle_us: float
+    memory_us: float
+    backward_us: float
+    comm_in_backward_us: float
+    data_wait_us: float
+    per_step: list[StepMetrics] = field(default_factory=list)
+
+
+@dataclass
+class CollectiveCall:
+    """One collective as it ran on one rank (GPU: the NCCL kernel; CPU: the gloo work on the gloo thread)."""
+
+    rank: int
+    index: int  # k-th collective of this rank (in start order)
+    step: int | None
+    op: str  # all_reduce, broadcast, all_gather, reduce_scatter, send_recv, barrier, ...
+    group: str | None
+    seq: int | None
+    bytes: int | None
+    start_us: float
+    dur_us: float
+    end_us: float
+    start_rel_backward_us: float | None  # start - backward start of its step
+    algbw_gbps: float | None  # bytes / dur, GB/s (1e9 bytes/s)
+    busbw_gbps: float | None
+
+
+@dataclass
+class Bucket:
+    """One DDP gradient bucket all-reduce of one step (the all_reduce calls launched from backward)."""
+
+    rank: int
+    step: int
+    index: int
+    bytes: int | None
+    start_us: float
+    end_us: float
+    dur_us: float
+    is_last: bool
+    after_backward_end_us: float  # max(0, end - backward end): communication left after backward
+
+
+@dataclass
+class GradReady:
+    """A parameter's gradient became ready (end of its AccumulateGrad) at t_us."""
+
+    rank: int
+    step: int | None
+    t_us: float
+    bytes: int | None
+
+
+@dataclass
+class SyncCall:
+    """A call that blocks the CPU until queued device work is done (cudaDeviceSynchronize, .item(), ...)."""
+
+    rank: int
+    step: int | None
+    name: str
+    t_us: float  # CPU clock (aligned); compare with StepMetrics.cpu_backward_*_us
+    dur_us: float
+    detail: str = ""
+
+
+@dataclass
+class BandwidthFit:
+    """dur = latency_us + bytes / bytes_per_us, least squares over this run's collectives with bytes."""
+
+    latency_us: float | None
+    bytes_per_us: float | None
+    points: int
+
+
+@dataclass
+class MatchedCollective:
+    """The same collective on every rank that ran it."""
+
+    key: str
+    op: str
+    group: str | None
+    seq: int | None
+    bytes: int | None
+    starts_us: dict[int, float]
+    ends_us: dict[int, float]
+    arrival_skew_us: float  # latest start - earliest start
+    last_rank: int  # the rank that arrived last
+
+
+@dataclass
+class Stragglers:
+    ranks: list[int]
+    caused_wait_us: dict[int, float]  # time the other ranks waited for this one (sum over matched collectives)
+    last_arrival_count: dict[int, int]
+    arrival_skew_median_us: float | None
+    step_time_skew_us: float | None  # max - min of per-rank median step time
+    step_time_us_by_rank: dict[int, float | None]
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "ranks": list(self.ranks),
+            "evidence": {
+                "caused_wait_us": {str(k): v for k, v in self.caused_wait_us.items()},
+                "last_arrival_count": {str(k): v for k, v in self.last_arrival_count.items()},
+                "arrival_skew_median_us": self.arrival_skew_median_us,
+                "step_time_skew_us": self.step_time_skew_us,
+                "step_time_us_by_rank": {str(k): v for k, v in self.step_time_us_by_rank.items()},
+            },
+        }
+
+
+@dataclass
+class Analysis:
+    """Everything `analyze` computed: pure data, JSON-ready through to_sections()."""
+
+    inputs: list[InputInfo]
+    window: str  # "all" | "hta"
+    ranks: list[RankMetrics]
+    calls: list[CollectiveCall] = field(default_factory=list)
+    buckets: list[Bucket] = field(default_factory=list)
+    grad_ready: list[GradReady] = field(default_factory=list)
+    syncs: list[SyncCall] = field(default_factory=list)
+    bandwidth: BandwidthFit = field(default_factory=lambda: BandwidthFit(None, None, 0))
+    matched: list[MatchedCollective] = field(default_factory=list)
+    stragglers: Stragglers | None = None
+    clock_offsets_us: dict[int, float] = field(default_factory=dict)
+    ddp: list[dict[str, Any]] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)
+
+    def by_op(self) -> dict[str, dict[str, Any]]:
+        """count, bytes (null when no call of the op has a known size) and total time per op."""
+        out: dict[str, dict[str, Any]] = {}
+        for c in self.calls:
+            row = out.setdefault(c.op, {"count": 0, "bytes": None, "time_us": 0.0})
+            row["count"] += 1
+            if c.bytes is not None:
+                row["bytes"] = (row["bytes"] or 0) + c.bytes
+            row["time_us"] += c.dur_us
+        return out
+
+    def to_sections(self) -> dict[str, Any]:
+        """The JSON sections of docs/json.md (everything except the envelope and findings)."""
+        matched = []
+        for m in self.matched:
+            d = asdict(m)
+            d["starts_us"] = {str(k): v for k, v in m.starts_us.items()}
+            d["ends_us"] = {str(k): v for k, v in m.ends_us.items()}
+            matched.append(d)
+        return {
+            "inputs": [asdict(i) for i in self.inputs],
+            "window": self.window,
+            "ranks": [asdict(r) for r in self.ranks],
+            "collectives": {
+                "count": len(self.calls),
+                "by_op": self.by_op(),
+                "calls": [asdict(c) for c in self.calls],
+                "buckets": [asdict(b) for b in self.buckets],
+                "grad_ready": [asdict(g) for g in self.grad_ready],
+                "bandwidth": asdict(self.bandwidth),
+                "matched": matched,
+            },
+            "syncs": [asdict(s) for s in self.syncs],
+            "stragglers": self.stragglers.to_json() if self.stragglers else {"ranks": [], "evidence": {}},
+            "clock_offsets_us": {str(k): v for k, v in self.clock_offsets_us.items()},
+            "ddp": self.ddp,
+        }

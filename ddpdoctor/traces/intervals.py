@@ -1,0 +1,58 @@
+"""Interval arithmetic on numpy columns: union length, intersection length, clipping (the basis of every metric)."""
+
+from __future__ import annotations
+
+import numpy as np
+
+Arr = np.ndarray
+
+
+def merge(start: Arr, end: Arr) -> tuple[Arr, Arr]:
+    """Disjoint, sorted intervals covering exactly the union of [start, end)."""
+    if len(start) == 0:
+        return np.empty(0), np.empty(0)
+    order = np.argsort(start, kind="stable")
+    s = np.asarray(start, dtype=np.float64)[order]
+    e = np.maximum.accumulate(np.asarray(end, dtype=np.float64)[order])
+    # A new merged interval begins where a start lies beyond every end seen so far.
+    new = np.empty(len(s), dtype=bool)
+    new[0] = True
+    new[1:] = s[1:] > e[:-1]
+    last = np.empty(len(s), dtype=bool)
+    last[:-1] = new[1:]
+    last[-1] = True
+    return s[new], e[last]
+
+
+def union_len(start: Arr, end: Arr) -> float:
+    s, e = merge(start, end)
+    return float(np.sum(e - s)) if len(s) else 0.0
+
+
+def clipped_len(ms: Arr, me: Arr, lo: float, hi: float) -> float:
+    """Length of merged (disjoint, sorted) intervals inside [lo, hi): two binary searches and a slice."""
+    i0 = int(np.searchsorted(me, lo, side="right"))
+    i1 = int(np.searchsorted(ms, hi, side="left"))
+    if i1 <= i0:
+        return 0.0
+    return float(np.sum(np.minimum(me[i0:i1], hi) - np.maximum(ms[i0:i1], lo)))
+
+
+def clip(start: Arr, end: Arr, lo: float, hi: float) -> tuple[Arr, Arr]:
+    """The parts of the intervals inside [lo, hi)."""
+    s = np.maximum(start, lo)
+    e = np.minimum(end, hi)
+    keep = e > s
+    return s[keep], e[keep]
+
+
+def intersect_len(a: tuple[Arr, Arr], b: tuple[Arr, Arr]) -> float:
+    """|A ∩ B| = |A| + |B| - |A ∪ B| for unions A and B."""
+    ua = union_len(*a)
+    ub = union_len(*b)
+    uab = union_len(np.concatenate([a[0], b[0]]), np.concatenate([a[1], b[1]]))
+    return max(0.0, ua + ub - uab)
+
+
+def cat(*parts: tuple[Arr, Arr]) -> tuple[Arr, Arr]:
+    return np.concatenate([p[0] for p in parts]), np.concatenate([p[1] for p in parts])

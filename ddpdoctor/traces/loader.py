@@ -1,0 +1,163 @@
+"""Reads one PyTorch profiler (Kineto/Chrome) trace, .json or .json.gz, into the few columns the analyses need.
+
+Speed: a typed msgspec decoder materialises only ph/name/cat/pid/tid/ts/dur per event and keeps ``args`` as raw
+bytes, decoded later only for the handful of events that need them (collectives, kernels' correlation ids,
+AccumulateGrad). The garbage collector is off while decoding: it is the main cost of naive JSON parsing."""
+
+from __future__ import annotations
+
+import gc
+import gzip
+import re
+import zlib
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import msgspec
+
+from ddpdoctor.errors import BadInput
+
+GZIP_MAGIC = b"\x1f\x8b"
+
+
+class Event(msgspec.Struct, gc=False):
+    ph: str = ""
+    name: str = ""
+    cat: str = ""
+    pid: int | str = 0
+    tid: int | str = 0
+    ts: float = 0.0
+    dur: float = 0.0
+    args: msgspec.Raw = msgspec.Raw(b"null")
+
+
+class PGConfig(msgspec.Struct):
+    pg_name: str | None = None
+    pg_desc: str | None = None
+    pg_size: int | None = None
+    ranks: list[int] | str | None = None
+
+
+class DistributedInfo(msgspec.Struct):
+    backend: str | None = None
+    rank: int | None = None
+    world_size: int | None = None
+    pg_config: list[PGConfig] | None = None
+    nccl_version: str | None = None
+
+
+class TraceDoc(msgspec.Struct):
+    traceEvents: list[Event]
+    distributedInfo: DistributedInfo | None = None
+    deviceProperties: msgspec.Raw = msgspec.Raw(b"null")
+    host_name: str | None = None
+
+
+class EventArgs(msgspec.Struct):
+    """The args fields any analysis reads (decoded lazily, per event)."""
+
+    correlation: int | None = None
+    input_dims: Any = msgspec.field(default=None, name="Input Dims")
+    input_type: Any = msgspec.field(default=None, name="Input type")
+    in_nelems: int | None = msgspec.field(default=None, name="In msg nelems")
+    out_nelems: int | None = msgspec.field(default=None, name="Out msg nelems")
+    dtype: str | None = None
+    collective: str | None = msgspec.field(default=None, name="Collective name")
+    pg_name: str | None = msgspec.field(default=None, name="Process Group Name")
+    pg_ranks: Any = msgspec.field(default=None, name="Process Group Ranks")
+    group_size: int | None = msgspec.field(default=None, name="Group size")
+    seq: int | None = msgspec.field(default=None, name="Seq")
+    name: Any = None  # metadata events: thread_name / process_name
+
+
+_DOC = msgspec.json.Decoder(TraceDoc)
+_EVENTS = msgspec.json.Decoder(list[Event])
+_ARGS = msgspec.json.Decoder(EventArgs)
+
+
+def decode_args(raw: msgspec.Raw) -> EventArgs:
+    try:
+        return _ARGS.decode(raw)
+    except (msgspec.DecodeError, msgspec.ValidationError, UnicodeDecodeError):
+        return EventArgs()
+
+
+@dataclass
+class RawTrace:
+    path: str
+    events: list[Event]
+    dist: DistributedInfo | None
+    host: str | None
+    notes: list[str] = field(default_factory=list)
+
+
+def read_bytes(path: Path) -> bytes:
+    """The file's JSON bytes; gzip is recognised by its magic bytes, not by the suffix."""
+    try:
+        with open(path, "rb") as fh:
+            data = fh.read()
+    except IsADirectoryError as exc:
+        raise BadInput("is a directory, not a trace file", path) from exc
+    except OSError as exc:
+        raise BadInput(f"cannot read ({exc.strerror or exc})", path) from exc
+    if data[:2] == GZIP_MAGIC:
+        try:
+            data = gzip.decompress(data)
+        except (OSError, EOFError, zlib.error) as exc:
+            raise BadInput(f"gzip data is corrupt or truncated ({exc})", path) from exc
+    elif path.suffix == ".gz":
+        raise BadInput("named .gz but is not gzip-compressed", path)
+    return data
+
+
+def _decode(data: bytes, path: Path) -> tuple[TraceDoc, list[str]]:
+    notes: list[str] = []
+    try:
+        return _DOC.decode(data), notes
+    except UnicodeDecodeError:
+        # Invalid UTF-8 inside a name: keep the trace, replace the bad bytes (HTA's parser gives up here).
+        notes.append(f"{path}: invalid UTF-8 replaced with U+FFFD")
+        data = data.decode("utf-8", "replace").encode("utf-8")
+        return _decode(data, path)[0], notes
+    except msgspec.ValidationError as exc:
+        text = str(exc)
+        if data.lstrip()[:1] == b"[":
+            # The bare Chrome trace format: a JSON array of events.
+            try:
+                return TraceDoc(traceEvents=_EVENTS.decode(data)), notes
+            except msgspec.ValidationError as exc2:
+                raise BadInput(f"not a PyTorch profiler trace ({exc2})", path) from exc2
+        if "missing required field `traceEvents`" in text:
+            raise BadInput("not a PyTorch profiler trace (no traceEvents)", path) from exc
+        raise BadInput(f"not a PyTorch profiler trace ({text})", path) from exc
+    except msgspec.DecodeError as exc:
+        problem = "truncated JSON" if "truncated" in str(exc) else f"not valid JSON ({exc})"
+        raise BadInput(problem, path) from exc
+
+
+def load_raw(path: Path) -> RawTrace:
+    """Decode one trace file; raise BadInput (one line naming the file) when it is not a usable trace."""
+    path = Path(path)
+    data = read_bytes(path)
+    if not data.strip():
+        raise BadInput("empty file", path)
+    enabled = gc.isenabled()
+    gc.disable()
+    try:
+        doc, notes = _decode(data, path)
+    finally:
+        if enabled:
+            gc.enable()
+    if not doc.traceEvents:
+        raise BadInput("trace has no events", path)
+    return RawTrace(str(path), doc.traceEvents, doc.distributedInfo, doc.host_name, notes)
+
+
+_RANK_IN_NAME = re.compile(r"(?:^|[^a-z])rank[-_ ]?(\d+)", re.IGNORECASE)
+
+
+def rank_from_filename(path: str | Path) -> int | None:
+    """rank3, rank-3, rank_3, worker names like `host_rank3.123.pt.trace.json`; None when absent."""
+    m = _RANK_IN_NAME.search(Path(path).name)
+    return int(m.group(1)) if m else None

@@ -1,0 +1,250 @@
+"""Classifies a decoded trace's events (compute / communication / memory / steps / backward / data wait) into columns.
+
+GPU traces: communication = NCCL/RCCL kernels, memory = Memcpy/Memset, compute = every other kernel.
+CPU traces (gloo): communication = `gloo:*` work (on the pt_gloo_runloop threads); compute = the training
+threads' CPU ops, not counting ProfilerStep wrappers, data loading (counted as data wait), waits, and the
+c10d enqueue calls. See docs/metrics.md."""
+
+from __future__ import annotations
+
+import re
+from array import array
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+
+from ddpdoctor.traces.loader import EventArgs, RawTrace, decode_args, rank_from_filename
+
+_STEP = re.compile(r"^ProfilerStep#(\d+)$")
+_WAIT = re.compile(r"wait|synchronize", re.IGNORECASE)
+BACKWARD_PREFIX = "autograd::engine::evaluate_function:"
+DATA_PREFIX = "enumerate(DataLoader)"
+ACCUMULATE_GRAD = "torch::autograd::AccumulateGrad"
+SYNC_NAMES = ("cudaDeviceSynchronize", "cudaStreamSynchronize", "cudaEventSynchronize", "aten::item",
+              "aten::_local_scalar_dense")
+_CPU_CATS = {"cpu_op", "user_annotation", "python_function"}
+_RUNTIME_CATS = {"cuda_runtime", "cuda_driver", "runtime", "cuda_api"}
+
+
+def is_comm_kernel(name: str) -> bool:
+    low = name.lower()
+    return (low.startswith("nccl") and "kernel" in low) or "rccl" in low
+
+
+def is_memory(name: str, cat: str) -> bool:
+    return cat in ("gpu_memcpy", "gpu_memset") or name.startswith(("Memcpy", "Memset"))
+
+
+@dataclass
+class Spans:
+    start: np.ndarray
+    end: np.ndarray
+    launch: np.ndarray  # CPU time the work was launched (GPU: the runtime call; CPU: = start); NaN if unknown
+
+    @staticmethod
+    def of(flat: array) -> Spans:
+        """From a flat array of (start, end, launch) rows."""
+        a = np.frombuffer(flat, dtype=np.float64).reshape(-1, 3) if len(flat) else np.empty((0, 3))
+        return Spans(a[:, 0].copy(), a[:, 1].copy(), a[:, 2].copy())
+
+    def __len__(self) -> int:
+        return len(self.start)
+
+    def select(self, mask: np.ndarray) -> Spans:
+        return Spans(self.start[mask], self.end[mask], self.launch[mask])
+
+    def pair(self) -> tuple[np.ndarray, np.ndarray]:
+        return self.start, self.end
+
+
+@dataclass
+class CommEvent:
+    name: str
+    start: float
+    end: float
+    launch: float  # NaN when unknown
+    tid: int | str
+    args: EventArgs
+
+
+@dataclass
+class CpuCall:
+    name: str
+    start: float
+    end: float
+    args: EventArgs | None
+
+
+@dataclass
+class Trace:
+    path: str
+    rank: int
+    rank_source: str
+    world_size: int | None
+    backend: str | None
+    host: str | None
+    device: str
+    n_events: int
+    groups: dict[str, int]  # process group name -> size
+    steps: list[tuple[int, float, float]]  # (id, start, end), CPU clock
+    compute: Spans
+    comm: list[CommEvent]
+    memory: Spans
+    backward: Spans  # CPU autograd evaluate_function events
+    data_wait: Spans
+    enqueues: list[CpuCall]  # c10d::* / record_param_comms on the CPU
+    grads: list[CpuCall]  # AccumulateGrad
+    syncs: list[CpuCall] = field(default_factory=list)  # calls that block the CPU on the device
+    notes: list[str] = field(default_factory=list)
+
+
+K_STEP, K_COMM, K_ENQ, K_GRAD, K_DATA, K_COMPUTE, K_BWD = 1, 2, 4, 8, 16, 32, 64
+K_GCOMM, K_GMEM, K_GCOMP, K_RUNTIME, K_SYNC = 128, 256, 512, 1024, 2048
+K_GPU = K_GCOMM | K_GMEM | K_GCOMP
+
+
+def classify(name: str, cat: str, has_gpu: bool) -> int:
+    """What an 'X' event is, as K_* flags (0: not used by any analysis)."""
+    if has_gpu and cat in ("kernel", "gpu_memcpy", "gpu_memset"):
+        if cat == "kernel" and is_comm_kernel(name):
+            return K_GCOMM
+        return K_GMEM if is_memory(name, cat) else K_GCOMP
+    k = K_SYNC if name.startswith(SYNC_NAMES) else 0
+    if has_gpu and cat in _RUNTIME_CATS:
+        return k | K_RUNTIME
+    if name.startswith("ProfilerStep#"):
+        return k | K_STEP if cat in _CPU_CATS else k
+    if name.startswith("gloo:"):
+        return k | (0 if has_gpu else K_COMM)
+    if name.startswith(("c10d::", "record_param_comms", "nccl:")):
+        return k | K_ENQ
+    if name.startswith(BACKWARD_PREFIX):
+        k |= K_BWD
+    if name == ACCUMULATE_GRAD:
+        k |= K_GRAD
+    if name.startswith(DATA_PREFIX):
+        return k | K_DATA
+    if not has_gpu and cat in _CPU_CATS and not _WAIT.search(name):
+        k |= K_COMPUTE
+    return k
+
+
+def build_trace(raw: RawTrace, fallback_rank: int | None = None) -> Trace:
+    """Classify every complete ('X') event once."""
+    dist = raw.dist
+    notes = list(raw.notes)
+    if dist is not None and dist.rank is not None:
+        rank, source = int(dist.rank), "distributedInfo"
+    elif (r := rank_from_filename(raw.path)) is not None:
+        rank, source = r, "filename"
+    else:
+        rank, source = (fallback_rank or 0), "order"
+        notes.append(f"{Path(raw.path).name}: no distributedInfo and no rank in the file name; rank {rank} by order")
+    groups: dict[str, int] = {}
+    if dist is not None and dist.pg_config:
+        for pg in dist.pg_config:
+            if pg.pg_name is not None and pg.pg_size:
+                groups[pg.pg_name] = int(pg.pg_size)
+
+    events = raw.events
+    gloo_tids: set = set()
+    for ev in events:
+        if ev.ph == "M" and ev.name == "thread_name":
+            label = decode_args(ev.args).name
+            if isinstance(label, str) and "pt_gloo_runloop" in label:
+                gloo_tids.add((ev.pid, ev.tid))
+    has_gpu = any(ev.cat == "kernel" for ev in events if ev.ph == "X")
+
+    steps: list[tuple[int, float, float]] = []
+    # Columns as flat float arrays (start, end, launch-or-correlation per row): 24 bytes a row, no tuples.
+    compute, memory, backward, data = array("d"), array("d"), array("d"), array("d")
+    comm: list[CommEvent] = []
+    enqueues: list[CpuCall] = []
+    grads: list[CpuCall] = []
+    syncs: list[CpuCall] = []
+    runtime: dict[int, float] = {}
+    nan = float("nan")
+    kinds: dict[tuple[str, str], int] = {}  # names repeat: classify each (name, cat) once
+    for ev in events:
+        if ev.ph != "X":
+            continue
+        name, cat = ev.name, ev.cat
+        k = kinds.get((name, cat))
+        if k is None:
+            k = kinds[(name, cat)] = classify(name, cat, has_gpu)
+        if not k:
+            continue
+        ts = ev.ts
+        end = ts + ev.dur
+        if k & K_GPU:
+            # The third slot holds the correlation id until the runtime calls are known (they may come later).
+            a = decode_args(ev.args)
+            corr = nan if a.correlation is None else float(a.correlation)
+            if k & K_GCOMM:
+                comm.append(CommEvent(name, ts, end, corr, ev.tid, a))
+            else:
+                (memory if k & K_GMEM else compute).extend((ts, end, corr))
+            continue
+        if k & K_SYNC:
+            syncs.append(CpuCall(name, ts, end, None))
+        if k & K_RUNTIME:
+            a = decode_args(ev.args)
+            if a.correlation is not None:
+                runtime[a.correlation] = ts
+            continue
+        if k & K_STEP:
+            m = _STEP.match(name)
+            if m:
+                steps.append((int(m.group(1)), ts, end))
+            continue
+        if k & K_COMM:
+            comm.append(CommEvent(name, ts, end, ts, ev.tid, decode_args(ev.args)))
+            continue
+        if k & K_ENQ:
+            enqueues.append(CpuCall(name, ts, end, decode_args(ev.args)))
+            continue
+        if k & K_BWD:
+            backward.extend((ts, end, ts))
+        if k & K_GRAD:
+            grads.append(CpuCall(name, ts, end, decode_args(ev.args)))
+        if k & K_DATA:
+            data.extend((ts, end, ts))
+            continue
+        if k & K_COMPUTE and (ev.pid, ev.tid) not in gloo_tids:
+            compute.extend((ts, end, ts))
+
+    comp, mem = Spans.of(compute), Spans.of(memory)
+    if has_gpu:
+        # Launch time of each kernel = the runtime call with its correlation id (for steps and HTA's window).
+        def launch_of(corr: float) -> float:
+            return nan if corr != corr else runtime.get(int(corr), nan)
+
+        comp.launch = np.array([launch_of(c) for c in comp.launch], dtype=np.float64)
+        mem.launch = np.array([launch_of(c) for c in mem.launch], dtype=np.float64)
+        for c in comm:
+            c.launch = launch_of(c.launch)
+    comm.sort(key=lambda c: c.start)
+    steps.sort(key=lambda s: s[1])
+    return Trace(
+        path=raw.path,
+        rank=rank,
+        rank_source=source,
+        world_size=dist.world_size if dist else None,
+        backend=dist.backend if dist else None,
+        host=raw.host,
+        device="gpu" if has_gpu else "cpu",
+        n_events=len(events),
+        groups=groups,
+        steps=steps,
+        compute=comp,
+        comm=comm,
+        memory=mem,
+        backward=Spans.of(backward),
+        data_wait=Spans.of(data),
+        enqueues=sorted(enqueues, key=lambda c: c.start),
+        grads=sorted(grads, key=lambda c: c.end),
+        syncs=syncs,
+        notes=notes,
+    )
+
