@@ -1,0 +1,440 @@
+"""Performance findings: pure rules from an Analysis to Findings (docs/findings/perf.md explains every threshold)."""
+
+from __future__ import annotations
+
+import statistics
+from collections import defaultdict
+from collections.abc import Callable
+from typing import Any
+
+from ddpdoctor.analyses.model import Analysis, RankMetrics
+from ddpdoctor.analyses.whatif import MIB, WhatIf, bucket_whatif, ddp_config
+from ddpdoctor.findings.model import Finding, Severity
+
+# Exposed communication (|comm \ compute|) as a share of step time. Under 20% the step is dominated by compute and
+# tuning DDP buys little; above 40% the job spends nearly half its time waiting on the network, i.e. scaling out
+# is losing a large part of what the extra GPUs bring.
+EXPOSED_WARN_PCT = 20.0
+EXPOSED_ERROR_PCT = 40.0
+# The overlap causes are only named when exposed communication is worth chasing: 5% of a step.
+CAUSE_MIN_EXPOSED_PCT = 5.0
+# The last bucket's all_reduce still running after backward ended, as a share of step time: 10% is where it is
+# the bulk of a 20%-exposed (warning) step, and a smaller or re-ordered last bucket would win it back.
+TAIL_WARN_PCT = 10.0
+# Buckets under 1 MiB (DDP's own first-bucket size) move too little data to amortise a collective's fixed latency
+# (tens of microseconds on NCCL, more on gloo); 4 or more of them per step, making up half the buckets, is a
+# configuration (bucket_cap_mb too small), not one small first bucket.
+SMALL_BUCKET_BYTES = 1 * MIB
+SMALL_BUCKET_MIN_COUNT = 4
+SMALL_BUCKET_MIN_SHARE = 0.5
+# Estimated share of all_reduce time that is fixed latency (count x fitted latency / comm time) above which the
+# small-bucket finding is a warning: a third of the communication time buys no bytes.
+LATENCY_SHARE_WARN = 1 / 3
+# The first gradient all_reduce starting after half of the backward window: the first bucket waited for gradients
+# of more than half the model, so at most half the backward can hide communication.
+FIRST_BUCKET_LATE_SHARE = 0.5
+# Synchronising calls inside backward: a single cudaDeviceSynchronize / .item() per step stalls the CPU until all
+# queued work, communication included, is done; any such call inside the backward window is worth naming.
+SYNC_NAMES = ("cudaDeviceSynchronize", "cudaStreamSynchronize", "aten::item", "aten::_local_scalar_dense")
+SYNC_COPY_NAMES = ("aten::_to_copy", "aten::copy_", "aten::to")  # .cpu() copies: named only with "cpu" evidence
+# gradient_as_bucket_view saves one gradient-sized copy per step and that much memory; below 25 MiB (one default
+# bucket) the saving is under a millisecond on any GPU and not worth a finding.
+GRAD_VIEW_MIN_BYTES = 25 * MIB
+# A straggler: the median arrival skew of matched collectives (latest start - earliest start) above 5% of a step:
+# every rank waits that long for the last one at every collective.
+STRAGGLER_SKEW_WARN_PCT = 5.0
+STRAGGLER_SKEW_ERROR_PCT = 25.0
+# Step time variation within a rank: coefficient of variation (stdev / mean) above 0.15 over at least 3 steps,
+# i.e. steps commonly differ by more than 15%: a periodic stall (checkpoint, GC, logging, data) is likely.
+STEP_CV_WARN = 0.15
+STEP_CV_MIN_STEPS = 3
+# Across ranks: median step times differing by more than 10% of the median step.
+RANK_STEP_SKEW_WARN_PCT = 10.0
+# Waiting for the next batch at the start of steps: 10% of step time is a GPU idle a tenth of the time.
+DATA_WAIT_WARN_PCT = 10.0
+DATA_WAIT_ERROR_PCT = 30.0
+# The bucket what-if is reported when its predicted saving reaches 2% of a step (info) or 10% (warning).
+WHATIF_INFO_PCT = 2.0
+WHATIF_WARN_PCT = 10.0
+
+
+def _ms(us: float | None) -> float | None:
+    return None if us is None else round(us / 1000.0, 3)
+
+
+def _median(values: list[float]) -> float | None:
+    return statistics.median(values) if values else None
+
+
+def _step_us(r: RankMetrics) -> float | None:
+    return r.step_time_us.get("median") if r.step_time_us else None
+
+
+def _cap_advice(whatif: WhatIf | None, fallback: str) -> str:
+    if whatif and whatif.available and whatif.best_bucket_cap_mb is not None and (whatif.saving_us_per_step or 0) > 0:
+        return (f"`DDP(model, bucket_cap_mb={whatif.best_bucket_cap_mb:g})` (the bucket what-if predicts "
+                f"{_ms(whatif.saving_us_per_step)} ms less exposed communication per step).")
+    return fallback
+
+
+# ------------------------------------------------------------------------------------------------------- rules
+
+def rule_no_communication(a: Analysis, w: WhatIf | None) -> list[Finding]:
+    silent = [r.rank for r in a.ranks if r.comm_us <= 0]
+    if not a.ranks or not silent:
+        return []
+    worlds = {r.world_size for r in a.ranks if r.world_size}
+    if len(silent) == len(a.ranks):
+        single = worlds == {1} or (not worlds and len(a.ranks) == 1)
+        return [Finding(
+            "no-communication", Severity.INFO,
+            "No communication recorded" + (" (world size 1)" if single else " (not DDP, or no collective in the window)"),
+            ranks=silent, evidence={"world_size": sorted(worlds), "ranks_analysed": len(a.ranks)},
+            advice="Overlap and bucket advice do not apply. For a multi-rank job, check the model is wrapped in "
+            "`DistributedDataParallel` and the profiler window covers a full training step.",
+        )]
+    return [Finding(
+        "rank-no-communication", Severity.WARNING,
+        f"Rank(s) {silent} recorded no communication while the others did",
+        ranks=silent, evidence={"ranks_with_comm": [r.rank for r in a.ranks if r.comm_us > 0]},
+        advice="Those ranks' traces may cover a different window (profile the same steps on every rank) or the "
+        "ranks run a different code path; compare their traces.",
+    )]
+
+
+def rule_exposed_comm(a: Analysis, w: WhatIf | None) -> list[Finding]:
+    hot = [r for r in a.ranks if r.exposed_comm_pct is not None and r.exposed_comm_pct > EXPOSED_WARN_PCT]
+    if not hot:
+        return []
+    worst = max(r.exposed_comm_pct or 0.0 for r in hot)
+    sev = Severity.ERROR if worst > EXPOSED_ERROR_PCT else Severity.WARNING
+    return [Finding(
+        "exposed-comm-high", sev,
+        f"Communication not hidden by compute takes {worst:.0f}% of step time",
+        ranks=[r.rank for r in hot],
+        evidence={
+            "exposed_comm_pct": {str(r.rank): round(r.exposed_comm_pct or 0.0, 1) for r in hot},
+            "exposed_comm_ms": {str(r.rank): _ms(r.exposed_comm_us) for r in hot},
+            "overlap_pct": {str(r.rank): None if r.overlap_pct is None else round(r.overlap_pct, 1) for r in hot},
+            "steps": {str(r.rank): r.steps for r in hot},
+            "threshold_pct": {"warning": EXPOSED_WARN_PCT, "error": EXPOSED_ERROR_PCT},
+        },
+        advice=_cap_advice(w, "See the overlap findings for the cause; larger per-rank batches (more compute per "
+                           "byte) or gradient compression (`model.register_comm_hook(..., fp16_compress_hook)`) "
+                           "shrink what must be hidden."),
+    )]
+
+
+def _exposed_worth_it(a: Analysis) -> bool:
+    return any((r.exposed_comm_pct or 0.0) >= CAUSE_MIN_EXPOSED_PCT for r in a.ranks)
+
+
+def rule_comm_tail(a: Analysis, w: WhatIf | None) -> list[Finding]:
+    if not _exposed_worth_it(a):
+        return []
+    tails: dict[int, list[float]] = defaultdict(list)
+    last_bytes: dict[int, list[int]] = defaultdict(list)
+    for b in a.buckets:
+        if b.is_last:
+            tails[b.rank].append(b.after_backward_end_us)
+            if b.bytes:
+                last_bytes[b.rank].append(b.bytes)
+    ranks, evidence_ms, shares = [], {}, {}
+    for r in a.ranks:
+        tail, step = _median(tails.get(r.rank, [])), _step_us(r)
+        if tail is None or not step:
+            continue
+        share = 100.0 * tail / step
+        if share > TAIL_WARN_PCT:
+            ranks.append(r.rank)
+            evidence_ms[str(r.rank)] = _ms(tail)
+            shares[str(r.rank)] = round(share, 1)
+    if not ranks:
+        return []
+    lb = _median([float(x) for rk in ranks for x in last_bytes.get(rk, [])])
+    return [Finding(
+        "comm-tail-after-backward", Severity.WARNING,
+        f"The last bucket's all_reduce runs {max(evidence_ms.values())} ms after backward has ended",
+        ranks=ranks,
+        evidence={"tail_ms_median": evidence_ms, "tail_pct_of_step": shares,
+                  "last_bucket_mb": None if lb is None else round(lb / MIB, 2), "threshold_pct": TAIL_WARN_PCT},
+        advice=_cap_advice(w, "Use smaller buckets so the last one (the first layers' gradients) is small: "
+                           "`DDP(model, bucket_cap_mb=10)`."),
+    )]
+
+
+def rule_small_buckets(a: Analysis, w: WhatIf | None) -> list[Finding]:
+    if not _exposed_worth_it(a):
+        return []
+    by_step: dict[tuple[int, int], list[int]] = defaultdict(list)
+    for b in a.buckets:
+        by_step[(b.rank, b.step)].append(b.bytes or 0)
+    small_counts, totals, sizes = [], [], []
+    for sizes_in_step in by_step.values():
+        small = [x for x in sizes_in_step if 0 < x < SMALL_BUCKET_BYTES]
+        small_counts.append(len(small))
+        totals.append(len(sizes_in_step))
+        sizes.extend(small)
+    if not by_step:
+        return []
+    n_small, n_all = statistics.median(small_counts), statistics.median(totals)
+    if n_small < SMALL_BUCKET_MIN_COUNT or n_small < SMALL_BUCKET_MIN_SHARE * n_all:
+        return []
+    comm = _median([sum(b.dur_us for b in a.buckets if (b.rank, b.step) == k) for k in by_step])
+    lat = a.bandwidth.latency_us
+    share = (n_all * lat / comm) if (lat and comm) else None
+    sev = Severity.WARNING if share is not None and share >= LATENCY_SHARE_WARN else Severity.INFO
+    ranks = sorted({rk for rk, _ in by_step})
+    return [Finding(
+        "buckets-latency-bound", sev,
+        f"{n_small:g} of {n_all:g} gradient buckets per step are under 1 MiB: latency-bound all_reduces",
+        ranks=ranks,
+        evidence={"small_buckets_per_step": n_small, "buckets_per_step": n_all,
+                  "small_bucket_median_kib": round((_median([float(s) for s in sizes]) or 0) / 1024, 1),
+                  "fitted_latency_us": lat, "latency_share_of_comm": None if share is None else round(share, 3)},
+        advice=_cap_advice(w, "Raise the bucket size so each all_reduce moves enough bytes: "
+                           "`DDP(model, bucket_cap_mb=25)` (the default) or more."),
+    )]
+
+
+def rule_first_bucket_late(a: Analysis, w: WhatIf | None) -> list[Finding]:
+    if not _exposed_worth_it(a):
+        return []
+    bw = {(r.rank, s.step): s for r in a.ranks for s in r.per_step}
+    first: dict[tuple[int, int], float] = {}
+    for b in a.buckets:
+        key = (b.rank, b.step)
+        if key not in first or b.start_us < first[key]:
+            first[key] = b.start_us
+    shares: dict[int, list[float]] = defaultdict(list)
+    for key, start in first.items():
+        st = bw.get(key)
+        if st is None or st.backward_start_us is None or st.backward_end_us is None:
+            continue
+        span = st.backward_end_us - st.backward_start_us
+        if span > 0:
+            shares[key[0]].append((start - st.backward_start_us) / span)
+    late = {rk: statistics.median(v) for rk, v in shares.items() if statistics.median(v) > FIRST_BUCKET_LATE_SHARE}
+    if not late:
+        return []
+    cfg = ddp_config(a) or {}
+    return [Finding(
+        "first-bucket-late", Severity.WARNING,
+        f"The first gradient all_reduce starts {100 * max(late.values()):.0f}% of the way through backward",
+        ranks=sorted(late),
+        evidence={"first_allreduce_at_backward_pct": {str(k): round(100 * v, 1) for k, v in sorted(late.items())},
+                  "bucket_cap_mb": cfg.get("bucket_cap_mb"), "threshold_pct": 100 * FIRST_BUCKET_LATE_SHARE},
+        advice=_cap_advice(w, "Buckets are so large that communication only starts late: "
+                           "`DDP(model, bucket_cap_mb=10)` starts the first all_reduce earlier."),
+    )]
+
+
+def _sync_name(ev: Any) -> str | None:
+    name = str(getattr(ev, "name", ""))
+    if any(name.startswith(s) for s in SYNC_NAMES):
+        return name
+    if name in SYNC_COPY_NAMES and "cpu" in str(getattr(ev, "detail", "")).lower():
+        return name + " (.cpu())"
+    return None
+
+
+def rule_sync_in_backward(a: Analysis, w: WhatIf | None) -> list[Finding]:
+    """Reads ``analysis.syncs`` (records with rank, step, name, t_us, dur_us[, detail]) when the analysis has them."""
+    syncs = getattr(a, "syncs", None) or []
+    if not syncs:
+        return []
+    windows = {(r.rank, s.step): (s.backward_start_us, s.backward_end_us) for r in a.ranks for s in r.per_step}
+    hits: dict[str, list[Any]] = defaultdict(list)
+    for ev in syncs:
+        name = _sync_name(ev)
+        win = windows.get((getattr(ev, "rank", None), getattr(ev, "step", None)))
+        if name is None or win is None or win[0] is None or win[1] is None:
+            continue
+        if win[0] <= float(getattr(ev, "t_us", -1.0)) <= win[1]:
+            hits[name].append(ev)
+    if not hits:
+        return []
+    all_hits = [e for v in hits.values() for e in v]
+    return [Finding(
+        "sync-in-backward", Severity.WARNING,
+        f"{len(all_hits)} synchronising call(s) inside backward serialise communication",
+        ranks=sorted({e.rank for e in all_hits}),
+        evidence={"calls": {n: len(v) for n, v in sorted(hits.items())},
+                  "steps": sorted({e.step for e in all_hits}),
+                  "time_ms": round(sum(float(getattr(e, "dur_us", 0.0)) for e in all_hits) / 1000, 3)},
+        advice="Remove `.item()`, `.cpu()`, `torch.cuda.synchronize()` from backward hooks and the loss path "
+        "before `backward()` completes; log scalars after `optimizer.step()` (or accumulate them on device).",
+    )]
+
+
+def rule_ddp_flags(a: Analysis, w: WhatIf | None) -> list[Finding]:
+    cfg = ddp_config(a)
+    if not cfg:
+        return []
+    out: list[Finding] = []
+    n_params = cfg.get("parameter_tensors") or len(cfg.get("parameters") or [])
+    per_step: dict[tuple[int, int], int] = defaultdict(int)
+    for g in a.grad_ready:
+        if g.step is not None:
+            per_step[(g.rank, g.step)] += 1
+    counts = sorted(set(per_step.values()))
+    if cfg.get("find_unused_parameters"):
+        if counts and n_params and min(counts) >= n_params:
+            out.append(Finding(
+                "find-unused-parameters-unneeded", Severity.WARNING,
+                "find_unused_parameters=True, but every parameter received a gradient in every step",
+                evidence={"parameter_tensors": n_params, "gradients_per_step": counts, "steps": len(per_step)},
+                advice="`DDP(model, find_unused_parameters=False)`: it skips a traversal of the autograd graph "
+                "every step and lets gradient all_reduces start during backward.",
+            ))
+        elif counts and len(counts) == 1 and not cfg.get("static_graph"):
+            out.append(Finding(
+                "static-graph-would-help", Severity.INFO,
+                f"The same {counts[0]} of {n_params} parameters get gradients every step: the graph looks static",
+                evidence={"parameter_tensors": n_params, "gradients_per_step": counts[0], "steps": len(per_step)},
+                advice="`DDP(model, static_graph=True)` (keeping find_unused_parameters) lets DDP skip the "
+                "per-step search for unused parameters after the first iteration.",
+            ))
+        elif not counts:
+            out.append(Finding(
+                "find-unused-parameters-on", Severity.INFO,
+                "find_unused_parameters=True costs a graph traversal every step",
+                evidence={"parameter_tensors": n_params, "gradients_per_step": None},
+                advice="If every parameter gets a gradient, use `DDP(model, find_unused_parameters=False)`; if the "
+                "unused set never changes, `static_graph=True`.",
+            ))
+    nbytes = int(cfg.get("parameter_bytes") or 0)
+    if cfg.get("gradient_as_bucket_view") is False and nbytes >= GRAD_VIEW_MIN_BYTES:
+        out.append(Finding(
+            "gradient-as-bucket-view-off", Severity.INFO,
+            f"Gradients are copied out of DDP's buckets every step ({nbytes / MIB:.0f} MiB)",
+            evidence={"parameter_bytes": nbytes, "threshold_bytes": GRAD_VIEW_MIN_BYTES},
+            advice="`DDP(model, gradient_as_bucket_view=True)` makes .grad views into the buckets: one copy and "
+            f"{nbytes / MIB:.0f} MiB of memory less (do not detach_() or replace .grad in your code).",
+        ))
+    return out
+
+
+def rule_stragglers(a: Analysis, w: WhatIf | None) -> list[Finding]:
+    s = a.stragglers
+    if s is None or not s.ranks or s.arrival_skew_median_us is None:
+        return []
+    step = _median([v for r in a.ranks if (v := _step_us(r))])
+    if not step:
+        return []
+    pct = 100.0 * s.arrival_skew_median_us / step
+    if pct <= STRAGGLER_SKEW_WARN_PCT:
+        return []
+    steps = max((r.steps for r in a.ranks), default=0) or 1
+    return [Finding(
+        "straggler-rank", Severity.ERROR if pct > STRAGGLER_SKEW_ERROR_PCT else Severity.WARNING,
+        f"Rank(s) {s.ranks} arrive last at collectives; the others wait {pct:.0f}% of a step",
+        ranks=list(s.ranks),
+        evidence={"arrival_skew_median_ms": _ms(s.arrival_skew_median_us), "skew_pct_of_step": round(pct, 1),
+                  "others_waited_ms": {str(k): _ms(v) for k, v in s.caused_wait_us.items() if k in s.ranks},
+                  "others_waited_ms_per_step": {str(k): _ms(v / steps) for k, v in s.caused_wait_us.items()
+                                                if k in s.ranks},
+                  "last_arrival_count": {str(k): v for k, v in s.last_arrival_count.items()},
+                  "step_time_ms_by_rank": {str(k): _ms(v) for k, v in s.step_time_us_by_rank.items()}},
+        advice="Find what the slow rank does differently: its host (`ddpdoctor topo`), its data shard (uneven "
+        "batches, slow storage), CPU contention (pin threads, set OMP_NUM_THREADS), thermal throttling.",
+    )]
+
+
+def rule_step_variance(a: Analysis, w: WhatIf | None) -> list[Finding]:
+    out: list[Finding] = []
+    noisy: dict[int, dict[str, Any]] = {}
+    for r in a.ranks:
+        durs = [s.dur_us for s in r.per_step]
+        if len(durs) < STEP_CV_MIN_STEPS or statistics.fmean(durs) <= 0:
+            continue
+        cv = statistics.pstdev(durs) / statistics.fmean(durs)
+        if cv > STEP_CV_WARN:
+            slow = max(r.per_step, key=lambda s: s.dur_us)
+            noisy[r.rank] = {"cv": round(cv, 3), "slowest_step": slow.step, "slowest_ms": _ms(slow.dur_us),
+                             "median_ms": _ms(statistics.median(durs))}
+    if noisy:
+        out.append(Finding(
+            "step-time-variance", Severity.WARNING,
+            f"Step times vary by more than {100 * STEP_CV_WARN:.0f}% between steps",
+            ranks=sorted(noisy), evidence={"by_rank": {str(k): v for k, v in sorted(noisy.items())},
+                                           "threshold_cv": STEP_CV_WARN},
+            advice="Look at the slowest step in the timeline: periodic work (checkpointing, logging, "
+            "`gc.collect`, evaluation) or a data stall; move it off the training path or make it asynchronous.",
+        ))
+    meds = {r.rank: v for r in a.ranks if (v := _step_us(r))}
+    if len(meds) >= 2:
+        mid = statistics.median(meds.values())
+        spread = max(meds.values()) - min(meds.values())
+        if mid > 0 and 100.0 * spread / mid > RANK_STEP_SKEW_WARN_PCT:
+            slow = max(meds, key=lambda k: meds[k])
+            out.append(Finding(
+                "step-time-rank-skew", Severity.WARNING,
+                f"Median step time differs by {100 * spread / mid:.0f}% across ranks (slowest: rank {slow})",
+                ranks=[slow], evidence={"step_time_ms_by_rank": {str(k): _ms(v) for k, v in sorted(meds.items())},
+                                        "spread_ms": _ms(spread), "threshold_pct": RANK_STEP_SKEW_WARN_PCT},
+                advice="Ranks of a DDP job should step together; compare the slow rank's host, data and "
+                "profiler window (all ranks must record the same steps).",
+            ))
+    return out
+
+
+def rule_data_wait(a: Analysis, w: WhatIf | None) -> list[Finding]:
+    hot: dict[int, float] = {}
+    per_step_ms: dict[str, float | None] = {}
+    for r in a.ranks:
+        total = sum(s.dur_us for s in r.per_step)
+        if total <= 0:
+            continue
+        pct = 100.0 * r.data_wait_us / total
+        if pct > DATA_WAIT_WARN_PCT:
+            hot[r.rank] = pct
+            per_step_ms[str(r.rank)] = _ms(r.data_wait_us / max(1, len(r.per_step)))
+    if not hot:
+        return []
+    worst = max(hot.values())
+    return [Finding(
+        "data-loading-wait", Severity.ERROR if worst > DATA_WAIT_ERROR_PCT else Severity.WARNING,
+        f"Steps wait for the next batch {worst:.0f}% of the time",
+        ranks=sorted(hot),
+        evidence={"data_wait_pct": {str(k): round(v, 1) for k, v in sorted(hot.items())},
+                  "data_wait_ms_per_step": per_step_ms,
+                  "threshold_pct": {"warning": DATA_WAIT_WARN_PCT, "error": DATA_WAIT_ERROR_PCT}},
+        advice="`DataLoader(..., num_workers=4, pin_memory=True, persistent_workers=True, prefetch_factor=4)`; "
+        "move decoding/augmentation off the main process.",
+    )]
+
+
+def rule_whatif(a: Analysis, w: WhatIf | None) -> list[Finding]:
+    if w is None or not w.available or w.saving_pct_of_step is None or w.best_bucket_cap_mb is None:
+        return []
+    if w.saving_pct_of_step < WHATIF_INFO_PCT:
+        return []
+    sev = Severity.WARNING if w.saving_pct_of_step >= WHATIF_WARN_PCT else Severity.INFO
+    return [Finding(
+        "bucket-cap-whatif", sev,
+        f"bucket_cap_mb={w.best_bucket_cap_mb:g} is predicted to save {_ms(w.saving_us_per_step)} ms per step",
+        ranks=sorted({r.rank for r in a.ranks}),
+        evidence={"current_bucket_cap_mb": w.current_bucket_cap_mb,
+                  "predicted_exposed_ms": {f"{p.bucket_cap_mb:g}": _ms(p.exposed_comm_us) for p in w.predictions},
+                  "current_predicted_exposed_ms": _ms(w.current_predicted_exposed_us),
+                  "current_measured_exposed_ms": _ms(w.measured_exposed_us),
+                  "saving_pct_of_step": round(w.saving_pct_of_step, 1),
+                  "latency_us": w.latency_us, "bytes_per_us": w.bytes_per_us, "grad_source": w.grad_source},
+        advice=f"`DDP(model, bucket_cap_mb={w.best_bucket_cap_mb:g})`, then profile again to confirm.",
+    )]
+
+
+RULES: tuple[Callable[[Analysis, WhatIf | None], list[Finding]], ...] = (
+    rule_no_communication, rule_exposed_comm, rule_comm_tail, rule_small_buckets, rule_first_bucket_late,
+    rule_sync_in_backward, rule_ddp_flags, rule_stragglers, rule_step_variance, rule_data_wait, rule_whatif,
+)
+
+
+def perf_findings(analysis: Analysis, whatif: WhatIf | None = None) -> list[Finding]:
+    """Every performance rule over ``analysis``. The bucket what-if is computed unless given."""
+    w = whatif if whatif is not None else bucket_whatif(analysis)
+    out: list[Finding] = []
+    for rule in RULES:
+        out.extend(rule(analysis, w))
+    return out
