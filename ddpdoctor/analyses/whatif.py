@@ -69,13 +69,14 @@ class WhatIf:
     reason: str | None = None
     latency_us: float | None = None
     bytes_per_us: float | None = None
-    bandwidth_source: str | None = None  # "fit" | "buckets"
+    bandwidth_source: str | None = None  # "matched" | "fit" | "buckets"
     grad_source: str | None = None  # "trace" | "interpolated"
     samples: int = 0  # (rank, step) pairs simulated
     step_time_us: float | None = None  # median measured step time
     current_bucket_cap_mb: float | None = None
     current_predicted_exposed_us: float | None = None
     measured_exposed_us: float | None = None  # median measured exposed communication per step
+    fit_error_pct_of_step: float | None = None  # |current predicted - measured| as % of the median step
     predictions: list[CapPrediction] = field(default_factory=list)
     best_bucket_cap_mb: float | None = None
     best_predicted_exposed_us: float | None = None
@@ -155,15 +156,42 @@ def ddp_config(analysis: Analysis) -> dict[str, Any] | None:
     return None
 
 
+def fit_transfer(points: Sequence[tuple[int, float]]) -> tuple[float, float] | None:
+    """(latency_us, bytes_per_us) by least squares of dur = latency + bytes / bytes_per_us; through the origin
+    (latency 0) when the sizes do not vary or the fitted line is not physical (negative latency or slope)."""
+    pts = [(float(b), float(t)) for b, t in points if b > 0 and t > 0]
+    if not pts:
+        return None
+    n = len(pts)
+    mb = sum(b for b, _ in pts) / n
+    mt = sum(t for _, t in pts) / n
+    sxx = sum((b - mb) ** 2 for b, _ in pts)
+    if n >= 2 and sxx > 0:
+        slope = sum((b - mb) * (t - mt) for b, t in pts) / sxx
+        latency = mt - slope * mb
+        if slope > 0 and latency >= 0:
+            return latency, 1.0 / slope
+    return 0.0, sum(b for b, _ in pts) / sum(t for _, t in pts)
+
+
 def _bandwidth(analysis: Analysis) -> tuple[float, float, str] | None:
-    """(latency_us, bytes_per_us, source): the run's fit, else the aggregate rate of its buckets with no latency."""
+    """(latency_us, bytes_per_us, source). First choice: the all_reduces matched across ranks, timed from the last
+    rank's arrival to the end (median over ranks), so waiting for a straggler is not mistaken for transfer time
+    (the bucket layout does not change who arrives late). Then the analysis's own fit over call durations, then
+    the aggregate rate of the buckets."""
+    matched = [m for m in analysis.matched if m.bytes and len(m.starts_us) >= 2 and m.ends_us]
+    reduces = [m for m in matched if m.op == "all_reduce"] or matched
+    points = [(int(m.bytes or 0), statistics.median(m.ends_us.values()) - max(m.starts_us.values()))
+              for m in reduces]
+    fitted = fit_transfer(points)
+    if fitted is not None:
+        return fitted[0], fitted[1], "matched"
     fit = analysis.bandwidth
     if fit.bytes_per_us is not None and fit.bytes_per_us > 0:
         return max(0.0, fit.latency_us or 0.0), fit.bytes_per_us, "fit"
-    sized = [b for b in analysis.buckets if b.bytes and b.dur_us > 0]
-    total_us = sum(b.dur_us for b in sized)
-    if sized and total_us > 0:
-        return 0.0, sum(b.bytes or 0 for b in sized) / total_us, "buckets"
+    fitted = fit_transfer([(b.bytes or 0, b.dur_us) for b in analysis.buckets])
+    if fitted is not None:
+        return fitted[0], fitted[1], "buckets"
     return None
 
 
@@ -294,8 +322,10 @@ def bucket_whatif(analysis: Analysis, caps_mb: Sequence[float] = CANDIDATE_CAPS_
         best = max(tied, key=lambda p: p.bucket_cap_mb)
         best_cap, best_exposed = best.bucket_cap_mb, best.exposed_comm_us
     saving = max(0.0, current - best_exposed)
+    measured_us = statistics.median(measured) if measured else None
+    fit_error = (100.0 * abs(current - measured_us) / step_time) if (step_time and measured_us is not None) else None
     return WhatIf(
         True, None, latency, rate, bw_source, grad_source, len(steps), step_time, cur_cap, current,
-        statistics.median(measured) if measured else None, predictions, best_cap, best_exposed, saving,
+        measured_us, fit_error, predictions, best_cap, best_exposed, saving,
         100.0 * saving / step_time if step_time else None,
     )

@@ -245,7 +245,14 @@ def rule_sync_in_backward(a: Analysis, w: WhatIf | None) -> list[Finding]:
         return []
     windows = {(r.rank, s.step): (s.backward_start_us, s.backward_end_us) for r in a.ranks for s in r.per_step}
     hits: dict[str, list[Any]] = defaultdict(list)
+    # .item() records aten::item with aten::_local_scalar_dense inside it: count the outer call only.
+    items = [(getattr(e, "rank", None), float(getattr(e, "t_us", 0.0)), float(getattr(e, "dur_us", 0.0)))
+             for e in syncs if str(getattr(e, "name", "")) == "aten::item"]
     for ev in syncs:
+        if str(getattr(ev, "name", "")) == "aten::_local_scalar_dense" and any(
+                rk == getattr(ev, "rank", None) and t <= float(getattr(ev, "t_us", -1.0)) <= t + d
+                for rk, t, d in items):
+            continue
         name = _sync_name(ev)
         win = windows.get((getattr(ev, "rank", None), getattr(ev, "step", None)))
         if name is None or win is None or win[0] is None or win[1] is None:
@@ -410,7 +417,9 @@ def rule_whatif(a: Analysis, w: WhatIf | None) -> list[Finding]:
         return []
     if w.saving_pct_of_step < WHATIF_INFO_PCT:
         return []
-    sev = Severity.WARNING if w.saving_pct_of_step >= WHATIF_WARN_PCT else Severity.INFO
+    # A warning needs a model that reproduces this run better than the saving it promises.
+    trusted = w.fit_error_pct_of_step is not None and w.fit_error_pct_of_step <= w.saving_pct_of_step
+    sev = Severity.WARNING if w.saving_pct_of_step >= WHATIF_WARN_PCT and trusted else Severity.INFO
     return [Finding(
         "bucket-cap-whatif", sev,
         f"bucket_cap_mb={w.best_bucket_cap_mb:g} is predicted to save {_ms(w.saving_us_per_step)} ms per step",
@@ -420,7 +429,9 @@ def rule_whatif(a: Analysis, w: WhatIf | None) -> list[Finding]:
                   "current_predicted_exposed_ms": _ms(w.current_predicted_exposed_us),
                   "current_measured_exposed_ms": _ms(w.measured_exposed_us),
                   "saving_pct_of_step": round(w.saving_pct_of_step, 1),
-                  "latency_us": w.latency_us, "bytes_per_us": w.bytes_per_us, "grad_source": w.grad_source},
+                  "fit_error_pct_of_step": None if w.fit_error_pct_of_step is None else round(w.fit_error_pct_of_step, 1),
+                  "latency_us": w.latency_us, "bytes_per_us": w.bytes_per_us,
+                  "bandwidth_source": w.bandwidth_source, "grad_source": w.grad_source},
         advice=f"`DDP(model, bucket_cap_mb={w.best_bucket_cap_mb:g})`, then profile again to confirm.",
     )]
 

@@ -118,3 +118,37 @@ def test_not_available_without_communication():
     w = bucket_whatif(analysis([r]))
     assert not w.available and "no communication" in (w.reason or "")
     assert w.to_json()["available"] is False
+
+
+def test_fit_transfer_by_hand():
+    from ddpdoctor.analyses.whatif import fit_transfer
+
+    # dur = 10 + bytes / 2: exact line through (100, 60), (300, 160).
+    assert fit_transfer([(100, 60.0), (300, 160.0)]) == pytest.approx((10.0, 2.0))
+    # One size only: through the origin, 400 bytes in 200 us.
+    assert fit_transfer([(200, 100.0), (200, 100.0)]) == pytest.approx((0.0, 2.0))
+    # A negative intercept is not physical: through the origin (400 bytes / 170 us).
+    assert fit_transfer([(100, 10.0), (300, 160.0)]) == pytest.approx((0.0, 400 / 170))
+    assert fit_transfer([]) is None
+
+
+def test_transfer_time_excludes_waiting_for_the_last_rank():
+    from ddpdoctor.analyses.model import MatchedCollective
+
+    def m(nbytes, starts, ends):
+        return MatchedCollective("k", "all_reduce", None, None, nbytes, starts, ends,
+                                 max(starts.values()) - min(starts.values()), max(starts, key=starts.get))
+
+    # Rank 1 arrives 500 us late each time; the transfer itself (last arrival -> end) is 10 + 100/MiB.
+    matched = [m(MIB, {0: 0.0, 1: 500.0}, {0: 610.0, 1: 610.0}),
+               m(3 * MIB, {0: 1000.0, 1: 1500.0}, {0: 1810.0, 1: 1810.0})]
+    w = bucket_whatif(_four_mib_run(matched=matched, bandwidth=fit(999, 1.0)))
+    assert w.bandwidth_source == "matched"
+    assert w.latency_us == pytest.approx(10) and w.bytes_per_us == pytest.approx(MIB / 100)
+    assert {p.bucket_cap_mb: p.exposed_comm_us for p in w.predictions}[1] == pytest.approx(140)
+
+
+def test_fit_error_is_reported():
+    w = bucket_whatif(_four_mib_run())
+    # predicted 410 for the run's own layout, measured 400, step 1000 -> 1% of a step.
+    assert w.fit_error_pct_of_step == pytest.approx(1.0)

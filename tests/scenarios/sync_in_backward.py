@@ -1,0 +1,38 @@
+"""Scenario: a DDP MLP whose gradient hooks call .item() (a host sync inside backward), for the sync-in-backward rule.
+
+    ddpdoctor profile --nproc-per-node 2 tests/scenarios/sync_in_backward.py
+"""
+
+import argparse
+
+import torch
+import torch.distributed as dist
+import torch.nn as nn
+from torch.nn.parallel import DistributedDataParallel as DDP
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--steps", type=int, default=7)
+    parser.add_argument("--width", type=int, default=512)
+    args = parser.parse_args()
+    dist.init_process_group("gloo")
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(64, args.width), nn.ReLU(), nn.Linear(args.width, args.width), nn.ReLU(),
+                          nn.Linear(args.width, 10))
+    norms: list[float] = []
+    for p in model.parameters():
+        # The anti-pattern: reading a gradient statistic on the host while backward is still running.
+        p.register_hook(lambda g: norms.append(g.norm().item()) or g)
+    ddp = DDP(model, bucket_cap_mb=1)
+    opt = torch.optim.SGD(ddp.parameters(), lr=0.01)
+    for _ in range(args.steps):
+        x, y = torch.randn(32, 64), torch.randint(0, 10, (32,))
+        opt.zero_grad(set_to_none=True)
+        nn.functional.cross_entropy(ddp(x), y).backward()
+        opt.step()
+    dist.destroy_process_group()
+
+
+if __name__ == "__main__":
+    main()
