@@ -7,9 +7,18 @@ from collections import defaultdict
 from collections.abc import Callable
 from typing import Any
 
-from ddpdoctor.analyses.model import Analysis, RankMetrics
+from ddpdoctor.analyses.model import Analysis
 from ddpdoctor.analyses.whatif import MIB, WhatIf, bucket_whatif, ddp_config
 from ddpdoctor.findings.model import Finding, Severity
+from ddpdoctor.findings.perf_balance import (
+    median_or_none,
+    median_step_us,
+    ms,
+    rule_data_wait,
+    rule_ddp_flags,
+    rule_step_variance,
+    rule_stragglers,
+)
 
 # Exposed communication (|comm \ compute|) as a share of step time. Under 20% the step is dominated by compute and
 # tuning DDP buys little; above 40% the job spends nearly half its time waiting on the network, i.e. scaling out
@@ -37,43 +46,15 @@ FIRST_BUCKET_LATE_SHARE = 0.5
 # queued work, communication included, is done; any such call inside the backward window is worth naming.
 SYNC_NAMES = ("cudaDeviceSynchronize", "cudaStreamSynchronize", "aten::item", "aten::_local_scalar_dense")
 SYNC_COPY_NAMES = ("aten::_to_copy", "aten::copy_", "aten::to")  # .cpu() copies: named only with "cpu" evidence
-# gradient_as_bucket_view saves one gradient-sized copy per step and that much memory; below 25 MiB (one default
-# bucket) the saving is under a millisecond on any GPU and not worth a finding.
-GRAD_VIEW_MIN_BYTES = 25 * MIB
-# A straggler: the median arrival skew of matched collectives (latest start - earliest start) above 5% of a step:
-# every rank waits that long for the last one at every collective.
-STRAGGLER_SKEW_WARN_PCT = 5.0
-STRAGGLER_SKEW_ERROR_PCT = 25.0
-# Step time variation within a rank: coefficient of variation (stdev / mean) above 0.15 over at least 3 steps,
-# i.e. steps commonly differ by more than 15%: a periodic stall (checkpoint, GC, logging, data) is likely.
-STEP_CV_WARN = 0.15
-STEP_CV_MIN_STEPS = 3
-# Across ranks: median step times differing by more than 10% of the median step.
-RANK_STEP_SKEW_WARN_PCT = 10.0
-# Waiting for the next batch at the start of steps: 10% of step time is a GPU idle a tenth of the time.
-DATA_WAIT_WARN_PCT = 10.0
-DATA_WAIT_ERROR_PCT = 30.0
 # The bucket what-if is reported when its predicted saving reaches 2% of a step (info) or 10% (warning).
 WHATIF_INFO_PCT = 2.0
 WHATIF_WARN_PCT = 10.0
 
 
-def _ms(us: float | None) -> float | None:
-    return None if us is None else round(us / 1000.0, 3)
-
-
-def _median(values: list[float]) -> float | None:
-    return statistics.median(values) if values else None
-
-
-def _step_us(r: RankMetrics) -> float | None:
-    return r.step_time_us.get("median") if r.step_time_us else None
-
-
 def _cap_advice(whatif: WhatIf | None, fallback: str) -> str:
     if whatif and whatif.available and whatif.best_bucket_cap_mb is not None and (whatif.saving_us_per_step or 0) > 0:
         return (f"`DDP(model, bucket_cap_mb={whatif.best_bucket_cap_mb:g})` (the bucket what-if predicts "
-                f"{_ms(whatif.saving_us_per_step)} ms less exposed communication per step).")
+                f"{ms(whatif.saving_us_per_step)} ms less exposed communication per step).")
     return fallback
 
 
@@ -81,9 +62,17 @@ def _cap_advice(whatif: WhatIf | None, fallback: str) -> str:
 
 def rule_no_communication(a: Analysis, w: WhatIf | None) -> list[Finding]:
     silent = [r.rank for r in a.ranks if r.comm_us <= 0]
+    worlds = {r.world_size for r in a.ranks if r.world_size}
+    if a.ranks and not silent and worlds == {1}:
+        return [Finding(
+            "single-rank-ddp", Severity.INFO, "World size 1: the recorded collectives synchronise nothing",
+            ranks=[r.rank for r in a.ranks],
+            evidence={"world_size": 1, "collective_ms": {str(r.rank): ms(r.comm_us) for r in a.ranks}},
+            advice="Overlap and bucket advice only mean something with 2 or more ranks: profile with "
+            "`--nproc-per-node 2` (or more) to see the communication DDP will do.",
+        )]
     if not a.ranks or not silent:
         return []
-    worlds = {r.world_size for r in a.ranks if r.world_size}
     if len(silent) == len(a.ranks):
         single = worlds == {1} or (not worlds and len(a.ranks) == 1)
         return [Finding(
@@ -114,7 +103,7 @@ def rule_exposed_comm(a: Analysis, w: WhatIf | None) -> list[Finding]:
         ranks=[r.rank for r in hot],
         evidence={
             "exposed_comm_pct": {str(r.rank): round(r.exposed_comm_pct or 0.0, 1) for r in hot},
-            "exposed_comm_ms": {str(r.rank): _ms(r.exposed_comm_us) for r in hot},
+            "exposed_comm_ms": {str(r.rank): ms(r.exposed_comm_us) for r in hot},
             "overlap_pct": {str(r.rank): None if r.overlap_pct is None else round(r.overlap_pct, 1) for r in hot},
             "steps": {str(r.rank): r.steps for r in hot},
             "threshold_pct": {"warning": EXPOSED_WARN_PCT, "error": EXPOSED_ERROR_PCT},
@@ -141,17 +130,17 @@ def rule_comm_tail(a: Analysis, w: WhatIf | None) -> list[Finding]:
                 last_bytes[b.rank].append(b.bytes)
     ranks, evidence_ms, shares = [], {}, {}
     for r in a.ranks:
-        tail, step = _median(tails.get(r.rank, [])), _step_us(r)
+        tail, step = median_or_none(tails.get(r.rank, [])), median_step_us(r)
         if tail is None or not step:
             continue
         share = 100.0 * tail / step
         if share > TAIL_WARN_PCT:
             ranks.append(r.rank)
-            evidence_ms[str(r.rank)] = _ms(tail)
+            evidence_ms[str(r.rank)] = ms(tail)
             shares[str(r.rank)] = round(share, 1)
     if not ranks:
         return []
-    lb = _median([float(x) for rk in ranks for x in last_bytes.get(rk, [])])
+    lb = median_or_none([float(x) for rk in ranks for x in last_bytes.get(rk, [])])
     return [Finding(
         "comm-tail-after-backward", Severity.WARNING,
         f"The last bucket's all_reduce runs {max(evidence_ms.values())} ms after backward has ended",
@@ -180,7 +169,7 @@ def rule_small_buckets(a: Analysis, w: WhatIf | None) -> list[Finding]:
     n_small, n_all = statistics.median(small_counts), statistics.median(totals)
     if n_small < SMALL_BUCKET_MIN_COUNT or n_small < SMALL_BUCKET_MIN_SHARE * n_all:
         return []
-    comm = _median([sum(b.dur_us for b in a.buckets if (b.rank, b.step) == k) for k in by_step])
+    comm = median_or_none([sum(b.dur_us for b in a.buckets if (b.rank, b.step) == k) for k in by_step])
     lat = a.bandwidth.latency_us
     share = (n_all * lat / comm) if (lat and comm) else None
     sev = Severity.WARNING if share is not None and share >= LATENCY_SHARE_WARN else Severity.INFO
@@ -190,7 +179,7 @@ def rule_small_buckets(a: Analysis, w: WhatIf | None) -> list[Finding]:
         f"{n_small:g} of {n_all:g} gradient buckets per step are under 1 MiB: latency-bound all_reduces",
         ranks=ranks,
         evidence={"small_buckets_per_step": n_small, "buckets_per_step": n_all,
-                  "small_bucket_median_kib": round((_median([float(s) for s in sizes]) or 0) / 1024, 1),
+                  "small_bucket_median_kib": round((median_or_none([float(s) for s in sizes]) or 0) / 1024, 1),
                   "fitted_latency_us": lat, "latency_share_of_comm": None if share is None else round(share, 3)},
         advice=_cap_advice(w, "Raise the bucket size so each all_reduce moves enough bytes: "
                            "`DDP(model, bucket_cap_mb=25)` (the default) or more."),
@@ -274,144 +263,6 @@ def rule_sync_in_backward(a: Analysis, w: WhatIf | None) -> list[Finding]:
     )]
 
 
-def rule_ddp_flags(a: Analysis, w: WhatIf | None) -> list[Finding]:
-    cfg = ddp_config(a)
-    if not cfg:
-        return []
-    out: list[Finding] = []
-    n_params = cfg.get("parameter_tensors") or len(cfg.get("parameters") or [])
-    per_step: dict[tuple[int, int], int] = defaultdict(int)
-    for g in a.grad_ready:
-        if g.step is not None:
-            per_step[(g.rank, g.step)] += 1
-    counts = sorted(set(per_step.values()))
-    if cfg.get("find_unused_parameters"):
-        if counts and n_params and min(counts) >= n_params:
-            out.append(Finding(
-                "find-unused-parameters-unneeded", Severity.WARNING,
-                "find_unused_parameters=True, but every parameter received a gradient in every step",
-                evidence={"parameter_tensors": n_params, "gradients_per_step": counts, "steps": len(per_step)},
-                advice="`DDP(model, find_unused_parameters=False)`: it skips a traversal of the autograd graph "
-                "every step and lets gradient all_reduces start during backward.",
-            ))
-        elif counts and len(counts) == 1 and not cfg.get("static_graph"):
-            out.append(Finding(
-                "static-graph-would-help", Severity.INFO,
-                f"The same {counts[0]} of {n_params} parameters get gradients every step: the graph looks static",
-                evidence={"parameter_tensors": n_params, "gradients_per_step": counts[0], "steps": len(per_step)},
-                advice="`DDP(model, static_graph=True)` (keeping find_unused_parameters) lets DDP skip the "
-                "per-step search for unused parameters after the first iteration.",
-            ))
-        elif not counts:
-            out.append(Finding(
-                "find-unused-parameters-on", Severity.INFO,
-                "find_unused_parameters=True costs a graph traversal every step",
-                evidence={"parameter_tensors": n_params, "gradients_per_step": None},
-                advice="If every parameter gets a gradient, use `DDP(model, find_unused_parameters=False)`; if the "
-                "unused set never changes, `static_graph=True`.",
-            ))
-    nbytes = int(cfg.get("parameter_bytes") or 0)
-    if cfg.get("gradient_as_bucket_view") is False and nbytes >= GRAD_VIEW_MIN_BYTES:
-        out.append(Finding(
-            "gradient-as-bucket-view-off", Severity.INFO,
-            f"Gradients are copied out of DDP's buckets every step ({nbytes / MIB:.0f} MiB)",
-            evidence={"parameter_bytes": nbytes, "threshold_bytes": GRAD_VIEW_MIN_BYTES},
-            advice="`DDP(model, gradient_as_bucket_view=True)` makes .grad views into the buckets: one copy and "
-            f"{nbytes / MIB:.0f} MiB of memory less (do not detach_() or replace .grad in your code).",
-        ))
-    return out
-
-
-def rule_stragglers(a: Analysis, w: WhatIf | None) -> list[Finding]:
-    s = a.stragglers
-    if s is None or not s.ranks or s.arrival_skew_median_us is None:
-        return []
-    step = _median([v for r in a.ranks if (v := _step_us(r))])
-    if not step:
-        return []
-    pct = 100.0 * s.arrival_skew_median_us / step
-    if pct <= STRAGGLER_SKEW_WARN_PCT:
-        return []
-    steps = max((r.steps for r in a.ranks), default=0) or 1
-    return [Finding(
-        "straggler-rank", Severity.ERROR if pct > STRAGGLER_SKEW_ERROR_PCT else Severity.WARNING,
-        f"Rank(s) {s.ranks} arrive last at collectives; the others wait {pct:.0f}% of a step",
-        ranks=list(s.ranks),
-        evidence={"arrival_skew_median_ms": _ms(s.arrival_skew_median_us), "skew_pct_of_step": round(pct, 1),
-                  "others_waited_ms": {str(k): _ms(v) for k, v in s.caused_wait_us.items() if k in s.ranks},
-                  "others_waited_ms_per_step": {str(k): _ms(v / steps) for k, v in s.caused_wait_us.items()
-                                                if k in s.ranks},
-                  "last_arrival_count": {str(k): v for k, v in s.last_arrival_count.items()},
-                  "step_time_ms_by_rank": {str(k): _ms(v) for k, v in s.step_time_us_by_rank.items()}},
-        advice="Find what the slow rank does differently: its host (`ddpdoctor topo`), its data shard (uneven "
-        "batches, slow storage), CPU contention (pin threads, set OMP_NUM_THREADS), thermal throttling.",
-    )]
-
-
-def rule_step_variance(a: Analysis, w: WhatIf | None) -> list[Finding]:
-    out: list[Finding] = []
-    noisy: dict[int, dict[str, Any]] = {}
-    for r in a.ranks:
-        durs = [s.dur_us for s in r.per_step]
-        if len(durs) < STEP_CV_MIN_STEPS or statistics.fmean(durs) <= 0:
-            continue
-        cv = statistics.pstdev(durs) / statistics.fmean(durs)
-        if cv > STEP_CV_WARN:
-            slow = max(r.per_step, key=lambda s: s.dur_us)
-            noisy[r.rank] = {"cv": round(cv, 3), "slowest_step": slow.step, "slowest_ms": _ms(slow.dur_us),
-                             "median_ms": _ms(statistics.median(durs))}
-    if noisy:
-        out.append(Finding(
-            "step-time-variance", Severity.WARNING,
-            f"Step times vary by more than {100 * STEP_CV_WARN:.0f}% between steps",
-            ranks=sorted(noisy), evidence={"by_rank": {str(k): v for k, v in sorted(noisy.items())},
-                                           "threshold_cv": STEP_CV_WARN},
-            advice="Look at the slowest step in the timeline: periodic work (checkpointing, logging, "
-            "`gc.collect`, evaluation) or a data stall; move it off the training path or make it asynchronous.",
-        ))
-    meds = {r.rank: v for r in a.ranks if (v := _step_us(r))}
-    if len(meds) >= 2:
-        mid = statistics.median(meds.values())
-        spread = max(meds.values()) - min(meds.values())
-        if mid > 0 and 100.0 * spread / mid > RANK_STEP_SKEW_WARN_PCT:
-            slow = max(meds, key=lambda k: meds[k])
-            out.append(Finding(
-                "step-time-rank-skew", Severity.WARNING,
-                f"Median step time differs by {100 * spread / mid:.0f}% across ranks (slowest: rank {slow})",
-                ranks=[slow], evidence={"step_time_ms_by_rank": {str(k): _ms(v) for k, v in sorted(meds.items())},
-                                        "spread_ms": _ms(spread), "threshold_pct": RANK_STEP_SKEW_WARN_PCT},
-                advice="Ranks of a DDP job should step together; compare the slow rank's host, data and "
-                "profiler window (all ranks must record the same steps).",
-            ))
-    return out
-
-
-def rule_data_wait(a: Analysis, w: WhatIf | None) -> list[Finding]:
-    hot: dict[int, float] = {}
-    per_step_ms: dict[str, float | None] = {}
-    for r in a.ranks:
-        total = sum(s.dur_us for s in r.per_step)
-        if total <= 0:
-            continue
-        pct = 100.0 * r.data_wait_us / total
-        if pct > DATA_WAIT_WARN_PCT:
-            hot[r.rank] = pct
-            per_step_ms[str(r.rank)] = _ms(r.data_wait_us / max(1, len(r.per_step)))
-    if not hot:
-        return []
-    worst = max(hot.values())
-    return [Finding(
-        "data-loading-wait", Severity.ERROR if worst > DATA_WAIT_ERROR_PCT else Severity.WARNING,
-        f"Steps wait for the next batch {worst:.0f}% of the time",
-        ranks=sorted(hot),
-        evidence={"data_wait_pct": {str(k): round(v, 1) for k, v in sorted(hot.items())},
-                  "data_wait_ms_per_step": per_step_ms,
-                  "threshold_pct": {"warning": DATA_WAIT_WARN_PCT, "error": DATA_WAIT_ERROR_PCT}},
-        advice="`DataLoader(..., num_workers=4, pin_memory=True, persistent_workers=True, prefetch_factor=4)`; "
-        "move decoding/augmentation off the main process.",
-    )]
-
-
 def rule_whatif(a: Analysis, w: WhatIf | None) -> list[Finding]:
     if w is None or not w.available or w.saving_pct_of_step is None or w.best_bucket_cap_mb is None:
         return []
@@ -422,12 +273,12 @@ def rule_whatif(a: Analysis, w: WhatIf | None) -> list[Finding]:
     sev = Severity.WARNING if w.saving_pct_of_step >= WHATIF_WARN_PCT and trusted else Severity.INFO
     return [Finding(
         "bucket-cap-whatif", sev,
-        f"bucket_cap_mb={w.best_bucket_cap_mb:g} is predicted to save {_ms(w.saving_us_per_step)} ms per step",
+        f"bucket_cap_mb={w.best_bucket_cap_mb:g} is predicted to save {ms(w.saving_us_per_step)} ms per step",
         ranks=sorted({r.rank for r in a.ranks}),
         evidence={"current_bucket_cap_mb": w.current_bucket_cap_mb,
-                  "predicted_exposed_ms": {f"{p.bucket_cap_mb:g}": _ms(p.exposed_comm_us) for p in w.predictions},
-                  "current_predicted_exposed_ms": _ms(w.current_predicted_exposed_us),
-                  "current_measured_exposed_ms": _ms(w.measured_exposed_us),
+                  "predicted_exposed_ms": {f"{p.bucket_cap_mb:g}": ms(p.exposed_comm_us) for p in w.predictions},
+                  "current_predicted_exposed_ms": ms(w.current_predicted_exposed_us),
+                  "current_measured_exposed_ms": ms(w.measured_exposed_us),
                   "saving_pct_of_step": round(w.saving_pct_of_step, 1),
                   "fit_error_pct_of_step": None if w.fit_error_pct_of_step is None else round(w.fit_error_pct_of_step, 1),
                   "latency_us": w.latency_us, "bytes_per_us": w.bytes_per_us,
@@ -449,3 +300,9 @@ def perf_findings(analysis: Analysis, whatif: WhatIf | None = None) -> list[Find
     for rule in RULES:
         out.extend(rule(analysis, w))
     return out
+
+
+def perf_report_parts(analysis: Analysis) -> tuple[dict[str, Any], list[Finding]]:
+    """The ``whatif`` JSON section and the findings, computing the what-if once (for the analyze pipeline)."""
+    w = bucket_whatif(analysis)
+    return {"whatif": w.to_json()}, perf_findings(analysis, w)

@@ -183,8 +183,11 @@ def test_every_threshold_is_a_documented_constant():
     from pathlib import Path
 
     doc = (Path(__file__).resolve().parents[2] / "docs" / "findings" / "perf.md").read_text()
-    names = [n for n in dir(perf) if n.isupper() and not n.startswith("_") and n not in {"RULES", "MIB"}]
-    assert names and all(n in doc for n in names), [n for n in names if n not in doc]
+    from ddpdoctor.findings import perf_balance
+
+    names = [n for m in (perf, perf_balance) for n in vars(m) if n.isupper() and not n.startswith("_")
+             and n not in {"RULES", "MIB"}]
+    assert len(names) > 15 and all(n in doc for n in names), [n for n in names if n not in doc]
     for rule in perf.RULES:
         assert rule.__name__
 
@@ -205,3 +208,20 @@ def test_item_is_counted_once():
         SimpleNamespace(rank=0, step=1, name="aten::_local_scalar_dense", t_us=1303, dur_us=30.0),
     ]
     assert ids(perf_findings(a))["sync-in-backward"].evidence["calls"] == {"aten::item": 1}
+
+
+def test_report_parts_carry_the_whatif_section():
+    from ddpdoctor.findings.perf import perf_report_parts
+
+    a = one_rank(400, steps=1, ddp=_ddp(find_unused_parameters=False, buckets=[{"bytes": 4 * MIB}]),
+                 grad_ready=grads(0, 0, [(200, MIB), (300, MIB), (400, MIB), (500, MIB)]), bandwidth=fit(10, MIB / 100))
+    sections, findings = perf_report_parts(a)
+    assert sections["whatif"]["best_bucket_cap_mb"] == 1
+    assert [p["bucket_cap_mb"] for p in sections["whatif"]["predictions"]] == [1, 5, 10, 25, 50, 100, 200]
+    assert "bucket-cap-whatif" in ids(findings)
+
+
+def test_single_rank_ddp():
+    solo = analysis([rank(0, [step(0, comm=80)], world_size=1)])
+    f = ids(perf_findings(solo))["single-rank-ddp"]
+    assert f.severity is Severity.INFO and f.evidence["collective_ms"] == {"0": 0.08}
