@@ -9,7 +9,7 @@ from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from ddpdoctor.analyses.model import Analysis
+from ddpdoctor.analyses.model import Analysis, StepMetrics
 
 MIB = 1024 * 1024
 # The caps the issue asks about; DDP's own default (25) is among them.
@@ -195,13 +195,27 @@ def _bandwidth(analysis: Analysis) -> tuple[float, float, str] | None:
     return None
 
 
+def _device_clock(t: float, st: StepMetrics | None) -> float:
+    """A CPU time inside backward mapped onto the device's backward span. On GPU traces, AccumulateGrad ends on the
+    CPU ahead of its kernels, while buckets and backward_*_us are device times: scale [CPU backward start, end]
+    onto [device backward start, end] (order and proportions kept). CPU traces have one clock: unchanged."""
+    if st is None:
+        return t
+    cs, ce = getattr(st, "cpu_backward_start_us", None), getattr(st, "cpu_backward_end_us", None)
+    ds, de = st.backward_start_us, st.backward_end_us
+    if cs is None or ce is None or ds is None or de is None or ce <= cs or (cs == ds and ce == de):
+        return t
+    return ds + (t - cs) * (de - ds) / (ce - cs)
+
+
 def _steps_from_trace(analysis: Analysis, param_bytes_in_ready_order: list[int]) -> dict[tuple[int, int], list[Grad]]:
     """Gradients per (rank, step) from the recorded AccumulateGrad ends; a missing size is taken from the manifest
     when the step saw exactly the manifest's parameters."""
+    per_step = {(r.rank, s.step): s for r in analysis.ranks for s in r.per_step}
     raw: dict[tuple[int, int], list[tuple[float, int | None]]] = defaultdict(list)
     for g in analysis.grad_ready:
         if g.step is not None:
-            raw[(g.rank, g.step)].append((g.t_us, g.bytes))
+            raw[(g.rank, g.step)].append((_device_clock(g.t_us, per_step.get((g.rank, g.step))), g.bytes))
     out: dict[tuple[int, int], list[Grad]] = {}
     for key, items in raw.items():
         items.sort(key=lambda x: x[0])

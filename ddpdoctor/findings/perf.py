@@ -228,11 +228,15 @@ def _sync_name(ev: Any) -> str | None:
 
 
 def rule_sync_in_backward(a: Analysis, w: WhatIf | None) -> list[Finding]:
-    """Reads ``analysis.syncs`` (records with rank, step, name, t_us, dur_us[, detail]) when the analysis has them."""
+    """Reads ``analysis.syncs`` (SyncCall: rank, step, name, t_us, dur_us, detail)."""
     syncs = getattr(a, "syncs", None) or []
     if not syncs:
         return []
-    windows = {(r.rank, s.step): (s.backward_start_us, s.backward_end_us) for r in a.ranks for s in r.per_step}
+    # Sync calls are CPU events: compare with the CPU's backward window (on GPU traces backward_*_us is the span
+    # of the backward kernels); older analyses without the CPU window use backward_*_us.
+    windows = {(r.rank, s.step): (getattr(s, "cpu_backward_start_us", None) or s.backward_start_us,
+                                  getattr(s, "cpu_backward_end_us", None) or s.backward_end_us)
+               for r in a.ranks for s in r.per_step}
     hits: dict[str, list[Any]] = defaultdict(list)
     # .item() records aten::item with aten::_local_scalar_dense inside it: count the outer call only.
     items = [(getattr(e, "rank", None), float(getattr(e, "t_us", 0.0)), float(getattr(e, "dur_us", 0.0)))

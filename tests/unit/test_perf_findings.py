@@ -225,3 +225,16 @@ def test_single_rank_ddp():
     solo = analysis([rank(0, [step(0, comm=80)], world_size=1)])
     f = ids(perf_findings(solo))["single-rank-ddp"]
     assert f.severity is Severity.INFO and f.evidence["collective_ms"] == {"0": 0.08}
+
+
+def test_sync_window_is_the_cpu_backward_on_gpu_traces():
+    from dataclasses import replace
+
+    from ddpdoctor.analyses.model import SyncCall
+
+    a = one_rank(200)
+    # Device backward 1100..1500 but the CPU ran it 1000..1050: a .item() at 1020 is inside backward.
+    a.ranks[0].per_step[1] = replace(a.ranks[0].per_step[1], cpu_backward_start_us=1000, cpu_backward_end_us=1050)
+    a.syncs = [SyncCall(rank=0, step=1, name="cudaStreamSynchronize", t_us=1020, dur_us=300.0)]
+    f = ids(perf_findings(a))["sync-in-backward"]
+    assert f.evidence == {"calls": {"cudaStreamSynchronize": 1}, "steps": [1], "time_ms": 0.3}

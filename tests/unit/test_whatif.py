@@ -152,3 +152,16 @@ def test_fit_error_is_reported():
     w = bucket_whatif(_four_mib_run())
     # predicted 410 for the run's own layout, measured 400, step 1000 -> 1% of a step.
     assert w.fit_error_pct_of_step == pytest.approx(1.0)
+
+
+def test_gpu_gradient_times_are_mapped_onto_the_device_backward_span():
+    from dataclasses import replace
+
+    # The CPU ran backward over 0..100 and the GPU over 300..700: CPU times 25, 50, 75, 100 become 400..700.
+    run = _four_mib_run(grad_ready=grads(0, 1, [(25, MIB), (50, MIB), (75, MIB), (100, MIB)]))
+    st = run.ranks[0].per_step[0]
+    run.ranks[0].per_step[0] = replace(st, backward_start_us=300, backward_end_us=700,
+                                       cpu_backward_start_us=0, cpu_backward_end_us=100)
+    w = bucket_whatif(run)
+    # cap 1: 400..510, 510..620, 620..730, 730..840 -> 140 after the device backward end (700).
+    assert {p.bucket_cap_mb: p.exposed_comm_us for p in w.predictions}[1] == pytest.approx(140)
