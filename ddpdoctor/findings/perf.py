@@ -255,10 +255,15 @@ def rule_sync_in_backward(a: Analysis, w: WhatIf | None) -> list[Finding]:
     if not hits:
         return []
     all_hits = [e for v in hits.values() for e in v]
+    ranks = sorted({e.rank for e in all_hits})
+    # On a CPU-only rank .item() waits for nothing (no device queue): the same code would stall a GPU job, so it
+    # is reported, as info.
+    cpu_only = all(r.device == "cpu" for r in a.ranks if r.rank in ranks)
     return [Finding(
-        "sync-in-backward", Severity.WARNING,
-        f"{len(all_hits)} synchronising call(s) inside backward serialise communication",
-        ranks=sorted({e.rank for e in all_hits}),
+        "sync-in-backward", Severity.INFO if cpu_only else Severity.WARNING,
+        f"{len(all_hits)} synchronising call(s) inside backward"
+        + (" (CPU run: they would serialise communication on GPUs)" if cpu_only else " serialise communication"),
+        ranks=ranks,
         evidence={"calls": {n: len(v) for n, v in sorted(hits.items())},
                   "steps": sorted({e.step for e in all_hits}),
                   "time_ms": round(sum(float(getattr(e, "dur_us", 0.0)) for e in all_hits) / 1000, 3)},

@@ -82,6 +82,7 @@ def test_sync_inside_backward():
         SimpleNamespace(rank=0, step=2, name="aten::add", t_us=2300, dur_us=40.0),
     ]
     f = ids(perf_findings(a))["sync-in-backward"]
+    assert f.severity is Severity.INFO  # a CPU-only rank: nothing to wait for, reported for the GPU job
     assert f.evidence["calls"] == {"aten::item": 1, "aten::_to_copy (.cpu())": 1}
     assert f.evidence["steps"] == [1] and f.evidence["time_ms"] == 0.05
     assert "sync-in-backward" not in ids(perf_findings(one_rank(200)))
@@ -233,8 +234,10 @@ def test_sync_window_is_the_cpu_backward_on_gpu_traces():
     from ddpdoctor.analyses.model import SyncCall
 
     a = one_rank(200)
-    # Device backward 1100..1500 but the CPU ran it 1000..1050: a .item() at 1020 is inside backward.
+    a.ranks[0] = replace(a.ranks[0], device="gpu")
+    # Device backward 1100..1500 but the CPU ran it 1000..1050: a sync at 1020 is inside backward.
     a.ranks[0].per_step[1] = replace(a.ranks[0].per_step[1], cpu_backward_start_us=1000, cpu_backward_end_us=1050)
     a.syncs = [SyncCall(rank=0, step=1, name="cudaStreamSynchronize", t_us=1020, dur_us=300.0)]
     f = ids(perf_findings(a))["sync-in-backward"]
+    assert f.severity is Severity.WARNING
     assert f.evidence == {"calls": {"cudaStreamSynchronize": 1}, "steps": [1], "time_ms": 0.3}
