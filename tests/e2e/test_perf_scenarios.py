@@ -1,5 +1,5 @@
-"""Performance findings on a real 2-rank gloo run: a .item() in gradient hooks is found inside backward, and the
-exit code follows the worst finding (with and without --fail-on warning)."""
+"""Performance findings on a real 2-rank gloo run: a .item() in gradient hooks is found inside backward, an unneeded
+find_unused_parameters=True is caught, and the exit code follows the worst finding (also with --fail-on warning)."""
 
 from __future__ import annotations
 
@@ -36,6 +36,13 @@ def test_item_in_backward_hooks_is_found(sync_run):
     assert f["evidence"]["calls"] == {"aten::item": 36}
     assert f["ranks"] == [0, 1] and f["evidence"]["steps"] == [3, 4, 5]
     assert f["severity"] == "info"  # CPU ranks: no device queue to wait for
+
+
+def test_find_unused_parameters_when_all_are_used(sync_run):
+    run_dir, res = sync_run
+    f = _findings(res.stdout)["find-unused-parameters-unneeded"]
+    assert f["severity"] == "warning"
+    assert f["evidence"]["parameter_tensors"] == 6 and f["evidence"]["gradients_per_step"] == [6]
 
 
 def test_exit_code_follows_the_worst_finding(sync_run):

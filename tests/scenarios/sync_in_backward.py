@@ -1,4 +1,6 @@
-"""Scenario: a DDP MLP whose gradient hooks call .item() (a host sync inside backward), for the sync-in-backward rule.
+"""Scenario: a DDP MLP whose gradient hooks call .item() (a host sync inside backward), built with
+find_unused_parameters=True although every parameter gets a gradient: for sync-in-backward and
+find-unused-parameters-unneeded.
 
     ddpdoctor profile --nproc-per-node 2 tests/scenarios/sync_in_backward.py
 """
@@ -24,7 +26,7 @@ def main() -> None:
     for p in model.parameters():
         # The anti-pattern: reading a gradient statistic on the host while backward is still running.
         p.register_hook(lambda g: norms.append(g.norm().item()) or g)
-    ddp = DDP(model, bucket_cap_mb=1)
+    ddp = DDP(model, bucket_cap_mb=1, find_unused_parameters=True)  # every parameter is used: not needed
     opt = torch.optim.SGD(ddp.parameters(), lr=0.01)
     for _ in range(args.steps):
         x, y = torch.randn(32, 64), torch.randint(0, 10, (32,))
