@@ -52,10 +52,16 @@ WHATIF_WARN_PCT = 10.0
 
 
 def _cap_advice(whatif: WhatIf | None, fallback: str) -> str:
-    if whatif and whatif.available and whatif.best_bucket_cap_mb is not None and (whatif.saving_us_per_step or 0) > 0:
-        return (f"`DDP(model, bucket_cap_mb={whatif.best_bucket_cap_mb:g})` (the bucket what-if predicts "
-                f"{ms(whatif.saving_us_per_step)} ms less exposed communication per step).")
-    return fallback
+    """The what-if's cap when it predicts a saving worth reporting (WHATIF_INFO_PCT), else ``fallback``."""
+    if (whatif is None or not whatif.available or whatif.best_bucket_cap_mb is None
+            or (whatif.saving_pct_of_step or 0.0) < WHATIF_INFO_PCT):
+        return fallback
+    text = (f"`DDP(model, bucket_cap_mb={whatif.best_bucket_cap_mb:g})`: the bucket what-if predicts "
+            f"{ms(whatif.saving_us_per_step)} ms less exposed communication per step")
+    if whatif.fit_error_pct_of_step is not None and whatif.fit_error_pct_of_step > (whatif.saving_pct_of_step or 0.0):
+        text += (f" (but it reproduces this run only within {whatif.fit_error_pct_of_step:.0f}% of a step: "
+                 "profile again to confirm)")
+    return text + "."
 
 
 # ------------------------------------------------------------------------------------------------------- rules
@@ -109,7 +115,8 @@ def rule_exposed_comm(a: Analysis, w: WhatIf | None) -> list[Finding]:
             "threshold_pct": {"warning": EXPOSED_WARN_PCT, "error": EXPOSED_ERROR_PCT},
         },
         advice=_cap_advice(w, "See the overlap findings for the cause; larger per-rank batches (more compute per "
-                           "byte) or gradient compression (`model.register_comm_hook(..., fp16_compress_hook)`) "
+                           "byte) or fp16 gradient compression (`model.register_comm_hook(None, "
+                           "torch.distributed.algorithms.ddp_comm_hooks.default_hooks.fp16_compress_hook)`) "
                            "shrink what must be hidden."),
     )]
 

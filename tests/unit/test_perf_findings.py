@@ -241,3 +241,15 @@ def test_sync_window_is_the_cpu_backward_on_gpu_traces():
     f = ids(perf_findings(a))["sync-in-backward"]
     assert f.severity is Severity.WARNING
     assert f.evidence == {"calls": {"cudaStreamSynchronize": 1}, "steps": [1], "time_ms": 0.3}
+
+
+def test_cap_advice_carries_the_fit_caveat_and_needs_a_real_saving():
+    wi = dict(ddp=_ddp(find_unused_parameters=False, buckets=[{"bytes": 4 * MIB}]),
+              grad_ready=grads(0, 0, [(200, MIB), (300, MIB), (400, MIB), (500, MIB)]), bandwidth=fit(10, MIB / 100))
+    # Measured 700 us exposed vs 410 predicted: fit error 29% of a step > the 27% saving -> a caveat.
+    advice = ids(perf_findings(one_rank(700, steps=1, **wi)))["exposed-comm-high"].advice
+    assert advice.startswith("`DDP(model, bucket_cap_mb=1)`") and "within 29% of a step" in advice
+    # Gradients all ready at the end: no cap saves anything, so the advice is the generic one.
+    late = dict(wi, grad_ready=grads(0, 0, [(500, MIB)] * 4))
+    advice = ids(perf_findings(one_rank(450, steps=1, **late)))["exposed-comm-high"].advice
+    assert "bucket_cap_mb" not in advice and "fp16_compress_hook" in advice
