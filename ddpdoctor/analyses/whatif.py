@@ -9,7 +9,7 @@ from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from ddpdoctor.analyses.model import Analysis, StepMetrics
+from ddpdoctor.analyses.model import Analysis, Bucket, StepMetrics
 
 MIB = 1024 * 1024
 # The caps the issue asks about; DDP's own default (25) is among them.
@@ -70,11 +70,13 @@ class WhatIf:
     latency_us: float | None = None
     bytes_per_us: float | None = None
     bandwidth_source: str | None = None  # "matched" | "fit" | "buckets"
-    grad_source: str | None = None  # "trace" | "interpolated"
+    grad_source: str | None = None  # "trace" | "trace+bucket_sizes" | "interpolated"
     samples: int = 0  # (rank, step) pairs simulated
     step_time_us: float | None = None  # median measured step time
     current_bucket_cap_mb: float | None = None
     current_predicted_exposed_us: float | None = None
+    current_buckets_per_step: float | None = None  # the replayed current layout (median)
+    measured_buckets_per_step: float | None = None  # the buckets DDP actually ran (median)
     measured_exposed_us: float | None = None  # median measured exposed communication per step
     fit_error_pct_of_step: float | None = None  # |current predicted - measured| as % of the median step
     predictions: list[CapPrediction] = field(default_factory=list)
@@ -208,23 +210,51 @@ def _device_clock(t: float, st: StepMetrics | None) -> float:
     return ds + (t - cs) * (de - ds) / (ce - cs)
 
 
-def _steps_from_trace(analysis: Analysis, param_bytes_in_ready_order: list[int]) -> dict[tuple[int, int], list[Grad]]:
-    """Gradients per (rank, step) from the recorded AccumulateGrad ends; a missing size is taken from the manifest
-    when the step saw exactly the manifest's parameters."""
+def _sizes_from_buckets(times: list[float], buckets: list[Bucket]) -> list[int] | None:
+    """Gradient sizes when the trace recorded no shapes: each gradient belongs to the first bucket that starts at
+    or after it is ready (the last bucket takes the rest), and shares that bucket's bytes evenly with its
+    bucket-mates. None when a bucket would get no gradient (the times do not explain the layout)."""
+    ordered = sorted(buckets, key=lambda b: b.index)
+    if not ordered or any(not b.bytes for b in ordered):
+        return None
+    owner = []
+    for t in times:
+        k = next((i for i, b in enumerate(ordered) if b.start_us >= t), len(ordered) - 1)
+        owner.append(max(k, owner[-1] if owner else 0))  # buckets are filled in ready order
+    counts = [owner.count(i) for i in range(len(ordered))]
+    if 0 in counts:
+        return None
+    return [int((ordered[k].bytes or 0) / counts[k]) for k in owner]
+
+
+def _steps_from_trace(analysis: Analysis, param_bytes_in_ready_order: list[int]
+                      ) -> tuple[dict[tuple[int, int], list[Grad]], bool]:
+    """Gradients per (rank, step) from the recorded AccumulateGrad ends, and whether some sizes had to be taken
+    from the measured buckets. A missing size comes from the manifest when the step saw exactly the manifest's
+    parameters, else from the step's measured buckets (_sizes_from_buckets)."""
     per_step = {(r.rank, s.step): s for r in analysis.ranks for s in r.per_step}
+    buckets: dict[tuple[int, int], list[Bucket]] = defaultdict(list)
+    for b in analysis.buckets:
+        buckets[(b.rank, b.step)].append(b)
     raw: dict[tuple[int, int], list[tuple[float, int | None]]] = defaultdict(list)
     for g in analysis.grad_ready:
         if g.step is not None:
             raw[(g.rank, g.step)].append((_device_clock(g.t_us, per_step.get((g.rank, g.step))), g.bytes))
     out: dict[tuple[int, int], list[Grad]] = {}
+    from_buckets = False
     for key, items in raw.items():
         items.sort(key=lambda x: x[0])
         if any(b is None for _, b in items):
-            if len(items) != len(param_bytes_in_ready_order):
-                continue
-            items = [(t, b if b is not None else param_bytes_in_ready_order[i]) for i, (t, b) in enumerate(items)]
+            if len(items) == len(param_bytes_in_ready_order):
+                items = [(t, b if b is not None else param_bytes_in_ready_order[i]) for i, (t, b) in enumerate(items)]
+            else:
+                sizes = _sizes_from_buckets([t for t, _ in items], buckets.get(key, []))
+                if sizes is None:
+                    continue
+                items = [(t, n) for (t, _), n in zip(items, sizes, strict=True)]
+                from_buckets = True
         out[key] = [Grad(t, int(b or 0)) for t, b in items]
-    return out
+    return out, from_buckets
 
 
 def _steps_interpolated(analysis: Analysis, param_bytes_in_ready_order: list[int]) -> dict[tuple[int, int], list[Grad]]:
@@ -288,8 +318,8 @@ def bucket_whatif(analysis: Analysis, caps_mb: Sequence[float] = CANDIDATE_CAPS_
     latency, rate, bw_source = bw
     cfg = ddp_config(analysis)
     param_bytes = _param_bytes_in_ready_order(cfg)
-    steps = _steps_from_trace(analysis, param_bytes)
-    grad_source = "trace"
+    steps, sized_by_buckets = _steps_from_trace(analysis, param_bytes)
+    grad_source = "trace+bucket_sizes" if sized_by_buckets else "trace"
     if not steps:
         steps = _steps_interpolated(analysis, param_bytes)
         grad_source = "interpolated"
@@ -324,7 +354,11 @@ def bucket_whatif(analysis: Analysis, caps_mb: Sequence[float] = CANDIDATE_CAPS_
             statistics.median(firsts) if firsts else None,
         ))
     cur_limits, cur_cap = _current_limits(analysis, cfg)
-    current = statistics.median(s.exposed_us for s in predict(cur_limits))
+    cur_sims = predict(cur_limits)
+    current = statistics.median(s.exposed_us for s in cur_sims)
+    measured_counts: dict[tuple[int, int], int] = defaultdict(int)
+    for b in analysis.buckets:
+        measured_counts[(b.rank, b.step)] += 1
     step_time = statistics.median(step_times) if step_times else None
 
     tie = TIE_SHARE_OF_STEP * step_time if step_time else 0.0
@@ -340,6 +374,8 @@ def bucket_whatif(analysis: Analysis, caps_mb: Sequence[float] = CANDIDATE_CAPS_
     fit_error = (100.0 * abs(current - measured_us) / step_time) if (step_time and measured_us is not None) else None
     return WhatIf(
         True, None, latency, rate, bw_source, grad_source, len(steps), step_time, cur_cap, current,
+        statistics.median(len(x.buckets) for x in cur_sims),
+        statistics.median(measured_counts.values()) if measured_counts else None,
         measured_us, fit_error, predictions, best_cap, best_exposed, saving,
         100.0 * saving / step_time if step_time else None,
     )

@@ -52,6 +52,7 @@ def test_simulated_buckets_match_the_buckets_ddp_built(runs):
         assert w.current_bucket_cap_mb == cap
         predicted = {p.bucket_cap_mb: p.buckets_per_step for p in w.predictions}
         assert predicted[cap] == measured
+        assert w.current_buckets_per_step == w.measured_buckets_per_step == measured
     assert predicted[1.0] > predicted[100.0]
 
 

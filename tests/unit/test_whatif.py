@@ -165,3 +165,23 @@ def test_gpu_gradient_times_are_mapped_onto_the_device_backward_span():
     w = bucket_whatif(run)
     # cap 1: 400..510, 510..620, 620..730, 730..840 -> 140 after the device backward end (700).
     assert {p.bucket_cap_mb: p.exposed_comm_us for p in w.predictions}[1] == pytest.approx(140)
+
+
+def test_sizes_from_measured_buckets_when_the_trace_has_no_shapes():
+    # No shapes, no manifest: the run's two measured buckets (2 MiB starting at 250, 2 MiB starting at 450) give
+    # the gradients ready at 100, 200 -> bucket 0 (1 MiB each) and 300, 400 -> bucket 1 (1 MiB each).
+    run = _four_mib_run(grad_ready=grads(0, 1, [(100, None), (200, None), (300, None), (400, None)]), ddp=[],
+                        buckets=[bucket(0, 1, 0, 2 * MIB, 250, 460), bucket(0, 1, 1, 2 * MIB, 460, 670, True, 270)])
+    w = bucket_whatif(run)
+    assert w.grad_source == "trace+bucket_sizes"
+    assert {p.bucket_cap_mb: p.exposed_comm_us for p in w.predictions}[1] == pytest.approx(140)
+    # The current layout (2 x 2 MiB) replayed: 200..410, 410..620 -> 220 exposed.
+    assert w.current_predicted_exposed_us == pytest.approx(220)
+
+
+def test_sizes_from_buckets_give_up_when_a_bucket_gets_no_gradient():
+    from ddpdoctor.analyses.whatif import _sizes_from_buckets
+
+    b = [bucket(0, 1, 0, 100, 50, 60), bucket(0, 1, 1, 100, 60, 70)]
+    assert _sizes_from_buckets([10, 20, 55], b) == [50, 50, 100]
+    assert _sizes_from_buckets([10, 20], b) is None
