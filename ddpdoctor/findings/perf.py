@@ -220,9 +220,18 @@ def rule_first_bucket_late(a: Analysis, w: WhatIf | None) -> list[Finding]:
         ranks=sorted(late),
         evidence={"first_allreduce_at_backward_pct": {str(k): round(100 * v, 1) for k, v in sorted(late.items())},
                   "bucket_cap_mb": cfg.get("bucket_cap_mb"), "threshold_pct": 100 * FIRST_BUCKET_LATE_SHARE},
-        advice=_cap_advice(w, "Buckets are so large that communication only starts late: "
-                           "`DDP(model, bucket_cap_mb=10)` starts the first all_reduce earlier."),
+        advice=_cap_advice(w, _smaller_cap_advice(cfg.get("bucket_cap_mb"))),
     )]
+
+
+def _smaller_cap_advice(cap: Any) -> str:
+    """A smaller cap than the current one, or, at 1 MiB already, the reason a smaller cap will not help."""
+    if isinstance(cap, (int, float)) and cap <= 1:
+        return ("Buckets are already 1 MiB: the first bucket waits for the last layers' gradients, which are "
+                "large or produced late; reorder or split those layers, or accept the late start.")
+    smaller = max(1.0, float(cap) / 4) if isinstance(cap, (int, float)) else 5.0
+    return (f"Buckets are so large that communication starts late: `DDP(model, bucket_cap_mb={smaller:g})` "
+            "starts the first all_reduce earlier.")
 
 
 def _sync_name(ev: Any) -> str | None:

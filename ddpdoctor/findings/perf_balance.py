@@ -53,12 +53,14 @@ def rule_ddp_flags(a: Analysis, w: WhatIf | None) -> list[Finding]:
         if g.step is not None:
             per_step[(g.rank, g.step)] += 1
     counts = sorted(set(per_step.values()))
+    ranks = sorted({r.rank for r in a.ranks})
+    steps = sorted({s for _, s in per_step})
     if cfg.get("find_unused_parameters"):
         if counts and n_params and min(counts) >= n_params:
             out.append(Finding(
                 "find-unused-parameters-unneeded", Severity.WARNING,
                 "find_unused_parameters=True, but every parameter received a gradient in every step",
-                evidence={"parameter_tensors": n_params, "gradients_per_step": counts, "steps": len(per_step)},
+                ranks=ranks, evidence={"parameter_tensors": n_params, "gradients_per_step": counts, "steps": steps},
                 advice="`DDP(model, find_unused_parameters=False)`: it skips a traversal of the autograd graph "
                 "every step and lets gradient all_reduces start during backward.",
             ))
@@ -66,7 +68,8 @@ def rule_ddp_flags(a: Analysis, w: WhatIf | None) -> list[Finding]:
             out.append(Finding(
                 "static-graph-would-help", Severity.INFO,
                 f"The same {counts[0]} of {n_params} parameters get gradients every step: the graph looks static",
-                evidence={"parameter_tensors": n_params, "gradients_per_step": counts[0], "steps": len(per_step)},
+                ranks=ranks,
+                evidence={"parameter_tensors": n_params, "gradients_per_step": counts[0], "steps": steps},
                 advice="`DDP(model, static_graph=True)` (keeping find_unused_parameters) lets DDP skip the "
                 "per-step search for unused parameters after the first iteration.",
             ))
@@ -74,7 +77,7 @@ def rule_ddp_flags(a: Analysis, w: WhatIf | None) -> list[Finding]:
             out.append(Finding(
                 "find-unused-parameters-on", Severity.INFO,
                 "find_unused_parameters=True costs a graph traversal every step",
-                evidence={"parameter_tensors": n_params, "gradients_per_step": None},
+                ranks=ranks, evidence={"parameter_tensors": n_params, "gradients_per_step": None},
                 advice="If every parameter gets a gradient, use `DDP(model, find_unused_parameters=False)`; if the "
                 "unused set never changes, `static_graph=True`.",
             ))
@@ -83,7 +86,7 @@ def rule_ddp_flags(a: Analysis, w: WhatIf | None) -> list[Finding]:
         out.append(Finding(
             "gradient-as-bucket-view-off", Severity.INFO,
             f"Gradients are copied out of DDP's buckets every step ({nbytes / MIB:.0f} MiB)",
-            evidence={"parameter_bytes": nbytes, "threshold_bytes": GRAD_VIEW_MIN_BYTES},
+            ranks=ranks, evidence={"parameter_bytes": nbytes, "threshold_bytes": GRAD_VIEW_MIN_BYTES},
             advice="`DDP(model, gradient_as_bucket_view=True)` makes .grad views into the buckets: one copy and "
             f"{nbytes / MIB:.0f} MiB of memory less (do not detach_() or replace .grad in your code).",
         ))

@@ -1,5 +1,5 @@
 """Performance findings on a real 2-rank gloo run: a .item() in gradient hooks is found inside backward, an unneeded
-find_unused_parameters=True is caught, and the exit code follows the worst finding (also with --fail-on warning)."""
+find_unused_parameters=True is caught, a 20 ms-per-batch DataLoader is seen as data wait, and the exit code follows the worst finding (also with --fail-on warning)."""
 
 from __future__ import annotations
 
@@ -43,6 +43,14 @@ def test_find_unused_parameters_when_all_are_used(sync_run):
     f = _findings(res.stdout)["find-unused-parameters-unneeded"]
     assert f["severity"] == "warning"
     assert f["evidence"]["parameter_tensors"] == 6 and f["evidence"]["gradients_per_step"] == [6]
+
+
+def test_slow_data_loading(sync_run):
+    run_dir, res = sync_run
+    f = _findings(res.stdout)["data-loading-wait"]
+    assert f["ranks"] == [0, 1]
+    # Each batch sleeps 20 ms in the main process: at least that much wait per step, on every rank.
+    assert all(v >= 20.0 for v in f["evidence"]["data_wait_ms_per_step"].values()), f["evidence"]
 
 
 def test_exit_code_follows_the_worst_finding(sync_run):

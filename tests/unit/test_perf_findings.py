@@ -253,3 +253,18 @@ def test_cap_advice_carries_the_fit_caveat_and_needs_a_real_saving():
     late = dict(wi, grad_ready=grads(0, 0, [(500, MIB)] * 4))
     advice = ids(perf_findings(one_rank(450, steps=1, **late)))["exposed-comm-high"].advice
     assert "bucket_cap_mb" not in advice and "fp16_compress_hook" in advice
+
+
+@pytest.mark.parametrize("cap,expect", [(100, "bucket_cap_mb=25"), (1, "already 1 MiB"), (None, "bucket_cap_mb=5")])
+def test_first_bucket_late_advice_goes_smaller_than_the_current_cap(cap, expect):
+    late = [bucket(0, s, 0, 8 * MIB, s * 1000 + 400, s * 1000 + 700, True, 200) for s in range(3)]
+    ddp = [{"bucket_cap_mb": cap}]  # no parameter list and no gradient times: the what-if cannot run
+    f = ids(perf_findings(one_rank(200, buckets=late, ddp=ddp)))["first-bucket-late"]
+    assert expect in f.advice
+
+
+def test_ddp_flag_findings_name_ranks_and_steps():
+    used = [g for r in (0, 1) for s in (3, 4) for g in grads(r, s, [(s * 1000 + 200 + i, MIB) for i in range(4)])]
+    a = analysis([rank(0, [step(3), step(4)]), rank(1, [step(3), step(4)])], ddp=_ddp(), grad_ready=used)
+    f = ids(perf_findings(a))["find-unused-parameters-unneeded"]
+    assert f.ranks == [0, 1] and f.evidence["steps"] == [3, 4]
