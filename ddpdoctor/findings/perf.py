@@ -154,8 +154,7 @@ def rule_comm_tail(a: Analysis, w: WhatIf | None) -> list[Finding]:
         ranks=ranks,
         evidence={"tail_ms_median": evidence_ms, "tail_pct_of_step": shares,
                   "last_bucket_mb": None if lb is None else round(lb / MIB, 2), "threshold_pct": TAIL_WARN_PCT},
-        advice=_cap_advice(w, "Use smaller buckets so the last one (the first layers' gradients) is small: "
-                           "`DDP(model, bucket_cap_mb=10)`."),
+        advice=_cap_advice(w, _smaller_cap_advice((ddp_config(a) or {}).get("bucket_cap_mb"), tail=True)),
     )]
 
 
@@ -224,12 +223,18 @@ def rule_first_bucket_late(a: Analysis, w: WhatIf | None) -> list[Finding]:
     )]
 
 
-def _smaller_cap_advice(cap: Any) -> str:
+def _smaller_cap_advice(cap: Any, tail: bool = False) -> str:
     """A smaller cap than the current one, or, at 1 MiB already, the reason a smaller cap will not help."""
     if isinstance(cap, (int, float)) and cap <= 1:
+        if tail:
+            return ("Buckets are already 1 MiB: the tail is the queue of all_reduces still waiting when backward "
+                    "ends; more compute per step (larger batch) or fewer bytes (fp16_compress_hook) shorten it.")
         return ("Buckets are already 1 MiB: the first bucket waits for the last layers' gradients, which are "
                 "large or produced late; reorder or split those layers, or accept the late start.")
     smaller = max(1.0, float(cap) / 4) if isinstance(cap, (int, float)) else 5.0
+    if tail:
+        return (f"Smaller buckets make the last one (the first layers' gradients, ready last) small: "
+                f"`DDP(model, bucket_cap_mb={smaller:g})`.")
     return (f"Buckets are so large that communication starts late: `DDP(model, bucket_cap_mb={smaller:g})` "
             "starts the first all_reduce earlier.")
 

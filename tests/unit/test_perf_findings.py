@@ -268,3 +268,9 @@ def test_ddp_flag_findings_name_ranks_and_steps():
     a = analysis([rank(0, [step(3), step(4)]), rank(1, [step(3), step(4)])], ddp=_ddp(), grad_ready=used)
     f = ids(perf_findings(a))["find-unused-parameters-unneeded"]
     assert f.ranks == [0, 1] and f.evidence["steps"] == [3, 4]
+
+
+def test_tail_advice_without_a_whatif():
+    tail = [bucket(0, i, 1, 2 * MIB, i * 1000 + 450, i * 1000 + 650, True, 150) for i in range(3)]
+    f = ids(perf_findings(one_rank(150, buckets=tail, ddp=[{"bucket_cap_mb": 40}])))["comm-tail-after-backward"]
+    assert "`DDP(model, bucket_cap_mb=10)`" in f.advice
