@@ -1,0 +1,338 @@
+"""Performance findings: pure rules from an Analysis to Findings (docs/findings/perf.md explains every threshold)."""
+
+from __future__ import annotations
+
+import statistics
+from collections import defaultdict
+from collections.abc import Callable
+from typing import Any
+
+from ddpdoctor.analyses.model import Analysis
+from ddpdoctor.analyses.whatif import MIB, WhatIf, bucket_whatif, ddp_config
+from ddpdoctor.findings.model import Finding, Severity
+from ddpdoctor.findings.perf_balance import (
+    median_or_none,
+    median_step_us,
+    ms,
+    rule_data_wait,
+    rule_ddp_flags,
+    rule_step_variance,
+    rule_stragglers,
+)
+
+# Exposed communication (|comm \ compute|) as a share of step time. Under 20% the step is dominated by compute and
+# tuning DDP buys little; above 40% the job spends nearly half its time waiting on the network, i.e. scaling out
+# is losing a large part of what the extra GPUs bring.
+EXPOSED_WARN_PCT = 20.0
+EXPOSED_ERROR_PCT = 40.0
+# The overlap causes are only named when exposed communication is worth chasing: 5% of a step.
+CAUSE_MIN_EXPOSED_PCT = 5.0
+# The last bucket's all_reduce still running after backward ended, as a share of step time: 10% is where it is
+# the bulk of a 20%-exposed (warning) step, and a smaller or re-ordered last bucket would win it back.
+TAIL_WARN_PCT = 10.0
+# Buckets under 1 MiB (DDP's own first-bucket size) move too little data to amortise a collective's fixed latency
+# (tens of microseconds on NCCL, more on gloo); 4 or more of them per step, making up half the buckets, is a
+# configuration (bucket_cap_mb too small), not one small first bucket.
+SMALL_BUCKET_BYTES = 1 * MIB
+SMALL_BUCKET_MIN_COUNT = 4
+SMALL_BUCKET_MIN_SHARE = 0.5
+# Estimated share of all_reduce time that is fixed latency (count x fitted latency / comm time) above which the
+# small-bucket finding is a warning: a third of the communication time buys no bytes.
+LATENCY_SHARE_WARN = 1 / 3
+# The first gradient all_reduce starting after half of the backward window: the first bucket waited for gradients
+# of more than half the model, so at most half the backward can hide communication.
+FIRST_BUCKET_LATE_SHARE = 0.5
+# Synchronising calls inside backward: a single cudaDeviceSynchronize / .item() per step stalls the CPU until all
+# queued work, communication included, is done; any such call inside the backward window is worth naming.
+SYNC_NAMES = ("cudaDeviceSynchronize", "cudaStreamSynchronize", "aten::item", "aten::_local_scalar_dense")
+SYNC_COPY_NAMES = ("aten::_to_copy", "aten::copy_", "aten::to")  # .cpu() copies: named only with "cpu" evidence
+# The bucket what-if is reported when its predicted saving reaches 2% of a step (info) or 10% (warning).
+WHATIF_INFO_PCT = 2.0
+WHATIF_WARN_PCT = 10.0
+
+
+def _cap_advice(whatif: WhatIf | None, fallback: str) -> str:
+    """The what-if's cap when it predicts a saving worth reporting (WHATIF_INFO_PCT), else ``fallback``."""
+    if (whatif is None or not whatif.available or whatif.best_bucket_cap_mb is None
+            or (whatif.saving_pct_of_step or 0.0) < WHATIF_INFO_PCT):
+        return fallback
+    text = (f"`DDP(model, bucket_cap_mb={whatif.best_bucket_cap_mb:g})`: the bucket what-if predicts "
+            f"{ms(whatif.saving_us_per_step)} ms less exposed communication per step")
+    if whatif.fit_error_pct_of_step is not None and whatif.fit_error_pct_of_step > (whatif.saving_pct_of_step or 0.0):
+        text += (f" (but it reproduces this run only within {whatif.fit_error_pct_of_step:.0f}% of a step: "
+                 "profile again to confirm)")
+    return text + "."
+
+
+# ------------------------------------------------------------------------------------------------------- rules
+
+def rule_no_communication(a: Analysis, w: WhatIf | None) -> list[Finding]:
+    silent = [r.rank for r in a.ranks if r.comm_us <= 0]
+    worlds = {r.world_size for r in a.ranks if r.world_size}
+    if a.ranks and not silent and worlds == {1}:
+        return [Finding(
+            "single-rank-ddp", Severity.INFO, "World size 1: the recorded collectives synchronise nothing",
+            ranks=[r.rank for r in a.ranks],
+            evidence={"world_size": 1, "collective_ms": {str(r.rank): ms(r.comm_us) for r in a.ranks}},
+            advice="Overlap and bucket advice only mean something with 2 or more ranks: profile with "
+            "`--nproc-per-node 2` (or more) to see the communication DDP will do.",
+        )]
+    if not a.ranks or not silent:
+        return []
+    if len(silent) == len(a.ranks):
+        single = worlds == {1} or (not worlds and len(a.ranks) == 1)
+        return [Finding(
+            "no-communication", Severity.INFO,
+            "No communication recorded" + (" (world size 1)" if single else " (not DDP, or no collective in the window)"),
+            ranks=silent, evidence={"world_size": sorted(worlds), "ranks_analysed": len(a.ranks)},
+            advice="Overlap and bucket advice do not apply. For a multi-rank job, check the model is wrapped in "
+            "`DistributedDataParallel` and the profiler window covers a full training step.",
+        )]
+    return [Finding(
+        "rank-no-communication", Severity.WARNING,
+        f"Rank(s) {silent} recorded no communication while the others did",
+        ranks=silent, evidence={"ranks_with_comm": [r.rank for r in a.ranks if r.comm_us > 0]},
+        advice="Those ranks' traces may cover a different window (profile the same steps on every rank) or the "
+        "ranks run a different code path; compare their traces.",
+    )]
+
+
+def rule_exposed_comm(a: Analysis, w: WhatIf | None) -> list[Finding]:
+    hot = [r for r in a.ranks if r.exposed_comm_pct is not None and r.exposed_comm_pct > EXPOSED_WARN_PCT]
+    if not hot:
+        return []
+    worst = max(r.exposed_comm_pct or 0.0 for r in hot)
+    sev = Severity.ERROR if worst > EXPOSED_ERROR_PCT else Severity.WARNING
+    return [Finding(
+        "exposed-comm-high", sev,
+        f"Communication not hidden by compute takes {worst:.0f}% of step time",
+        ranks=[r.rank for r in hot],
+        evidence={
+            "exposed_comm_pct": {str(r.rank): round(r.exposed_comm_pct or 0.0, 1) for r in hot},
+            "exposed_comm_ms": {str(r.rank): ms(r.exposed_comm_us) for r in hot},
+            "overlap_pct": {str(r.rank): None if r.overlap_pct is None else round(r.overlap_pct, 1) for r in hot},
+            "steps": {str(r.rank): r.steps for r in hot},
+            "threshold_pct": {"warning": EXPOSED_WARN_PCT, "error": EXPOSED_ERROR_PCT},
+        },
+        advice=_cap_advice(w, "See the overlap findings for the cause; larger per-rank batches (more compute per "
+                           "byte) or fp16 gradient compression (`model.register_comm_hook(None, "
+                           "torch.distributed.algorithms.ddp_comm_hooks.default_hooks.fp16_compress_hook)`) "
+                           "shrink what must be hidden."),
+    )]
+
+
+def _exposed_worth_it(a: Analysis) -> bool:
+    return any((r.exposed_comm_pct or 0.0) >= CAUSE_MIN_EXPOSED_PCT for r in a.ranks)
+
+
+def rule_comm_tail(a: Analysis, w: WhatIf | None) -> list[Finding]:
+    if not _exposed_worth_it(a):
+        return []
+    tails: dict[int, list[float]] = defaultdict(list)
+    last_bytes: dict[int, list[int]] = defaultdict(list)
+    for b in a.buckets:
+        if b.is_last:
+            tails[b.rank].append(b.after_backward_end_us)
+            if b.bytes:
+                last_bytes[b.rank].append(b.bytes)
+    ranks, evidence_ms, shares = [], {}, {}
+    for r in a.ranks:
+        tail, step = median_or_none(tails.get(r.rank, [])), median_step_us(r)
+        if tail is None or not step:
+            continue
+        share = 100.0 * tail / step
+        if share > TAIL_WARN_PCT:
+            ranks.append(r.rank)
+            evidence_ms[str(r.rank)] = ms(tail)
+            shares[str(r.rank)] = round(share, 1)
+    if not ranks:
+        return []
+    lb = median_or_none([float(x) for rk in ranks for x in last_bytes.get(rk, [])])
+    return [Finding(
+        "comm-tail-after-backward", Severity.WARNING,
+        f"The last bucket's all_reduce runs {max(evidence_ms.values())} ms after backward has ended",
+        ranks=ranks,
+        evidence={"tail_ms_median": evidence_ms, "tail_pct_of_step": shares,
+                  "last_bucket_mb": None if lb is None else round(lb / MIB, 2), "threshold_pct": TAIL_WARN_PCT},
+        advice=_cap_advice(w, _smaller_cap_advice((ddp_config(a) or {}).get("bucket_cap_mb"), tail=True)),
+    )]
+
+
+def rule_small_buckets(a: Analysis, w: WhatIf | None) -> list[Finding]:
+    if not _exposed_worth_it(a):
+        return []
+    by_step: dict[tuple[int, int], list[int]] = defaultdict(list)
+    for b in a.buckets:
+        by_step[(b.rank, b.step)].append(b.bytes or 0)
+    small_counts, totals, sizes = [], [], []
+    for sizes_in_step in by_step.values():
+        small = [x for x in sizes_in_step if 0 < x < SMALL_BUCKET_BYTES]
+        small_counts.append(len(small))
+        totals.append(len(sizes_in_step))
+        sizes.extend(small)
+    if not by_step:
+        return []
+    n_small, n_all = statistics.median(small_counts), statistics.median(totals)
+    if n_small < SMALL_BUCKET_MIN_COUNT or n_small < SMALL_BUCKET_MIN_SHARE * n_all:
+        return []
+    comm = median_or_none([sum(b.dur_us for b in a.buckets if (b.rank, b.step) == k) for k in by_step])
+    lat = a.bandwidth.latency_us
+    share = (n_all * lat / comm) if (lat and comm) else None
+    sev = Severity.WARNING if share is not None and share >= LATENCY_SHARE_WARN else Severity.INFO
+    ranks = sorted({rk for rk, _ in by_step})
+    return [Finding(
+        "buckets-latency-bound", sev,
+        f"{n_small:g} of {n_all:g} gradient buckets per step are under 1 MiB: latency-bound all_reduces",
+        ranks=ranks,
+        evidence={"small_buckets_per_step": n_small, "buckets_per_step": n_all,
+                  "small_bucket_median_kib": round((median_or_none([float(s) for s in sizes]) or 0) / 1024, 1),
+                  "fitted_latency_us": lat, "latency_share_of_comm": None if share is None else round(share, 3)},
+        advice=_cap_advice(w, "Raise the bucket size so each all_reduce moves enough bytes: "
+                           "`DDP(model, bucket_cap_mb=25)` (the default) or more."),
+    )]
+
+
+def rule_first_bucket_late(a: Analysis, w: WhatIf | None) -> list[Finding]:
+    if not _exposed_worth_it(a):
+        return []
+    bw = {(r.rank, s.step): s for r in a.ranks for s in r.per_step}
+    first: dict[tuple[int, int], float] = {}
+    for b in a.buckets:
+        key = (b.rank, b.step)
+        if key not in first or b.start_us < first[key]:
+            first[key] = b.start_us
+    shares: dict[int, list[float]] = defaultdict(list)
+    for key, start in first.items():
+        st = bw.get(key)
+        if st is None or st.backward_start_us is None or st.backward_end_us is None:
+            continue
+        span = st.backward_end_us - st.backward_start_us
+        if span > 0:
+            shares[key[0]].append((start - st.backward_start_us) / span)
+    late = {rk: statistics.median(v) for rk, v in shares.items() if statistics.median(v) > FIRST_BUCKET_LATE_SHARE}
+    if not late:
+        return []
+    cfg = ddp_config(a) or {}
+    return [Finding(
+        "first-bucket-late", Severity.WARNING,
+        f"The first gradient all_reduce starts {100 * max(late.values()):.0f}% of the way through backward",
+        ranks=sorted(late),
+        evidence={"first_allreduce_at_backward_pct": {str(k): round(100 * v, 1) for k, v in sorted(late.items())},
+                  "bucket_cap_mb": cfg.get("bucket_cap_mb"), "threshold_pct": 100 * FIRST_BUCKET_LATE_SHARE},
+        advice=_cap_advice(w, _smaller_cap_advice(cfg.get("bucket_cap_mb"))),
+    )]
+
+
+def _smaller_cap_advice(cap: Any, tail: bool = False) -> str:
+    """A smaller cap than the current one, or, at 1 MiB already, the reason a smaller cap will not help."""
+    if isinstance(cap, (int, float)) and cap <= 1:
+        if tail:
+            return ("Buckets are already 1 MiB: the tail is the queue of all_reduces still waiting when backward "
+                    "ends; more compute per step (larger batch) or fewer bytes (fp16_compress_hook) shorten it.")
+        return ("Buckets are already 1 MiB: the first bucket waits for the last layers' gradients, which are "
+                "large or produced late; reorder or split those layers, or accept the late start.")
+    smaller = max(1.0, float(cap) / 4) if isinstance(cap, (int, float)) else 5.0
+    if tail:
+        return (f"Smaller buckets make the last one (the first layers' gradients, ready last) small: "
+                f"`DDP(model, bucket_cap_mb={smaller:g})`.")
+    return (f"Buckets are so large that communication starts late: `DDP(model, bucket_cap_mb={smaller:g})` "
+            "starts the first all_reduce earlier.")
+
+
+def _sync_name(ev: Any) -> str | None:
+    name = str(getattr(ev, "name", ""))
+    if any(name.startswith(s) for s in SYNC_NAMES):
+        return name
+    if name in SYNC_COPY_NAMES and "cpu" in str(getattr(ev, "detail", "")).lower():
+        return name + " (.cpu())"
+    return None
+
+
+def rule_sync_in_backward(a: Analysis, w: WhatIf | None) -> list[Finding]:
+    """Reads ``analysis.syncs`` (SyncCall: rank, step, name, t_us, dur_us, detail)."""
+    syncs = getattr(a, "syncs", None) or []
+    if not syncs:
+        return []
+    # Sync calls are CPU events: compare with the CPU's backward window (on GPU traces backward_*_us is the span
+    # of the backward kernels); older analyses without the CPU window use backward_*_us.
+    windows = {(r.rank, s.step): (getattr(s, "cpu_backward_start_us", None) or s.backward_start_us,
+                                  getattr(s, "cpu_backward_end_us", None) or s.backward_end_us)
+               for r in a.ranks for s in r.per_step}
+    hits: dict[str, list[Any]] = defaultdict(list)
+    # .item() records aten::item with aten::_local_scalar_dense inside it: count the outer call only.
+    items = [(getattr(e, "rank", None), float(getattr(e, "t_us", 0.0)), float(getattr(e, "dur_us", 0.0)))
+             for e in syncs if str(getattr(e, "name", "")) == "aten::item"]
+    for ev in syncs:
+        if str(getattr(ev, "name", "")) == "aten::_local_scalar_dense" and any(
+                rk == getattr(ev, "rank", None) and t <= float(getattr(ev, "t_us", -1.0)) <= t + d
+                for rk, t, d in items):
+            continue
+        name = _sync_name(ev)
+        win = windows.get((getattr(ev, "rank", None), getattr(ev, "step", None)))
+        if name is None or win is None or win[0] is None or win[1] is None:
+            continue
+        if win[0] <= float(getattr(ev, "t_us", -1.0)) <= win[1]:
+            hits[name].append(ev)
+    if not hits:
+        return []
+    all_hits = [e for v in hits.values() for e in v]
+    ranks = sorted({e.rank for e in all_hits})
+    # On a CPU-only rank .item() waits for nothing (no device queue): the same code would stall a GPU job, so it
+    # is reported, as info.
+    cpu_only = all(r.device == "cpu" for r in a.ranks if r.rank in ranks)
+    return [Finding(
+        "sync-in-backward", Severity.INFO if cpu_only else Severity.WARNING,
+        f"{len(all_hits)} synchronising call(s) inside backward"
+        + (" (CPU run: they would serialise communication on GPUs)" if cpu_only else " serialise communication"),
+        ranks=ranks,
+        evidence={"calls": {n: len(v) for n, v in sorted(hits.items())},
+                  "steps": sorted({e.step for e in all_hits}),
+                  "time_ms": round(sum(float(getattr(e, "dur_us", 0.0)) for e in all_hits) / 1000, 3)},
+        advice="Remove `.item()`, `.cpu()`, `torch.cuda.synchronize()` from backward hooks and the loss path "
+        "before `backward()` completes; log scalars after `optimizer.step()` (or accumulate them on device).",
+    )]
+
+
+def rule_whatif(a: Analysis, w: WhatIf | None) -> list[Finding]:
+    if w is None or not w.available or w.saving_pct_of_step is None or w.best_bucket_cap_mb is None:
+        return []
+    if w.saving_pct_of_step < WHATIF_INFO_PCT:
+        return []
+    # A warning needs a model that reproduces this run better than the saving it promises.
+    trusted = w.fit_error_pct_of_step is not None and w.fit_error_pct_of_step <= w.saving_pct_of_step
+    sev = Severity.WARNING if w.saving_pct_of_step >= WHATIF_WARN_PCT and trusted else Severity.INFO
+    return [Finding(
+        "bucket-cap-whatif", sev,
+        f"bucket_cap_mb={w.best_bucket_cap_mb:g} is predicted to save {ms(w.saving_us_per_step)} ms per step",
+        ranks=sorted({r.rank for r in a.ranks}),
+        evidence={"current_bucket_cap_mb": w.current_bucket_cap_mb,
+                  "predicted_exposed_ms": {f"{p.bucket_cap_mb:g}": ms(p.exposed_comm_us) for p in w.predictions},
+                  "current_predicted_exposed_ms": ms(w.current_predicted_exposed_us),
+                  "current_measured_exposed_ms": ms(w.measured_exposed_us),
+                  "saving_pct_of_step": round(w.saving_pct_of_step, 1),
+                  "fit_error_pct_of_step": None if w.fit_error_pct_of_step is None else round(w.fit_error_pct_of_step, 1),
+                  "latency_us": w.latency_us, "bytes_per_us": w.bytes_per_us,
+                  "bandwidth_source": w.bandwidth_source, "grad_source": w.grad_source},
+        advice=f"`DDP(model, bucket_cap_mb={w.best_bucket_cap_mb:g})`, then profile again to confirm.",
+    )]
+
+
+RULES: tuple[Callable[[Analysis, WhatIf | None], list[Finding]], ...] = (
+    rule_no_communication, rule_exposed_comm, rule_comm_tail, rule_small_buckets, rule_first_bucket_late,
+    rule_sync_in_backward, rule_ddp_flags, rule_stragglers, rule_step_variance, rule_data_wait, rule_whatif,
+)
+
+
+def perf_findings(analysis: Analysis, whatif: WhatIf | None = None) -> list[Finding]:
+    """Every performance rule over ``analysis``. The bucket what-if is computed unless given."""
+    w = whatif if whatif is not None else bucket_whatif(analysis)
+    out: list[Finding] = []
+    for rule in RULES:
+        out.extend(rule(analysis, w))
+    return out
+
+
+def perf_report_parts(analysis: Analysis) -> tuple[dict[str, Any], list[Finding]]:
+    """The ``whatif`` JSON section and the findings, computing the what-if once (for the analyze pipeline)."""
+    w = bucket_whatif(analysis)
+    return {"whatif": w.to_json()}, perf_findings(analysis, w)

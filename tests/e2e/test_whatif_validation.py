@@ -1,0 +1,67 @@
+"""The bucket what-if against reality: the same 2-rank gloo job run for real with two bucket caps; the model's
+predicted order of their exposed communication must match the measured order (docs/whatif.md)."""
+
+from __future__ import annotations
+
+import statistics
+from collections import defaultdict
+
+import pytest
+
+from ddpdoctor.analyses.whatif import bucket_whatif
+from tests.conftest import EXAMPLES, run_cli
+
+pytestmark = pytest.mark.slow
+
+CAPS = (1.0, 100.0)
+# 6 Linear(1024, 1024)-sized layers, 17.1 MB of gradients: one bucket at cap 100, five at cap 1; a batch of 128
+# gives backward enough compute for small buckets to overlap with it.
+SCRIPT_ARGS = ["--steps-per-epoch", "7", "--batch-size", "128", "--width", "1024", "--layers", "6"]
+
+
+def _analyze_paths():
+    try:
+        from ddpdoctor.analyses.pipeline import analyze_paths
+    except ImportError:
+        pytest.skip("needs the analyze pipeline (ddpdoctor.analyses.pipeline.analyze_paths)")
+    return analyze_paths
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory):
+    analyze_paths = _analyze_paths()
+    out = {}
+    for cap in CAPS:
+        run_dir = tmp_path_factory.mktemp(f"cap{cap:g}")
+        res = run_cli("profile", "--nproc-per-node", "2", "--out", str(run_dir), "-q", "--json",
+                      str(EXAMPLES / "train_mlp.py"), *SCRIPT_ARGS, "--bucket-cap-mb", f"{cap:g}")
+        assert res.returncode in (0, 1), res.stderr[-3000:]
+        out[cap] = analyze_paths([run_dir])
+    return out
+
+
+def test_simulated_buckets_match_the_buckets_ddp_built(runs):
+    for cap, analysis in runs.items():
+        per_step = defaultdict(int)
+        for b in analysis.buckets:
+            per_step[(b.rank, b.step)] += 1
+        assert per_step, f"cap {cap}: no DDP bucket recorded"
+        measured = statistics.median(per_step.values())
+        w = bucket_whatif(analysis, caps_mb=CAPS)
+        assert w.available and w.grad_source == "trace", w.reason
+        assert w.current_bucket_cap_mb == cap
+        predicted = {p.bucket_cap_mb: p.buckets_per_step for p in w.predictions}
+        assert predicted[cap] == measured
+        assert w.current_buckets_per_step == w.measured_buckets_per_step == measured
+    assert predicted[1.0] > predicted[100.0]
+
+
+def test_predicted_order_matches_measured_order(runs):
+    measured = {cap: bucket_whatif(a, caps_mb=CAPS).measured_exposed_us for cap, a in runs.items()}
+    assert all(v is not None for v in measured.values())
+    measured_small_first = measured[1.0] < measured[100.0]
+    for cap, analysis in runs.items():
+        w = bucket_whatif(analysis, caps_mb=CAPS)
+        pred = {p.bucket_cap_mb: p.exposed_comm_us for p in w.predictions}
+        # The model fitted on either run must order the two caps as the two real runs did.
+        assert (pred[1.0] < pred[100.0]) == measured_small_first, (cap, pred, measured)

@@ -1,0 +1,276 @@
+"""Performance rules on hand-built analyses: each fires above its threshold, stays quiet below, names its evidence."""
+
+from __future__ import annotations
+
+from types import SimpleNamespace
+
+import pytest
+
+from ddpdoctor.analyses.whatif import MIB, bucket_whatif
+from ddpdoctor.findings import perf
+from ddpdoctor.findings.model import Severity
+from ddpdoctor.findings.perf import perf_findings
+from ddpdoctor.report import Report
+from tests.unit.analysis_builders import analysis, bucket, fit, grads, rank, step, stragglers
+
+
+def ids(findings):
+    return {f.id: f for f in findings}
+
+
+def one_rank(exposed: float, *, dur: float = 1000.0, steps: int = 3, **over):
+    return analysis([rank(0, [step(i, start=i * dur, dur=dur, comm=exposed + 100, exposed=exposed,
+                                   bw=(i * dur + 100, i * dur + 500)) for i in range(steps)])], **over)
+
+
+@pytest.mark.parametrize("exposed,expected", [(150, None), (250, Severity.WARNING), (450, Severity.ERROR)])
+def test_exposed_comm_thresholds(exposed, expected):
+    found = ids(perf_findings(one_rank(exposed)))
+    if expected is None:
+        assert "exposed-comm-high" not in found
+    else:
+        f = found["exposed-comm-high"]
+        assert f.severity is expected and f.ranks == [0]
+        assert f.evidence["exposed_comm_pct"]["0"] == pytest.approx(exposed / 10)
+        assert f.evidence["exposed_comm_ms"]["0"] == pytest.approx(3 * exposed / 1000)
+
+
+def test_exit_codes_follow_the_worst_finding():
+    assert Report("analyze", findings=perf_findings(one_rank(450))).exit_code() == 1
+    warn = Report("analyze", findings=perf_findings(one_rank(250)))
+    assert warn.exit_code() == 0 and warn.exit_code(Severity.WARNING) == 1
+    assert Report("analyze", findings=perf_findings(one_rank(10))).exit_code(Severity.WARNING) == 0
+
+
+def test_comm_tail_in_ms():
+    tail = [bucket(0, i, 1, 2 * MIB, i * 1000 + 450, i * 1000 + 650, True, 150) for i in range(3)]
+    f = ids(perf_findings(one_rank(150, buckets=tail)))["comm-tail-after-backward"]
+    assert f.evidence["tail_ms_median"] == {"0": 0.15} and f.evidence["tail_pct_of_step"] == {"0": 15.0}
+    assert f.evidence["last_bucket_mb"] == 2.0
+    short = [bucket(0, i, 1, 2 * MIB, i * 1000 + 450, i * 1000 + 550, True, 50) for i in range(3)]
+    assert "comm-tail-after-backward" not in ids(perf_findings(one_rank(150, buckets=short)))
+    # Named only when exposed communication matters (>= 5% of a step).
+    assert "comm-tail-after-backward" not in ids(perf_findings(one_rank(20, buckets=tail)))
+
+
+def test_latency_bound_small_buckets():
+    small = [bucket(0, s, i, 100 * 1024, s * 1000 + 100 + 60 * i, s * 1000 + 160 + 60 * i) for s in range(3) for i in range(6)]
+    f = ids(perf_findings(one_rank(150, buckets=small, bandwidth=fit(50, 1000))))["buckets-latency-bound"]
+    # 6 buckets x 50 us latency / 360 us of all_reduce = 0.833 -> warning.
+    assert f.severity is Severity.WARNING and f.evidence["small_buckets_per_step"] == 6
+    assert f.evidence["latency_share_of_comm"] == pytest.approx(0.833, abs=1e-3)
+    assert f.evidence["small_bucket_median_kib"] == 100.0
+    few = [b for b in small if b.index < 3]
+    assert "buckets-latency-bound" not in ids(perf_findings(one_rank(150, buckets=few, bandwidth=fit(50, 1000))))
+
+
+def test_first_bucket_late():
+    # Backward 100..500 in each step: a first all_reduce at +300 is 75% in, at +100 25%.
+    late = [bucket(0, s, 0, 8 * MIB, s * 1000 + 400, s * 1000 + 700, True, 200) for s in range(3)]
+    f = ids(perf_findings(one_rank(200, buckets=late)))["first-bucket-late"]
+    assert f.evidence["first_allreduce_at_backward_pct"] == {"0": 75.0}
+    early = [bucket(0, s, 0, 8 * MIB, s * 1000 + 200, s * 1000 + 700, True, 200) for s in range(3)]
+    assert "first-bucket-late" not in ids(perf_findings(one_rank(200, buckets=early)))
+
+
+def test_sync_inside_backward():
+    a = one_rank(200)
+    a.syncs = [  # type: ignore[attr-defined]
+        SimpleNamespace(rank=0, step=1, name="aten::item", t_us=1300, dur_us=40.0),
+        SimpleNamespace(rank=0, step=1, name="aten::_to_copy", t_us=1350, dur_us=10.0, detail="cpu"),
+        SimpleNamespace(rank=0, step=1, name="aten::item", t_us=1800, dur_us=40.0),  # after backward (1100..1500)
+        SimpleNamespace(rank=0, step=2, name="aten::add", t_us=2300, dur_us=40.0),
+    ]
+    f = ids(perf_findings(a))["sync-in-backward"]
+    assert f.severity is Severity.INFO  # a CPU-only rank: nothing to wait for, reported for the GPU job
+    assert f.evidence["calls"] == {"aten::item": 1, "aten::_to_copy (.cpu())": 1}
+    assert f.evidence["steps"] == [1] and f.evidence["time_ms"] == 0.05
+    assert "sync-in-backward" not in ids(perf_findings(one_rank(200)))
+
+
+def _ddp(**cfg):
+    base = {"bucket_cap_mb": 25.0, "find_unused_parameters": True, "static_graph": False,
+            "gradient_as_bucket_view": False, "parameter_tensors": 4, "parameter_bytes": 4 * MIB,
+            "parameters": [{"bytes": MIB}] * 4, "grad_ready_order": [3, 2, 1, 0]}
+    base.update(cfg)
+    return [base]
+
+
+def test_find_unused_parameters_when_every_parameter_gets_a_gradient():
+    all_used = [g for s in range(3) for g in grads(0, s, [(s * 1000 + 200 + i, MIB) for i in range(4)])]
+    f = ids(perf_findings(one_rank(10, ddp=_ddp(), grad_ready=all_used)))
+    assert f["find-unused-parameters-unneeded"].evidence["gradients_per_step"] == [4]
+    assert "static-graph-would-help" not in f
+    three = [g for s in range(3) for g in grads(0, s, [(s * 1000 + 200 + i, MIB) for i in range(3)])]
+    f = ids(perf_findings(one_rank(10, ddp=_ddp(), grad_ready=three)))
+    assert "find-unused-parameters-unneeded" not in f
+    assert f["static-graph-would-help"].evidence["gradients_per_step"] == 3
+    assert "static-graph-would-help" not in ids(perf_findings(one_rank(10, ddp=_ddp(static_graph=True), grad_ready=three)))
+    assert ids(perf_findings(one_rank(10, ddp=_ddp())))["find-unused-parameters-on"].severity is Severity.INFO
+    assert not ids(perf_findings(one_rank(10, ddp=_ddp(find_unused_parameters=False), grad_ready=all_used)))
+
+
+def test_gradient_as_bucket_view():
+    f = ids(perf_findings(one_rank(10, ddp=_ddp(find_unused_parameters=False, parameter_bytes=30 * MIB))))
+    assert f["gradient-as-bucket-view-off"].evidence["parameter_bytes"] == 30 * MIB
+    assert not perf_findings(one_rank(10, ddp=_ddp(find_unused_parameters=False, parameter_bytes=10 * MIB)))
+    assert not perf_findings(one_rank(10, ddp=_ddp(find_unused_parameters=False, parameter_bytes=30 * MIB,
+                                                   gradient_as_bucket_view=True)))
+
+
+@pytest.mark.parametrize("skew,expected", [(40, None), (100, Severity.WARNING), (300, Severity.ERROR)])
+def test_straggler(skew, expected):
+    r0 = rank(0, [step(i, dur=1000, comm=100) for i in range(3)])
+    r1 = rank(1, [step(i, dur=1000, comm=100) for i in range(3)])
+    a = analysis([r0, r1], stragglers=stragglers([1], skew, {1: 3 * skew, 0: 0.0}, {0: 1000.0, 1: 1000.0}))
+    found = ids(perf_findings(a))
+    if expected is None:
+        assert "straggler-rank" not in found
+        return
+    f = found["straggler-rank"]
+    assert f.severity is expected and f.ranks == [1]
+    assert f.evidence["skew_pct_of_step"] == skew / 10
+    assert f.evidence["others_waited_ms"] == {"1": 3 * skew / 1000}
+    assert f.evidence["others_waited_ms_per_step"] == {"1": skew / 1000}
+
+
+def test_step_time_variance_and_rank_skew():
+    noisy = rank(0, [step(0, dur=1000), step(1, dur=1000), step(2, dur=2000)])
+    f = ids(perf_findings(analysis([noisy])))["step-time-variance"]
+    # mean 1333.3, population stdev 471.4 -> cv 0.354; slowest step 2.
+    assert f.evidence["by_rank"]["0"] == {"cv": 0.354, "slowest_step": 2, "slowest_ms": 2.0, "median_ms": 1.0}
+    steady = rank(0, [step(0, dur=1000), step(1, dur=1050), step(2, dur=1000)])
+    slow = rank(1, [step(0, dur=1200), step(1, dur=1200), step(2, dur=1200)])
+    f = ids(perf_findings(analysis([steady, slow])))
+    assert "step-time-variance" not in f
+    # medians 1000 and 1200: spread 200 over the median of medians 1100 -> 18%.
+    assert f["step-time-rank-skew"].ranks == [1] and f["step-time-rank-skew"].evidence["spread_ms"] == 0.2
+
+
+@pytest.mark.parametrize("wait,expected", [(50, None), (150, Severity.WARNING), (350, Severity.ERROR)])
+def test_data_wait(wait, expected):
+    r = rank(0, [step(i, dur=1000, data_wait=wait) for i in range(4)])
+    found = ids(perf_findings(analysis([r])))
+    if expected is None:
+        assert "data-loading-wait" not in found
+    else:
+        f = found["data-loading-wait"]
+        assert f.severity is expected
+        assert f.evidence["data_wait_pct"] == {"0": wait / 10}
+        assert f.evidence["data_wait_ms_per_step"] == {"0": wait / 1000}
+
+
+def test_no_communication():
+    solo = analysis([rank(0, [step(0)], world_size=1)])
+    f = ids(perf_findings(solo))["no-communication"]
+    assert f.severity is Severity.INFO and "world size 1" in f.title
+    two = analysis([rank(0, [step(0, comm=100)]), rank(1, [step(0)])])
+    assert ids(perf_findings(two))["rank-no-communication"].ranks == [1]
+
+
+def test_whatif_finding_and_advice():
+    a = one_rank(400, steps=1, ddp=_ddp(find_unused_parameters=False, buckets=[{"bytes": 4 * MIB}]),
+                 grad_ready=grads(0, 0, [(200, MIB), (300, MIB), (400, MIB), (500, MIB)]), bandwidth=fit(10, MIB / 100))
+    w = bucket_whatif(a)
+    # Backward ends at 500: one 4 MiB bucket -> 410 exposed; cap 1 -> 200..310..420..530..640 -> 140.
+    assert w.best_bucket_cap_mb == 1 and w.saving_us_per_step == pytest.approx(270)
+    f = ids(perf_findings(a, w))
+    assert f["bucket-cap-whatif"].severity is Severity.WARNING
+    assert f["bucket-cap-whatif"].advice.startswith("`DDP(model, bucket_cap_mb=1)`")
+    assert "bucket_cap_mb=1" in f["exposed-comm-high"].advice
+
+
+def test_every_threshold_is_a_documented_constant():
+    from pathlib import Path
+
+    doc = (Path(__file__).resolve().parents[2] / "docs" / "findings" / "perf.md").read_text()
+    from ddpdoctor.findings import perf_balance
+
+    names = [n for m in (perf, perf_balance) for n in vars(m) if n.isupper() and not n.startswith("_")
+             and n not in {"RULES", "MIB"}]
+    assert len(names) > 15 and all(n in doc for n in names), [n for n in names if n not in doc]
+    for rule in perf.RULES:
+        assert rule.__name__
+
+
+def test_whatif_finding_is_only_info_when_the_model_misfits_this_run():
+    # Same run, but the measured exposed communication (40 us) is far from the predicted 410 us for its own
+    # layout: a fit error of 37% of a step, larger than the 27% saving promised.
+    a = one_rank(40, steps=1, ddp=_ddp(find_unused_parameters=False, buckets=[{"bytes": 4 * MIB}]),
+                 grad_ready=grads(0, 0, [(200, MIB), (300, MIB), (400, MIB), (500, MIB)]), bandwidth=fit(10, MIB / 100))
+    f = ids(perf_findings(a))["bucket-cap-whatif"]
+    assert f.severity is Severity.INFO and f.evidence["fit_error_pct_of_step"] == 37.0
+
+
+def test_item_is_counted_once():
+    a = one_rank(200)
+    a.syncs = [  # type: ignore[attr-defined]
+        SimpleNamespace(rank=0, step=1, name="aten::item", t_us=1300, dur_us=40.0),
+        SimpleNamespace(rank=0, step=1, name="aten::_local_scalar_dense", t_us=1303, dur_us=30.0),
+    ]
+    assert ids(perf_findings(a))["sync-in-backward"].evidence["calls"] == {"aten::item": 1}
+
+
+def test_report_parts_carry_the_whatif_section():
+    from ddpdoctor.findings.perf import perf_report_parts
+
+    a = one_rank(400, steps=1, ddp=_ddp(find_unused_parameters=False, buckets=[{"bytes": 4 * MIB}]),
+                 grad_ready=grads(0, 0, [(200, MIB), (300, MIB), (400, MIB), (500, MIB)]), bandwidth=fit(10, MIB / 100))
+    sections, findings = perf_report_parts(a)
+    assert sections["whatif"]["best_bucket_cap_mb"] == 1
+    assert [p["bucket_cap_mb"] for p in sections["whatif"]["predictions"]] == [1, 5, 10, 25, 50, 100, 200]
+    assert "bucket-cap-whatif" in ids(findings)
+
+
+def test_single_rank_ddp():
+    solo = analysis([rank(0, [step(0, comm=80)], world_size=1)])
+    f = ids(perf_findings(solo))["single-rank-ddp"]
+    assert f.severity is Severity.INFO and f.evidence["collective_ms"] == {"0": 0.08}
+
+
+def test_sync_window_is_the_cpu_backward_on_gpu_traces():
+    from dataclasses import replace
+
+    from ddpdoctor.analyses.model import SyncCall
+
+    a = one_rank(200)
+    a.ranks[0] = replace(a.ranks[0], device="gpu")
+    # Device backward 1100..1500 but the CPU ran it 1000..1050: a sync at 1020 is inside backward.
+    a.ranks[0].per_step[1] = replace(a.ranks[0].per_step[1], cpu_backward_start_us=1000, cpu_backward_end_us=1050)
+    a.syncs = [SyncCall(rank=0, step=1, name="cudaStreamSynchronize", t_us=1020, dur_us=300.0)]
+    f = ids(perf_findings(a))["sync-in-backward"]
+    assert f.severity is Severity.WARNING
+    assert f.evidence == {"calls": {"cudaStreamSynchronize": 1}, "steps": [1], "time_ms": 0.3}
+
+
+def test_cap_advice_carries_the_fit_caveat_and_needs_a_real_saving():
+    wi = dict(ddp=_ddp(find_unused_parameters=False, buckets=[{"bytes": 4 * MIB}]),
+              grad_ready=grads(0, 0, [(200, MIB), (300, MIB), (400, MIB), (500, MIB)]), bandwidth=fit(10, MIB / 100))
+    # Measured 700 us exposed vs 410 predicted: fit error 29% of a step > the 27% saving -> a caveat.
+    advice = ids(perf_findings(one_rank(700, steps=1, **wi)))["exposed-comm-high"].advice
+    assert advice.startswith("`DDP(model, bucket_cap_mb=1)`") and "within 29% of a step" in advice
+    # Gradients all ready at the end: no cap saves anything, so the advice is the generic one.
+    late = dict(wi, grad_ready=grads(0, 0, [(500, MIB)] * 4))
+    advice = ids(perf_findings(one_rank(450, steps=1, **late)))["exposed-comm-high"].advice
+    assert "bucket_cap_mb" not in advice and "fp16_compress_hook" in advice
+
+
+@pytest.mark.parametrize("cap,expect", [(100, "bucket_cap_mb=25"), (1, "already 1 MiB"), (None, "bucket_cap_mb=5")])
+def test_first_bucket_late_advice_goes_smaller_than_the_current_cap(cap, expect):
+    late = [bucket(0, s, 0, 8 * MIB, s * 1000 + 400, s * 1000 + 700, True, 200) for s in range(3)]
+    ddp = [{"bucket_cap_mb": cap}]  # no parameter list and no gradient times: the what-if cannot run
+    f = ids(perf_findings(one_rank(200, buckets=late, ddp=ddp)))["first-bucket-late"]
+    assert expect in f.advice
+
+
+def test_ddp_flag_findings_name_ranks_and_steps():
+    used = [g for r in (0, 1) for s in (3, 4) for g in grads(r, s, [(s * 1000 + 200 + i, MIB) for i in range(4)])]
+    a = analysis([rank(0, [step(3), step(4)]), rank(1, [step(3), step(4)])], ddp=_ddp(), grad_ready=used)
+    f = ids(perf_findings(a))["find-unused-parameters-unneeded"]
+    assert f.ranks == [0, 1] and f.evidence["steps"] == [3, 4]
+
+
+def test_tail_advice_without_a_whatif():
+    tail = [bucket(0, i, 1, 2 * MIB, i * 1000 + 450, i * 1000 + 650, True, 150) for i in range(3)]
+    f = ids(perf_findings(one_rank(150, buckets=tail, ddp=[{"bucket_cap_mb": 40}])))["comm-tail-after-backward"]
+    assert "`DDP(model, bucket_cap_mb=10)`" in f.advice
