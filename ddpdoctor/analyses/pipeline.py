@@ -197,19 +197,12 @@ def analyze_paths(paths: list[Path], options: AnalyzeOptions | None = None) -> A
     )
 
 
-def findings_for(analysis: Analysis) -> list[Any]:
-    """The findings helper's rules, when that module is installed (ddpdoctor.findings.perf)."""
-    try:
-        from ddpdoctor.findings.perf import perf_findings
-    except ModuleNotFoundError as exc:
-        if exc.name != "ddpdoctor.findings.perf":
-            raise  # the rules exist but are broken: say so rather than report "no findings"
-        return []
-    return list(perf_findings(analysis))
-
-
 def report_for(analysis: Analysis, command: str = "analyze") -> Report:
-    return Report(command=command, sections=analysis.to_sections(), findings=findings_for(analysis),
+    """The analysis as a Report: its JSON sections, the bucket what-if section and the performance findings."""
+    from ddpdoctor.findings.perf import perf_report_parts
+
+    extra, findings = perf_report_parts(analysis)
+    return Report(command=command, sections={**analysis.to_sections(), **extra}, findings=list(findings),
                   notes=list(analysis.notes))
 
 

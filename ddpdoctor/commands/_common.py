@@ -87,6 +87,7 @@ def launch_options(fn: Callable[..., Any]) -> Callable[..., Any]:
     fn = click.argument("script_args", nargs=-1, type=click.UNPROCESSED)(fn)
     fn = click.argument("script")(fn)
     fn = click.option("--quiet", "-q", is_flag=True, help="Do not echo the ranks' output.")(fn)
+    fn = click.option("--overwrite", is_flag=True, help="Replace an earlier run in the same run directory.")(fn)
     fn = click.option(
         "--launcher",
         type=click.Choice(["torchrun", "none"]),

@@ -9,14 +9,6 @@ import click
 from ddpdoctor.commands._common import cli_errors, emit, fail_on_option, json_option
 
 
-def _renderer():  # noqa: ANN202 - the views helper's section renderer when present, else the generic one
-    try:
-        from ddpdoctor.renderers.console_perf import render_perf_sections
-    except ImportError:
-        return None
-    return render_perf_sections
-
-
 @click.command(help=__doc__ + "\n\nPATH: a run directory from `ddpdoctor profile`, a folder of traces, or trace files "
                "(.json / .json.gz, GPU or CPU, one rank or many).")
 @click.argument("paths", nargs=-1, required=True, type=click.Path(path_type=Path))
@@ -26,12 +18,21 @@ def _renderer():  # noqa: ANN202 - the views helper's section renderer when pres
 @click.option("--reread", is_flag=True, help="Re-read the traces instead of the per-rank summaries of a run directory.")
 @click.option("--workers", type=click.IntRange(1, 1024), default=None, help="Processes reading traces (default: cores).")
 @click.option("--verbose", "-v", is_flag=True, help="Per-step and per-collective tables.")
+@click.option("--html", "html_path", type=click.Path(path_type=Path), default=None, help="Write the HTML report here.")
+@click.option("--merge", "merge_path", type=click.Path(path_type=Path), default=None,
+              help="Write one Perfetto/Chrome trace of all ranks, clocks aligned (e.g. merged.json.gz).")
 @json_option
 @fail_on_option
 @cli_errors
-def command(paths: tuple[Path, ...], window: str, reread: bool, workers: int | None, verbose: bool, as_json: bool,
-            fail_on: str) -> None:
+def command(paths: tuple[Path, ...], window: str, reread: bool, workers: int | None, verbose: bool,
+            html_path: Path | None, merge_path: Path | None, as_json: bool, fail_on: str) -> None:
     from ddpdoctor.analyses.pipeline import AnalyzeOptions, analyze_paths, report_for
+    from ddpdoctor.renderers.console_perf import render_perf_sections
+    from ddpdoctor.renderers.merge import trace_paths
+    from ddpdoctor.renderers.outputs import write_outputs
 
     analysis = analyze_paths(list(paths), AnalyzeOptions(window=window, reread=reread, workers=workers))
-    emit(report_for(analysis), as_json=as_json, verbose=verbose, fail_on=fail_on, sections=_renderer())
+    report = report_for(analysis)
+    run_dir = paths[0] if len(paths) == 1 and (paths[0] / "manifest.json").is_file() else None
+    write_outputs(report, {}, run_dir, html_path, merge_path, trace_paths(list(paths)) if merge_path else [])
+    emit(report, as_json=as_json, verbose=verbose, fail_on=fail_on, sections=render_perf_sections)

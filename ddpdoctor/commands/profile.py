@@ -48,6 +48,7 @@ def command(
     name: str | None,
     launcher: str,
     quiet: bool,
+    overwrite: bool,
     wait: int,
     warmup: int,
     active: int,
@@ -70,6 +71,7 @@ def command(
         schedule=Schedule(wait=wait, warmup=warmup, active=active, repeat=repeat),
         options={"with_stack": with_stack},
         quiet=quiet,
+        overwrite=overwrite,
         output_to_stderr=as_json,
     )
     result = launch(spec)

@@ -49,6 +49,7 @@ class LaunchSpec:
     env: dict[str, str] = field(default_factory=dict)  # extra environment for the ranks
     quiet: bool = False  # don't echo rank output to the console
     output_to_stderr: bool = False  # keep stdout clean for --json
+    overwrite: bool = False  # replace an earlier run in the same run directory
 
     @property
     def as_module(self) -> bool:
@@ -163,7 +164,7 @@ def _tee(stream: Any, path: Path, echo: Any) -> threading.Thread:
 def launch(spec: LaunchSpec, watcher: JobWatcher | None = None) -> LaunchResult:
     """Run the job to the end and return its exit code (the job's, as torchrun reports it)."""
     validate(spec)
-    spec.run_dir.ensure_writable()
+    spec.run_dir.ensure_writable(spec.overwrite)
     manifest_mod.write_initial(spec)
     monitor = watcher.start(spec) if watcher is not None else None
     env = _rank_env(spec, monitor)

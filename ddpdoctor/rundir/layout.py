@@ -68,8 +68,26 @@ class RunDir:
     def is_run_dir(self) -> bool:
         return self.manifest.is_file()
 
-    def ensure_writable(self) -> None:
-        """Create the directory tree, or raise BadInput naming the directory that cannot be written."""
+    # What a launch writes; --overwrite removes exactly these, never anything else a user put there.
+    OWNED = ("manifest.json", "traces", "ranks", "torchrun", "scalars", "report.json", "report.txt", "report.html",
+             "hang.json", "hang.txt")
+
+    def ensure_writable(self, overwrite: bool = False) -> None:
+        """Create the directory tree, or raise BadInput naming the directory that cannot be written.
+
+        A directory that already holds a run is refused (its traces would mix with the new ones) unless
+        ``overwrite``, which first removes what the earlier launch wrote."""
+        if self.manifest.exists():
+            if not overwrite:
+                raise BadInput("already holds a run; choose another --out/--name, or pass --overwrite", self.root)
+            import shutil
+
+            for name in self.OWNED:
+                target = self.root / name
+                if target.is_dir() and not target.is_symlink():
+                    shutil.rmtree(target, ignore_errors=True)
+                elif target.exists() or target.is_symlink():
+                    target.unlink()
         try:
             for d in (self.root, self.traces, self.root / "ranks", self.scalars):
                 d.mkdir(parents=True, exist_ok=True)
