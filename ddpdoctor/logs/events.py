@@ -110,7 +110,8 @@ class Frame:
     def is_library(self) -> bool:
         """Frames in torch or any installed package, i.e. not the user's own code."""
         f = self.file.replace("\\", "/")
-        return "site-packages/" in f or "dist-packages/" in f or "/lib/python3" in f or f.startswith("<")
+        return ("site-packages/" in f or "dist-packages/" in f or "/lib/python3" in f or "/torch/" in f
+                or f.startswith("<"))
 
     def __str__(self) -> str:
         return f"{self.file}:{self.line}"
@@ -144,6 +145,8 @@ class RankException:
         for frame in reversed(self.frames):
             if frame.file.replace("\\", "/").endswith("torch/distributed/distributed_c10d.py"):
                 return frame.function
+        if any(f.function in ("backward", "_engine_run_backward") for f in self.frames):
+            return "allreduce (DDP gradient buckets, in backward)"
         return None
 
 

@@ -34,8 +34,8 @@ _MONITORED = re.compile(r"Ranks? ([\d, ]+) failed to pass monitoredBarrier in (\
 _REPORTER = re.compile(r"\[(?:PG[^\]]*?)?Rank (\d+)\]")
 
 # --- NCCL watchdog -------------------------------------------------------------------------------------------------
-_WORKNCCL = re.compile(r"Watchdog caught collective operation timeout: WorkNCCL\(([^)]*(?:\([^)]*\)[^)]*)*)\)"
-                       r"(?: ran for (\d+) milliseconds)?")
+_WORKNCCL = re.compile(r"Watchdog caught collective operation timeout: WorkNCCL\(((?:[^()]|\([^()]*\))*)\)")
+_RAN_FOR = re.compile(r"ran for (\d+) milliseconds")
 _KV = re.compile(r"(\w+(?:\(ms\))?)=([^,]+)")
 _WORK_STATE = re.compile(
     r"(?:at work|work sequence id|at NCCL work)\D{0,40}?(\d+).{0,80}?last enqueued (?:NCCL )?work:?\s*(\d+)"
@@ -119,7 +119,8 @@ def _watchdog(line: LogLine, where: Where) -> WatchdogTimeout | None:
     return WatchdogTimeout(
         rank=_reporter(line), seq=int(fields["SeqNum"]), op=fields.get("OpType", "UNKNOWN"),
         numel_in=num("NumelIn"), numel_out=num("NumelOut"), timeout_ms=num("Timeout(ms)"),
-        ran_for_ms=int(m.group(2)) if m.group(2) else None, group=_group(line.text), where=where,
+        ran_for_ms=int(ran.group(1)) if (ran := _RAN_FOR.search(line.text, m.end())) else None,
+        group=_group(line.text), where=where,
     )
 
 

@@ -27,7 +27,7 @@ def _message_continues(text: str) -> bool:
     """Whether a line after an exception line still belongs to its message (multi-line RuntimeErrors from DDP)."""
     if not text.strip() or text.startswith(_START) or text.startswith(_CHAIN) or _LOGGER_LINE.match(text):
         return False
-    return not text.startswith(("torch.distributed.elastic", "===", "---", "[", "Fatal Python error"))
+    return not text.startswith(("torch.distributed.elastic", "===", "---", "[", "#", "Fatal Python error"))
 
 
 def _python_tracebacks(lines: list[LogLine]) -> list[RankException]:
@@ -40,15 +40,16 @@ def _python_tracebacks(lines: list[LogLine]) -> list[RankException]:
             chained = True
             i += 1
             continue
-        if text.strip() != _START:
+        headless = bool(_FRAME.match(text))  # an excerpt that lost its "Traceback" header
+        if text.strip() != _START and not headless:
             if text.strip():
                 chained = False  # a chain marker only applies to the traceback right after it
             i += 1
             continue
         start = lines[i]
-        body = [text]
+        body = [] if headless else [text]
         frames: list[Frame] = []
-        j = i + 1
+        j = i if headless else i + 1
         while j < len(lines) and j - i < _MAX_FRAMES_LINES:
             t = lines[j].text
             if _is_indented(t) or t.strip() in ("...", "[...]"):
