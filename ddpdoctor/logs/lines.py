@@ -18,8 +18,8 @@ _PID_PREFIX = re.compile(r"\[\d{2,8}\] (?=\[)")
 _SRUN_LABEL = re.compile(r"^\s*(\d{1,6}): ")
 # glog-style headers of torch's C++ ("[E321 02:07:08.408 ProcessGroupNCCL.cpp:607] ", "[E ProcessGroupNCCL.cpp:737] ")
 # and Python ("E1122 10:23:15.599000 8860 torch/distributed/.../api.py:1002] ") loggers.
-_GLOG_CPP = re.compile(r"^\[([IWEF])(?:\d{4} [\d:.]+)?\s*[\w./-]+:\d+\] ")
-_GLOG_PY = re.compile(r"^([IWEF])\d{4} [\d:.]+ \d+ [\w./-]+:\d+\] ")
+_GLOG_CPP = re.compile(r"^\[([IWEF])(?:\d{3,4} [\d:.]+)?\s*[\w./-]+:\d+\] ")
+_GLOG_PY = re.compile(r"^([IWEF])\d{3,4} [\d:.]+ \d+ [\w./-]+:\d+\] ")
 
 # Rank (or local rank) in a file name: rank3.err, rank_3.log, torchrun's --log-dir "attempt_0/3/stderr.log".
 _NAME_RANK = (

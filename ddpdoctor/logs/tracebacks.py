@@ -23,9 +23,10 @@ def _is_indented(text: str) -> bool:
     return text[:1] in (" ", "\t")
 
 
-def _message_continues(text: str) -> bool:
+def _message_continues(line: LogLine) -> bool:
     """Whether a line after an exception line still belongs to its message (multi-line RuntimeErrors from DDP)."""
-    if not text.strip() or text.startswith(_START) or text.startswith(_CHAIN) or _LOGGER_LINE.match(text):
+    text = line.text
+    if line.logger or not text.strip() or text.startswith(_START) or text.startswith(_CHAIN) or _LOGGER_LINE.match(text):
         return False
     return not text.startswith(("torch.distributed.elastic", "===", "---", "[", "#", "Fatal Python error"))
 
@@ -70,7 +71,7 @@ def _python_tracebacks(lines: list[LogLine]) -> list[RankException]:
         message = [m.group(2) or ""]
         body.append(lines[j].text)
         k = j + 1
-        while k < len(lines) and k - j < _MAX_MESSAGE_LINES and _message_continues(lines[k].text):
+        while k < len(lines) and k - j < _MAX_MESSAGE_LINES and _message_continues(lines[k]):
             message.append(lines[k].text)
             body.append(lines[k].text)
             k += 1
