@@ -8,7 +8,6 @@ import gzip
 import json
 
 import pytest
-
 from click.testing import CliRunner
 
 from ddpdoctor.cli import main
