@@ -182,10 +182,10 @@ def _hang_finding(h: hangs.HangAnalysis, stalled_all: set[int], excs: dict[int, 
     return Finding(
         "hang", Severity.ERROR, title, ranks=sorted(set(stalled) | set(culprits)),
         evidence={"stalled_ranks": stalled, "culprit_ranks": culprits,
-                  "collective": {"op": h.op, "seq": h.seq, "group": h.group},
-                  "call_sites": {str(r): s for r, s in sorted(call_sites.items())}, "stacks": stacks,
-                  "detected_after_s": h.detected_after_s, "why": h.why, "source": h.source, "sources": sources,
-                  "per_rank": {str(r): v for r, v in sorted(h.per_rank.items())}},
+                  "collective": {"op": h.op, "seq": h.seq, "group": h.group}, "why": h.why,
+                  "call_sites": {str(r): s for r, s in sorted(call_sites.items())},
+                  "detected_after_s": h.detected_after_s, "source": h.source, "sources": sources,
+                  "per_rank": {str(r): v for r, v in sorted(h.per_rank.items())}, "stacks": stacks},
         advice=("Look at what the culprit rank(s) did instead of entering the collective: a rank-dependent branch, "
                 "uneven data per rank (use DistributedSampler(drop_last=True) or DDP's join()), or a stall outside "
                 "torch.distributed. Run under `ddpdoctor run` to get every rank's stack at the moment of the hang."),
