@@ -125,6 +125,8 @@ def srun_failures(lines: list[LogLine]) -> list[ChildFailure]:
     """`srun: error: node12: task 3: Exited with exit code 1` / `Killed` / `Segmentation fault`, and OOM kills."""
     out: list[ChildFailure] = []
     for line in lines:
+        if "srun" not in line.text and "oom" not in line.text and "Out of memory" not in line.text:
+            continue
         where = Where(line.source, line.lineno)
         m = _SRUN_TASK.search(line.text)
         if m:

@@ -7,10 +7,10 @@ from dataclasses import dataclass
 
 # Prefixes that name a rank, applied repeatedly because they stack: torchrun --tee writes "[default1]:" and torch's
 # own excepthook / C++ logger add "[rank1]:" inside it ("[default1]:[rank1]: Traceback ...").
-_RANK_PREFIXES = (
-    re.compile(r"\[default(\d+)\]:"),  # torchrun --tee / --redirects log_line_prefix
-    re.compile(r"\[rank(\d+)\]: ?"),  # torch >= 2.2 excepthook and c10 log prefix
-    re.compile(r"\[rank(\d+)\] "),  # the common "print(f'[rank{r}] ...')" habit in user scripts
+_RANK_PREFIX = re.compile(
+    r"\[default(\d+)\]:"  # torchrun --tee / --redirects log_line_prefix
+    r"|\[rank(\d+)\]: ?"  # torch >= 2.2 excepthook and c10 log prefix
+    r"|\[rank(\d+)\] "  # the common "print(f'[rank{r}] ...')" habit in user scripts
 )
 # A process id some collectors put in front of everything ("[80746] [rank0]:...").
 _PID_PREFIX = re.compile(r"\[\d{2,8}\] (?=\[)")
@@ -19,17 +19,18 @@ _SRUN_LABEL = re.compile(r"^\s*(\d{1,6}): ")
 # glog-style headers of torch's C++ ("[E321 02:07:08.408 ProcessGroupNCCL.cpp:607] ", "[E ProcessGroupNCCL.cpp:737] ")
 # and Python ("E1122 10:23:15.599000 8860 torch/distributed/.../api.py:1002] ") loggers.
 _GLOG_CPP = re.compile(r"^\[([IWEF])(?:\d{3,4} [\d:.]+)?\s*[\w./-]+:\d+\] ")
+_GLOG_LEADS = frozenset("[IWEF")
 _GLOG_PY = re.compile(r"^([IWEF])\d{3,4} [\d:.]+ \d+ [\w./-]+:\d+\] ")
 
 # Rank (or local rank) in a file name: rank3.err, rank_3.log, torchrun's --log-dir "attempt_0/3/stderr.log".
 _NAME_RANK = (
-    re.compile(r"rank[_-]?(\d+)", re.IGNORECASE),
+    re.compile(r"(?<![a-z])rank[_-]?(\d+)", re.IGNORECASE),
     re.compile(r"attempt_\d+[/\\](\d+)[/\\]std(?:err|out)\.log$"),
     re.compile(r"(?:task|proc|worker)[_-]?(\d+)", re.IGNORECASE),
 )
 
 
-@dataclass(frozen=True)
+@dataclass(slots=True)
 class LogLine:
     """One line with its prefixes removed. ``rank`` is None when nothing says which rank wrote it."""
 
@@ -68,23 +69,19 @@ def split_lines(source: str, text: str, default_rank: int | None = None) -> list
             if m:
                 rank = int(m.group(1))
                 line = line[m.end():]
-        line = _PID_PREFIX.sub("", line, count=1)
-        changed = True
-        while changed:
-            changed = False
-            for pattern in _RANK_PREFIXES:
-                m = pattern.match(line)
-                if m:
-                    rank = int(m.group(1))
-                    line = line[m.end():]
-                    changed = True
-        logger = ""
-        for glog in (_GLOG_CPP, _GLOG_PY):
-            m = glog.match(line)
-            if m:
-                logger = m.group(1)
+        if line.startswith("["):  # every prefix starts with "[": skip the regexes for the bulk of a log
+            line = _PID_PREFIX.sub("", line, count=1)
+            while m := _RANK_PREFIX.match(line):
+                rank = int(m.group(m.lastindex or 1))
                 line = line[m.end():]
-                break
+        logger = ""
+        if line[:1] in _GLOG_LEADS:
+            for glog in (_GLOG_CPP, _GLOG_PY):
+                m = glog.match(line)
+                if m:
+                    logger = m.group(1)
+                    line = line[m.end():]
+                    break
         out.append(LogLine(source, i, rank, line, logger))
     return out
 

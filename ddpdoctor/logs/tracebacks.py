@@ -88,6 +88,8 @@ def _native_aborts(lines: list[LogLine]) -> list[RankException]:
     """`terminate called after throwing ...` + `what(): ...` (gloo enforce failures) and faulthandler dumps."""
     found: list[RankException] = []
     for i, line in enumerate(lines):
+        if "terminate called" not in line.text and not line.text.startswith("Fatal Python error"):
+            continue
         m = _TERMINATE.search(line.text)
         if m:
             message = ""
