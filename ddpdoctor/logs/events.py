@@ -151,6 +151,22 @@ class RankException:
 
 
 @dataclass(frozen=True)
+class CollectiveStack:
+    """NCCL's 'Stack trace of the failed collective:' (torch >= 2.5 with Flight Recorder on): '#0 fn from file:line'."""
+
+    rank: int | None
+    frames: list[Frame]  # outermost first, like a Python traceback
+    text: str
+    where: Where
+
+    def user_frame(self) -> Frame | None:
+        for frame in reversed(self.frames):
+            if not frame.is_library():
+                return frame
+        return None
+
+
+@dataclass(frozen=True)
 class ChildFailure:
     """One record of torchrun's ChildFailedError table, or one failed task reported by srun."""
 
@@ -167,7 +183,7 @@ class ChildFailure:
 
 Event = (
     FingerprintMismatch | MonitoredBarrierFailure | WatchdogTimeout | WatchdogWorkState | GlooSizeMismatch
-    | GlooTimeout | UnusedParameters | RankException | ChildFailure
+    | GlooTimeout | UnusedParameters | RankException | CollectiveStack | ChildFailure
 )
 
 

@@ -20,7 +20,7 @@ from ddpdoctor.logs.events import ChildFailure, Event, RankException, event_json
 from ddpdoctor.logs.launchers import srun_failures, torchrun_failures
 from ddpdoctor.logs.lines import rank_from_name, split_lines, streams
 from ddpdoctor.logs.messages import parse_line
-from ddpdoctor.logs.tracebacks import exceptions_in
+from ddpdoctor.logs.tracebacks import collective_stacks, exceptions_in
 from ddpdoctor.report import Report
 
 MAX_BYTES = 512 * 1024 * 1024
@@ -69,6 +69,7 @@ def _text_events(name: str, text: str) -> tuple[list[Event], set[int], InputSumm
         events.extend(parse_line(line))
     for stream in streams(lines).values():
         events.extend(exceptions_in(stream))
+    events += collective_stacks(lines)
     failures, table_tracebacks = torchrun_failures(lines)
     events += failures + table_tracebacks + srun_failures(lines)
     ranks = {ln.rank for ln in lines if ln.rank is not None}

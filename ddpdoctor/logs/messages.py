@@ -37,9 +37,12 @@ _REPORTER = re.compile(r"\[(?:PG[^\]]*?)?Rank (\d+)\]")
 _WORKNCCL = re.compile(r"Watchdog caught collective operation timeout: WorkNCCL\(((?:[^()]|\([^()]*\))*)\)")
 _RAN_FOR = re.compile(r"ran for (\d+) milliseconds")
 _KV = re.compile(r"(\w+(?:\(ms\))?)=([^,]+)")
-_WORK_STATE = re.compile(
-    r"(?:at work|work sequence id|at NCCL work)\D{0,40}?(\d+).{0,80}?last enqueued (?:NCCL )?work:?\s*(\d+)"
-    r".{0,40}?last completed (?:NCCL )?work:?\s*(-?\d+)")
+# torch 2.2-2.5: "... detected by watchdog at work: S, last enqueued NCCL work: E, last completed NCCL work: C.";
+# torch >= 2.6: "failure detected by watchdog at work sequence id: S PG status: last enqueued work: E, last completed
+# work: C"; dump/desync messages: "Last enqueued NCCL work: E, last completed NCCL work: C."
+_ENQUEUED = re.compile(r"last enqueued (?:NCCL )?work:?\s*(\d+)", re.IGNORECASE)
+_COMPLETED = re.compile(r"last completed (?:NCCL )?work:?\s*(-?\d+)", re.IGNORECASE)
+_FAILED_AT = re.compile(r"(?:at work|work sequence id|at NCCL work):?\s*(\d+)")
 _PG = re.compile(r"\[PG(?: ID)? (\d+)(?: PG GUID [^\s(]*\(([^)]*)\))?")
 
 # --- gloo and DDP ------------------------------------------------------------------------------------------------
@@ -125,7 +128,7 @@ def _watchdog(line: LogLine, where: Where) -> WatchdogTimeout | None:
 
 
 # One search over the words every message above contains: most lines of a log carry none of them.
-_ANY = re.compile(r"Detected mismatch|monitoredBarrier|WorkNCCL\(|last enqueued|Received data size|Timed out waiting"
+_ANY = re.compile(r"Detected mismatch|monitoredBarrier|WorkNCCL\(|[Ll]ast enqueued|Received data size|Timed out waiting"
                   r"|did not receive grad|Expected to have finished reduction")
 
 
@@ -147,11 +150,13 @@ def parse_line(line: LogLine) -> list[Event]:
         timeout = _watchdog(line, where)
         if timeout is not None:
             events.append(timeout)
-    if "last enqueued" in text:
-        m = _WORK_STATE.search(text)
-        if m:
-            events.append(WatchdogWorkState(
-                _reporter(line), int(m.group(1)), int(m.group(2)), int(m.group(3)), _group(text), where))
+    m = _ENQUEUED.search(text)
+    if m:
+        failed = _FAILED_AT.search(text)
+        done = _COMPLETED.search(text)
+        events.append(WatchdogWorkState(
+            _reporter(line), int(failed.group(1)) if failed else None, int(m.group(1)),
+            int(done.group(1)) if done else None, _group(text), where))
     m = _GLOO_SIZE.search(text)
     if m:
         events.append(GlooSizeMismatch(

@@ -11,6 +11,7 @@ from ddpdoctor.findings.model import Finding, Severity
 from ddpdoctor.logs import hangs
 from ddpdoctor.logs.events import (
     ChildFailure,
+    CollectiveStack,
     Event,
     Fingerprint,
     FingerprintMismatch,
@@ -168,12 +169,17 @@ def unused_findings(ev: Evidence) -> list[Finding]:
 
 
 def _hang_finding(h: hangs.HangAnalysis, stalled_all: set[int], excs: dict[int, list[RankException]],
-                  sources: list[str]) -> Finding:
+                  nccl_stacks: dict[int, CollectiveStack], sources: list[str]) -> Finding:
     stalled = sorted(stalled_all - h.culprits)
     culprits = sorted(h.culprits)
-    stacks = {str(r): excs[r][0].traceback[:STACK_LIMIT] for r in sorted(set(stalled) | set(culprits)) if excs.get(r)}
+    involved = sorted(set(stalled) | set(culprits))
+    stacks = {str(r): excs[r][0].traceback[:STACK_LIMIT] for r in involved if excs.get(r)}
     call_sites = dict(h.call_sites)
-    for r in sorted(set(stalled) | set(culprits)):
+    for r in involved:
+        if r in nccl_stacks:  # the stack of the very collective that timed out beats any later traceback
+            stacks.setdefault(str(r), nccl_stacks[r].text[:STACK_LIMIT])
+            if r not in call_sites and nccl_stacks[r].user_frame():
+                call_sites[r] = str(nccl_stacks[r].user_frame())
         if r not in call_sites and excs.get(r) and excs[r][0].user_frame():
             call_sites[r] = str(excs[r][0].user_frame())
     op = h.op or "an unknown collective"
@@ -206,7 +212,8 @@ def hang_findings(ev: Evidence, excs: dict[int, list[RankException]], crashed: d
         return []
     best = analyses[0]
     stalled = set().union(*(a.stalled for a in analyses))
-    findings = [_hang_finding(best, stalled, excs, [a.source for a in analyses])]
+    nccl_stacks = {s.rank: s for s in ev.of(CollectiveStack) if s.rank is not None}
+    findings = [_hang_finding(best, stalled, excs, nccl_stacks, [a.source for a in analyses])]
     if best.mismatch:
         ranks = sorted(best.mismatch)
         findings.append(Finding(

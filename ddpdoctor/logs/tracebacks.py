@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import re
 
-from ddpdoctor.logs.events import Frame, RankException, Where
+from ddpdoctor.logs.events import CollectiveStack, Frame, RankException, Where
 from ddpdoctor.logs.lines import LogLine
 
 _START = "Traceback (most recent call last):"
@@ -122,3 +122,27 @@ def exceptions_in(lines: list[LogLine]) -> list[RankException]:
     """All exceptions in one (source, rank) stream, in order."""
     found = _python_tracebacks(lines) + _native_aborts(lines)
     return sorted(found, key=lambda e: e.where.lineno)
+
+
+_NCCL_STACK = "Stack trace of the failed collective:"
+_NCCL_FRAME = re.compile(r"^#(\d+) (\S+) from (.+):(\d+)\s*$")
+
+
+def collective_stacks(lines: list[LogLine]) -> list[CollectiveStack]:
+    """NCCL's stack of the collective that failed; its '#N fn from file:line' lines often lose the rank prefix, so
+    this reads a whole file in order rather than one rank's stream."""
+    found: list[CollectiveStack] = []
+    for i, line in enumerate(lines):
+        if _NCCL_STACK not in line.text:
+            continue
+        frames: list[Frame] = []
+        body: list[str] = []
+        for nxt in lines[i + 1:i + 200]:
+            m = _NCCL_FRAME.match(nxt.text.strip())
+            if not m or (nxt.rank is not None and line.rank is not None and nxt.rank != line.rank):
+                break
+            frames.append(Frame(m.group(3), int(m.group(4)), m.group(2)))
+            body.append(nxt.text.strip())
+        if frames:
+            found.append(CollectiveStack(line.rank, frames[::-1], "\n".join(body), Where(line.source, line.lineno)))
+    return found

@@ -141,3 +141,27 @@ def test_healthy_log_has_no_findings():
     text = ("W1122 10:23:12.444000 8860 torch/distributed/run.py:874] Setting OMP_NUM_THREADS\n"
             "[rank0] step 10 loss 0.31\n[rank1] step 10 loss 0.30\n")
     assert explain_texts({"ok.log": text}) == []
+
+
+def test_nccl_2_6_wording_and_stack_of_the_failed_collective():
+    # torch >= 2.6 wording; the '#N fn from file:line' lines of LOG(ERROR) carry no rank prefix.
+    def rank_lines(r: int, seq: int, enq: int, site: int) -> str:
+        return (f"[rank{r}]:[E710 18:00:32.426182607 ProcessGroupNCCL.cpp:757] [Rank {r}] Watchdog caught collective "
+                f"operation timeout: WorkNCCL(SeqNum={seq}, OpType=ALLREDUCE, NumelIn=8, NumelOut=8, "
+                f"Timeout(ms)=1800000) ran for 1800077 milliseconds before timing out.\n"
+                f"[rank{r}]:[E710 18:00:32.426302794 ProcessGroupNCCL.cpp:2395] [PG ID 0 PG GUID 0(default_pg) Rank {r}]"
+                f"  failure detected by watchdog at work sequence id: {seq} PG status: last enqueued work: {enq}, "
+                f"last completed work: {seq - 1}\n"
+                f"[rank{r}]:[E710 18:00:32.427312432 ProcessGroupNCCL.cpp:801] Stack trace of the failed collective: \n"
+                "#0 all_reduce from /usr/lib/python3.12/dist-packages/torch/distributed/distributed_c10d.py:3174\n"
+                "#1 wrapper from /usr/lib/python3.12/dist-packages/torch/distributed/c10d_logger.py:83\n"
+                f"#2 sync_metrics from /home/u/train.py:{site}\n"
+                "#3 main from /home/u/train.py:200\n")
+    text = rank_lines(0, 40, 41, 88) + rank_lines(1, 39, 39, 88)
+    (hang,) = by_id(explain_texts({"job.log": text}))["hang"]
+    ev = hang.evidence
+    assert ev["culprit_ranks"] == [1] and ev["stalled_ranks"] == [0]
+    assert ev["collective"] == {"op": "ALLREDUCE", "seq": 40, "group": "default_pg"}
+    assert ev["call_sites"] == {"0": "/home/u/train.py:88", "1": "/home/u/train.py:88"}
+    assert ev["stacks"]["0"].startswith("#0 all_reduce from")
+    assert ev["per_rank"]["1"]["last_enqueued"] == 39
