@@ -19,9 +19,9 @@ _SIGNAL_ADVICE = {
 
 
 def crashed_ranks(exceptions: list[RankException], failures: list[ChildFailure],
-                  other_problem: bool) -> dict[int | None, tuple[str, str, str]]:
-    """Rank -> (exception, traceback, call site) for every rank that failed on its own, in the order seen."""
-    crashed: dict[int | None, tuple[str, str, str]] = {}
+                  other_problem: bool) -> dict[int | None, tuple[str, str, str, str | None]]:
+    """Rank -> (exception, traceback, call site, signal) for every rank that failed on its own, in the order seen."""
+    crashed: dict[int | None, tuple[str, str, str, str | None]] = {}
     native: list[RankException] = []
     for exc in exceptions:
         if exc.chained or classify(exc) != "crash":
@@ -31,7 +31,7 @@ def crashed_ranks(exceptions: list[RankException], failures: list[ChildFailure],
             continue
         if exc.rank not in crashed:
             frame = exc.user_frame()
-            crashed[exc.rank] = (exc.exception, exc.traceback[:STACK_LIMIT], str(frame) if frame else "")
+            crashed[exc.rank] = (exc.exception, exc.traceback[:STACK_LIMIT], str(frame) if frame else "", None)
     if None in crashed:
         # An unprefixed traceback: it belongs to the one rank the launcher saw exit with an error, if only one did.
         candidates = {f.rank for f in failures if f.exitcode and f.exitcode > 0 and f.rank not in crashed}
@@ -49,17 +49,20 @@ def crashed_ranks(exceptions: list[RankException], failures: list[ChildFailure],
         exception = f"Signal {f.signal}" + (f" ({native[0].exception})" if stack else "")
         if f.reporter == "oom":
             exception = f"killed by the OOM killer: {f.error}"
-        crashed[f.rank] = (exception, stack or f.error, "")
+        crashed[f.rank] = (exception, stack or f.error, "", f.signal)
     return crashed
 
 
-def crash_findings(crashed: dict[int | None, tuple[str, str, str]], signals: dict[int, str]) -> list[Finding]:
+def crash_findings(crashed: dict[int | None, tuple[str, str, str, str | None]],
+                   signals: dict[int, str]) -> list[Finding]:
     findings = []
-    for rank, (exception, traceback, site) in crashed.items():
-        signal = next((s for s in _SIGNAL_ADVICE if s in exception), None) or signals.get(rank if rank is not None
-                                                                                          else -1)
+    for rank, (exception, traceback, site, signal) in crashed.items():
+        signal = signal or (signals.get(rank) if rank is not None else None)
         advice = _SIGNAL_ADVICE.get(signal or "", "Fix this rank's error first: the other ranks' errors (Connection "
                                     "closed/reset by peer, timeouts, watchdog aborts) are consequences of it.")
+        if signal is None and "out of memory" in exception.lower():
+            advice = ("The rank ran out of memory: a bigger batch or sequence on this rank than on the others (uneven "
+                      "data), a leak across steps, or too little memory for the model; check the batch shapes here.")
         first_line = exception.splitlines()[0] if exception else "?"
         findings.append(Finding(
             "rank-crashed", Severity.ERROR,

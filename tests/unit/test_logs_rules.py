@@ -165,3 +165,29 @@ def test_nccl_2_6_wording_and_stack_of_the_failed_collective():
     assert ev["call_sites"] == {"0": "/home/u/train.py:88", "1": "/home/u/train.py:88"}
     assert ev["stacks"]["0"].startswith("#0 all_reduce from")
     assert ev["per_rank"]["1"]["last_enqueued"] == 39
+
+
+def test_slurm_labelled_output_and_srun_failures():
+    text = ("1: Traceback (most recent call last):\n"
+            "0: step 10 loss 0.5\n"
+            '1:   File "/home/u/train.py", line 31, in <module>\n'
+            "1:     x = load(i)\n"
+            "1: FileNotFoundError: shard-00017.tar\n"
+            "0: Traceback (most recent call last):\n"
+            '0:   File "/home/u/train.py", line 50, in <module>\n'
+            "0:     dist.all_reduce(t)\n"
+            "0: RuntimeError: [pair.cc:598] Connection closed by peer [10.0.0.2]:5337\n"
+            "srun: error: node13: task 1: Exited with exit code 1\n"
+            "srun: error: node12: task 0: Exited with exit code 1\n"
+            "slurmstepd: error: *** STEP 4242.0 ON node12 CANCELLED AT 2026-11-22T10:00:00 ***\n")
+    found = by_id(explain_texts({"slurm-4242.out": text}))
+    (crash,) = found["rank-crashed"]
+    assert crash.evidence["rank"] == 1 and crash.evidence["exception"] == "FileNotFoundError: shard-00017.tar"
+    assert set(found) == {"rank-crashed"}
+
+
+def test_oom_kill_without_rank_is_a_crash():
+    text = ("[rank0]: step 3\n"
+            "slurmstepd: error: Detected 1 oom_kill event in StepId=99.0. Some of the step tasks have been OOM Killed.\n")
+    (crash,) = by_id(explain_texts({"slurm.out": text}))["rank-crashed"]
+    assert crash.evidence["rank"] is None and "OOM" in crash.evidence["exception"] and "OOM" in crash.advice
