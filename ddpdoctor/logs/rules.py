@@ -183,6 +183,8 @@ def _hang_finding(h: hangs.HangAnalysis, stalled_all: set[int], excs: dict[int, 
         if r not in call_sites and excs.get(r) and excs[r][0].user_frame():
             call_sites[r] = str(excs[r][0].user_frame())
     op = h.op or "an unknown collective"
+    if h.mismatch:
+        op = "different collectives (" + ", ".join(f"rank {r}: {v.get('op')}" for r, v in sorted(h.mismatch.items())) + ")"
     title = (f"Hang: rank(s) {stalled} stuck in {op}" + (f" #{h.seq}" if h.seq is not None else "")
              + (f"; culprit rank(s) {culprits}" if culprits else "; culprit not in these logs"))
     return Finding(

@@ -41,8 +41,8 @@ def test_shape_mismatch_detail():
     assert ev["collectives"]["0"]["shapes"] == [[4]] and ev["collectives"]["1"]["shapes"] == [[5]]
     assert ev["collectives"]["0"]["op"] == ev["collectives"]["1"]["op"] == "ALLREDUCE"
     assert ev["differs"] == ["shapes: rank 0 [[4]] vs rank 1 [[5]]"]
-    # Recorded with an older copy of the script: the site is the all_reduce line of that recording.
-    assert all(site.endswith(f"{SCRIPT}:71") for site in ev["call_sites"].values())
+    site = f"{SCRIPT}:{line_of('dist.all_reduce(stats)')}"
+    assert sorted(ev["call_sites"]) == ["0", "1"] and all(s.endswith(site) for s in ev["call_sites"].values())
 
 
 def test_shape_mismatch_debug_off_names_gloo_size_and_the_aborting_rank():
@@ -59,6 +59,7 @@ def test_rank_raising_is_the_crash_not_its_peer():
     assert crash.evidence["rank"] == 1
     assert crash.evidence["exception"] == "ValueError: corrupt sample in shard 1 at step 3"
     assert crash.evidence["traceback"].startswith("Traceback (most recent call last):")
+    assert crash.evidence["call_site"].endswith(f"{SCRIPT}:{line_of('raise ValueError')}")
     assert "misleading-root-cause" not in found  # torchrun got this one right
 
 
@@ -93,6 +94,18 @@ def test_hang_from_per_rank_logdir_names_culprit_and_call_site():
     assert ev["call_sites"]["0"].endswith(f"{SCRIPT}:{line_of('dist.all_reduce(torch.ones(3))')}")
     assert "Timed out waiting 6000ms" in ev["stacks"]["0"]
     assert found["misleading-root-cause"][0].evidence["reported_rank"] == 0
+
+
+def test_uneven_batches_ranks_wait_in_different_collectives():
+    found = findings("uneven.log")
+    (hang,) = found["hang"]
+    assert hang.evidence["stalled_ranks"] == [0, 1] and hang.evidence["culprit_ranks"] == []
+    assert "different collectives" in hang.title
+    (m,) = found["collective-mismatch"]
+    ops = {r: c["op"] for r, c in m.evidence["collectives"].items()}
+    assert ops == {"0": "allreduce (DDP gradient buckets, in backward)", "1": "barrier"}
+    assert m.evidence["call_sites"]["0"].endswith(f"{SCRIPT}:{line_of('loss.backward()')}")
+    assert m.evidence["call_sites"]["1"].endswith(f"{SCRIPT}:{line_of('dist.barrier()')}")
 
 
 @pytest.mark.parametrize("ext", ["json", "pkl"])
