@@ -169,7 +169,7 @@ def unused_findings(ev: Evidence) -> list[Finding]:
 
 
 def _hang_finding(h: hangs.HangAnalysis, stalled_all: set[int], excs: dict[int, list[RankException]],
-                  nccl_stacks: dict[int, CollectiveStack], sources: list[str]) -> Finding:
+                  nccl_stacks: dict[int, CollectiveStack], sources: list[str], crashed: dict[int, str]) -> Finding:
     stalled = sorted(stalled_all - h.culprits)
     culprits = sorted(h.culprits)
     involved = sorted(set(stalled) | set(culprits))
@@ -186,7 +186,8 @@ def _hang_finding(h: hangs.HangAnalysis, stalled_all: set[int], excs: dict[int, 
     if h.mismatch:
         op = "different collectives (" + ", ".join(f"rank {r}: {v.get('op')}" for r, v in sorted(h.mismatch.items())) + ")"
     title = (f"Hang: rank(s) {stalled} stuck in {op}" + (f" #{h.seq}" if h.seq is not None else "")
-             + (f"; culprit rank(s) {culprits}" if culprits else "; culprit not in these logs"))
+             + (f"; culprit rank(s) {culprits}" if culprits else "; culprit not in these logs")
+             + (" (crashed: see rank-crashed)" if culprits and set(culprits) <= set(crashed) else ""))
     return Finding(
         "hang", Severity.ERROR, title, ranks=sorted(set(stalled) | set(culprits)),
         evidence={"stalled_ranks": stalled, "culprit_ranks": culprits,
@@ -215,7 +216,7 @@ def hang_findings(ev: Evidence, excs: dict[int, list[RankException]], crashed: d
     best = analyses[0]
     stalled = set().union(*(a.stalled for a in analyses))
     nccl_stacks = {s.rank: s for s in ev.of(CollectiveStack) if s.rank is not None}
-    findings = [_hang_finding(best, stalled, excs, nccl_stacks, [a.source for a in analyses])]
+    findings = [_hang_finding(best, stalled, excs, nccl_stacks, [a.source for a in analyses], crashed)]
     if best.mismatch:
         ranks = sorted(best.mismatch)
         findings.append(Finding(
