@@ -71,7 +71,7 @@ def _text_events(name: str, text: str) -> tuple[list[Event], set[int], InputSumm
         events.extend(exceptions_in(stream))
     events += collective_stacks(lines)
     failures, table_tracebacks = torchrun_failures(lines)
-    events += failures + table_tracebacks + srun_failures(lines)
+    events += [*failures, *table_tracebacks, *srun_failures(lines)]
     ranks = {ln.rank for ln in lines if ln.rank is not None}
     ranks |= {e.rank for e in events if isinstance(e, ChildFailure) and e.rank is not None}
     recognised = bool(events) or bool(ranks) or any(_TORCHISH.search(ln.text) for ln in lines[:5000])

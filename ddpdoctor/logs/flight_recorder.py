@@ -107,7 +107,8 @@ def group_states(dump: dict[str, Any]) -> dict[str, FrGroupState]:
     """Per process group (by pg id as a string): the last enqueued/started/completed collective and each entry."""
     states: dict[str, FrGroupState] = {}
     names: dict[str, str] = {}
-    entries = dump.get("entries") if isinstance(dump.get("entries"), list) else []
+    raw_entries = dump.get("entries")
+    entries: list[Any] = raw_entries if isinstance(raw_entries, list) else []
     for entry in entries:
         if not isinstance(entry, dict) or entry.get("is_p2p"):
             continue
@@ -127,7 +128,8 @@ def group_states(dump: dict[str, Any]) -> dict[str, FrGroupState]:
             state.last_started = max(state.last_started, seq)
         if entry.get("state") == "completed":
             state.last_completed = max(state.last_completed, seq)
-    pg_status = dump.get("pg_status") if isinstance(dump.get("pg_status"), dict) else {}
+    raw_status = dump.get("pg_status")
+    pg_status: dict[Any, Any] = raw_status if isinstance(raw_status, dict) else {}
     for pg_id, status in pg_status.items():
         if not isinstance(status, dict):
             continue

@@ -40,7 +40,8 @@ def _record(fields: dict[str, list[str]], root: bool, where: Where) -> ChildFail
     return ChildFailure(
         rank=int(rank_m.group(1)) if rank_m else None, exitcode=exitcode,
         signal=_signal(exitcode, exit_text + " " + error), error=error,
-        host=(fields.get("host") or [None])[0], time=(fields.get("time") or [None])[0],
+        host=fields["host"][0] if fields.get("host") else None,
+        time=fields["time"][0] if fields.get("time") else None,
         is_root_cause=root, reporter="torchrun", where=where,
     )
 

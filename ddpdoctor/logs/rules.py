@@ -125,9 +125,9 @@ def mismatch_findings(ev: Evidence, excs: dict[int, list[RankException]],
         peers = sorted(r for r, es in excs.items() if any(classify(e) == "victim" for e in es))
         ranks = sorted(set(detected) | set(peers))
         sites = {r: str(f) for r in ranks for e in excs.get(r, [])[:1] if (f := e.user_frame())}
-        s = sizes[0]
-        got = f"received {s.received_bytes} bytes where its collective expected {s.expected_bytes}" \
-            if s.received_bytes is not None else "received a message of the wrong size"
+        first = sizes[0]
+        got = f"received {first.received_bytes} bytes where its collective expected {first.expected_bytes}" \
+            if first.received_bytes is not None else "received a message of the wrong size"
         findings.append(Finding(
             "collective-mismatch", Severity.ERROR,
             f"gloo: rank {detected[0] if detected else '?'} {got}: the ranks ran different collectives", ranks=ranks,
@@ -135,7 +135,7 @@ def mismatch_findings(ev: Evidence, excs: dict[int, list[RankException]],
                 str(r): {"op": e.torch_distributed_call()} for r in ranks for e in excs.get(r, [])[:1]
                 if e.torch_distributed_call()},
                 "call_sites": {str(r): v for r, v in sorted(sites.items())},
-                "differs": [f"message size: {got}"], "source": "gloo", "where": str(s.where)},
+                "differs": [f"message size: {got}"], "source": "gloo", "where": str(first.where)},
             advice="A collective's tensors differ in size (or the ranks are in different collectives). Re-run with "
                    "TORCH_DISTRIBUTED_DEBUG=DETAIL to get each rank's op, shape and dtype.",
         ))
