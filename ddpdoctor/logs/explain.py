@@ -84,6 +84,22 @@ def _text_events(name: str, text: str) -> tuple[list[Event], set[int], InputSumm
     return events, ranks, summary
 
 
+def _torchelastic_error_file(text: str) -> str | None:
+    """The traceback in an error.json that torchrun's @record wrote (attempt_0/RANK/error.json), else None."""
+    try:
+        doc = json.loads(text)
+    except (ValueError, RecursionError):
+        return None
+    message = doc.get("message") if isinstance(doc, dict) else None
+    if not isinstance(message, dict):
+        return None
+    extra = message.get("extraInfo")
+    stack = extra.get("py_callstack") if isinstance(extra, dict) else None
+    if isinstance(stack, str) and stack.strip():
+        return stack
+    return message.get("message") if isinstance(message.get("message"), str) else None
+
+
 def _fr_rank(name: str, index: int, notes: list[str]) -> int:
     rank = rank_from_name(name)
     if rank is None:
@@ -139,7 +155,7 @@ def _explain(texts: dict[str, str], dumps: dict[str, dict[str, Any]],
                 dumps[name] = flight_recorder.loads_json(stripped, name)
                 continue
             except BadInput:
-                pass
+                text = _torchelastic_error_file(stripped) or text
         ev, ranks, summary = _text_events(name, text)
         events += ev
         known |= ranks

@@ -25,7 +25,7 @@ _GLOG_PY = re.compile(r"^([IWEF])\d{3,4} [\d:.]+ \d+ [\w./-]+:\d+\] ")
 # Rank (or local rank) in a file name: rank3.err, rank_3.log, torchrun's --log-dir "attempt_0/3/stderr.log".
 _NAME_RANK = (
     re.compile(r"(?<![a-z])rank[_-]?(\d+)", re.IGNORECASE),
-    re.compile(r"attempt_\d+[/\\](\d+)[/\\]std(?:err|out)\.log$"),
+    re.compile(r"attempt_\d+[/\\](\d+)[/\\](?:std(?:err|out)\.log|error\.json)$"),
     re.compile(r"(?:task|proc|worker)[_-]?(\d+)", re.IGNORECASE),
 )
 

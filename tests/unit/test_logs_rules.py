@@ -191,3 +191,13 @@ def test_oom_kill_without_rank_is_a_crash():
             "slurmstepd: error: Detected 1 oom_kill event in StepId=99.0. Some of the step tasks have been OOM Killed.\n")
     (crash,) = by_id(explain_texts({"slurm.out": text}))["rank-crashed"]
     assert crash.evidence["rank"] is None and "OOM" in crash.evidence["exception"] and "OOM" in crash.advice
+
+
+def test_torchelastic_error_json_from_record():
+    # The file torchrun's @record writes per rank (torch/distributed/elastic/multiprocessing/errors/error_handler.py).
+    doc = ('{"message": {"message": "KeyError: \'label\'", "extraInfo": {"py_callstack": "Traceback (most recent call '
+           'last):\\n  File \\"/home/u/train.py\\", line 40, in main\\n    batch = next(it)\\nKeyError: \'label\'\\n", '
+           '"timestamp": "1763800000"}}}')
+    (crash,) = by_id(explain_texts({"/tmp/torchelastic_x/attempt_0/3/error.json": doc}))["rank-crashed"]
+    assert crash.evidence["rank"] == 3 and crash.evidence["exception"] == "KeyError: 'label'"
+    assert crash.evidence["call_site"] == "/home/u/train.py:40"
