@@ -84,9 +84,14 @@ def from_nccl_watchdog(timeouts: list[WatchdogTimeout], states: list[WatchdogWor
     tmo = [t.timeout_ms for t in by_timeout.values() if t.timeout_ms is not None]
     detected = max(ran) / 1000 if ran else (max(tmo) / 1000 if tmo else None)
     group = (ref.group if ref else None) or next((s.group for s in by_state.values() if s.group), None)
-    return HangAnalysis(
+    analysis = HangAnalysis(
         "nccl-watchdog", stalled - culprits, culprits, ref.op if ref else None,
         ref.seq if ref else next(iter(failed.values()), None), group, detected, why, per_rank)
+    # Same sequence number on every rank but a different op or size: they are in different collectives.
+    same_seq = {r: t for r, t in by_timeout.items() if ref is not None and t.seq == ref.seq}
+    if len(same_seq) > 1 and len({(t.op, t.numel_in) for t in same_seq.values()}) > 1:
+        analysis.mismatch = {r: {"op": t.op, "seq": t.seq, "numel_in": t.numel_in} for r, t in sorted(same_seq.items())}
+    return analysis
 
 
 def from_gloo_timeouts(timeouts: list[GlooTimeout], exceptions: dict[int, list[RankException]],

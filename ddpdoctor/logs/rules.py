@@ -30,7 +30,8 @@ VICTIM = re.compile(
     r"Connection (?:closed|reset) by peer|Broken pipe|Timed out waiting \d+ms for (?:recv|send)"
     r"|failed to pass monitoredBarrier|Watchdog caught collective operation timeout|communicator was aborted"
     r"|Some NCCL operations have failed or timed out|remote process exited|DistNetworkError|Socket Timeout"
-    r"|got signal: \d+|SignalException|KeyboardInterrupt|ProcessGroupNCCL.*(?:abort|timed? ?out)",
+    r"|got signal: \d+|SignalException|KeyboardInterrupt|ProcessGroupNCCL.*(?:abort|timed? ?out)"
+    r"|failed to recv, got 0 bytes|recvValue failed|Stopped waiting for",
     re.IGNORECASE)
 # Errors another finding explains better than "rank N crashed".
 EXPLAINED = re.compile(
@@ -201,6 +202,15 @@ def _hang_finding(h: hangs.HangAnalysis, stalled_all: set[int], excs: dict[int, 
     )
 
 
+def _mismatch_differs(by_rank: dict[int, dict[str, Any]]) -> list[str]:
+    out = []
+    for key in ("op", "shapes", "numel_in"):
+        values = {r: v.get(key) for r, v in by_rank.items() if key in v}
+        if len({repr(v) for v in values.values()}) > 1:
+            out.append(f"{key}: " + " vs ".join(f"rank {r} {v}" for r, v in sorted(values.items())))
+    return out
+
+
 def hang_findings(ev: Evidence, excs: dict[int, list[RankException]], crashed: dict[int, str],
                   notes: list[str]) -> list[Finding]:
     fr, fr_notes = hangs.from_flight_recorder(ev.flight_recorder)
@@ -226,8 +236,7 @@ def hang_findings(ev: Evidence, excs: dict[int, list[RankException]], crashed: d
             evidence={"ranks": ranks, "collectives": {str(r): v for r, v in sorted(best.mismatch.items())},
                       "call_sites": {str(r): v["call_site"] for r, v in sorted(best.mismatch.items())
                                      if v.get("call_site")},
-                      "differs": ["op: " + " vs ".join(f"rank {r} {v.get('op')}" for r, v in
-                                                       sorted(best.mismatch.items()))], "source": best.source},
+                      "differs": _mismatch_differs(best.mismatch), "source": best.source},
             advice="Every rank must call the same collectives in the same order: look for a branch on rank or data.",
         ))
     return findings

@@ -201,3 +201,14 @@ def test_torchelastic_error_json_from_record():
     (crash,) = by_id(explain_texts({"/tmp/torchelastic_x/attempt_0/3/error.json": doc}))["rank-crashed"]
     assert crash.evidence["rank"] == 3 and crash.evidence["exception"] == "KeyError: 'label'"
     assert crash.evidence["call_site"] == "/home/u/train.py:40"
+
+
+def test_nccl_same_seq_different_sizes_is_a_mismatch():
+    def line(r: int, numel: int) -> str:
+        return (f"[rank{r}]:[E1122 01:02:03.000 ProcessGroupNCCL.cpp:616] [Rank {r}] Watchdog caught collective "
+                f"operation timeout: WorkNCCL(SeqNum=9, OpType=ALLREDUCE, NumelIn={numel}, NumelOut={numel}, "
+                f"Timeout(ms)=600000) ran for 600050 milliseconds before timing out.\n")
+    found = by_id(explain_texts({"job.log": line(0, 1024) + line(1, 1000)}))
+    assert found["hang"][0].evidence["stalled_ranks"] == [0, 1]
+    (m,) = found["collective-mismatch"]
+    assert m.evidence["differs"] == ["numel_in: rank 0 1024 vs rank 1 1000"]
