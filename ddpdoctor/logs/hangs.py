@@ -101,7 +101,8 @@ def from_gloo_timeouts(timeouts: list[GlooTimeout], exceptions: dict[int, list[R
     if not by_rank and not any(t.rank is None for t in timeouts):
         return None
     stalled = set(by_rank)
-    culprits = (known - stalled) | (set(crashed) - stalled)
+    # Without knowing which rank timed out, "the ranks that did not" would be every rank: name nobody.
+    culprits = ((known - stalled) | (set(crashed) - stalled)) if stalled else set()
     ops: dict[int, dict[str, Any]] = {}
     call_sites: dict[int, str] = {}
     for r in sorted(stalled):
@@ -114,7 +115,9 @@ def from_gloo_timeouts(timeouts: list[GlooTimeout], exceptions: dict[int, list[R
     distinct = {v["op"] for v in ops.values() if v["op"]}
     op = next(iter(distinct)) if len(distinct) == 1 else None
     tmo = [t.timeout_ms for t in timeouts]
-    if culprits:
+    if not stalled:
+        why = "a rank timed out waiting for a peer, but the log does not say which rank (no rank prefix)"
+    elif culprits:
         why = (f"rank(s) {sorted(stalled)} waited {max(tmo) / 1000:g} s for data from a peer; rank(s) "
                f"{sorted(culprits)} never timed out"
                + (f" ({'; '.join(f'rank {r} crashed: {crashed[r]}' for r in sorted(crashed) if r in culprits)})"

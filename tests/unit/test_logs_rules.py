@@ -212,3 +212,11 @@ def test_nccl_same_seq_different_sizes_is_a_mismatch():
     assert found["hang"][0].evidence["stalled_ranks"] == [0, 1]
     (m,) = found["collective-mismatch"]
     assert m.evidence["differs"] == ["numel_in: rank 0 1024 vs rank 1 1000"]
+
+
+def test_gloo_timeout_without_rank_names_no_culprit():
+    text = ("RuntimeError: [unbound_buffer.cc:78] Timed out waiting 20000ms for recv operation to complete\n"
+            + TABLE.format(other=1, other_code=-15, other_tb="Signal 15 (SIGTERM) received by PID 2",
+                           root=0, root_code=1, root_tb="To enable traceback see: https://pytorch.org"))
+    (hang,) = by_id(explain_texts({"job.log": text}))["hang"]
+    assert hang.evidence["culprit_ranks"] == [] and hang.evidence["detected_after_s"] == 20.0
