@@ -37,6 +37,7 @@ class InputSummary:
     ranks: list[int] = field(default_factory=list)
     events: int = 0
     problem: str | None = None
+    nccl_debug: bool = False  # holds NCCL_DEBUG=INFO lines (what `ddpdoctor topo` reads)
 
 
 @dataclass
@@ -75,7 +76,8 @@ def _text_events(name: str, text: str) -> tuple[list[Event], set[int], InputSumm
     ranks = {ln.rank for ln in lines if ln.rank is not None}
     ranks |= {e.rank for e in events if isinstance(e, ChildFailure) and e.rank is not None}
     recognised = bool(events) or bool(ranks) or any(_TORCHISH.search(ln.text) for ln in lines[:5000])
-    summary = InputSummary(name, "text", len(lines), sorted(ranks), len(events))
+    summary = InputSummary(name, "text", len(lines), sorted(ranks), len(events),
+                           nccl_debug=any(" NCCL INFO " in ln.text for ln in lines[:20000]))
     if not text.strip():
         summary.kind, summary.problem = "unusable", "empty"
     elif not recognised:
@@ -239,6 +241,7 @@ def explain_paths(paths: Iterable[str]) -> Report:
         raise BadInput(first.problem or "nothing usable", first.name)
     notes = [f"{s.name}: {s.problem}" for s in result.inputs if s.kind == "unusable"]
     notes += [f"{s.name}: nothing to explain (no error from torch.distributed, torchrun or SLURM in it)"
+              + ("; it holds NCCL_DEBUG=INFO output: `ddpdoctor topo` reads that" if s.nccl_debug else "")
               for s in result.inputs if s.kind == "text" and s.events == 0]
     notes += result.notes
     counts: dict[str, int] = {}
