@@ -117,3 +117,13 @@ def test_every_shared_log_parses():
     for path in sorted(shared_path("logs").rglob("*")):
         if path.is_file() and path.suffix in (".txt", ".log"):
             explain_paths([str(path)])
+
+
+def test_nccl_debug_logs_raise_no_false_alarm():
+    """NCCL_DEBUG=INFO logs of healthy jobs (../shared/nccl/logs): nothing to explain, and a pointer to `topo`."""
+    paths = sorted(p for p in shared_path("nccl", "logs").glob("*.log"))
+    assert paths
+    for path in paths:
+        report = explain_paths([str(path)])
+        assert report.findings == [], (path, [f.id for f in report.findings])
+        assert any("ddpdoctor topo" in n for n in report.notes), path
