@@ -237,8 +237,11 @@ def explain_paths(paths: Iterable[str]) -> Report:
     result = _explain(texts, dumps, bad)
     usable = [s for s in result.inputs if s.kind != "unusable"]
     if not usable:
-        first = result.inputs[0]
-        raise BadInput(first.problem or "nothing usable", first.name)
+        if len(result.inputs) == 1:
+            raise BadInput(result.inputs[0].problem or "nothing usable", result.inputs[0].name)
+        raise BadInput(f"none of the {len(result.inputs)} inputs is usable ("
+                       + "; ".join(f"{s.name}: {s.problem}" for s in result.inputs[:5])
+                       + ("; ..." if len(result.inputs) > 5 else "") + ")")
     notes = [f"{s.name}: {s.problem}" for s in result.inputs if s.kind == "unusable"]
     notes += [f"{s.name}: nothing to explain (no error from torch.distributed, torchrun or SLURM in it)"
               + ("; it holds NCCL_DEBUG=INFO output: `ddpdoctor topo` reads that" if s.nccl_debug else "")

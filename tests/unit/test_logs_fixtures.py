@@ -181,3 +181,12 @@ def test_cli_healthy_plus_unrecognised_file_exit_0_with_a_note(tmp_path):
     notes = json.loads(proc.stdout)["notes"]
     assert any("notes.txt: nothing recognisable" in n for n in notes)
     assert any("rank0.log: nothing to explain" in n for n in notes)
+
+
+def test_cli_several_unusable_inputs_one_line(tmp_path):
+    a, b = tmp_path / "a.log", tmp_path / "b.log"
+    a.write_text("")
+    b.write_text("hello\n")
+    proc = in_process("logs", str(a), str(b))
+    assert proc.returncode == 2 and proc.stderr.count("\n") == 1
+    assert "none of the 2 inputs is usable" in proc.stderr and "a.log: empty" in proc.stderr
