@@ -175,7 +175,10 @@ def from_flight_recorder(dumps: dict[int, dict[str, FrGroupState]]) -> tuple[Han
         if len(ranks) < 2:
             continue
         per_rank = {r: {"last_enqueued": s.last_enqueued, "last_started": s.last_started,
-                        "last_completed": s.last_completed} for r, s in sorted(ranks.items())}
+                        "last_completed": s.last_completed,
+                        "last_enqueued_op": c.op if (c := s.collectives.get(s.last_enqueued)) else None,
+                        "last_enqueued_sizes": c.input_sizes if c else None}
+                    for r, s in sorted(ranks.items())}
         enq = {r: s.last_enqueued for r, s in ranks.items()}
         group = next(iter(ranks.values())).group
         if len(set(enq.values())) > 1:

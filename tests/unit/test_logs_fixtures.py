@@ -115,6 +115,7 @@ def test_flight_recorder_dumps_name_the_rank_that_never_enqueued(ext):
     assert ev["culprit_ranks"] == [1] and ev["stalled_ranks"] == [0]
     assert ev["collective"] == {"op": "all_reduce", "seq": 9, "group": "0 (default_pg)"}
     assert ev["per_rank"]["1"]["last_enqueued"] == 8 and ev["per_rank"]["0"]["last_enqueued"] == 9
+    assert ev["per_rank"]["0"]["last_enqueued_op"] == "all_reduce" and ev["per_rank"]["0"]["last_enqueued_sizes"] == [[3]]
 
 
 def test_flight_recorder_json_through_explain_texts():
