@@ -101,7 +101,7 @@ def mismatch_findings(ev: Evidence, excs: dict[int, list[RankException]],
                 collectives[m.peer_rank] = m.peer_fp
         ranks = sorted(collectives)
         sites = {r: s for r in ranks if (s := _user_site(excs.get(r, []), "Detected mismatch"))}
-        differs = _diff(collectives) or [mismatches[0].differs]
+        differs = _diff(collectives) or [m.differs for m in mismatches[:1] if m.differs]
         seqs = {r: fp.seq for r, fp in collectives.items() if fp.seq is not None}
         behind = sorted(r for r, s in seqs.items() if s == min(seqs.values())) if len(set(seqs.values())) > 1 else []
         ops = " vs ".join(f"rank {r}: {fp.op or '?'}{fp.shapes[0] if fp.shapes else ''}"
