@@ -1,0 +1,263 @@
+"""`ddpdoctor logs`: read texts and Flight Recorder dumps, collect events, apply the rules. The public entry points
+are `explain_texts` (name -> text, used by the hang monitor too) and `explain_paths` (files, dirs or "-")."""
+
+from __future__ import annotations
+
+import gzip
+import json
+import re
+import sys
+import zlib
+from collections.abc import Iterable
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+from ddpdoctor.errors import BadInput
+from ddpdoctor.findings.model import Finding, Severity
+from ddpdoctor.logs import crashes, flight_recorder, rules
+from ddpdoctor.logs.events import ChildFailure, Event, RankException, event_json
+from ddpdoctor.logs.launchers import srun_failures, torchrun_failures
+from ddpdoctor.logs.lines import rank_from_name, split_lines, streams
+from ddpdoctor.logs.messages import parse_line
+from ddpdoctor.logs.tracebacks import collective_stacks, exceptions_in
+from ddpdoctor.report import Report
+
+MAX_BYTES = 512 * 1024 * 1024
+_TORCHISH = re.compile(r"torch|NCCL|gloo|c10d|ProcessGroup|srun|slurm|Traceback \(most recent call last\)",
+                       re.IGNORECASE)
+_TRAILING_NUMBER = re.compile(r"(\d+)(?:\.\w+)?$")
+
+
+@dataclass
+class InputSummary:
+    name: str
+    kind: str  # "text", "flight-recorder" or "unusable"
+    lines: int = 0
+    ranks: list[int] = field(default_factory=list)
+    events: int = 0
+    problem: str | None = None
+    nccl_debug: bool = False  # holds NCCL_DEBUG=INFO lines (what `ddpdoctor topo` reads)
+
+
+@dataclass
+class Explanation:
+    findings: list[Finding]
+    inputs: list[InputSummary]
+    notes: list[str]
+    events: list[Event]
+
+
+def _dedupe(events: list[Event]) -> list[Event]:
+    """The same error is often printed twice (the script's own log and torch's excepthook; --tee duplicates)."""
+    seen: set[str] = set()
+    out: list[Event] = []
+    for e in events:
+        d = asdict(e)
+        for key in ("where", "traceback", "frames", "chained", "reporter"):
+            d.pop(key, None)
+        key = type(e).__name__ + json.dumps(d, sort_keys=True, default=str)
+        if key not in seen:
+            seen.add(key)
+            out.append(e)
+    return out
+
+
+def _text_events(name: str, text: str) -> tuple[list[Event], set[int], InputSummary]:
+    lines = split_lines(name, text, default_rank=rank_from_name(name))
+    events: list[Event] = []
+    for line in lines:
+        events.extend(parse_line(line))
+    for stream in streams(lines).values():
+        events.extend(exceptions_in(stream))
+    events += collective_stacks(lines)
+    failures, table_tracebacks = torchrun_failures(lines)
+    events += [*failures, *table_tracebacks, *srun_failures(lines)]
+    ranks = {ln.rank for ln in lines if ln.rank is not None}
+    ranks |= {e.rank for e in events if isinstance(e, ChildFailure) and e.rank is not None}
+    recognised = bool(events) or bool(ranks) or any(_TORCHISH.search(ln.text) for ln in lines[:5000])
+    summary = InputSummary(name, "text", len(lines), sorted(ranks), len(events),
+                           nccl_debug=any(" NCCL INFO " in ln.text for ln in lines[:20000]))
+    if not text.strip():
+        summary.kind, summary.problem = "unusable", "empty"
+    elif not recognised:
+        summary.kind, summary.problem = "unusable", "nothing recognisable (no torch.distributed, torchrun or " \
+                                                    "SLURM output)"
+    return events, ranks, summary
+
+
+def _torchelastic_error_file(text: str) -> str | None:
+    """The traceback in an error.json that torchrun's @record wrote (attempt_0/RANK/error.json), else None."""
+    try:
+        doc = json.loads(text)
+    except (ValueError, RecursionError):
+        return None
+    message = doc.get("message") if isinstance(doc, dict) else None
+    if not isinstance(message, dict):
+        return None
+    extra = message.get("extraInfo")
+    stack = extra.get("py_callstack") if isinstance(extra, dict) else None
+    if isinstance(stack, str) and stack.strip():
+        return stack
+    return message.get("message") if isinstance(message.get("message"), str) else None
+
+
+def _fr_rank(name: str, index: int, notes: list[str]) -> int:
+    rank = rank_from_name(name)
+    if rank is None:
+        m = _TRAILING_NUMBER.search(name)
+        rank = int(m.group(1)) if m else None
+    if rank is None:
+        notes.append(f"{name}: no rank in the file name; taken as rank {index}")
+        return index
+    return rank
+
+
+def _analyse(events: list[Event], known: set[int], fr: dict[int, dict[str, Any]], notes: list[str]) -> list[Finding]:
+    events = _dedupe(events)
+    ev = rules.Evidence(events, set(known), fr)
+    ev.known_ranks |= {r for e in events if (r := getattr(e, "rank", None)) is not None}
+    ev.known_ranks |= set(fr)
+    exceptions = sorted(ev.of(RankException), key=lambda e: (e.where.source, e.where.lineno))
+    excs = rules._rank_exceptions(ev)
+    failures: list[ChildFailure] = ev.of(ChildFailure)
+    findings = rules.mismatch_findings(ev, excs, failures) + rules.unused_findings(ev)
+    hang_sources = any(ev.of(t) for t in (rules.WatchdogTimeout, rules.GlooTimeout, rules.MonitoredBarrierFailure))
+    crashed = crashes.crashed_ranks(exceptions, failures, bool(findings) or hang_sources or bool(fr))
+    crashed_text = {r: v[0].splitlines()[0] for r, v in crashed.items() if r is not None}
+    hang = rules.hang_findings(ev, excs, crashed_text, notes)
+    findings += hang
+    signals = {f.rank: f.signal for f in failures if f.rank is not None and f.signal}
+    findings += crashes.crash_findings(crashed, signals)
+    culprits = {r for r in crashed if r is not None}
+    for h in hang:
+        if h.id == "hang":
+            culprits |= set(h.evidence["culprit_ranks"])
+    findings += crashes.root_cause_findings([f for f in failures if f.reporter == "torchrun"], culprits, excs)
+    if not any(f.severity is Severity.ERROR for f in findings):
+        findings += crashes.job_failed_finding(failures)
+    return findings
+
+
+def explain_texts(texts: dict[str, str]) -> list[Finding]:
+    """Findings from log texts (name -> text; a name like 'rank3.err' says which rank wrote it)."""
+    return _explain({name: text for name, text in texts.items()}, {}).findings
+
+
+def _explain(texts: dict[str, str], dumps: dict[str, dict[str, Any]],
+             inputs: list[InputSummary] | None = None, notes: list[str] | None = None) -> Explanation:
+    inputs = list(inputs or [])
+    notes = list(notes or [])
+    events: list[Event] = []
+    known: set[int] = set()
+    for name, text in texts.items():
+        stripped = text.lstrip()
+        if stripped.startswith("{"):
+            try:
+                dumps[name] = flight_recorder.loads_json(stripped, name)
+                continue
+            except BadInput:
+                text = _torchelastic_error_file(stripped) or text
+        ev, ranks, summary = _text_events(name, text)
+        events += ev
+        known |= ranks
+        inputs.append(summary)
+    fr: dict[int, dict[str, Any]] = {}
+    for i, (name, dump) in enumerate(dumps.items()):
+        rank = _fr_rank(name, i, notes)
+        fr[rank] = flight_recorder.group_states(dump)
+        inputs.append(InputSummary(name, "flight-recorder", 0, [rank], sum(len(s.collectives) for s in fr[rank].values())))
+    findings = _analyse(events, known, fr, notes)
+    return Explanation(findings, inputs, notes, _dedupe(events))
+
+
+def _read_input(path: str) -> bytes:
+    if path == "-":
+        return sys.stdin.buffer.read(MAX_BYTES + 1)
+    p = Path(path)
+    try:
+        with p.open("rb") as f:
+            data = f.read(MAX_BYTES + 1)
+    except IsADirectoryError as exc:
+        raise BadInput("is a directory", path) from exc
+    except OSError as exc:
+        raise BadInput(f"cannot read ({exc.strerror or exc})", path) from exc
+    return data
+
+
+def _expand(paths: Iterable[str]) -> list[str]:
+    out: list[str] = []
+    for path in paths:
+        p = Path(path)
+        if path != "-" and p.is_dir():
+            files = sorted(str(f) for f in p.rglob("*") if f.is_file())
+            if not files:
+                raise BadInput("empty directory", path)
+            out.extend(files)
+        else:
+            out.append(path)
+    return out
+
+
+def _decode(name: str, data: bytes, texts: dict[str, str], dumps: dict[str, dict[str, Any]]) -> str | None:
+    """Sort one input into texts or dumps; return a problem when it is neither."""
+    if len(data) > MAX_BYTES:
+        return f"larger than {MAX_BYTES // 2**20} MiB"
+    if data[:2] == b"\x1f\x8b":
+        try:
+            data = gzip.decompress(data)
+        except (OSError, EOFError, zlib.error) as exc:
+            return f"a truncated or corrupt gzip file ({exc})"
+    if data.startswith(flight_recorder.PICKLE_MAGIC):
+        dumps[name] = flight_recorder.loads_pickle(data, name)
+        return None
+    if b"\x00" in data[:65536]:
+        return "a binary file, not a text log or Flight Recorder dump"
+    texts[name] = data.decode("utf-8", errors="replace")
+    return None
+
+
+def explain_paths(paths: Iterable[str]) -> Report:
+    """The `ddpdoctor logs` report for files, directories (every file under them) or "-" (stdin)."""
+    names = _expand(paths)
+    if not names:
+        raise BadInput("no log files given")
+    texts: dict[str, str] = {}
+    dumps: dict[str, dict[str, Any]] = {}
+    bad: list[InputSummary] = []
+    for name in names:
+        try:
+            problem = _decode(name, _read_input(name), texts, dumps)
+        except BadInput as exc:
+            if len(names) == 1:
+                raise
+            problem = exc.problem
+        if problem:
+            bad.append(InputSummary(name, "unusable", problem=problem))
+    result = _explain(texts, dumps, bad)
+    usable = [s for s in result.inputs if s.kind != "unusable"]
+    if not usable:
+        if len(result.inputs) == 1:
+            raise BadInput(result.inputs[0].problem or "nothing usable", result.inputs[0].name)
+        raise BadInput(f"none of the {len(result.inputs)} inputs is usable ("
+                       + "; ".join(f"{s.name}: {s.problem}" for s in result.inputs[:5])
+                       + ("; ..." if len(result.inputs) > 5 else "") + ")")
+    notes = [f"{s.name}: {s.problem}" for s in result.inputs if s.kind == "unusable"]
+    notes += [f"{s.name}: nothing to explain (no error from torch.distributed, torchrun or SLURM in it)"
+              + ("; it holds NCCL_DEBUG=INFO output: `ddpdoctor topo` reads that" if s.nccl_debug else "")
+              for s in result.inputs if s.kind == "text" and s.events == 0]
+    notes += result.notes
+    counts: dict[str, int] = {}
+    for e in result.events:
+        counts[type(e).__name__] = counts.get(type(e).__name__, 0) + 1
+    sections = {
+        "inputs": [asdict(s) for s in result.inputs],
+        "ranks_seen": sorted({r for s in result.inputs for r in s.ranks}),
+        "events": counts,
+    }
+    return Report("logs", sections=sections, findings=result.findings, notes=notes)
+
+
+def events_json(texts: dict[str, str]) -> list[dict[str, Any]]:
+    """Every parsed event as JSON (for debugging a parser against a new log)."""
+    return [event_json(e) for e in _explain(dict(texts), {}).events]

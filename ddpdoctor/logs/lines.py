@@ -1,0 +1,94 @@
+"""Split a log text into lines that know which rank wrote them (torchrun, torch, SLURM and file-name conventions)."""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+
+# Prefixes that name a rank, applied repeatedly because they stack: torchrun --tee writes "[default1]:" and torch's
+# own excepthook / C++ logger add "[rank1]:" inside it ("[default1]:[rank1]: Traceback ...").
+_RANK_PREFIX = re.compile(
+    r"\[default(\d+)\]:"  # torchrun --tee / --redirects log_line_prefix
+    r"|\[rank(\d+)\]: ?"  # torch >= 2.2 excepthook and c10 log prefix
+    r"|\[rank(\d+)\] "  # the common "print(f'[rank{r}] ...')" habit in user scripts
+)
+# A process id some collectors put in front of everything ("[80746] [rank0]:...").
+_PID_PREFIX = re.compile(r"\[\d{2,8}\] (?=\[)")
+# srun --label: "3: text" (the SLURM task id, which is the rank when one task runs per rank).
+_SRUN_LABEL = re.compile(r"^\s*(\d{1,6}): ")
+# glog-style headers of torch's C++ ("[E321 02:07:08.408 ProcessGroupNCCL.cpp:607] ", "[E ProcessGroupNCCL.cpp:737] ")
+# and Python ("E1122 10:23:15.599000 8860 torch/distributed/.../api.py:1002] ") loggers.
+_GLOG_CPP = re.compile(r"^\[([IWEF])(?:\d{3,4} [\d:.]+)?\s*[\w./-]+:\d+\] ")
+_GLOG_LEADS = frozenset("[IWEF")
+_GLOG_PY = re.compile(r"^([IWEF])\d{3,4} [\d:.]+ \d+ [\w./-]+:\d+\] ")
+
+# Rank (or local rank) in a file name: rank3.err, rank_3.log, torchrun's --log-dir "attempt_0/3/stderr.log".
+_NAME_RANK = (
+    re.compile(r"(?<![a-z])rank[_-]?(\d+)", re.IGNORECASE),
+    re.compile(r"attempt_\d+[/\\](\d+)[/\\](?:std(?:err|out)\.log|error\.json)$"),
+    re.compile(r"(?:task|proc|worker)[_-]?(\d+)", re.IGNORECASE),
+)
+
+
+@dataclass(slots=True)
+class LogLine:
+    """One line with its prefixes removed. ``rank`` is None when nothing says which rank wrote it."""
+
+    source: str
+    lineno: int
+    rank: int | None
+    text: str
+    logger: str = ""  # "E", "W", ... when the line had a glog header (then ``text`` is the message only)
+
+
+def rank_from_name(name: str) -> int | None:
+    for pattern in _NAME_RANK:
+        m = pattern.search(name)
+        if m:
+            return int(m.group(1))
+    return None
+
+
+def _uses_srun_labels(raw_lines: list[str]) -> bool:
+    """srun --label is all-or-nothing for a file; require many labelled lines so "12: foo" in prose is not a rank."""
+    nonempty = [ln for ln in raw_lines if ln.strip()]
+    labelled = sum(1 for ln in nonempty if _SRUN_LABEL.match(ln))
+    return labelled >= 2 and labelled >= 0.3 * len(nonempty)
+
+
+def split_lines(source: str, text: str, default_rank: int | None = None) -> list[LogLine]:
+    """Every line of ``text`` with the rank that wrote it (from its prefix, else ``default_rank``)."""
+    raw_lines = text.splitlines()
+    srun = _uses_srun_labels(raw_lines)
+    out: list[LogLine] = []
+    for i, raw in enumerate(raw_lines, start=1):
+        line = raw.rstrip("\r\n")
+        rank = default_rank
+        if srun:
+            m = _SRUN_LABEL.match(line)
+            if m:
+                rank = int(m.group(1))
+                line = line[m.end():]
+        if line.startswith("["):  # every prefix starts with "[": skip the regexes for the bulk of a log
+            line = _PID_PREFIX.sub("", line, count=1)
+            while m := _RANK_PREFIX.match(line):
+                rank = int(m.group(m.lastindex or 1))
+                line = line[m.end():]
+        logger = ""
+        if line[:1] in _GLOG_LEADS:
+            for glog in (_GLOG_CPP, _GLOG_PY):
+                m = glog.match(line)
+                if m:
+                    logger = m.group(1)
+                    line = line[m.end():]
+                    break
+        out.append(LogLine(source, i, rank, line, logger))
+    return out
+
+
+def streams(lines: list[LogLine]) -> dict[tuple[str, int | None], list[LogLine]]:
+    """Lines grouped by (source, rank), each group in file order: one rank's output, untangled from the others."""
+    grouped: dict[tuple[str, int | None], list[LogLine]] = {}
+    for line in lines:
+        grouped.setdefault((line.source, line.rank), []).append(line)
+    return grouped
