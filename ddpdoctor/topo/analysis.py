@@ -84,6 +84,8 @@ def _nodes(f: Facts) -> None:
     nranks = max((i.nranks for i in log.ranks.values() if i.nranks), default=0)
     f.world_size = nranks or (max(ranks_seen) + 1 if ranks_seen else None)
     world = f.world_size or 0
+    if f.world_size and not f.log.ranks and not f.log.ring_ranks and not f.unknown_peers:
+        f.world_size = None
     if local:
         f.gpus_per_node, f.gpus_per_node_source = local, "localRanks"
     elif world and f.nodes and world % f.nodes == 0 and (nranks or f.nodes == 1 or f.inter_conns):
@@ -158,7 +160,7 @@ def summary(f: Facts) -> dict[str, Any]:
     """The report's "summary" section: nodes x GPUs, transport inside and between nodes, GDR."""
     nets = sorted({n for h in f.log.hosts.values() for n in h.networks})
     return {
-        "nodes": f.nodes,
+        "nodes": f.nodes or None,
         "gpus_per_node": f.gpus_per_node,
         "gpus_per_node_source": f.gpus_per_node_source,
         "world_size": f.world_size,

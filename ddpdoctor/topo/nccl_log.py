@@ -97,6 +97,7 @@ class NcclLog:
     p2p_disabled: list[Line] = field(default_factory=list)
     rdma_errors: list[Line] = field(default_factory=list)
     algo_ignored: list[Line] = field(default_factory=list)
+    inits: list[tuple[str, int, int, int, Line]] = field(default_factory=list)  # (host, pid, rank, nranks, line)
     nccl_lines: int = 0
     lines_read: int = 0
 
@@ -120,7 +121,7 @@ _NCCL = re.compile(
     r"(?:(?P<src>[\w./+-]+:\d+)(?: \(\w+\))? )?NCCL (?P<level>INFO|WARN|TRACE)\b ?(?P<msg>.*)$"
 )
 _LAUNCHER_RANK = re.compile(r"^\s*(?:\[(?:rank|default)?(\d+)\]:?\s|\[(?:rank|default)(\d+)\]:|\[\d+,(\d+)\]<std\w+>:)")
-_BARE_VERSION = re.compile(r"(?:^|\s)NCCL version (\d+\.\d+\.\d+\S*)")
+_BARE_VERSION = re.compile(r"(?:^|[\s:>|])NCCL version (\d+\.\d+\.\d+\S*)")
 _TESTS_RANK = re.compile(
     r"#\s+Rank\s+(\d+)\s+(?:Group\s+\d+\s+)?Pid\s+(\d+)\s+on\s+(\S+)\s+device\s+(\d+)\s+\[(0x[0-9a-fA-F]+)\]\s*(.*)$"
 )
@@ -153,7 +154,10 @@ _RDMA_ERR = re.compile(
     r"ibv_modify_qp failed|Got completion (?:from peer \S+ )?with (?:error|status)|NET/IB ?: .*(?:failed|error)",
     re.IGNORECASE,
 )
-_ALGO_IGNORED = re.compile(r"ignoring NCCL_ALGO|ignoring NCCL_PROTO|is not supported.*NCCL_ALGO", re.IGNORECASE)
+_ALGO_IGNORED = re.compile(
+    r"ignoring NCCL_(?:ALGO|PROTO)|is not supported.*NCCL_ALGO|no algorithm/protocol available.*NCCL_(?:ALGO|PROTO)",
+    re.IGNORECASE,
+)
 _PLUGIN_PATH = re.compile(r"^Plugin Path : (\S+)")
 _P2P_PLUGIN = re.compile(r"^P2P plugin (?:v\d+ )?(\w+)")
 _PLUGIN_LOADED = re.compile(r"^NET/Plugin ?: Loaded net plugin (\S+)|^(?:Initialized|Assigned) NET plugin (\S+)")
@@ -176,7 +180,7 @@ def transport_kind(via: str) -> tuple[str, bool]:
         elif sub.startswith("indirect"):
             sub = "indirect"
         return f"P2P/{sub}", False
-    if head in ("SHM", "direct"):  # "direct shared memory" is the <=2.12 SHM wording
+    if head == "SHM" or head.startswith("direct shared"):  # "direct shared memory": the <=2.12 SHM wording
         return "SHM", False
     if head == "NET" and len(parts) > 1:
         return f"NET/{parts[1]}", gdr
@@ -232,7 +236,7 @@ class _Parser:
         if m.group("level") == "WARN":
             log.warnings.append(line)
         self._fingerprint(host, msg, line)
-        self._message(host, dev, msg, line)
+        self._message(host, dev, int(m.group("pid")), msg, line)
         return True
 
     def _other(self, file: str, lineno: int, text: str) -> bool:
@@ -266,7 +270,7 @@ class _Parser:
         if v is not None:
             host.fingerprints.append((v[0], v[1], line))
 
-    def _message(self, host: HostInfo, dev: int, msg: str, line: Line) -> None:  # noqa: C901 - one dispatch
+    def _message(self, host: HostInfo, dev: int, pid: int, msg: str, line: Line) -> None:  # noqa: C901 - one dispatch
         log = self.log
         if msg.startswith("NCCL version "):
             host.versions.setdefault(msg.split()[2], line)
@@ -321,9 +325,13 @@ class _Parser:
             host.gdr_ring.append((m.group(1) == "1", line))
             return
         if (m := _INIT.search(msg)) is not None:
-            info = log.rank(int(m.group(1)))
-            info.host, info.cuda_dev, info.bus_id = host.name, int(m.group(3)), m.group(4).lower()
-            info.nranks, info.line = int(m.group(2)), line
+            rank, nranks = int(m.group(1)), int(m.group(2))
+            if len(log.inits) < 100_000:
+                log.inits.append((host.name, pid, rank, nranks, line))
+            info = log.rank(rank)
+            if info.nranks is None or nranks >= info.nranks:  # several communicators: keep the widest
+                info.host, info.cuda_dev, info.bus_id = host.name, int(m.group(3)), m.group(4).lower()
+                info.nranks, info.line = nranks, line
             return
         if (m := _COMM.search(msg)) is not None:
             info = log.rank(int(m.group(1)))

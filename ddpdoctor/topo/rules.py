@@ -313,15 +313,16 @@ def few_channels_nics(f: Facts) -> list[Finding]:
 
 
 def not_distributed(f: Facts) -> list[Finding]:
-    singles = [i for i in f.log.ranks.values() if i.nranks == 1 and i.line is not None]
-    hosts = {i.host for i in singles}
-    pids = {(h.name, p) for h in f.log.hosts.values() for p in h.pids}
-    if not singles or (len(hosts) < 2 and len(pids) < 2) or any((i.nranks or 0) > 1 for i in f.log.ranks.values()):
+    inits = f.log.inits
+    singles = [i for i in inits if i[3] == 1]
+    procs = {(host, pid) for host, pid, _, _, _ in singles}
+    if len(procs) < 2 or any(n > 1 for _, _, _, n, _ in inits):
         return []
     return [Finding(
         "not-distributed", Severity.ERROR,
-        f"Each process built its own one-rank communicator ({len(hosts)} host(s), {len(pids)} process(es))",
-        evidence={"lines": evidence_lines([i.line for i in singles if i.line])},
+        f"Each process built its own one-rank communicator ({len({h for h, _ in procs})} host(s), "
+        f"{len(procs)} process(es))",
+        evidence={"processes": len(procs), "lines": evidence_lines([ln for *_, ln in singles])},
         advice="The ranks never joined one job: check WORLD_SIZE/RANK/MASTER_ADDR reach every process (srun needs "
         "--ntasks-per-node, torchrun needs --nnodes and a shared --rdzv-endpoint).",
     )]
