@@ -31,6 +31,8 @@ from ddpdoctor.rundir.report import job_report
 @click.option("--repeat", default=1, show_default=True, help="How many wait/warmup/active cycles.")
 @click.option("--with-stack", is_flag=True, help="Record Python stacks in the trace (bigger traces).")
 @click.option("--verbose", "-v", is_flag=True, help="Per-step and per-collective tables.")
+@click.option("--nccl-debug", is_flag=True,
+              help="Capture NCCL_DEBUG=INFO output and a topology dump; add the fabric checks of `ddpdoctor topo`.")
 @json_option
 @fail_on_option
 @cli_errors
@@ -47,6 +49,7 @@ def command(
     repeat: int,
     with_stack: bool,
     verbose: bool,
+    nccl_debug: bool,
     as_json: bool,
     fail_on: str,
     **kwargs: Any,
@@ -63,6 +66,14 @@ def command(
         quiet=quiet,
         output_to_stderr=as_json,
     )
+    if nccl_debug:
+        from ddpdoctor.topo.capture import job_env
+
+        spec.env.update(job_env(spec.run_dir.root))
     result = launch(spec)
     report = job_report(spec.run_dir, "profile", analyse_traces=True)
+    if nccl_debug:
+        from ddpdoctor.topo.capture import add_to_report
+
+        add_to_report(report, spec.run_dir)
     emit(report, as_json=as_json, verbose=verbose, fail_on=fail_on, exit_code=result.exit_code or None)

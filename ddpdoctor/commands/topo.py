@@ -17,7 +17,17 @@ def render_sections(report: Report, out: Any, verbose: bool) -> None:
     from rich.markup import escape
     from rich.table import Table
 
-    s = report.sections.get("summary") or {}
+    sections = report.sections
+    nested = sections.get("topology")
+    if sections.get("nccl_used") is False:
+        out.print(f"NCCL: not used ({escape(str(sections.get('reason')))})")
+        return
+    if isinstance(nested, dict):  # a profile/run report: the topo sections sit under "topology"
+        if not nested.get("nccl_used", True):
+            out.print(f"NCCL: not used ({escape(str(nested.get('reason')))})")
+            return
+        sections = nested
+    s = sections.get("summary") or {}
     if s:
         gdr = {True: "yes", False: "no", None: "unknown"}[s.get("gdr")]
         out.print(
@@ -30,7 +40,7 @@ def render_sections(report: Report, out: Any, verbose: bool) -> None:
                                               if verbose and s.get("gdr_evidence") else ""))
         if s.get("nccl_versions"):
             out.print(f"  NCCL: {escape(', '.join(s['nccl_versions']))}")
-    hosts = report.sections.get("hosts") or []
+    hosts = sections.get("hosts") or []
     if hosts:
         table = Table(title="Hosts", expand=False)
         for col in ("host", "NCCL", "ranks", "bootstrap", "network", "NICs", "NCCL_* set"):
@@ -48,7 +58,7 @@ def render_sections(report: Report, out: Any, verbose: bool) -> None:
         out.print(table)
         if len(hosts) > limit:
             out.print(f"[dim]… {len(hosts) - limit} more hosts (--verbose)[/dim]")
-    for topo in report.sections.get("topology") or []:
+    for topo in sections.get("topology") or []:
         gpus, nics = topo["gpus"], topo["nics"]
         ng = len(gpus) if isinstance(gpus, list) else gpus
         nn = len(nics) if isinstance(nics, list) else nics
@@ -70,14 +80,14 @@ def _ranks(ranks: list[int]) -> str:
 
 def build_report(logs: list[Path], xmls: list[Path]) -> Report:
     """Everything `topo` prints, as a Report; BadInput when no file given was usable."""
-    from ddpdoctor.topo.capture import analyze_run_dir, is_run_dir
+    from ddpdoctor.topo.capture import analyze_run_dir, is_run_dir, run_backend
     from ddpdoctor.topo.diagnose import diagnose, read_inputs
 
     run_dirs = [p for p in logs if p.is_dir() and is_run_dir(p)]
     files = [p for p in logs if p not in run_dirs]
     if run_dirs and not files and not xmls and len(run_dirs) == 1:
-        section, findings = analyze_run_dir(run_dirs[0], None)
-        return Report(command="topo", sections={"topology": section}, findings=findings)
+        section, findings = analyze_run_dir(run_dirs[0], run_backend(run_dirs[0]))
+        return Report(command="topo", sections={"run_dir": str(run_dirs[0]), **section}, findings=findings)
     for d in run_dirs:
         files += sorted((d / "ranks").glob("rank*/std*.log")) + sorted((d / "ranks").glob("rank*/nccl_topo.xml"))
     inputs = read_inputs(files, xmls)
@@ -91,7 +101,7 @@ def build_report(logs: list[Path], xmls: list[Path]) -> Report:
     return Report(command="topo", sections=sections, findings=findings, notes=notes)
 
 
-@click.command(help=__doc__)
+@click.command(help=__doc__ + "\n\nFILES: NCCL logs (SLURM/torchrun output), topology XML, or a ddpdoctor run directory.")
 @click.argument("files", nargs=-1, type=click.Path(path_type=Path))
 @click.option("--topo-xml", "xmls", multiple=True, type=click.Path(path_type=Path),
               help="NCCL_TOPO_DUMP_FILE / NCCL_TOPO_FILE XML (repeatable); XML given as FILES is detected too.")

@@ -41,11 +41,14 @@ def _not_used(backend: str | None, why: str) -> tuple[dict[str, Any], list[Findi
 
 
 def analyze_run_dir(run_dir: Path, backend: str | None) -> tuple[dict[str, Any], list[Finding]]:
-    """The "topology" section and findings from RUN/ranks/rank*/{stdout.log,stderr.log,nccl_topo.xml}."""
+    """The "topology" section and findings from RUN/ranks/rank*/{stdout.log,stderr.log,nccl_topo.xml}
+    (and torchrun's per-rank logs). ``backend`` is the process group's backend when known."""
     from ddpdoctor.topo.diagnose import diagnose, read_inputs
 
     ranks = Path(run_dir) / "ranks"
     logs = sorted(ranks.glob("rank*/stdout.log")) + sorted(ranks.glob("rank*/stderr.log"))
+    # torchrun --tee writes the ranks' output under RUN/torchrun/<run id>/attempt_N/R/std{out,err}.log
+    logs += sorted((Path(run_dir) / "torchrun").glob("**/std*.log"))
     xmls = sorted(ranks.glob(f"rank*/{TOPO_FILE}"))
     if backend is not None and backend != "nccl" and not xmls:
         return _not_used(backend, f"the process group backend was {backend}")
@@ -55,3 +58,26 @@ def analyze_run_dir(run_dir: Path, backend: str | None) -> tuple[dict[str, Any],
     sections, findings = diagnose(inputs.log, inputs.systems)
     section: dict[str, Any] = {"nccl_used": True, "backend": backend, **sections}
     return section, findings
+
+
+def run_backend(run_dir: Path) -> str | None:
+    """The process group backend the run's manifest recorded, or None."""
+    from ddpdoctor.errors import BadInput
+    from ddpdoctor.rundir.layout import read_json
+
+    try:
+        data = read_json(Path(run_dir) / "manifest.json")
+    except BadInput:  # a run without a usable manifest still gets its logs read
+        return None
+    backend = data.get("backend") if isinstance(data, dict) else None
+    return str(backend) if backend else None
+
+
+def add_to_report(report: Any, run: Any) -> None:
+    """Put the "topology" section and findings of a finished --nccl-debug run into its report (and report.json)."""
+    from ddpdoctor.rundir.layout import write_json
+
+    section, findings = analyze_run_dir(run.root, run_backend(run.root))
+    report.sections["topology"] = section
+    report.findings.extend(findings)
+    write_json(run.root / "report.json", report.to_json())
