@@ -270,7 +270,7 @@ class _Parser:
         if v is not None:
             host.fingerprints.append((v[0], v[1], line))
 
-    def _message(self, host: HostInfo, dev: int, pid: int, msg: str, line: Line) -> None:  # noqa: C901 - one dispatch
+    def _message(self, host: HostInfo, dev: int, pid: int, msg: str, line: Line) -> None:
         log = self.log
         if msg.startswith("NCCL version "):
             host.versions.setdefault(msg.split()[2], line)

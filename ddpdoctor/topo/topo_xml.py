@@ -188,7 +188,7 @@ def path_type(gpu: TopoGpu, net: TopoNet) -> str:
     if gpu.host_hash and net.host_hash and gpu.host_hash != net.host_hash:
         return "SYS"
     common = 0
-    for a, b in zip(gpu.ancestors, net.ancestors):
+    for a, b in zip(gpu.ancestors, net.ancestors, strict=False):
         if a != b:
             break
         common += 1
