@@ -72,6 +72,7 @@ LOG_EXPECT: list[tuple[str, Check]] = [
     (r"NCCL_P2P_LEVEL=LOC", _has("p2p-disabled", "warning")),
     (r"INTRA-NODE traffic", _has("nvlink-unused")),
     (r"MIXED link layers", _has("mixed-link-layer")),
+    (r"INTERLEAVED", _has("ranks-interleaved", "info")),
     (r"GDR is ON", _summary("gdr", lambda m: True)),
     (r"NCCL_P2P_LEVEL=SYS", _has("p2p-pcie-risk")),
     (r"NCCL_NET_GDR_LEVEL set by environment to LOC", _has("gdr-disabled-by-env")),
