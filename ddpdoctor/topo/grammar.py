@@ -56,3 +56,4 @@ _OFI = re.compile(r"^NET/OFI\b")
 _TOPO_PRINT = re.compile(r"\+ (NVL|PCI|NET|SYS)\[[\d.]+\] - (\w+)/")
 _DRIVER = re.compile(r"^cudaDriverVersion (\d+)")
 _INTERNAL_NETS = {"IB", "Socket"}
+_MAX_LINE = 8192

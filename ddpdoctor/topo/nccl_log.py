@@ -25,6 +25,7 @@ from ddpdoctor.topo.grammar import (
     _INIT,
     _INTERNAL_NETS,
     _LAUNCHER_RANK,
+    _MAX_LINE,
     _NCCL,
     _NETWORK,
     _NVLS,
@@ -186,7 +187,8 @@ class _Parser:
         found = 0
         for lineno, raw in enumerate(lines, 1):
             self.log.lines_read += 1
-            text = raw.rstrip("\r\n")
+            # NCCL lines are short; clipping bounds regex work on a pathological (binary, runaway) line.
+            text = raw[:_MAX_LINE].rstrip("\r\n")
             if "NCCL" not in text and "Rank" not in text:
                 continue
             if self._line(file, lineno, text):
@@ -214,7 +216,8 @@ class _Parser:
         msg = (m.group("msg") or "").strip()
         if m.group("level") == "WARN":
             log.warnings.append(line)
-        self._fingerprint(host, msg, line)
+        if not msg.startswith(("Channel ", "Ring ")) or msg.endswith("shared memory"):
+            self._fingerprint(host, msg, line)  # connection lines (the bulk) carry no version wording
         self._message(host, dev, int(m.group("pid")), msg, line)
         return True
 

@@ -4,7 +4,11 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
 from ddpdoctor.topo import versions
+from ddpdoctor.topo.diagnose import diagnose
 from ddpdoctor.topo.nccl_log import NcclLog, parse_lines, parse_text, transport_kind
 from ddpdoctor.topo.topo_xml import nearest_nic, parse_topo_xml, path_type
 
@@ -148,3 +152,18 @@ def test_xml_entities_are_not_expanded() -> None:
     bomb = '<?xml version="1.0"?><!DOCTYPE x [<!ENTITY a "aaaa">]><system version="1"><cpu numaid="&a;"/></system>'
     s = parse_topo_xml(bomb, "bomb.xml")
     assert s.cpus == [{"numaid": "&a;"}]
+
+
+# Any text, however mangled, parses without raising: pieces of real NCCL lines, cut and glued at random.
+_PIECES = ["host:1:2 [0] NCCL INFO ", "NCCL WARN ", "Channel 00/0 : 0[0] -> 1[1] ", "via NET/IB/0/GDRDMA",
+           "[send] ", "NCCL version 2.", "set by environment to ", "Bootstrap : Using eth0:1.2.3.4<0>",
+           "NET/IB : Using [0]mlx5_0:1/RoCE", "comm 0x1 rank 3 nranks 4 cudaDev 1 busId 1a000", "[rank1]:",
+           "<system>", "<gpu dev=\"0\" sm=\"90\">", "</pci>", "<nvlink count=\"x\"/>", "\n", "\r\n", "\x00", "é"]
+
+
+@settings(max_examples=150, deadline=None)
+@given(st.lists(st.one_of(st.sampled_from(_PIECES), st.text(max_size=12)), max_size=40))
+def test_parsers_never_raise(parts: list[str]) -> None:
+    text = "".join(parts)
+    log = parse_text(text, "fuzz.log")
+    diagnose(log, [parse_topo_xml(text, "fuzz.xml")])
