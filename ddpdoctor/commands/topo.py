@@ -49,7 +49,8 @@ def render_sections(report: Report, out: Any, verbose: bool) -> None:
         for h in hosts[:limit]:
             ranks = h["ranks"]
             table.add_row(
-                escape(h["host"]), escape(", ".join(h["nccl_version"] or []) or (h["nccl_version_range"] or "?")),
+                escape(h["host"]), escape(", ".join(h["nccl_version"] or []) or (f"{h['nccl_version_range']} (from wording)"
+                                                              if h["nccl_version_range"] else "?")),
                 escape(_ranks(ranks)), escape(",".join(h["bootstrap_ifaces"]) or "-"),
                 escape(",".join(h["network"] + h["plugins"]) or "-"),
                 escape(",".join(f"{k}/{v}" for k, v in h["ib_devices"].items()) or "-"),

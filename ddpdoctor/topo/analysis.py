@@ -231,3 +231,33 @@ def topology_section(systems: list[TopoSystem]) -> list[dict[str, Any]]:
             "graphs": s.graphs,
         })
     return out
+
+
+def transports_section(f: Facts, limit: int = 500) -> dict[str, Any]:
+    """Per-peer transports: line counts by kind inside/between nodes, and the (src, dst, transport) pairs."""
+    conns = sorted(f.log.connections.values(), key=lambda c: (c.src, c.dst, c.transport))
+    inter = {id(c) for c in f.inter_conns}
+    return {
+        "intra_node": dict(f.intra.most_common()),
+        "inter_node": dict(f.inter.most_common()),
+        "peers_total": len(conns),
+        "peers": [
+            {"src": c.src, "dst": c.dst, "transport": c.transport, "kind": c.kind, "gdr": c.gdr,
+             "inter_node": id(c) in inter, "lines": c.count, "seen_on": c.host}
+            for c in conns[:limit]
+        ],
+    }
+
+
+def channels_section(f: Facts) -> dict[str, Any]:
+    log = f.log
+
+    def first(v: tuple[int, Line] | None) -> int | None:
+        return v[0] if v else None
+
+    return {
+        "coll_channels": first(log.coll_channels), "collnet_channels": first(log.collnet_channels),
+        "nvls_channels": first(log.nvls_channels), "rings": first(log.rings),
+        "ranks_in_rings": len(log.ring_ranks),
+        "trees": [ln.text.split("NCCL INFO ", 1)[-1] for ln in log.trees[:8]],
+    }

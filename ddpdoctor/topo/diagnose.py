@@ -87,13 +87,16 @@ def read_inputs(logs: list[Path], xmls: list[Path]) -> Inputs:
 
 
 def diagnose(log: NcclLog, systems: list[TopoSystem]) -> tuple[dict[str, Any], list[Finding]]:
-    """Report sections ("summary", "hosts", "ranks", "topology", "warnings") and the findings."""
+    """Report sections ("summary", "hosts", "ranks", "transports", "channels", "topology", "warnings", "inputs")
+    and the findings."""
     facts = analysis.derive(log, systems)
     findings = log_findings(facts) + xml_findings(systems)
     sections: dict[str, Any] = {
         "summary": analysis.summary(facts),
         "hosts": analysis.hosts_section(facts),
         "ranks": analysis.ranks_section(facts),
+        "transports": analysis.transports_section(facts),
+        "channels": analysis.channels_section(facts),
         "topology": analysis.topology_section(systems),
         "warnings": [ln.ref() for ln in log.warnings[:50]],
         "inputs": {"logs": list(log.files), "topology_files": [s.file for s in systems],
