@@ -85,7 +85,15 @@ def build_report(logs: list[Path], xmls: list[Path]) -> Report:
     from ddpdoctor.topo.diagnose import diagnose, read_inputs
 
     run_dirs = [p for p in logs if p.is_dir() and is_run_dir(p)]
-    files = [p for p in logs if p not in run_dirs]
+    files: list[Path] = []
+    for p in logs:
+        if p in run_dirs:
+            continue
+        if p.is_dir():  # a folder of logs (e.g. one SLURM output per node): its visible files, not recursive
+            inside = sorted(q for q in p.iterdir() if q.is_file() and not q.name.startswith("."))
+            files += inside or [p]
+        else:
+            files.append(p)
     if run_dirs and not files and not xmls and len(run_dirs) == 1:
         section, findings = analyze_run_dir(run_dirs[0], run_backend(run_dirs[0]))
         return Report(command="topo", sections={"run_dir": str(run_dirs[0]), **section}, findings=findings)

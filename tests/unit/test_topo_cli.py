@@ -108,3 +108,15 @@ def test_terminal_output_escapes_markup(tmp_path: Path) -> None:
     code, out, _ = _invoke(path)
     assert code == 0 and "bad-socket-ifname" in out  # one node: a warning
     assert "[bold]evil" in out.replace("\n", "")  # printed literally, not taken as rich markup
+
+
+def test_directory_of_logs(tmp_path: Path) -> None:
+    (tmp_path / "node1.out").write_text((FIX / "not_distributed.log").read_text())
+    (tmp_path / "notes.txt").write_text("nothing here\n")
+    code, out, err = _invoke(tmp_path, "--json")
+    assert code == 1 and "notes.txt: no NCCL lines" in err
+    assert json.loads(out)["findings"][0]["id"] == "not-distributed"
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    code, _, err = _invoke(empty)
+    assert code == 2 and "is a directory" in err

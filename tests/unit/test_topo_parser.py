@@ -89,6 +89,18 @@ def test_warn_with_timestamp_prefix_and_graph_print() -> None:
     assert versions.intersect([(lo, hi) for lo, hi, _ in h.fingerprints]) == ((2, 27), (2, 27))
 
 
+def test_nccl_2_30_wording() -> None:
+    log = parse_text(
+        "h:1:1 [0] NCCL INFO NET/IB : Using [0]={[0] mlx5_0:1/IB, [1] mlx5_1:1/IB} [1]mlx5_2:1/RoCE:0 [RO]; "
+        "OOB eth0:1.2.3.4<0>\n"
+        "[2026-01-01 10:00:00] h:1:2 [0] net_ib.cc:12 (ncclIbConnect) NCCL WARN NET/IB: Got completion from peer "
+        "1.2.3.4<5> with status=12 opcode=0 len=0 vendor err 129\n"
+        "h:1:1 [0] 123.456 init.cc:1 NCCL TRACE something\n"
+    )
+    assert log.hosts["h"].ib_devices == {"mlx5_0:1": "IB", "mlx5_1:1": "IB", "mlx5_2:1": "RoCE"}
+    assert len(log.warnings) == 1 and len(log.rdma_errors) == 1 and log.nccl_lines == 3
+
+
 def test_transport_kinds() -> None:
     assert transport_kind("P2P/IPC/read") == ("P2P/IPC", False)
     assert transport_kind("P2P/CUMEM/CE") == ("P2P/CUMEM", False)
