@@ -45,12 +45,22 @@ def net_socket_internode(f: Facts) -> list[Finding]:
             advice="Make the RDMA network usable: check /dev/infiniband is visible in the container, rdma-core and the "
             "net plugin are installed, NCCL_IB_DISABLE/NCCL_NET are not set, and NCCL_IB_HCA matches `ibv_devices`.",
         )]
-    if chosen and f.nodes != 1 and not f.rank_host:
-        # The network is Socket but the log does not say how many nodes there are.
+    lines = evidence_lines([ln for _, ln in chosen])
+    separate = bool(f.log.inits) and all(n == 1 for *_, n, _ in f.log.inits)  # not-distributed explains it
+    if chosen and f.nodes >= 2 and not separate:
+        return [Finding(
+            "net-socket-internode", Severity.ERROR,
+            f"{len(chosen)} host(s) of a {f.nodes}-node job chose TCP sockets as their network",
+            evidence={"lines": lines, "nodes": f.nodes},
+            advice="Make the RDMA network usable (see the net-device-missing / ib-disabled-by-env findings, if any): "
+            "/dev/infiniband in the container, rdma-core and the net plugin installed, NCCL_IB_HCA correct.",
+        )]
+    if chosen and not f.rank_host and f.world_size is None:
+        # One host's log, nothing about ranks: the node count is unknown.
         return [Finding(
             "net-socket-internode", Severity.WARNING,
             "NCCL chose TCP sockets as its network; if this job spans nodes, they talk over TCP",
-            evidence={"lines": evidence_lines([ln for _, ln in chosen])},
+            evidence={"lines": lines},
             advice="For a multi-node job make IB/RoCE (or the cloud plugin, e.g. aws-ofi-nccl) usable; for one node "
             "this is harmless.",
         )]

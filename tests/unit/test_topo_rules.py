@@ -135,3 +135,12 @@ def test_tunnel_iface_is_bad_and_normal_iface_is_not() -> None:
     assert "bad-socket-ifname" in _text("h:1:1 [0] NCCL INFO Bootstrap : Using tailscale0:100.64.0.2<0>\n")
     assert "bad-socket-ifname" in _text("h:1:1 [0] NCCL INFO NET/Socket : Using [0]virbr0:192.168.122.1<0>\n")
     assert "bad-socket-ifname" not in _text("h:1:1 [0] NCCL INFO Bootstrap : Using ens5:10.0.0.3<0>\n")
+
+
+def test_socket_network_severity_follows_what_the_log_proves() -> None:
+    one_host = "h:1:1 [0] NCCL INFO Using network Socket\n"
+    assert _text(one_host)["net-socket-internode"].severity.value == "warning"  # node count unknown
+    two_hosts = one_host + "g:2:2 [0] NCCL INFO Using network Socket\n"
+    assert _text(two_hosts)["net-socket-internode"].severity.value == "error"
+    single_node = one_host + "h:1:1 [0] NCCL INFO comm 0x1 rank 0 nRanks 2 nNodes 1 localRanks 2 localRank 0 MNNVL 0\n"
+    assert "net-socket-internode" not in _text(single_node)
