@@ -11,15 +11,19 @@ NCCL_DEBUG_ENV = {"NCCL_DEBUG": "INFO", "NCCL_DEBUG_SUBSYS": "INIT,ENV,NET,GRAPH
 TOPO_FILE = "nccl_topo.xml"
 
 
-def rank_env(run_dir: Path, rank: int) -> dict[str, str]:
+def rank_env(run_dir: Path, rank: int, debug_file: bool = False) -> dict[str, str]:
     """Environment for rank ``rank``: NCCL INFO logging of init/env/net/graph and a topology dump in its rank dir.
 
     NCCL writes the dump only from global rank NCCL_TOPO_DUMP_FILE_RANK (default 0), so in practice
     ranks/rank0/nccl_topo.xml appears; the per-rank path keeps ranks from clobbering each other's file.
+    ``debug_file`` sends NCCL's lines to ranks/rankR/nccl_debug.<host>.<pid>.log instead of the rank's stdout.
     """
     rank_dir = Path(run_dir) / "ranks" / f"rank{rank}"
     rank_dir.mkdir(parents=True, exist_ok=True)
-    return {**NCCL_DEBUG_ENV, "NCCL_TOPO_DUMP_FILE": str(rank_dir / TOPO_FILE)}
+    env = {**NCCL_DEBUG_ENV, "NCCL_TOPO_DUMP_FILE": str(rank_dir / TOPO_FILE)}
+    if debug_file:
+        env["NCCL_DEBUG_FILE"] = str(rank_dir / "nccl_debug.%h.%p.log")  # NCCL expands %h host, %p pid
+    return env
 
 
 def job_env(run_dir: Path) -> dict[str, str]:
@@ -47,10 +51,11 @@ def analyze_run_dir(run_dir: Path, backend: str | None) -> tuple[dict[str, Any],
 
     ranks = Path(run_dir) / "ranks"
     logs = sorted(ranks.glob("rank*/stdout.log")) + sorted(ranks.glob("rank*/stderr.log"))
+    logs += sorted(ranks.glob("rank*/nccl_debug*.log"))  # NCCL_DEBUG_FILE output
     # torchrun --tee writes the ranks' output under RUN/torchrun/<run id>/attempt_N/R/std{out,err}.log
     logs += sorted((Path(run_dir) / "torchrun").glob("**/std*.log"))
     xmls = sorted(ranks.glob(f"rank*/{TOPO_FILE}"))
-    if backend is not None and backend != "nccl" and not xmls:
+    if backend is not None and "nccl" not in backend and not xmls:  # "cpu:gloo,cuda:nccl" uses NCCL
         return _not_used(backend, f"the process group backend was {backend}")
     inputs = read_inputs([p for p in logs if p.stat().st_size > 0], xmls)
     if inputs.log.nccl_lines == 0 and not inputs.systems:

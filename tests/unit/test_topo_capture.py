@@ -18,6 +18,7 @@ def test_rank_env(tmp_path: Path) -> None:
         "NCCL_TOPO_DUMP_FILE": str(tmp_path / "ranks" / "rank3" / "nccl_topo.xml"),
     }
     assert (tmp_path / "ranks" / "rank3").is_dir()
+    assert rank_env(tmp_path, 0, debug_file=True)["NCCL_DEBUG_FILE"].endswith("ranks/rank0/nccl_debug.%h.%p.log")
 
 
 def test_gloo_run_has_nothing_to_check(tmp_path: Path) -> None:
@@ -40,12 +41,14 @@ def test_nccl_run_dir_is_analysed(tmp_path: Path) -> None:
     tr = tmp_path / "torchrun" / "abc" / "attempt_0" / "1"
     tr.mkdir(parents=True)
     (tr / "stdout.log").write_text("node-18:30501:30540 [0] NCCL INFO NCCL_DEBUG_SUBSYS set by environment to INIT\n")
-    section, findings = analyze_run_dir(tmp_path, "nccl")
+    (tmp_path / "ranks" / "rank1" / "nccl_debug.node-18.30501.log").write_text(
+        "node-18:30501:30540 [0] NCCL INFO NCCL_IB_HCA set to mlx5_9\n")
+    section, findings = analyze_run_dir(tmp_path, "cpu:gloo,cuda:nccl")
     ids = {f.id for f in findings}
     assert section["nccl_used"] is True and section["summary"]["nodes"] == 2
     assert {"net-socket-internode", "nic-numa-mismatch"} <= ids
-    assert len(section["inputs"]["logs"]) == 2 and section["topology"][0]["file"].endswith("nccl_topo.xml")
-    assert section["hosts"][1]["env"] == {"NCCL_DEBUG_SUBSYS": "INIT"}
+    assert len(section["inputs"]["logs"]) == 3 and section["topology"][0]["file"].endswith("nccl_topo.xml")
+    assert section["hosts"][1]["env"] == {"NCCL_DEBUG_SUBSYS": "INIT", "NCCL_IB_HCA": "mlx5_9"}
 
 
 def test_run_backend(tmp_path: Path) -> None:
