@@ -73,9 +73,9 @@ def derive(log: NcclLog, systems: list[TopoSystem]) -> Facts:
 def _nodes(f: Facts) -> None:
     log = f.log
     nnodes = max((i.nnodes for i in log.ranks.values() if i.nnodes), default=0)
-    hosts_with_lines = len(log.hosts)
-    implied = hosts_with_lines + (1 if f.inter_conns and len(set(f.rank_host.values())) <= 1 else 0)
-    f.nodes = max(nnodes, hosts_with_lines, implied if f.inter_conns else 0)
+    f.nodes = max(nnodes, len(log.hosts))
+    if f.inter_conns and len(set(f.rank_host.values())) <= 1:
+        f.nodes = max(f.nodes, len(log.hosts) + 1)  # NET traffic reaches ranks on a host that printed nothing
     local = max((i.local_ranks for i in log.ranks.values() if i.local_ranks), default=0)
     per_host = Counter(f.rank_host.values())
     devs = max((len(h.devs | set(h.gpu_names)) for h in log.hosts.values()), default=0)
