@@ -258,6 +258,7 @@ def channels_section(f: Facts) -> dict[str, Any]:
     return {
         "coll_channels": first(log.coll_channels), "collnet_channels": first(log.collnet_channels),
         "nvls_channels": first(log.nvls_channels), "rings": first(log.rings),
+        "tree_channels": first(log.tree_channels),
         "ranks_in_rings": len(log.ring_ranks),
         "trees": [ln.text.split("NCCL INFO ", 1)[-1] for ln in log.trees[:8]],
     }

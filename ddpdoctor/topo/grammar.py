@@ -10,6 +10,11 @@ _NCCL = re.compile(
     r"(?P<host>[^\s:\[\]|]+):(?P<pid>\d+):(?P<tid>\d+) \[(?P<dev>\d+)\] (?:[\d.]+ )?"
     r"(?:(?P<src>[\w./+-]+:\d+)(?: \(\w+\))? )?NCCL (?P<level>INFO|WARN|TRACE)\b ?(?P<msg>.*)$"
 )
+# The same line with "host:pid:tid" elided (people trim it when pasting): "[1] NCCL INFO ..." or "NCCL INFO ...".
+_NCCL_NO_HOST = re.compile(
+    r"(?:^|\s)(?:\[(?P<dev>\d+)\] )?(?:(?P<src>[\w./+-]+:\d+) )?NCCL (?P<level>INFO|WARN)\b ?(?P<msg>.*)$"
+)
+UNKNOWN_HOST = "(host not printed)"
 _LAUNCHER_RANK = re.compile(r"^\s*(?:\[(?:rank|default)?(\d+)\]:?\s|\[(?:rank|default)(\d+)\]:|\[\d+,(\d+)\]<std\w+>:)")
 _BARE_VERSION = re.compile(r"(?:^|[\s:>|])NCCL version (\d+\.\d+\.\d+\S*)")
 _TESTS_RANK = re.compile(

@@ -27,6 +27,7 @@ from ddpdoctor.topo.grammar import (
     _LAUNCHER_RANK,
     _MAX_LINE,
     _NCCL,
+    _NCCL_NO_HOST,
     _NETWORK,
     _NVLS,
     _OFI,
@@ -40,6 +41,7 @@ from ddpdoctor.topo.grammar import (
     _SOCKET,
     _TESTS_RANK,
     _TOPO_PRINT,
+    UNKNOWN_HOST,
 )
 
 Version = tuple[int, int]
@@ -127,6 +129,7 @@ class NcclLog:
     rings: tuple[int, Line] | None = None  # total rings from "Channel NN/MM :" lists
     ring_ranks: set[int] = field(default_factory=set)  # every rank named in those lists
     trees: list[Line] = field(default_factory=list)
+    tree_channels: tuple[int, Line] | None = None
     warnings: list[Line] = field(default_factory=list)
     p2p_disabled: list[Line] = field(default_factory=list)
     rdma_errors: list[Line] = field(default_factory=list)
@@ -198,14 +201,20 @@ class _Parser:
 
     def _line(self, file: str, lineno: int, text: str) -> bool:
         m = _NCCL.search(text)
-        if m is None:
+        pid = 0
+        if m is not None:
+            host_name, pid = m.group("host"), int(m.group("pid"))
+        elif (m := _NCCL_NO_HOST.search(text)) is not None:
+            host_name = self.last_host or UNKNOWN_HOST  # an elided prefix: most likely the host printing around it
+        else:
             return self._other(file, lineno, text)
         log = self.log
         line = Line(file, lineno, text.strip())
-        host = log.host(m.group("host"))
+        host = log.host(host_name)
         self.last_host = host.name
-        dev = int(m.group("dev"))
-        host.pids.add(int(m.group("pid")))
+        dev = int(m.group("dev") or 0)
+        if pid:
+            host.pids.add(pid)
         host.devs.add(dev)
         lr = _LAUNCHER_RANK.match(text)
         if lr:
@@ -218,7 +227,7 @@ class _Parser:
             log.warnings.append(line)
         if not msg.startswith(("Channel ", "Ring ")) or msg.endswith("shared memory"):
             self._fingerprint(host, msg, line)  # connection lines (the bulk) carry no version wording
-        self._message(host, dev, int(m.group("pid")), msg, line)
+        self._message(host, dev, pid, msg, line)
         return True
 
     def _other(self, file: str, lineno: int, text: str) -> bool:
@@ -332,6 +341,9 @@ class _Parser:
         if msg.startswith("Trees"):
             if len(log.trees) < 50:
                 log.trees.append(line)
+            chans = [int(c) for c in re.findall(r"\[(\d+)\]", msg)]
+            if chans:
+                self._max("tree_channels", max(chans) + 1, line)  # one "[c]" per channel
             return
         if (m := _NVLS.search(msg)) is not None:
             host.nvls[int(m.group(2))] = (m.group(1) is None, line)

@@ -88,7 +88,7 @@ def nvls_unavailable(f: Facts) -> list[Finding]:
 
 def few_channels_nics(f: Facts) -> list[Finding]:
     out: list[Finding] = []
-    coll = f.log.coll_channels or (f.log.rings if f.log.rings else None)
+    coll = f.log.coll_channels or f.log.rings or f.log.tree_channels
     if coll and f.nvswitch and coll[0] <= 4 and (f.gpus_per_node or 0) >= 4:
         out.append(Finding(
             "few-channels", Severity.WARNING, f"Only {coll[0]} channels on an NVSwitch system",

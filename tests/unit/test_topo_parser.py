@@ -101,6 +101,14 @@ def test_nccl_2_30_wording() -> None:
     assert len(log.warnings) == 1 and len(log.rdma_errors) == 1 and log.nccl_lines == 3
 
 
+def test_elided_host_prefix_is_still_read() -> None:
+    log = parse_text("./all_reduce_perf -g 2\n...\nNCCL INFO Trees [0] 1/-1/-1->0->-1 [1] 1/-1/-1->0->-1\n"
+                     "[1] NCCL INFO Channel 00/0 : 1[21000] -> 0[1000] via P2P/direct pointer\n")
+    assert log.nccl_lines == 2 and list(log.hosts) == ["(host not printed)"]
+    assert log.tree_channels is not None and log.tree_channels[0] == 2
+    assert [(c.src, c.dst, c.kind) for c in log.connections.values()] == [(1, 0, "P2P/direct")]
+
+
 def test_transport_kinds() -> None:
     assert transport_kind("P2P/IPC/read") == ("P2P/IPC", False)
     assert transport_kind("P2P/CUMEM/CE") == ("P2P/CUMEM", False)

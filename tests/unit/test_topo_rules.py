@@ -40,7 +40,7 @@ def test_healthy_two_node_ib_job_has_no_findings_and_a_summary() -> None:
     assert {(p["src"], p["dst"], p["transport"], p["inter_node"]) for p in t["peers"]} >= {
         (0, 1, "P2P/CUMEM/read", False), (3, 0, "NET/IB/0/GDRDMA", True)}
     assert sections["channels"] == {"coll_channels": 2, "collnet_channels": 2, "nvls_channels": 0, "rings": 2,
-                                    "ranks_in_rings": 4, "trees": ["Trees [0] 1/2/-1->0->-1 [1] 1/-1/-1->0->2"]}
+                                    "ranks_in_rings": 4, "tree_channels": 2, "trees": ["Trees [0] 1/2/-1->0->-1 [1] 1/-1/-1->0->2"]}
 
 
 def test_socket_fallback_with_ipoib_present() -> None:
