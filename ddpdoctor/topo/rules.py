@@ -31,7 +31,6 @@ _RDMA_PLUGINS = re.compile(r"IBext|OFI|nccl-net|Libfabric|libnccl-net|efa", re.I
 _IPOIB = re.compile(r"^(ib\w*|ibp\w+)$")
 
 
-
 def net_socket_internode(f: Facts) -> list[Finding]:
     socket = [c for c in f.inter_conns if c.kind == "NET/Socket"]
     chosen = [(h.name, h.networks["Socket"]) for h in f.log.hosts.values() if "Socket" in h.networks]
