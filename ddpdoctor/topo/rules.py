@@ -44,13 +44,13 @@ def net_socket_internode(f: Facts) -> list[Finding]:
             advice="Make the RDMA network usable: check /dev/infiniband is visible in the container, rdma-core and the "
             "net plugin are installed, NCCL_IB_DISABLE/NCCL_NET are not set, and NCCL_IB_HCA matches `ibv_devices`.",
         )]
-    lines = evidence_lines([ln for _, ln in chosen])
+    chosen_lines = evidence_lines([ln for _, ln in chosen])
     separate = bool(f.log.inits) and all(n == 1 for *_, n, _ in f.log.inits)  # not-distributed explains it
     if chosen and f.nodes >= 2 and not separate:
         return [Finding(
             "net-socket-internode", Severity.ERROR,
             f"{len(chosen)} host(s) of a {f.nodes}-node job chose TCP sockets as their network",
-            evidence={"lines": lines, "nodes": f.nodes},
+            evidence={"lines": chosen_lines, "nodes": f.nodes},
             advice="Make the RDMA network usable (see the net-device-missing / ib-disabled-by-env findings, if any): "
             "/dev/infiniband in the container, rdma-core and the net plugin installed, NCCL_IB_HCA correct.",
         )]
@@ -59,7 +59,7 @@ def net_socket_internode(f: Facts) -> list[Finding]:
         return [Finding(
             "net-socket-internode", Severity.WARNING,
             "NCCL chose TCP sockets as its network; if this job spans nodes, they talk over TCP",
-            evidence={"lines": lines},
+            evidence={"lines": chosen_lines},
             advice="For a multi-node job make IB/RoCE (or the cloud plugin, e.g. aws-ofi-nccl) usable; for one node "
             "this is harmless.",
         )]
@@ -93,7 +93,9 @@ def net_device_missing(f: Facts) -> list[Finding]:
         stack += [h.iface_lines[i] for i in h.bootstrap_ifaces if _IPOIB.match(i)][:1]
         if (hca := _env(h, "NCCL_IB_HCA")) is not None:
             stack.append(hca[1])
-        disabled = any(_env(h, n) and _env(h, n)[0] not in ("0", "") for n in ("NCCL_IB_DISABLE", "NCCL_IBEXT_DISABLE"))
+        disabled = any(
+            (e := _env(h, n)) is not None and e[0] not in ("0", "") for n in ("NCCL_IB_DISABLE", "NCCL_IBEXT_DISABLE")
+        )
         problem = ([h.ib_no_device] if h.ib_no_device else []) + h.plugin_failures
         if disabled or not stack or not (problem or fell_back):
             continue
