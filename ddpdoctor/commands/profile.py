@@ -38,6 +38,8 @@ from ddpdoctor.rundir.report import job_report
               help="Also write the HTML report here (RUN/report.html is always written).")
 @click.option("--merge", "merge_path", type=click.Path(path_type=Path), default=None,
               help="Write all ranks' traces as one Perfetto/Chrome trace (e.g. merged.json.gz).")
+@click.option("--nccl-debug", is_flag=True,
+              help="Capture NCCL_DEBUG=INFO output and a topology dump; add the fabric checks of `ddpdoctor topo`.")
 @json_option
 @fail_on_option
 @cli_errors
@@ -57,6 +59,7 @@ def command(
     verbose: bool,
     html_path: Path | None,
     merge_path: Path | None,
+    nccl_debug: bool,
     as_json: bool,
     fail_on: str,
     **kwargs: Any,
@@ -74,6 +77,10 @@ def command(
         overwrite=overwrite,
         output_to_stderr=as_json,
     )
+    if nccl_debug:
+        from ddpdoctor.topo.capture import job_env
+
+        spec.env.update(job_env(spec.run_dir.root))
     result = launch(spec)
     report = job_report(spec.run_dir, "profile", analyse_traces=True)
     if result.exit_code == 0 and not spec.run_dir.trace_files() and any(f.id == "no-steps-seen" for f in report.findings):
@@ -82,6 +89,10 @@ def command(
             "was profiled; call ddpdoctor.step() at the end of each iteration",
             script,
         )
+    if nccl_debug:
+        from ddpdoctor.topo.capture import add_to_report
+
+        add_to_report(report, spec.run_dir)
     # The run directory is also the HTML report's home and a TensorBoard log dir (RUN/scalars/rankR).
     write_outputs(report, {}, spec.run_dir.root, html_path, merge_path, spec.run_dir.trace_files())
     emit(report, as_json=as_json, verbose=verbose, fail_on=fail_on, exit_code=result.exit_code or None,

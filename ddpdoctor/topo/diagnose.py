@@ -1,0 +1,105 @@
+"""Reads the files given to `ddpdoctor topo` (logs and XML, with bad-input checks) and builds sections + findings."""
+
+from __future__ import annotations
+
+import gzip
+import io
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from ddpdoctor.findings.model import Finding
+from ddpdoctor.topo import analysis
+from ddpdoctor.topo.nccl_log import NcclLog, parse_lines
+from ddpdoctor.topo.rules import log_findings
+from ddpdoctor.topo.rules_xml import xml_findings
+from ddpdoctor.topo.topo_xml import TopoSystem, parse_topo_xml
+
+_SNIFF = 8192
+
+
+@dataclass
+class Inputs:
+    log: NcclLog = field(default_factory=NcclLog)
+    systems: list[TopoSystem] = field(default_factory=list)
+    used: list[str] = field(default_factory=list)
+    problems: list[str] = field(default_factory=list)  # "PATH: problem", one per unusable file
+
+
+def _read_text(path: Path) -> str:
+    """The file's text; raises ValueError with the user-facing problem when it is not a usable text file."""
+    try:
+        with path.open("rb") as fh:
+            head = fh.read(_SNIFF)
+            if head[:2] == b"\x1f\x8b":
+                fh.seek(0)
+                try:
+                    data = gzip.GzipFile(fileobj=io.BytesIO(fh.read())).read()
+                except (OSError, EOFError) as exc:
+                    raise ValueError(f"truncated or corrupt gzip file ({exc})") from exc
+            else:
+                data = head + fh.read()
+    except FileNotFoundError as exc:
+        raise ValueError("file not found") from exc
+    except IsADirectoryError as exc:
+        raise ValueError("is a directory, not a log or topology file") from exc
+    except OSError as exc:
+        raise ValueError(f"cannot read ({exc.strerror or exc})") from exc
+    if not data.strip():
+        raise ValueError("empty file")
+    if b"\x00" in data[:_SNIFF]:
+        raise ValueError("binary data, not an NCCL log or topology XML")
+    text = data.decode("utf-8", errors="replace")
+    if text[:_SNIFF].count("\ufffd") > 64:
+        raise ValueError("binary data, not an NCCL log or topology XML")
+    return text
+
+
+def _looks_xml(text: str) -> bool:
+    head = text[:_SNIFF].lstrip()
+    return head.startswith("<") and any(t in text[:65536] for t in ("<system", "<graphs", "<cpu", "<pci", "<gpu"))
+
+
+def read_inputs(logs: list[Path], xmls: list[Path]) -> Inputs:
+    """Parse every file that can be parsed; every other one becomes a one-line problem (never an exception)."""
+    inputs = Inputs()
+    for path, forced_xml in [(p, False) for p in logs] + [(p, True) for p in xmls]:
+        try:
+            text = _read_text(path)
+        except ValueError as exc:
+            inputs.problems.append(f"{path}: {exc}")
+            continue
+        if forced_xml or _looks_xml(text):
+            system = parse_topo_xml(text, str(path))
+            if not system.usable:
+                inputs.problems.append(f"{path}: no NCCL topology elements (<system>, <cpu>, <pci>, <gpu>, <graphs>)")
+                continue
+            inputs.systems.append(system)
+        else:
+            if parse_lines(inputs.log, str(path), text.splitlines()) == 0:
+                inputs.log.files.remove(str(path))
+                inputs.problems.append(
+                    f"{path}: no NCCL lines (was the job run with NCCL_DEBUG=INFO, and is this its output?)"
+                )
+                continue
+        inputs.used.append(str(path))
+    return inputs
+
+
+def diagnose(log: NcclLog, systems: list[TopoSystem]) -> tuple[dict[str, Any], list[Finding]]:
+    """Report sections ("summary", "hosts", "ranks", "transports", "channels", "topology", "warnings", "inputs")
+    and the findings."""
+    facts = analysis.derive(log, systems)
+    findings = log_findings(facts) + xml_findings(systems)
+    sections: dict[str, Any] = {
+        "summary": analysis.summary(facts),
+        "hosts": analysis.hosts_section(facts),
+        "ranks": analysis.ranks_section(facts),
+        "transports": analysis.transports_section(facts),
+        "channels": analysis.channels_section(facts),
+        "topology": analysis.topology_section(systems),
+        "warnings": [ln.ref() for ln in log.warnings[:50]],
+        "inputs": {"logs": list(log.files), "topology_files": [s.file for s in systems],
+                   "nccl_lines": log.nccl_lines},
+    }
+    return sections, findings
