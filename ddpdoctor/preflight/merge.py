@@ -38,6 +38,7 @@ class MergeOptions:
     min_busbw_gbps: float | None = None
     slow_rank_share: float = 0.2
     killed_by: str | None = None  # the parent's deadline, when it ended the job
+    local_view: bool = False  # --launcher none on a rank other than 0: judge only the records at hand
 
 
 def load_records(run_root: Path) -> dict[int, dict[str, Any]]:
@@ -68,8 +69,8 @@ def _results(records: dict[int, dict[str, Any]], cid: str) -> dict[int, dict[str
     return {r: rec["checks"][cid] for r, rec in sorted(records.items()) if cid in rec.get("checks", {})}
 
 
-def _missing_note(records: dict[int, dict[str, Any]], got: dict[int, Any], world: int) -> list[int]:
-    return [r for r in range(world) if r not in got]
+def _expected_ranks(records: dict[int, dict[str, Any]], opts: MergeOptions) -> list[int]:
+    return sorted(records) if opts.local_view else list(range(_world(records, opts)))
 
 
 def check_launcher_env(records: dict[int, dict[str, Any]], opts: MergeOptions) -> CheckResult:
@@ -127,7 +128,7 @@ def check_rendezvous(records: dict[int, dict[str, Any]], opts: MergeOptions) -> 
     world = _world(records, opts)
     got = _results(records, "rendezvous")
     failed = {r: res for r, res in got.items() if res.get("status") == FAIL}
-    no_result = _missing_note(records, got, world)
+    no_result = [r for r in _expected_ranks(records, opts) if r not in got]
     missing_seen = sorted({m for res in failed.values() for m in res.get("evidence", {}).get("missing_ranks", [])})
     causes = [res["evidence"]["probe"]["cause"] for res in failed.values() if res.get("evidence", {}).get("probe")]
     evidence: dict[str, Any] = {"world_size": world, "seconds": {r: res.get("seconds") for r, res in got.items()}}
@@ -162,7 +163,7 @@ def _same_everywhere(cid: str, records: dict[int, dict[str, Any]], values_of: st
     evidence: dict[str, Any] = {values_of: {k: next(iter(v.values())) for k, v in table.items() if k not in differing},
                                 "differing": differing}
     if not differing:
-        return CheckResult(cid, PASS, f"{len(table)} values identical on {len(records)} ranks", evidence)
+        return CheckResult(cid, PASS, f"{len(table)} {'variables' if values_of == 'dist_env' else 'versions'} identical on {len(records)} ranks", evidence)
     serious = sorted(k for k in differing if k not in harmless)
     status = FAIL if serious else WARN
     ranks = sorted({r for k in differing for r in differing[k]})
@@ -200,7 +201,7 @@ def check_per_rank(cid: str, records: dict[int, dict[str, Any]], opts: MergeOpti
     by_status: dict[str, list[int]] = defaultdict(list)
     for r, res in got.items():
         by_status[res.get("status", FAIL)].append(r)
-    silent = [r for r in range(world) if r not in got]
+    silent = [r for r in _expected_ranks(records, opts) if r not in got]
     evidence: dict[str, Any] = {"per_rank": {r: {"status": res.get("status"), "summary": res.get("summary"),
                                                  **res.get("evidence", {})} for r, res in got.items()}}
     for status in (FAIL, WARN):
@@ -225,6 +226,8 @@ def _rank0(cid: str, records: dict[int, dict[str, Any]], opts: MergeOptions) -> 
     if (none := _unreached(cid, records, got, _world(records, opts))) is not None:
         return None, none
     res = got.get(0) or next(iter(got.values()))
+    if res.get("status") == SKIPPED:
+        return None, CheckResult(cid, SKIPPED, str(res.get("summary")), res.get("evidence", {}))
     if res.get("status") == FAIL:
         failed = [r for r, x in got.items() if x.get("status") == FAIL]
         return None, CheckResult(cid, FAIL, str(res.get("summary")), res.get("evidence", {}), failed)
@@ -275,6 +278,8 @@ def check_compute(records: dict[int, dict[str, Any]], opts: MergeOptions) -> Che
     if (none := _unreached("compute", records, got, _world(records, opts))) is not None:
         return none
     failed = [r for r, res in got.items() if res.get("status") == FAIL]
+    if not failed and all(res.get("status") == SKIPPED for res in got.values()):
+        return CheckResult("compute", SKIPPED, str(next(iter(got.values())).get("summary")), {})
     if failed:
         return CheckResult("compute", FAIL, f"rank {failed[0]}: {got[failed[0]].get('summary')}",
                            got[failed[0]].get("evidence", {}), failed)
