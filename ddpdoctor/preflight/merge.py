@@ -259,6 +259,9 @@ def check_bandwidth(records: dict[int, dict[str, Any]], opts: MergeOptions) -> C
                     max_size_bytes=max((r.size_bytes for r in rows), default=None))
     if plateau is None:
         return CheckResult("allreduce_bandwidth", FAIL, "no sizes measured", evidence)
+    if int(evidence.get("world_size") or 0) == 1:
+        return CheckResult("allreduce_bandwidth", SKIPPED, "one rank: nothing crosses a link (busbw = 0 by definition)",
+                           evidence)
     if opts.min_busbw_gbps is not None:
         if plateau < opts.min_busbw_gbps:
             return CheckResult("allreduce_bandwidth", FAIL,

@@ -36,7 +36,7 @@ def classify(exc: BaseException | None) -> tuple[str, str]:
         return "peers", "TCP connection succeeded: the rendezvous store is reachable"
     if isinstance(exc, socket.gaierror):
         return "address", f"name does not resolve ({exc.strerror or exc})"
-    if isinstance(exc, (socket.timeout, TimeoutError)):
+    if isinstance(exc, TimeoutError):  # socket.timeout is an alias since 3.10
         return "firewall", "no answer before the timeout (packets dropped: firewall, security group, or host down)"
     if isinstance(exc, OSError) and exc.errno in _REFUSED:
         return "port", "connection refused: the host is up but nothing listens on the port"
