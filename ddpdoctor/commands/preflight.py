@@ -146,7 +146,11 @@ def command(out: Path | None, name: str | None, launcher: str, backend: str, min
     if not records:
         raise BadInput(f"no rank wrote a preflight result (job exit code {result.exit_code}"
                        f"{', ' + result.killed_by if result.killed_by else ''}); see ranks/*/stderr.log", run.root)
-    local_view = launcher == "none" and int(os.environ.get("RANK", "0") or 0) != 0
+    # Only the node that hosts rank 0 sees every rank (rank 0 gathers the records); others judge their own ranks.
+    if launcher == "none":
+        local_view = str(os.environ.get("RANK", os.environ.get("SLURM_PROCID", "0"))) != "0"
+    else:
+        local_view = str(torchrun.get("--node-rank", "0")) != "0"
     opts = MergeOptions(expected_world_size=None if local_view else _expected_world(torchrun, launcher),
                         min_busbw_gbps=min_busbw, slow_rank_share=slow_rank_share, killed_by=result.killed_by,
                         local_view=local_view)

@@ -37,6 +37,12 @@ from ddpdoctor.rundir.layout import RunDir, write_json  # noqa: E402
 
 KEY_PREFIX = "ddpdoctor/preflight"
 EXIT_TIMED_OUT = 3
+STALL_ENV = "DDPDOCTOR_PREFLIGHT_STALL"  # "RANK:CHECK": that rank hangs in that check (tests the timeouts)
+
+
+def _stall() -> dict[str, Any]:
+    time.sleep(3600)
+    return {}
 
 
 class Worker:
@@ -75,6 +81,8 @@ class Worker:
             return
         budget = 2 * self.timeout + 5  # the process-group timeout should fire first; this is the backstop
         started = time.monotonic()
+        if os.environ.get(STALL_ENV) == f"{self.rank}:{cid}":
+            fn = _stall
 
         def expire() -> None:
             self.record["checks"][cid] = {"status": FAIL, "summary": f"timed out after {budget:.0f} s on rank {self.rank}",
@@ -99,8 +107,13 @@ class Worker:
     # -- local facts, before any network -------------------------------------------------------------
 
     def local_checks(self) -> None:
-        self.record["versions"] = local.versions()
-        self.record["devices"] = local.devices(self.local_rank)
+        try:
+            self.record["versions"] = local.versions()
+            self.record["devices"] = local.devices(self.local_rank)
+        except Exception as exc:  # a broken CUDA install must still leave a record that says so
+            self.record.setdefault("versions", {})
+            self.record["devices"] = {"cuda_available": False, "count": 0, "uuid": None,
+                                      "error": f"{type(exc).__name__}: {exc}"}
         self.save()
         self.guarded("gpu_health", lambda: local.gpu_health(self.record["devices"].get("uuid")), uses_pg=False)
         self.guarded("checkpoint_dir", lambda: local.checkpoint_dir(

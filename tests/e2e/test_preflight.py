@@ -102,3 +102,17 @@ def test_rank_that_never_joins_is_named(tmp_path):
     row = _checks(proc)["rendezvous"]
     assert row["evidence"]["likely_cause"] == "peers" and row["evidence"]["ranks_that_did_not_join"] == [1]
     assert row["ranks"] == [0, 1]
+
+
+def test_stuck_rank_does_not_hang_preflight(tmp_path):
+    # Rank 1 hangs in the compute check: rank 0's barrier times out (process-group timeout, 3 s), rank 1's watchdog
+    # ends it after 2 x 3 + 5 s, and every later check is skipped instead of waiting.
+    proc = run_cli("preflight", "--nproc-per-node", "2", "--out", str(tmp_path / "run"), "--check-timeout", "3",
+                   "--max-size", "4K", "--json", env={"DDPDOCTOR_PREFLIGHT_STALL": "1:compute"}, timeout=90)
+    assert proc.returncode == 1, proc.stderr[-3000:]
+    checks = _checks(proc)
+    assert checks["compute"]["status"] == "fail" and checks["compute"]["ranks"] == [0, 1]
+    rank1 = json.loads((tmp_path / "run" / "ranks" / "rank1" / "preflight.json").read_text())
+    assert rank1["checks"]["compute"]["summary"] == "timed out after 11 s on rank 1"
+    assert checks["clock_skew"]["status"] == "skipped"
+    assert checks["collectives"]["status"] == "pass"
