@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import re
 import shutil
 import socket
 import subprocess
@@ -159,3 +160,28 @@ def checkpoint_dir(path: str | None, min_free_gb: float, rank: int) -> dict[str,
     if free_gb < min_free_gb:
         return {"status": FAIL, "summary": f"{free_gb:.1f} GB free < {min_free_gb:g} GB", "evidence": evidence}
     return {"status": PASS, "summary": f"writable, {free_gb:.1f} GB free", "evidence": evidence}
+
+
+_RATE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*Gb/sec")
+
+
+def parse_ib_rate(text: str) -> float | None:
+    """'400 Gb/sec (4X NDR)' -> 400.0 (Gbit/s), as /sys/class/infiniband/*/ports/*/rate says it."""
+    m = _RATE.match(text)
+    return float(m.group(1)) if m else None
+
+
+def ib_ports(root: Path = Path("/sys/class/infiniband")) -> list[dict[str, Any]]:
+    """This host's InfiniBand/RoCE ports: device, port, state and rate (what NCCL's IB transport would use)."""
+    ports: list[dict[str, Any]] = []
+    if not root.is_dir():
+        return ports
+    for port_dir in sorted(root.glob("*/ports/*")):
+        try:
+            state = (port_dir / "state").read_text().strip()  # e.g. "4: ACTIVE"
+            rate = parse_ib_rate((port_dir / "rate").read_text())
+        except OSError:
+            continue
+        ports.append({"device": port_dir.parent.parent.name, "port": port_dir.name,
+                      "active": state.endswith("ACTIVE"), "rate_gbit": rate})
+    return ports

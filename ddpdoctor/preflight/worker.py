@@ -110,6 +110,7 @@ class Worker:
         try:
             self.record["versions"] = local.versions()
             self.record["devices"] = local.devices(self.local_rank)
+            self.record["ib_ports"] = local.ib_ports()
         except Exception as exc:  # a broken CUDA install must still leave a record that says so
             self.record.setdefault("versions", {})
             self.record["devices"] = {"cuda_available": False, "count": 0, "uuid": None,

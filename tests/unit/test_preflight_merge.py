@@ -158,3 +158,24 @@ def test_records_are_not_mutated():
     before = copy.deepcopy(recs)
     merge(recs, MergeOptions(min_busbw_gbps=5.0))
     assert recs == before
+
+
+def _two_nodes(rate_gbit: float, active: bool = True) -> dict[int, dict]:
+    recs = {r: _rec(r, 2, host=f"node{r}") for r in range(2)}
+    for rec in recs.values():
+        rec["ib_ports"] = [{"device": f"mlx5_{i}", "port": "1", "active": active, "rate_gbit": rate_gbit}
+                           for i in range(8)]
+    return recs
+
+
+def test_fabric_floor_by_hand():
+    from ddpdoctor.preflight.merge import fabric_floor
+
+    # 8 x 400 Gb/s = 3200 Gb/s = 400 GB/s per node; floor 0.4 x 400 = 160 GB/s
+    assert fabric_floor(_two_nodes(400.0))[0] == pytest.approx(160.0)
+    assert fabric_floor(_two_nodes(400.0, active=False))[0] is None
+    assert fabric_floor(_healthy())[0] is None  # one node
+    row = _by_id(_two_nodes(400.0))["allreduce_bandwidth"]  # measured plateau: 1 GB/s
+    assert row.status == "fail" and "< fabric floor (0.4 x 3200 Gb/s of ACTIVE IB ports" in row.summary
+    # ../shared nccl_tests 01: the healthy bare-metal plateau (488.81) clears the floor, the VM's (57.8) does not
+    assert 488.81 > 160.0 > 57.8

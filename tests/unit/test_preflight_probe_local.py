@@ -92,3 +92,20 @@ def test_parse_size():
     for bad in ("12", "lots", "-1M"):
         with pytest.raises(BadInput):
             parse_size(bad)
+
+
+def test_ib_ports_from_sysfs(tmp_path):
+    from ddpdoctor.preflight.local import ib_ports, parse_ib_rate
+
+    assert parse_ib_rate("400 Gb/sec (4X NDR)\n") == 400.0
+    assert parse_ib_rate("junk") is None
+    for dev, state in (("mlx5_0", "4: ACTIVE"), ("mlx5_1", "1: DOWN")):
+        port = tmp_path / dev / "ports" / "1"
+        port.mkdir(parents=True)
+        (port / "state").write_text(state + "\n")
+        (port / "rate").write_text("200 Gb/sec (4X HDR)\n")
+    assert ib_ports(tmp_path) == [
+        {"device": "mlx5_0", "port": "1", "active": True, "rate_gbit": 200.0},
+        {"device": "mlx5_1", "port": "1", "active": False, "rate_gbit": 200.0},
+    ]
+    assert ib_ports(tmp_path / "absent") == []
