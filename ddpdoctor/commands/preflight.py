@@ -20,9 +20,10 @@ from ddpdoctor.errors import BadInput
 from ddpdoctor.findings.model import Finding
 from ddpdoctor.launch.flags import pop_torchrun_values, torchrun_options
 from ddpdoctor.launch.launcher import LaunchSpec, RunningJob, launch
-from ddpdoctor.preflight.merge import MergeOptions, bandwidth_rows, load_records, merge
-from ddpdoctor.preflight.model import CheckResult, exit_code
+from ddpdoctor.preflight.merge import ADVICE, MergeOptions, bandwidth_rows, load_records, merge
+from ddpdoctor.preflight.model import CHECKS, FAIL, SKIPPED, CheckResult, exit_code
 from ddpdoctor.preflight.nccltable import format_table
+from ddpdoctor.preflight.netprobe import probe_tcp
 from ddpdoctor.report import Report
 from ddpdoctor.rundir.layout import RunDir
 
@@ -131,6 +132,10 @@ def command(out: Path | None, name: str | None, launcher: str, backend: str, min
     if min_busbw is not None and min_busbw < 0:
         raise BadInput("--min-busbw must be >= 0")
     torchrun = pop_torchrun_values(kwargs)
+    if launcher == "torchrun" and str(torchrun.get("--nnodes", "1")) != "1" and "--rdzv-conf" not in torchrun:
+        # torchrun's own node rendezvous waits 10-15 min by default: bound it so a missing node is reported in time.
+        t = int(max(check_timeout * 3, 5))
+        torchrun["--rdzv-conf"] = f"join_timeout={t},timeout={t}"
     options = {"backend": backend, "max_size": parse_size(max_size) if max_size else None,
                "max_latency_us": max_latency_us, "checkpoint_dir": checkpoint_dir, "min_free_gb": min_free_gb,
                "check_timeout": check_timeout}
@@ -143,6 +148,12 @@ def command(out: Path | None, name: str | None, launcher: str, backend: str, min
                       program=WORKER)
     result = launch(spec, Deadline(deadline))
     records = load_records(run.root)
+    if not records and launcher == "torchrun" and not list(run.torchrun_logs.glob("*/attempt_*")):
+        # torchrun never started a worker: its own node rendezvous failed. That is a failed check, not bad input.
+        checks = [torchrun_rendezvous_failure(torchrun, result.exit_code, result.killed_by, check_timeout)]
+        checks += [CheckResult(cid, SKIPPED, "no rank started", {}) for cid in CHECKS if cid != "rendezvous"]
+        emit(build_report(checks, run, result.duration_s, result.killed_by), as_json=as_json, verbose=verbose,
+             sections=render_checks, exit_code=exit_code(checks))
     if not records:
         raise BadInput(f"no rank wrote a preflight result (job exit code {result.exit_code}"
                        f"{', ' + result.killed_by if result.killed_by else ''}); see ranks/*/stderr.log", run.root)
@@ -157,6 +168,28 @@ def command(out: Path | None, name: str | None, launcher: str, backend: str, min
     checks = merge(records, opts, _topology(run, records))
     emit(build_report(checks, run, result.duration_s, result.killed_by), as_json=as_json, verbose=verbose,
          sections=render_checks, exit_code=exit_code(checks))
+
+
+def torchrun_rendezvous_failure(torchrun: dict[str, Any], code: int | None, killed_by: str | None,
+                                timeout: float) -> CheckResult:
+    """The rendezvous row when torchrun's agents never formed a group: probe the endpoint from here."""
+    endpoint = torchrun.get("--rdzv-endpoint")
+    if endpoint:
+        host, _, port = str(endpoint).rpartition(":")
+    else:
+        host, port = str(torchrun.get("--master-addr", "")), str(torchrun.get("--master-port", ""))
+    evidence: dict[str, Any] = {"stage": "torchrun node rendezvous", "torchrun_exit_code": code, "killed_by": killed_by,
+                                "endpoint": f"{host}:{port}" if host else None}
+    cause = "unknown"
+    if host and port.isdigit():
+        probe = probe_tcp(host, int(port), timeout=min(5.0, timeout))
+        evidence["probe"] = {**probe.to_json(), "when": "after torchrun gave up"}
+        cause = probe.cause
+    evidence["likely_cause"] = cause
+    summary = f"torchrun started no rank: its node rendezvous failed; likely cause: {cause}"
+    if "probe" in evidence:
+        summary += f" ({evidence['probe']['detail']})"
+    return CheckResult("rendezvous", FAIL, summary, evidence, [], ADVICE.get(cause, ""))
 
 
 def build_report(checks: list[CheckResult], run: RunDir, duration_s: float, killed_by: str | None) -> Report:

@@ -116,3 +116,17 @@ def test_stuck_rank_does_not_hang_preflight(tmp_path):
     assert rank1["checks"]["compute"]["summary"] == "timed out after 11 s on rank 1"
     assert checks["clock_skew"]["status"] == "skipped"
     assert checks["collectives"]["status"] == "pass"
+
+
+def test_torchrun_node_rendezvous_to_closed_port(tmp_path):
+    # A second node whose master is not up: torchrun itself never starts a rank; preflight bounds torchrun's
+    # rendezvous (--rdzv-conf join_timeout) and still says why, with exit code 1.
+    port = _free_port()
+    proc = run_cli("preflight", "--nnodes", "2", "--nproc-per-node", "1", "--node-rank", "1", "--master-addr",
+                   "127.0.0.1", "--master-port", str(port), "--check-timeout", "1", "--out", str(tmp_path / "run"),
+                   "--json", timeout=90)
+    assert proc.returncode == 1, proc.stderr[-3000:]
+    checks = _checks(proc)
+    assert checks["rendezvous"]["status"] == "fail" and checks["rendezvous"]["evidence"]["likely_cause"] == "port"
+    assert checks["rendezvous"]["evidence"]["endpoint"] == f"127.0.0.1:{port}"
+    assert {c["status"] for k, c in checks.items() if k != "rendezvous"} == {"skipped"}
