@@ -72,17 +72,12 @@ class Worker:
         self.record["checks"][cid] = result
         self.save()
 
-    def guarded(self, cid: str, fn: Callable[[], dict[str, Any]], uses_pg: bool = True) -> None:
-        """Run one check under a watchdog: a check that outlives its budget ends the rank (exit 3), after
-        recording the timeout, so a stuck rank can never hang the preflight."""
-        if uses_pg and self.broken is not None:
-            self.set_check(cid, {"status": SKIPPED, "summary": f"process group unusable after {self.broken} failed",
-                                 "evidence": {}})
-            return
-        budget = 2 * self.timeout + 5  # the process-group timeout should fire first; this is the backstop
-        started = time.monotonic()
-        if os.environ.get(STALL_ENV) == f"{self.rank}:{cid}":
-            fn = _stall
+    def watchdog(self, cid: str) -> threading.Timer:
+        """A started timer that records ``cid`` as timed out and ends the rank (exit 3) unless cancelled first.
+
+        The process-group and store timeouts should fire first; this is the backstop for anything stuck
+        outside them (a hung nvidia-smi or file system, a communicator that never forms)."""
+        budget = 2 * self.timeout + 5
 
         def expire() -> None:
             self.record["checks"][cid] = {"status": FAIL, "summary": f"timed out after {budget:.0f} s on rank {self.rank}",
@@ -93,6 +88,19 @@ class Worker:
         timer = threading.Timer(budget, expire)
         timer.daemon = True
         timer.start()
+        return timer
+
+    def guarded(self, cid: str, fn: Callable[[], dict[str, Any]], uses_pg: bool = True) -> None:
+        """Run one check under a watchdog: a check that outlives its budget ends the rank (exit 3), after
+        recording the timeout, so a stuck rank can never hang the preflight."""
+        if uses_pg and self.broken is not None:
+            self.set_check(cid, {"status": SKIPPED, "summary": f"process group unusable after {self.broken} failed",
+                                 "evidence": {}})
+            return
+        started = time.monotonic()
+        if os.environ.get(STALL_ENV) == f"{self.rank}:{cid}":
+            fn = _stall
+        timer = self.watchdog(cid)
         try:
             result = fn()
         except Exception as exc:  # a peer died or the collective timed out: record it, skip the rest
@@ -214,7 +222,10 @@ def main() -> int:
     worker = Worker(config)
     worker.save()
     worker.local_checks()
-    if worker.rendezvous():
+    timer = worker.watchdog("rendezvous")
+    joined = worker.rendezvous()
+    timer.cancel()
+    if joined:
         import torch.distributed as dist
 
         worker.pg_checks()
