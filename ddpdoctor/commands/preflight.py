@@ -131,6 +131,9 @@ def command(out: Path | None, name: str | None, launcher: str, backend: str, min
         raise BadInput("--check-timeout and --deadline must be positive")
     if min_busbw is not None and min_busbw < 0:
         raise BadInput("--min-busbw must be >= 0")
+    port = os.environ.get("MASTER_PORT")
+    if launcher == "none" and port is not None and not (port.isdigit() and 0 < int(port) < 65536):
+        raise BadInput(f"MASTER_PORT must be a port number 1-65535, not {port!r}")
     torchrun = pop_torchrun_values(kwargs)
     if launcher == "torchrun" and str(torchrun.get("--nnodes", "1")) != "1" and "--rdzv-conf" not in torchrun:
         # torchrun's own node rendezvous waits 10-15 min by default: bound it so a missing node is reported in time.

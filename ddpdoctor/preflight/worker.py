@@ -148,13 +148,20 @@ class Worker:
         backend = self.backend()
         self.record["backend"] = backend
         addr = os.environ.get("MASTER_ADDR", "")
-        port = int(os.environ.get("MASTER_PORT", "0") or 0)
+        raw_port = os.environ.get("MASTER_PORT", "")
+        port = int(raw_port) if raw_port.isdigit() else -1
         agent_store = os.environ.get("TORCHELASTIC_USE_AGENT_STORE", "").lower() == "true"
         td = timedelta(seconds=self.timeout)
         started = time.monotonic()
         evidence: dict[str, Any] = {"master_addr": addr, "master_port": port, "timeout_s": self.timeout,
                                     "agent_store": agent_store}
         stage = "connect to the rendezvous store"
+        if not addr or not 0 < port < 65536:
+            evidence["error"] = f"MASTER_ADDR={addr!r} MASTER_PORT={raw_port!r}: both must be set, the port 1-65535"
+            self.set_check("rendezvous", {"status": FAIL, "summary": "MASTER_ADDR/MASTER_PORT missing or invalid",
+                                          "evidence": {**evidence, "probe": {"cause": "address" if not addr else "port",
+                                                                            "detail": evidence["error"]}}})
+            return False
         try:
             store = dist.TCPStore(addr, port, self.world_size, is_master=self.rank == 0 and not agent_store,
                                   timeout=td, wait_for_workers=False)

@@ -20,6 +20,8 @@ def test_bad_flags_exit_2(tmp_path):
         res = runner.invoke(command, [*args, "--out", str(tmp_path / "run")])
         assert res.exit_code == 2, (args, res.output)
         assert res.output.startswith("ddpdoctor: error: ") and "Traceback" not in res.output
+    res = runner.invoke(command, ["--launcher", "none", "--out", str(tmp_path / "run")], env={"MASTER_PORT": "abc"})
+    assert res.exit_code == 2 and "MASTER_PORT must be a port number" in res.output
     assert not (tmp_path / "run").exists()  # nothing launched
 
 
