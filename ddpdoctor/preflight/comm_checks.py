@@ -124,7 +124,9 @@ def bandwidth_sweep(device: torch.device, max_size: int, min_size: int = 1024) -
         del buf
     slowest = _max_over_ranks(times, device)
     rows = [make_row(s, t, n) for s, t in zip(sizes, slowest, strict=True)]
-    evidence = {"world_size": n, "rows": [r.__dict__ for r in rows], "time_is": "mean per iteration, slowest rank"}
+    table = [{**r.__dict__, "time_us": round(r.time_us, 2), "algbw_gbps": round(r.algbw_gbps, 4),
+              "busbw_gbps": round(r.busbw_gbps, 4)} for r in rows]
+    evidence = {"world_size": n, "rows": table, "time_is": "mean per iteration, slowest rank"}
     return {"status": PASS, "summary": f"{len(rows)} sizes measured", "evidence": evidence}
 
 

@@ -49,8 +49,16 @@ class CheckResult:
             return None
         return Finding(
             id=f"preflight.{self.id}", severity=severity, title=f"{CHECKS.get(self.id, self.id)}: {self.summary}",
-            ranks=list(self.ranks), evidence=self.evidence, advice=self.advice,
+            ranks=list(self.ranks), evidence=self._finding_evidence(), advice=self.advice,
         )
+
+    def _finding_evidence(self) -> dict[str, Any]:
+        # The finding carries what explains the verdict; bulky tables stay in the check row.
+        evidence = {k: v for k, v in self.evidence.items() if k not in ("rows", "traceback")}
+        per_rank = evidence.get("per_rank")
+        if isinstance(per_rank, dict) and self.ranks:
+            evidence["per_rank"] = {r: v for r, v in per_rank.items() if int(r) in self.ranks}
+        return evidence
 
 
 def exit_code(checks: list[CheckResult]) -> int:

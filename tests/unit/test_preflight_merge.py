@@ -179,3 +179,13 @@ def test_fabric_floor_by_hand():
     assert row.status == "fail" and "< fabric floor (0.4 x 3200 Gb/s of ACTIVE IB ports" in row.summary
     # ../shared nccl_tests 01: the healthy bare-metal plateau (488.81) clears the floor, the VM's (57.8) does not
     assert 488.81 > 160.0 > 57.8
+
+
+def test_finding_evidence_is_compact():
+    recs = _healthy(3)
+    recs[2]["checks"]["collectives"] = {"status": "fail", "summary": "wrong", "evidence": {"mismatches": {"x": 1}}}
+    rows = _by_id(recs, min_busbw_gbps=50.0)
+    bw = rows["allreduce_bandwidth"].finding()
+    assert "rows" not in bw.evidence and bw.evidence["plateau_busbw_gbps"] == pytest.approx(4 / 3, abs=1e-3)  # 2(3-1)/3
+    assert "rows" in rows["allreduce_bandwidth"].to_json()["evidence"]  # the check row keeps the table
+    assert list(rows["collectives"].finding().evidence["per_rank"]) == [2]  # only the rank at fault
