@@ -64,6 +64,10 @@ def load_records(run_root: Path) -> dict[int, dict[str, Any]]:
     return records
 
 
+def _n(count: int, noun: str) -> str:
+    return f"{count} {noun}{'' if count == 1 else 's'}"
+
+
 def _world(records: dict[int, dict[str, Any]], opts: MergeOptions) -> int:
     sizes = [int(r.get("world_size") or 0) for r in records.values()]
     return opts.expected_world_size or max(sizes or [0]) or len(records)
@@ -125,7 +129,7 @@ def check_launcher_env(records: dict[int, dict[str, Any]], opts: MergeOptions) -
                            "WORLD_SIZE/MASTER_ADDR/MASTER_PORT: check the launcher (srun --ntasks-per-node, torchrun "
                            "--nproc-per-node) and CUDA_VISIBLE_DEVICES.")
     gpu_note = "" if gpus else "; GPU checks skipped: no GPU"
-    return CheckResult("launcher_env", PASS, f"{len(records)} ranks on {len(hosts)} host(s), consistent{gpu_note}", evidence)
+    return CheckResult("launcher_env", PASS, f"{_n(len(records), 'rank')} on {_n(len(hosts), 'host')}, consistent{gpu_note}", evidence)
 
 
 def check_rendezvous(records: dict[int, dict[str, Any]], opts: MergeOptions) -> CheckResult:
@@ -138,7 +142,7 @@ def check_rendezvous(records: dict[int, dict[str, Any]], opts: MergeOptions) -> 
     evidence: dict[str, Any] = {"world_size": world, "seconds": {r: res.get("seconds") for r, res in got.items()}}
     if not failed and not no_result:
         slowest = max((res.get("seconds") or 0.0 for res in got.values()), default=0.0)
-        return CheckResult("rendezvous", PASS, f"{len(got)} ranks joined, slowest in {slowest:.2f} s", evidence)
+        return CheckResult("rendezvous", PASS, f"{_n(len(got), 'rank')} joined, slowest in {slowest:.2f} s", evidence)
     cause = "peers" if missing_seen or (no_result and not causes) else (max(set(causes), key=causes.count) if causes else "unknown")
     absent = sorted(set(missing_seen) | set(no_result))
     evidence.update(failed_ranks=sorted(failed), ranks_that_did_not_join=absent, likely_cause=cause,
@@ -167,7 +171,7 @@ def _same_everywhere(cid: str, records: dict[int, dict[str, Any]], values_of: st
     evidence: dict[str, Any] = {values_of: {k: next(iter(v.values())) for k, v in table.items() if k not in differing},
                                 "differing": differing}
     if not differing:
-        return CheckResult(cid, PASS, f"{len(table)} {'variables' if values_of == 'dist_env' else 'versions'} identical on {len(records)} ranks", evidence)
+        return CheckResult(cid, PASS, f"{_n(len(table), 'variable' if values_of == 'dist_env' else 'version')} identical on {_n(len(records), 'rank')}", evidence)
     serious = sorted(k for k in differing if k not in harmless)
     status = FAIL if serious else WARN
     ranks = sorted({r for k in differing for r in differing[k]})
@@ -219,7 +223,7 @@ def check_per_rank(cid: str, records: dict[int, dict[str, Any]], opts: MergeOpti
                            "Those ranks died or were killed before this check finished: see their stderr.log.")
     if by_status.get(PASS):
         first = got[by_status[PASS][0]]
-        return CheckResult(cid, PASS, f"{len(by_status[PASS])} ranks: {first.get('summary')}", evidence)
+        return CheckResult(cid, PASS, f"{_n(len(by_status[PASS]), 'rank')}: {first.get('summary')}", evidence)
     first = next(iter(got.values()))
     return CheckResult(cid, SKIPPED, str(first.get("summary")), evidence)
 
@@ -323,7 +327,7 @@ def check_compute(records: dict[int, dict[str, Any]], opts: MergeOptions) -> Che
                            f"{(1 - gflops[worst] / med) * 100:.0f}% below the median {med:.1f}", evidence, slow,
                            "A slow rank paces the whole job: check its GPU clocks/throttling (nvidia-smi -q -d "
                            "PERFORMANCE), CPU frequency governor, noisy neighbours, or drain the node.")
-    return CheckResult("compute", PASS, f"{len(gflops)} ranks within {opts.slow_rank_share:.0%} of the median "
+    return CheckResult("compute", PASS, f"{_n(len(gflops), 'rank')} within {opts.slow_rank_share:.0%} of the median "
                        f"{med:.1f} GFLOP/s", evidence)
 
 
