@@ -20,7 +20,14 @@ from ddpdoctor.errors import BadInput
 from ddpdoctor.findings.model import Finding
 from ddpdoctor.launch.flags import pop_torchrun_values, torchrun_options
 from ddpdoctor.launch.launcher import LaunchSpec, RunningJob, launch
-from ddpdoctor.preflight.merge import ADVICE, MergeOptions, bandwidth_rows, load_records, merge
+from ddpdoctor.preflight.merge import (
+    ADVICE,
+    MergeOptions,
+    bandwidth_rows,
+    load_records,
+    merge,
+    topology_input,
+)
 from ddpdoctor.preflight.model import CHECKS, FAIL, SKIPPED, CheckResult, exit_code
 from ddpdoctor.preflight.nccltable import format_table
 from ddpdoctor.preflight.netprobe import probe_tcp
@@ -81,8 +88,19 @@ def _topology(run: RunDir, records: dict[int, dict[str, Any]]) -> list[Finding] 
         result = analyze_run_dir(run.root, "nccl")
     except Exception as exc:  # the topo analysis must not take the preflight down with it
         return f"topology analysis failed: {type(exc).__name__}: {exc}"
-    findings = getattr(result, "findings", result)
-    return list(findings) if isinstance(findings, list) else "topology analysis returned no findings list"
+    return topology_input(result)
+
+
+def _nccl_env(run: RunDir) -> dict[str, str]:
+    """NCCL INFO logging (and the topology dump) for the topology row, when this host has NVIDIA GPUs."""
+    if not os.path.exists("/dev/nvidiactl") or "NCCL_DEBUG" in os.environ:
+        return {}
+    try:
+        from ddpdoctor.topo.capture import job_env  # type: ignore[import-not-found]
+
+        return dict(job_env(run.root))
+    except (ImportError, OSError):  # no topo module, or the run dir cannot be made (launch reports that)
+        return {"NCCL_DEBUG": "INFO", "NCCL_DEBUG_SUBSYS": "INIT,ENV,NET,GRAPH"}
 
 
 def render_checks(report: Report, out: Console, verbose: bool) -> None:
@@ -142,10 +160,8 @@ def command(out: Path | None, name: str | None, launcher: str, backend: str, min
     options = {"backend": backend, "max_size": parse_size(max_size) if max_size else None,
                "max_latency_us": max_latency_us, "checkpoint_dir": checkpoint_dir, "min_free_gb": min_free_gb,
                "check_timeout": check_timeout}
-    env: dict[str, str] = {}
-    if os.path.exists("/dev/nvidiactl") and "NCCL_DEBUG" not in os.environ:
-        env = {"NCCL_DEBUG": "INFO", "NCCL_DEBUG_SUBSYS": "INIT,GRAPH,ENV"}  # for the topology findings
     run = RunDir(out or default_run_dir(name or f"preflight-{time.strftime('%Y%m%d-%H%M%S')}"))
+    env = _nccl_env(run)
     spec = LaunchSpec(mode="preflight", script=str(WORKER), script_args=[], run_dir=run, torchrun=torchrun,
                       launcher=launcher, options=options, env=env, quiet=not verbose, output_to_stderr=as_json,
                       program=WORKER)

@@ -151,6 +151,19 @@ def test_topology_rows():
     f = Finding("topo.socket_transport", Severity.WARNING, "NET/Socket", ranks=[3])
     row = check_topology([f])
     assert row.status == "warn" and row.ranks == [3]
+    info = Finding("topo.summary", Severity.INFO, "2 channels")
+    assert check_topology([info]).status == "pass"
+
+
+def test_topology_input_from_analyze_run_dir_shape():
+    from ddpdoctor.findings.model import Finding, Severity
+    from ddpdoctor.preflight.merge import topology_input
+
+    not_used = ({"nccl_used": False, "reason": "the ranks printed no NCCL lines"}, [])
+    assert topology_input(not_used) == "NCCL not used: the ranks printed no NCCL lines"
+    f = Finding("topo.x", Severity.ERROR, "x")
+    assert topology_input(({"nccl_used": True}, [f])) == [f]
+    assert topology_input(object()) == "the topology analysis returned no findings list"
 
 
 def test_records_are_not_mutated():
