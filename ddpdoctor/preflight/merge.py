@@ -348,8 +348,12 @@ def check_clock_skew(records: dict[int, dict[str, Any]], opts: MergeOptions) -> 
     evidence = {"offsets": offsets, "warn_ms": CLOCK_SKEW_WARN_MS, "fail_ms": CLOCK_SKEW_FAIL_MS}
     if not offsets:
         return CheckResult("clock_skew", PASS, str(res.get("summary")), evidence)
-    worst_rank, worst = max(offsets.items(), key=lambda kv: abs(kv[1]["offset_ms"]))
-    skew = abs(worst["offset_ms"])
+    # The offset is known to +- half the round trip: judge the skew that is certain, |offset| - rtt/2.
+    def certain(o: dict[str, float]) -> float:
+        return max(0.0, abs(o["offset_ms"]) - o["rtt_ms"] / 2)
+
+    worst_rank, worst = max(offsets.items(), key=lambda kv: certain(kv[1]))
+    skew = certain(worst)
     summary = f"rank {worst_rank} is {worst['offset_ms']:+.2f} ms from rank 0 (round trip {worst['rtt_ms']:.2f} ms)"
     advice = "Run NTP/chrony on every node (chronyc tracking); ddpdoctor aligns ranks' traces by wall clock."
     if skew >= CLOCK_SKEW_FAIL_MS:

@@ -131,10 +131,16 @@ def test_collective_failure_on_one_rank():
     assert row.status == "fail" and row.ranks == [1]
 
 
-@pytest.mark.parametrize(("offset_ms", "status"), [(99.0, "pass"), (-100.0, "warn"), (5000.0, "fail")])
-def test_clock_skew_thresholds(offset_ms, status):
+@pytest.mark.parametrize(("offset_ms", "rtt_ms", "status"), [
+    (99.0, 0.1, "pass"),
+    (-100.1, 0.1, "warn"),  # certain skew 100.1 - 0.05 = 100.05 >= 100
+    (-100.1, 0.4, "pass"),  # certain skew 100.1 - 0.2 = 99.9: within measurement error of the threshold
+    (150.0, 200.0, "pass"),  # a 200 ms round trip cannot prove 150 ms of skew
+    (5000.1, 0.1, "fail"),
+])
+def test_clock_skew_thresholds(offset_ms, rtt_ms, status):
     recs = _healthy()
-    recs[0]["checks"]["clock_skew"]["evidence"]["offsets"]["1"]["offset_ms"] = offset_ms
+    recs[0]["checks"]["clock_skew"]["evidence"]["offsets"]["1"] = {"offset_ms": offset_ms, "rtt_ms": rtt_ms}
     assert _by_id(recs)["clock_skew"].status == status
 
 
