@@ -133,9 +133,19 @@ def bandwidth_sweep(device: torch.device, max_size: int, min_size: int = 1024) -
 def compute(device: torch.device, blocks: int = 5) -> dict[str, Any]:
     """Matmul throughput of this rank: best of ``blocks`` timed blocks (best-of hides one-off jitter)."""
     if device.type == "cuda":
-        dim, dtype, per_block = 4096, torch.float16, 10
-    else:
-        dim, dtype, per_block = 256, torch.float32, 10
+        return _compute(device, 4096, torch.float16, 10, blocks)
+    # On CPU one thread per rank: ranks of a host share its cores, and each rank's default thread pool would make
+    # them fight (oversubscription), which shows up as a "slow rank" that is only contention. Per-core speed is
+    # what distinguishes a bad host.
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        return _compute(device, 256, torch.float32, 10, blocks)
+    finally:
+        torch.set_num_threads(threads)
+
+
+def _compute(device: torch.device, dim: int, dtype: torch.dtype, per_block: int, blocks: int) -> dict[str, Any]:
     a = torch.randn(dim, dim, dtype=dtype, device=device)
     b = torch.randn(dim, dim, dtype=dtype, device=device)
     torch.matmul(a, b)
