@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import errno
 import socket
+import time
 
 import pytest
 
@@ -34,6 +35,27 @@ def test_probe_listening_port_is_peers():
 def test_probe_unresolvable_name_is_address():
     res = probe_tcp("no-such-host.invalid", 29500, timeout=2)  # .invalid never resolves (RFC 2606)
     assert res.cause == "address" and res.resolved is None
+
+
+def test_probe_dropped_syns_is_firewall():
+    # Linux drops SYNs to a listener whose accept queue is full: no RST, no answer, just like a DROP rule.
+    held: list[socket.socket] = []
+    with socket.socket() as srv:
+        srv.bind(("127.0.0.1", 0))
+        srv.listen(0)
+        for _ in range(4):
+            c = socket.socket()
+            c.setblocking(False)
+            try:
+                c.connect(srv.getsockname())
+            except BlockingIOError:
+                pass
+            held.append(c)
+        time.sleep(0.2)
+        res = probe_tcp("127.0.0.1", srv.getsockname()[1], timeout=1.0)
+    for c in held:
+        c.close()
+    assert res.cause == "firewall" and res.seconds >= 0.9
 
 
 def test_classify_timeouts_and_unreachable():
