@@ -126,7 +126,7 @@ def render_checks(report: Report, out: Console, verbose: bool) -> None:
               help="none: the scheduler (srun, mpirun) already started one process per rank.")
 @click.option("--backend", type=click.Choice(["auto", "nccl", "gloo"]), default="auto", show_default=True,
               help="auto: nccl when the rank has a GPU, else gloo.")
-@click.option("--min-busbw", type=float, default=None, help="Fail when the all_reduce busbw plateau is below GB/s.")
+@click.option("--min-busbw", type=float, default=None, help="Fail when the all_reduce busbw plateau is below this many GB/s.")
 @click.option("--max-size", default=None, help="Largest all_reduce of the sweep [default: 256M on GPU, 64M on CPU].")
 @click.option("--max-latency-us", type=float, default=None, help="Fail when a 4-byte all_reduce takes longer.")
 @click.option("--checkpoint-dir", default=None, help="Check that every rank can write here, with free space.")
@@ -153,6 +153,9 @@ def command(out: Path | None, name: str | None, launcher: str, backend: str, min
     if launcher == "none" and port is not None and not (port.isdigit() and 0 < int(port) < 65536):
         raise BadInput(f"MASTER_PORT must be a port number 1-65535, not {port!r}")
     torchrun = pop_torchrun_values(kwargs)
+    for flag in ("--module", "--no-python", "--run-path"):
+        if flag in torchrun:
+            raise BadInput(f"{flag} does not apply to preflight: it runs its own worker, not a script")
     if launcher == "torchrun" and str(torchrun.get("--nnodes", "1")) != "1" and "--rdzv-conf" not in torchrun:
         # torchrun's own node rendezvous waits 10-15 min by default: bound it so a missing node is reported in time.
         t = int(max(check_timeout * 3, 5))
