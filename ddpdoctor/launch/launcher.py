@@ -50,6 +50,7 @@ class LaunchSpec:
     quiet: bool = False  # don't echo rank output to the console
     output_to_stderr: bool = False  # keep stdout clean for --json
     overwrite: bool = False  # replace an earlier run in the same run directory
+    program: Path | None = None  # a Python file every rank runs instead of the bootstrap (preflight's worker)
 
     @property
     def as_module(self) -> bool:
@@ -130,7 +131,7 @@ def _torchrun_command(spec: LaunchSpec) -> list[str]:
         flags.setdefault("--tee", "3")
     if not any(k in flags for k in ("--standalone", "--rdzv-endpoint", "--master-port", "--rdzv-backend")):
         flags["--standalone"] = True  # torchrun's own default port would clash between jobs on one host
-    return [sys.executable, "-m", "torch.distributed.run", *torchrun_argv(flags), str(BOOTSTRAP)]
+    return [sys.executable, "-m", "torch.distributed.run", *torchrun_argv(flags), str(spec.program or BOOTSTRAP)]
 
 
 def _slurm_env() -> dict[str, str]:
@@ -181,7 +182,7 @@ def launch(spec: LaunchSpec, watcher: JobWatcher | None = None) -> LaunchResult:
         rdir = spec.run_dir.rank_dir(rank)
         rdir.mkdir(parents=True, exist_ok=True)
         proc = subprocess.Popen(
-            [sys.executable, str(BOOTSTRAP)], env=env, start_new_session=True,
+            [sys.executable, str(spec.program or BOOTSTRAP)], env=env, start_new_session=True,
             stdout=subprocess.PIPE, stderr=subprocess.PIPE,
         )
         out = None if spec.quiet else (sys.stderr.buffer if spec.output_to_stderr else sys.stdout.buffer)
