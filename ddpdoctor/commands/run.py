@@ -81,6 +81,9 @@ def watched_report(run: RunDir, command: str, debug: bool = False, analyse_trace
         report.sections["hang"]["report"] = str(run.root / "hang.txt")
         # Ranks killed because of the hang write no status: that is not a separate problem.
         report.findings = [f for f in report.findings if f.id != "rank-no-status"]
+    crashed = {r for f in report.findings if f.id == "rank-crashed" for r in f.ranks}
+    # A rank that died is named by rank-crashed (with what its stderr said): its "no status" is the same event.
+    report.findings = [f for f in report.findings if f.id != "rank-no-status" or not set(f.ranks) <= crashed]
     write_json(run.root / "report.json", report.to_json())
     return report
 
@@ -92,7 +95,10 @@ def watch_findings(run: RunDir, debug: bool = False) -> list[Finding]:
     findings: list[Finding] = []
     statuses = {r: _read(run.rank_file(r, "status.json")) for r in run.ranks_present()}
     hang = _read(run.root / "hang.json")
-    crashes = crash_findings(statuses, debug=debug, param_names=_param_names(run))
+    stderr = {r: _text(run.rank_file(r, "stderr.log")) for r, s in statuses.items() if s is None}
+    beats = {int(r): v.get("beat") for r, v in ((_read(run.root / "heartbeats.json") or {}).get("ranks") or {}).items()}
+    crashes = crash_findings(statuses, debug=debug, param_names=_param_names(run), stderr=stderr, last_beats=beats)
+
     if hang is not None:
         findings.extend(hang_findings(hang, debug=debug))
         # After a hang, ranks killed by ddpdoctor are victims, not crashes.
@@ -133,6 +139,13 @@ def _param_names(run: RunDir) -> dict[int, list[str]]:
         if mods:
             out[r] = [p["name"] for p in mods[0].get("parameters", [])]
     return out
+
+
+def _text(path: Path) -> str:
+    try:
+        return path.read_text(errors="replace")
+    except OSError:
+        return ""
 
 
 def _read(path: Path) -> dict[str, Any] | None:

@@ -117,6 +117,11 @@ def diagnose_hang(positions: dict[int, RankPosition], stalled: list[int]) -> Han
             common, n = keys.most_common(1)[0]
             minority = sorted(r for r, p in inside.items() if repr(_key(p)) != common)
             culprits = minority if n > len(inside) - n else sorted(inside)
+            in_ddp = {r for r, p in inside.items() if p.op == DDP_BUCKETS}
+            if in_ddp and len(in_ddp) < len(inside):
+                # The ranks still in DDP's per-step all-reduce are where training should be; the others
+                # left the loop early (fewer batches) or called an extra collective.
+                culprits = sorted(set(inside) - in_ddp)
             ps = list(inside.values())
             differs = [f for f in ("op", "group", "sizes") if len({repr(getattr(p, f)) for p in ps}) > 1]
             return diag("mismatch", culprits, "ranks are in different collectives at the same point: "
@@ -149,8 +154,10 @@ HANG_ADVICE = {
                           "a lock, an infinite loop); the others wait for it in the collective.",
     "seq-behind": "The culprit never called the collective the others are in: look for a collective under a "
                   "rank-dependent condition (if rank == 0: ...) or an early exit from the loop.",
-    "mismatch": "Every rank must call the same collectives in the same order with the same shapes; "
-                "the call sites above show where they diverge.",
+    "mismatch": "Every rank must call the same collectives in the same order with the same shapes; the call "
+                "sites show where they diverge. A rank in another collective while the rest are in DDP's "
+                "gradient all-reduce either called an extra collective (under a rank condition) or left the "
+                "training loop early (fewer batches: use DistributedSampler(drop_last=True) or DDP's join()).",
     "unknown": "Compare the stacks; rerun with --debug (TORCH_DISTRIBUTED_DEBUG=DETAIL) to check collective "
                "fingerprints, and check the network (NCCL_DEBUG=INFO, `ddpdoctor topo`).",
 }
@@ -167,7 +174,7 @@ def hang_findings(hang: dict[str, Any], debug: bool = False) -> list[Finding]:
         advice += " Rerun with `ddpdoctor run --debug` for TORCH_DISTRIBUTED_DEBUG=DETAIL's collective checks."
     out = [Finding(
         "hang", Severity.ERROR,
-        f"Job hung: {d['reason']}" if d["culprit_ranks"] else f"Job hung; {d['reason']}",
+        ("No first step within the start-up timeout: " if hang.get("in_startup") else "Job hung: ") + d["reason"],
         ranks=d["culprit_ranks"] or d["stalled_ranks"],
         evidence={
             "stalled_ranks": d["stalled_ranks"], "culprit_ranks": d["culprit_ranks"],
@@ -205,11 +212,54 @@ def is_victim(exception: str) -> bool:
     return any(p.lower() in exception.lower() for p in VICTIM_PATTERNS)
 
 
+_TERMINATE = re.compile(r"terminate called after throwing an instance of '([^']+)'\n\s*what\(\):\s*(.+)")
+_FATAL = re.compile(r"^Fatal Python error: (.+)$", re.M)
+_FH_FRAME = re.compile(r'^\s*File "([^"]+)", line (\d+) in (\S+)', re.M)
+
+
+def fatal_error(stderr: str) -> dict[str, Any] | None:
+    """A rank that died without a Python exception (C++ abort, segfault): what its stderr says.
+
+    Returns {"exception", "traceback", "call_site"} from the C++ "terminate called ... what():" line and
+    Python's faulthandler block ("Fatal Python error: ..." then the current thread's frames)."""
+    fatal = _FATAL.search(stderr)
+    term = _TERMINATE.search(stderr)
+    if not fatal and not term:
+        return None
+    exception = f"{term.group(1)}: {term.group(2).strip()}" if term else f"Fatal Python error: {fatal.group(1)}"  # type: ignore[union-attr]
+    tb = stderr[fatal.start():] if fatal else ""
+    tb = tb.split("\nExtension modules:")[0].strip()
+    # faulthandler lists threads newest first: the last block with frames is the main thread.
+    blocks = [b for b in re.split(r"\n(?=(?:Current thread|Thread) 0x)", tb) if _FH_FRAME.search(b)]
+    frames = _FH_FRAME.findall(blocks[-1]) if blocks else []
+    call_site = next((f"{p}:{n}" for p, n, _ in frames if _is_user_file(p)), None)
+    # The public torch.distributed function it was in: the outermost frame of distributed_c10d.py.
+    ops = [fn for p, _, fn in frames if p.endswith("distributed_c10d.py")]
+    return {"exception": exception, "traceback": tb, "call_site": call_site, "op": ops[-1] if ops else None}
+
+
+def _is_user_file(path: str) -> bool:
+    if path.startswith("<") or "/torch/" in path or "/ddpdoctor/" in path:
+        return False
+    return "site-packages" in path or "/lib/python3" not in path
+
+
 def crash_findings(statuses: dict[int, dict[str, Any] | None], debug: bool = False,
-                   param_names: dict[int, list[str]] | None = None) -> list[Finding]:
+                   param_names: dict[int, list[str]] | None = None,
+                   stderr: dict[int, str] | None = None,
+                   last_beats: dict[int, dict[str, Any] | None] | None = None) -> list[Finding]:
     """rank-crashed for the root cause(s), collective-mismatch when the exception says so, and
-    unused-parameters from DDP's "did not receive grad" error. Victims are listed, never blamed."""
+    unused-parameters from DDP's "did not receive grad" error. Victims are listed, never blamed.
+
+    ``stderr`` (rank -> its stderr text) explains ranks that died without a status file; their last
+    heartbeat (``last_beats``) says which collective they were in."""
     failed = {r: s for r, s in statuses.items() if s and s.get("exception")}
+    for r, s in statuses.items():
+        if s is None and stderr and r in stderr and (fatal := fatal_error(stderr[r])):
+            p = position(r, (last_beats or {}).get(r), None)
+            coll = {"op": p.op, "group": p.group, "seq": p.seq, "sizes": p.sizes} if p.op else {"op": fatal["op"]}
+            failed[r] = {"exception": fatal["exception"], "traceback": fatal["traceback"], "died": True,
+                         "failed_collective": dict(coll, call_site=fatal["call_site"] or p.call_site)}
     if not failed:
         return []
     roots = {r: s for r, s in failed.items() if not is_victim(s["exception"])}
@@ -224,15 +274,18 @@ def crash_findings(statuses: dict[int, dict[str, Any] | None], debug: bool = Fal
         fc = s.get("failed_collective") or {}
         if any(p in exc for p in MISMATCH_PATTERNS):
             colls = {rr: (ss.get("failed_collective") or ss.get("last_collective") or {})
-                     for rr, ss in statuses.items() if ss}
-            ps = [c for c in colls.values() if c]
+                     for rr, ss in failed.items()}
+            ps = [c for c in colls.values() if c.get("op")]
             differs = [f for f in ("op", "group", "sizes") if len({repr(c.get(f)) for c in ps}) > 1]
             out.append(_mismatch_finding(colls, differs, debug))
-        unused = _unused_parameters(exc, r, (param_names or {}).get(r))
+        unused = _unused_parameters(exc, sorted(r2 for r2, s2 in roots.items() if _UNUSED_INDICES.search(
+            s2["exception"]) or _UNUSED_NAMES.search(s2["exception"])), (param_names or {}).get(r))
         if unused is not None:
             out.append(unused)
+        died = " (the process died)" if s.get("died") else ""
+        first = " first" if len(roots) == 1 and victims else ""
         out.append(Finding(
-            "rank-crashed", Severity.ERROR, f"Rank {r} failed first: {exc.splitlines()[0][:300]}",
+            "rank-crashed", Severity.ERROR, f"Rank {r} failed{first}{died}: {exc.splitlines()[0][:300]}",
             ranks=[r],
             evidence={"rank": r, "exception": exc, "traceback": s.get("traceback", ""),
                       "call_site": fc.get("call_site"), "victims": victims},
@@ -242,7 +295,7 @@ def crash_findings(statuses: dict[int, dict[str, Any] | None], debug: bool = Fal
     return _dedupe(out)
 
 
-def _unused_parameters(exc: str, rank: int, names: list[str] | None) -> Finding | None:
+def _unused_parameters(exc: str, ranks: list[int], names: list[str] | None) -> Finding | None:
     params: list[str] = []
     m = _UNUSED_NAMES.search(exc)
     if m:
@@ -255,7 +308,7 @@ def _unused_parameters(exc: str, rank: int, names: list[str] | None) -> Finding 
         params = [names[i] if names and i < len(names) else f"index {i}" for i in idx]
     return Finding(
         "unused-parameters", Severity.ERROR, f"Parameters that got no gradient: {', '.join(params)}",
-        ranks=[rank], evidence={"rank": rank, "parameters": params},
+        ranks=ranks, evidence={"ranks": ranks, "parameters": params},
         advice="Use these parameters in forward(), freeze them (requires_grad=False), or pass "
                "find_unused_parameters=True to DistributedDataParallel (it costs a graph traversal each step).",
     )

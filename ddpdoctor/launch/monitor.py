@@ -69,8 +69,12 @@ class HangMonitor:
     # -- JobWatcher ----------------------------------------------------------------------------------
     def start(self, spec: LaunchSpec) -> str | None:
         self.run_root = spec.run_dir.root
-        for old in ("hang.json", "hang.txt"):
+        # A reused run directory must not show the last run's hang or rank statuses as this run's.
+        for old in ("hang.json", "hang.txt", "heartbeats.json"):
             (self.run_root / old).unlink(missing_ok=True)
+        for rank in spec.run_dir.ranks_present():
+            for old in ("status.json", "stacks.txt"):
+                spec.run_dir.rank_file(rank, old).unlink(missing_ok=True)
         srv = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
         srv.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         srv.bind(("127.0.0.1", 0))  # loopback only: heartbeats carry stacks and paths

@@ -33,6 +33,7 @@ COLLECTIVES = (
     "scatter_object_list",
 )
 DUMP_SIGNAL = signal.SIGUSR2
+TICK_S = 0.2
 _TORCH_DIR = os.path.dirname(torch.__file__)
 _OUR_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -197,6 +198,15 @@ class HeartbeatProbe:
                 probe.tracker.phase = "backward"
             try:
                 return orig(*args, **kwargs)
+            except BaseException as exc:
+                if outer:
+                    name, seq = _group_info(None)
+                    probe.failed_collective = {
+                        "op": "backward (DDP gradient all-reduce)", "group": name, "seq": seq, "sizes": [],
+                        "call_site": probe.backward_site, "step": probe.tracker.step,
+                        "error": f"{type(exc).__name__}: {exc}"[:2000],
+                    }
+                raise
             finally:
                 if outer:
                     probe.backward_since = None
@@ -256,8 +266,16 @@ class HeartbeatProbe:
         except OSError:
             self._sock = None
 
+    def _signature(self) -> tuple[Any, ...]:
+        c = self.collective
+        return (self.tracker.step, self.tracker.phase, id(c) if c else None)
+
     def _loop(self) -> None:
+        # Beat every interval_s, and sooner (after TICK_S) when the rank entered a new collective or phase
+        # and stayed there: a rank that aborts seconds later has told the monitor where it was.
         next_beat = 0.0
+        sent_sig: tuple[Any, ...] | None = None
+        seen_sig: tuple[Any, ...] | None = None
         while not self._stop.is_set():
             if self._sock is None:
                 self._connect()
@@ -265,14 +283,17 @@ class HeartbeatProbe:
                     self._stop.wait(self.interval_s)
                     continue
             now = time.time()
-            if now >= next_beat:
+            sig = self._signature()
+            if now >= next_beat or (sig == seen_sig and sig != sent_sig):
                 self._send(self.state())
                 next_beat = now + self.interval_s
+                sent_sig = sig
+            seen_sig = sig
             sock = self._sock
             if sock is None:
                 continue
             try:
-                ready, _, _ = select.select([sock], [], [], max(0.0, next_beat - time.time()))
+                ready, _, _ = select.select([sock], [], [], min(TICK_S, max(0.0, next_beat - time.time())))
             except (OSError, ValueError):
                 self._sock = None
                 continue
