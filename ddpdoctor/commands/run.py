@@ -68,7 +68,8 @@ def command(
     watcher = make_watcher(hang_timeout, startup_timeout, on_hang)
     result = launch(spec, watcher)
     report = watched_report(spec.run_dir, "run", debug=debug)
-    emit(report, as_json=as_json, verbose=verbose, fail_on=fail_on, exit_code=result.exit_code or None)
+    # The contract is 0/1/2: a job that failed (or was killed for hanging) is a problem found.
+    emit(report, as_json=as_json, verbose=verbose, fail_on=fail_on, exit_code=1 if result.exit_code else None)
 
 
 def watched_report(run: RunDir, command: str, debug: bool = False, analyse_traces: bool = False) -> Report:

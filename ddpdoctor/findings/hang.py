@@ -122,11 +122,12 @@ def diagnose_hang(positions: dict[int, RankPosition], stalled: list[int]) -> Han
                 # The ranks still in DDP's per-step all-reduce are where training should be; the others
                 # left the loop early (fewer batches) or called an extra collective.
                 culprits = sorted(set(inside) - in_ddp)
+            waiting_on = _collective_of([p for r, p in inside.items() if r not in culprits]) or waiting_on
             ps = list(inside.values())
             differs = [f for f in ("op", "group", "sizes") if len({repr(getattr(p, f)) for p in ps}) > 1]
             return diag("mismatch", culprits, "ranks are in different collectives at the same point: "
                         + ", ".join(f"rank {r}: {_describe(asdict(p))}" for r, p in sorted(inside.items())),
-                        differs)
+                        differs, coll=waiting_on)
     return diag("unknown", [], "every rank is in the same state; no culprit can be told apart "
                 "(a slow or broken network, a deadlock in the script, or a collective every rank is waiting in)")
 
@@ -190,7 +191,8 @@ def hang_findings(hang: dict[str, Any], debug: bool = False) -> list[Finding]:
     return out
 
 
-def _mismatch_finding(colls: dict[int, dict[str, Any]], differs: list[str], debug: bool) -> Finding:
+def _mismatch_finding(colls: dict[int, dict[str, Any]], differs: list[str], debug: bool,
+                      gloo_detail: dict[str, Any] | None = None) -> Finding:
     advice = HANG_ADVICE["mismatch"]
     if not debug:
         advice += " `ddpdoctor run --debug` makes torch check each collective's fingerprint."
@@ -203,6 +205,7 @@ def _mismatch_finding(colls: dict[int, dict[str, Any]], differs: list[str], debu
             "ranks": sorted(colls), "differs": differs,
             "collectives": {str(r): {k: c.get(k) for k in ("op", "group", "seq", "sizes")} for r, c in colls.items()},
             "call_sites": {str(r): c.get("call_site") for r, c in colls.items()},
+            **({"gloo_sizes": gloo_detail} if gloo_detail else {}),
         },
         advice=advice,
     )
@@ -213,6 +216,7 @@ def is_victim(exception: str) -> bool:
 
 
 _TERMINATE = re.compile(r"terminate called after throwing an instance of '([^']+)'\n\s*what\(\):\s*(.+)")
+_GLOO_SIZES = re.compile(r"(\d+) vs (\d+)\. Received data size doesn't match")
 _FATAL = re.compile(r"^Fatal Python error: (.+)$", re.M)
 _FH_FRAME = re.compile(r'^\s*File "([^"]+)", line (\d+) in (\S+)', re.M)
 
@@ -277,7 +281,11 @@ def crash_findings(statuses: dict[int, dict[str, Any] | None], debug: bool = Fal
                      for rr, ss in failed.items()}
             ps = [c for c in colls.values() if c.get("op")]
             differs = [f for f in ("op", "group", "sizes") if len({repr(c.get(f)) for c in ps}) > 1]
-            out.append(_mismatch_finding(colls, differs, debug))
+            m = _GLOO_SIZES.search(exc)
+            detail = {"rank": r, "received_bytes": int(m.group(1)), "expected_bytes": int(m.group(2))} if m else None
+            if detail and "bytes" not in differs:
+                differs.append("bytes")
+            out.append(_mismatch_finding(colls, differs, debug, detail))
         unused = _unused_parameters(exc, sorted(r2 for r2, s2 in roots.items() if _UNUSED_INDICES.search(
             s2["exception"]) or _UNUSED_NAMES.search(s2["exception"])), (param_names or {}).get(r))
         if unused is not None:

@@ -242,6 +242,8 @@ class HangMonitor:
             return None
         elif kind == "beat":
             link.beat = msg
+        elif kind == "enter":
+            link.beat = dict(link.beat or {"rank": link.rank, "step": 0}, collective=msg.get("collective"))
         elif kind == "dump":
             link.dump = msg
         elif kind == "exit":

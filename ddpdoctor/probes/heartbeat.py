@@ -110,6 +110,7 @@ class HeartbeatProbe:
         self._thread: threading.Thread | None = None
         self._stacks_fh: Any = None
         self._buf = b""
+        self._send_lock = threading.Lock()
 
     # -- install / finish ----------------------------------------------------------------------------
     def install(self) -> None:
@@ -167,6 +168,9 @@ class HeartbeatProbe:
                 probe.last_collective = state
                 return fn(*args, **kwargs)
             probe.collective = state
+            # Told at once (one small send): gloo aborts the process within milliseconds of a mismatch,
+            # before the next beat; the monitor then still knows which collective this rank was in.
+            probe._send({"type": "enter", "collective": state})
             try:
                 return fn(*args, **kwargs)
             except BaseException as exc:
@@ -259,10 +263,13 @@ class HeartbeatProbe:
             self._sock = None
 
     def _send(self, msg: dict[str, Any]) -> None:
-        if self._sock is None:
+        sock = self._sock
+        if sock is None:
             return
+        data = json.dumps(msg, default=str).encode() + b"\n"
         try:
-            self._sock.sendall(json.dumps(msg, default=str).encode() + b"\n")
+            with self._send_lock:  # the main thread (enter) and the heartbeat thread share the socket
+                sock.sendall(data)
         except OSError:
             self._sock = None
 
