@@ -16,15 +16,17 @@ from ddpdoctor.commands._common import (
     json_option,
     launch_options,
 )
+from ddpdoctor.findings.watched import watched_report
 from ddpdoctor.launch.flags import pop_torchrun_values
 from ddpdoctor.launch.launcher import LaunchSpec, launch
+from ddpdoctor.launch.monitor import make_watcher, watch_options
 from ddpdoctor.probes.config import Schedule
 from ddpdoctor.rundir.layout import RunDir
-from ddpdoctor.rundir.report import job_report
 
 
 @click.command(context_settings=LAUNCH_CONTEXT, help=__doc__)
 @launch_options
+@watch_options
 @click.option("--wait", default=2, show_default=True, help="Steps to skip before profiling (DDP builds buckets in step 0).")
 @click.option("--warmup", default=1, show_default=True, help="Profiler warm-up steps (recorded, then discarded).")
 @click.option("--active", default=3, show_default=True, help="Steps recorded.")
@@ -49,6 +51,9 @@ def command(
     verbose: bool,
     as_json: bool,
     fail_on: str,
+    hang_timeout: float | None,
+    startup_timeout: float,
+    on_hang: str,
     **kwargs: Any,
 ) -> None:
     spec = LaunchSpec(
@@ -63,6 +68,6 @@ def command(
         quiet=quiet,
         output_to_stderr=as_json,
     )
-    result = launch(spec)
-    report = job_report(spec.run_dir, "profile", analyse_traces=True)
+    result = launch(spec, make_watcher(hang_timeout, startup_timeout, on_hang))
+    report = watched_report(spec.run_dir, "profile", analyse_traces=True)
     emit(report, as_json=as_json, verbose=verbose, fail_on=fail_on, exit_code=result.exit_code or None)

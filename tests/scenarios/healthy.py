@@ -6,7 +6,7 @@ from _common import batch, setup
 
 rank, model = setup()
 opt = torch.optim.SGD(model.parameters(), lr=0.1)
-for step in range(30):
+for _ in range(30):
     x, y = batch()
     loss = torch.nn.functional.cross_entropy(model(x), y)
     opt.zero_grad()

@@ -23,7 +23,7 @@ class Net(nn.Module):
 dist.init_process_group("gloo", timeout=datetime.timedelta(seconds=int(os.environ.get("SCENARIO_GLOO_TIMEOUT", "120"))))
 model = DDP(Net())
 opt = torch.optim.SGD(model.parameters(), lr=0.1)
-for step in range(10):
+for _ in range(10):
     x, y = torch.randn(8, 16), torch.randint(0, 4, (8,))
     loss = nn.functional.cross_entropy(model(x), y)
     opt.zero_grad()
