@@ -114,6 +114,8 @@ class HeartbeatProbe:
 
     # -- install / finish ----------------------------------------------------------------------------
     def install(self) -> None:
+        if os.environ.get("TORCH_DISTRIBUTED_DEBUG", "").upper() == "DETAIL":
+            self._avoid_detail_segfault()
         self._wrap_collectives()
         self._wrap_backward()
         try:
@@ -136,6 +138,21 @@ class HeartbeatProbe:
         for (mod, name), fn in self._originals.items():
             setattr(mod, name, fn)
         self._originals.clear()
+
+    def _avoid_detail_segfault(self) -> None:
+        # torch 2.13 (CPU, gloo): with TORCH_DISTRIBUTED_DEBUG=DETAIL, DDP's constructor segfaults in
+        # Logger.set_construction_data_and_log (plain torchrun too). Skipping that one log call (it only
+        # fills DDP's usage-logging record) lets --debug work; the fingerprint checks are unaffected.
+        base = dist.Logger
+
+        class Logger(base):  # type: ignore[misc, valid-type]
+            def set_construction_data_and_log(self, *args: Any, **kwargs: Any) -> None:
+                if dist.is_initialized() and dist.get_backend() == "gloo":
+                    return None
+                return super().set_construction_data_and_log(*args, **kwargs)
+
+        self._originals[(dist, "Logger")] = base
+        dist.Logger = Logger  # type: ignore[misc]
 
     # -- collectives ----------------------------------------------------------------------------------
     def _wrap_collectives(self) -> None:

@@ -135,3 +135,16 @@ def test_healthy_job_has_nothing_above_info(tmp_path: Path) -> None:
     beats = json.loads((out / "heartbeats.json").read_text())
     assert set(beats["ranks"]) == {"0", "1"}
     assert all(v["exit"]["exit_code"] == 0 for v in beats["ranks"].values())
+
+
+def test_debug_turns_on_fingerprint_checks(tmp_path: Path) -> None:
+    # --debug: TORCH_DISTRIBUTED_DEBUG=DETAIL catches the mismatch in both ranks at once (and DDP's
+    # constructor, which segfaults under DETAIL on torch 2.13 CPU, is kept alive by the probe).
+    code, report, out = run_scenario("shape_mismatch", tmp_path, "--debug")
+    assert code == 1
+    (mm,) = by_id(report, "collective-mismatch")
+    assert mm["evidence"]["collectives"]["0"]["sizes"] == [[4]]
+    assert mm["evidence"]["collectives"]["1"]["sizes"] == [[8]]
+    crashed = by_id(report, "rank-crashed")
+    assert crashed and all("Detected mismatch between collectives" in f["evidence"]["exception"] for f in crashed)
+    assert "Segmentation fault" not in (out / "ranks" / "rank0" / "stderr.log").read_text()
