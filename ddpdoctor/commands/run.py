@@ -16,7 +16,7 @@ from ddpdoctor.commands._common import (
     json_option,
     launch_options,
 )
-from ddpdoctor.findings.watched import watched_report
+from ddpdoctor.findings.watched import render_hang_section, watched_report
 from ddpdoctor.launch.flags import pop_torchrun_values
 from ddpdoctor.launch.launcher import LaunchSpec, launch
 from ddpdoctor.launch.monitor import make_watcher, watch_options
@@ -66,4 +66,5 @@ def command(
     result = launch(spec, watcher)
     report = watched_report(spec.run_dir, "run", debug=debug)
     # The contract is 0/1/2: a job that failed (or was killed for hanging) is a problem found.
-    emit(report, as_json=as_json, verbose=verbose, fail_on=fail_on, exit_code=1 if result.exit_code else None)
+    emit(report, as_json=as_json, verbose=verbose, fail_on=fail_on, sections=render_hang_section,
+         exit_code=1 if result.exit_code else None)

@@ -20,8 +20,12 @@ def watched_report(run: RunDir, command: str, debug: bool = False, analyse_trace
     report.findings.extend(watch_findings(run, debug=debug))
     hang = _read(run.root / "hang.json")
     if hang is not None:
+        d = hang.get("diagnosis") or {}
         report.sections["hang"] = {k: hang.get(k) for k in ("detected_after_s", "hang_timeout_s", "on_hang")}
-        report.sections["hang"]["report"] = str(run.root / "hang.txt")
+        report.sections["hang"].update(
+            kind=d.get("kind"), culprit_ranks=d.get("culprit_ranks"), report=str(run.root / "hang.txt"),
+            ranks={r: _where(p) for r, p in sorted((d.get("positions") or {}).items(), key=lambda kv: int(kv[0]))},
+        )
         # Ranks killed because of the hang write no status: that is not a separate problem.
         report.findings = [f for f in report.findings if f.id != "rank-no-status"]
     crashed = {r for f in report.findings if f.id == "rank-crashed" for r in f.ranks}
@@ -82,6 +86,30 @@ def _param_names(run: RunDir) -> dict[int, list[str]]:
         if mods:
             out[r] = [p["name"] for p in mods[0].get("parameters", [])]
     return out
+
+
+def _where(p: dict[str, Any]) -> str:
+    """One line: where a rank stood when the hang was detected."""
+    if p.get("state") == "in-collective":
+        seq = f" #{p['seq']}" if p.get("seq") is not None else ""
+        what = f"in {p.get('op')}{seq} on {p.get('group')}" + (f" sizes {p['sizes']}" if p.get("sizes") else "")
+    else:
+        what = f"{p.get('state')} (phase {p.get('phase')})"
+    return f"{what}, step {p.get('step')}, at {p.get('call_site')}"
+
+
+def render_hang_section(report: Report, out: Any, verbose: bool) -> None:
+    """Terminal view of the hang section (the renderer's sections callback)."""
+    from rich.markup import escape
+
+    h = report.sections.get("hang")
+    if not h:
+        return
+    out.print(f"[bold red]hang[/bold red] detected after {h.get('detected_after_s')} s without progress "
+              f"(timeout {h.get('hang_timeout_s')} s); culprit rank(s): {h.get('culprit_ranks') or 'undetermined'}")
+    for r, where in (h.get("ranks") or {}).items():
+        out.print(f"  rank {escape(str(r))}: {escape(where)}")
+    out.print(f"  stacks and Flight Recorder dumps: {escape(str(h.get('report')))} / hang.json")
 
 
 def _text(path: Path) -> str:
