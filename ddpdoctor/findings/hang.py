@@ -180,7 +180,8 @@ def hang_findings(hang: dict[str, Any], debug: bool = False) -> list[Finding]:
         evidence={
             "stalled_ranks": d["stalled_ranks"], "culprit_ranks": d["culprit_ranks"],
             "collective": d.get("collective"), "call_sites": call_sites, "stacks": stacks,
-            "detected_after_s": hang.get("detected_after_s"), "hang_timeout_s": hang.get("hang_timeout_s"),
+            "detected_after_s": hang.get("detected_after_s"), "reported_after_s": hang.get("reported_after_s"),
+            "hang_timeout_s": hang.get("hang_timeout_s"),
             "kind": d["kind"],
         },
         advice=advice,

@@ -154,6 +154,8 @@ class HangMonitor:
             "heartbeats": {str(r): lk.beat for r, lk in links.items()},
             "flight_recorder": {str(r): d for r, d in dumps.items()},
         }
+        # Detection plus collecting stacks and dumps: what the issue's "within hang-timeout + 5 s" bounds.
+        self.hang["reported_after_s"] = round(time.time() - last_progress, 2)
         if self.run_root is not None:
             write_json(self.run_root / "hang.json", self.hang)
             (self.run_root / "hang.txt").write_text(hang_text(self.hang))
@@ -322,7 +324,13 @@ def hang_text(hang: dict[str, Any]) -> str:
 
 
 def make_watcher(hang_timeout: float | None, startup_timeout: float, on_hang: str) -> HangMonitor:
-    """The watcher every launching command passes to launch()."""
+    """The watcher every launching command passes to launch(); BadInput for a timeout that is not positive."""
+    from ddpdoctor.errors import BadInput
+
+    if hang_timeout is not None and not hang_timeout > 0:
+        raise BadInput(f"--hang-timeout must be a positive number of seconds, not {hang_timeout}")
+    if not startup_timeout > 0:
+        raise BadInput(f"--startup-timeout must be a positive number of seconds, not {startup_timeout}")
     return HangMonitor(hang_timeout=hang_timeout, startup_timeout=startup_timeout, on_hang=on_hang)
 
 
