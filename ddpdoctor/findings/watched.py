@@ -67,13 +67,17 @@ def debug_findings(run: RunDir, have: set[str]) -> list[Finding]:
     for r in run.ranks_present():
         path = run.rank_file(r, "stderr.log")
         try:
-            texts[str(path)] = path.read_text(errors="replace")
-        except OSError:
+            # Named relative to the run directory: "ranks/rank3/stderr.log" tells the parsers the rank.
+            texts[str(path.relative_to(run.root))] = path.read_text(errors="replace")
+        except (OSError, ValueError):
             continue
     try:
         found = list(explain_texts(texts))
     except Exception:  # noqa: BLE001 - the report of the run matters more than the log explanation
         return []
+    # The watch already named these from richer sources (heartbeats, status files); "job-failed" is implied.
+    if have & {"hang", "rank-crashed", "collective-mismatch"}:
+        have = have | {"job-failed"}
     return [f for f in found if f.id not in have]
 
 
