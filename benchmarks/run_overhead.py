@@ -11,10 +11,10 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import socket
 import statistics
 import subprocess
 import sys
-import socket
 import tempfile
 import threading
 import time
@@ -34,10 +34,13 @@ def _step_times(text: str) -> list[float]:
 
 
 def plain(steps: int) -> list[float]:
-    out = subprocess.run(
-        [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2", str(JOB),
-         "--steps", str(steps)], capture_output=True, text=True, check=True)
-    return _step_times(out.stdout)
+    for _ in range(3):  # --standalone picks a free port; on a busy machine a launch occasionally fails
+        out = subprocess.run(
+            [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2", str(JOB),
+             "--steps", str(steps)], capture_output=True, text=True)
+        if out.returncode == 0:
+            return _step_times(out.stdout)
+    raise SystemExit(f"plain torchrun failed:\n{out.stderr[-3000:]}")
 
 
 def watched(steps: int, tmp: Path) -> list[float]:
