@@ -11,12 +11,10 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import socket
 import statistics
 import subprocess
 import sys
 import tempfile
-import threading
 import time
 from pathlib import Path
 
@@ -24,6 +22,10 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))  # this checkout's ddpdoctor, for the in-process wrapper measurement
 JOB = Path(__file__).with_name("overhead_job.py")
 SKIP = 5  # the first steps build DDP's buckets
+DRAIN = (
+    "import socket\ns = socket.socket()\ns.bind(('127.0.0.1', 0))\ns.listen(1)\n"
+    "print(s.getsockname()[1], flush=True)\nc, _ = s.accept()\nwhile c.recv(1 << 16):\n    pass\n"
+)
 
 
 def _step_times(text: str) -> list[float]:
@@ -51,8 +53,9 @@ def watched(steps: int, tmp: Path) -> list[float]:
     return _step_times((run_dir / "ranks" / "rank0" / "stdout.log").read_text())
 
 
-def wrapper_cost_us(n: int = 2000) -> tuple[float, float]:
-    """Per-call cost of a 1-element all_reduce in a 1-rank gloo group, without and with the heartbeat wrapper."""
+def wrapper_cost_us(n: int = 2000) -> tuple[float, float, float, float]:
+    """Per-call cost of a 1-element all_reduce in a 1-rank gloo group and of a tiny backward(), without and with
+    the heartbeat probe installed (connected to a listener): (all_reduce plain, wrapped, backward plain, wrapped)."""
     import torch
     import torch.distributed as dist
 
@@ -64,36 +67,39 @@ def wrapper_cost_us(n: int = 2000) -> tuple[float, float]:
     dist.init_process_group("gloo", rank=0, world_size=1)
     t = torch.ones(1)
 
-    def bench() -> float:
+    w = torch.ones(4, requires_grad=True)
+
+    def timed(fn: object) -> float:
         for _ in range(200):
-            dist.all_reduce(t)
+            fn()  # type: ignore[operator]
         t0 = time.perf_counter()
         for _ in range(n):
-            dist.all_reduce(t)
+            fn()  # type: ignore[operator]
         return (time.perf_counter() - t0) / n * 1e6
 
+    def bench() -> float:
+        return timed(lambda: dist.all_reduce(t))
+
+    def bench_backward() -> float:
+        return timed(lambda: (w * 2).sum().backward())
+
     base = min(bench() for _ in range(3))
-    # A listener that reads and discards, as the monitor does: the "enter" send is part of the cost.
-    srv = socket.socket()
-    srv.bind(("127.0.0.1", 0))
-    srv.listen(1)
-
-    def drain() -> None:
-        conn, _ = srv.accept()
-        while conn.recv(1 << 16):
-            pass
-
-    threading.Thread(target=drain, daemon=True).start()
-    probe = HeartbeatProbe(f"127.0.0.1:{srv.getsockname()[1]}", 0, 1, StepTracker(),
+    base_bw = min(bench_backward() for _ in range(3))
+    # A listener in another process that reads and discards, as the monitor does: the send is part of the cost.
+    drain = subprocess.Popen([sys.executable, "-c", DRAIN], stdout=subprocess.PIPE, text=True)
+    port = int(drain.stdout.readline())  # type: ignore[union-attr]
+    probe = HeartbeatProbe(f"127.0.0.1:{port}", 0, 1, StepTracker(),
                            Path(tempfile.mkdtemp()) / "stacks.txt")
     probe.install()
     deadline = time.time() + 5
     while probe._sock is None and time.time() < deadline:
         time.sleep(0.01)
+    wrapped_bw = min(bench_backward() for _ in range(3))
     wrapped = min(bench() for _ in range(3))
     probe.finish({})
+    drain.kill()
     dist.destroy_process_group()
-    return base, wrapped
+    return base, wrapped, base_bw, wrapped_bw
 
 
 def main() -> None:
@@ -121,9 +127,14 @@ def main() -> None:
           f"{100 * spread:.2f}%)")
     p10p, p10w = statistics.median(plain_p10), statistics.median(watched_p10)
     print(f"10th-percentile step: plain {p10p * 1e3:.3f} ms, ddpdoctor {p10w * 1e3:.3f} ms, ratio {p10w / p10p:.4f}")
-    base, wrapped = wrapper_cost_us()
+    base, wrapped, base_bw, wrapped_bw = wrapper_cost_us()
     print(f"1-element all_reduce, 1 rank: {base:.1f} us plain, {wrapped:.1f} us wrapped "
           f"(+{wrapped - base:.1f} us per collective call)")
+    print(f"tiny backward(): {base_bw:.1f} us plain, {wrapped_bw:.1f} us wrapped (+{wrapped_bw - base_bw:.1f} us per call)")
+    # overhead_job.py makes one user collective and one backward() per step.
+    per_step_us = max(0.0, wrapped - base) + max(0.0, wrapped_bw - base_bw)
+    print(f"per-step cost of the probe in this job: {per_step_us:.1f} us = {100 * per_step_us / (p * 1e6):.3f}% "
+          f"of the plain median step (the heartbeat thread itself: ~1 send/s)")
 
 
 if __name__ == "__main__":
