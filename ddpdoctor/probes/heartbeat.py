@@ -185,6 +185,8 @@ class HeartbeatProbe:
             if probe.collective is not None:  # nested (e.g. all_gather_object's all_gather): keep the outer
                 return fn(*args, **kwargs)
             group = kwargs.get("group")
+            if group is None:  # passed by position (all_reduce(t, op, group))
+                group = next((a for a in args[1:] if isinstance(a, dist.ProcessGroup)), None)
             name, seq = _group_info(group)
             state = {
                 "op": op, "group": name, "seq": None if seq is None else seq + 1,
