@@ -74,6 +74,13 @@ def emit(
     sys.exit(code)
 
 
+def finish_quietly(result: Any) -> NoReturn:
+    """Under --launcher none every rank runs ddpdoctor; only rank 0 reports, the others exit with their rank's code."""
+    click.echo(f"ddpdoctor: this rank is done (exit {result.exit_code}); rank 0 reports on {result.run_dir.root}",
+               err=True)
+    sys.exit(result.exit_code)
+
+
 def default_run_dir(name: str | None) -> Path:
     """ddpdoctor-runs/<name>; without a name, the SLURM job/step when there is one, else a timestamp."""
     if not name:

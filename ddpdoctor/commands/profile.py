@@ -13,21 +13,24 @@ from ddpdoctor.commands._common import (
     default_run_dir,
     emit,
     fail_on_option,
+    finish_quietly,
     json_option,
     launch_options,
 )
 from ddpdoctor.errors import BadInput
+from ddpdoctor.findings.watched import watched_report
 from ddpdoctor.launch.flags import pop_torchrun_values
 from ddpdoctor.launch.launcher import LaunchSpec, launch
+from ddpdoctor.launch.monitor import make_watcher, watch_options
 from ddpdoctor.probes.config import Schedule
 from ddpdoctor.renderers.console_perf import render_perf_sections
 from ddpdoctor.renderers.outputs import write_outputs
 from ddpdoctor.rundir.layout import RunDir
-from ddpdoctor.rundir.report import job_report
 
 
 @click.command(context_settings=LAUNCH_CONTEXT, help=__doc__)
 @launch_options
+@watch_options
 @click.option("--wait", default=2, show_default=True, help="Steps to skip before profiling (DDP builds buckets in step 0).")
 @click.option("--warmup", default=1, show_default=True, help="Profiler warm-up steps (recorded, then discarded).")
 @click.option("--active", default=3, show_default=True, help="Steps recorded.")
@@ -62,6 +65,9 @@ def command(
     nccl_debug: bool,
     as_json: bool,
     fail_on: str,
+    hang_timeout: float | None,
+    startup_timeout: float,
+    on_hang: str,
     **kwargs: Any,
 ) -> None:
     spec = LaunchSpec(
@@ -81,8 +87,10 @@ def command(
         from ddpdoctor.topo.capture import job_env
 
         spec.env.update(job_env(spec.run_dir.root))
-    result = launch(spec)
-    report = job_report(spec.run_dir, "profile", analyse_traces=True)
+    result = launch(spec, make_watcher(hang_timeout, startup_timeout, on_hang))
+    if not result.reports:
+        finish_quietly(result)
+    report = watched_report(spec.run_dir, "profile", analyse_traces=True)
     if result.exit_code == 0 and not spec.run_dir.trace_files() and any(f.id == "no-steps-seen" for f in report.findings):
         raise BadInput(
             "no training iteration was seen on any rank (no optimizer step and no ddpdoctor.step()), so nothing "

@@ -79,6 +79,7 @@ class LaunchResult:
     run_dir: RunDir
     duration_s: float
     killed_by: str | None = None
+    reports: bool = True  # False for ranks other than 0 under --launcher none: rank 0 reports for the job
 
 
 def validate(spec: LaunchSpec) -> None:
@@ -165,8 +166,17 @@ def _tee(stream: Any, path: Path, echo: Any) -> threading.Thread:
 def launch(spec: LaunchSpec, watcher: JobWatcher | None = None) -> LaunchResult:
     """Run the job to the end and return its exit code (the job's, as torchrun reports it)."""
     validate(spec)
-    spec.run_dir.ensure_writable(spec.overwrite)
-    manifest_mod.write_initial(spec)
+    in_place_rank: int | None = None  # this process's rank under --launcher none
+    if spec.launcher == "none":
+        scheduler_env = _slurm_env()
+        in_place_rank = int(scheduler_env["RANK"])
+        # Every rank runs this at once: none can tell an old run from its peers', so each clears only its own files.
+        spec.run_dir.ensure_writable(overwrite=True, keep_existing=True)
+        spec.run_dir.clear_rank(in_place_rank)
+    else:
+        spec.run_dir.ensure_writable(spec.overwrite)
+    if in_place_rank in (None, 0):
+        manifest_mod.write_initial(spec)
     monitor = watcher.start(spec) if watcher is not None else None
     env = _rank_env(spec, monitor)
     started = time.time()
@@ -177,7 +187,7 @@ def launch(spec: LaunchSpec, watcher: JobWatcher | None = None) -> LaunchResult:
             cmd, env=env, start_new_session=True, stdout=sys.stderr if spec.output_to_stderr else None
         )
     else:
-        env.update(_slurm_env())
+        env.update(scheduler_env)
         rank = int(env["RANK"])
         rdir = spec.run_dir.rank_dir(rank)
         rdir.mkdir(parents=True, exist_ok=True)
@@ -211,8 +221,23 @@ def launch(spec: LaunchSpec, watcher: JobWatcher | None = None) -> LaunchResult:
         code = 128 - code
     if spec.launcher == "torchrun":
         collect_torchrun_logs(spec.run_dir)
+    elif in_place_rank == 0:
+        wait_for_ranks(spec.run_dir, int(scheduler_env["WORLD_SIZE"]))
+    else:
+        return LaunchResult(exit_code=code, run_dir=spec.run_dir, duration_s=time.time() - started,
+                            killed_by=job.killed_by, reports=False)
     manifest_mod.finalize(spec.run_dir, exit_code=code, duration_s=time.time() - started, killed_by=job.killed_by)
     return LaunchResult(exit_code=code, run_dir=spec.run_dir, duration_s=time.time() - started, killed_by=job.killed_by)
+
+
+def wait_for_ranks(run: RunDir, world_size: int, timeout_s: float = 60.0) -> None:
+    """Under --launcher none rank 0 reports for the job: give the other ranks' probes time to write their files."""
+    deadline = time.time() + timeout_s
+    while time.time() < deadline:
+        if all(run.rank_file(r, "status.json").exists() for r in range(world_size)):
+            time.sleep(0.5)  # the summary is written right after the status
+            return
+        time.sleep(0.2)
 
 
 def collect_torchrun_logs(run: RunDir) -> None:

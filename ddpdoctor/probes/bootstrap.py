@@ -52,6 +52,13 @@ class RankSession:
             )
             self.tracker.add_listener(self.profiler.on_step)
             self.profiler.start()
+        if self.config.monitor:
+            from ddpdoctor.probes.heartbeat import HeartbeatProbe
+
+            heartbeat = HeartbeatProbe(self.config.monitor, self.rank, self.world_size, self.tracker,
+                                       self.run.rank_file(self.rank, "stacks.txt"))
+            heartbeat.install()
+            self.extra.append(heartbeat)
         write_json(self.run.rank_file(self.rank, "info.json"), self.info)
 
     def _record_layout_once(self, step: int) -> None:

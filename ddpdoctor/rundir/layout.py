@@ -72,12 +72,20 @@ class RunDir:
     OWNED = ("manifest.json", "traces", "ranks", "torchrun", "scalars", "report.json", "report.txt", "report.html",
              "hang.json", "hang.txt")
 
-    def ensure_writable(self, overwrite: bool = False) -> None:
+    def clear_rank(self, rank: int) -> None:
+        """Remove one rank's files from an earlier run (its rank directory and its traces)."""
+        import shutil
+
+        shutil.rmtree(self.rank_dir(rank), ignore_errors=True)
+        for old in self.traces.glob(f"rank{rank}.*"):
+            old.unlink(missing_ok=True)
+
+    def ensure_writable(self, overwrite: bool = False, keep_existing: bool = False) -> None:
         """Create the directory tree, or raise BadInput naming the directory that cannot be written.
 
         A directory that already holds a run is refused (its traces would mix with the new ones) unless
         ``overwrite``, which first removes what the earlier launch wrote."""
-        if self.manifest.exists():
+        if self.manifest.exists() and not keep_existing:
             if not overwrite:
                 raise BadInput("already holds a run; choose another --out/--name, or pass --overwrite", self.root)
             import shutil

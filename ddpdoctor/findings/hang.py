@@ -1,0 +1,334 @@
+"""Hang and crash diagnosis: which rank is the culprit, from heartbeats and rank status files (pure functions).
+
+Findings: ``hang``, ``collective-mismatch``, ``rank-crashed``, ``unused-parameters`` (docs/findings/hangs.md)."""
+
+from __future__ import annotations
+
+import re
+from collections import Counter
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+from ddpdoctor.findings.model import Finding, Severity
+
+DDP_BUCKETS = "allreduce (DDP gradient buckets)"
+
+# A rank whose exception says one of these failed because a peer went away or the job was torn down.
+VICTIM_PATTERNS = (
+    "Connection closed by peer", "Connection reset by peer", "remote worker crashing", "Broken pipe",
+    "Timed out waiting", "Socket Timeout", "watchdog", "communicator was aborted", "NCCL Error 6",
+    "ProcessGroupNCCL is aborted", "SIGTERM", "KeyboardInterrupt", "SystemExit",
+)
+MISMATCH_PATTERNS = ("Received data size doesn't match", "Detected mismatch between collectives")
+_UNUSED_NAMES = re.compile(r"Parameters which did not receive grad for rank (\d+): ([^\n]+)")
+_UNUSED_INDICES = re.compile(r"Parameter indices which did not receive grad for rank (\d+): ([\d ]+)")
+
+
+@dataclass
+class RankPosition:
+    """Where one rank stood when the hang was detected."""
+
+    rank: int
+    state: str  # "in-collective", "outside-collective", "exited", "no-heartbeat"
+    phase: str | None = None
+    step: int | None = None
+    op: str | None = None
+    group: str | None = None
+    seq: int | None = None
+    sizes: list[list[int]] = field(default_factory=list)
+    call_site: str | None = None
+    exit_code: int | None = None
+
+
+@dataclass
+class HangDiagnosis:
+    kind: str  # "rank-exited", "outside-collective", "seq-behind", "mismatch", "unknown"
+    stalled_ranks: list[int]
+    culprit_ranks: list[int]
+    collective: dict[str, Any] | None
+    positions: dict[int, RankPosition]
+    reason: str
+    differs: list[str] = field(default_factory=list)  # for a mismatch: "op", "sizes", "group"
+
+    def to_json(self) -> dict[str, Any]:
+        d = asdict(self)
+        d["positions"] = {str(r): asdict(p) for r, p in self.positions.items()}
+        return d
+
+
+def position(rank: int, beat: dict[str, Any] | None, exit_info: dict[str, Any] | None) -> RankPosition:
+    """One rank's position from its last heartbeat (and its exit message, when it ended)."""
+    if exit_info is not None:
+        last = (beat or {}).get("last_collective") or {}
+        return RankPosition(rank, "exited", phase=(beat or {}).get("phase"), step=exit_info.get("steps_completed"),
+                            call_site=last.get("call_site") or (beat or {}).get("where"),
+                            exit_code=exit_info.get("exit_code"))
+    if beat is None:
+        return RankPosition(rank, "no-heartbeat")
+    coll = beat.get("collective")
+    if coll:
+        return RankPosition(rank, "in-collective", beat.get("phase"), beat.get("step"), coll.get("op"),
+                            coll.get("group"), coll.get("seq"), coll.get("sizes") or [], coll.get("call_site"))
+    bw = beat.get("backward")
+    if bw and beat.get("phase") == "backward":
+        # Stalled inside backward(): DDP's reducer waits for its bucket all-reduces there.
+        return RankPosition(rank, "in-collective", "backward", beat.get("step"), DDP_BUCKETS, bw.get("group"),
+                            bw.get("seq"), [], bw.get("call_site"))
+    return RankPosition(rank, "outside-collective", beat.get("phase"), beat.get("step"), call_site=beat.get("where"))
+
+
+def _key(p: RankPosition) -> tuple[Any, ...]:
+    return (p.op, p.group, [list(s) for s in p.sizes] if p.op != DDP_BUCKETS else None)
+
+
+def diagnose_hang(positions: dict[int, RankPosition], stalled: list[int]) -> HangDiagnosis:
+    """Name the culprit: a rank that left, a rank outside any collective while others wait in one,
+    the rank(s) behind on the group's collective count, or ranks in different collectives (a mismatch)."""
+    inside = {r: p for r, p in positions.items() if p.state == "in-collective"}
+    waiting_on = _collective_of(list(inside.values()))
+
+    def diag(kind: str, culprits: list[int], reason: str, differs: list[str] | None = None,
+             coll: dict[str, Any] | None = waiting_on) -> HangDiagnosis:
+        return HangDiagnosis(kind, sorted(stalled), sorted(culprits), coll, positions, reason, differs or [])
+
+    gone = sorted(r for r, p in positions.items() if p.state in ("exited", "no-heartbeat"))
+    if gone and inside:
+        return diag("rank-exited", gone, f"rank(s) {gone} left (or never reported) while rank(s) {sorted(inside)} "
+                    f"wait in {_describe(waiting_on)}")
+    outside = sorted(r for r, p in positions.items() if p.state == "outside-collective")
+    if outside and inside:
+        return diag("outside-collective", outside, f"rank(s) {outside} are outside any collective while rank(s) "
+                    f"{sorted(inside)} wait in {_describe(waiting_on)}")
+    if inside and len(inside) == len(positions):
+        by_group: dict[Any, dict[int, RankPosition]] = {}
+        for r, p in inside.items():
+            by_group.setdefault(p.group, {})[r] = p
+        for ranks in by_group.values():
+            seqs = {p.seq for p in ranks.values() if p.seq is not None}
+            if len(seqs) > 1:
+                low = min(seqs)
+                behind = sorted(r for r, p in ranks.items() if p.seq == low)
+                ahead = [p for p in ranks.values() if p.seq != low]
+                coll = _collective_of(ahead)
+                return diag("seq-behind", behind, f"rank(s) {behind} are at collective #{low} on their group; the others "
+                            f"are in {_describe(coll)}: rank(s) {behind} never launched it", coll=coll)
+        keys = Counter(repr(_key(p)) for p in inside.values())
+        if len(keys) > 1:
+            common, n = keys.most_common(1)[0]
+            minority = sorted(r for r, p in inside.items() if repr(_key(p)) != common)
+            culprits = minority if n > len(inside) - n else sorted(inside)
+            in_ddp = {r for r, p in inside.items() if p.op == DDP_BUCKETS}
+            if in_ddp and len(in_ddp) < len(inside):
+                # The ranks still in DDP's per-step all-reduce are where training should be; the others
+                # left the loop early (fewer batches) or called an extra collective.
+                culprits = sorted(set(inside) - in_ddp)
+            waiting_on = _collective_of([p for r, p in inside.items() if r not in culprits]) or waiting_on
+            ps = list(inside.values())
+            differs = [f for f in ("op", "group", "sizes") if len({repr(getattr(p, f)) for p in ps}) > 1]
+            return diag("mismatch", culprits, "ranks are in different collectives at the same point: "
+                        + ", ".join(f"rank {r}: {_describe(asdict(p))}" for r, p in sorted(inside.items())),
+                        differs, coll=waiting_on)
+    return diag("unknown", [], "every rank is in the same state; no culprit can be told apart "
+                "(a slow or broken network, a deadlock in the script, or a collective every rank is waiting in)")
+
+
+def _collective_of(ps: list[RankPosition]) -> dict[str, Any] | None:
+    if not ps:
+        return None
+    p = max(ps, key=lambda p: (p.seq or 0))
+    return {"op": p.op, "seq": p.seq, "group": p.group}
+
+
+def _describe(c: dict[str, Any] | None) -> str:
+    if not c:
+        return "a collective"
+    seq = f" #{c['seq']}" if c.get("seq") is not None else ""
+    sizes = f" sizes {c['sizes']}" if c.get("sizes") else ""
+    return f"{c.get('op')}{seq} on {c.get('group')}{sizes}"
+
+
+# -- findings ------------------------------------------------------------------------------------------
+HANG_ADVICE = {
+    "rank-exited": "The rank(s) that left ran fewer collectives than the others: give every rank the same number of "
+                   "batches (DistributedSampler(drop_last=True), or the join() context manager for uneven inputs).",
+    "outside-collective": "Look at the culprit's stack: it is stuck outside torch.distributed (data loading, I/O, "
+                          "a lock, an infinite loop); the others wait for it in the collective.",
+    "seq-behind": "The culprit never called the collective the others are in: look for a collective under a "
+                  "rank-dependent condition (if rank == 0: ...) or an early exit from the loop.",
+    "mismatch": "Every rank must call the same collectives in the same order with the same shapes; the call "
+                "sites show where they diverge. A rank in another collective while the rest are in DDP's "
+                "gradient all-reduce either called an extra collective (under a rank condition) or left the "
+                "training loop early (fewer batches: use DistributedSampler(drop_last=True) or DDP's join()).",
+    "unknown": "Compare the stacks; rerun with --debug (TORCH_DISTRIBUTED_DEBUG=DETAIL) to check collective "
+               "fingerprints, and check the network (NCCL_DEBUG=INFO, `ddpdoctor topo`).",
+}
+
+
+def hang_findings(hang: dict[str, Any], debug: bool = False) -> list[Finding]:
+    """``hang`` is RUN/hang.json as the monitor wrote it."""
+    d = hang["diagnosis"]
+    positions = d.get("positions", {})
+    call_sites = {r: p.get("call_site") for r, p in positions.items()}
+    stacks = {str(r): s for r, s in hang.get("stacks", {}).items()}
+    advice = HANG_ADVICE.get(d["kind"], HANG_ADVICE["unknown"])
+    if not debug:
+        advice += " Rerun with `ddpdoctor run --debug` for TORCH_DISTRIBUTED_DEBUG=DETAIL's collective checks."
+    out = [Finding(
+        "hang", Severity.ERROR,
+        ("No first step within the start-up timeout: " if hang.get("in_startup") else "Job hung: ") + d["reason"],
+        ranks=d["culprit_ranks"] or d["stalled_ranks"],
+        evidence={
+            "stalled_ranks": d["stalled_ranks"], "culprit_ranks": d["culprit_ranks"],
+            "collective": d.get("collective"), "call_sites": call_sites, "stacks": stacks,
+            "detected_after_s": hang.get("detected_after_s"), "reported_after_s": hang.get("reported_after_s"),
+            "hang_timeout_s": hang.get("hang_timeout_s"),
+            "kind": d["kind"],
+        },
+        advice=advice,
+    )]
+    if d["kind"] == "mismatch":
+        out.append(_mismatch_finding(
+            {int(r): p for r, p in positions.items() if p.get("state") == "in-collective"}, d.get("differs", []), debug))
+    return out
+
+
+def _mismatch_finding(colls: dict[int, dict[str, Any]], differs: list[str], debug: bool,
+                      gloo_detail: dict[str, Any] | None = None) -> Finding:
+    advice = HANG_ADVICE["mismatch"]
+    if not debug:
+        advice += " `ddpdoctor run --debug` makes torch check each collective's fingerprint."
+    return Finding(
+        "collective-mismatch", Severity.ERROR,
+        "Ranks called different collectives: " + ", ".join(
+            f"rank {r} {c.get('op')} {c.get('sizes') or ''} at {c.get('call_site')}" for r, c in sorted(colls.items())),
+        ranks=sorted(colls),
+        evidence={
+            "ranks": sorted(colls), "differs": differs,
+            "collectives": {str(r): {k: c.get(k) for k in ("op", "group", "seq", "sizes")} for r, c in colls.items()},
+            "call_sites": {str(r): c.get("call_site") for r, c in colls.items()},
+            **({"gloo_sizes": gloo_detail} if gloo_detail else {}),
+        },
+        advice=advice,
+    )
+
+
+def is_victim(exception: str) -> bool:
+    return any(p.lower() in exception.lower() for p in VICTIM_PATTERNS)
+
+
+_TERMINATE = re.compile(r"terminate called after throwing an instance of '([^']+)'\n\s*what\(\):\s*(.+)")
+_GLOO_SIZES = re.compile(r"(\d+) vs (\d+)\. Received data size doesn't match")
+_FATAL = re.compile(r"^Fatal Python error: (.+)$", re.M)
+_FH_FRAME = re.compile(r'^\s*File "([^"]+)", line (\d+) in (\S+)', re.M)
+
+
+def fatal_error(stderr: str) -> dict[str, Any] | None:
+    """A rank that died without a Python exception (C++ abort, segfault): what its stderr says.
+
+    Returns {"exception", "traceback", "call_site"} from the C++ "terminate called ... what():" line and
+    Python's faulthandler block ("Fatal Python error: ..." then the current thread's frames)."""
+    fatal = _FATAL.search(stderr)
+    term = _TERMINATE.search(stderr)
+    if not fatal and not term:
+        return None
+    exception = f"{term.group(1)}: {term.group(2).strip()}" if term else f"Fatal Python error: {fatal.group(1)}"  # type: ignore[union-attr]
+    tb = stderr[fatal.start():] if fatal else ""
+    tb = tb.split("\nExtension modules:")[0].strip()
+    # faulthandler lists threads newest first: the last block with frames is the main thread.
+    blocks = [b for b in re.split(r"\n(?=(?:Current thread|Thread) 0x)", tb) if _FH_FRAME.search(b)]
+    frames = _FH_FRAME.findall(blocks[-1]) if blocks else []
+    call_site = next((f"{p}:{n}" for p, n, _ in frames if _is_user_file(p)), None)
+    # The public torch.distributed function it was in: the outermost frame of distributed_c10d.py.
+    ops = [fn for p, _, fn in frames if p.endswith("distributed_c10d.py")]
+    return {"exception": exception, "traceback": tb, "call_site": call_site, "op": ops[-1] if ops else None}
+
+
+def _is_user_file(path: str) -> bool:
+    if path.startswith("<") or "/torch/" in path or "/ddpdoctor/" in path:
+        return False
+    return "site-packages" in path or "/lib/python3" not in path
+
+
+def crash_findings(statuses: dict[int, dict[str, Any] | None], debug: bool = False,
+                   param_names: dict[int, list[str]] | None = None,
+                   stderr: dict[int, str] | None = None,
+                   last_beats: dict[int, dict[str, Any] | None] | None = None) -> list[Finding]:
+    """rank-crashed for the root cause(s), collective-mismatch when the exception says so, and
+    unused-parameters from DDP's "did not receive grad" error. Victims are listed, never blamed.
+
+    ``stderr`` (rank -> its stderr text) explains ranks that died without a status file; their last
+    heartbeat (``last_beats``) says which collective they were in."""
+    failed = {r: s for r, s in statuses.items() if s and s.get("exception")}
+    for r, s in statuses.items():
+        if s is None and stderr and r in stderr and (fatal := fatal_error(stderr[r])):
+            p = position(r, (last_beats or {}).get(r), None)
+            coll = {"op": p.op, "group": p.group, "seq": p.seq, "sizes": p.sizes} if p.op else {"op": fatal["op"]}
+            failed[r] = {"exception": fatal["exception"], "traceback": fatal["traceback"], "died": True,
+                         "failed_collective": dict(coll, call_site=fatal["call_site"] or p.call_site)}
+    if not failed:
+        return []
+    roots = {r: s for r, s in failed.items() if not is_victim(s["exception"])}
+    victims = sorted(r for r in failed if r not in roots)
+    if not roots:  # everyone is a victim: the first to fail is the best guess
+        first = min(failed, key=lambda r: failed[r].get("ended_at") or 0)
+        roots = {first: failed[first]}
+        victims = [r for r in victims if r != first]
+    out: list[Finding] = []
+    for r, s in sorted(roots.items()):
+        exc = s["exception"]
+        fc = s.get("failed_collective") or {}
+        if any(p in exc for p in MISMATCH_PATTERNS):
+            colls = {rr: (ss.get("failed_collective") or ss.get("last_collective") or {})
+                     for rr, ss in failed.items()}
+            ps = [c for c in colls.values() if c.get("op")]
+            differs = [f for f in ("op", "group", "sizes") if len({repr(c.get(f)) for c in ps}) > 1]
+            m = _GLOO_SIZES.search(exc)
+            detail = {"rank": r, "received_bytes": int(m.group(1)), "expected_bytes": int(m.group(2))} if m else None
+            if detail and "bytes" not in differs:
+                differs.append("bytes")
+            out.append(_mismatch_finding(colls, differs, debug, detail))
+        unused = _unused_parameters(exc, sorted(r2 for r2, s2 in roots.items() if _UNUSED_INDICES.search(
+            s2["exception"]) or _UNUSED_NAMES.search(s2["exception"])), (param_names or {}).get(r))
+        if unused is not None:
+            out.append(unused)
+        died = " (the process died)" if s.get("died") else ""
+        first = " first" if len(roots) == 1 and victims else ""
+        out.append(Finding(
+            "rank-crashed", Severity.ERROR, f"Rank {r} failed{first}{died}: {exc.splitlines()[0][:300]}",
+            ranks=[r],
+            evidence={"rank": r, "exception": exc, "traceback": s.get("traceback", ""),
+                      "call_site": fc.get("call_site"), "victims": victims},
+            advice="This rank's exception is the root cause; the other ranks' errors (connection closed, "
+                   "timeouts) follow from it." if victims else "Fix the exception in this rank's traceback.",
+        ))
+    return _dedupe(out)
+
+
+def _unused_parameters(exc: str, ranks: list[int], names: list[str] | None) -> Finding | None:
+    params: list[str] = []
+    m = _UNUSED_NAMES.search(exc)
+    if m:
+        params = [p.strip() for p in m.group(2).split(",") if p.strip()]
+    else:
+        m = _UNUSED_INDICES.search(exc)
+        if not m:
+            return None
+        idx = [int(i) for i in m.group(2).split()]
+        params = [names[i] if names and i < len(names) else f"index {i}" for i in idx]
+    return Finding(
+        "unused-parameters", Severity.ERROR, f"Parameters that got no gradient: {', '.join(params)}",
+        ranks=ranks, evidence={"ranks": ranks, "parameters": params},
+        advice="Use these parameters in forward(), freeze them (requires_grad=False), or pass "
+               "find_unused_parameters=True to DistributedDataParallel (it costs a graph traversal each step).",
+    )
+
+
+def _dedupe(findings: list[Finding]) -> list[Finding]:
+    seen: set[str] = set()
+    out = []
+    for f in findings:
+        key = f.id if f.id in ("collective-mismatch", "unused-parameters") else f"{f.id}:{f.ranks}"
+        if key not in seen:
+            seen.add(key)
+            out.append(f)
+    return out

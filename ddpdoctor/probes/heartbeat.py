@@ -1,0 +1,355 @@
+"""In-rank heartbeat: where this rank is (step, phase, the collective it is in) sent ~1/s to the launcher's monitor.
+
+Transport is one TCP connection to the monitor on loopback (no shared filesystem). The monitor may send a
+request line back ("dump"); the heartbeat thread answers with every thread's Python stack and the Flight
+Recorder dump, which works while the main thread waits inside a collective (c10d releases the GIL there).
+A faulthandler signal (SIGUSR2: all threads' stacks into RUN/ranks/rankR/stacks.txt) is the fallback when
+the thread cannot run."""
+
+from __future__ import annotations
+
+import faulthandler
+import functools
+import json
+import os
+import select
+import signal
+import socket
+import sys
+import threading
+import time
+import traceback
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+# Collective functions wrapped; async_op calls are recorded at launch only (their wait is elsewhere).
+COLLECTIVES = (
+    "all_reduce", "broadcast", "reduce", "all_gather", "all_gather_into_tensor", "reduce_scatter",
+    "reduce_scatter_tensor", "all_to_all", "all_to_all_single", "gather", "scatter", "barrier",
+    "monitored_barrier", "send", "recv", "all_gather_object", "broadcast_object_list", "gather_object",
+    "scatter_object_list",
+)
+DUMP_SIGNAL = signal.SIGUSR2
+TICK_S = 0.2
+_TORCH_DIR = os.path.dirname(torch.__file__) + os.sep
+_OUR_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__))) + os.sep
+
+
+def user_call_site(skip: int = 2) -> str | None:
+    """file:line of the first frame outside torch and ddpdoctor (the user's code that called us)."""
+    try:
+        frame: Any = sys._getframe(skip)
+    except ValueError:
+        return None
+    while frame is not None:
+        fname = frame.f_code.co_filename
+        if not fname.startswith((_TORCH_DIR, _OUR_DIR)) and not fname.startswith("<"):
+            return f"{fname}:{frame.f_lineno}"
+        frame = frame.f_back
+    return None
+
+
+_STDLIB = os.path.dirname(os.__file__) + os.sep
+
+
+def main_thread_site() -> str | None:
+    """file:line of the innermost user frame of the main thread (where a rank outside collectives is)."""
+    frame: Any = sys._current_frames().get(threading.main_thread().ident or -1)
+    while frame is not None:
+        fname = frame.f_code.co_filename
+        if not fname.startswith((_TORCH_DIR, _OUR_DIR, _STDLIB)) and not fname.startswith("<"):
+            return f"{fname}:{frame.f_lineno}"
+        frame = frame.f_back
+    return None
+
+
+def _sizes(args: tuple[Any, ...], kwargs: dict[str, Any]) -> list[list[int]]:
+    out: list[list[int]] = []
+    for a in list(args[:2]) + list(kwargs.values()):
+        if isinstance(a, torch.Tensor):
+            out.append(list(a.shape))
+        elif isinstance(a, (list, tuple)) and a and isinstance(a[0], torch.Tensor):
+            out.append(list(a[0].shape))
+    return out
+
+
+def _group_info(group: Any) -> tuple[str, int | None]:
+    """(group name, collectives launched so far on it) for ``group`` (None: the default group)."""
+    try:
+        default = dist.distributed_c10d._get_default_group()
+        pg = group if group is not None else default
+        name = "default_pg" if pg is default else dist.distributed_c10d._world.pg_names.get(pg, "?")
+        return str(name), int(pg._get_sequence_number_for_group())
+    except Exception:  # noqa: BLE001 - not initialised yet, or a backend without sequence numbers
+        return "default_pg", None
+
+
+def _enter_line(state: dict[str, Any]) -> bytes:
+    """The "enter" message, formatted by hand: json.dumps of the dict costs ~10x more on the user's thread."""
+    seq = "null" if state["seq"] is None else int(state["seq"])
+    return (
+        f'{{"type":"enter","collective":{{"op":"{state["op"]}","group":{json.dumps(state["group"])},"seq":{seq},'
+        f'"sizes":{state["sizes"]},"call_site":{json.dumps(state["call_site"])},"since":{state["since"]!r},'
+        f'"step":{state["step"]}}}}}\n'
+    ).encode()
+
+
+class HeartbeatProbe:
+    """Publishes this rank's state; installed by RankSession when the launcher runs a monitor."""
+
+    def __init__(self, monitor: str, rank: int, world_size: int, tracker: Any, stacks_file: Path,
+                 interval_s: float = 1.0) -> None:
+        host, _, port = monitor.rpartition(":")
+        self.address = (host or "127.0.0.1", int(port))
+        self.rank = rank
+        self.world_size = world_size
+        self.tracker = tracker
+        self.interval_s = interval_s
+        self.stacks_file = stacks_file
+        self.collective: dict[str, Any] | None = None  # the blocking collective this rank is in now
+        self.last_collective: dict[str, Any] | None = None
+        self.failed_collective: dict[str, Any] | None = None  # the one that raised, if any
+        self.backward_site: str | None = None
+        self.backward_since: float | None = None
+        self._originals: dict[tuple[Any, str], Any] = {}
+        self._sock: socket.socket | None = None
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        self._stacks_fh: Any = None
+        self._buf = b""
+        self._send_lock = threading.Lock()
+
+    # -- install / finish ----------------------------------------------------------------------------
+    def install(self) -> None:
+        if os.environ.get("TORCH_DISTRIBUTED_DEBUG", "").upper() == "DETAIL":
+            self._avoid_detail_segfault()
+        self._wrap_collectives()
+        self._wrap_backward()
+        try:
+            self.stacks_file.parent.mkdir(parents=True, exist_ok=True)
+            self._stacks_fh = self.stacks_file.open("w")
+            faulthandler.register(DUMP_SIGNAL, file=self._stacks_fh, all_threads=True, chain=False)
+        except (OSError, ValueError, RuntimeError):
+            self._stacks_fh = None
+        self._thread = threading.Thread(target=self._loop, name="ddpdoctor-heartbeat", daemon=True)
+        self._thread.start()
+
+    def finish(self, status: dict[str, Any]) -> None:
+        if self.failed_collective is not None:
+            status["failed_collective"] = self.failed_collective
+        if self.last_collective is not None:
+            status["last_collective"] = self.last_collective
+        status["ended_at"] = time.time()
+        self._send({"type": "exit", "status": {k: status.get(k) for k in ("exit_code", "exception", "steps_completed")}})
+        self._stop.set()
+        for (mod, name), fn in self._originals.items():
+            setattr(mod, name, fn)
+        self._originals.clear()
+
+    def _avoid_detail_segfault(self) -> None:
+        # torch 2.13 (CPU, gloo): with TORCH_DISTRIBUTED_DEBUG=DETAIL, DDP's constructor segfaults in
+        # Logger.set_construction_data_and_log (plain torchrun too). Skipping that one log call (it only
+        # fills DDP's usage-logging record) lets --debug work; the fingerprint checks are unaffected.
+        base = dist.Logger
+
+        class Logger(base):  # type: ignore[misc, valid-type]
+            def set_construction_data_and_log(self, *args: Any, **kwargs: Any) -> None:
+                if dist.is_initialized() and dist.get_backend() == "gloo":
+                    return None
+                return super().set_construction_data_and_log(*args, **kwargs)
+
+        self._originals[(dist, "Logger")] = base
+        dist.Logger = Logger  # type: ignore[misc]
+
+    # -- collectives ----------------------------------------------------------------------------------
+    def _wrap_collectives(self) -> None:
+        c10d = dist.distributed_c10d
+        for name in COLLECTIVES:
+            orig = getattr(c10d, name, None)
+            if orig is None:
+                continue
+            wrapped = self._wrap(name, orig)
+            for mod in (dist, c10d):
+                if getattr(mod, name, None) is orig:
+                    self._originals[(mod, name)] = orig
+                    setattr(mod, name, wrapped)
+
+    def _wrap(self, op: str, fn: Any) -> Any:
+        probe = self
+
+        @functools.wraps(fn)
+        def collective(*args: Any, **kwargs: Any) -> Any:
+            if probe.collective is not None:  # nested (e.g. all_gather_object's all_gather): keep the outer
+                return fn(*args, **kwargs)
+            group = kwargs.get("group")
+            if group is None:  # passed by position (all_reduce(t, op, group))
+                group = next((a for a in args[1:] if isinstance(a, dist.ProcessGroup)), None)
+            name, seq = _group_info(group)
+            state = {
+                "op": op, "group": name, "seq": None if seq is None else seq + 1,
+                "sizes": _sizes(args, kwargs), "call_site": user_call_site(), "since": time.time(),
+                "step": probe.tracker.step,
+            }
+            if kwargs.get("async_op"):
+                probe.last_collective = state
+                return fn(*args, **kwargs)
+            probe.collective = state
+            # Told at once (one small send): gloo aborts the process within milliseconds of a mismatch,
+            # before the next beat; the monitor then still knows which collective this rank was in.
+            probe._send_raw(_enter_line(state))
+            try:
+                return fn(*args, **kwargs)
+            except BaseException as exc:
+                probe.failed_collective = dict(state, error=f"{type(exc).__name__}: {exc}"[:2000])
+                raise
+            finally:
+                probe.collective = None
+                probe.last_collective = state
+
+        return collective
+
+    def _wrap_backward(self) -> None:
+        # DDP launches its bucket all-reduces from autograd hooks inside backward(): the user's
+        # backward() call is the call site of those collectives.
+        for mod, name in ((torch.Tensor, "backward"), (torch.autograd, "backward")):
+            orig = getattr(mod, name)
+            self._originals[(mod, name)] = orig
+            setattr(mod, name, self._wrap_one_backward(orig))
+
+    def _wrap_one_backward(self, orig: Any) -> Any:
+        probe = self
+
+        @functools.wraps(orig)
+        def backward(*args: Any, **kwargs: Any) -> Any:
+            outer = probe.backward_since is None
+            if outer:
+                probe.backward_site = user_call_site()
+                probe.backward_since = time.time()
+                probe.tracker.phase = "backward"
+            try:
+                return orig(*args, **kwargs)
+            except BaseException as exc:
+                if outer:
+                    name, seq = _group_info(None)
+                    probe.failed_collective = {
+                        "op": "backward (DDP gradient all-reduce)", "group": name, "seq": seq, "sizes": [],
+                        "call_site": probe.backward_site, "step": probe.tracker.step,
+                        "error": f"{type(exc).__name__}: {exc}"[:2000],
+                    }
+                raise
+            finally:
+                if outer:
+                    probe.backward_since = None
+                    if probe.tracker.phase == "backward":
+                        probe.tracker.phase = "other"
+
+        return backward
+
+    # -- state ----------------------------------------------------------------------------------------
+    def state(self) -> dict[str, Any]:
+        t = self.tracker
+        out: dict[str, Any] = {
+            "type": "beat", "rank": self.rank, "pid": os.getpid(), "time": time.time(), "step": t.step,
+            "phase": t.phase, "step_started": t.step_started, "last_step_s": t.step_times[-1] if t.step_times else None,
+            "max_step_s": max(t.step_times[1:], default=None) if len(t.step_times) > 1 else None,
+            "collective": self.collective, "last_collective": self.last_collective,
+            "where": main_thread_site(),
+        }
+        if self.backward_since is not None:
+            # DDP's reducer all-reduces buckets during backward: where the default group's count stands.
+            name, seq = _group_info(None)
+            out["backward"] = {"call_site": self.backward_site, "since": self.backward_since, "group": name, "seq": seq}
+        return out
+
+    def dump(self) -> dict[str, Any]:
+        """Every thread's Python stack and the Flight Recorder entries (answered from the heartbeat thread)."""
+        names = {th.ident: th.name for th in threading.enumerate()}
+        parts = []
+        for ident, frame in sys._current_frames().items():
+            if ident == threading.get_ident():
+                continue
+            parts.append(f"Thread {ident} ({names.get(ident, '?')}):\n" + "".join(traceback.format_stack(frame)))
+        fr: Any = None
+        try:
+            fr = json.loads(torch._C._distributed_c10d._dump_fr_trace_json())
+        except Exception as exc:  # noqa: BLE001 - FR missing in this build/backend
+            fr = {"error": repr(exc)}
+        return {"type": "dump", "rank": self.rank, "stacks": "\n".join(parts), "flight_recorder": fr}
+
+    # -- transport ------------------------------------------------------------------------------------
+    def _connect(self) -> None:
+        try:
+            sock = socket.create_connection(self.address, timeout=2.0)
+            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+            sock.settimeout(2.0)
+            self._sock = sock
+            self._send({"type": "hello", "rank": self.rank, "pid": os.getpid(), "world_size": self.world_size,
+                        "stacks_file": str(self.stacks_file)})
+        except OSError:
+            self._sock = None
+
+    def _send(self, msg: dict[str, Any]) -> None:
+        if self._sock is not None:
+            self._send_raw(json.dumps(msg, default=str).encode() + b"\n")
+
+    def _send_raw(self, data: bytes) -> None:
+        sock = self._sock
+        if sock is None:
+            return
+        try:
+            with self._send_lock:  # the main thread (enter) and the heartbeat thread share the socket
+                sock.sendall(data)
+        except OSError:
+            self._sock = None
+
+    def _signature(self) -> tuple[Any, ...]:
+        c = self.collective
+        return (self.tracker.step, self.tracker.phase, id(c) if c else None)
+
+    def _loop(self) -> None:
+        # Beat every interval_s, and sooner (after TICK_S) when the rank entered a new collective or phase
+        # and stayed there: a rank that aborts seconds later has told the monitor where it was.
+        next_beat = 0.0
+        sent_sig: tuple[Any, ...] | None = None
+        seen_sig: tuple[Any, ...] | None = None
+        while not self._stop.is_set():
+            if self._sock is None:
+                self._connect()
+                if self._sock is None:
+                    self._stop.wait(self.interval_s)
+                    continue
+            now = time.time()
+            sig = self._signature()
+            if now >= next_beat or (sig == seen_sig and sig != sent_sig):
+                self._send(self.state())
+                next_beat = now + self.interval_s
+                sent_sig = sig
+            seen_sig = sig
+            sock = self._sock
+            if sock is None:
+                continue
+            try:
+                ready, _, _ = select.select([sock], [], [], min(TICK_S, max(0.0, next_beat - time.time())))
+            except (OSError, ValueError):
+                self._sock = None
+                continue
+            if ready:
+                self._read_requests(sock)
+
+    def _read_requests(self, sock: socket.socket) -> None:
+        try:
+            data = sock.recv(4096)
+        except OSError:
+            data = b""
+        if not data:
+            self._sock = None
+            self._stop.set()  # the monitor went away: nothing more to publish
+            return
+        self._buf += data
+        while b"\n" in self._buf:
+            line, self._buf = self._buf.split(b"\n", 1)
+            if line.strip() == b"dump":
+                self._send(self.dump())
