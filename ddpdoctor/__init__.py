@@ -7,6 +7,7 @@ does not run under ddpdoctor, so a script that calls them still runs under plain
 from __future__ import annotations
 
 from ddpdoctor.probes.api import iteration, step
+from ddpdoctor.sync_api import check_sync
 
 __version__ = "0.1.0"
-__all__ = ["__version__", "iteration", "step"]
+__all__ = ["__version__", "check_sync", "iteration", "step"]
