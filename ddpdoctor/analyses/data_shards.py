@@ -18,7 +18,7 @@ COVERAGE_ERROR_FRACTION = 0.01  # more than 1% of the dataset never seen by any 
 class EpochShards:
     loader: int
     epoch: int
-    kind: str  # "indices" or "hashes"
+    kind: str  # "indices", "root_indices" (Subsets of one dataset) or "hashes"
     dataset_len: int | None
     samples_per_rank: dict[int, int]
     batches_per_rank: dict[int, int | None]
@@ -67,11 +67,18 @@ def _shuffles(sampler: dict[str, Any] | None) -> bool:
     return bool(sampler and sampler.get("shuffle") and not sampler.get("replacement"))
 
 
+def _root_mode(loader_by_rank: dict[int, dict[str, Any]]) -> bool:
+    """Each rank loads a different Subset of one dataset (hand-made shards): compare the underlying indices."""
+    subsets = [ld.get("subset") for ld in loader_by_rank.values()]
+    return all(subsets) and len({s["hash"] for s in subsets}) > 1 and len({s["root_len"] for s in subsets}) == 1
+
+
 def epoch_shards(loader_id: int, epoch: int, per_rank: dict[int, dict[str, Any]], loader_by_rank: dict[int, dict[str, Any]]) -> EpochShards:
     """Overlap and coverage of one epoch; ``per_rank`` maps rank -> that rank's epoch record."""
     any_loader = next(iter(loader_by_rank.values()))
     hashed = bool(any_loader.get("iterable"))
-    key = "sample_hashes" if hashed else "indices"
+    root = not hashed and _root_mode(loader_by_rank)
+    key = "sample_hashes" if hashed else ("root_indices" if root else "indices")
     sets = {r: set(e.get(key) or []) for r, e in per_rank.items()}
     counts: Counter[Any] = Counter()
     for s in sets.values():
@@ -80,7 +87,7 @@ def epoch_shards(loader_id: int, epoch: int, per_rank: dict[int, dict[str, Any]]
     ranks = sorted(sets)
     pairs = [(a, b, len(sets[a] & sets[b])) for i, a in enumerate(ranks) for b in ranks[i + 1:] if sets[a] & sets[b]]
     sampler = any_loader.get("sampler") or {}
-    dataset_len = any_loader.get("dataset_len")
+    dataset_len = any_loader["subset"]["root_len"] if root else any_loader.get("dataset_len")
     padding = drop = 0
     if sampler.get("distributed") and dataset_len is not None:
         total = int(sampler.get("total_size", dataset_len))
@@ -97,7 +104,7 @@ def epoch_shards(loader_id: int, epoch: int, per_rank: dict[int, dict[str, Any]]
         missing = sum(1 for i in range(int(dataset_len)) if i not in seen)
         missing_examples = [i for i in range(int(dataset_len)) if i not in seen][:10]
     return EpochShards(
-        loader=loader_id, epoch=epoch, kind="hashes" if hashed else "indices", dataset_len=dataset_len,
+        loader=loader_id, epoch=epoch, kind=key.replace("sample_", ""), dataset_len=dataset_len,
         samples_per_rank={r: len(e.get(key) or []) for r, e in per_rank.items()},
         batches_per_rank={r: e.get("batches") for r, e in per_rank.items()},
         overlap=len(shared), overlap_examples=shared[:10], overlap_pairs=pairs, padding_allowed=padding,
@@ -118,7 +125,7 @@ def analyze_data(data: dict[int, dict[str, Any]]) -> DataAnalysis:
         if len(loader_by_rank) < 2:
             continue
         lens = {ld.get("dataset_len") for ld in loader_by_rank.values()}
-        if len(lens) > 1:
+        if len(lens) > 1 and not _root_mode(loader_by_rank):
             out.notes.append(f"DataLoader #{loader_id} has datasets of different lengths on different ranks {sorted(lens, key=str)}; "
                              "its shards were not compared")
             continue

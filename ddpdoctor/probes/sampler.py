@@ -14,7 +14,7 @@ from collections.abc import Iterator
 from typing import Any
 
 import torch
-from torch.utils.data import DataLoader, DistributedSampler
+from torch.utils.data import DataLoader, DistributedSampler, Subset
 from torch.utils.data.dataloader import _BaseDataLoaderIter, _DatasetKind
 
 MAX_INDICES = 2_000_000  # per epoch: beyond this the epoch is marked truncated (coverage is then not judged)
@@ -27,6 +27,15 @@ def _flatten(item: Any) -> list[int]:
     if isinstance(item, torch.Tensor):
         return [int(i) for i in item.reshape(-1).tolist()]
     return [int(item)]
+
+
+def _subset_maps(dataset: Any) -> tuple[Any, list[Any]]:
+    """The dataset under nested Subsets, and the index lists that lead to it (outermost first)."""
+    maps: list[Any] = []
+    while isinstance(dataset, Subset):
+        maps.append(dataset.indices)
+        dataset = dataset.dataset
+    return dataset, maps
 
 
 def _base_sampler(loader: Any) -> Any:
@@ -94,6 +103,13 @@ class _RecordingIndexSampler:
             record["batches"] = len(head)
             record["indices"] = indices[:MAX_INDICES]
             record["truncated"] = len(head) == MAX_INDICES or len(indices) > MAX_INDICES
+            maps = self._probe.loaders[self._loader_id]["_maps"]
+            if maps:
+                # Hand-made shards are often Subsets: compare them in the underlying dataset's indices.
+                root = list(record["indices"])
+                for m in maps:
+                    root = [int(m[i]) for i in root]
+                record["root_indices"] = root
         return itertools.chain(head, it)
 
 
@@ -183,8 +199,18 @@ class SamplerProbe:
             dataset_len: int | None = len(loader.dataset)
         except TypeError:
             dataset_len = None
+        root, maps = _subset_maps(loader.dataset)
+        subset = None
+        if maps and not iterable:
+            final = list(range(len(maps[0])))
+            for m in maps:
+                final = [int(m[i]) for i in final]
+            subset = {"root_class": type(root).__name__, "root_len": len(root),
+                      "hash": hashlib.blake2b(repr(final).encode(), digest_size=8).hexdigest()}
         self.loaders.append({
             "loader": loader_id,
+            "subset": subset,
+            "_maps": maps if subset else [],
             "dataset_class": type(loader.dataset).__name__,
             "dataset_len": dataset_len,
             "iterable": iterable,
