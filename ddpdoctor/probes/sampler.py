@@ -1,8 +1,9 @@
 """Records, in each rank, which dataset samples every DataLoader epoch yields (indices, or fingerprints for iterable datasets).
 
-Map-style loaders: the loader's index sampler (the batch sampler, or the sampler) is wrapped; when an epoch
-starts, the wrapper draws the whole epoch's indices from the real sampler at once (the same draws, in the same
-order, from the same random generators the loader would have used) and records them, then hands them out.
+Map-style loaders: the loader's index sampler (the batch sampler, or the sampler) is wrapped; at an epoch's
+first batch the wrapper draws the whole epoch's indices from the real sampler at once (the same draws, in
+the same order, from the same random generators the loader would have used) and records them, then hands
+them out.
 Iterable datasets have no indices: each yielded sample (row of the batch's first tensor) is hashed instead.
 Nothing here changes which samples the script sees."""
 
@@ -93,8 +94,11 @@ class _RecordingIndexSampler:
         return getattr(self.inner, name)
 
     def __iter__(self) -> Iterator[Any]:
-        record = self._probe.current_epoch(self._loader_id)
-        it = iter(self.inner)
+        # iter() now, as the loader would (eager samplers draw here); drain at the first next(), where a
+        # generator sampler draws, so every random number is drawn in the loader's own order.
+        return self._drain(self._probe.current_epoch(self._loader_id), iter(self.inner))
+
+    def _drain(self, record: dict[str, Any] | None, it: Iterator[Any]) -> Iterator[Any]:
         head = list(itertools.islice(it, MAX_INDICES))
         if record is not None:
             indices: list[int] = []
@@ -110,7 +114,8 @@ class _RecordingIndexSampler:
                 for m in maps:
                     root = [int(m[i]) for i in root]
                 record["root_indices"] = root
-        return itertools.chain(head, it)
+        yield from head
+        yield from it
 
 
 class SamplerProbe:
