@@ -33,37 +33,37 @@ class CheckSyncStop(SystemExit):
         self.step = step
 
 
-def fingerprints(tensors: list[torch.Tensor | None]) -> list[list[float] | None]:
-    """Per tensor: [numel, sum, sum of squares, v_0 .. v_3] in float64 (v_i at positions i*(n-1)/3), or None.
+def _table(flats: list[torch.Tensor]) -> list[list[float]]:
+    """Fingerprint rows of same-device, same-dtype flat tensors with a few ops per tensor and one host copy."""
+    sums = torch.stack([f.sum() for f in flats])
+    squares = torch.stack([f.dot(f) for f in flats])
+    samples = torch.stack([f[[(k * (f.numel() - 1)) // (SAMPLES - 1) for k in range(SAMPLES)]] for f in flats])
+    numel = torch.tensor([float(f.numel()) for f in flats], dtype=torch.float64)
+    # Sums accumulate in the tensor's own precision: converting every element to float64 first costs
+    # 30x more, and determinism (not precision) is what a cross-rank comparison needs.
+    body = torch.cat([sums[:, None], squares[:, None], samples], dim=1).to(torch.float64).cpu()
+    return torch.cat([numel[:, None], body], dim=1).tolist()
 
-    One host transfer for the whole list, so the cost is O(elements) plus one copy of 7 numbers per tensor."""
-    rows: list[torch.Tensor] = []
-    present: list[int] = []
+
+def fingerprints(tensors: list[torch.Tensor | None]) -> list[list[float] | None]:
+    """Per tensor: [numel, sum, sum of squares, v_0 .. v_3] as float64 (v_k at position k*(n-1)//3), or None.
+
+    O(elements) on the tensor's device and one host transfer per device and dtype for the whole list."""
+    groups: dict[Any, list[tuple[int, torch.Tensor]]] = {}
+    out: list[list[float] | None] = [None] * len(tensors)
     for i, t in enumerate(tensors):
         if t is None:
             continue
         flat = t.detach().reshape(-1)
-        n = flat.numel()
-        if n == 0:
-            rows.append(torch.zeros(3 + SAMPLES, dtype=torch.float64, device=flat.device))
-        else:
-            f64 = flat.to(torch.float64)
-            pos = torch.tensor([(k * (n - 1)) // (SAMPLES - 1) for k in range(SAMPLES)], device=flat.device)
-            head = torch.stack([torch.tensor(float(n), dtype=torch.float64, device=flat.device), f64.sum(), f64.dot(f64)])
-            rows.append(torch.cat([head, f64.index_select(0, pos)]))
-        present.append(i)
-    out: list[list[float] | None] = [None] * len(tensors)
-    if rows:
-        by_device: dict[Any, list[int]] = {}
-        for j, r in enumerate(rows):
-            by_device.setdefault(r.device, []).append(j)
-        values: dict[int, list[float]] = {}
-        for _, idx in by_device.items():
-            table = torch.stack([rows[j] for j in idx]).cpu().tolist()
-            for j, row in zip(idx, table, strict=True):
-                values[j] = row
-        for j, i in enumerate(present):
-            out[i] = values[j]
+        if flat.dtype not in (torch.float32, torch.float64):
+            flat = flat.float()  # half, bfloat16, integer buffers
+        if flat.numel() == 0:
+            out[i] = [0.0] * (3 + SAMPLES)
+            continue
+        groups.setdefault((flat.device, flat.dtype), []).append((i, flat))
+    for items in groups.values():
+        for (i, _), row in zip(items, _table([f for _, f in items]), strict=True):
+            out[i] = row
     return out
 
 

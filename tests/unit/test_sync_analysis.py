@@ -29,6 +29,10 @@ def test_compare_fingerprints():
     equal, abs_d, rel_d = compare_fingerprints(a, b)
     assert not equal and abs_d == 0.5 and math.isclose(rel_d, 0.5 / 3.5)
     assert compare_fingerprints(a, None) == (False, math.inf, math.inf)
+    # A sum that cancels to ~0 is judged against sqrt(n * sum of squares) = sqrt(1e6 * 1e6) = 1e6, not against itself.
+    c = [1e6, 1e-6, 1e6, 0.5, 0.5, 0.5, 0.5]
+    equal, abs_d, rel_d = compare_fingerprints(c, [1e6, 3e-6, 1e6, 0.5, 0.5, 0.5, 0.5])
+    assert not equal and math.isclose(abs_d, 2e-6) and math.isclose(rel_d, 2e-6 / 1e6)
     nan = [4.0, "nan", "nan", 1.0, "nan", 3.0, 4.0]  # NaN gradients on both ranks agree (a NaN is not a sync bug)
     assert compare_fingerprints(nan, list(nan))[0]
     assert compare_fingerprints(nan, a) == (False, math.inf, math.inf)
