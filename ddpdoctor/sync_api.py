@@ -124,6 +124,9 @@ def run_check_sync(script: str, script_args: list[str], *, run_dir: Path, torchr
     result = launch(spec)
     report = job_report(spec.run_dir, "check-sync", analyse_traces=False)
     sync_report(spec.run_dir, report)
+    if result.exit_code:
+        report.notes.append(f"the script failed (exit code {result.exit_code}); its ranks' output is in "
+                            f"{spec.run_dir.root}/ranks/rankR/stderr.log")
     write_json(spec.run_dir.root / "report.json", report.to_json())
     return report, result.exit_code
 
