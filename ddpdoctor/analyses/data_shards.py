@@ -135,8 +135,8 @@ def analyze_data(data: dict[int, dict[str, Any]]) -> DataAnalysis:
         for r, ld in loader_by_rank.items():
             epochs = ld.get("epochs", [])
             facts.sampler_epochs[r] = [e.get("sampler_epoch") for e in epochs]
-            if _shuffles(ld.get("sampler")) and len(epochs) >= 2 and epochs[0].get("indices"):
-                same = [e["epoch"] for e in epochs[1:] if e.get("indices") == epochs[0]["indices"]]
+            if _shuffles(ld.get("sampler")) and len(epochs) >= 2 and epochs[0].get("order_hash"):
+                same = [e["epoch"] for e in epochs[1:] if e.get("order_hash") == epochs[0]["order_hash"]]
                 if same:
                     facts.same_order_epochs[r] = same
         out.loaders.append(facts)
@@ -148,5 +148,7 @@ def analyze_data(data: dict[int, dict[str, Any]]) -> DataAnalysis:
             per_rank = {r: ld["epochs"][e] for r, ld in loader_by_rank.items()}
             if not any(rec.get("steps", 0) > 0 for rec in per_rank.values()):
                 continue
+            if not next(iter(loader_by_rank.values())).get("iterable") and any("indices" not in rec for rec in per_rank.values()):
+                continue  # past the epochs whose indices were kept
             out.epochs.append(epoch_shards(loader_id, e, per_rank, loader_by_rank))
     return out

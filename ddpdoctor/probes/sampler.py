@@ -20,6 +20,7 @@ from torch.utils.data.dataloader import _BaseDataLoaderIter, _DatasetKind
 
 MAX_INDICES = 2_000_000  # per epoch: beyond this the epoch is marked truncated (coverage is then not judged)
 MAX_HASHED_SAMPLES = 100_000  # per epoch of an iterable dataset
+EPOCHS_WITH_INDICES = 4  # later epochs keep only their batch count and a hash of their order (memory)
 
 
 def _flatten(item: Any) -> list[int]:
@@ -91,6 +92,8 @@ class _RecordingIndexSampler:
         return len(self.inner)
 
     def __getattr__(self, name: str) -> Any:
+        if name == "inner":  # not set yet (copy, unpickling): no recursion
+            raise AttributeError(name)
         return getattr(self.inner, name)
 
     def __iter__(self) -> Iterator[Any]:
@@ -105,10 +108,13 @@ class _RecordingIndexSampler:
             for item in head:
                 indices.extend(_flatten(item))
             record["batches"] = len(head)
-            record["indices"] = indices[:MAX_INDICES]
+            record["order_hash"] = hashlib.blake2b(repr(indices).encode(), digest_size=8).hexdigest()
             record["truncated"] = len(head) == MAX_INDICES or len(indices) > MAX_INDICES
+            keep = record["epoch"] < EPOCHS_WITH_INDICES
+            if keep:
+                record["indices"] = indices[:MAX_INDICES]
             maps = self._probe.loaders[self._loader_id]["_maps"]
-            if maps:
+            if maps and keep:
                 # Hand-made shards are often Subsets: compare them in the underlying dataset's indices.
                 root = list(record["indices"])
                 for m in maps:

@@ -23,6 +23,7 @@ from ddpdoctor.probes.sampler import SamplerProbe
 from ddpdoctor.rundir.layout import RunDir, write_json
 
 SAMPLES = 4  # sampled elements per tensor, at fixed positions
+MAX_CHECKED_STEPS = 200  # with --steps 0 (run to the end) the first 200 steps are checked, so sync.json stays small
 
 
 class CheckSyncStop(SystemExit):
@@ -187,7 +188,7 @@ class SyncProbe:
 
     def _on_inner_forward(self, mod: _Module) -> None:
         step = self.tracker.step
-        if not torch.is_grad_enabled() or mod.buffers_done_step == step or not mod.buffer_names:
+        if step >= MAX_CHECKED_STEPS or not torch.is_grad_enabled() or mod.buffers_done_step == step or not mod.buffer_names:
             return
         mod.buffers_done_step = step
         t0 = time.perf_counter()
@@ -200,8 +201,8 @@ class SyncProbe:
 
     def _on_optimizer_pre(self, optimizer: Any, args: Any, kwargs: Any) -> None:
         step = self.tracker.step
-        if self._grads_done_step == step:
-            return  # a second optimizer in the same iteration
+        if self._grads_done_step == step or step >= MAX_CHECKED_STEPS:
+            return  # a second optimizer in the same iteration, or past the checked steps
         self._grads_done_step = step
         t0 = time.perf_counter()
         for mod in self.modules:
@@ -234,7 +235,7 @@ class SyncProbe:
         t0 = time.perf_counter()
         done = step - 1
         for mod in self.modules:
-            if mod.synced_forwards or mod.unsynced_forwards:
+            if (mod.synced_forwards or mod.unsynced_forwards) and done < MAX_CHECKED_STEPS:
                 self.params.append({"step": done, "module": mod.index, "fp": fingerprints(list(mod.params))})
             mod.synced_forwards = mod.unsynced_forwards = 0
             mod.last_forward_synced = None

@@ -108,7 +108,8 @@ def _loader(epochs, sampler=None, dataset_len=10, loader=0, **kw):
 
 
 def _epoch(i, indices, batches=None, steps=1):
-    return {"epoch": i, "indices": indices, "batches": batches if batches is not None else len(indices), "steps": steps}
+    return {"epoch": i, "indices": indices, "order_hash": repr(indices),
+            "batches": batches if batches is not None else len(indices), "steps": steps}
 
 
 def _data(loaders, **kw):
