@@ -12,7 +12,8 @@ from ddpdoctor.rundir.layout import RunDir, read_json, write_json
 
 
 def load_rank_files(run: RunDir, name: str) -> dict[int, dict[str, Any]]:
-    """rank -> the rank's NAME (sync.json or data.json); ranks that wrote none are left out."""
+    """rank -> the rank's NAME (sync.json or data.json). Ranks that wrote none here (another node's run
+    directory) come from the copy rank 0 gathered (ranks/rank0/sync-all.json), when there is one."""
     out: dict[int, dict[str, Any]] = {}
     for rank in run.ranks_present():
         path = run.rank_file(rank, name)
@@ -21,6 +22,17 @@ def load_rank_files(run: RunDir, name: str) -> dict[int, dict[str, Any]]:
             if not isinstance(data, dict):
                 raise BadInput(f"not a ddpdoctor {name} (expected a JSON object)", path)
             out[rank] = data
+    key = {"sync.json": "sync", "data.json": "data"}[name]
+    for rank in run.ranks_present():
+        path = run.rank_file(rank, "sync-all.json")
+        if not path.exists():
+            continue
+        gathered = read_json(path)
+        if not isinstance(gathered, dict):
+            raise BadInput("not a ddpdoctor sync-all.json (expected a JSON object)", path)
+        for r, payload in gathered.items():
+            if str(r).isdigit() and int(r) not in out and isinstance(payload, dict) and isinstance(payload.get(key), dict):
+                out[int(r)] = payload[key]
     return out
 
 

@@ -15,12 +15,9 @@ design; the result says when they are present."""
 from __future__ import annotations
 
 import copy
-from datetime import timedelta
 from typing import Any
 
 import torch
-
-GATHER_TIMEOUT_S = 120
 
 
 def _cpu(x: Any) -> Any:
@@ -115,7 +112,7 @@ class EquivalenceCheck:
         cap = self._captured
         ok = cap is not None and self._out_grads and all(g is not None for g in self._out_grads)
         payload = {"args": cap["args"], "kwargs": cap["kwargs"], "out_grads": self._out_grads} if ok and cap else None
-        group = dist.new_group(backend="gloo", timeout=timedelta(seconds=GATHER_TIMEOUT_S))
+        group = self.probe.group()
         gathered: list[Any] = [None] * dist.get_world_size()
         dist.all_gather_object(gathered, payload, group=group)
         if dist.get_rank() != 0:

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import math
 import time
+from datetime import timedelta
 from typing import Any
 
 import torch
@@ -23,6 +24,7 @@ from ddpdoctor.probes.sampler import SamplerProbe
 from ddpdoctor.rundir.layout import RunDir, write_json
 
 SAMPLES = 4  # sampled elements per tensor, at fixed positions
+GATHER_TIMEOUT_S = 120  # the separate gloo group's timeout: a missing rank delays the stop, never hangs it
 MAX_CHECKED_STEPS = 200  # with --steps 0 (run to the end) the first 200 steps are checked, so sync.json stays small
 
 
@@ -126,6 +128,7 @@ class SyncProbe:
         self._handles: list[Any] = []
         self._orig_ddp_init: Any = None
         self._equiv: Any = None
+        self._group: Any = None
 
     # -- installation ---------------------------------------------------------------------------------
     def install(self) -> None:
@@ -243,7 +246,34 @@ class SyncProbe:
         if self.stop_after and step >= self.stop_after:
             self.stopped_at = step
             self._write()
+            self._gather()
             raise CheckSyncStop(step)
+
+    def group(self) -> Any:
+        """check-sync's own gloo group, created on first use (every rank reaches the same call at the same step)."""
+        import torch.distributed as dist
+
+        if self._group is None:
+            self._group = dist.new_group(backend="gloo", timeout=timedelta(seconds=GATHER_TIMEOUT_S))
+        return self._group
+
+    def _gather(self) -> None:
+        """Every rank stops at the same step: gather the records on rank 0 too, for run directories that
+        are not shared between nodes (rank 0 writes ranks/rank0/sync-all.json; analysis reads it for ranks
+        whose own files are absent)."""
+        import torch.distributed as dist
+
+        try:
+            if not (dist.is_available() and dist.is_initialized()) or dist.get_world_size() < 2:
+                return
+            payload = {"sync": self.record(), "data": {"rank": self.rank, **self.sampler.data()}}
+            gathered: list[Any] | None = [None] * dist.get_world_size() if dist.get_rank() == 0 else None
+            dist.gather_object(payload, gathered, dst=0, group=self.group())
+            if gathered is not None:
+                all_ranks = {str(p["sync"]["rank"]): p for p in gathered if p}
+                write_json(self.run.rank_file(self.rank, "sync-all.json"), all_ranks)
+        except Exception:  # noqa: BLE001 - the per-rank files are written already
+            pass
 
     # -- output -------------------------------------------------------------------------------------------
     def _write(self) -> None:
