@@ -1,8 +1,8 @@
 """How the ranks' DataLoaders split the data (ranks/rankR/data.json): overlap, coverage, epochs, batches, seeds. Pure.
 
-Loaders are matched across ranks by creation order (the n-th DataLoader each rank built) and only those
-that fed training steps (an optimizer step followed one of their batches) are judged, so a validation
-loader that every rank runs in full is not mistaken for a broken shard."""
+Only loaders that fed training steps (an optimizer step followed one of their batches) are judged, so a
+validation loader that every rank runs in full is not mistaken for a broken shard; they are matched across
+ranks by their order among each rank's training loaders (an extra loader on one rank shifts nothing)."""
 
 from __future__ import annotations
 
@@ -50,17 +50,9 @@ class DataAnalysis:
     notes: list[str] = field(default_factory=list)
 
 
-def _training_loaders(data: dict[int, dict[str, Any]]) -> list[int]:
-    ids: set[int] = set()
-    for rec in data.values():
-        for loader in rec.get("loaders", []):
-            if any(e.get("steps", 0) > 0 for e in loader.get("epochs", [])):
-                ids.add(int(loader["loader"]))
-    return sorted(ids)
-
-
-def _loader(rec: dict[str, Any], loader_id: int) -> dict[str, Any] | None:
-    return next((ld for ld in rec.get("loaders", []) if int(ld["loader"]) == loader_id), None)
+def _training_loaders(rec: dict[str, Any]) -> list[dict[str, Any]]:
+    """One rank's loaders that fed training steps, in creation order."""
+    return [ld for ld in rec.get("loaders", []) if any(e.get("steps", 0) > 0 for e in ld.get("epochs", []))]
 
 
 def _shuffles(sampler: dict[str, Any] | None) -> bool:
@@ -120,10 +112,14 @@ def analyze_data(data: dict[int, dict[str, Any]]) -> DataAnalysis:
         for c in rec.get("init_conflicts", []):
             out.init_conflicts.append({"rank": rank, **c})
     ranks = sorted(data)
-    for loader_id in _training_loaders(data):
-        loader_by_rank = {r: ld for r in ranks if (ld := _loader(data[r], loader_id)) is not None}
+    training = {r: _training_loaders(data[r]) for r in ranks}
+    # The k-th training loader of each rank are the same loader: a rank that builds an extra loader (for
+    # logging, say) does not shift the match.
+    for k in range(max((len(t) for t in training.values()), default=0)):
+        loader_by_rank = {r: training[r][k] for r in ranks if k < len(training[r])}
         if len(loader_by_rank) < 2:
             continue
+        loader_id = int(loader_by_rank[min(loader_by_rank)]["loader"])
         lens = {ld.get("dataset_len") for ld in loader_by_rank.values()}
         if len(lens) > 1 and not _root_mode(loader_by_rank):
             out.notes.append(f"DataLoader #{loader_id} has datasets of different lengths on different ranks {sorted(lens, key=str)}; "

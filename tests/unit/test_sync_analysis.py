@@ -150,6 +150,15 @@ def test_same_order_every_epoch_and_loaders_without_steps_are_ignored():
     assert list(f) == ["sampler-no-set-epoch"] and f["sampler-no-set-epoch"].evidence["epochs_same_as_first"] == [1]
 
 
+def test_an_extra_loader_on_one_rank_does_not_shift_the_match():
+    s = {"class": "DistributedSampler", "distributed": True, "shuffle": False, "seed": 0, "drop_last": False, "total_size": 4}
+    extra = _loader([_epoch(0, [0, 1, 2, 3], steps=0)], None, 4, loader=0)
+    data = {0: _data([extra, _loader([_epoch(0, [0, 2])], s, 4, loader=1)]), 1: _data([_loader([_epoch(0, [1, 3])], s, 4)])}
+    analysis = analyze_data(data)
+    assert [(e.loader, e.overlap, e.missing) for e in analysis.epochs] == [(1, 0, 0)]
+    assert data_findings(analysis, 2) == []
+
+
 def test_subset_shards_compared_in_the_underlying_dataset():
     def loader(h, root):
         return _loader([{**_epoch(0, [0, 1, 2]), "root_indices": root}], None, 3,
