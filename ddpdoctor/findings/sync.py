@@ -176,7 +176,19 @@ def _equivalence_findings(eq: dict[str, Any] | None) -> list[Finding]:
         return [Finding("ddp-equivalence", Severity.INFO,
                         f"DDP's averaged gradient equals one process's gradient on all {eq.get('world_size')} batches "
                         f"(largest relative error {worst:.2g}, parameter {worst_name})", evidence=evidence)]
-    if caveats:
+    per_rank = {k: float(v) for k, v in (eq.get("relative_error_per_rank_batches") or {}).items() if v is not None}
+    if per_rank:
+        worst_rank_name = max(per_rank, key=lambda k: per_rank[k])
+        evidence["max_relative_error_per_rank_batches"] = _fmt(per_rank[worst_rank_name])
+        if per_rank[worst_rank_name] <= EQUIVALENCE_RTOL:
+            return [Finding("ddp-equivalence", Severity.INFO,
+                            f"DDP's averaged gradient equals one process's gradient over each rank's batch "
+                            f"(largest relative error {per_rank[worst_rank_name]:.2g}); on the union batch it differs "
+                            f"by {worst:.2g}, as BatchNorm's per-rank statistics imply", evidence=evidence,
+                            advice="Expected with BatchNorm: each rank normalises with its own batch statistics. "
+                                   "SyncBatchNorm normalises over the whole global batch.")]
+        worst, worst_name = per_rank[worst_rank_name], worst_rank_name
+    elif caveats:
         return [Finding("ddp-equivalence", Severity.INFO,
                         f"DDP's gradient differs from the single-process one (relative {worst:.2g}) as expected with "
                         + " and ".join(caveats), evidence=evidence,

@@ -123,7 +123,6 @@ class EquivalenceCheck:
     def _compare(self, step: int, gathered: list[Any]) -> dict[str, Any]:
         if any(p is None for p in gathered) or self._captured is None:
             return {"step": step, "skipped": "a rank did not run exactly one forward and backward of the module in this step"}
-        mod = self.probe.modules[0]
         one = self._captured["module"]
         modules = list(one.modules())
         caveats = []
@@ -133,15 +132,28 @@ class EquivalenceCheck:
             caveats.append("dropout")
         device = next((p.device for p in one.parameters()), torch.device("cpu"))
         world = len(gathered)
-        args = _to(_concat([g["args"] for g in gathered]), device)
-        kwargs = _to(_concat([g["kwargs"] for g in gathered]), device)
+        union = [(_concat([g["args"] for g in gathered]), _concat([g["kwargs"] for g in gathered]),
+                  [torch.cat([g["out_grads"][i] for g in gathered], dim=0) for i in range(len(gathered[0]["out_grads"]))])]
+        result = {"step": step, "world_size": world, "batch_sizes": [int(_first_batch_dim(g["args"])) for g in gathered],
+                  "caveats": caveats, "relative_error": self._errors(one, device, world, union)}
+        if caveats == ["batchnorm"]:
+            # BatchNorm normalises each rank's batch with that batch's statistics, which is what DDP
+            # computes too: run each rank's batch on its own and sum, and DDP must match that exactly.
+            chunks = [(g["args"], g["kwargs"], g["out_grads"]) for g in gathered]
+            result["relative_error_per_rank_batches"] = self._errors(one, device, world, chunks)
+        return result
+
+    def _errors(self, one: Any, device: torch.device, world: int, batches: list[Any]) -> dict[str, float | str | None]:
+        """Backpropagate ``batches`` (args, kwargs, output gradients) through ``one``; compare (1/W) * sum of the
+        gradients with DDP's, per parameter."""
+        mod = self.probe.modules[0]
         for p in one.parameters():
             p.grad = None
         with torch.random.fork_rng(devices=[]), torch.enable_grad():
-            out = one(*args, **kwargs)
-            outs = [t for t in _output_tensors(out) if t.requires_grad]
-            grads = [torch.cat([g["out_grads"][i] for g in gathered], dim=0).to(device) for i in range(len(outs))]
-            torch.autograd.backward(outs, grads)
+            for args, kwargs, out_grads in batches:
+                out = one(*_to(args, device), **_to(kwargs, device))
+                outs = [t for t in _output_tensors(out) if t.requires_grad]
+                torch.autograd.backward(outs, [g.to(device) for g in out_grads])
         one_grads = dict(one.named_parameters())
         per_param: dict[str, float | str | None] = {}
         for name, p in zip(mod.param_names, mod.params, strict=True):
@@ -151,9 +163,7 @@ class EquivalenceCheck:
                 continue
             err = relative_error(p.grad, q.grad / world)
             per_param[name] = err if err != float("inf") else "inf"
-        batch_sizes = [int(_first_batch_dim(g["args"])) for g in gathered]
-        return {"step": step, "world_size": world, "batch_sizes": batch_sizes, "caveats": caveats,
-                "relative_error": per_param}
+        return per_param
 
 
 def _first_batch_dim(args: Any) -> int:

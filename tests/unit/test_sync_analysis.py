@@ -97,9 +97,17 @@ def test_equivalence_thresholds_and_relative_error():
                            "relative_error": {"w": 2e-7, "b": 5e-3}}
     (f,) = sync_findings(analyze_sync({0: base, 1: _sync_record(1, [], [])}))
     assert f.id == "ddp-equivalence" and f.severity.value == "error" and f.evidence["worst_parameter"] == "b"
-    base["equivalence"]["caveats"] = ["batchnorm"]
+    base["equivalence"]["caveats"] = ["batchnorm", "dropout"]
     (f,) = sync_findings(analyze_sync({0: base, 1: _sync_record(1, [], [])}))
     assert f.severity.value == "info"
+    # BatchNorm alone: judged on each rank's batch run separately, which DDP must match exactly.
+    base["equivalence"]["caveats"] = ["batchnorm"]
+    base["equivalence"]["relative_error_per_rank_batches"] = {"w": 1e-7, "b": 3e-7}
+    (f,) = sync_findings(analyze_sync({0: base, 1: _sync_record(1, [], [])}))
+    assert f.severity.value == "info" and f.evidence["max_relative_error_per_rank_batches"] == 3e-7
+    base["equivalence"]["relative_error_per_rank_batches"] = {"w": 1e-7, "b": 0.2}
+    (f,) = sync_findings(analyze_sync({0: base, 1: _sync_record(1, [], [])}))
+    assert f.severity.value == "error" and f.evidence["worst_parameter"] == "b"
 
 
 def _loader(epochs, sampler=None, dataset_len=10, loader=0, **kw):
