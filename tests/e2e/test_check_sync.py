@@ -90,6 +90,15 @@ def test_no_distributed_sampler(tmp_path):
     assert f["severity"] == "error" and f["evidence"]["shared_samples"] == 16 and f["ranks"] == [0, 1]
 
 
+def test_iterable_dataset_not_split_by_rank(tmp_path):
+    proc, report, _ = _check(tmp_path, bug="stream")
+    assert proc.returncode == 1
+    assert _ids(report, "warning", "error") == ["sampler-overlap"]
+    f = _finding(report, "sampler-overlap")
+    # Compared by sample hash: 4 batches of 4 consumed per epoch, all shared.
+    assert f["evidence"]["by"] == "hashes" and f["evidence"]["shared_samples"] == 16
+
+
 def test_hand_made_shards_overlap_and_leave_samples_unused(tmp_path):
     proc, report, _ = _check(tmp_path, bug="shards")
     assert proc.returncode == 1

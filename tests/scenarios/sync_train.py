@@ -10,6 +10,7 @@
     --bug no-sync           every backward runs under model.no_sync()
     --bug uneven            hand-made shards with 3 batches on rank 0 and 5 on rank 1
     --bug unused            a layer that never takes part in the loss (find_unused_parameters=True)
+    --bug stream            an IterableDataset that yields the same stream on every rank (not split by rank)
 """
 
 import argparse
@@ -18,7 +19,17 @@ import torch
 import torch.distributed as dist
 import torch.nn as nn
 from torch.nn.parallel import DistributedDataParallel as DDP
-from torch.utils.data import DataLoader, DistributedSampler, Subset, TensorDataset
+from torch.utils.data import DataLoader, DistributedSampler, IterableDataset, Subset, TensorDataset
+
+
+class Stream(IterableDataset):
+    """Every rank reads the whole stream: the bug is the missing `if i % world == rank` split."""
+
+    def __init__(self, data: TensorDataset) -> None:
+        self.data = data
+
+    def __iter__(self):
+        return (self.data[i] for i in range(len(self.data)))
 
 
 class Net(nn.Module):
@@ -55,6 +66,8 @@ def main() -> None:
     sampler = None
     if bug == "no-sampler":
         loader = DataLoader(data, batch_size=4)
+    elif bug == "stream":
+        loader = DataLoader(Stream(data), batch_size=4)
     elif bug == "shards":
         # rank 0: samples 0..5, rank 1: samples 4..9 -> 4, 5 on both ranks; 10..15 on none
         loader = DataLoader(Subset(data, list(range(rank * 4, rank * 4 + 6))), batch_size=2)
