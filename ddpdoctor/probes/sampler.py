@@ -10,7 +10,6 @@ Nothing here changes which samples the script sees."""
 from __future__ import annotations
 
 import hashlib
-import itertools
 from collections.abc import Iterator
 from typing import Any
 
@@ -102,14 +101,19 @@ class _RecordingIndexSampler:
         return self._drain(self._probe.current_epoch(self._loader_id), iter(self.inner))
 
     def _drain(self, record: dict[str, Any] | None, it: Iterator[Any]) -> Iterator[Any]:
-        head = list(itertools.islice(it, MAX_INDICES))
+        head: list[Any] = []
+        indices: list[int] = []
+        truncated = False
+        for item in it:  # an infinite sampler (a repeating one) stops at the cap
+            head.append(item)
+            indices.extend(_flatten(item))
+            if len(indices) >= MAX_INDICES:
+                truncated = True
+                break
         if record is not None:
-            indices: list[int] = []
-            for item in head:
-                indices.extend(_flatten(item))
-            record["batches"] = len(head)
+            record["batches"] = None if truncated else len(head)
             record["order_hash"] = hashlib.blake2b(repr(indices).encode(), digest_size=8).hexdigest()
-            record["truncated"] = len(head) == MAX_INDICES or len(indices) > MAX_INDICES
+            record["truncated"] = truncated
             keep = record["epoch"] < EPOCHS_WITH_INDICES
             if keep:
                 record["indices"] = indices[:MAX_INDICES]

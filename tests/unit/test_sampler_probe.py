@@ -73,3 +73,30 @@ def test_iterable_dataset_samples_are_hashed():
     assert rec["iterable"] and len(rows) == 2
     hashes = rec["epochs"][0]["sample_hashes"]
     assert len(hashes) == 6 and len(set(hashes)) == 6
+
+
+class _Forever(torch.utils.data.Sampler):
+    def __init__(self, n):
+        self.n = n
+
+    def __iter__(self):
+        while True:
+            yield from range(self.n)
+
+
+def test_an_infinite_sampler_is_recorded_up_to_the_cap(monkeypatch):
+    import ddpdoctor.probes.sampler as sampler_mod
+
+    monkeypatch.setattr(sampler_mod, "MAX_INDICES", 40)
+    data = TensorDataset(torch.arange(7))
+    probe = SamplerProbe()
+    probe.install()
+    try:
+        it = iter(DataLoader(data, batch_size=3, sampler=_Forever(7)))
+        first = [next(it)[0].tolist() for _ in range(20)]  # past the cap: the rest is streamed
+    finally:
+        probe.uninstall()
+    flat = [i for b in first for i in b]
+    assert flat == [i % 7 for i in range(60)]
+    (epoch,) = probe.data()["loaders"][0]["epochs"]
+    assert epoch["truncated"] and epoch["batches"] is None and epoch["indices"] == flat[:40]  # 14 batches drawn, 40 kept
