@@ -71,7 +71,12 @@ def epoch_shards(loader_id: int, epoch: int, per_rank: dict[int, dict[str, Any]]
     hashed = bool(any_loader.get("iterable"))
     root = not hashed and _root_mode(loader_by_rank)
     key = "sample_hashes" if hashed else ("root_indices" if root else "indices")
-    sets = {r: set(e.get(key) or []) for r, e in per_rank.items()}
+    dataset_len = any_loader["subset"]["root_len"] if root else any_loader.get("dataset_len")
+    limit = None
+    if dataset_len and any(e.get("truncated") for e in per_rank.values()):
+        # A capped (endless) sampler's record can span several passes: compare one shard's worth per rank.
+        limit = -(-int(dataset_len) // len(per_rank))
+    sets = {r: set((e.get(key) or [])[:limit]) for r, e in per_rank.items()}
     counts: Counter[Any] = Counter()
     for s in sets.values():
         counts.update(s)
@@ -79,7 +84,6 @@ def epoch_shards(loader_id: int, epoch: int, per_rank: dict[int, dict[str, Any]]
     ranks = sorted(sets)
     pairs = [(a, b, len(sets[a] & sets[b])) for i, a in enumerate(ranks) for b in ranks[i + 1:] if sets[a] & sets[b]]
     sampler = any_loader.get("sampler") or {}
-    dataset_len = any_loader["subset"]["root_len"] if root else any_loader.get("dataset_len")
     padding = drop = 0
     if sampler.get("distributed") and dataset_len is not None:
         total = int(sampler.get("total_size", dataset_len))

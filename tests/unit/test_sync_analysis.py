@@ -167,6 +167,14 @@ def test_an_extra_loader_on_one_rank_does_not_shift_the_match():
     assert data_findings(analysis, 2) == []
 
 
+def test_capped_endless_samplers_compare_one_shard_per_rank():
+    # 4 samples, 2 ranks: each rank's first 2 indices are its shard; later passes wrap around and would "overlap".
+    e0 = {**_epoch(0, [0, 1, 2, 3, 0, 1]), "truncated": True, "batches": None}
+    e1 = {**_epoch(0, [2, 3, 0, 1, 2, 3]), "truncated": True, "batches": None}
+    analysis = analyze_data({0: _data([_loader([e0], None, 4)]), 1: _data([_loader([e1], None, 4)])})
+    assert [(e.overlap, e.missing) for e in analysis.epochs] == [(0, None)]
+
+
 def test_subset_shards_compared_in_the_underlying_dataset():
     def loader(h, root):
         return _loader([{**_epoch(0, [0, 1, 2]), "root_indices": root}], None, 3,
