@@ -100,6 +100,7 @@ class _Module:
         self.unsynced_forwards = 0
         self.last_forward_synced: bool | None = None
         self.buffers_done_step = -1
+        self.buffers_synced_now: bool | None = None  # DDP broadcast the buffers before the current forward
 
     def describe(self) -> dict[str, Any]:
         ddp = self.ddp
@@ -196,9 +197,9 @@ class SyncProbe:
             mod.unsynced_forwards += 1
         # DDP broadcasts buffers before this forward only under these conditions (its own test).
         try:
-            mod._buffers_synced_now = bool(ddp._check_sync_bufs_pre_fwd())  # type: ignore[attr-defined]
+            mod.buffers_synced_now = bool(ddp._check_sync_bufs_pre_fwd())
         except Exception:  # noqa: BLE001 - private API
-            mod._buffers_synced_now = None  # type: ignore[attr-defined]
+            mod.buffers_synced_now = None
         if self._equiv is not None:
             self._equiv.on_forward(mod, args, kwargs)
 
@@ -210,7 +211,7 @@ class SyncProbe:
         t0 = time.perf_counter()
         tensors = [b for _, b in mod.ddp.module.named_buffers()]
         self.buffers.append({
-            "step": step, "module": mod.index, "synced_by_ddp": getattr(mod, "_buffers_synced_now", None),
+            "step": step, "module": mod.index, "synced_by_ddp": mod.buffers_synced_now,
             "fp": fingerprints(tensors),
         })
         self.check_seconds += time.perf_counter() - t0
