@@ -9,7 +9,7 @@ from __future__ import annotations
 from typing import Any
 
 __version__ = "0.1.0"
-__all__ = ["__version__", "iteration", "step"]
+__all__ = ["__version__", "check_sync", "iteration", "step"]
 
 
 def __getattr__(name: str) -> Any:
@@ -18,4 +18,8 @@ def __getattr__(name: str) -> Any:
         from ddpdoctor.probes import api
 
         return getattr(api, name)
+    if name == "check_sync":
+        from ddpdoctor.sync_api import check_sync
+
+        return check_sync
     raise AttributeError(f"module 'ddpdoctor' has no attribute {name!r}")

@@ -59,6 +59,10 @@ class RankSession:
                                        self.run.rank_file(self.rank, "stacks.txt"))
             heartbeat.install()
             self.extra.append(heartbeat)
+        if self.config.mode == "check-sync":
+            from ddpdoctor.probes.sync import install_check_sync
+
+            self.extra.append(install_check_sync(self.run, self.rank, self.world_size, self.config.options, self.tracker))
         write_json(self.run.rank_file(self.rank, "info.json"), self.info)
 
     def _record_layout_once(self, step: int) -> None:

@@ -1,0 +1,154 @@
+"""How the ranks' DataLoaders split the data (ranks/rankR/data.json): overlap, coverage, epochs, batches, seeds. Pure.
+
+Only loaders that fed training steps (an optimizer step followed one of their batches) are judged, so a
+validation loader that every rank runs in full is not mistaken for a broken shard; they are matched across
+ranks by their order among each rank's training loaders (an extra loader on one rank shifts nothing)."""
+
+from __future__ import annotations
+
+from collections import Counter
+from dataclasses import dataclass, field
+from typing import Any
+
+OVERLAP_HASH_FRACTION = 0.01  # iterable datasets: identical rows can exist in real data; below 1% is info
+COVERAGE_ERROR_FRACTION = 0.01  # more than 1% of the dataset never seen by any rank in an epoch is an error
+
+
+@dataclass
+class EpochShards:
+    loader: int
+    epoch: int
+    kind: str  # "indices", "root_indices" (Subsets of one dataset) or "hashes"
+    dataset_len: int | None
+    samples_per_rank: dict[int, int]
+    batches_per_rank: dict[int, int | None]
+    overlap: int  # distinct samples seen by more than one rank
+    overlap_examples: list[Any]
+    overlap_pairs: list[tuple[int, int, int]]  # (rank a, rank b, shared samples)
+    padding_allowed: int  # DistributedSampler(drop_last=False) repeats this many samples to even the shards
+    missing: int | None  # dataset samples no rank saw (None: not judged)
+    missing_examples: list[int]
+    drop_allowed: int  # DistributedSampler(drop_last=True) drops up to this many
+
+
+@dataclass
+class LoaderFacts:
+    loader: int
+    sampler: dict[int, dict[str, Any] | None]
+    epochs_seen: dict[int, int]
+    same_order_epochs: dict[int, list[int]]  # rank -> epochs whose order equals epoch 0's (shuffling samplers)
+    sampler_epochs: dict[int, list[int | None]]
+
+
+@dataclass
+class DataAnalysis:
+    epochs: list[EpochShards] = field(default_factory=list)
+    loaders: list[LoaderFacts] = field(default_factory=list)
+    seed_mismatch: list[dict[str, Any]] = field(default_factory=list)  # loader, seeds by rank
+    init_conflicts: list[dict[str, Any]] = field(default_factory=list)
+    set_epoch_calls: dict[int, int] = field(default_factory=dict)
+    notes: list[str] = field(default_factory=list)
+
+
+def _training_loaders(rec: dict[str, Any]) -> list[dict[str, Any]]:
+    """One rank's loaders that fed training steps, in creation order."""
+    return [ld for ld in rec.get("loaders", []) if any(e.get("steps", 0) > 0 for e in ld.get("epochs", []))]
+
+
+def _shuffles(sampler: dict[str, Any] | None) -> bool:
+    return bool(sampler and sampler.get("shuffle") and not sampler.get("replacement"))
+
+
+def _root_mode(loader_by_rank: dict[int, dict[str, Any]]) -> bool:
+    """Each rank loads a different Subset of one dataset (hand-made shards): compare the underlying indices."""
+    subsets = [ld.get("subset") for ld in loader_by_rank.values()]
+    return all(subsets) and len({s["hash"] for s in subsets}) > 1 and len({s["root_len"] for s in subsets}) == 1
+
+
+def epoch_shards(loader_id: int, epoch: int, per_rank: dict[int, dict[str, Any]], loader_by_rank: dict[int, dict[str, Any]]) -> EpochShards:
+    """Overlap and coverage of one epoch; ``per_rank`` maps rank -> that rank's epoch record."""
+    any_loader = next(iter(loader_by_rank.values()))
+    hashed = bool(any_loader.get("iterable"))
+    root = not hashed and _root_mode(loader_by_rank)
+    key = "sample_hashes" if hashed else ("root_indices" if root else "indices")
+    dataset_len = any_loader["subset"]["root_len"] if root else any_loader.get("dataset_len")
+    limit = None
+    if dataset_len and any(e.get("truncated") for e in per_rank.values()):
+        # A capped (endless) sampler's record can span several passes: compare one shard's worth per rank.
+        limit = -(-int(dataset_len) // len(per_rank))
+    sets = {r: set((e.get(key) or [])[:limit]) for r, e in per_rank.items()}
+    counts: Counter[Any] = Counter()
+    for s in sets.values():
+        counts.update(s)
+    shared = sorted((x for x, c in counts.items() if c > 1), key=str)
+    ranks = sorted(sets)
+    pairs = [(a, b, len(sets[a] & sets[b])) for i, a in enumerate(ranks) for b in ranks[i + 1:] if sets[a] & sets[b]]
+    sampler = any_loader.get("sampler") or {}
+    padding = drop = 0
+    if sampler.get("distributed") and dataset_len is not None:
+        total = int(sampler.get("total_size", dataset_len))
+        if sampler.get("drop_last"):
+            drop = max(0, dataset_len - total)
+        else:
+            padding = max(0, total - dataset_len)
+    missing: int | None = None
+    missing_examples: list[int] = []
+    judge_coverage = (not hashed and dataset_len is not None and not sampler.get("replacement")
+                      and not any(e.get("truncated") for e in per_rank.values()))
+    if judge_coverage:
+        seen = set().union(*sets.values()) if sets else set()
+        missing = sum(1 for i in range(int(dataset_len)) if i not in seen)
+        missing_examples = [i for i in range(int(dataset_len)) if i not in seen][:10]
+    return EpochShards(
+        loader=loader_id, epoch=epoch, kind=key.replace("sample_", ""), dataset_len=dataset_len,
+        samples_per_rank={r: len(e.get(key) or []) for r, e in per_rank.items()},
+        batches_per_rank={r: e.get("batches") for r, e in per_rank.items()},
+        overlap=len(shared), overlap_examples=shared[:10], overlap_pairs=pairs, padding_allowed=padding,
+        missing=missing, missing_examples=missing_examples, drop_allowed=drop,
+    )
+
+
+def analyze_data(data: dict[int, dict[str, Any]]) -> DataAnalysis:
+    """``data``: rank -> that rank's data.json."""
+    out = DataAnalysis()
+    for rank, rec in sorted(data.items()):
+        out.set_epoch_calls[rank] = int(rec.get("set_epoch_calls", 0))
+        for c in rec.get("init_conflicts", []):
+            out.init_conflicts.append({"rank": rank, **c})
+    ranks = sorted(data)
+    training = {r: _training_loaders(data[r]) for r in ranks}
+    # The k-th training loader of each rank are the same loader: a rank that builds an extra loader (for
+    # logging, say) does not shift the match.
+    for k in range(max((len(t) for t in training.values()), default=0)):
+        loader_by_rank = {r: training[r][k] for r in ranks if k < len(training[r])}
+        if len(loader_by_rank) < 2:
+            continue
+        loader_id = int(loader_by_rank[min(loader_by_rank)]["loader"])
+        lens = {ld.get("dataset_len") for ld in loader_by_rank.values()}
+        if len(lens) > 1 and not _root_mode(loader_by_rank):
+            out.notes.append(f"DataLoader #{loader_id} has datasets of different lengths on different ranks {sorted(lens, key=str)}; "
+                             "its shards were not compared")
+            continue
+        facts = LoaderFacts(loader=loader_id, sampler={r: ld.get("sampler") for r, ld in loader_by_rank.items()},
+                            epochs_seen={r: len(ld.get("epochs", [])) for r, ld in loader_by_rank.items()},
+                            same_order_epochs={}, sampler_epochs={})
+        for r, ld in loader_by_rank.items():
+            epochs = ld.get("epochs", [])
+            facts.sampler_epochs[r] = [e.get("sampler_epoch") for e in epochs]
+            if _shuffles(ld.get("sampler")) and len(epochs) >= 2 and epochs[0].get("order_hash"):
+                same = [e["epoch"] for e in epochs[1:] if e.get("order_hash") == epochs[0]["order_hash"]]
+                if same:
+                    facts.same_order_epochs[r] = same
+        out.loaders.append(facts)
+        seeds = {r: (ld.get("sampler") or {}).get("seed") for r, ld in loader_by_rank.items()}
+        if all(s is not None for s in seeds.values()) and len(set(seeds.values())) > 1:
+            out.seed_mismatch.append({"loader": loader_id, "seeds": {str(r): s for r, s in seeds.items()}})
+        n_epochs = min(len(ld.get("epochs", [])) for ld in loader_by_rank.values())
+        for e in range(n_epochs):
+            per_rank = {r: ld["epochs"][e] for r, ld in loader_by_rank.items()}
+            if not any(rec.get("steps", 0) > 0 for rec in per_rank.values()):
+                continue
+            if not next(iter(loader_by_rank.values())).get("iterable") and any("indices" not in rec for rec in per_rank.values()):
+                continue  # past the epochs whose indices were kept
+            out.epochs.append(epoch_shards(loader_id, e, per_rank, loader_by_rank))
+    return out

@@ -1,0 +1,203 @@
+"""Compares the ranks' gradient, parameter and buffer fingerprints (ranks/rankR/sync.json) step by step: a pure analysis.
+
+A fingerprint is [numel, sum, sum of squares, v_0..v_3] in float64 (docs/check-sync.md). Two ranks agree on
+a tensor when their fingerprints are bitwise equal: DDP's all-reduce hands every rank the same bytes, so the
+same optimizer on the same values gives the same bytes too. A difference whose relative size is at most
+``RTOL`` is reported as "within tolerance" (info); anything larger is a divergence. Sums are accumulated in
+the tensor's precision (float32 for most models), so two ranks that sum the same values in another order
+(other thread counts, other hardware) differ by float32 rounding, far below RTOL."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Any
+
+RTOL = 1e-5  # relative: float32 rounding of another summation order stays well below this
+EQUIVALENCE_RTOL = 1e-3  # float32 gradients summed in another order differ by ~1e-6..1e-5; 100x margin
+
+
+@dataclass
+class TensorDiff:
+    """One tensor that differs between ``reference_rank`` and ``ranks`` at ``step``."""
+
+    kind: str  # "grad", "param", "buffer"
+    step: int
+    module: int
+    name: str
+    reference_rank: int
+    ranks: list[int]
+    max_abs_diff: float  # largest |a - b| over the sum and the sampled values (inf: present on one rank only)
+    max_rel_diff: float  # largest |a - b| / max(|a|, |b|) over every fingerprint component
+
+
+@dataclass
+class TensorCheck:
+    kind: str
+    comparisons: int = 0  # tensor x step x rank comparisons made
+    steps: list[int] = field(default_factory=list)
+    diverged: list[TensorDiff] = field(default_factory=list)  # beyond RTOL, in step then parameter order
+    within_tolerance: list[TensorDiff] = field(default_factory=list)
+
+    @property
+    def first_step(self) -> int | None:
+        return self.diverged[0].step if self.diverged else None
+
+
+@dataclass
+class UnsyncedStep:
+    step: int
+    module: int
+    ranks: list[int]
+    unsynced_forwards: int
+
+
+@dataclass
+class SyncAnalysis:
+    ranks: list[int]
+    modules: list[dict[str, Any]]  # rank 0's (lowest rank's) description of each DDP module
+    grads: TensorCheck
+    params: TensorCheck
+    buffers: TensorCheck
+    never_synced: list[UnsyncedStep]
+    unused: dict[int, list[str]]  # module -> parameters with no gradient at any checked step on any rank
+    outside_ddp: list[dict[str, Any]]
+    equivalence: dict[str, Any] | None
+    steps_checked: int
+    buffer_sync_by_ddp: dict[int, bool]  # module -> DDP broadcast buffers before the checked forwards
+
+
+def _num(v: Any) -> float:
+    return float(v)  # non-finite values arrive as the strings "nan", "inf", "-inf"
+
+
+def compare_fingerprints(a: list[Any] | None, b: list[Any] | None) -> tuple[bool, float, float]:
+    """(bitwise equal, max abs diff over sum and samples, max relative diff over all components)."""
+    if a is None and b is None:
+        return True, 0.0, 0.0
+    if a is None or b is None:
+        return False, math.inf, math.inf
+    fa, fb = [_num(x) for x in a], [_num(x) for x in b]
+    if len(fa) != len(fb) or fa[0] != fb[0]:
+        return False, math.inf, math.inf
+    equal = all(x == y or (math.isnan(x) and math.isnan(y)) for x, y in zip(fa, fb, strict=True))
+    if equal:
+        return True, 0.0, 0.0
+    abs_diff = 0.0
+    rel_diff = 0.0
+    # The sum can cancel to ~0, so its scale is sqrt(n * sum of squares) >= sum |x|, the size rounding works on.
+    sum_scale = math.sqrt(fa[0] * max(abs(fa[2]), abs(fb[2])))
+    for i, (x, y) in enumerate(zip(fa, fb, strict=True)):
+        if math.isnan(x) or math.isnan(y):
+            return False, math.inf, math.inf
+        d = abs(x - y) if x != y else 0.0
+        if i != 2:  # the sum of squares has other units
+            abs_diff = max(abs_diff, d)
+        scale = max(abs(x), abs(y), sum_scale if i == 1 else 0.0)
+        if d and scale:
+            rel_diff = max(rel_diff, d / scale)
+    return False, abs_diff, rel_diff
+
+
+def _rows_by_key(records: dict[int, dict[str, Any]], kind: str) -> dict[tuple[int, int], dict[int, dict[str, Any]]]:
+    out: dict[tuple[int, int], dict[int, dict[str, Any]]] = {}
+    for rank, rec in records.items():
+        for row in rec.get(kind, []):
+            out.setdefault((int(row["step"]), int(row["module"])), {})[rank] = row
+    return out
+
+
+def check_tensors(records: dict[int, dict[str, Any]], kind: str, names: dict[int, list[str]]) -> TensorCheck:
+    """Compare every rank's fingerprints with the lowest rank's, at every (step, module) all of them recorded."""
+    label = {"grads": "grad", "params": "param", "buffers": "buffer"}[kind]
+    check = TensorCheck(kind=label)
+    for (step, module), by_rank in sorted(_rows_by_key(records, kind).items()):
+        if len(by_rank) < 2:
+            continue
+        check.steps.append(step)
+        ref_rank = min(by_rank)
+        ref = by_rank[ref_rank]["fp"]
+        module_names = names.get(module, [])
+        for j, ref_fp in enumerate(ref):
+            bad: list[int] = []
+            close: list[int] = []
+            worst_abs = worst_rel = 0.0
+            for rank, row in sorted(by_rank.items()):
+                if rank == ref_rank:
+                    continue
+                fp = row["fp"][j] if j < len(row["fp"]) else None
+                check.comparisons += 1
+                equal, abs_d, rel_d = compare_fingerprints(ref_fp, fp)
+                if equal:
+                    continue
+                worst_abs, worst_rel = max(worst_abs, abs_d), max(worst_rel, rel_d)
+                (close if rel_d <= RTOL else bad).append(rank)
+            if not bad and not close:
+                continue
+            name = module_names[j] if j < len(module_names) else f"#{j}"
+            diff = TensorDiff(label, step, module, name, ref_rank, bad or close, worst_abs, worst_rel)
+            (check.diverged if bad else check.within_tolerance).append(diff)
+    return check
+
+
+def never_synced(records: dict[int, dict[str, Any]]) -> list[UnsyncedStep]:
+    """Steps whose optimizer applied gradients of a backward that DDP did not reduce (its forward ran under no_sync)."""
+    out: list[UnsyncedStep] = []
+    for (step, module), by_rank in sorted(_rows_by_key(records, "grads").items()):
+        ranks = sorted(r for r, row in by_rank.items() if not row.get("reduced", True))
+        if ranks:
+            forwards = max(int(by_rank[r].get("unsynced_forwards", 0)) for r in ranks)
+            out.append(UnsyncedStep(step, module, ranks, forwards))
+    return out
+
+
+def unused_parameters(records: dict[int, dict[str, Any]], names: dict[int, list[str]]) -> dict[int, list[str]]:
+    """Parameters whose gradient was None at every checked optimizer step, on every rank."""
+    seen: dict[int, set[int]] = {}
+    has_rows: set[int] = set()
+    for rec in records.values():
+        for row in rec.get("grads", []):
+            m = int(row["module"])
+            has_rows.add(m)
+            seen.setdefault(m, set()).update(j for j, fp in enumerate(row["fp"]) if fp is not None)
+    return {
+        m: [n for j, n in enumerate(names.get(m, [])) if j not in seen.get(m, set())]
+        for m in sorted(has_rows)
+        if any(j not in seen.get(m, set()) for j in range(len(names.get(m, []))))
+    }
+
+
+def analyze_sync(records: dict[int, dict[str, Any]]) -> SyncAnalysis:
+    """``records``: rank -> that rank's sync.json."""
+    ranks = sorted(records)
+    first = records[ranks[0]] if ranks else {}
+    modules = list(first.get("modules", []))
+    names = {int(m["index"]): list(m.get("params", [])) for m in modules}
+    buffer_names = {int(m["index"]): list(m.get("buffers", [])) for m in modules}
+    buffers = check_tensors(records, "buffers", buffer_names)
+    synced_by_ddp: dict[int, bool] = {}
+    for rec in records.values():
+        for row in rec.get("buffers", []):
+            m = int(row["module"])
+            synced_by_ddp[m] = synced_by_ddp.get(m, True) and bool(row.get("synced_by_ddp"))
+    outside: list[dict[str, Any]] = []
+    for rank in ranks:
+        for item in records[rank].get("optimizer_params_outside_ddp", []):
+            outside.append({"rank": rank, **item})
+    equivalence = next((rec["equivalence"] for rec in records.values() if (rec.get("equivalence") or {}).get("relative_error") is not None), None)
+    if equivalence is None:
+        equivalence = next((rec["equivalence"] for rec in records.values() if rec.get("equivalence")), None)
+    steps = [int(rec.get("steps_completed", 0) or 0) for rec in records.values()]
+    return SyncAnalysis(
+        ranks=ranks,
+        modules=modules,
+        grads=check_tensors(records, "grads", names),
+        params=check_tensors(records, "params", names),
+        buffers=buffers,
+        never_synced=never_synced(records),
+        unused=unused_parameters(records, names),
+        outside_ddp=outside,
+        equivalence=equivalence,
+        steps_checked=min(steps) if steps else 0,
+        buffer_sync_by_ddp=synced_by_ddp,
+    )

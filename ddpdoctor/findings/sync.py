@@ -1,0 +1,203 @@
+"""Findings of `check-sync`: tensors that differ across ranks, gradients DDP never reduced, and data sharded wrong."""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+from ddpdoctor.analyses.sync import EQUIVALENCE_RTOL, RTOL, SyncAnalysis, TensorCheck, TensorDiff
+from ddpdoctor.findings.model import Finding, Severity
+
+NAMES_SHOWN = 5
+
+_ADVICE = {
+    "grad": "Gradients must be identical after DDP's all-reduce. Look for code that changes .grad on one rank after "
+            "backward (clipping with a per-rank norm, manual scaling), parameters outside the DDP module, or backward "
+            "passes under no_sync().",
+    "param": "Parameters must stay identical. Look for code that edits weights on one rank after DDP wrapped the model "
+             "(loading a checkpoint on rank 0 only, re-initialising a layer), or parameters the optimizer updates but "
+             "DDP does not reduce. Wrap the model after every rank has loaded the same weights.",
+}
+
+
+def _fmt(x: float) -> float | str:
+    return x if math.isfinite(x) else "inf"
+
+
+def _divergence_finding(check: TensorCheck, id_: str, severity: Severity, never_reduced_steps: set[int]) -> Finding:
+    step = check.first_step
+    first = [d for d in check.diverged if d.step == step]
+    names = [d.name for d in first]
+    ranks = sorted({r for d in first for r in d.ranks})
+    kind = {"grad": "Gradients", "param": "Parameters", "buffer": "Buffers"}[check.kind]
+    later = sorted({d.step for d in check.diverged})
+    title = f"{kind} differ across ranks from step {step}: {', '.join(names[:3])}" + (
+        f" and {len(names) - 3} more" if len(names) > 3 else "")
+    if check.kind == "grad" and step in never_reduced_steps:
+        title += " (this step's backward was never reduced: see grads-never-synced)"
+    worst: TensorDiff = max(first, key=lambda d: d.max_rel_diff)
+    evidence: dict[str, Any] = {
+        "step": step,
+        "parameters": names[:NAMES_SHOWN] if check.kind != "buffer" else None,
+        "buffers": names[:NAMES_SHOWN] if check.kind == "buffer" else None,
+        "tensors_diverged": len(first),
+        "reference_rank": first[0].reference_rank,
+        "ranks": ranks,
+        "max_abs_diff": _fmt(max(d.max_abs_diff for d in first)),
+        "max_rel_diff": _fmt(worst.max_rel_diff),
+        "worst_tensor": worst.name,
+        "steps_diverged": later,
+        "tolerance_rel": RTOL,
+    }
+    evidence = {k: v for k, v in evidence.items() if v is not None}
+    return Finding(id_, severity, title, ranks=ranks, evidence=evidence, advice=_ADVICE.get(check.kind, ""))
+
+
+def _tolerance_finding(check: TensorCheck, id_: str) -> Finding:
+    d = check.within_tolerance
+    return Finding(
+        id_, Severity.INFO,
+        f"{len(d)} {check.kind} fingerprint(s) differ across ranks, but only within the tolerance (relative {RTOL:g})",
+        ranks=sorted({r for x in d for r in x.ranks}),
+        evidence={"first_step": d[0].step, "tensors": [x.name for x in d[:NAMES_SHOWN]],
+                  "max_rel_diff": max(x.max_rel_diff for x in d)},
+        advice="Not bitwise equal, which DDP normally guarantees; harmless at this size, but expected only on "
+               "ranks with different hardware or non-deterministic kernels.",
+    )
+
+
+def _buffer_findings(analysis: SyncAnalysis) -> list[Finding]:
+    check = analysis.buffers
+    if not check.diverged:
+        return [_tolerance_finding(check, "buffer-divergence")] if check.within_tolerance else []
+    modules = {int(m["index"]): m for m in analysis.modules}
+    step = check.first_step
+    first = [d for d in check.diverged if d.step == step]
+    mod = modules.get(first[0].module, {})
+    bn = set(mod.get("batchnorm_buffers", []))
+    unsynced = not mod.get("broadcast_buffers", True) or not analysis.buffer_sync_by_ddp.get(first[0].module, True)
+    f = _divergence_finding(check, "buffer-divergence", Severity.WARNING if unsynced else Severity.ERROR, set())
+    evidence = dict(f.evidence, broadcast_buffers=mod.get("broadcast_buffers", True),
+                    batchnorm=all(d.name in bn for d in first))
+    if evidence["batchnorm"] and not mod.get("broadcast_buffers", True):
+        title = f"BatchNorm running statistics drift apart across ranks from step {step} (broadcast_buffers=False)"
+        advice = ("Each rank updates running_mean/running_var from its own batches and DDP, with broadcast_buffers=False, "
+                  "never copies rank 0's. Training is unaffected (BatchNorm in train mode normalises with the batch's "
+                  "statistics, and gradients are still averaged), but evaluation and checkpoints use the running "
+                  "statistics, so each rank would evaluate a different model. It matters if you evaluate or save on "
+                  "more than one rank or compare them: use broadcast_buffers=True (the default), SyncBatchNorm "
+                  "(torch.nn.SyncBatchNorm.convert_sync_batchnorm), or all-reduce the buffers before evaluating.")
+    elif unsynced:
+        title = f"Buffers differ across ranks from step {step}; DDP does not broadcast them (broadcast_buffers=False)"
+        advice = ("With broadcast_buffers=False every rank keeps its own buffers. If they should agree, use "
+                  "broadcast_buffers=True or synchronise them yourself.")
+    else:
+        title = f"Buffers differ across ranks at step {step} even though DDP had just broadcast them"
+        advice = ("Something changed buffers on one rank between DDP's broadcast and the forward (a forward pre-hook, "
+                  "a rank-dependent branch): find the code that writes them.")
+    return [Finding("buffer-divergence", f.severity, title, ranks=f.ranks, evidence=evidence, advice=advice)]
+
+
+def sync_findings(analysis: SyncAnalysis) -> list[Finding]:
+    findings: list[Finding] = []
+    never_reduced = {u.step for u in analysis.never_synced}
+    for check, id_ in ((analysis.grads, "grad-divergence"), (analysis.params, "param-divergence")):
+        if check.diverged:
+            findings.append(_divergence_finding(check, id_, Severity.ERROR, never_reduced))
+        elif check.within_tolerance:
+            findings.append(_tolerance_finding(check, id_))
+    findings.extend(_buffer_findings(analysis))
+    if analysis.never_synced:
+        u = analysis.never_synced
+        findings.append(Finding(
+            "grads-never-synced", Severity.ERROR,
+            f"{len(u)} optimizer step(s) applied gradients that DDP never reduced (backward under no_sync())",
+            ranks=sorted({r for x in u for r in x.ranks}),
+            evidence={"steps": [x.step for x in u][:20], "module": u[0].module,
+                      "unsynced_forwards_in_first_step": u[0].unsynced_forwards},
+            advice="no_sync() skips the all-reduce, for gradient accumulation: the LAST micro-batch before "
+                   "optimizer.step() must run outside no_sync() so DDP reduces the accumulated gradients. "
+                   "Otherwise each rank steps with its own gradients and the replicas drift apart.",
+        ))
+    names = {int(m["index"]): m for m in analysis.modules}
+    for module, unused in analysis.unused.items():
+        mod = names.get(module, {})
+        findings.append(Finding(
+            "unused-parameters", Severity.WARNING,
+            f"{len(unused)} parameter(s) of DDP module #{module} never got a gradient in {analysis.steps_checked} steps: "
+            + ", ".join(unused[:3]) + (" …" if len(unused) > 3 else ""),
+            ranks=analysis.ranks,
+            evidence={"module": module, "parameters": unused[:20], "count": len(unused),
+                      "find_unused_parameters": mod.get("find_unused_parameters")},
+            advice="Parameters outside the loss's graph cost memory and, with find_unused_parameters=True, a graph "
+                   "traversal every step. Remove them, freeze them (requires_grad=False) before wrapping, or check why "
+                   "the forward skips them.",
+        ))
+    for mod in analysis.modules:
+        if mod.get("ignored_params"):
+            findings.append(Finding(
+                "unused-parameters", Severity.INFO,
+                f"{len(mod['ignored_params'])} parameter(s) of DDP module #{mod['index']} are excluded from DDP "
+                "(_ddp_params_and_buffers_to_ignore): their gradients are never averaged",
+                ranks=analysis.ranks, evidence={"module": mod["index"], "parameters": mod["ignored_params"][:20]},
+                advice="Fine when you reduce them yourself; otherwise they diverge (see grad-divergence).",
+            ))
+    if analysis.outside_ddp:
+        shown = [o for o in analysis.outside_ddp if o["rank"] == analysis.outside_ddp[0]["rank"]]
+        findings.append(Finding(
+            "unused-parameters", Severity.WARNING,
+            f"The optimizer updates {len(shown)} parameter(s) that belong to no DDP module: DDP never averages their gradients",
+            ranks=sorted({o["rank"] for o in analysis.outside_ddp}),
+            evidence={"parameters": [f"{o['name']} {o['shape']}" for o in shown[:10]], "count": len(shown)},
+            advice="Put every trained module inside the DDP wrapper (one DDP around the whole model), or all-reduce "
+                   "those gradients yourself.",
+        ))
+    findings.extend(_equivalence_findings(analysis.equivalence))
+    return findings
+
+
+def _equivalence_findings(eq: dict[str, Any] | None) -> list[Finding]:
+    if not eq:
+        return []
+    if eq.get("skipped"):
+        return [Finding("ddp-equivalence", Severity.INFO, f"Equivalence check skipped: {eq['skipped']}",
+                        evidence={"step": eq.get("step")})]
+    errs = {k: (float(v) if v is not None else None) for k, v in (eq.get("relative_error") or {}).items()}
+    known = {k: v for k, v in errs.items() if v is not None}
+    if not known:
+        return [Finding("ddp-equivalence", Severity.INFO, "Equivalence check compared no gradient", evidence={"step": eq.get("step")})]
+    worst_name = max(known, key=lambda k: known[k])
+    worst = known[worst_name]
+    caveats = list(eq.get("caveats", []))
+    evidence = {"step": eq["step"], "world_size": eq.get("world_size"), "batch_sizes": eq.get("batch_sizes"),
+                "max_relative_error": _fmt(worst), "worst_parameter": worst_name, "tolerance": EQUIVALENCE_RTOL,
+                "relative_error": {k: _fmt(v) for k, v in list(known.items())[:50]}, "caveats": caveats}
+    if worst <= EQUIVALENCE_RTOL:
+        return [Finding("ddp-equivalence", Severity.INFO,
+                        f"DDP's averaged gradient equals one process's gradient on all {eq.get('world_size')} batches "
+                        f"(largest relative error {worst:.2g}, parameter {worst_name})", evidence=evidence)]
+    per_rank = {k: float(v) for k, v in (eq.get("relative_error_per_rank_batches") or {}).items() if v is not None}
+    if per_rank:
+        worst_rank_name = max(per_rank, key=lambda k: per_rank[k])
+        evidence["max_relative_error_per_rank_batches"] = _fmt(per_rank[worst_rank_name])
+        if per_rank[worst_rank_name] <= EQUIVALENCE_RTOL:
+            return [Finding("ddp-equivalence", Severity.INFO,
+                            f"DDP's averaged gradient equals one process's gradient over each rank's batch "
+                            f"(largest relative error {per_rank[worst_rank_name]:.2g}); on the union batch it differs "
+                            f"by {worst:.2g}, as BatchNorm's per-rank statistics imply", evidence=evidence,
+                            advice="Expected with BatchNorm: each rank normalises with its own batch statistics. "
+                                   "SyncBatchNorm normalises over the whole global batch.")]
+        worst, worst_name = per_rank[worst_rank_name], worst_rank_name
+    elif caveats:
+        return [Finding("ddp-equivalence", Severity.INFO,
+                        f"DDP's gradient differs from the single-process one (relative {worst:.2g}) as expected with "
+                        + " and ".join(caveats), evidence=evidence,
+                        advice="BatchNorm normalises each rank's batch with its own statistics and dropout draws other "
+                               "masks, so the identity does not hold exactly; use SyncBatchNorm for batch statistics "
+                               "over the whole global batch.")]
+    return [Finding("ddp-equivalence", Severity.ERROR,
+                    f"DDP's averaged gradient differs from one process's gradient on all batches: relative error "
+                    f"{worst:.2g} on {worst_name}", ranks=[0], evidence=evidence,
+                    advice="DDP promises the gradient of the whole global batch. A difference means a communication "
+                           "hook, gradient manipulation between backward and step, or a model whose output for a "
+                           "sample depends on other samples in the batch.")]

@@ -1,0 +1,126 @@
+"""Findings of `check-sync` about the data: overlapping or incomplete shards, epochs, uneven batches, seeds."""
+
+from __future__ import annotations
+
+from ddpdoctor.analyses.data_shards import (
+    COVERAGE_ERROR_FRACTION,
+    OVERLAP_HASH_FRACTION,
+    DataAnalysis,
+    EpochShards,
+)
+from ddpdoctor.findings.model import Finding, Severity
+
+
+def _overlap_finding(e: EpochShards) -> Finding | None:
+    if e.overlap == 0:
+        return None
+    ranks = sorted({r for a, b, _ in e.overlap_pairs for r in (a, b)})
+    evidence = {
+        "loader": e.loader, "epoch": e.epoch, "shared_samples": e.overlap, "dataset_len": e.dataset_len,
+        "samples_per_rank": {str(r): n for r, n in e.samples_per_rank.items()},
+        "pairs": [{"ranks": [a, b], "shared": n} for a, b, n in e.overlap_pairs[:10]],
+        "examples": e.overlap_examples, "padding_allowed": e.padding_allowed, "by": e.kind,
+    }
+    if e.kind == "indices" and e.overlap <= e.padding_allowed:
+        return Finding(
+            "sampler-overlap", Severity.INFO,
+            f"{e.overlap} sample(s) appear on two ranks in epoch {e.epoch}: DistributedSampler's padding (drop_last=False)",
+            ranks=ranks, evidence=evidence,
+            advice="DistributedSampler repeats a few samples so every rank gets as many; harmless. "
+                   "drop_last=True drops them instead.",
+        )
+    smallest = min(e.samples_per_rank.values()) or 1
+    if e.kind == "hashes" and e.overlap / smallest <= OVERLAP_HASH_FRACTION:
+        return Finding(
+            "sampler-overlap", Severity.INFO,
+            f"{e.overlap} identical sample(s) on several ranks in epoch {e.epoch} of an iterable dataset (under 1%)",
+            ranks=ranks, evidence=evidence, advice="Likely duplicate rows in the data; check if it grows.",
+        )
+    share = e.overlap / e.dataset_len if e.dataset_len else None
+    title = f"Ranks see the same samples in epoch {e.epoch}: {e.overlap} shared"
+    if share is not None:
+        title += f" ({share:.0%} of the dataset)"
+    return Finding(
+        "sampler-overlap", Severity.ERROR, title, ranks=ranks, evidence=evidence,
+        advice="Each rank must see a disjoint shard: use DistributedSampler(dataset) as the DataLoader's sampler "
+               "(no shuffle=True on the DataLoader), or for an IterableDataset split the stream by rank "
+               "(and by worker, torch.utils.data.get_worker_info()). Otherwise the global batch repeats samples and "
+               "an epoch is really 1/world_size of one.",
+    )
+
+
+def _coverage_finding(e: EpochShards) -> Finding | None:
+    if not e.missing:
+        return None
+    evidence = {"loader": e.loader, "epoch": e.epoch, "missing": e.missing, "dataset_len": e.dataset_len,
+                "examples": e.missing_examples, "drop_allowed": e.drop_allowed}
+    if e.missing <= e.drop_allowed:
+        return Finding("sampler-coverage", Severity.INFO,
+                       f"{e.missing} sample(s) left out of epoch {e.epoch} by DistributedSampler(drop_last=True)",
+                       evidence=evidence, advice="Expected: the tail that does not divide evenly across ranks.")
+    fraction = e.missing / e.dataset_len if e.dataset_len else 1.0
+    severity = Severity.ERROR if fraction > COVERAGE_ERROR_FRACTION else Severity.WARNING
+    return Finding(
+        "sampler-coverage", severity,
+        f"{e.missing} of {e.dataset_len} samples ({fraction:.0%}) were seen by no rank in epoch {e.epoch}",
+        ranks=sorted(e.samples_per_rank), evidence=evidence,
+        advice="The shards do not cover the dataset. Use DistributedSampler, which splits every index across ranks; "
+               "if the gap is deliberate (a held-out split), build the DataLoader on a Subset instead.",
+    )
+
+
+def _uneven_finding(e: EpochShards) -> Finding | None:
+    counts = {r: n for r, n in e.batches_per_rank.items() if n is not None}
+    if len(set(counts.values())) <= 1:
+        return None
+    return Finding(
+        "sampler-uneven-batches", Severity.ERROR,
+        f"Ranks get different numbers of batches in epoch {e.epoch}: "
+        + ", ".join(f"rank {r}: {n}" for r, n in sorted(counts.items())),
+        ranks=sorted(counts), evidence={"loader": e.loader, "epoch": e.epoch, "batches": {str(r): n for r, n in counts.items()}},
+        advice="The rank with more batches will wait forever in DDP's all-reduce once the others finish the epoch "
+               "(a hang, or a timeout). Give every rank the same number of batches (DistributedSampler, "
+               "drop_last=True) or wrap the loop in torch.distributed.algorithms.Join([model]).",
+    )
+
+
+def data_findings(data: DataAnalysis, world_size: int) -> list[Finding]:
+    findings: list[Finding] = []
+    for c in data.init_conflicts:
+        findings.append(Finding(
+            "sampler-shuffle-conflict", Severity.ERROR,
+            f"DataLoader(shuffle=True) together with a {c['sampler']}: PyTorch refuses it ({c['error']})",
+            ranks=[c["rank"]], evidence=c,
+            advice="With a sampler, shuffling is the sampler's job: drop shuffle=True and use "
+                   "DistributedSampler(dataset, shuffle=True), calling sampler.set_epoch(epoch) every epoch.",
+        ))
+    seen: set[str] = set()
+    for e in data.epochs:
+        for f in (_overlap_finding(e), _coverage_finding(e), _uneven_finding(e)):
+            # One finding per id and loader: the first epoch that shows it (later epochs repeat it).
+            if f is not None and (key := f"{f.id}:{e.loader}") not in seen:
+                seen.add(key)
+                findings.append(f)
+    for facts in data.loaders:
+        if facts.same_order_epochs:
+            ranks = sorted(facts.same_order_epochs)
+            sampler = next((s for s in facts.sampler.values() if s), {}) or {}
+            findings.append(Finding(
+                "sampler-no-set-epoch", Severity.WARNING,
+                f"DataLoader #{facts.loader} yields the same order every epoch ({sampler.get('class')} with shuffle=True)",
+                ranks=ranks,
+                evidence={"loader": facts.loader, "epochs_same_as_first": facts.same_order_epochs[ranks[0]],
+                          "sampler_epoch_per_epoch": facts.sampler_epochs.get(ranks[0]),
+                          "set_epoch_calls": data.set_epoch_calls.get(ranks[0], 0)},
+                advice="DistributedSampler shuffles with seed + epoch: call sampler.set_epoch(epoch) at the start of "
+                       "every epoch, or every epoch repeats the first one's order.",
+            ))
+    for m in data.seed_mismatch:
+        findings.append(Finding(
+            "sampler-seed-mismatch", Severity.ERROR,
+            f"DataLoader #{m['loader']}'s sampler is seeded differently on different ranks",
+            ranks=sorted(int(r) for r in m["seeds"]), evidence=m,
+            advice="DistributedSampler must get the same seed on every rank: each rank shuffles the whole index list "
+                   "and takes its slice, so different seeds give overlapping shards and skipped samples.",
+        ))
+    return findings

@@ -1,0 +1,294 @@
+"""Records, in each rank, which dataset samples every DataLoader epoch yields (indices, or fingerprints for iterable datasets).
+
+Map-style loaders: the loader's index sampler (the batch sampler, or the sampler) is wrapped; at an epoch's
+first batch the wrapper draws the whole epoch's indices from the real sampler at once (the same draws, in
+the same order, from the same random generators the loader would have used) and records them, then hands
+them out.
+Iterable datasets have no indices: each yielded sample (row of the batch's first tensor) is hashed instead.
+Nothing here changes which samples the script sees."""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Iterator
+from typing import Any
+
+import torch
+from torch.utils.data import DataLoader, DistributedSampler, Subset
+from torch.utils.data.dataloader import _BaseDataLoaderIter, _DatasetKind
+
+MAX_INDICES = 2_000_000  # per epoch: beyond this the epoch is marked truncated (coverage is then not judged)
+MAX_HASHED_SAMPLES = 100_000  # per epoch of an iterable dataset
+EPOCHS_WITH_INDICES = 4  # later epochs keep only their batch count and a hash of their order (memory)
+
+
+def _flatten(item: Any) -> list[int]:
+    if isinstance(item, (list, tuple)):
+        return [int(i) for i in item]
+    if isinstance(item, torch.Tensor):
+        return [int(i) for i in item.reshape(-1).tolist()]
+    return [int(item)]
+
+
+def _subset_maps(dataset: Any) -> tuple[Any, list[Any]]:
+    """The dataset under nested Subsets, and the index lists that lead to it (outermost first)."""
+    maps: list[Any] = []
+    while isinstance(dataset, Subset):
+        maps.append(dataset.indices)
+        dataset = dataset.dataset
+    return dataset, maps
+
+
+def _base_sampler(loader: Any) -> Any:
+    batch_sampler = getattr(loader, "batch_sampler", None)
+    inner = getattr(batch_sampler, "sampler", None)
+    return inner if inner is not None else getattr(loader, "sampler", None)
+
+
+def _sampler_facts(sampler: Any) -> dict[str, Any]:
+    facts: dict[str, Any] = {"class": type(sampler).__name__}
+    if isinstance(sampler, DistributedSampler):
+        facts.update(
+            distributed=True, num_replicas=sampler.num_replicas, rank=sampler.rank, shuffle=bool(sampler.shuffle),
+            seed=int(sampler.seed), drop_last=bool(sampler.drop_last), total_size=int(sampler.total_size),
+        )
+    else:
+        facts["distributed"] = False
+        for attr in ("shuffle", "seed", "replacement", "drop_last"):
+            value = getattr(sampler, attr, None)
+            if isinstance(value, (bool, int, float, str)):
+                facts[attr] = value
+        if type(sampler).__name__ in ("RandomSampler", "SubsetRandomSampler"):
+            facts.setdefault("shuffle", True)
+    epoch = getattr(sampler, "epoch", None)
+    if isinstance(epoch, int):
+        facts["epoch"] = epoch
+    return facts
+
+
+def _hash_rows(batch: Any) -> list[str]:
+    """One short hash per sample: the rows of the first tensor found in the batch."""
+    leaf = batch
+    while isinstance(leaf, (list, tuple)) and leaf:
+        leaf = leaf[0]
+    if isinstance(leaf, dict) and leaf:
+        leaf = next(iter(leaf.values()))
+    if not isinstance(leaf, torch.Tensor) or leaf.dim() == 0:
+        return []
+    rows = leaf.detach().cpu().contiguous()
+    return [hashlib.blake2b(r.numpy().tobytes(), digest_size=8).hexdigest() for r in rows]
+
+
+class _RecordingIndexSampler:
+    """Stands in for a loader's index sampler; each ``iter`` records one epoch's indices."""
+
+    def __init__(self, probe: SamplerProbe, loader_id: int, inner: Any) -> None:
+        self._probe = probe
+        self._loader_id = loader_id
+        self.inner = inner
+
+    def __len__(self) -> int:
+        return len(self.inner)
+
+    def __getattr__(self, name: str) -> Any:
+        if name == "inner":  # not set yet (copy, unpickling): no recursion
+            raise AttributeError(name)
+        return getattr(self.inner, name)
+
+    def __iter__(self) -> Iterator[Any]:
+        # iter() now, as the loader would (eager samplers draw here); drain at the first next(), where a
+        # generator sampler draws, so every random number is drawn in the loader's own order.
+        return self._drain(self._probe.current_epoch(self._loader_id), iter(self.inner))
+
+    def _drain(self, record: dict[str, Any] | None, it: Iterator[Any]) -> Iterator[Any]:
+        head: list[Any] = []
+        indices: list[int] = []
+        truncated = False
+        for item in it:  # an infinite sampler (a repeating one) stops at the cap
+            head.append(item)
+            indices.extend(_flatten(item))
+            if len(indices) >= MAX_INDICES:
+                truncated = True
+                break
+        if record is not None:
+            record["batches"] = None if truncated else len(head)
+            record["order_hash"] = hashlib.blake2b(repr(indices).encode(), digest_size=8).hexdigest()
+            record["truncated"] = truncated
+            keep = record["epoch"] < EPOCHS_WITH_INDICES
+            if keep:
+                record["indices"] = indices[:MAX_INDICES]
+            maps = self._probe.loaders[self._loader_id]["_maps"]
+            if maps and keep:
+                # Hand-made shards are often Subsets: compare them in the underlying dataset's indices.
+                root = list(record["indices"])
+                for m in maps:
+                    root = [int(m[i]) for i in root]
+                record["root_indices"] = root
+        yield from head
+        yield from it
+
+
+class SamplerProbe:
+    """Patches DataLoader while installed; ``data()`` is what it saw, ready for data.json."""
+
+    def __init__(self) -> None:
+        self.loaders: list[dict[str, Any]] = []
+        self.init_conflicts: list[dict[str, Any]] = []
+        self.set_epoch_calls = 0
+        self.last_record: dict[str, Any] | None = None
+        self._saved: dict[str, Any] = {}
+
+    def install(self) -> None:
+        probe = self
+        orig_init = DataLoader.__init__
+        orig_iter = DataLoader.__iter__
+        orig_prop = DataLoader.__dict__["_index_sampler"]
+        orig_next = _BaseDataLoaderIter.__next__
+        orig_set_epoch = DistributedSampler.set_epoch
+        self._saved = {"init": orig_init, "iter": orig_iter, "prop": orig_prop, "next": orig_next,
+                       "set_epoch": orig_set_epoch}
+
+        def __init__(loader: Any, dataset: Any, *args: Any, **kwargs: Any) -> None:
+            try:
+                orig_init(loader, dataset, *args, **kwargs)
+            except ValueError as exc:
+                if kwargs.get("shuffle") and (kwargs.get("sampler") is not None or kwargs.get("batch_sampler") is not None):
+                    probe.init_conflicts.append({
+                        "error": str(exc), "sampler": type(kwargs.get("sampler") or kwargs.get("batch_sampler")).__name__,
+                    })
+                raise
+            try:
+                probe._register(loader, kwargs)
+            except Exception:  # noqa: BLE001 - recording never breaks the user's loader
+                pass
+
+        def __iter__(loader: Any) -> Any:
+            probe._start_epoch(loader)
+            return orig_iter(loader)
+
+        def _index_sampler(loader: Any) -> Any:
+            inner = orig_prop.fget(loader)
+            loader_id = loader.__dict__.get("_ddpdoctor_loader_id")
+            if loader_id is None or loader._dataset_kind != _DatasetKind.Map:
+                return inner
+            cached = loader.__dict__.get("_ddpdoctor_index_sampler")
+            if cached is None or cached.inner is not inner:
+                cached = _RecordingIndexSampler(probe, loader_id, inner)
+                loader.__dict__["_ddpdoctor_index_sampler"] = cached
+            return cached
+
+        def __next__(it: Any) -> Any:
+            data = orig_next(it)
+            try:
+                probe._on_batch(it, data)
+            except Exception:  # noqa: BLE001
+                pass
+            return data
+
+        def set_epoch(sampler: Any, epoch: int) -> None:
+            probe.set_epoch_calls += 1
+            orig_set_epoch(sampler, epoch)
+
+        DataLoader.__init__ = __init__  # type: ignore[method-assign]
+        DataLoader.__iter__ = __iter__  # type: ignore[method-assign]
+        DataLoader._index_sampler = property(_index_sampler)  # type: ignore[method-assign,assignment]
+        _BaseDataLoaderIter.__next__ = __next__  # type: ignore[method-assign]
+        DistributedSampler.set_epoch = set_epoch  # type: ignore[method-assign]
+
+    def uninstall(self) -> None:
+        if not self._saved:
+            return
+        DataLoader.__init__ = self._saved["init"]  # type: ignore[method-assign]
+        DataLoader.__iter__ = self._saved["iter"]  # type: ignore[method-assign]
+        DataLoader._index_sampler = self._saved["prop"]  # type: ignore[method-assign]
+        _BaseDataLoaderIter.__next__ = self._saved["next"]  # type: ignore[method-assign]
+        DistributedSampler.set_epoch = self._saved["set_epoch"]  # type: ignore[method-assign]
+        self._saved = {}
+
+    # -- recording -----------------------------------------------------------------------------------
+    def _register(self, loader: Any, kwargs: dict[str, Any]) -> None:
+        loader_id = len(self.loaders)
+        loader.__dict__["_ddpdoctor_loader_id"] = loader_id
+        iterable = loader._dataset_kind == _DatasetKind.Iterable
+        try:
+            dataset_len: int | None = len(loader.dataset)
+        except TypeError:
+            dataset_len = None
+        root, maps = _subset_maps(loader.dataset)
+        subset = None
+        if maps and not iterable:
+            final = list(range(len(maps[0])))
+            for m in maps:
+                final = [int(m[i]) for i in final]
+            subset = {"root_class": type(root).__name__, "root_len": len(root),
+                      "hash": hashlib.blake2b(repr(final).encode(), digest_size=8).hexdigest()}
+        self.loaders.append({
+            "loader": loader_id,
+            "subset": subset,
+            "_maps": maps if subset else [],
+            "dataset_class": type(loader.dataset).__name__,
+            "dataset_len": dataset_len,
+            "iterable": iterable,
+            "batch_size": loader.batch_size,
+            "drop_last": bool(loader.drop_last),
+            "shuffle_arg": bool(kwargs.get("shuffle")),
+            "sampler_arg": kwargs.get("sampler") is not None,
+            "batch_sampler_arg": kwargs.get("batch_sampler") is not None,
+            "num_workers": int(loader.num_workers),
+            "sampler": None if iterable else _sampler_facts(_base_sampler(loader)),
+            "epochs": [],
+            "_loader": loader,
+        })
+
+    def current_epoch(self, loader_id: int) -> dict[str, Any] | None:
+        epochs = self.loaders[loader_id]["epochs"]
+        return epochs[-1] if epochs else None
+
+    def _start_epoch(self, loader: Any) -> None:
+        loader_id = loader.__dict__.get("_ddpdoctor_loader_id")
+        if loader_id is None:
+            return
+        entry = self.loaders[loader_id]
+        record: dict[str, Any] = {"epoch": len(entry["epochs"]), "batches_yielded": 0, "steps": 0}
+        if entry["iterable"]:
+            record["sample_hashes"] = []
+        else:
+            sampler = _base_sampler(loader)
+            record["sampler_epoch"] = getattr(sampler, "epoch", None) if isinstance(getattr(sampler, "epoch", None), int) else None
+            try:
+                record["len"] = len(loader)
+            except TypeError:
+                record["len"] = None
+        entry["epochs"].append(record)
+
+    def _on_batch(self, it: Any, data: Any) -> None:
+        index_sampler = it._index_sampler
+        loader_id = getattr(index_sampler, "_loader_id", None)
+        if loader_id is None:
+            loader_id = next((e["loader"] for e in self.loaders if e["iterable"] and e["_loader"]._iterator is it), None)
+            if loader_id is None and self.loaders:
+                # Non-persistent iterators are not kept by the loader: match the latest iterable loader.
+                iterables = [e for e in self.loaders if e["iterable"] and e["epochs"]]
+                loader_id = iterables[-1]["loader"] if iterables else None
+        if loader_id is None:
+            return
+        record = self.current_epoch(loader_id)
+        if record is None:
+            return
+        record["batches_yielded"] += 1
+        self.last_record = record
+        hashes = record.get("sample_hashes")
+        if hashes is not None and len(hashes) < MAX_HASHED_SAMPLES:
+            hashes.extend(_hash_rows(data)[: MAX_HASHED_SAMPLES - len(hashes)])
+
+    def on_step(self, step: int) -> None:
+        """An optimizer step ended: the loader that yielded the last batch is a training loader."""
+        if self.last_record is not None:
+            self.last_record["steps"] += 1
+
+    def data(self) -> dict[str, Any]:
+        loaders = []
+        for entry in self.loaders:
+            out = {k: v for k, v in entry.items() if not k.startswith("_")}
+            loaders.append(out)
+        return {"loaders": loaders, "init_conflicts": self.init_conflicts, "set_epoch_calls": self.set_epoch_calls}

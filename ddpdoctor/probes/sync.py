@@ -1,0 +1,341 @@
+"""In-rank probe of `check-sync`: fingerprints gradients, parameters and buffers of every DDP module, step by step.
+
+Each rank writes its own fingerprints (a few float64 numbers per tensor, never the tensors) to
+ranks/rankR/sync.json, and what its DataLoaders yielded to ranks/rankR/data.json; the analysis compares
+ranks offline, so the probe issues no collective on the user's process groups. Only ``--equivalence``
+communicates: once, on a separate gloo group it creates, to gather each rank's batch.
+
+When: gradients at the first optimizer step of an iteration (after every backward of the iteration,
+so DDP has reduced them), parameters when the iteration ends, buffers when the wrapped module's
+forward starts (after DDP has broadcast them, if it does). After ``steps`` iterations every rank
+raises :class:`CheckSyncStop` (a clean ``SystemExit(0)``) from the same step, so none waits on another."""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import time
+from datetime import timedelta
+from typing import Any
+
+import torch
+from torch.nn.parallel import DistributedDataParallel
+
+from ddpdoctor.probes.sampler import SamplerProbe
+from ddpdoctor.rundir.layout import RunDir
+
+SAMPLES = 4  # sampled elements per tensor, at fixed positions
+GATHER_TIMEOUT_S = 120  # the separate gloo group's timeout: a missing rank delays the stop, never hangs it
+MAX_CHECKED_STEPS = 200  # with --steps 0 (run to the end) the first 200 steps are checked, so sync.json stays small
+
+
+class CheckSyncStop(SystemExit):
+    """Ends the script on every rank after the requested number of checked steps."""
+
+    def __init__(self, step: int) -> None:
+        super().__init__(0)
+        self.step = step
+
+
+_POSITIONS: dict[tuple[int, Any], torch.Tensor] = {}
+
+
+def _positions(n: int, device: Any) -> torch.Tensor:
+    key = (n, device)
+    pos = _POSITIONS.get(key)
+    if pos is None:
+        pos = _POSITIONS[key] = torch.tensor([(k * (n - 1)) // (SAMPLES - 1) for k in range(SAMPLES)], device=device)
+    return pos
+
+
+def _table(flats: list[torch.Tensor]) -> list[list[float]]:
+    """Fingerprint rows of same-device, same-dtype flat tensors with a few ops per tensor and one host copy."""
+    sums = torch.stack([f.sum() for f in flats])
+    squares = torch.stack([f.dot(f) for f in flats])
+    samples = torch.stack([f.index_select(0, _positions(f.numel(), f.device)) for f in flats])
+    numel = torch.tensor([float(f.numel()) for f in flats], dtype=torch.float64)
+    # Sums accumulate in the tensor's own precision: converting every element to float64 first costs
+    # 30x more, and determinism (not precision) is what a cross-rank comparison needs.
+    body = torch.cat([sums[:, None], squares[:, None], samples], dim=1).to(torch.float64).cpu()
+    return torch.cat([numel[:, None], body], dim=1).tolist()
+
+
+def fingerprints(tensors: list[torch.Tensor | None]) -> list[list[float] | None]:
+    """Per tensor: [numel, sum, sum of squares, v_0 .. v_3] as float64 (v_k at position k*(n-1)//3), or None.
+
+    O(elements) on the tensor's device and one host transfer per device and dtype for the whole list."""
+    groups: dict[Any, list[tuple[int, torch.Tensor]]] = {}
+    out: list[list[float] | None] = [None] * len(tensors)
+    for i, t in enumerate(tensors):
+        if t is None:
+            continue
+        flat = t.detach().reshape(-1)
+        if flat.dtype not in (torch.float32, torch.float64):
+            flat = flat.float()  # half, bfloat16, integer buffers
+        if flat.numel() == 0:
+            out[i] = [0.0] * (3 + SAMPLES)
+            continue
+        groups.setdefault((flat.device, flat.dtype), []).append((i, flat))
+    for items in groups.values():
+        for (i, _), row in zip(items, _table([f for _, f in items]), strict=True):
+            out[i] = row
+    return out
+
+
+class _Module:
+    """One DDP module under watch."""
+
+    def __init__(self, index: int, ddp: Any) -> None:
+        self.index = index
+        self.ddp = ddp
+        ignored = set(getattr(ddp, "parameters_to_ignore", ()) or ())
+        named = list(ddp.module.named_parameters())
+        self.param_names = [n for n, p in named if p.requires_grad and n not in ignored]
+        self.params = [p for n, p in named if p.requires_grad and n not in ignored]
+        self.ignored = sorted(n for n, p in named if n in ignored)
+        self.frozen = sorted(n for n, p in named if not p.requires_grad)
+        self.buffer_names = [n for n, _ in ddp.module.named_buffers()]
+        self.synced_forwards = 0
+        self.unsynced_forwards = 0
+        self.last_forward_synced: bool | None = None
+        self.buffers_done_step = -1
+        self.buffers_synced_now: bool | None = None  # DDP broadcast the buffers before the current forward
+
+    def describe(self) -> dict[str, Any]:
+        ddp = self.ddp
+        return {
+            "index": self.index,
+            "module_class": type(ddp.module).__name__,
+            "broadcast_buffers": bool(getattr(ddp, "broadcast_buffers", True)),
+            "find_unused_parameters": bool(getattr(ddp, "find_unused_parameters", False)),
+            "params": self.param_names,
+            "ignored_params": self.ignored,
+            "frozen_params": self.frozen,
+            "buffers": self.buffer_names,
+            "batchnorm_buffers": [
+                f"{mn}.{bn}" if mn else bn
+                for mn, m in ddp.module.named_modules()
+                if isinstance(m, torch.nn.modules.batchnorm._BatchNorm)
+                for bn, _ in m.named_buffers(recurse=False)
+            ],
+        }
+
+
+class SyncProbe:
+    def __init__(self, run: RunDir, rank: int, world_size: int, options: dict[str, Any], tracker: Any) -> None:
+        self.run = run
+        self.rank = rank
+        self.world_size = world_size
+        self.tracker = tracker
+        self.stop_after = int(options.get("steps", 5) or 0)  # 0: never stop (benchmarks, API users)
+        self.equivalence = bool(options.get("equivalence", False))
+        self.modules: list[_Module] = []
+        self.grads: list[dict[str, Any]] = []
+        self.params: list[dict[str, Any]] = []
+        self.buffers: list[dict[str, Any]] = []
+        self.optimizer_params_outside_ddp: list[dict[str, Any]] = []
+        self.sampler = SamplerProbe()
+        self.stopped_at: int | None = None
+        self.check_seconds = 0.0
+        self._grads_done_step = -1
+        self._handles: list[Any] = []
+        self._orig_ddp_init: Any = None
+        self._equiv: Any = None
+        self._group: Any = None
+
+    # -- installation ---------------------------------------------------------------------------------
+    def install(self) -> None:
+        from torch.optim.optimizer import register_optimizer_step_pre_hook
+
+        orig = DistributedDataParallel.__init__
+        probe = self
+
+        def __init__(ddp: Any, module: Any, *args: Any, **kwargs: Any) -> None:
+            orig(ddp, module, *args, **kwargs)
+            try:
+                probe._watch(ddp)
+            except Exception:  # noqa: BLE001 - a probe never breaks the user's model
+                pass
+
+        self._orig_ddp_init = orig
+        DistributedDataParallel.__init__ = __init__  # type: ignore[method-assign]
+        self._handles.append(register_optimizer_step_pre_hook(self._on_optimizer_pre))
+        self.sampler.install()
+        if self.equivalence:
+            from ddpdoctor.probes.equivalence import EquivalenceCheck
+
+            self._equiv = EquivalenceCheck(self)
+
+    def uninstall(self) -> None:
+        for h in self._handles:
+            h.remove()
+        self._handles.clear()
+        if self._orig_ddp_init is not None:
+            DistributedDataParallel.__init__ = self._orig_ddp_init  # type: ignore[method-assign]
+            self._orig_ddp_init = None
+        self.sampler.uninstall()
+
+    def _watch(self, ddp: Any) -> None:
+        mod = _Module(len(self.modules), ddp)
+        self.modules.append(mod)
+        ddp.register_forward_pre_hook(lambda m, args, kwargs: self._on_ddp_forward(mod, args, kwargs), with_kwargs=True)
+        ddp.module.register_forward_pre_hook(lambda m, args: self._on_inner_forward(mod))
+        if self._equiv is not None:
+            ddp.register_forward_hook(lambda m, args, out: self._equiv.on_output(mod, out))
+
+    # -- hooks ------------------------------------------------------------------------------------------
+    def _on_ddp_forward(self, mod: _Module, args: Any, kwargs: Any) -> None:
+        ddp = mod.ddp
+        if not torch.is_grad_enabled():
+            return  # evaluation: DDP reduces nothing for it
+        synced = bool(ddp.require_backward_grad_sync)
+        mod.last_forward_synced = synced
+        if synced:
+            mod.synced_forwards += 1
+        else:
+            mod.unsynced_forwards += 1
+        # DDP broadcasts buffers before this forward only under these conditions (its own test).
+        try:
+            mod.buffers_synced_now = bool(ddp._check_sync_bufs_pre_fwd())
+        except Exception:  # noqa: BLE001 - private API
+            mod.buffers_synced_now = None
+        if self._equiv is not None:
+            self._equiv.on_forward(mod, args, kwargs)
+
+    def _on_inner_forward(self, mod: _Module) -> None:
+        step = self.tracker.step
+        if step >= MAX_CHECKED_STEPS or not torch.is_grad_enabled() or mod.buffers_done_step == step or not mod.buffer_names:
+            return
+        mod.buffers_done_step = step
+        t0 = time.perf_counter()
+        tensors = [b for _, b in mod.ddp.module.named_buffers()]
+        self.buffers.append({
+            "step": step, "module": mod.index, "synced_by_ddp": mod.buffers_synced_now,
+            "fp": fingerprints(tensors),
+        })
+        self.check_seconds += time.perf_counter() - t0
+
+    def _on_optimizer_pre(self, optimizer: Any, args: Any, kwargs: Any) -> None:
+        step = self.tracker.step
+        if self._grads_done_step == step or step >= MAX_CHECKED_STEPS:
+            return  # a second optimizer in the same iteration, or past the checked steps
+        self._grads_done_step = step
+        t0 = time.perf_counter()
+        for mod in self.modules:
+            if mod.synced_forwards == 0 and mod.unsynced_forwards == 0:
+                continue  # not used in this iteration
+            self.grads.append({
+                "step": step, "module": mod.index,
+                "synced_forwards": mod.synced_forwards, "unsynced_forwards": mod.unsynced_forwards,
+                "reduced": bool(mod.last_forward_synced),
+                "fp": fingerprints([p.grad for p in mod.params]),
+            })
+        if step == 0:
+            self._note_params_outside_ddp(optimizer)
+        self.check_seconds += time.perf_counter() - t0
+        if self._equiv is not None:
+            self._equiv.on_optimizer_pre(step)
+
+    def _note_params_outside_ddp(self, optimizer: Any) -> None:
+        inside = {id(p) for mod in self.modules for p in mod.ddp.module.parameters()}
+        for g, group in enumerate(optimizer.param_groups):
+            for i, p in enumerate(group["params"]):
+                if id(p) not in inside and p.requires_grad:
+                    self.optimizer_params_outside_ddp.append(
+                        {"name": f"{type(optimizer).__name__}.param_groups[{g}][{i}]", "shape": list(p.shape)}
+                    )
+
+    def on_step(self, step: int) -> None:
+        """Step listener: iteration ``step - 1`` ended (its optimizer stepped)."""
+        self.sampler.on_step(step)
+        t0 = time.perf_counter()
+        done = step - 1
+        for mod in self.modules:
+            if (mod.synced_forwards or mod.unsynced_forwards) and done < MAX_CHECKED_STEPS:
+                self.params.append({"step": done, "module": mod.index, "fp": fingerprints(list(mod.params))})
+            mod.synced_forwards = mod.unsynced_forwards = 0
+            mod.last_forward_synced = None
+        self.check_seconds += time.perf_counter() - t0
+        if self.stop_after and step >= self.stop_after:
+            self.stopped_at = step
+            self._write()
+            self._gather()
+            raise CheckSyncStop(step)
+
+    def group(self) -> Any:
+        """check-sync's own gloo group, created on first use (every rank reaches the same call at the same step)."""
+        import torch.distributed as dist
+
+        if self._group is None:
+            self._group = dist.new_group(backend="gloo", timeout=timedelta(seconds=GATHER_TIMEOUT_S))
+        return self._group
+
+    def _gather(self) -> None:
+        """Every rank stops at the same step: gather the records on rank 0 too, for run directories that
+        are not shared between nodes (rank 0 writes ranks/rank0/sync-all.json; analysis reads it for ranks
+        whose own files are absent)."""
+        import torch.distributed as dist
+
+        try:
+            if not (dist.is_available() and dist.is_initialized()) or dist.get_world_size() < 2:
+                return
+            payload = {"sync": self.record(), "data": {"rank": self.rank, **self.sampler.data()}}
+            gathered: list[Any] | None = [None] * dist.get_world_size() if dist.get_rank() == 0 else None
+            dist.gather_object(payload, gathered, dst=0, group=self.group())
+            if gathered is not None:
+                all_ranks = {str(p["sync"]["rank"]): p for p in gathered if p}
+                _write_compact(self.run.rank_file(self.rank, "sync-all.json"), all_ranks)
+        except Exception:  # noqa: BLE001 - the per-rank files are written already
+            pass
+
+    # -- output -------------------------------------------------------------------------------------------
+    def _write(self) -> None:
+        _write_compact(self.run.rank_file(self.rank, "sync.json"), self.record())
+        _write_compact(self.run.rank_file(self.rank, "data.json"), {"rank": self.rank, **self.sampler.data()})
+
+    def record(self) -> dict[str, Any]:
+        def clean(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+            # JSON has no NaN/inf: keep them as strings so the comparison still sees them.
+            for row in rows:
+                row["fp"] = [None if fp is None else [v if math.isfinite(v) else repr(v) for v in fp] for fp in row["fp"]]
+            return rows
+
+        return {
+            "rank": self.rank,
+            "world_size": self.world_size,
+            "stop_after": self.stop_after,
+            "stopped_at": self.stopped_at,
+            "steps_completed": self.tracker.step,
+            "check_seconds": round(self.check_seconds, 6),
+            "modules": [m.describe() for m in self.modules],
+            "optimizer_params_outside_ddp": self.optimizer_params_outside_ddp,
+            "grads": clean([dict(r) for r in self.grads]),
+            "params": clean([dict(r) for r in self.params]),
+            "buffers": clean([dict(r) for r in self.buffers]),
+            "equivalence": self._equiv.result if self._equiv is not None else None,
+        }
+
+    def finish(self, status: dict[str, Any]) -> None:
+        if self.stopped_at is not None:
+            status["stopped_by"] = f"check-sync after {self.stopped_at} steps"
+        else:
+            self._write()
+        self.uninstall()
+
+
+def _write_compact(path: Any, data: Any) -> None:
+    """Like rundir.write_json (atomic), without indentation: json's C encoder, several times faster on
+    long lists of numbers, which is what these files are."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    tmp.write_text(json.dumps(data, separators=(",", ":"), default=str))
+    os.replace(tmp, path)
+
+
+def install_check_sync(run: RunDir, rank: int, world_size: int, options: dict[str, Any], tracker: Any) -> SyncProbe:
+    """What the bootstrap calls in check-sync mode: the probe, installed and listening to step ends."""
+    probe = SyncProbe(run, rank, world_size, options, tracker)
+    probe.install()
+    tracker.add_listener(probe.on_step)
+    return probe

@@ -1,0 +1,160 @@
+"""`ddpdoctor.check_sync(...)` for test suites, and the report that `check-sync` builds from a run directory."""
+
+from __future__ import annotations
+
+import tempfile
+from pathlib import Path
+from typing import Any
+
+from ddpdoctor.errors import BadInput
+from ddpdoctor.report import Report
+from ddpdoctor.rundir.layout import RunDir, read_json, write_json
+
+
+def load_rank_files(run: RunDir, name: str) -> dict[int, dict[str, Any]]:
+    """rank -> the rank's NAME (sync.json or data.json). Ranks that wrote none here (another node's run
+    directory) come from the copy rank 0 gathered (ranks/rank0/sync-all.json), when there is one."""
+    out: dict[int, dict[str, Any]] = {}
+    for rank in run.ranks_present():
+        path = run.rank_file(rank, name)
+        if path.exists():
+            data = read_json(path)
+            if not isinstance(data, dict):
+                raise BadInput(f"not a ddpdoctor {name} (expected a JSON object)", path)
+            out[rank] = data
+    key = {"sync.json": "sync", "data.json": "data"}[name]
+    for rank in run.ranks_present():
+        path = run.rank_file(rank, "sync-all.json")
+        if not path.exists():
+            continue
+        gathered = read_json(path)
+        if not isinstance(gathered, dict):
+            raise BadInput("not a ddpdoctor sync-all.json (expected a JSON object)", path)
+        for r, payload in gathered.items():
+            if str(r).isdigit() and int(r) not in out and isinstance(payload, dict) and isinstance(payload.get(key), dict):
+                out[int(r)] = payload[key]
+    return out
+
+
+def sync_report(run: RunDir, report: Report | None = None) -> Report:
+    """Add the check-sync analysis of ``run`` to ``report`` (a new one by default) and save report.json."""
+    from ddpdoctor.analyses.data_shards import analyze_data
+    from ddpdoctor.analyses.sync import analyze_sync
+    from ddpdoctor.findings.sync import sync_findings
+    from ddpdoctor.findings.sync_data import data_findings
+
+    report = report or Report(command="check-sync")
+    records = load_rank_files(run, "sync.json")
+    data = load_rank_files(run, "data.json")
+    present = run.ranks_present()
+    if not records:
+        report.notes.append("no rank wrote sync.json: the script ended before check-sync could record anything")
+        return report
+    missing = sorted(set(present) - set(records))
+    if missing:
+        report.notes.append(f"ranks {missing} wrote no sync.json; they are not compared")
+    analysis = analyze_sync(records)
+    shards = analyze_data(data)
+    world = max(int(r.get("world_size", 1)) for r in records.values())
+    report.findings.extend(sync_findings(analysis))
+    report.findings.extend(data_findings(shards, world))
+    report.notes.extend(shards.notes)
+    stop_after = max(int(r.get("stop_after", 0) or 0) for r in records.values())
+    if stop_after and analysis.steps_checked < stop_after:
+        report.notes.append(f"the script ended after {analysis.steps_checked} of the {stop_after} steps asked for")
+    if not analysis.modules:
+        report.notes.append("no DistributedDataParallel module was built: gradients, parameters and buffers were not compared")
+    for facts in shards.loaders:
+        sampler = next((s for s in facts.sampler.values() if s), None) or {}
+        if sampler.get("shuffle") and min(facts.epochs_seen.values()) < 2:
+            report.notes.append(f"DataLoader #{facts.loader} ran one epoch only: whether every epoch gets a new order "
+                                "(set_epoch) is checked from the second epoch on (raise --steps)")
+    report.sections["checks"] = _checks_section(analysis, shards)
+    return report
+
+
+def _checks_section(analysis: Any, shards: Any) -> dict[str, Any]:
+    def tensor(check: Any) -> dict[str, Any]:
+        return {"comparisons": check.comparisons, "steps": sorted(set(check.steps)), "diverged": len(check.diverged),
+                "within_tolerance": len(check.within_tolerance), "first_step": check.first_step}
+
+    return {
+        "ranks": analysis.ranks,
+        "steps_checked": analysis.steps_checked,
+        "modules": [{"index": m["index"], "class": m.get("module_class"), "parameters": len(m.get("params", [])),
+                     "buffers": len(m.get("buffers", [])), "broadcast_buffers": m.get("broadcast_buffers")}
+                    for m in analysis.modules],
+        "grads": tensor(analysis.grads),
+        "params": tensor(analysis.params),
+        "buffers": tensor(analysis.buffers),
+        "data": [{"loader": e.loader, "epoch": e.epoch, "by": e.kind, "samples_per_rank": {str(r): n for r, n in e.samples_per_rank.items()},
+                  "batches_per_rank": {str(r): n for r, n in e.batches_per_rank.items()}, "shared": e.overlap,
+                  "missing": e.missing} for e in shards.epochs],
+        "equivalence": analysis.equivalence,
+    }
+
+
+def render_sync_sections(report: Report, out: Any, verbose: bool) -> None:
+    """Terminal view of the "checks" section: what was compared, and the data shards per epoch."""
+    from rich.table import Table
+
+    checks = report.sections.get("checks")
+    if not checks:
+        return
+    out.print(f"checked {checks['steps_checked']} step(s) on ranks {checks['ranks']}")
+    table = Table(title="Cross-rank comparisons")
+    for col in ("what", "steps", "comparisons", "differ", "within tolerance"):
+        table.add_column(col)
+    for key in ("grads", "params", "buffers"):
+        c = checks[key]
+        table.add_row(key, str(len(c["steps"])), str(c["comparisons"]), str(c["diverged"]), str(c["within_tolerance"]))
+    out.print(table)
+    if checks["data"]:
+        data = Table(title="Data shards (training loaders)")
+        for col in ("loader", "epoch", "samples per rank", "batches per rank", "shared", "unseen"):
+            data.add_column(col)
+        for e in checks["data"][: None if verbose else 6]:
+            data.add_row(str(e["loader"]), str(e["epoch"]), str(e["samples_per_rank"]), str(e["batches_per_rank"]),
+                         str(e["shared"]), "-" if e["missing"] is None else str(e["missing"]))
+        out.print(data)
+
+
+def run_check_sync(script: str, script_args: list[str], *, run_dir: Path, torchrun: dict[str, Any], steps: int,
+                   equivalence: bool, launcher: str = "torchrun", quiet: bool = False,
+                   output_to_stderr: bool = False) -> tuple[Report, int]:
+    """Launch, check, analyse: (report, the job's exit code). The report is also saved as RUN/report.json."""
+    from ddpdoctor.launch.launcher import LaunchSpec, launch
+    from ddpdoctor.rundir.report import job_report
+
+    if steps < 0:
+        raise BadInput(f"--steps must be >= 0, not {steps}")
+    spec = LaunchSpec(
+        mode="check-sync", script=script, script_args=script_args, run_dir=RunDir(Path(run_dir)), torchrun=torchrun,
+        launcher=launcher, options={"steps": steps, "equivalence": equivalence}, quiet=quiet,
+        output_to_stderr=output_to_stderr,
+    )
+    result = launch(spec)
+    report = job_report(spec.run_dir, "check-sync", analyse_traces=False)
+    sync_report(spec.run_dir, report)
+    if result.exit_code:
+        report.notes.append(f"the script failed (exit code {result.exit_code}); its ranks' output is in "
+                            f"{spec.run_dir.root}/ranks/rankR/stderr.log")
+    write_json(spec.run_dir.root / "report.json", report.to_json())
+    return report, result.exit_code
+
+
+def check_sync(script: str, *script_args: str, nproc_per_node: int = 2, steps: int = 5, equivalence: bool = False,
+               out: str | Path | None = None, torchrun: dict[str, Any] | None = None, quiet: bool = True) -> Report:
+    """Run SCRIPT under `ddpdoctor check-sync` and return its Report (``.status``, ``.findings``, ``.to_json()``).
+
+    For test suites::
+
+        report = ddpdoctor.check_sync("train.py", "--epochs", "1", nproc_per_node=2)
+        assert report.status == "ok", report.findings
+
+    ``report.sections["job"]["exit_code"]`` is the script's own exit code. Raises BadInput for a bad script path."""
+    flags = {"--nproc-per-node": str(nproc_per_node), **(torchrun or {})}
+    run_dir = Path(out) if out is not None else Path(tempfile.mkdtemp(prefix="ddpdoctor-check-sync-"))
+    report, _ = run_check_sync(script, list(script_args), run_dir=run_dir, torchrun=flags, steps=steps,
+                               equivalence=equivalence, quiet=quiet)
+    return report
