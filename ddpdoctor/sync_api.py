@@ -121,20 +121,27 @@ def render_sync_sections(report: Report, out: Any, verbose: bool) -> None:
 
 def run_check_sync(script: str, script_args: list[str], *, run_dir: Path, torchrun: dict[str, Any], steps: int,
                    equivalence: bool, launcher: str = "torchrun", quiet: bool = False,
-                   output_to_stderr: bool = False) -> tuple[Report, int]:
+                   output_to_stderr: bool = False, overwrite: bool = False,
+                   watcher: Any = None) -> tuple[Report, int]:
     """Launch, check, analyse: (report, the job's exit code). The report is also saved as RUN/report.json."""
+    from ddpdoctor.findings.watched import watched_report
     from ddpdoctor.launch.launcher import LaunchSpec, launch
-    from ddpdoctor.rundir.report import job_report
+    from ddpdoctor.launch.monitor import make_watcher
 
     if steps < 0:
         raise BadInput(f"--steps must be >= 0, not {steps}")
     spec = LaunchSpec(
         mode="check-sync", script=script, script_args=script_args, run_dir=RunDir(Path(run_dir)), torchrun=torchrun,
         launcher=launcher, options={"steps": steps, "equivalence": equivalence}, quiet=quiet,
-        output_to_stderr=output_to_stderr,
+        output_to_stderr=output_to_stderr, overwrite=overwrite,
     )
-    result = launch(spec)
-    report = job_report(spec.run_dir, "check-sync", analyse_traces=False)
+    # Watched like every launch: a check-sync run that hangs is reported with its culprit, not left hanging.
+    result = launch(spec, watcher if watcher is not None else make_watcher(None, 300.0, "kill"))
+    if not result.reports:
+        from ddpdoctor.commands._common import finish_quietly
+
+        finish_quietly(result)
+    report = watched_report(spec.run_dir, "check-sync")
     sync_report(spec.run_dir, report)
     if result.exit_code:
         report.notes.append(f"the script failed (exit code {result.exit_code}); its ranks' output is in "

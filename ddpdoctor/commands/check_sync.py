@@ -17,11 +17,13 @@ from ddpdoctor.commands._common import (
     launch_options,
 )
 from ddpdoctor.launch.flags import pop_torchrun_values
+from ddpdoctor.launch.monitor import make_watcher, watch_options
 from ddpdoctor.sync_api import render_sync_sections, run_check_sync
 
 
 @click.command(context_settings=LAUNCH_CONTEXT, help=__doc__)
 @launch_options
+@watch_options
 @click.option("--steps", default=5, show_default=True, type=int,
               help="Training steps to check; then every rank stops cleanly. 0: run the script to its end.")
 @click.option("--equivalence", is_flag=True,
@@ -37,6 +39,10 @@ def command(
     name: str | None,
     launcher: str,
     quiet: bool,
+    overwrite: bool,
+    hang_timeout: float | None,
+    startup_timeout: float,
+    on_hang: str,
     steps: int,
     equivalence: bool,
     verbose: bool,
@@ -54,6 +60,8 @@ def command(
         launcher=launcher,
         quiet=quiet,
         output_to_stderr=as_json,
+        overwrite=overwrite,
+        watcher=make_watcher(hang_timeout, startup_timeout, on_hang),
     )
     emit(report, as_json=as_json, verbose=verbose, fail_on=fail_on, sections=render_sync_sections,
          exit_code=job_exit or None)
