@@ -1,7 +1,8 @@
 """ddpdoctor: profiling and diagnostics for PyTorch DistributedDataParallel jobs.
 
-The names here are the whole in-script API; every one of them is a no-op when the script
-does not run under ddpdoctor, so a script that calls them still runs under plain torchrun.
+In-script API: ``step()`` and ``iteration()`` mark training iterations and are no-ops when the script does
+not run under ddpdoctor, so a script that calls them still runs under plain torchrun. ``check_sync()`` runs a
+script under ``ddpdoctor check-sync`` from a test suite.
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """Hang and crash diagnosis: which rank is the culprit, from heartbeats and rank status files (pure functions).
 
-Findings: ``hang``, ``collective-mismatch``, ``rank-crashed``, ``unused-parameters`` (docs/findings/hangs.md)."""
+Findings: ``hang``, ``collective-mismatch``, ``rank-crashed``, ``unused-parameters`` (docs/findings.md)."""
 
 from __future__ import annotations
 

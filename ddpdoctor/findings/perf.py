@@ -1,4 +1,4 @@
-"""Performance findings: pure rules from an Analysis to Findings (docs/findings/perf.md explains every threshold)."""
+"""Performance findings: pure rules from an Analysis to Findings (docs/findings.md explains every threshold)."""
 
 from __future__ import annotations
 

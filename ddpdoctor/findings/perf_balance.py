@@ -1,5 +1,5 @@
 """Performance rules about DDP's flags and about balance: flags that cost time, stragglers, step-time variance,
-waiting for data (docs/findings/perf.md)."""
+waiting for data (docs/findings.md)."""
 
 from __future__ import annotations
 

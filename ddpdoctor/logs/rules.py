@@ -1,5 +1,5 @@
 """Events from logs -> findings: hang, rank-crashed, collective-mismatch, unused-parameters, misleading-root-cause,
-job-failed (docs/findings/logs.md). Pure: no files, no printing."""
+job-failed (docs/findings.md). Pure: no files, no printing."""
 
 from __future__ import annotations
 

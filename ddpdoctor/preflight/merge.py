@@ -389,7 +389,7 @@ def check_topology(topo: list[Finding] | str | None) -> CheckResult:
                              for f in topo]}
     ranks = sorted({r for f in serious for r in f.ranks})
     return CheckResult("nccl_topology", status, summary, evidence, ranks,
-                       "See each topology finding's advice (docs/findings/topo.md).")
+                       "See each topology finding's advice (docs/findings.md).")
 
 
 def merge(records: dict[int, dict[str, Any]], opts: MergeOptions, topo: list[Finding] | str | None = None) -> list[CheckResult]:

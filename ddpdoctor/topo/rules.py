@@ -1,4 +1,4 @@
-"""Fabric findings from an NCCL log (ids are a contract: docs/findings/topo.md); pure functions of Facts."""
+"""Fabric findings from an NCCL log (ids are a contract: docs/findings.md); pure functions of Facts."""
 
 from __future__ import annotations
 

@@ -183,7 +183,7 @@ def test_whatif_finding_and_advice():
 def test_every_threshold_is_a_documented_constant():
     from pathlib import Path
 
-    doc = (Path(__file__).resolve().parents[2] / "docs" / "findings" / "perf.md").read_text()
+    doc = (Path(__file__).resolve().parents[2] / "docs" / "findings.md").read_text()
     from ddpdoctor.findings import perf_balance
 
     names = [n for m in (perf, perf_balance) for n in vars(m) if n.isupper() and not n.startswith("_")
