@@ -4,9 +4,5 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/install.sh
-code=0
-.venv/bin/ddpdoctor profile --nproc-per-node 2 --name demo --overwrite examples/train_mlp.py --epochs 1 || code=$?
-# Exit 1 means "the report found a problem" (on 2 shared CPU cores, exposed gloo communication usually is one);
-# only 2 (bad input) or a failed job is a failed set-up.
-if [ "$code" -gt 1 ]; then exit "$code"; fi
+.venv/bin/ddpdoctor profile --nproc-per-node 2 --name demo --overwrite examples/train_mlp.py --epochs 1
 echo "set-up done; the run directory is ddpdoctor-runs/demo (report.html, traces/, manifest.json)"

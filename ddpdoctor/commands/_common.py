@@ -52,6 +52,18 @@ def fail_on_option(fn: Callable[..., Any]) -> Callable[..., Any]:
     )(fn)
 
 
+def launch_fail_on_option(fn: Callable[..., Any]) -> Callable[..., Any]:
+    """`profile` succeeds when the job did and the profile was taken: its findings are advice about a working
+    script, so they set the exit code only when asked (CI gating: --fail-on error|warning)."""
+    return click.option(
+        "--fail-on",
+        type=click.Choice(["none", "error", "warning"]),
+        default="none",
+        show_default=True,
+        help="Exit 1 when a finding of this severity or worse is found (none: only a failed job fails).",
+    )(fn)
+
+
 def emit(
     report: Report,
     *,
@@ -68,7 +80,7 @@ def emit(
         from ddpdoctor.renderers.console import render
 
         render(report, sections=sections, verbose=verbose)
-    code = report.exit_code(Severity(fail_on))
+    code = 0 if fail_on == "none" else report.exit_code(Severity(fail_on))
     if exit_code is not None:
         code = max(code, exit_code)
     sys.exit(code)

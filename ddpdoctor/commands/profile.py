@@ -12,7 +12,7 @@ from ddpdoctor.commands._common import (
     cli_errors,
     default_run_dir,
     emit,
-    fail_on_option,
+    launch_fail_on_option,
     finish_quietly,
     json_option,
     launch_options,
@@ -44,7 +44,7 @@ from ddpdoctor.rundir.layout import RunDir
 @click.option("--nccl-debug", is_flag=True,
               help="Capture NCCL_DEBUG=INFO output and a topology dump; add the fabric checks of `ddpdoctor topo`.")
 @json_option
-@fail_on_option
+@launch_fail_on_option
 @cli_errors
 def command(
     script: str,

@@ -221,6 +221,8 @@ def launch(spec: LaunchSpec, watcher: JobWatcher | None = None) -> LaunchResult:
         code = 128 - code
     if spec.launcher == "torchrun":
         collect_torchrun_logs(spec.run_dir)
+    elif spec.program is not None:
+        pass  # a program of ddpdoctor's own (preflight) merges its ranks' records itself
     elif in_place_rank == 0:
         wait_for_ranks(spec.run_dir, int(scheduler_env["WORLD_SIZE"]))
     else:
