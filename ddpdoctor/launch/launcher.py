@@ -175,7 +175,7 @@ def launch(spec: LaunchSpec, watcher: JobWatcher | None = None) -> LaunchResult:
         spec.run_dir.clear_rank(in_place_rank)
     else:
         spec.run_dir.ensure_writable(spec.overwrite)
-    if in_place_rank in (None, 0):
+    if in_place_rank in (None, 0) or spec.program is not None:
         manifest_mod.write_initial(spec)
     monitor = watcher.start(spec) if watcher is not None else None
     env = _rank_env(spec, monitor)
