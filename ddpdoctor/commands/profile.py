@@ -12,9 +12,9 @@ from ddpdoctor.commands._common import (
     cli_errors,
     default_run_dir,
     emit,
-    launch_fail_on_option,
     finish_quietly,
     json_option,
+    launch_fail_on_option,
     launch_options,
 )
 from ddpdoctor.errors import BadInput

@@ -8,7 +8,6 @@ from typing import Any
 
 from rich.console import Console
 from rich.markup import escape
-from rich.table import Table
 
 from ddpdoctor.findings.model import Finding, Severity
 from ddpdoctor.report import Report
@@ -29,24 +28,44 @@ def _evidence_line(evidence: dict[str, Any], limit: int = 240) -> str:
     return line if len(line) <= limit else line[: limit - 1] + "…"
 
 
+def _short_evidence(evidence: dict[str, Any], limit: int = 110) -> str:
+    """The first few scalar facts of the evidence: enough to believe the title at a glance."""
+    def simple(v: Any) -> bool:
+        return isinstance(v, (int, float, str)) and not isinstance(v, bool) and len(str(v)) < 60
+
+    parts = []
+    for k, v in evidence.items():
+        if simple(v):
+            parts.append(f"{k}={v}")
+        elif isinstance(v, dict) and v and len(v) <= 4 and all(simple(x) for x in v.values()):
+            parts.append(f"{k}=" + "{" + ", ".join(f"{a}: {b}" for a, b in v.items()) + "}")
+    lines = evidence.get("lines")
+    if isinstance(lines, list) and lines and isinstance(lines[0], str):
+        # The log line a finding rests on (topo, logs) is the evidence a reader wants: the first one, whole.
+        more = f" (+{len(lines) - 1} more)" if len(lines) > 1 else ""
+        return "; ".join(parts[:3] + [f"{lines[0][:200]}{more}"])
+    line = "; ".join(parts[:4])
+    return line if len(line) <= limit else line[: limit - 1] + "…"
+
+
 def render_findings(findings: list[Finding], out: Console, verbose: bool = False) -> None:
+    """Findings, worst first: severity, id, ranks and title on one line; the key evidence and the advice below.
+    ``verbose`` prints the whole evidence."""
     if not findings:
         out.print("[green]No findings.[/green]")
         return
-    table = Table(title="Findings", show_lines=False, expand=False)
-    table.add_column("severity")
-    table.add_column("id")
-    table.add_column("ranks")
-    table.add_column("what and what to do", overflow="fold")
+    out.print(f"[bold]Findings[/bold] ({len(findings)})")
     for f in sorted(findings, key=lambda f: -f.severity.rank):
-        body = f"[bold]{escape(f.title)}[/bold]"
-        if f.evidence:
-            body += f"\n[dim]evidence: {escape(_evidence_line(f.evidence, 2000 if verbose else 240))}[/dim]"
+        ranks = ""
+        if f.ranks:
+            shown = ",".join(str(r) for r in f.ranks[:8]) + ("…" if len(f.ranks) > 8 else "")
+            ranks = f" [dim]ranks {shown}[/dim]"
+        out.print(f"[{STYLE[f.severity]}]{f.severity.value:>7}[/] [bold]{escape(f.id)}[/bold]{ranks}: {escape(f.title)}")
+        evidence = _evidence_line(f.evidence, 4000) if verbose else _short_evidence(f.evidence)
+        if evidence:
+            out.print(f"         [dim]evidence: {escape(evidence)}[/dim]")
         if f.advice:
-            body += f"\n→ {escape(f.advice)}"
-        ranks = ",".join(str(r) for r in f.ranks[:8]) + ("…" if len(f.ranks) > 8 else "")
-        table.add_row(f"[{STYLE[f.severity]}]{f.severity.value}[/]", escape(f.id), ranks, body)
-    out.print(table)
+            out.print(f"         → {escape(f.advice)}")
 
 
 def render(
