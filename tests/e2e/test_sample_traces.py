@@ -13,7 +13,7 @@ def test_sample_run_analyses_from_summaries_and_traces_alike():
     assert merged.returncode in (0, 1) and reread.returncode in (0, 1), merged.stderr + reread.stderr
     a, b = json.loads(merged.stdout), json.loads(reread.stdout)
     assert [r["rank"] for r in a["ranks"]] == [0, 1]
-    for ra, rb in zip(a["ranks"], b["ranks"]):
+    for ra, rb in zip(a["ranks"], b["ranks"], strict=True):
         assert ra["steps"] == 3 and ra["step_ids"] == [3, 4, 5]
         assert ra["comm_us"] > 0 and 0 <= ra["overlap_pct"] <= 100
         assert abs(ra["overlap_pct"] - rb["overlap_pct"]) < 1e-6  # the rank's own summary = re-reading its trace
