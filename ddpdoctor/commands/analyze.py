@@ -33,6 +33,7 @@ def command(paths: tuple[Path, ...], window: str, reread: bool, workers: int | N
 
     analysis = analyze_paths(list(paths), AnalyzeOptions(window=window, reread=reread, workers=workers))
     report = report_for(analysis)
-    run_dir = paths[0] if len(paths) == 1 and (paths[0] / "manifest.json").is_file() else None
-    write_outputs(report, {}, run_dir, html_path, merge_path, trace_paths(list(paths)) if merge_path else [])
+    # A run directory is read, never rewritten: `profile` already wrote its report.html and scalars, and an
+    # archived or read-only run must stay analysable. --html/--merge write where the user asks.
+    write_outputs(report, {}, None, html_path, merge_path, trace_paths(list(paths)) if merge_path else [])
     emit(report, as_json=as_json, verbose=verbose, fail_on=fail_on, sections=render_perf_sections)

@@ -19,7 +19,7 @@ def sync_run(tmp_path_factory):
     except ImportError:
         pytest.skip("needs the analyze pipeline (ddpdoctor.analyses.pipeline.analyze_paths)")
     run_dir = tmp_path_factory.mktemp("sync")
-    res = run_cli("profile", "--nproc-per-node", "2", "--out", str(run_dir), "-q", "--json",
+    res = run_cli("profile", "--nproc-per-node", "2", "--out", str(run_dir), "-q", "--json", "--fail-on", "error",
                   str(SCENARIOS / "sync_in_backward.py"))
     assert res.returncode in (0, 1), res.stderr[-3000:]
     return run_dir, res
@@ -54,7 +54,7 @@ def test_slow_data_loading(sync_run):
 
 
 def test_exit_code_follows_the_worst_finding(sync_run):
-    run_dir, res = sync_run
+    run_dir, res = sync_run  # profiled with --fail-on error
     sev = {f["severity"] for f in _findings(res.stdout).values()}
     assert res.returncode == (1 if "error" in sev else 0)
     strict = run_cli("analyze", str(run_dir), "--json", "--fail-on", "warning")
