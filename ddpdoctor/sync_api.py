@@ -119,24 +119,18 @@ def render_sync_sections(report: Report, out: Any, verbose: bool) -> None:
         out.print(data)
 
 
-def run_check_sync(script: str, script_args: list[str], *, run_dir: Path, torchrun: dict[str, Any], steps: int,
-                   equivalence: bool, launcher: str = "torchrun", quiet: bool = False,
-                   output_to_stderr: bool = False, overwrite: bool = False,
-                   watcher: Any = None) -> tuple[Report, int]:
-    """Launch, check, analyse: (report, the job's exit code). The report is also saved as RUN/report.json."""
+def run_check_sync(spec: Any, watcher: Any = None) -> tuple[Report, int]:
+    """Launch ``spec`` (mode "check-sync"), check, analyse: (report, the job's exit code). The report is also
+    saved as RUN/report.json."""
     from ddpdoctor.findings.watched import watched_report
-    from ddpdoctor.launch.launcher import LaunchSpec, launch
+    from ddpdoctor.launch.launcher import launch
     from ddpdoctor.launch.monitor import make_watcher
 
+    steps = spec.options.get("steps", 5)
     if steps < 0:
         raise BadInput(f"--steps must be >= 0, not {steps}")
-    spec = LaunchSpec(
-        mode="check-sync", script=script, script_args=script_args, run_dir=RunDir(Path(run_dir)), torchrun=torchrun,
-        launcher=launcher, options={"steps": steps, "equivalence": equivalence}, quiet=quiet,
-        output_to_stderr=output_to_stderr, overwrite=overwrite,
-    )
     # Watched like every launch: a check-sync run that hangs is reported with its culprit, not left hanging.
-    result = launch(spec, watcher if watcher is not None else make_watcher(None, 300.0, "kill"))
+    result = launch(spec, watcher if watcher is not None else make_watcher(None, 600.0, "kill"))
     if not result.reports:
         from ddpdoctor.commands._common import finish_quietly
 
@@ -160,8 +154,11 @@ def check_sync(script: str, *script_args: str, nproc_per_node: int = 2, steps: i
         assert report.status == "ok", report.findings
 
     ``report.sections["job"]["exit_code"]`` is the script's own exit code. Raises BadInput for a bad script path."""
+    from ddpdoctor.launch.launcher import LaunchSpec
+
     flags = {"--nproc-per-node": str(nproc_per_node), **(torchrun or {})}
     run_dir = Path(out) if out is not None else Path(tempfile.mkdtemp(prefix="ddpdoctor-check-sync-"))
-    report, _ = run_check_sync(script, list(script_args), run_dir=run_dir, torchrun=flags, steps=steps,
-                               equivalence=equivalence, quiet=quiet)
+    spec = LaunchSpec(mode="check-sync", script=script, script_args=list(script_args), run_dir=RunDir(run_dir),
+                      torchrun=flags, options={"steps": steps, "equivalence": equivalence}, quiet=quiet)
+    report, _ = run_check_sync(spec)
     return report

@@ -101,6 +101,28 @@ def default_run_dir(name: str | None) -> Path:
     return Path("ddpdoctor-runs") / name
 
 
+def pop_launch_spec(mode: str, kwargs: dict[str, Any], *, as_json: bool, **fields: Any) -> Any:
+    """The LaunchSpec of a launching command, from the click arguments `launch_options` added (taken out of
+    ``kwargs``); ``fields`` are the command's own (schedule, options, env)."""
+    from ddpdoctor.launch.flags import pop_torchrun_values
+    from ddpdoctor.launch.launcher import LaunchSpec
+    from ddpdoctor.rundir.layout import RunDir
+
+    out, name = kwargs.pop("out"), kwargs.pop("name")
+    return LaunchSpec(
+        mode=mode,
+        script=kwargs.pop("script"),
+        script_args=list(kwargs.pop("script_args")),
+        run_dir=RunDir(out or default_run_dir(name)),
+        launcher=kwargs.pop("launcher"),
+        quiet=kwargs.pop("quiet"),
+        overwrite=kwargs.pop("overwrite"),
+        output_to_stderr=as_json,
+        torchrun=pop_torchrun_values(kwargs),
+        **fields,
+    )
+
+
 def launch_options(fn: Callable[..., Any]) -> Callable[..., Any]:
     """Options of every command that launches a job: torchrun's flags plus where the run directory goes."""
     fn = click.argument("script_args", nargs=-1, type=click.UNPROCESSED)(fn)

@@ -10,22 +10,20 @@ import click
 from ddpdoctor.commands._common import (
     LAUNCH_CONTEXT,
     cli_errors,
-    default_run_dir,
     emit,
     finish_quietly,
     json_option,
     launch_fail_on_option,
     launch_options,
+    pop_launch_spec,
 )
 from ddpdoctor.errors import BadInput
 from ddpdoctor.findings.watched import watched_report
-from ddpdoctor.launch.flags import pop_torchrun_values
-from ddpdoctor.launch.launcher import LaunchSpec, launch
-from ddpdoctor.launch.monitor import make_watcher, watch_options
+from ddpdoctor.launch.launcher import launch
+from ddpdoctor.launch.monitor import pop_watcher, watch_options
 from ddpdoctor.probes.config import Schedule
 from ddpdoctor.renderers.console_perf import render_perf_sections
 from ddpdoctor.renderers.outputs import write_outputs
-from ddpdoctor.rundir.layout import RunDir
 
 
 @click.command(context_settings=LAUNCH_CONTEXT, help=__doc__)
@@ -47,13 +45,6 @@ from ddpdoctor.rundir.layout import RunDir
 @launch_fail_on_option
 @cli_errors
 def command(
-    script: str,
-    script_args: tuple[str, ...],
-    out: Path | None,
-    name: str | None,
-    launcher: str,
-    quiet: bool,
-    overwrite: bool,
     wait: int,
     warmup: int,
     active: int,
@@ -65,29 +56,19 @@ def command(
     nccl_debug: bool,
     as_json: bool,
     fail_on: str,
-    hang_timeout: float | None,
-    startup_timeout: float,
-    on_hang: str,
     **kwargs: Any,
 ) -> None:
-    spec = LaunchSpec(
-        mode="profile",
-        script=script,
-        script_args=list(script_args),
-        run_dir=RunDir(out or default_run_dir(name)),
-        torchrun=pop_torchrun_values(kwargs),
-        launcher=launcher,
+    watcher = pop_watcher(kwargs)
+    spec = pop_launch_spec(
+        "profile", kwargs, as_json=as_json,
         schedule=Schedule(wait=wait, warmup=warmup, active=active, repeat=repeat),
         options={"with_stack": with_stack},
-        quiet=quiet,
-        overwrite=overwrite,
-        output_to_stderr=as_json,
     )
     if nccl_debug:
         from ddpdoctor.topo.capture import job_env
 
         spec.env.update(job_env(spec.run_dir.root))
-    result = launch(spec, make_watcher(hang_timeout, startup_timeout, on_hang))
+    result = launch(spec, watcher)
     if not result.reports:
         finish_quietly(result)
     report = watched_report(spec.run_dir, "profile", analyse_traces=True)
@@ -95,7 +76,7 @@ def command(
         raise BadInput(
             "no training iteration was seen on any rank (no optimizer step and no ddpdoctor.step()), so nothing "
             "was profiled; call ddpdoctor.step() at the end of each iteration",
-            script,
+            spec.script,
         )
     if nccl_debug:
         from ddpdoctor.topo.capture import add_to_report

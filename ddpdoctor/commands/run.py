@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-from pathlib import Path
 from typing import Any
 
 import click
@@ -10,18 +9,16 @@ import click
 from ddpdoctor.commands._common import (
     LAUNCH_CONTEXT,
     cli_errors,
-    default_run_dir,
     emit,
     fail_on_option,
     finish_quietly,
     json_option,
     launch_options,
+    pop_launch_spec,
 )
 from ddpdoctor.findings.watched import render_hang_section, watched_report
-from ddpdoctor.launch.flags import pop_torchrun_values
-from ddpdoctor.launch.launcher import LaunchSpec, launch
-from ddpdoctor.launch.monitor import make_watcher, watch_options
-from ddpdoctor.rundir.layout import RunDir
+from ddpdoctor.launch.launcher import launch
+from ddpdoctor.launch.monitor import pop_watcher, watch_options
 
 DEBUG_ENV = {"TORCH_DISTRIBUTED_DEBUG": "DETAIL", "TORCH_CPP_LOG_LEVEL": "INFO"}
 
@@ -37,42 +34,14 @@ DEBUG_ENV = {"TORCH_DISTRIBUTED_DEBUG": "DETAIL", "TORCH_CPP_LOG_LEVEL": "INFO"}
 @json_option
 @fail_on_option
 @cli_errors
-def command(
-    script: str,
-    script_args: tuple[str, ...],
-    out: Path | None,
-    name: str | None,
-    launcher: str,
-    quiet: bool,
-    overwrite: bool,
-    hang_timeout: float | None,
-    startup_timeout: float,
-    on_hang: str,
-    debug: bool,
-    verbose: bool,
-    nccl_debug: bool,
-    as_json: bool,
-    fail_on: str,
-    **kwargs: Any,
-) -> None:
-    spec = LaunchSpec(
-        mode="run",
-        script=script,
-        script_args=list(script_args),
-        run_dir=RunDir(out or default_run_dir(name)),
-        torchrun=pop_torchrun_values(kwargs),
-        launcher=launcher,
-        options={"debug": debug},
-        env=dict(DEBUG_ENV) if debug else {},
-        quiet=quiet,
-        output_to_stderr=as_json,
-        overwrite=overwrite,
-    )
+def command(debug: bool, verbose: bool, nccl_debug: bool, as_json: bool, fail_on: str, **kwargs: Any) -> None:
+    watcher = pop_watcher(kwargs)
+    spec = pop_launch_spec("run", kwargs, as_json=as_json, options={"debug": debug},
+                           env=dict(DEBUG_ENV) if debug else {})
     if nccl_debug:
         from ddpdoctor.topo.capture import job_env
 
         spec.env.update(job_env(spec.run_dir.root))
-    watcher = make_watcher(hang_timeout, startup_timeout, on_hang)
     result = launch(spec, watcher)
     if not result.reports:
         finish_quietly(result)

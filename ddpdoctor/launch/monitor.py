@@ -334,6 +334,11 @@ def make_watcher(hang_timeout: float | None, startup_timeout: float, on_hang: st
     return HangMonitor(hang_timeout=hang_timeout, startup_timeout=startup_timeout, on_hang=on_hang)
 
 
+def pop_watcher(kwargs: dict[str, Any]) -> HangMonitor:
+    """The watcher of the --hang-timeout/--startup-timeout/--on-hang values `watch_options` added to ``kwargs``."""
+    return make_watcher(kwargs.pop("hang_timeout"), kwargs.pop("startup_timeout"), kwargs.pop("on_hang"))
+
+
 def watch_options(fn: Callable[..., Any]) -> Callable[..., Any]:
     """--hang-timeout, --startup-timeout, --on-hang (pass them to make_watcher)."""
     fn = click.option("--on-hang", type=click.Choice(["kill", "report"]), default="kill", show_default=True,
