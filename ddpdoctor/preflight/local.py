@@ -8,6 +8,7 @@ import shutil
 import socket
 import subprocess
 import sys
+import time
 import uuid
 from pathlib import Path
 from typing import Any
@@ -136,7 +137,10 @@ def checkpoint_dir(path: str | None, min_free_gb: float, rank: int) -> dict[str,
     try:
         missing = [p for p in [target, *target.parents] if not p.exists()]
         for p in reversed(missing):
-            p.mkdir()
+            try:
+                p.mkdir()
+            except FileExistsError:
+                continue  # another rank of this host created it a moment ago: not ours to remove
             created.append(p)
         probe = target / f".ddpdoctor-preflight-{socket.gethostname()}-{rank}-{uuid.uuid4().hex[:8]}"
         with probe.open("wb") as f:
@@ -150,10 +154,16 @@ def checkpoint_dir(path: str | None, min_free_gb: float, rank: int) -> dict[str,
         return {"status": FAIL, "summary": f"cannot write: {exc.strerror or exc}", "evidence": evidence}
     finally:
         for p in reversed(created):
-            try:
-                p.rmdir()
-            except OSError:
-                pass
+            # Other ranks of this host may still be writing their probe into the directory we created.
+            deadline = time.monotonic() + 5.0
+            while True:
+                try:
+                    p.rmdir()
+                    break
+                except OSError:
+                    if time.monotonic() > deadline:
+                        break
+                    time.sleep(0.05)
     free_gb = usage.free / 1e9
     evidence.update(free_gb=round(free_gb, 2), total_gb=round(usage.total / 1e9, 2), min_free_gb=min_free_gb,
                     created_for_test=[str(p) for p in created])
