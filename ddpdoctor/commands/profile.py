@@ -62,7 +62,7 @@ def command(
     spec = pop_launch_spec(
         "profile", kwargs, as_json=as_json,
         schedule=Schedule(wait=wait, warmup=warmup, active=active, repeat=repeat),
-        options={"with_stack": with_stack},
+        options={"with_stack": with_stack, "nccl_debug": nccl_debug},
     )
     if nccl_debug:
         from ddpdoctor.topo.capture import job_env

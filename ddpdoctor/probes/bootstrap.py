@@ -37,6 +37,11 @@ class RankSession:
         self.profiler: Any = None
         self.extra: list[Any] = []  # other probes: each has finish(status: dict) -> None
         self.started = time.time()
+        if config.options.get("nccl_debug"):
+            from ddpdoctor.topo.capture import rank_env
+
+            # Before the script can initialise NCCL: this rank's own topology dump path and debug settings.
+            os.environ.update(rank_env(self.run.root, self.rank))
         self.info: dict[str, Any] = rank_info.basic(self.rank, self.world_size, self.local_rank)
         self._finished = False
 

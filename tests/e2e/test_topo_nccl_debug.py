@@ -22,6 +22,8 @@ def test_profile_nccl_debug_on_gloo(tmp_path: Path) -> None:
     assert "nccl-not-used" in {f["id"] for f in report["findings"]}
     info = json.loads((out / "ranks" / "rank1" / "info.json").read_text())
     assert "NCCL_DEBUG" in json.dumps(info)  # the ranks ran with the capture environment
+    # each rank its own topology dump path (NCCL writes it from the rank NCCL_TOPO_DUMP_FILE_RANK names)
+    assert info["env"]["NCCL_TOPO_DUMP_FILE"].endswith("ranks/rank1/nccl_topo.xml")
     # the run directory can be checked again later with `ddpdoctor topo RUN`
     again = run_cli("topo", str(out), "--json")
     assert again.returncode == 0 and json.loads(again.stdout)["findings"][0]["id"] == "nccl-not-used"
