@@ -4,4 +4,5 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/install.sh
 .venv/bin/ruff check ddpdoctor tests benchmarks
+.venv/bin/python -m mypy
 exec .venv/bin/python -m pytest -n 2 --dist loadgroup -q "$@"

@@ -61,8 +61,9 @@ def _shuffles(sampler: dict[str, Any] | None) -> bool:
 
 def _root_mode(loader_by_rank: dict[int, dict[str, Any]]) -> bool:
     """Each rank loads a different Subset of one dataset (hand-made shards): compare the underlying indices."""
-    subsets = [ld.get("subset") for ld in loader_by_rank.values()]
-    return all(subsets) and len({s["hash"] for s in subsets}) > 1 and len({s["root_len"] for s in subsets}) == 1
+    subsets = [s for ld in loader_by_rank.values() if (s := ld.get("subset"))]
+    return (len(subsets) == len(loader_by_rank) and len({s["hash"] for s in subsets}) > 1
+            and len({s["root_len"] for s in subsets}) == 1)
 
 
 def epoch_shards(loader_id: int, epoch: int, per_rank: dict[int, dict[str, Any]], loader_by_rank: dict[int, dict[str, Any]]) -> EpochShards:
@@ -95,7 +96,7 @@ def epoch_shards(loader_id: int, epoch: int, per_rank: dict[int, dict[str, Any]]
     missing_examples: list[int] = []
     judge_coverage = (not hashed and dataset_len is not None and not sampler.get("replacement")
                       and not any(e.get("truncated") for e in per_rank.values()))
-    if judge_coverage:
+    if judge_coverage and dataset_len is not None:  # judge_coverage implies the None check; mypy needs it here
         seen = set().union(*sets.values()) if sets else set()
         missing = sum(1 for i in range(int(dataset_len)) if i not in seen)
         missing_examples = [i for i in range(int(dataset_len)) if i not in seen][:10]

@@ -217,7 +217,7 @@ def _sizes_from_buckets(times: list[float], buckets: list[Bucket]) -> list[int] 
     ordered = sorted(buckets, key=lambda b: b.index)
     if not ordered or any(not b.bytes for b in ordered):
         return None
-    owner = []
+    owner: list[int] = []
     for t in times:
         k = next((i for i, b in enumerate(ordered) if b.start_us >= t), len(ordered) - 1)
         owner.append(max(k, owner[-1] if owner else 0))  # buckets are filled in ready order

@@ -292,9 +292,9 @@ def crash_findings(statuses: dict[int, dict[str, Any] | None], debug: bool = Fal
         if unused is not None:
             out.append(unused)
         died = " (the process died)" if s.get("died") else ""
-        first = " first" if len(roots) == 1 and victims else ""
+        first_note = " first" if len(roots) == 1 and victims else ""
         out.append(Finding(
-            "rank-crashed", Severity.ERROR, f"Rank {r} failed{first}{died}: {exc.splitlines()[0][:300]}",
+            "rank-crashed", Severity.ERROR, f"Rank {r} failed{first_note}{died}: {exc.splitlines()[0][:300]}",
             ranks=[r],
             evidence={"rank": r, "exception": exc, "traceback": s.get("traceback", ""),
                       "call_site": fc.get("call_site"), "victims": victims},

@@ -268,7 +268,8 @@ def rule_sync_in_backward(a: Analysis, w: WhatIf | None) -> list[Finding]:
                 for rk, t, d in items):
             continue
         name = _sync_name(ev)
-        win = windows.get((getattr(ev, "rank", None), getattr(ev, "step", None)))
+        ev_rank, ev_step = getattr(ev, "rank", None), getattr(ev, "step", None)
+        win = windows.get((ev_rank, ev_step)) if ev_rank is not None and ev_step is not None else None
         if name is None or win is None or win[0] is None or win[1] is None:
             continue
         if win[0] <= float(getattr(ev, "t_us", -1.0)) <= win[1]:

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import statistics
 from collections import defaultdict
-from typing import Any
+from typing import Any, overload
 
 from ddpdoctor.analyses.model import Analysis, RankMetrics
 from ddpdoctor.analyses.whatif import MIB, WhatIf, ddp_config
@@ -29,6 +29,12 @@ DATA_WAIT_WARN_PCT = 10.0
 DATA_WAIT_ERROR_PCT = 30.0
 
 
+@overload
+def ms(us: float) -> float: ...
+@overload
+def ms(us: None) -> None: ...
+@overload
+def ms(us: float | None) -> float | None: ...
 def ms(us: float | None) -> float | None:
     """Microseconds to milliseconds for evidence (3 decimals)."""
     return None if us is None else round(us / 1000.0, 3)
@@ -145,11 +151,11 @@ def rule_step_variance(a: Analysis, w: WhatIf | None) -> list[Finding]:
         mid = statistics.median(meds.values())
         spread = max(meds.values()) - min(meds.values())
         if mid > 0 and 100.0 * spread / mid > RANK_STEP_SKEW_WARN_PCT:
-            slow = max(meds, key=lambda k: meds[k])
+            slow_rank = max(meds, key=lambda k: meds[k])
             out.append(Finding(
                 "step-time-rank-skew", Severity.WARNING,
-                f"Median step time differs by {100 * spread / mid:.0f}% across ranks (slowest: rank {slow})",
-                ranks=[slow], evidence={"step_time_ms_by_rank": {str(k): ms(v) for k, v in sorted(meds.items())},
+                f"Median step time differs by {100 * spread / mid:.0f}% across ranks (slowest: rank {slow_rank})",
+                ranks=[slow_rank], evidence={"step_time_ms_by_rank": {str(k): ms(v) for k, v in sorted(meds.items())},
                                         "spread_ms": ms(spread), "threshold_pct": RANK_STEP_SKEW_WARN_PCT},
                 advice="Ranks of a DDP job should step together; compare the slow rank's host, data and "
                 "profiler window (all ranks must record the same steps).",

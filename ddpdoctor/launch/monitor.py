@@ -164,13 +164,13 @@ class HangMonitor:
             self._kill_all(job, signal.SIGTERM)
             self._kill_at = time.time() + KILL_GRACE_S
 
-    def collect(self, links: dict[int, RankLink]) -> tuple[dict[int, str], dict[int, Any]]:
+    def collect(self, links: dict[int, RankLink]) -> tuple[dict[int, str | None], dict[int, Any]]:
         """Every live rank's stack (py-spy, else heartbeat dump, else faulthandler) and Flight Recorder dump."""
         live = {r: lk for r, lk in links.items() if lk.exit is None}
         for lk in live.values():
             lk.dump = None
             self._request(lk, "dump")
-        spy: dict[int, str] = {}
+        spy: dict[int, str | None] = {}  # None: py-spy missing or could not attach
         threads = [threading.Thread(target=lambda r=r, lk=lk: spy.__setitem__(r, py_spy_dump(lk.pid)))
                    for r, lk in live.items() if lk.pid]
         for t in threads:
@@ -180,7 +180,7 @@ class HangMonitor:
         deadline = time.time() + 5
         while time.time() < deadline and any(lk.dump is None for lk in live.values() if lk.conn is not None):
             time.sleep(0.05)
-        stacks: dict[int, str] = {}
+        stacks: dict[int, str | None] = {}  # None: every way failed; hang_text says so
         dumps: dict[int, Any] = {}
         for r, lk in live.items():
             dump = lk.dump or {}

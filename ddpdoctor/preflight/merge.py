@@ -90,7 +90,9 @@ def check_launcher_env(records: dict[int, dict[str, Any]], opts: MergeOptions) -
         problems.append(f"WORLD_SIZE differs: {ws}")
         bad.update(ws)
     if opts.expected_world_size and any(v != opts.expected_world_size for v in ws.values()):
-        problems.append(f"WORLD_SIZE {sorted(set(ws.values()))} but the launch asked for {opts.expected_world_size}")
+        # A record without world_size shows as None, listed last (sorting None with ints would raise).
+        reported = sorted(set(ws.values()), key=lambda v: (v is None, v or 0))
+        problems.append(f"WORLD_SIZE {reported} but the launch asked for {opts.expected_world_size}")
         bad.update(r for r, v in ws.items() if v != opts.expected_world_size)
     for key in ("MASTER_ADDR", "MASTER_PORT"):
         values = {r: rec.get("env", {}).get(key) for r, rec in records.items()}

@@ -34,7 +34,7 @@ class DDPRecorder:
                 pass
 
         self._orig_init = orig
-        DistributedDataParallel.__init__ = __init__  # type: ignore[method-assign]
+        DistributedDataParallel.__init__ = __init__  # type: ignore[method-assign,assignment]
 
     def uninstall(self) -> None:
         if self._orig_init is not None:

@@ -82,7 +82,8 @@ def _group_info(group: Any) -> tuple[str, int | None]:
         default = dist.distributed_c10d._get_default_group()
         pg = group if group is not None else default
         name = "default_pg" if pg is default else dist.distributed_c10d._world.pg_names.get(pg, "?")
-        return str(name), int(pg._get_sequence_number_for_group())
+        # Private ProcessGroup API, absent from torch's stubs; a backend without it lands in the except below.
+        return str(name), int(pg._get_sequence_number_for_group())  # type: ignore[union-attr]
     except Exception:  # noqa: BLE001 - not initialised yet, or a backend without sequence numbers
         return "default_pg", None
 
@@ -274,7 +275,8 @@ class HeartbeatProbe:
             parts.append(f"Thread {ident} ({names.get(ident, '?')}):\n" + "".join(traceback.format_stack(frame)))
         fr: Any = None
         try:
-            fr = json.loads(torch._C._distributed_c10d._dump_fr_trace_json())
+            # Private Flight Recorder API, absent from torch's stubs and from some builds (handled below).
+            fr = json.loads(torch._C._distributed_c10d._dump_fr_trace_json())  # type: ignore[attr-defined]
         except Exception as exc:  # noqa: BLE001 - FR missing in this build/backend
             fr = {"error": repr(exc)}
         return {"type": "dump", "rank": self.rank, "stacks": "\n".join(parts), "flight_recorder": fr}

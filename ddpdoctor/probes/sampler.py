@@ -189,11 +189,11 @@ class SamplerProbe:
             probe.set_epoch_calls += 1
             orig_set_epoch(sampler, epoch)
 
-        DataLoader.__init__ = __init__  # type: ignore[method-assign]
+        DataLoader.__init__ = __init__  # type: ignore[method-assign,assignment]
         DataLoader.__iter__ = __iter__  # type: ignore[method-assign]
         DataLoader._index_sampler = property(_index_sampler)  # type: ignore[method-assign,assignment]
-        _BaseDataLoaderIter.__next__ = __next__  # type: ignore[method-assign]
-        DistributedSampler.set_epoch = set_epoch  # type: ignore[method-assign]
+        _BaseDataLoaderIter.__next__ = __next__  # type: ignore[method-assign,assignment]
+        DistributedSampler.set_epoch = set_epoch  # type: ignore[method-assign,assignment]
 
     def uninstall(self) -> None:
         if not self._saved:

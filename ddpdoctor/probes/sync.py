@@ -159,7 +159,7 @@ class SyncProbe:
                 pass
 
         self._orig_ddp_init = orig
-        DistributedDataParallel.__init__ = __init__  # type: ignore[method-assign]
+        DistributedDataParallel.__init__ = __init__  # type: ignore[method-assign,assignment]
         self._handles.append(register_optimizer_step_pre_hook(self._on_optimizer_pre))
         self.sampler.install()
         if self.equivalence:

@@ -34,7 +34,7 @@ def script_json(data: Any) -> str:
 
 
 def _asset(name: str) -> str:
-    text = resources.files("ddpdoctor.renderers").joinpath("assets", name).read_text(encoding="utf-8")
+    text = resources.files("ddpdoctor.renderers").joinpath("assets").joinpath(name).read_text(encoding="utf-8")
     if "</script" in text.lower() or "</style" in text.lower():
         raise ValueError(f"asset {name} would end its own element early")
     return text
