@@ -1,4 +1,4 @@
-"""The job run_overhead.py times: a DDP MLP on gloo that measures its own step times (rank 0 prints them)."""
+"""The job overhead.py --command run times: a DDP MLP on gloo that measures its own step times (rank 0 prints them)."""
 
 import argparse
 import json

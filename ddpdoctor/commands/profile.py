@@ -64,10 +64,6 @@ def command(
         schedule=Schedule(wait=wait, warmup=warmup, active=active, repeat=repeat),
         options={"with_stack": with_stack, "nccl_debug": nccl_debug},
     )
-    if nccl_debug:
-        from ddpdoctor.topo.capture import job_env
-
-        spec.env.update(job_env(spec.run_dir.root))
     result = launch(spec, watcher)
     if not result.reports:
         finish_quietly(result)

@@ -38,10 +38,6 @@ def command(debug: bool, verbose: bool, nccl_debug: bool, as_json: bool, fail_on
     watcher = pop_watcher(kwargs)
     spec = pop_launch_spec("run", kwargs, as_json=as_json, options={"debug": debug, "nccl_debug": nccl_debug},
                            env=dict(DEBUG_ENV) if debug else {})
-    if nccl_debug:
-        from ddpdoctor.topo.capture import job_env
-
-        spec.env.update(job_env(spec.run_dir.root))
     result = launch(spec, watcher)
     if not result.reports:
         finish_quietly(result)
