@@ -8,7 +8,7 @@ from typing import Any
 
 from ddpdoctor.errors import BadInput
 from ddpdoctor.report import Report
-from ddpdoctor.rundir.layout import RunDir, read_json, write_json
+from ddpdoctor.rundir.layout import RunDir, read_json
 
 
 def load_rank_files(run: RunDir, name: str) -> dict[int, dict[str, Any]]:
@@ -37,7 +37,7 @@ def load_rank_files(run: RunDir, name: str) -> dict[int, dict[str, Any]]:
 
 
 def sync_report(run: RunDir, report: Report | None = None) -> Report:
-    """Add the check-sync analysis of ``run`` to ``report`` (a new one by default) and save report.json."""
+    """Add the check-sync analysis of ``run`` to ``report`` (a new one by default)."""
     from ddpdoctor.analyses.data_shards import analyze_data
     from ddpdoctor.analyses.sync import analyze_sync
     from ddpdoctor.findings.sync import sync_findings
@@ -125,6 +125,7 @@ def run_check_sync(spec: Any, watcher: Any = None) -> tuple[Report, int]:
     from ddpdoctor.findings.watched import watched_report
     from ddpdoctor.launch.launcher import launch
     from ddpdoctor.launch.monitor import make_watcher
+    from ddpdoctor.rundir.report import save_report
 
     steps = spec.options.get("steps", 5)
     if steps < 0:
@@ -140,7 +141,7 @@ def run_check_sync(spec: Any, watcher: Any = None) -> tuple[Report, int]:
     if result.exit_code:
         report.notes.append(f"the script failed (exit code {result.exit_code}); its ranks' output is in "
                             f"{spec.run_dir.root}/ranks/rankR/stderr.log")
-    write_json(spec.run_dir.root / "report.json", report.to_json())
+    save_report(spec.run_dir, report)
     return report, result.exit_code
 
 

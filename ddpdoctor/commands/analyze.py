@@ -35,5 +35,5 @@ def command(paths: tuple[Path, ...], window: str, reread: bool, workers: int | N
     report = report_for(analysis)
     # A run directory is read, never rewritten: `profile` already wrote its report.html and scalars, and an
     # archived or read-only run must stay analysable. --html/--merge write where the user asks.
-    write_outputs(report, {}, None, html_path, merge_path, trace_paths(list(paths)) if merge_path else [])
+    write_outputs(report, None, html_path, merge_path, trace_paths(list(paths)) if merge_path else [])
     emit(report, as_json=as_json, verbose=verbose, fail_on=fail_on, sections=render_perf_sections)

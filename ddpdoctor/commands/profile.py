@@ -24,6 +24,7 @@ from ddpdoctor.launch.monitor import pop_watcher, watch_options
 from ddpdoctor.probes.config import Schedule
 from ddpdoctor.renderers.console_perf import render_perf_sections
 from ddpdoctor.renderers.outputs import write_outputs
+from ddpdoctor.rundir.report import save_report
 
 
 @click.command(context_settings=LAUNCH_CONTEXT, help=__doc__)
@@ -68,17 +69,18 @@ def command(
     if not result.reports:
         finish_quietly(result)
     report = watched_report(spec.run_dir, "profile", analyse_traces=True)
+    if nccl_debug:
+        from ddpdoctor.topo.capture import add_to_report
+
+        add_to_report(report, spec.run_dir)
+    save_report(spec.run_dir, report)
     if result.exit_code == 0 and not spec.run_dir.trace_files() and any(f.id == "no-steps-seen" for f in report.findings):
         raise BadInput(
             "no training iteration was seen on any rank (no optimizer step and no ddpdoctor.step()), so nothing "
             "was profiled; call ddpdoctor.step() at the end of each iteration",
             spec.script,
         )
-    if nccl_debug:
-        from ddpdoctor.topo.capture import add_to_report
-
-        add_to_report(report, spec.run_dir)
     # The run directory is also the HTML report's home and a TensorBoard log dir (RUN/scalars/rankR).
-    write_outputs(report, {}, spec.run_dir.root, html_path, merge_path, spec.run_dir.trace_files())
+    write_outputs(report, spec.run_dir.root, html_path, merge_path, spec.run_dir.trace_files())
     emit(report, as_json=as_json, verbose=verbose, fail_on=fail_on, exit_code=result.exit_code or None,
          sections=render_perf_sections)

@@ -19,6 +19,7 @@ from ddpdoctor.commands._common import (
 from ddpdoctor.findings.watched import render_hang_section, watched_report
 from ddpdoctor.launch.launcher import launch
 from ddpdoctor.launch.monitor import pop_watcher, watch_options
+from ddpdoctor.rundir.report import save_report
 
 DEBUG_ENV = {"TORCH_DISTRIBUTED_DEBUG": "DETAIL", "TORCH_CPP_LOG_LEVEL": "INFO"}
 
@@ -46,6 +47,7 @@ def command(debug: bool, verbose: bool, nccl_debug: bool, as_json: bool, fail_on
         from ddpdoctor.topo.capture import add_to_report
 
         add_to_report(report, spec.run_dir)
+    save_report(spec.run_dir, report)
     # The contract is 0/1/2: a job that failed (or was killed for hanging) is a problem found.
     emit(report, as_json=as_json, verbose=verbose, fail_on=fail_on, sections=render_hang_section,
          exit_code=1 if result.exit_code else None)

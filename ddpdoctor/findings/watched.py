@@ -10,7 +10,7 @@ from typing import Any
 
 from ddpdoctor.findings.model import Finding
 from ddpdoctor.report import Report
-from ddpdoctor.rundir.layout import RunDir, write_json
+from ddpdoctor.rundir.layout import RunDir
 from ddpdoctor.rundir.report import job_report
 
 
@@ -31,7 +31,6 @@ def watched_report(run: RunDir, command: str, debug: bool = False, analyse_trace
     crashed = {r for f in report.findings if f.id == "rank-crashed" for r in f.ranks}
     # A rank that died is named by rank-crashed (with what its stderr said): its "no status" is the same event.
     report.findings = [f for f in report.findings if f.id != "rank-no-status" or not set(f.ranks) <= crashed]
-    write_json(run.root / "report.json", report.to_json())
     return report
 
 

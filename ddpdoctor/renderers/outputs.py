@@ -22,7 +22,6 @@ def _input_ranks(sections: dict[str, Any]) -> dict[str, int]:
 
 def write_outputs(
     report: Report,
-    analysis_sections: dict[str, Any],
     run_dir: Path | None,
     html: Path | None,
     merge: Path | None,
@@ -35,13 +34,12 @@ def write_outputs(
     from ddpdoctor.renderers.html import write_html
     from ddpdoctor.renderers.tensorboard import write_scalars
 
-    sections = {**analysis_sections, **report.sections}
-    view = Report(command=report.command, sections=sections, findings=report.findings, notes=report.notes)
+    sections = report.sections
     written: list[Path] = []
     html_targets = ([run_dir / "report.html"] if run_dir else []) + ([html] if html else [])
     for target in html_targets:
         try:
-            written.append(write_html(view, target))
+            written.append(write_html(report, target))
         except OSError as exc:
             raise BadInput(f"cannot write the HTML report ({exc.strerror or exc})", target) from exc
     if run_dir:

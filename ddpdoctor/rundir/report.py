@@ -39,5 +39,9 @@ def job_report(run: RunDir, command: str, analyse_traces: bool) -> Report:
         "killed_by": manifest.get("killed_by"),
     }
     report.findings.extend(job_findings(manifest, statuses))
-    write_json(run.root / "report.json", report.to_json())
     return report
+
+
+def save_report(run: RunDir, report: Report) -> None:
+    """RUN/report.json: the final report of a launch, written once, by the command that prints it."""
+    write_json(run.root / "report.json", report.to_json())

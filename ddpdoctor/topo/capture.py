@@ -79,10 +79,7 @@ def run_backend(run_dir: Path) -> str | None:
 
 
 def add_to_report(report: Any, run: Any) -> None:
-    """Put the "topology" section and findings of a finished --nccl-debug run into its report (and report.json)."""
-    from ddpdoctor.rundir.layout import write_json
-
+    """Put the "topology" section and findings of a finished --nccl-debug run into its report."""
     section, findings = analyze_run_dir(run.root, run_backend(run.root))
     report.sections["topology"] = section
     report.findings.extend(findings)
-    write_json(run.root / "report.json", report.to_json())

@@ -33,7 +33,7 @@ def test_run_dir_gets_html_and_scalars(tmp_path):
     merged = tmp_path / "out" / "merged.json.gz"
     s = sections()
     s["clock_offsets_us"] = {"0": 0.0, "1": 40.0}
-    written = write_outputs(Report(command="analyze", findings=findings()), s, run, extra, merged, TRACES)
+    written = write_outputs(Report(command="analyze", sections=s, findings=findings()), run, extra, merged, TRACES)
     assert set(written) == {run / "report.html", extra, run / "scalars" / "rank0", run / "scalars" / "rank1", merged}
     assert "Rank 1 arrives last" in (run / "report.html").read_text()
     rank0 = _scalars(run / "scalars" / "rank0")
@@ -60,8 +60,8 @@ def test_unwritable_targets_are_bad_input(tmp_path):
     blocker = tmp_path / "file"
     blocker.write_text("x")
     with pytest.raises(BadInput, match="cannot write the HTML report"):
-        write_outputs(Report(command="analyze"), sections(), None, blocker / "r.html", None, [])
+        write_outputs(Report(command="analyze", sections=sections()), None, blocker / "r.html", None, [])
     with pytest.raises(BadInput, match="merged trace"):
-        write_outputs(Report(command="analyze"), sections(), None, None, blocker / "m.json.gz", TRACES)
+        write_outputs(Report(command="analyze", sections=sections()), None, None, blocker / "m.json.gz", TRACES)
     with pytest.raises(BadInput, match="no traces"):
-        write_outputs(Report(command="analyze"), sections(), None, None, tmp_path / "m.json.gz", [])
+        write_outputs(Report(command="analyze", sections=sections()), None, None, tmp_path / "m.json.gz", [])
