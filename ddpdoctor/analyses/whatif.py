@@ -1,5 +1,6 @@
-"""Bucket what-if: replay DDP's gradient bucketing and a serial all_reduce queue to predict exposed communication
-per ``bucket_cap_mb`` (docs/whatif.md)."""
+"""Bucket what-if: replay DDP's gradient bucketing and the all_reduce queue (as many concurrent lanes as the run
+showed: one NCCL stream, gloo's worker threads) to predict exposed communication per ``bucket_cap_mb``
+(docs/whatif.md)."""
 
 from __future__ import annotations
 
@@ -38,7 +39,7 @@ class SimBucket:
     bytes: int
     params: int
     ready_us: float  # its last gradient is ready
-    start_us: float  # its all_reduce starts (after the previous bucket's, serial queue)
+    start_us: float  # its all_reduce starts (when launched and a communication lane is free)
     end_us: float
 
 
@@ -84,6 +85,7 @@ class WhatIf:
     best_predicted_exposed_us: float | None = None
     saving_us_per_step: float | None = None  # current predicted - best predicted (>= 0)
     saving_pct_of_step: float | None = None
+    lanes: int = 1  # all_reduces the backend ran at once in this run (measured; the queue simulated has as many)
 
     def to_json(self) -> dict[str, Any]:
         return asdict(self)
@@ -119,27 +121,47 @@ def assign_buckets(sizes: Sequence[int], limits: Sequence[int]) -> list[list[int
 
 
 def simulate_step(grads: Sequence[Grad], limits: Sequence[int], latency_us: float, bytes_per_us: float,
-                  backward_end_us: float | None = None) -> StepSim:
+                  backward_end_us: float | None = None, lanes: int = 1) -> StepSim:
     """Bucket ``grads`` (sorted here by ready time), launch each bucket when its last gradient is ready and the
-    previous bucket was launched (DDP launches in bucket order), and run the all_reduces one at a time (one
-    communication stream / queue): start = max(ready, previous end), dur = latency + bytes / bytes_per_us."""
+    previous bucket was launched (DDP launches in bucket order), and run each all_reduce on the first free of
+    ``lanes`` communication lanes (1: one NCCL stream, a serial queue; gloo runs 2 worker threads):
+    start = max(launched, earliest lane free), dur = latency + bytes / bytes_per_us."""
     ordered = sorted(grads, key=lambda g: g.t_us)
     if not ordered:
         return StepSim([], backward_end_us or 0.0, 0.0, 0.0)
     bw_end = max(backward_end_us if backward_end_us is not None else ordered[-1].t_us, ordered[-1].t_us)
     buckets: list[SimBucket] = []
     launched = float("-inf")
-    prev_end = float("-inf")
+    lane_free = [float("-inf")] * max(1, lanes)
     for b, idx in enumerate(assign_buckets([g.bytes for g in ordered], limits)):
         nbytes = sum(ordered[i].bytes for i in idx)
         ready = max(ordered[i].t_us for i in idx)
         launched = max(launched, ready)
-        start = max(launched, prev_end)
+        lane = min(range(len(lane_free)), key=lane_free.__getitem__)
+        start = max(launched, lane_free[lane])
         end = start + latency_us + nbytes / bytes_per_us
         buckets.append(SimBucket(b, nbytes, len(idx), ready, start, end))
-        prev_end = end
+        lane_free[lane] = end
     comm = sum(b.end_us - b.start_us for b in buckets)
-    return StepSim(buckets, bw_end, max(0.0, buckets[-1].end_us - bw_end), comm)
+    return StepSim(buckets, bw_end, max(0.0, max(b.end_us for b in buckets) - bw_end), comm)
+
+
+def observed_lanes(buckets: Sequence[Bucket]) -> int:
+    """How many all_reduces ran at once in this run: the most bucket intervals overlapping at one instant, per
+    (rank, step), median over them (at least 1). Durations measured while sharing the link are per-lane rates, so
+    the simulation must run as many at once as the run did."""
+    by_step: dict[tuple[int, int], list[tuple[float, float]]] = defaultdict(list)
+    for b in buckets:
+        by_step[(b.rank, b.step)].append((b.start_us, b.end_us))
+    peaks = []
+    for spans in by_step.values():
+        events = sorted([(s, 1) for s, _ in spans] + [(e, -1) for _, e in spans])  # an end before a start at a tie
+        running = peak = 0
+        for _, delta in events:
+            running += delta
+            peak = max(peak, running)
+        peaks.append(peak)
+    return max(1, int(statistics.median(peaks))) if peaks else 1
 
 
 # ---------------------------------------------------------------------------------------------- from an Analysis
@@ -329,13 +351,14 @@ def bucket_whatif(analysis: Analysis, caps_mb: Sequence[float] = CANDIDATE_CAPS_
 
     per_step = {(r.rank, s.step): s for r in analysis.ranks for s in r.per_step}
     step_times = [s.dur_us for s in per_step.values()]
+    lanes = observed_lanes(analysis.buckets)
     measured = [per_step[k].exposed_comm_us for k in steps if k in per_step]
 
     def predict(limits: list[int]) -> list[StepSim]:
         sims = []
         for key, grads in sorted(steps.items()):
             st = per_step.get(key)
-            sims.append(simulate_step(grads, limits, latency, rate, st.backward_end_us if st else None))
+            sims.append(simulate_step(grads, limits, latency, rate, st.backward_end_us if st else None, lanes))
         return sims
 
     predictions = []
@@ -378,4 +401,5 @@ def bucket_whatif(analysis: Analysis, caps_mb: Sequence[float] = CANDIDATE_CAPS_
         statistics.median(measured_counts.values()) if measured_counts else None,
         measured_us, fit_error, predictions, best_cap, best_exposed, saving,
         100.0 * saving / step_time if step_time else None,
+        lanes,
     )

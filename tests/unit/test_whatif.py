@@ -185,3 +185,30 @@ def test_sizes_from_buckets_give_up_when_a_bucket_gets_no_gradient():
     b = [bucket(0, 1, 0, 100, 50, 60), bucket(0, 1, 1, 100, 60, 70)]
     assert _sizes_from_buckets([10, 20, 55], b) == [50, 50, 100]
     assert _sizes_from_buckets([10, 20], b) is None
+
+
+def test_lanes_run_all_reduces_at_once_as_gloo_does():
+    from ddpdoctor.analyses.whatif import Grad, simulate_step
+
+    # Two 1000-byte buckets (cap 1000 B), both ready at t=0, 100 B/us, no latency, backward ends at 0.
+    grads = [Grad(0.0, 1000), Grad(0.0, 1000)]
+    serial = simulate_step(grads, [1000], 0.0, 100.0, 0.0, lanes=1)
+    assert [(b.start_us, b.end_us) for b in serial.buckets] == [(0.0, 10.0), (10.0, 20.0)]
+    assert serial.exposed_us == 20.0
+    two = simulate_step(grads, [1000], 0.0, 100.0, 0.0, lanes=2)
+    assert [(b.start_us, b.end_us) for b in two.buckets] == [(0.0, 10.0), (0.0, 10.0)]
+    assert two.exposed_us == 10.0 and two.comm_us == 20.0
+
+
+def test_observed_lanes_is_the_peak_overlap_per_step():
+    from ddpdoctor.analyses.model import Bucket
+    from ddpdoctor.analyses.whatif import observed_lanes
+
+    def b(step, start, end):
+        return Bucket(rank=0, step=step, index=0, bytes=1, start_us=start, end_us=end, dur_us=end - start,
+                      is_last=False, after_backward_end_us=0.0)
+
+    # step 3: [0,10] and [5,15] overlap -> 2; step 4: [0,10] then [10,20] touch only -> 1; step 5: 2 again
+    buckets = [b(3, 0, 10), b(3, 5, 15), b(4, 0, 10), b(4, 10, 20), b(5, 0, 10), b(5, 1, 2)]
+    assert observed_lanes(buckets) == 2
+    assert observed_lanes([]) == 1
