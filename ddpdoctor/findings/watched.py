@@ -11,7 +11,7 @@ from typing import Any
 from ddpdoctor.findings.model import Finding
 from ddpdoctor.report import Report
 from ddpdoctor.rundir.layout import RunDir
-from ddpdoctor.rundir.report import job_report
+from ddpdoctor.rundir.report import job_report, rank_statuses
 
 
 def watched_report(run: RunDir, command: str, debug: bool = False, analyse_traces: bool = False) -> Report:
@@ -39,7 +39,7 @@ def watch_findings(run: RunDir, debug: bool = False) -> list[Finding]:
     from ddpdoctor.findings.hang import crash_findings, hang_findings
 
     findings: list[Finding] = []
-    statuses = {r: _read(run.rank_file(r, "status.json")) for r in run.ranks_present()}
+    statuses = rank_statuses(run)
     hang = _read(run.root / "hang.json")
     stderr = {r: _text(run.rank_file(r, "stderr.log")) for r, s in statuses.items() if s is None}
     beats = {int(r): v.get("beat") for r, v in ((_read(run.root / "heartbeats.json") or {}).get("ranks") or {}).items()}
@@ -57,11 +57,9 @@ def watch_findings(run: RunDir, debug: bool = False) -> list[Finding]:
 
 
 def debug_findings(run: RunDir, have: set[str]) -> list[Finding]:
-    """What TORCH_DISTRIBUTED_DEBUG=DETAIL printed, explained by the logs parsers (when installed)."""
-    try:
-        from ddpdoctor.logs.explain import explain_texts  # type: ignore[import-not-found]
-    except ImportError:
-        return []
+    """What TORCH_DISTRIBUTED_DEBUG=DETAIL printed, explained by the logs parsers (ddpdoctor/logs)."""
+    from ddpdoctor.logs.explain import explain_texts
+
     texts: dict[str, str] = {}
     for r in run.ranks_present():
         path = run.rank_file(r, "stderr.log")

@@ -11,7 +11,8 @@ from ddpdoctor.rundir import manifest as manifest_mod
 from ddpdoctor.rundir.layout import RunDir, write_json
 
 
-def rank_statuses(run: RunDir, manifest: dict[str, Any]) -> dict[int, dict[str, Any] | None]:
+def rank_statuses(run: RunDir) -> dict[int, dict[str, Any] | None]:
+    """Each rank's status.json, or None for a rank that wrote none (killed by a signal) or an unreadable one."""
     statuses: dict[int, dict[str, Any] | None] = {}
     for rank in run.ranks_present():
         try:
@@ -23,7 +24,7 @@ def rank_statuses(run: RunDir, manifest: dict[str, Any]) -> dict[int, dict[str, 
 
 def job_report(run: RunDir, command: str, analyse_traces: bool) -> Report:
     manifest = manifest_mod.load(run)
-    statuses = rank_statuses(run, manifest)
+    statuses = rank_statuses(run)
     if analyse_traces and run.trace_files():
         from ddpdoctor.analyses.pipeline import analyze_run
 
