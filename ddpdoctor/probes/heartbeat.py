@@ -135,6 +135,10 @@ class HeartbeatProbe:
             faulthandler.register(DUMP_SIGNAL, file=self._stacks_fh, all_threads=True, chain=False)
         except (OSError, ValueError, RuntimeError):
             self._stacks_fh = None
+        # Connect before the script runs: its first collective's "enter" must not race the heartbeat thread's
+        # connect (a rank that gloo aborts in that collective would otherwise leave no call site). The monitor
+        # listens before the ranks start; if this fails, the thread keeps retrying.
+        self._connect()
         self._thread = threading.Thread(target=self._loop, name="ddpdoctor-heartbeat", daemon=True)
         self._thread.start()
 
