@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from ddpdoctor.findings.model import Finding, Severity, exit_code, status_word
+from ddpdoctor.findings.model import Finding, Severity, exit_code, ordered, status_word
 
 
 @dataclass
@@ -35,7 +35,7 @@ class Report:
             "status": self.status,
         }
         out.update(self.sections)
-        out["findings"] = [f.to_json() for f in sorted(self.findings, key=lambda f: -f.severity.rank)]
+        out["findings"] = [f.to_json() for f in ordered(self.findings)]
         if self.notes:
             out["notes"] = list(self.notes)
         return out

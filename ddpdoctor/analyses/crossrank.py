@@ -15,6 +15,8 @@ from ddpdoctor.analyses.rank import RankResult
 # alone flips at random between healthy ranks), and the excess, per waiting rank, is at least 5% of the recorded
 # step time (below that it costs little whoever causes it).
 STRAGGLER_DOMINANCE = 2.0
+# Last in at least two thirds of the matched collectives (findings/perf_balance.py uses the same rule).
+STRAGGLER_MAJORITY = 2 / 3
 STRAGGLER_WAIT_SHARE = 0.05
 
 
@@ -124,7 +126,9 @@ def stragglers(results: list[RankResult], matched: list[MatchedCollective]) -> S
         for rk, w in caused.items():
             typical = statistics.median([v for k, v in caused.items() if k != rk])
             excess = (w - typical) / (n - 1)
-            if w >= STRAGGLER_DOMINANCE * typical and excess >= STRAGGLER_WAIT_SHARE * total_step:
+            # ... and last in a clear majority of the matched collectives (a rank last now and then is noise).
+            if (w >= STRAGGLER_DOMINANCE * typical and excess >= STRAGGLER_WAIT_SHARE * total_step
+                    and last_count[rk] >= STRAGGLER_MAJORITY * len(matched)):
                 flagged.append(rk)
     skews = [m.arrival_skew_us for m in matched]
     return Stragglers(

@@ -202,8 +202,14 @@ def report_for(analysis: Analysis, command: str = "analyze") -> Report:
     from ddpdoctor.findings.perf import perf_report_parts
 
     extra, findings = perf_report_parts(analysis)
+    steps = max((len(r.per_step) for r in analysis.ranks), default=0)
+    notes = list(analysis.notes)
+    if steps:
+        # What every verdict rests on: a reader weighs "warning" from 3 steps differently from 30.
+        notes.append(f"verdicts rest on {steps} recorded step(s) per rank, {len(analysis.ranks)} rank(s); "
+                     "figures carry 90% intervals over them (docs/findings.md)")
     return Report(command=command, sections={**analysis.to_sections(), **extra}, findings=list(findings),
-                  notes=list(analysis.notes))
+                  notes=notes)
 
 
 def analyze_run(run: RunDir) -> Report:

@@ -18,6 +18,7 @@ from ddpdoctor.commands._common import (
     pop_launch_spec,
 )
 from ddpdoctor.errors import BadInput
+from ddpdoctor.findings.perf_verdict import apply_outcome, run_status_of
 from ddpdoctor.findings.watched import watched_report
 from ddpdoctor.launch.launcher import launch
 from ddpdoctor.launch.monitor import pop_watcher, watch_options
@@ -69,6 +70,7 @@ def command(
     if not result.reports:
         finish_quietly(result)
     report = watched_report(spec.run_dir, "profile", analyse_traces=True)
+    report.findings = apply_outcome(report.findings, run_status_of(_manifest(spec.run_dir)))
     if nccl_debug:
         from ddpdoctor.topo.capture import add_to_report
 
@@ -84,3 +86,12 @@ def command(
     write_outputs(report, spec.run_dir.root, html_path, merge_path, spec.run_dir.trace_files())
     emit(report, as_json=as_json, verbose=verbose, fail_on=fail_on, exit_code=result.exit_code or None,
          sections=render_perf_sections)
+
+
+def _manifest(run: Any) -> dict[str, Any] | None:
+    from ddpdoctor.rundir import manifest as manifest_mod
+
+    try:
+        return manifest_mod.load(run)
+    except (OSError, ValueError, BadInput):
+        return None

@@ -40,6 +40,16 @@ class Finding:
         }
 
 
+# The job itself failed: these lead every view (failure first), before any other finding of any severity.
+FAILURE_IDS = ("rank-crashed", "hang", "collective-mismatch", "job-interrupted", "job-stopped", "rank-no-status",
+               "no-ranks-started")
+
+
+def ordered(findings: Iterable[Finding]) -> list[Finding]:
+    """The order every view shows findings in: the job's failures first, then by severity (stable otherwise)."""
+    return sorted(findings, key=lambda f: (f.id not in FAILURE_IDS, -f.severity.rank))
+
+
 def worst_severity(findings: Iterable[Finding]) -> Severity | None:
     worst: Severity | None = None
     for f in findings:

@@ -7,6 +7,7 @@ from collections import defaultdict
 from collections.abc import Callable
 from typing import Any
 
+from ddpdoctor.analyses.intervals import bootstrap
 from ddpdoctor.analyses.model import Analysis
 from ddpdoctor.analyses.whatif import MIB, WhatIf, bucket_whatif, ddp_config
 from ddpdoctor.findings.model import Finding, Severity
@@ -19,12 +20,18 @@ from ddpdoctor.findings.perf_balance import (
     rule_step_variance,
     rule_stragglers,
 )
+from ddpdoctor.findings.perf_verdict import (
+    COMM_GROUP,
+    cost,
+    group_root_causes,
+    merge_undecided,
+    step_samples,
+    undecided,
+)
 
 # Exposed communication (|comm \ compute|) as a share of step time. Under 20% the step is dominated by compute and
-# tuning DDP buys little; above 40% the job spends nearly half its time waiting on the network, i.e. scaling out
-# is losing a large part of what the extra GPUs bring.
+# tuning DDP buys little. Above it, a warning: a performance problem is never an error (the job computes right).
 EXPOSED_WARN_PCT = 20.0
-EXPOSED_ERROR_PCT = 40.0
 # The overlap causes are only named when exposed communication is worth chasing: 5% of a step.
 CAUSE_MIN_EXPOSED_PCT = 5.0
 # The last bucket's all_reduce still running after backward ended, as a share of step time: 10% is where it is
@@ -51,17 +58,51 @@ WHATIF_INFO_PCT = 2.0
 WHATIF_WARN_PCT = 10.0
 
 
-def _cap_advice(whatif: WhatIf | None, fallback: str) -> str:
-    """The what-if's cap when it predicts a saving worth reporting (WHATIF_INFO_PCT), else ``fallback``."""
-    if (whatif is None or not whatif.available or whatif.best_bucket_cap_mb is None
-            or (whatif.saving_pct_of_step or 0.0) < WHATIF_INFO_PCT):
+def _recommends(w: WhatIf | None, noise_us: float = 0.0) -> bool:
+    """The what-if recommends a cap only when its layout differs from the current one (more or fewer buckets) and
+    the predicted saving is worth reporting and larger than the run's own noise in exposed communication."""
+    if (w is None or not w.available or w.best_bucket_cap_mb is None
+            or (w.saving_pct_of_step or 0.0) < WHATIF_INFO_PCT or (w.saving_us_per_step or 0.0) <= noise_us):
+        return False
+    best = next((p for p in w.predictions if p.bucket_cap_mb == w.best_bucket_cap_mb), None)
+    return best is None or best.buckets_per_step != w.current_buckets_per_step
+
+
+def _exposed_noise_us(a: Analysis) -> float:
+    """Half the interval of exposed communication per step: a predicted saving below it cannot be told from noise."""
+    iv = bootstrap([s.exposed_comm_us for r in a.ranks if r.comm_us > 0 for s in r.per_step])
+    return iv.half_width if iv is not None and iv.measurable else 0.0
+
+
+def _cap_advice(whatif: WhatIf | None, fallback: str, noise_us: float = 0.0) -> str:
+    """The what-if's cap when it recommends one, else ``fallback`` (without the what-if), or why no cap helps."""
+    if not _recommends(whatif, noise_us):
+        if whatif is not None and whatif.available:
+            return ("The bucket what-if finds no bucket_cap_mb that would hide more of it (same bucket layout, or a "
+                    "saving within the run's noise); larger per-rank batches (more compute per byte) or fp16 "
+                    "gradient compression (`fp16_compress_hook`) shrink what must be hidden.")
         return fallback
+    assert whatif is not None and whatif.best_bucket_cap_mb is not None
     text = (f"`DDP(model, bucket_cap_mb={whatif.best_bucket_cap_mb:g})`: the bucket what-if predicts "
             f"{ms(whatif.saving_us_per_step)} ms less exposed communication per step")
     if whatif.fit_error_pct_of_step is not None and whatif.fit_error_pct_of_step > (whatif.saving_pct_of_step or 0.0):
         text += (f" (but it reproduces this run only within {whatif.fit_error_pct_of_step:.0f}% of a step: "
                  "profile again to confirm)")
     return text + "."
+
+
+def _single_bucket(a: Analysis) -> int | None:
+    """The gradient bytes when every step ran one gradient bucket (a model that fits in one), else None."""
+    per: dict[tuple[int, int], list[int]] = defaultdict(list)
+    for b in a.buckets:
+        per[(b.rank, b.step)].append(b.bytes or 0)
+    if not per or statistics.median(len(v) for v in per.values()) > 1:
+        return None
+    return int(statistics.median(sum(v) for v in per.values()))
+
+
+def _step_us(a: Analysis) -> float | None:
+    return median_or_none([v for r in a.ranks if (v := median_step_us(r))])
 
 
 # ------------------------------------------------------------------------------------------------------- rules
@@ -98,26 +139,48 @@ def rule_no_communication(a: Analysis, w: WhatIf | None) -> list[Finding]:
 
 
 def rule_exposed_comm(a: Analysis, w: WhatIf | None) -> list[Finding]:
-    hot = [r for r in a.ranks if r.exposed_comm_pct is not None and r.exposed_comm_pct > EXPOSED_WARN_PCT]
-    if not hot:
+    comm_ranks = [r for r in a.ranks if r.comm_us > 0]
+    iv = bootstrap([100.0 * s.exposed_comm_us / s.dur_us for r in comm_ranks for s in r.per_step if s.dur_us > 0])
+    if iv is None:
         return []
-    worst = max(r.exposed_comm_pct or 0.0 for r in hot)
-    sev = Severity.ERROR if worst > EXPOSED_ERROR_PCT else Severity.WARNING
+    if not iv.above(EXPOSED_WARN_PCT):
+        return [undecided("exposed-comm-high", "exposed communication, % of step", iv, EXPOSED_WARN_PCT, a)] \
+            if iv.undecided(EXPOSED_WARN_PCT) else []
+    hot = [r for r in comm_ranks if (r.exposed_comm_pct or 0.0) > EXPOSED_WARN_PCT] or comm_ranks
+    exposed_us = statistics.median(s.exposed_comm_us for r in comm_ranks for s in r.per_step)
+    single = _single_bucket(a)
+    evidence: dict[str, Any] = {
+        **cost(exposed_us, _step_us(a)),
+        "exposed_comm_pct_of_step": iv.to_json(),
+        "exposed_comm_pct": {str(r.rank): round(r.exposed_comm_pct or 0.0, 1) for r in hot},
+        "exposed_comm_ms_per_step": {str(r.rank): ms(r.exposed_comm_us / max(1, r.steps)) for r in hot},
+        "overlap_pct": {str(r.rank): None if r.overlap_pct is None else round(r.overlap_pct, 1) for r in hot},
+        "steps": {str(r.rank): r.steps for r in hot},
+        "threshold_pct": EXPOSED_WARN_PCT,
+    }
+    if single is not None:
+        # One bucket: its all_reduce can only start when the last gradient is ready, i.e. when backward ends. No
+        # DDP knob changes that, so the finding explains instead of listing knobs (info: nothing to tune).
+        evidence["single_bucket_bytes"] = single
+        return [Finding(
+            "exposed-comm-high", Severity.INFO,
+            f"Communication not hidden by compute takes {iv.value:.0f}% of step time: the model's gradients fit "
+            "in one bucket, which DDP can only send after backward",
+            ranks=[r.rank for r in hot], evidence=evidence,
+            advice=(f"All {single / 1024:.1f} KiB of gradients fit in one bucket, so DDP starts their all_reduce when "
+                    "the last gradient is ready (at the end of backward) and nothing can overlap it. Its cost is "
+                    "mostly the collective's fixed latency, which no DDP setting (bucket size, static_graph) shortens; "
+                    "it only shrinks relative to the step with more work per step (a larger per-rank batch or "
+                    "model). For a model this small, fewer ranks may train as fast."),
+        )]
     return [Finding(
-        "exposed-comm-high", sev,
-        f"Communication not hidden by compute takes {worst:.0f}% of step time",
-        ranks=[r.rank for r in hot],
-        evidence={
-            "exposed_comm_pct": {str(r.rank): round(r.exposed_comm_pct or 0.0, 1) for r in hot},
-            "exposed_comm_ms": {str(r.rank): ms(r.exposed_comm_us) for r in hot},
-            "overlap_pct": {str(r.rank): None if r.overlap_pct is None else round(r.overlap_pct, 1) for r in hot},
-            "steps": {str(r.rank): r.steps for r in hot},
-            "threshold_pct": {"warning": EXPOSED_WARN_PCT, "error": EXPOSED_ERROR_PCT},
-        },
+        "exposed-comm-high", Severity.WARNING,
+        f"Communication not hidden by compute takes {iv.value:.0f}% of step time",
+        ranks=[r.rank for r in hot], evidence=evidence,
         advice=_cap_advice(w, "See the overlap findings for the cause; larger per-rank batches (more compute per "
                            "byte) or fp16 gradient compression (`model.register_comm_hook(None, "
                            "torch.distributed.algorithms.ddp_comm_hooks.default_hooks.fp16_compress_hook)`) "
-                           "shrink what must be hidden."),
+                           "shrink what must be hidden.", _exposed_noise_us(a)),
     )]
 
 
@@ -128,33 +191,44 @@ def _exposed_worth_it(a: Analysis) -> bool:
 def rule_comm_tail(a: Analysis, w: WhatIf | None) -> list[Finding]:
     if not _exposed_worth_it(a):
         return []
+    durs = {(r.rank, s.step): s.dur_us for r in a.ranks for s in r.per_step}
     tails: dict[int, list[float]] = defaultdict(list)
+    shares_all: list[float] = []
     last_bytes: dict[int, list[int]] = defaultdict(list)
     for b in a.buckets:
         if b.is_last:
             tails[b.rank].append(b.after_backward_end_us)
+            if durs.get((b.rank, b.step)):
+                shares_all.append(100.0 * b.after_backward_end_us / durs[(b.rank, b.step)])
             if b.bytes:
                 last_bytes[b.rank].append(b.bytes)
+    iv = bootstrap(shares_all)
+    if iv is None:
+        return []
+    if not iv.above(TAIL_WARN_PCT):
+        return [undecided("comm-tail-after-backward", "last bucket after backward, % of step", iv, TAIL_WARN_PCT,
+                          a)] if iv.undecided(TAIL_WARN_PCT) else []
     ranks, evidence_ms, shares = [], {}, {}
     for r in a.ranks:
         tail, step = median_or_none(tails.get(r.rank, [])), median_step_us(r)
         if tail is None or not step:
             continue
-        share = 100.0 * tail / step
-        if share > TAIL_WARN_PCT:
-            ranks.append(r.rank)
-            evidence_ms[str(r.rank)] = ms(tail)
-            shares[str(r.rank)] = round(share, 1)
+        ranks.append(r.rank)
+        evidence_ms[str(r.rank)] = ms(tail)
+        shares[str(r.rank)] = round(min(100.0, 100.0 * tail / step), 1)
     if not ranks:
         return []
     lb = median_or_none([float(x) for rk in ranks for x in last_bytes.get(rk, [])])
+    tail_us = statistics.median(t for v in tails.values() for t in v)
     return [Finding(
         "comm-tail-after-backward", Severity.WARNING,
-        f"The last bucket's all_reduce runs {max(evidence_ms.values())} ms after backward has ended",
+        f"The last bucket's all_reduce runs {ms(tail_us)} ms after backward has ended",
         ranks=ranks,
-        evidence={"tail_ms_median": evidence_ms, "tail_pct_of_step": shares,
+        evidence={**cost(tail_us, _step_us(a)), "tail_pct_of_step": iv.to_json(), "tail_ms_median": evidence_ms,
+                  "tail_pct_of_step_by_rank": shares,
                   "last_bucket_mb": None if lb is None else round(lb / MIB, 2), "threshold_pct": TAIL_WARN_PCT},
-        advice=_cap_advice(w, _smaller_cap_advice((ddp_config(a) or {}).get("bucket_cap_mb"), tail=True)),
+        advice=_cap_advice(w, _smaller_cap_advice((ddp_config(a) or {}).get("bucket_cap_mb"), tail=True),
+                           _exposed_noise_us(a)),
     )]
 
 
@@ -184,11 +258,12 @@ def rule_small_buckets(a: Analysis, w: WhatIf | None) -> list[Finding]:
         "buckets-latency-bound", sev,
         f"{n_small:g} of {n_all:g} gradient buckets per step are under 1 MiB: latency-bound all_reduces",
         ranks=ranks,
-        evidence={"small_buckets_per_step": n_small, "buckets_per_step": n_all,
+        evidence={**cost(n_all * lat if lat else None, _step_us(a)),
+                  "small_buckets_per_step": n_small, "buckets_per_step": n_all,
                   "small_bucket_median_kib": round((median_or_none([float(s) for s in sizes]) or 0) / 1024, 1),
                   "fitted_latency_us": lat, "latency_share_of_comm": None if share is None else round(share, 3)},
         advice=_cap_advice(w, "Raise the bucket size so each all_reduce moves enough bytes: "
-                           "`DDP(model, bucket_cap_mb=25)` (the default) or more."),
+                           "`DDP(model, bucket_cap_mb=25)` (the default) or more.", _exposed_noise_us(a)),
     )]
 
 
@@ -209,17 +284,29 @@ def rule_first_bucket_late(a: Analysis, w: WhatIf | None) -> list[Finding]:
         span = st.backward_end_us - st.backward_start_us
         if span > 0:
             shares[key[0]].append((start - st.backward_start_us) / span)
-    late = {rk: statistics.median(v) for rk, v in shares.items() if statistics.median(v) > FIRST_BUCKET_LATE_SHARE}
+    # A share over 1 means the first all_reduce started after backward ended: said as such, never as "454%".
+    iv = bootstrap([min(1.0, x) * 100.0 for v in shares.values() for x in v])
+    if iv is None:
+        return []
+    threshold = 100 * FIRST_BUCKET_LATE_SHARE
+    if not iv.above(threshold):
+        return [undecided("first-bucket-late", "first all_reduce, % of the way through backward", iv, threshold,
+                          a)] if iv.undecided(threshold) else []
+    late = {rk: min(1.0, statistics.median(v)) for rk, v in shares.items()
+            if statistics.median(v) > FIRST_BUCKET_LATE_SHARE}
     if not late:
         return []
     cfg = ddp_config(a) or {}
+    title = ("The first gradient all_reduce starts only after backward has ended" if iv.value >= 100.0 else
+             f"The first gradient all_reduce starts {iv.value:.0f}% of the way through backward")
+    exposed = median_or_none([s.exposed_comm_us for r in a.ranks for s in r.per_step if r.rank in late])
     return [Finding(
-        "first-bucket-late", Severity.WARNING,
-        f"The first gradient all_reduce starts {100 * max(late.values()):.0f}% of the way through backward",
+        "first-bucket-late", Severity.WARNING, title,
         ranks=sorted(late),
-        evidence={"first_allreduce_at_backward_pct": {str(k): round(100 * v, 1) for k, v in sorted(late.items())},
-                  "bucket_cap_mb": cfg.get("bucket_cap_mb"), "threshold_pct": 100 * FIRST_BUCKET_LATE_SHARE},
-        advice=_cap_advice(w, _smaller_cap_advice(cfg.get("bucket_cap_mb"))),
+        evidence={**cost(exposed, _step_us(a)), "first_allreduce_at_backward_pct": iv.to_json(),
+                  "by_rank_pct": {str(k): round(100 * v, 1) for k, v in sorted(late.items())},
+                  "bucket_cap_mb": cfg.get("bucket_cap_mb"), "threshold_pct": threshold},
+        advice=_cap_advice(w, _smaller_cap_advice(cfg.get("bucket_cap_mb")), _exposed_noise_us(a)),
     )]
 
 
@@ -286,7 +373,9 @@ def rule_sync_in_backward(a: Analysis, w: WhatIf | None) -> list[Finding]:
         f"{len(all_hits)} synchronising call(s) inside backward"
         + (" (CPU run: they would serialise communication on GPUs)" if cpu_only else " serialise communication"),
         ranks=ranks,
-        evidence={"calls": {n: len(v) for n, v in sorted(hits.items())},
+        evidence={**cost(sum(float(getattr(e, "dur_us", 0.0)) for e in all_hits) / max(1, step_samples(a)) / max(1, len(ranks)),
+                       _step_us(a)),
+                  "calls": {n: len(v) for n, v in sorted(hits.items())},
                   "steps": sorted({e.step for e in all_hits}),
                   "time_ms": round(sum(float(getattr(e, "dur_us", 0.0)) for e in all_hits) / 1000, 3)},
         advice="Remove `.item()`, `.cpu()`, `torch.cuda.synchronize()` from backward hooks and the loss path "
@@ -295,9 +384,8 @@ def rule_sync_in_backward(a: Analysis, w: WhatIf | None) -> list[Finding]:
 
 
 def rule_whatif(a: Analysis, w: WhatIf | None) -> list[Finding]:
-    if w is None or not w.available or w.saving_pct_of_step is None or w.best_bucket_cap_mb is None:
-        return []
-    if w.saving_pct_of_step < WHATIF_INFO_PCT:
+    if not _recommends(w, _exposed_noise_us(a)) or w is None or w.saving_pct_of_step is None \
+            or w.best_bucket_cap_mb is None:
         return []
     # A warning needs a model that reproduces this run better than the saving it promises.
     trusted = w.fit_error_pct_of_step is not None and w.fit_error_pct_of_step <= w.saving_pct_of_step
@@ -306,7 +394,10 @@ def rule_whatif(a: Analysis, w: WhatIf | None) -> list[Finding]:
         "bucket-cap-whatif", sev,
         f"bucket_cap_mb={w.best_bucket_cap_mb:g} is predicted to save {ms(w.saving_us_per_step)} ms per step",
         ranks=sorted({r.rank for r in a.ranks}),
-        evidence={"current_bucket_cap_mb": w.current_bucket_cap_mb,
+        evidence={**cost(w.saving_us_per_step, w.step_time_us), "current_bucket_cap_mb": w.current_bucket_cap_mb,
+                  "current_buckets_per_step": w.current_buckets_per_step,
+                  "predicted_buckets_per_step": {f"{p.bucket_cap_mb:g}": p.buckets_per_step for p in w.predictions},
+                  "noise_ms": ms(_exposed_noise_us(a)),
                   "predicted_exposed_ms": {f"{p.bucket_cap_mb:g}": ms(p.exposed_comm_us) for p in w.predictions},
                   "current_predicted_exposed_ms": ms(w.current_predicted_exposed_us),
                   "current_measured_exposed_ms": ms(w.measured_exposed_us),
@@ -325,12 +416,16 @@ RULES: tuple[Callable[[Analysis, WhatIf | None], list[Finding]], ...] = (
 
 
 def perf_findings(analysis: Analysis, whatif: WhatIf | None = None) -> list[Finding]:
-    """Every performance rule over ``analysis``. The bucket what-if is computed unless given."""
+    """Every performance rule over ``analysis`` (the bucket what-if is computed unless given), with undecided
+    figures merged into one not-measurable finding and one advice per root cause."""
     w = whatif if whatif is not None else bucket_whatif(analysis)
     out: list[Finding] = []
     for rule in RULES:
         out.extend(rule(analysis, w))
-    return out
+    if any(f.id == "exposed-comm-high" and "single_bucket_bytes" in f.evidence for f in out):
+        # One bucket: tail, late start, bucket sizes and the what-if all describe the same unavoidable fact.
+        out = [f for f in out if f.id not in COMM_GROUP or f.id == "exposed-comm-high"]
+    return group_root_causes(merge_undecided(out, analysis))
 
 
 def perf_report_parts(analysis: Analysis) -> tuple[dict[str, Any], list[Finding]]:

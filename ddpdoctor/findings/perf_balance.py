@@ -5,19 +5,23 @@ from __future__ import annotations
 
 import statistics
 from collections import defaultdict
+from collections.abc import Sequence
 from typing import Any, overload
 
+from ddpdoctor.analyses.crossrank import STRAGGLER_MAJORITY
+from ddpdoctor.analyses.intervals import Interval, bootstrap
 from ddpdoctor.analyses.model import Analysis, RankMetrics
 from ddpdoctor.analyses.whatif import MIB, WhatIf, ddp_config
 from ddpdoctor.findings.model import Finding, Severity
+from ddpdoctor.findings.perf_verdict import cost, undecided
 
 # gradient_as_bucket_view saves one gradient-sized copy per step and that much memory; below 25 MiB (one default
 # bucket) the saving is under a millisecond on any GPU and not worth a finding.
 GRAD_VIEW_MIN_BYTES = 25 * MIB
 # A straggler: the median arrival skew of matched collectives (latest start - earliest start) above 5% of a step:
-# every rank waits that long for the last one at every collective.
+# every rank waits that long for the last one at every collective. Named only when the same rank is last in a clear
+# majority (STRAGGLER_MAJORITY, two thirds) of the matched collectives, and its interval clears the threshold.
 STRAGGLER_SKEW_WARN_PCT = 5.0
-STRAGGLER_SKEW_ERROR_PCT = 25.0
 # Step time variation within a rank: coefficient of variation (stdev / mean) above 0.15 over at least 3 steps,
 # i.e. steps commonly differ by more than 15%: a periodic stall (checkpoint, GC, logging, data) is likely.
 STEP_CV_WARN = 0.15
@@ -26,7 +30,6 @@ STEP_CV_MIN_STEPS = 3
 RANK_STEP_SKEW_WARN_PCT = 10.0
 # Waiting for the next batch at the start of steps: 10% of step time is a GPU idle a tenth of the time.
 DATA_WAIT_WARN_PCT = 10.0
-DATA_WAIT_ERROR_PCT = 30.0
 
 
 @overload
@@ -106,64 +109,119 @@ def rule_stragglers(a: Analysis, w: WhatIf | None) -> list[Finding]:
     step = median_or_none([v for r in a.ranks if (v := median_step_us(r))])
     if not step:
         return []
-    pct = 100.0 * s.arrival_skew_median_us / step
-    if pct <= STRAGGLER_SKEW_WARN_PCT:
+    matched = a.matched or []
+    total = len(matched) or sum(s.last_arrival_count.values())
+    majority = [rk for rk in s.ranks if total and s.last_arrival_count.get(rk, 0) >= STRAGGLER_MAJORITY * total]
+    if not majority:
         return []
+    skews = [100.0 * m.arrival_skew_us / step for m in matched if m.last_rank in majority]
+    iv = bootstrap(skews, statistics.median) if skews else None
+    pct = 100.0 * s.arrival_skew_median_us / step
+    if iv is None:  # no matched collectives kept (hand-built analyses): the median skew alone
+        iv = Interval(pct, pct, pct, total)
+    if not iv.above(STRAGGLER_SKEW_WARN_PCT):
+        return [undecided("straggler-rank", "arrival skew at collectives, % of step", iv, STRAGGLER_SKEW_WARN_PCT,
+                          a)] if iv.undecided(STRAGGLER_SKEW_WARN_PCT) else []
     steps = max((r.steps for r in a.ranks), default=0) or 1
+    waited = sum(v for k, v in s.caused_wait_us.items() if k in majority) / steps
     return [Finding(
-        "straggler-rank", Severity.ERROR if pct > STRAGGLER_SKEW_ERROR_PCT else Severity.WARNING,
-        f"Rank(s) {s.ranks} arrive last at collectives; the others wait {pct:.0f}% of a step",
-        ranks=list(s.ranks),
-        evidence={"arrival_skew_median_ms": ms(s.arrival_skew_median_us), "skew_pct_of_step": round(pct, 1),
-                  "others_waited_ms": {str(k): ms(v) for k, v in s.caused_wait_us.items() if k in s.ranks},
+        "straggler-rank", Severity.WARNING,
+        f"Rank(s) {majority} arrive last at collectives; the others wait {iv.value:.0f}% of a step",
+        ranks=majority,
+        evidence={**cost(waited / max(1, len(a.ranks) - 1), step), "skew_pct_of_step": iv.to_json(),
+                  "arrival_skew_median_ms": ms(s.arrival_skew_median_us),
+                  "last_in": {str(k): f"{s.last_arrival_count.get(k, 0)} of {total}" for k in majority},
+                  "others_waited_ms": {str(k): ms(v) for k, v in s.caused_wait_us.items() if k in majority},
                   "others_waited_ms_per_step": {str(k): ms(v / steps) for k, v in s.caused_wait_us.items()
-                                                if k in s.ranks},
-                  "last_arrival_count": {str(k): v for k, v in s.last_arrival_count.items()},
+                                                if k in majority},
                   "step_time_ms_by_rank": {str(k): ms(v) for k, v in s.step_time_us_by_rank.items()}},
         advice="Find what the slow rank does differently: its host (`ddpdoctor topo`), its data shard (uneven "
         "batches, slow storage), CPU contention (pin threads, set OMP_NUM_THREADS), thermal throttling.",
     )]
 
 
+def _cv(values: Sequence[float]) -> float:
+    mean = statistics.fmean(values)
+    return statistics.pstdev(values) / mean if mean > 0 else 0.0
+
+
 def rule_step_variance(a: Analysis, w: WhatIf | None) -> list[Finding]:
     out: list[Finding] = []
     noisy: dict[int, dict[str, Any]] = {}
+    undecided_iv: Interval | None = None
+    costs: list[float] = []
     for r in a.ranks:
         durs = [s.dur_us for s in r.per_step]
         if len(durs) < STEP_CV_MIN_STEPS or statistics.fmean(durs) <= 0:
             continue
-        cv = statistics.pstdev(durs) / statistics.fmean(durs)
-        if cv > STEP_CV_WARN:
+        iv = bootstrap(durs, _cv)
+        if iv is None:
+            continue
+        if iv.above(STEP_CV_WARN):
             slow = max(r.per_step, key=lambda s: s.dur_us)
-            noisy[r.rank] = {"cv": round(cv, 3), "slowest_step": slow.step, "slowest_ms": ms(slow.dur_us),
+            costs.append(statistics.fmean(durs) - statistics.median(durs))
+            noisy[r.rank] = {"cv": iv.to_json(digits=3), "slowest_step": slow.step, "slowest_ms": ms(slow.dur_us),
                              "median_ms": ms(statistics.median(durs))}
+        elif iv.undecided(STEP_CV_WARN) and (undecided_iv is None or iv.value > undecided_iv.value):
+            undecided_iv = iv
     if noisy:
         out.append(Finding(
             "step-time-variance", Severity.WARNING,
             f"Step times vary by more than {100 * STEP_CV_WARN:.0f}% between steps",
-            ranks=sorted(noisy), evidence={"by_rank": {str(k): v for k, v in sorted(noisy.items())},
-                                           "threshold_cv": STEP_CV_WARN},
+            ranks=sorted(noisy), evidence={**cost(max(0.0, max(costs)), median_or_none(
+                [v for r in a.ranks if (v := median_step_us(r))])),
+                "by_rank": {str(k): v for k, v in sorted(noisy.items())}, "threshold_cv": STEP_CV_WARN},
             advice="Look at the slowest step in the timeline: periodic work (checkpointing, logging, "
             "`gc.collect`, evaluation) or a data stall; move it off the training path or make it asynchronous.",
         ))
-    meds = {r.rank: v for r in a.ranks if (v := median_step_us(r))}
-    if len(meds) >= 2:
-        mid = statistics.median(meds.values())
-        spread = max(meds.values()) - min(meds.values())
-        if mid > 0 and 100.0 * spread / mid > RANK_STEP_SKEW_WARN_PCT:
-            slow_rank = max(meds, key=lambda k: meds[k])
-            out.append(Finding(
-                "step-time-rank-skew", Severity.WARNING,
-                f"Median step time differs by {100 * spread / mid:.0f}% across ranks (slowest: rank {slow_rank})",
-                ranks=[slow_rank], evidence={"step_time_ms_by_rank": {str(k): ms(v) for k, v in sorted(meds.items())},
-                                        "spread_ms": ms(spread), "threshold_pct": RANK_STEP_SKEW_WARN_PCT},
-                advice="Ranks of a DDP job should step together; compare the slow rank's host, data and "
-                "profiler window (all ranks must record the same steps).",
-            ))
+    elif undecided_iv is not None:
+        out.append(undecided("step-time-variance", "step-time coefficient of variation", undecided_iv, STEP_CV_WARN,
+                             a, unit="cv"))
+    out.extend(_rank_skew(a))
     return out
 
 
+def _rank_skew(a: Analysis) -> list[Finding]:
+    """Ranks whose step times differ by more than RANK_STEP_SKEW_WARN_PCT, counted only for the part of the gap that
+    lies outside both ranks' intervals (two noisy ranks of one speed are not skewed)."""
+    ivs = {r.rank: iv for r in a.ranks if (iv := bootstrap([s.dur_us for s in r.per_step], statistics.median))}
+    if len(ivs) < 2:
+        return []
+    mid = statistics.median(iv.value for iv in ivs.values())
+    slow = max(ivs, key=lambda k: ivs[k].value)
+    fast = min(ivs, key=lambda k: ivs[k].value)
+    if mid <= 0:
+        return []
+    spread = ivs[slow].value - ivs[fast].value
+    gap = ivs[slow].lo - ivs[fast].hi
+    pct, sure_pct = 100.0 * spread / mid, 100.0 * gap / mid
+    if pct <= RANK_STEP_SKEW_WARN_PCT:
+        return []
+    if sure_pct <= RANK_STEP_SKEW_WARN_PCT or not (ivs[slow].measurable and ivs[fast].measurable):
+        shown = Interval(pct, max(0.0, sure_pct), 100.0 * (ivs[slow].hi - ivs[fast].lo) / mid,
+                         min(ivs[slow].n, ivs[fast].n))
+        return [undecided("step-time-rank-skew", "step-time spread across ranks, % of step", shown,
+                          RANK_STEP_SKEW_WARN_PCT, a)]
+    return [Finding(
+        "step-time-rank-skew", Severity.WARNING,
+        f"Median step time differs by {pct:.0f}% across ranks (slowest: rank {slow})",
+        ranks=[slow], evidence={**cost(spread, mid),
+                                "step_time_ms_by_rank": {str(k): ms(iv.value) for k, iv in sorted(ivs.items())},
+                                "step_time_ms_interval_by_rank": {str(k): iv.to_json(0.001, 3)
+                                                                  for k, iv in sorted(ivs.items())},
+                                "spread_ms": ms(spread), "threshold_pct": RANK_STEP_SKEW_WARN_PCT},
+        advice="Ranks of a DDP job should step together; compare the slow rank's host, data and "
+        "profiler window (all ranks must record the same steps).",
+    )]
+
+
 def rule_data_wait(a: Analysis, w: WhatIf | None) -> list[Finding]:
+    iv = bootstrap([100.0 * s.data_wait_us / s.dur_us for r in a.ranks for s in r.per_step if s.dur_us > 0])
+    if iv is None:
+        return []
+    if not iv.above(DATA_WAIT_WARN_PCT):
+        return [undecided("data-loading-wait", "waiting for data, % of step", iv, DATA_WAIT_WARN_PCT, a)] \
+            if iv.undecided(DATA_WAIT_WARN_PCT) else []
     hot: dict[int, float] = {}
     per_step_ms: dict[str, float | None] = {}
     for r in a.ranks:
@@ -176,14 +234,15 @@ def rule_data_wait(a: Analysis, w: WhatIf | None) -> list[Finding]:
             per_step_ms[str(r.rank)] = ms(r.data_wait_us / max(1, len(r.per_step)))
     if not hot:
         return []
-    worst = max(hot.values())
+    wait_us = statistics.median(s.data_wait_us for r in a.ranks for s in r.per_step)
     return [Finding(
-        "data-loading-wait", Severity.ERROR if worst > DATA_WAIT_ERROR_PCT else Severity.WARNING,
-        f"Steps wait for the next batch {worst:.0f}% of the time",
+        "data-loading-wait", Severity.WARNING,
+        f"Steps wait for the next batch {iv.value:.0f}% of the time",
         ranks=sorted(hot),
-        evidence={"data_wait_pct": {str(k): round(v, 1) for k, v in sorted(hot.items())},
-                  "data_wait_ms_per_step": per_step_ms,
-                  "threshold_pct": {"warning": DATA_WAIT_WARN_PCT, "error": DATA_WAIT_ERROR_PCT}},
+        evidence={**cost(wait_us, median_or_none([v for r in a.ranks if (v := median_step_us(r))])),
+                  "data_wait_pct_of_step": iv.to_json(),
+                  "data_wait_pct": {str(k): round(v, 1) for k, v in sorted(hot.items())},
+                  "data_wait_ms_per_step": per_step_ms, "threshold_pct": DATA_WAIT_WARN_PCT},
         advice="`DataLoader(..., num_workers=4, pin_memory=True, persistent_workers=True, prefetch_factor=4)`; "
         "move decoding/augmentation off the main process.",
     )]

@@ -9,7 +9,7 @@ from typing import Any
 from rich.console import Console
 from rich.markup import escape
 
-from ddpdoctor.findings.model import Finding, Severity
+from ddpdoctor.findings.model import Finding, Severity, ordered
 from ddpdoctor.report import Report
 
 STYLE = {Severity.ERROR: "bold red", Severity.WARNING: "yellow", Severity.INFO: "cyan"}
@@ -55,7 +55,7 @@ def render_findings(findings: list[Finding], out: Console, verbose: bool = False
         out.print("[green]No findings.[/green]")
         return
     out.print(f"[bold]Findings[/bold] ({len(findings)})")
-    for f in sorted(findings, key=lambda f: -f.severity.rank):
+    for f in ordered(findings):
         ranks = ""
         if f.ranks:
             shown = ",".join(str(r) for r in f.ranks[:8]) + ("…" if len(f.ranks) > 8 else "")

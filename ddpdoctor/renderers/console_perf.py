@@ -15,7 +15,7 @@ from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 from rich.text import Text
 
-from ddpdoctor.findings.model import Severity
+from ddpdoctor.findings.model import Severity, ordered
 from ddpdoctor.report import Report
 
 # Rows beyond this are summarised: a 1,000-rank job must still fit a screen in the default view.
@@ -168,8 +168,7 @@ def straggler_line(stragglers: dict[str, Any]) -> str | None:
 
 def top_advice(report: Report) -> str | None:
     """The advice of the most severe finding that has some (what to do first)."""
-    ordered = sorted(report.findings, key=lambda f: -f.severity.rank)
-    for f in ordered:
+    for f in ordered(report.findings):
         if f.advice and f.severity is not Severity.INFO:
             return f"[bold]Top advice[/] ({escape(f.id)}): {escape(f.advice)}"
     return None

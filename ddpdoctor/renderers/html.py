@@ -9,7 +9,7 @@ from importlib import resources
 from pathlib import Path
 from typing import Any
 
-from ddpdoctor.findings.model import Finding
+from ddpdoctor.findings.model import Finding, ordered
 from ddpdoctor.report import Report
 
 # The embedded data is capped so a 1,000-rank report stays a file a browser opens; tables say what was left out.
@@ -77,7 +77,7 @@ def _findings_html(findings: list[Finding]) -> str:
     if not findings:
         return '<p class="status-ok">No findings.</p>'
     out = []
-    for f in sorted(findings, key=lambda f: -f.severity.rank):
+    for f in ordered(findings):
         sev = f.severity.value
         ranks = ", ".join(str(r) for r in f.ranks[:32]) + (" …" if len(f.ranks) > 32 else "")
         evidence = json.dumps(f.evidence, indent=1, default=str) if f.evidence else ""

@@ -23,7 +23,7 @@ def one_rank(exposed: float, *, dur: float = 1000.0, steps: int = 3, **over):
                                    bw=(i * dur + 100, i * dur + 500)) for i in range(steps)])], **over)
 
 
-@pytest.mark.parametrize("exposed,expected", [(150, None), (250, Severity.WARNING), (450, Severity.ERROR)])
+@pytest.mark.parametrize("exposed,expected", [(150, None), (250, Severity.WARNING), (450, Severity.WARNING)])
 def test_exposed_comm_thresholds(exposed, expected):
     found = ids(perf_findings(one_rank(exposed)))
     if expected is None:
@@ -32,11 +32,16 @@ def test_exposed_comm_thresholds(exposed, expected):
         f = found["exposed-comm-high"]
         assert f.severity is expected and f.ranks == [0]
         assert f.evidence["exposed_comm_pct"]["0"] == pytest.approx(exposed / 10)
-        assert f.evidence["exposed_comm_ms"]["0"] == pytest.approx(3 * exposed / 1000)
+        assert f.evidence["exposed_comm_ms_per_step"]["0"] == pytest.approx(exposed / 1000)
+        # Performance findings carry their cost per step, and the interval of the figure they rest on.
+        assert f.evidence["cost_ms_per_step"] == pytest.approx(exposed / 1000)
+        assert f.evidence["cost_pct_of_step"] == pytest.approx(exposed / 10)
+        assert f.evidence["exposed_comm_pct_of_step"] == {"value": exposed / 10, "interval": [exposed / 10] * 2, "n": 3}
 
 
 def test_exit_codes_follow_the_worst_finding():
-    assert Report("analyze", findings=perf_findings(one_rank(450))).exit_code() == 1
+    # A performance problem is never an error: the job computes right.
+    assert Report("analyze", findings=perf_findings(one_rank(450))).exit_code() == 0
     warn = Report("analyze", findings=perf_findings(one_rank(250)))
     assert warn.exit_code() == 0 and warn.exit_code(Severity.WARNING) == 1
     assert Report("analyze", findings=perf_findings(one_rank(10))).exit_code(Severity.WARNING) == 0
@@ -45,7 +50,7 @@ def test_exit_codes_follow_the_worst_finding():
 def test_comm_tail_in_ms():
     tail = [bucket(0, i, 1, 2 * MIB, i * 1000 + 450, i * 1000 + 650, True, 150) for i in range(3)]
     f = ids(perf_findings(one_rank(150, buckets=tail)))["comm-tail-after-backward"]
-    assert f.evidence["tail_ms_median"] == {"0": 0.15} and f.evidence["tail_pct_of_step"] == {"0": 15.0}
+    assert f.evidence["tail_ms_median"] == {"0": 0.15} and f.evidence["tail_pct_of_step_by_rank"] == {"0": 15.0}
     assert f.evidence["last_bucket_mb"] == 2.0
     short = [bucket(0, i, 1, 2 * MIB, i * 1000 + 450, i * 1000 + 550, True, 50) for i in range(3)]
     assert "comm-tail-after-backward" not in ids(perf_findings(one_rank(150, buckets=short)))
@@ -68,7 +73,7 @@ def test_first_bucket_late():
     # Backward 100..500 in each step: a first all_reduce at +300 is 75% in, at +100 25%.
     late = [bucket(0, s, 0, 8 * MIB, s * 1000 + 400, s * 1000 + 700, True, 200) for s in range(3)]
     f = ids(perf_findings(one_rank(200, buckets=late)))["first-bucket-late"]
-    assert f.evidence["first_allreduce_at_backward_pct"] == {"0": 75.0}
+    assert f.evidence["by_rank_pct"] == {"0": 75.0}
     early = [bucket(0, s, 0, 8 * MIB, s * 1000 + 200, s * 1000 + 700, True, 200) for s in range(3)]
     assert "first-bucket-late" not in ids(perf_findings(one_rank(200, buckets=early)))
 
@@ -118,7 +123,7 @@ def test_gradient_as_bucket_view():
                                                    gradient_as_bucket_view=True)))
 
 
-@pytest.mark.parametrize("skew,expected", [(40, None), (100, Severity.WARNING), (300, Severity.ERROR)])
+@pytest.mark.parametrize("skew,expected", [(40, None), (100, Severity.WARNING), (300, Severity.WARNING)])
 def test_straggler(skew, expected):
     r0 = rank(0, [step(i, dur=1000, comm=100) for i in range(3)])
     r1 = rank(1, [step(i, dur=1000, comm=100) for i in range(3)])
@@ -129,16 +134,21 @@ def test_straggler(skew, expected):
         return
     f = found["straggler-rank"]
     assert f.severity is expected and f.ranks == [1]
-    assert f.evidence["skew_pct_of_step"] == skew / 10
+    assert f.evidence["skew_pct_of_step"]["value"] == skew / 10
     assert f.evidence["others_waited_ms"] == {"1": 3 * skew / 1000}
     assert f.evidence["others_waited_ms_per_step"] == {"1": skew / 1000}
 
 
 def test_step_time_variance_and_rank_skew():
-    noisy = rank(0, [step(0, dur=1000), step(1, dur=1000), step(2, dur=2000)])
+    three = rank(0, [step(0, dur=1000), step(1, dur=1000), step(2, dur=2000)])
+    # 3 steps: cv 0.354, but a resample of the two 1000s has cv 0: not measurable from so few steps.
+    f = ids(perf_findings(analysis([three])))
+    assert "step-time-variance" not in f and "step-time-variance" in f["not-measurable"].evidence["rules"]
+    noisy = rank(0, [step(i, dur=1000 if i % 2 else 2000) for i in range(8)])
     f = ids(perf_findings(analysis([noisy])))["step-time-variance"]
-    # mean 1333.3, population stdev 471.4 -> cv 0.354; slowest step 2.
-    assert f.evidence["by_rank"]["0"] == {"cv": 0.354, "slowest_step": 2, "slowest_ms": 2.0, "median_ms": 1.0}
+    # mean 1500, population stdev 500 -> cv 0.333; slowest step 0.
+    ev = f.evidence["by_rank"]["0"]
+    assert ev["cv"]["value"] == 0.333 and ev["cv"]["interval"][0] > 0.15 and ev["slowest_step"] == 0
     steady = rank(0, [step(0, dur=1000), step(1, dur=1050), step(2, dur=1000)])
     slow = rank(1, [step(0, dur=1200), step(1, dur=1200), step(2, dur=1200)])
     f = ids(perf_findings(analysis([steady, slow])))
@@ -147,7 +157,7 @@ def test_step_time_variance_and_rank_skew():
     assert f["step-time-rank-skew"].ranks == [1] and f["step-time-rank-skew"].evidence["spread_ms"] == 0.2
 
 
-@pytest.mark.parametrize("wait,expected", [(50, None), (150, Severity.WARNING), (350, Severity.ERROR)])
+@pytest.mark.parametrize("wait,expected", [(50, None), (150, Severity.WARNING), (350, Severity.WARNING)])
 def test_data_wait(wait, expected):
     r = rank(0, [step(i, dur=1000, data_wait=wait) for i in range(4)])
     found = ids(perf_findings(analysis([r])))
@@ -169,7 +179,7 @@ def test_no_communication():
 
 
 def test_whatif_finding_and_advice():
-    a = one_rank(400, steps=1, ddp=_ddp(find_unused_parameters=False, buckets=[{"bytes": 4 * MIB}]),
+    a = one_rank(400, steps=3, ddp=_ddp(find_unused_parameters=False, buckets=[{"bytes": 4 * MIB}]),
                  grad_ready=grads(0, 0, [(200, MIB), (300, MIB), (400, MIB), (500, MIB)]), bandwidth=fit(10, MIB / 100))
     w = bucket_whatif(a)
     # Backward ends at 500: one 4 MiB bucket -> 410 exposed; cap 1 -> 200..310..420..530..640 -> 140.
@@ -196,7 +206,7 @@ def test_every_threshold_is_a_documented_constant():
 def test_whatif_finding_is_only_info_when_the_model_misfits_this_run():
     # Same run, but the measured exposed communication (40 us) is far from the predicted 410 us for its own
     # layout: a fit error of 37% of a step, larger than the 27% saving promised.
-    a = one_rank(40, steps=1, ddp=_ddp(find_unused_parameters=False, buckets=[{"bytes": 4 * MIB}]),
+    a = one_rank(40, steps=3, ddp=_ddp(find_unused_parameters=False, buckets=[{"bytes": 4 * MIB}]),
                  grad_ready=grads(0, 0, [(200, MIB), (300, MIB), (400, MIB), (500, MIB)]), bandwidth=fit(10, MIB / 100))
     f = ids(perf_findings(a))["bucket-cap-whatif"]
     assert f.severity is Severity.INFO and f.evidence["fit_error_pct_of_step"] == 37.0
@@ -214,7 +224,7 @@ def test_item_is_counted_once():
 def test_report_parts_carry_the_whatif_section():
     from ddpdoctor.findings.perf import perf_report_parts
 
-    a = one_rank(400, steps=1, ddp=_ddp(find_unused_parameters=False, buckets=[{"bytes": 4 * MIB}]),
+    a = one_rank(400, steps=3, ddp=_ddp(find_unused_parameters=False, buckets=[{"bytes": 4 * MIB}]),
                  grad_ready=grads(0, 0, [(200, MIB), (300, MIB), (400, MIB), (500, MIB)]), bandwidth=fit(10, MIB / 100))
     sections, findings = perf_report_parts(a)
     assert sections["whatif"]["best_bucket_cap_mb"] == 1
@@ -240,19 +250,20 @@ def test_sync_window_is_the_cpu_backward_on_gpu_traces():
     a.syncs = [SyncCall(rank=0, step=1, name="cudaStreamSynchronize", t_us=1020, dur_us=300.0)]
     f = ids(perf_findings(a))["sync-in-backward"]
     assert f.severity is Severity.WARNING
-    assert f.evidence == {"calls": {"cudaStreamSynchronize": 1}, "steps": [1], "time_ms": 0.3}
+    assert f.evidence == {"calls": {"cudaStreamSynchronize": 1}, "steps": [1], "time_ms": 0.3,
+                          "cost_ms_per_step": 0.1, "cost_pct_of_step": 10.0}
 
 
 def test_cap_advice_carries_the_fit_caveat_and_needs_a_real_saving():
     wi = dict(ddp=_ddp(find_unused_parameters=False, buckets=[{"bytes": 4 * MIB}]),
               grad_ready=grads(0, 0, [(200, MIB), (300, MIB), (400, MIB), (500, MIB)]), bandwidth=fit(10, MIB / 100))
     # Measured 700 us exposed vs 410 predicted: fit error 29% of a step > the 27% saving -> a caveat.
-    advice = ids(perf_findings(one_rank(700, steps=1, **wi)))["exposed-comm-high"].advice
+    advice = ids(perf_findings(one_rank(700, steps=3, **wi)))["exposed-comm-high"].advice
     assert advice.startswith("`DDP(model, bucket_cap_mb=1)`") and "within 29% of a step" in advice
     # Gradients all ready at the end: no cap saves anything, so the advice is the generic one.
     late = dict(wi, grad_ready=grads(0, 0, [(500, MIB)] * 4))
-    advice = ids(perf_findings(one_rank(450, steps=1, **late)))["exposed-comm-high"].advice
-    assert "bucket_cap_mb" not in advice and "fp16_compress_hook" in advice
+    advice = ids(perf_findings(one_rank(450, steps=3, **late)))["exposed-comm-high"].advice
+    assert "finds no bucket_cap_mb" in advice and "`DDP(model" not in advice and "fp16_compress_hook" in advice
 
 
 @pytest.mark.parametrize("cap,expect", [(100, "bucket_cap_mb=25"), (1, "already 1 MiB"), (None, "bucket_cap_mb=5")])

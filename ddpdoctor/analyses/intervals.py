@@ -1,0 +1,80 @@
+"""Intervals for the figures findings rest on: a deterministic bootstrap over recorded steps (and ranks).
+
+A verdict from 3 recorded steps can flip from run to run; an interval says how far a figure can be trusted, and a
+finding is raised only when its whole interval clears the threshold (docs/findings.md, "Severity and intervals")."""
+
+from __future__ import annotations
+
+import math
+import random
+import statistics
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+# 90% percentile interval from 400 resamples: narrow enough to decide on 6-10 steps, and fixed-seed so that the same
+# recorded run always gives the same verdict.
+RESAMPLES = 400
+LEVEL = 0.90
+SEED = 0
+# Fewer values than this and no interval means anything: the figure is "not measurable".
+MIN_SAMPLES = 3
+# --active is never suggested above this (traces grow with every step).
+MAX_SUGGESTED_ACTIVE = 50
+
+
+@dataclass(frozen=True)
+class Interval:
+    """``value`` (the statistic over all samples) and its bootstrap interval [lo, hi] over ``n`` samples."""
+
+    value: float
+    lo: float
+    hi: float
+    n: int
+
+    @property
+    def measurable(self) -> bool:
+        return self.n >= MIN_SAMPLES
+
+    @property
+    def half_width(self) -> float:
+        return (self.hi - self.lo) / 2.0
+
+    def above(self, threshold: float) -> bool:
+        """The whole interval is above ``threshold``."""
+        return self.measurable and self.lo > threshold
+
+    def undecided(self, threshold: float) -> bool:
+        """The figure is above ``threshold`` but its interval reaches below it (or there are too few samples)."""
+        return self.value > threshold and not self.above(threshold)
+
+    def to_json(self, scale: float = 1.0, digits: int = 1) -> dict[str, Any]:
+        return {"value": round(self.value * scale, digits), "interval": [round(self.lo * scale, digits),
+                round(self.hi * scale, digits)], "n": self.n}
+
+
+def bootstrap(values: Sequence[float], stat: Callable[[Sequence[float]], float] = statistics.fmean,
+              resamples: int = RESAMPLES, level: float = LEVEL, seed: int = SEED) -> Interval | None:
+    """The percentile bootstrap interval of ``stat`` over ``values`` (None without values). Deterministic."""
+    vals = [float(v) for v in values if v is not None and math.isfinite(v)]
+    if not vals:
+        return None
+    point = float(stat(vals))
+    if len(vals) == 1:
+        return Interval(point, point, point, 1)
+    rng = random.Random(seed)
+    n = len(vals)
+    stats = sorted(float(stat([vals[rng.randrange(n)] for _ in range(n)])) for _ in range(resamples))
+    tail = (1.0 - level) / 2.0
+    lo = stats[int(math.floor(tail * (resamples - 1)))]
+    hi = stats[int(math.ceil((1.0 - tail) * (resamples - 1)))]
+    return Interval(point, min(lo, point), max(hi, point), n)
+
+
+def suggested_active(iv: Interval, threshold: float, steps: int) -> int:
+    """How many steps would shrink the interval (∝ 1/√n) to clear ``threshold``, as a --active value."""
+    gap = abs(iv.value - threshold)
+    if iv.half_width <= 0 or gap <= 0 or not iv.measurable:
+        return min(MAX_SUGGESTED_ACTIVE, max(10, 3 * max(1, steps)))
+    need = math.ceil(steps * (iv.half_width / gap) ** 2 * 1.2)
+    return int(min(MAX_SUGGESTED_ACTIVE, max(steps + 2, need)))
