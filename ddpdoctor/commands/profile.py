@@ -20,6 +20,7 @@ from ddpdoctor.commands._common import (
 from ddpdoctor.errors import BadInput
 from ddpdoctor.findings.perf_verdict import apply_outcome, run_status_of
 from ddpdoctor.findings.watched import watched_report
+from ddpdoctor.findings.window import window_verdict
 from ddpdoctor.launch.launcher import launch
 from ddpdoctor.launch.monitor import pop_watcher, watch_options
 from ddpdoctor.probes.config import Schedule
@@ -35,6 +36,8 @@ from ddpdoctor.rundir.report import save_report
 @click.option("--warmup", default=1, show_default=True, help="Profiler warm-up steps (recorded, then discarded).")
 @click.option("--active", default=3, show_default=True, help="Steps recorded.")
 @click.option("--repeat", default=1, show_default=True, help="How many wait/warmup/active cycles.")
+@click.option("--run-to-completion", is_flag=True,
+              help="Keep training after the profiled window (default: every rank stops once its steps are written).")
 @click.option("--with-stack", is_flag=True, help="Record Python stacks in the trace (bigger traces).")
 @click.option("--verbose", "-v", is_flag=True, help="Per-step and per-collective tables.")
 @click.option("--html", "html_path", type=click.Path(path_type=Path), default=None,
@@ -51,6 +54,7 @@ def command(
     warmup: int,
     active: int,
     repeat: int,
+    run_to_completion: bool,
     with_stack: bool,
     verbose: bool,
     html_path: Path | None,
@@ -64,13 +68,14 @@ def command(
     spec = pop_launch_spec(
         "profile", kwargs, as_json=as_json,
         schedule=Schedule(wait=wait, warmup=warmup, active=active, repeat=repeat),
-        options={"with_stack": with_stack, "nccl_debug": nccl_debug},
+        options={"with_stack": with_stack, "nccl_debug": nccl_debug, "run_to_completion": run_to_completion},
     )
     result = launch(spec, watcher)
     if not result.reports:
         finish_quietly(result)
     report = watched_report(spec.run_dir, "profile", analyse_traces=True)
     report.findings = apply_outcome(report.findings, run_status_of(_manifest(spec.run_dir)))
+    window_verdict(report, spec.run_dir, spec.schedule)
     if nccl_debug:
         from ddpdoctor.topo.capture import add_to_report
 

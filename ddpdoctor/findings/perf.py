@@ -422,7 +422,7 @@ def perf_findings(analysis: Analysis, whatif: WhatIf | None = None) -> list[Find
     out: list[Finding] = []
     for rule in RULES:
         out.extend(rule(analysis, w))
-    if any(f.id == "exposed-comm-high" and "single_bucket_bytes" in f.evidence for f in out):
+    if _single_bucket(analysis) is not None:
         # One bucket: tail, late start, bucket sizes and the what-if all describe the same unavoidable fact.
         out = [f for f in out if f.id not in COMM_GROUP or f.id == "exposed-comm-high"]
     return group_root_causes(merge_undecided(out, analysis))

@@ -53,7 +53,8 @@ class RankSession:
             from ddpdoctor.probes.profiler import ProfilerProbe
 
             self.profiler = ProfilerProbe(
-                self.run.traces, self.rank, self.config.schedule, self.config.record_shapes, self.config.with_stack
+                self.run.traces, self.rank, self.config.schedule, self.config.record_shapes, self.config.with_stack,
+                stop_after_window=not self.config.options.get("run_to_completion", True),
             )
             self.tracker.add_listener(self.profiler.on_step)
             self.profiler.start()
@@ -151,6 +152,11 @@ def main() -> None:
     try:
         _run_script(config)
     except SystemExit as exc:
+        from ddpdoctor.probes.profiler import ProfileWindowDone
+
+        if isinstance(exc, ProfileWindowDone):
+            # The profiled steps are written: the rank stops here, cleanly (exit 0 means "profiled").
+            status["stopped_after_window"] = exc.step
         code = exc.code
         status["exit_code"] = code if isinstance(code, int) else (0 if code is None else 1)
         if isinstance(code, int) and code > 128:

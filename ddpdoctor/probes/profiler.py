@@ -10,14 +10,25 @@ import torch
 from ddpdoctor.probes.config import Schedule
 
 
+class ProfileWindowDone(SystemExit):
+    """Raised from the iteration boundary after the window is written, when the rank should stop (the default of
+    `profile`): every rank reaches the same iteration, so all stop together, outside any collective."""
+
+    def __init__(self, step: int) -> None:
+        super().__init__(0)
+        self.step = step
+
+
 class ProfilerProbe:
     """Owns one torch.profiler.profile. ``on_step`` advances it; ``finish`` writes what was recorded.
 
     Traces are named ``rankR.<ts>.pt.trace.json.gz`` in RUN/traces, which TensorBoard's profiler
     plugin reads as run "traces" with one worker per rank."""
 
-    def __init__(self, trace_dir: Path, rank: int, schedule: Schedule, record_shapes: bool, with_stack: bool):
+    def __init__(self, trace_dir: Path, rank: int, schedule: Schedule, record_shapes: bool, with_stack: bool,
+                 stop_after_window: bool = False):
         self.trace_dir = trace_dir
+        self.stop_after_window = stop_after_window
         self.rank = rank
         self.schedule = schedule
         self.written: list[Path] = []
@@ -46,6 +57,8 @@ class ProfilerProbe:
         if step > self._last_step:
             # The schedule is over: stop the profiler so later steps pay nothing for it.
             self.finish()
+            if self.stop_after_window and self.written:
+                raise ProfileWindowDone(step)
 
     def _trace_ready(self, prof: Any) -> None:
         self.trace_dir.mkdir(parents=True, exist_ok=True)
