@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from ddpdoctor.findings.model import Finding, Severity
+from ddpdoctor.findings.model import FAILURE_IDS, Finding, Severity
 from ddpdoctor.probes.config import Schedule
 from ddpdoctor.report import Report
 from ddpdoctor.rundir.layout import RunDir
@@ -42,7 +42,10 @@ def window_verdict(report: Report, run: RunDir, schedule: Schedule) -> None:
     if not statuses:
         return
     seen = min(int(s.get("steps_completed") or 0) for s in statuses.values())
-    f = window_finding(seen, schedule, sorted(statuses), bool(run.trace_files()))
+    # A job that failed ended early because it failed: that finding says it, not the window.
+    failed = any(f.id in FAILURE_IDS for f in report.findings) or any(
+        s.get("exit_code") not in (0, None) for s in statuses.values())
+    f = None if failed else window_finding(seen, schedule, sorted(statuses), bool(run.trace_files()))
     if f is not None:
         report.findings.append(f)
     stopped: list[Any] = [s.get("stopped_after_window") for s in statuses.values() if s.get("stopped_after_window")]

@@ -8,6 +8,7 @@ from collections import defaultdict
 
 import pytest
 
+from ddpdoctor.analyses.intervals import bootstrap
 from ddpdoctor.analyses.whatif import bucket_whatif
 from tests.conftest import EXAMPLES, run_cli
 
@@ -63,14 +64,31 @@ def test_simulated_buckets_match_the_buckets_ddp_built(runs):
     assert predicted[1.0] > predicted[100.0]
 
 
-def test_predicted_order_matches_measured_order(runs):
-    per_run = {cap: [bucket_whatif(a, caps_mb=CAPS).measured_exposed_us for a in analyses]
+def test_replay_of_the_recorded_run_is_deterministic(runs):
+    # What does not depend on the machine's load: the what-if replays the recorded gradient-ready times, so the
+    # same recorded run always gives the same predictions, and more buckets never start the first all_reduce later.
+    for analyses in runs.values():
+        for a in analyses:
+            w1, w2 = bucket_whatif(a, caps_mb=CAPS), bucket_whatif(a, caps_mb=CAPS)
+            assert w1.to_json() == w2.to_json()
+            first = {p.bucket_cap_mb: p.first_start_after_backward_start_us for p in w1.predictions}
+            assert first[1.0] is not None and first[100.0] is not None and first[1.0] <= first[100.0]
+
+
+def test_predicted_order_matches_measured_order_when_the_runs_tell_them_apart(runs):
+    # The measured order is only asserted when the two caps' exposed communication differs by more than the
+    # runs' own noise (their 90% intervals over steps and ranks do not overlap): 17.36 vs 17.15 ms once flipped it.
+    samples = {cap: [s.exposed_comm_us for a in analyses for r in a.ranks for s in r.per_step]
                for cap, analyses in runs.items()}
-    assert all(v is not None for values in per_run.values() for v in values)
-    measured = {cap: statistics.mean(values) for cap, values in per_run.items()}
-    measured_small_first = measured[1.0] < measured[100.0]
+    ivs = {cap: bootstrap(v) for cap, v in samples.items()}
+    assert all(iv is not None for iv in ivs.values())
+    small, large = ivs[1.0], ivs[100.0]
+    assert small is not None and large is not None
+    if not (small.hi < large.lo or large.hi < small.lo):
+        pytest.skip(f"measured exposed communication of the two caps is within noise: {small} vs {large}")
+    measured_small_first = small.value < large.value
     for cap, analysis in ((cap, a) for cap, analyses in runs.items() for a in analyses):
         w = bucket_whatif(analysis, caps_mb=CAPS)
         pred = {p.bucket_cap_mb: p.exposed_comm_us for p in w.predictions}
         # The model fitted on either run must order the two caps as the two real runs did.
-        assert (pred[1.0] < pred[100.0]) == measured_small_first, (cap, pred, measured)
+        assert (pred[1.0] < pred[100.0]) == measured_small_first, (cap, pred, small, large)
