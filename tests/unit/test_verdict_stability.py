@@ -1,0 +1,38 @@
+"""Verdicts over several recorded runs of one healthy script (tests/fixtures/verdicts): the same recording always
+gives the same verdict (seeded intervals), no run is called an error, and every run agrees on the status."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from ddpdoctor.analyses.pipeline import analyze_paths, report_for
+
+RUNS = sorted((Path(__file__).resolve().parents[1] / "fixtures" / "verdicts").glob("healthy_run*"))
+
+
+def _verdict(run: Path) -> tuple[str, tuple[str, ...]]:
+    report = report_for(analyze_paths([run]))
+    return report.status, tuple(sorted(f.id for f in report.findings))
+
+
+@pytest.mark.parametrize("run", RUNS, ids=lambda p: p.name)
+def test_the_same_recording_gives_the_same_verdict(run):
+    first = report_for(analyze_paths([run])).to_json()
+    again = report_for(analyze_paths([run])).to_json()
+    assert first["findings"] == again["findings"] and first["status"] == again["status"]
+
+
+def test_recorded_runs_of_one_healthy_script_agree_on_the_status_and_are_never_errors():
+    assert len(RUNS) >= 3
+    verdicts = [_verdict(r) for r in RUNS]
+    statuses = {status for status, _ in verdicts}
+    assert statuses == {verdicts[0][0]} and "error" not in statuses, verdicts
+    for run in RUNS:
+        for f in report_for(analyze_paths([run])).findings:
+            assert f.severity.value != "error"
+            if "cost_ms_per_step" in f.evidence and f.evidence["cost_pct_of_step"] is not None:
+                assert 0 <= f.evidence["cost_pct_of_step"] <= 100
+    # The headline finding of this tiny model is found in every run.
+    assert all("exposed-comm-high" in ids for _, ids in verdicts), verdicts
