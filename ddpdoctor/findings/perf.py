@@ -9,7 +9,7 @@ from typing import Any
 
 from ddpdoctor.analyses.intervals import bootstrap
 from ddpdoctor.analyses.model import Analysis
-from ddpdoctor.analyses.whatif import MIB, WhatIf, bucket_whatif, ddp_config
+from ddpdoctor.analyses.whatif import CANDIDATE_CAPS_MB, MIB, WhatIf, bucket_whatif, ddp_config
 from ddpdoctor.findings.model import Finding, Severity
 from ddpdoctor.findings.perf_balance import (
     median_or_none,
@@ -92,13 +92,16 @@ def _cap_advice(whatif: WhatIf | None, fallback: str, noise_us: float = 0.0) -> 
 
 
 def _single_bucket(a: Analysis) -> int | None:
-    """The gradient bytes when every step ran one gradient bucket (a model that fits in one), else None."""
+    """The gradient bytes when every step ran one gradient bucket and would at any cap, else None."""
     per: dict[tuple[int, int], list[int]] = defaultdict(list)
     for b in a.buckets:
         per[(b.rank, b.step)].append(b.bytes or 0)
     if not per or statistics.median(len(v) for v in per.values()) > 1:
         return None
-    return int(statistics.median(sum(v) for v in per.values()))
+    total = int(statistics.median(sum(v) for v in per.values()))
+    # One bucket at ANY cap: under the smallest cap the what-if tries (1 MiB). A larger model in one bucket because
+    # of a large cap is a different story: a smaller cap does help it.
+    return total if 0 < total <= min(CANDIDATE_CAPS_MB) * MIB else None
 
 
 def _step_us(a: Analysis) -> float | None:
