@@ -26,6 +26,9 @@ STRAGGLER_SKEW_WARN_PCT = 5.0
 # i.e. steps commonly differ by more than 15%: a periodic stall (checkpoint, GC, logging, data) is likely.
 STEP_CV_WARN = 0.15
 STEP_CV_MIN_STEPS = 3
+# ... and a warning only when the slow steps cost something: the mean step above the median by 5% of the median
+# (time lost to stalls). Symmetric jitter (a shared, loaded host) varies as much but loses nothing: info.
+STEP_VARIANCE_MIN_COST_PCT = 5.0
 # Across ranks: median step times differing by more than 10% of the median step.
 RANK_STEP_SKEW_WARN_PCT = 10.0
 # Waiting for the next batch at the start of steps: 10% of step time is a GPU idle a tenth of the time.
@@ -165,11 +168,13 @@ def rule_step_variance(a: Analysis, w: WhatIf | None) -> list[Finding]:
         elif iv.undecided(STEP_CV_WARN) and (undecided_iv is None or iv.value > undecided_iv.value):
             undecided_iv = iv
     if noisy:
+        step_us = median_or_none([v for r in a.ranks if (v := median_step_us(r))])
+        lost = max(0.0, max(costs))
+        worth = bool(step_us) and 100.0 * lost / (step_us or 1.0) >= STEP_VARIANCE_MIN_COST_PCT
         out.append(Finding(
-            "step-time-variance", Severity.WARNING,
+            "step-time-variance", Severity.WARNING if worth else Severity.INFO,
             f"Step times vary by more than {100 * STEP_CV_WARN:.0f}% between steps",
-            ranks=sorted(noisy), evidence={**cost(max(0.0, max(costs)), median_or_none(
-                [v for r in a.ranks if (v := median_step_us(r))])),
+            ranks=sorted(noisy), evidence={**cost(lost, step_us), "min_cost_pct": STEP_VARIANCE_MIN_COST_PCT,
                 "by_rank": {str(k): v for k, v in sorted(noisy.items())}, "threshold_cv": STEP_CV_WARN},
             advice="Look at the slowest step in the timeline: periodic work (checkpointing, logging, "
             "`gc.collect`, evaluation) or a data stall; move it off the training path or make it asynchronous.",

@@ -1,5 +1,6 @@
 """Verdicts over several recorded runs of one healthy script (tests/fixtures/verdicts): the same recording always
-gives the same verdict (seeded intervals), no run is called an error, and every run agrees on the status."""
+gives the same verdict (seeded intervals), no run is called an error, every run finds the tiny model's unhideable
+communication and explains it (info, one bucket), never a bucket-size recommendation."""
 
 from __future__ import annotations
 
@@ -24,15 +25,22 @@ def test_the_same_recording_gives_the_same_verdict(run):
     assert first["findings"] == again["findings"] and first["status"] == again["status"]
 
 
-def test_recorded_runs_of_one_healthy_script_agree_on_the_status_and_are_never_errors():
+def test_recorded_runs_of_one_healthy_script_are_never_errors():
+    # These runs were recorded on 2 cores shared by 8 concurrent jobs: step times there truly vary (cv 0.5-0.9) and
+    # one run has a real 29%-of-a-step straggler, so only what holds whatever the host did is asserted.
     assert len(RUNS) >= 3
     verdicts = [_verdict(r) for r in RUNS]
     statuses = {status for status, _ in verdicts}
-    assert statuses == {verdicts[0][0]} and "error" not in statuses, verdicts
+    assert "error" not in statuses, verdicts
     for run in RUNS:
         for f in report_for(analyze_paths([run])).findings:
             assert f.severity.value != "error"
             if "cost_ms_per_step" in f.evidence and f.evidence["cost_pct_of_step"] is not None:
                 assert 0 <= f.evidence["cost_pct_of_step"] <= 100
-    # The headline finding of this tiny model is found in every run.
-    assert all("exposed-comm-high" in ids for _, ids in verdicts), verdicts
+    # The headline finding of this tiny model is found in every run, as the one-bucket explanation, and no run
+    # recommends a bucket size for a model that fits in one bucket at any cap.
+    assert all("exposed-comm-high" in ids and "bucket-cap-whatif" not in ids for _, ids in verdicts), verdicts
+    for run in RUNS:
+        f = next(f for f in report_for(analyze_paths([run])).findings if f.id == "exposed-comm-high")
+        assert f.severity.value == "info" and f.evidence["single_bucket_bytes"] > 0
+        assert "bucket_cap_mb=" not in f.advice
