@@ -41,6 +41,9 @@ class StepMetrics:
     # The backward pass as the CPU ran it (on GPU traces backward_*_us are the GPU span of its kernels).
     cpu_backward_start_us: float | None = None
     cpu_backward_end_us: float | None = None
+    # Backward passes in this step (gradient accumulation: several, the ones under no_sync and the synced one). The
+    # backward_* windows above are the synced pass's: buckets, overlap, tail and sync calls read that one.
+    backward_passes: int = 1
 
 
 @dataclass

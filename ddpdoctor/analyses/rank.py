@@ -82,19 +82,51 @@ class _ByLaunch:
         return self.start[i0:i1], self.end[i0:i1]
 
 
-def backward_windows(trace: Trace, steps: list[tuple[int, float, float]]) -> dict[int, tuple[float, float, float, float]]:
-    """step -> (cpu_start, cpu_end, start, end) of the backward pass. CPU: the autograd evaluate_function span.
-    GPU: from the first to the last compute kernel launched inside that CPU span."""
+def backward_passes(starts: np.ndarray, ends: np.ndarray, forward: _ByLaunch) -> list[tuple[float, float]]:
+    """The backward passes among one step's autograd spans (sorted by start): a new pass begins where work outside
+    backward (the next micro-step's forward) was launched between two spans. Gradient accumulation runs several."""
+    passes: list[tuple[float, float]] = []
+    cur_s, cur_e = float(starts[0]), float(ends[0])
+    for st, en in zip(starts[1:].tolist(), ends[1:].tolist(), strict=True):
+        if st > cur_e and len(forward.launched_in(cur_e, st)[0]):
+            passes.append((cur_s, cur_e))
+            cur_s, cur_e = st, en
+        else:
+            cur_e = max(cur_e, en)
+    passes.append((cur_s, cur_e))
+    return passes
+
+
+def synced_pass(passes: list[tuple[float, float]], comm: _ByLaunch) -> int:
+    """Index of the pass whose gradients DDP all_reduces: the last that launched communication (the others ran under
+    ``no_sync``); the last pass when none did."""
+    for i in range(len(passes) - 1, -1, -1):
+        if len(comm.launched_in(passes[i][0], passes[i][1], closed=True)[0]):
+            return i
+    return len(passes) - 1
+
+
+def backward_windows(trace: Trace, steps: list[tuple[int, float, float]],
+                     passes_out: dict[int, int] | None = None) -> dict[int, tuple[float, float, float, float]]:
+    """step -> (cpu_start, cpu_end, start, end) of the step's synced backward pass (docs/metrics.md). CPU: the
+    autograd evaluate_function spans of that pass. GPU: from the first to the last compute kernel launched inside it.
+    ``passes_out`` receives the number of backward passes per step (several with gradient accumulation)."""
     out: dict[int, tuple[float, float, float, float]] = {}
     b = trace.backward
     order = np.argsort(b.start, kind="stable")
     bst, ben = b.start[order], b.end[order]
     kernels = _ByLaunch(trace.compute) if trace.device == "gpu" else None
+    # Work outside backward: CPU ops on a CPU trace, kernel launches on a GPU trace (both keyed by launch time).
+    forward = kernels if kernels is not None else _ByLaunch(trace.compute)
+    comm = _ByLaunch(_comm_spans(trace))
     for sid, s, e in steps:
         i0, i1 = int(np.searchsorted(bst, s, "left")), int(np.searchsorted(bst, e, "left"))
         if i1 <= i0:
             continue
-        cs, ce = float(bst[i0]), float(ben[i0:i1].max())
+        passes = backward_passes(bst[i0:i1], ben[i0:i1], forward)
+        if passes_out is not None:
+            passes_out[sid] = len(passes)
+        cs, ce = passes[synced_pass(passes, comm)] if len(passes) > 1 else passes[0]
         bs, be = cs, ce
         if kernels is not None:
             ks, ke = kernels.launched_in(cs, ce, closed=True)
@@ -142,7 +174,8 @@ def analyze_trace(trace: Trace, window: str = "all") -> RankResult:
     comm_us = iv.union_len(*M)
     compute_us = iv.union_len(*C)
     overlap_us = iv.intersect_len(M, C)
-    bwd = backward_windows(trace, steps)
+    n_passes: dict[int, int] = {}
+    bwd = backward_windows(trace, steps, n_passes)
     data = trace.data_wait.pair()
 
     part = _step_parts_gpu(comp, comm, mem, data) if gpu else _step_parts_cpu(C, M, Mem, data)
@@ -154,7 +187,7 @@ def analyze_trace(trace: Trace, window: str = "all") -> RankResult:
             step=sid, start_us=s, dur_us=e - s, compute_us=s_comp, comm_us=s_comm, overlap_us=s_ov,
             overlap_pct=_pct(s_ov, s_comm), exposed_comm_us=s_comm - s_ov, idle_us=max(0.0, (e - s) - busy),
             backward_start_us=bs, backward_end_us=be, comm_in_backward_us=cib, data_wait_us=s_data,
-            cpu_backward_start_us=cbs, cpu_backward_end_us=cbe,
+            cpu_backward_start_us=cbs, cpu_backward_end_us=cbe, backward_passes=n_passes.get(sid, 0),
         ))
 
     durs = [p.dur_us for p in per_step]

@@ -73,3 +73,15 @@ def test_a_crash_leads_the_report(tmp_path):
     for f in report["findings"][1:]:
         if f["id"] not in ("rank-crashed", "rank-no-status", "hang"):
             assert f["severity"] == "info" and f["evidence"].get("incomplete_run") == "crashed", f
+
+
+def test_gradient_accumulation_reads_the_synced_backward_pass(tmp_path):
+    out, res = _profile(tmp_path, "grad_accum.py")
+    assert res.returncode == 0, res.stderr[-3000:]
+    report = json.loads(res.stdout)
+    for r in report["ranks"]:
+        # 4 micro-steps per iteration: 4 backward passes, 3 under no_sync and the synced one.
+        assert [s["backward_passes"] for s in r["per_step"]] == [4] * len(r["per_step"]), r["per_step"]
+    # The data fetch's .item() between micro-steps is not "inside backward": only the synced pass is read.
+    assert "sync-in-backward" not in {f["id"] for f in report["findings"]}
+    assert report["status"] != "error"
