@@ -41,8 +41,8 @@ class Finding:
 
 
 # The job itself failed: these lead every view (failure first), before any other finding of any severity.
-FAILURE_IDS = ("rank-crashed", "hang", "collective-mismatch", "job-interrupted", "job-stopped", "rank-no-status",
-               "no-ranks-started")
+FAILURE_IDS = ("rank-crashed", "hang", "collective-mismatch", "job-interrupted", "job-stopped", "run-unfinished",
+               "rank-no-status", "no-ranks-started")
 
 
 def ordered(findings: Iterable[Finding]) -> list[Finding]:

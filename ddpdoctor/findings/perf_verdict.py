@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import dataclasses
 import re
+from typing import Any
 
 from ddpdoctor.analyses.intervals import Interval, suggested_active
 from ddpdoctor.analyses.model import Analysis
@@ -64,7 +65,7 @@ def merge_undecided(findings: list[Finding], a: Analysis) -> list[Finding]:
 
 def _advice_key(advice: str) -> str:
     """Two advices are the same when they recommend the same bucket_cap_mb, or say the same words."""
-    m = re.search(r"bucket_cap_mb=([0-9.]+)`", advice)
+    m = re.search(r"`DDP\(model, bucket_cap_mb=([0-9.]+)\)`", advice)
     return f"cap={m.group(1)}" if m else advice
 
 
@@ -110,15 +111,15 @@ def failure_outcome(findings: list[Finding], run_status: str | None = None) -> s
     """"crashed", "hung", "interrupted", "stopped" when the job did not finish as it should, else None."""
     if run_status in ("interrupted", "stopped"):
         return run_status
-    ids = {f.id for f in findings}
-    if "hang" in ids:
+    by_id = {f.id: f for f in findings}
+    stop = by_id.get("job-stopped") or by_id.get("job-interrupted")
+    if stop is not None:
+        # h13's job-stopped names the signal: SIGINT is the user's Ctrl-C.
+        return "interrupted" if stop.id == "job-interrupted" or stop.evidence.get("signal") == "SIGINT" else "stopped"
+    if "hang" in by_id:
         return "hung"
-    if ids & {"rank-crashed", "collective-mismatch", "rank-no-status"}:
+    if set(by_id) & {"rank-crashed", "collective-mismatch", "rank-no-status", "run-unfinished"}:
         return "crashed"
-    if ids & {"job-interrupted"}:
-        return "interrupted"
-    if ids & {"job-stopped"}:
-        return "stopped"
     return None
 
 
@@ -128,10 +129,10 @@ def apply_outcome(findings: list[Finding], run_status: str | None = None) -> lis
     return mark_incomplete(findings, outcome) if outcome else findings
 
 
-def run_status_of(manifest: dict[str, object] | None) -> str | None:
-    """How the launch says the run ended, when ddpdoctor itself was stopped ("interrupted", "stopped")."""
-    for key in ("outcome", "status", "ended"):
-        v = (manifest or {}).get(key)
-        if v in ("interrupted", "stopped"):
-            return str(v)
+def run_status_of(manifest: dict[str, Any] | None) -> str | None:
+    """How the launch says the run ended when ddpdoctor itself was stopped: "interrupted" (SIGINT) or "stopped"
+    (manifest ``ended`` = {"how": "signal", "signal": ...}, written by the launcher)."""
+    ended = (manifest or {}).get("ended")
+    if isinstance(ended, dict) and ended.get("how") == "signal":
+        return "interrupted" if ended.get("signal") == "SIGINT" else "stopped"
     return None

@@ -1,0 +1,96 @@
+"""The verdict rules on hand-made findings and numbers: intervals, failure first, incomplete runs, one advice per root
+cause, and the window finding."""
+
+from __future__ import annotations
+
+from ddpdoctor.analyses.intervals import Interval, bootstrap, suggested_active
+from ddpdoctor.findings.model import Finding, Severity, ordered
+from ddpdoctor.findings.perf_verdict import (
+    apply_outcome,
+    cost,
+    failure_outcome,
+    group_root_causes,
+    run_status_of,
+)
+from ddpdoctor.findings.window import fitting_flags, window_finding
+from ddpdoctor.probes.config import Schedule
+
+
+def test_bootstrap_is_deterministic_and_brackets_the_value():
+    vals = [10.0, 12.0, 11.0, 30.0, 9.0, 10.5]
+    a, b = bootstrap(vals), bootstrap(vals)
+    assert a == b and a is not None
+    assert a.lo <= a.value == sum(vals) / 6 <= a.hi and a.n == 6
+    assert bootstrap([5.0, 5.0, 5.0]) == Interval(5.0, 5.0, 5.0, 3)
+    one = bootstrap([7.0])
+    assert one is not None and not one.measurable and one.undecided(5.0) and not one.above(5.0)
+    assert bootstrap([]) is None
+
+
+def test_a_figure_over_its_threshold_with_a_wide_interval_is_undecided():
+    iv = Interval(value=25.0, lo=15.0, hi=35.0, n=3)
+    assert iv.undecided(20.0) and not iv.above(20.0)
+    # Half-width 10 over a gap of 5: 4x the steps (x1.2 margin) -> 15.
+    assert suggested_active(iv, 20.0, 3) == 15
+    assert Interval(25.0, 21.0, 29.0, 10).above(20.0)
+
+
+def test_cost_is_ms_and_a_share_never_over_100():
+    assert cost(2500.0, 10000.0) == {"cost_ms_per_step": 2.5, "cost_pct_of_step": 25.0}
+    assert cost(45400.0, 10000.0)["cost_pct_of_step"] == 100.0
+    assert cost(None, 10.0) == {"cost_ms_per_step": None, "cost_pct_of_step": None}
+
+
+def _f(fid: str, sev: Severity = Severity.WARNING, advice: str = "", **ev) -> Finding:
+    return Finding(fid, sev, fid, evidence=dict(ev), advice=advice)
+
+
+def test_failure_first_and_perf_findings_of_an_incomplete_run_are_marked():
+    found = [_f("exposed-comm-high"), _f("straggler-rank"), _f("rank-crashed", Severity.ERROR),
+             _f("grad-divergence", Severity.ERROR)]
+    out = ordered(apply_outcome(found))
+    assert [f.id for f in out] == ["rank-crashed", "grad-divergence", "exposed-comm-high", "straggler-rank"]
+    perf = {f.id: f for f in out}
+    assert perf["exposed-comm-high"].severity is Severity.INFO
+    assert perf["exposed-comm-high"].evidence["incomplete_run"] == "crashed"
+    assert perf["exposed-comm-high"].title.endswith("(from an incomplete run: crashed)")
+    assert perf["grad-divergence"].severity is Severity.ERROR  # not a performance finding: untouched
+
+
+def test_a_signal_to_ddpdoctor_is_interrupted_or_stopped_never_a_crash():
+    assert failure_outcome([_f("job-stopped", signal="SIGINT")]) == "interrupted"
+    assert failure_outcome([_f("job-stopped", signal="SIGTERM")]) == "stopped"
+    assert run_status_of({"ended": {"how": "signal", "signal": "SIGINT", "signum": 2}}) == "interrupted"
+    assert run_status_of({"ended": {"how": "signal", "signal": "SIGTERM", "signum": 15}}) == "stopped"
+    assert run_status_of({"ended": {"how": "exited", "exit_code": 0}}) is None
+    assert apply_outcome([_f("straggler-rank")]) == [_f("straggler-rank")]  # a finished run: nothing marked
+    out = apply_outcome([_f("straggler-rank")], "interrupted")
+    assert out[0].evidence["incomplete_run"] == "interrupted"
+
+
+def test_one_root_cause_says_its_advice_once():
+    cap = "`DDP(model, bucket_cap_mb=5)`: the bucket what-if predicts 1 ms less exposed communication per step."
+    found = [_f("exposed-comm-high", advice=cap), _f("comm-tail-after-backward", advice=cap),
+             _f("first-bucket-late", advice="reorder the last layers"),
+             _f("bucket-cap-whatif", Severity.INFO, advice="`DDP(model, bucket_cap_mb=5)`, then profile again."),
+             _f("data-loading-wait", advice="num_workers")]
+    out = {f.id: f for f in group_root_causes(found)}
+    assert out["exposed-comm-high"].advice == cap
+    assert out["exposed-comm-high"].evidence["related"] == ["comm-tail-after-backward", "first-bucket-late",
+                                                           "bucket-cap-whatif"]
+    assert out["comm-tail-after-backward"].advice == "See exposed-comm-high."
+    assert out["bucket-cap-whatif"].advice == "See exposed-comm-high."  # the same cap, said once
+    assert out["first-bucket-late"].advice == "reorder the last layers"  # a different advice stays
+    assert out["first-bucket-late"].evidence["root_cause"] == "exposed-comm-high"
+    assert out["data-loading-wait"].advice == "num_workers"
+
+
+def test_window_finding_names_what_the_script_ran_and_flags_that_fit():
+    sched = Schedule(wait=2, warmup=1, active=3)
+    f = window_finding(1, sched, [0, 1], traced=False)
+    assert f is not None and f.severity is Severity.WARNING
+    assert f.evidence["iterations_seen"] == 1 and f.evidence["needed"] == 6
+    assert "`--wait 0 --warmup 0 --active 1`" in f.advice
+    assert fitting_flags(5) == "--wait 1 --warmup 0 --active 4"
+    assert window_finding(6, sched, [0], traced=True) is None
+    assert window_finding(0, sched, [0], traced=False) is None  # no iteration at all: no-steps-seen says it
