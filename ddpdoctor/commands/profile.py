@@ -34,7 +34,8 @@ from ddpdoctor.rundir.report import save_report
 @watch_options
 @click.option("--wait", default=2, show_default=True, help="Steps to skip before profiling (DDP builds buckets in step 0).")
 @click.option("--warmup", default=1, show_default=True, help="Profiler warm-up steps (recorded, then discarded).")
-@click.option("--active", default=3, show_default=True, help="Steps recorded.")
+@click.option("--active", default="auto", show_default=True,
+              help="Steps recorded: a number, or auto (until the step-time interval is within ±10%, 5 to 20 steps).")
 @click.option("--repeat", default=1, show_default=True, help="How many wait/warmup/active cycles.")
 @click.option("--run-to-completion", is_flag=True,
               help="Keep training after the profiled window (default: every rank stops once its steps are written).")
@@ -52,7 +53,7 @@ from ddpdoctor.rundir.report import save_report
 def command(
     wait: int,
     warmup: int,
-    active: int,
+    active: str,
     repeat: int,
     run_to_completion: bool,
     with_stack: bool,
@@ -67,7 +68,7 @@ def command(
     watcher = pop_watcher(kwargs)
     spec = pop_launch_spec(
         "profile", kwargs, as_json=as_json,
-        schedule=Schedule(wait=wait, warmup=warmup, active=active, repeat=repeat),
+        schedule=_schedule(wait, warmup, active, repeat),
         options={"with_stack": with_stack, "nccl_debug": nccl_debug, "run_to_completion": run_to_completion},
     )
     result = launch(spec, watcher)
@@ -100,3 +101,10 @@ def _manifest(run: Any) -> dict[str, Any] | None:
         return manifest_mod.load(run)
     except (OSError, ValueError, BadInput):
         return None
+
+
+def _schedule(wait: int, warmup: int, active: str, repeat: int) -> Schedule:
+    try:
+        return Schedule.parse_active(active, wait=wait, warmup=warmup, repeat=repeat)
+    except ValueError as exc:
+        raise BadInput(str(exc)) from None

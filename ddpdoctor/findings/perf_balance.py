@@ -3,6 +3,7 @@ waiting for data (docs/findings.md)."""
 
 from __future__ import annotations
 
+import math
 import statistics
 from collections import defaultdict
 from collections.abc import Sequence
@@ -22,6 +23,8 @@ GRAD_VIEW_MIN_BYTES = 25 * MIB
 # every rank waits that long for the last one at every collective. Named only when the same rank is last in a clear
 # majority (STRAGGLER_MAJORITY, two thirds) of the matched collectives, and its interval clears the threshold.
 STRAGGLER_SKEW_WARN_PCT = 5.0
+# ... and being last that often must be unlikely by chance (binomial tail under 5%, each rank last with 1/world).
+STRAGGLER_CHANCE = 0.05
 # Step time variation within a rank: coefficient of variation (stdev / mean) above 0.15 over at least 3 steps,
 # i.e. steps commonly differ by more than 15%: a periodic stall (checkpoint, GC, logging, data) is likely.
 STEP_CV_WARN = 0.15
@@ -114,7 +117,8 @@ def rule_stragglers(a: Analysis, w: WhatIf | None) -> list[Finding]:
         return []
     matched = a.matched or []
     total = len(matched) or sum(s.last_arrival_count.values())
-    majority = [rk for rk in s.ranks if total and s.last_arrival_count.get(rk, 0) >= STRAGGLER_MAJORITY * total]
+    world = max(2, len(a.ranks))
+    majority = [rk for rk in s.ranks if clear_majority(s.last_arrival_count.get(rk, 0), total, world)]
     if not majority:
         return []
     skews = [100.0 * m.arrival_skew_us / step for m in matched if m.last_rank in majority]
@@ -141,6 +145,16 @@ def rule_stragglers(a: Analysis, w: WhatIf | None) -> list[Finding]:
         advice="Find what the slow rank does differently: its host (`ddpdoctor topo`), its data shard (uneven "
         "batches, slow storage), CPU contention (pin threads, set OMP_NUM_THREADS), thermal throttling.",
     )]
+
+
+def clear_majority(k: int, n: int, world: int) -> bool:
+    """Last in k of n matched collectives is a clear majority: at least STRAGGLER_MAJORITY of them, and unlikely
+    (< STRAGGLER_CHANCE) for a rank that is last by chance (probability 1/world each time): 4 of 5 is not enough."""
+    if n <= 0 or k < STRAGGLER_MAJORITY * n:
+        return False
+    p = 1.0 / world
+    tail = sum(math.comb(n, i) * p ** i * (1 - p) ** (n - i) for i in range(k, n + 1))
+    return tail < STRAGGLER_CHANCE
 
 
 def _cv(values: Sequence[float]) -> float:

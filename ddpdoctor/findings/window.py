@@ -21,14 +21,15 @@ def fitting_flags(seen: int) -> str:
 
 def window_finding(seen: int, schedule: Schedule, ranks: list[int], traced: bool) -> Finding | None:
     """A warning when the script ran fewer iterations than wait + warmup + active."""
-    need = schedule.wait + schedule.warmup + schedule.active
+    need = schedule.needed()
     if seen >= need or seen <= 0:
         return None
     what = "only part of the window was recorded" if traced else "nothing was profiled"
     return Finding(
         "profile-window-not-reached", Severity.WARNING,
         f"The script ran {seen} iteration(s), fewer than the {need} the profile needs "
-        f"(wait {schedule.wait} + warmup {schedule.warmup} + active {schedule.active}): {what}",
+        f"(wait {schedule.wait} + warmup {schedule.warmup} + active "
+        f"{f'auto, at least {schedule.min_active}' if schedule.auto else schedule.active}): {what}",
         ranks=ranks,
         evidence={"iterations_seen": seen, "wait": schedule.wait, "warmup": schedule.warmup,
                   "active": schedule.active, "needed": need, "traces_written": traced},

@@ -10,6 +10,11 @@ from typing import Any
 ENV_VAR = "DDPDOCTOR_CONFIG"
 
 
+# `--active auto`: at least 5 recorded steps, at most 20 (traces grow with every step).
+AUTO_MIN = 5
+AUTO_CAP = 20
+
+
 @dataclass
 class Schedule:
     """torch.profiler's schedule: skip ``wait`` steps, warm up ``warmup``, record ``active``, ``repeat`` times.
@@ -21,6 +26,25 @@ class Schedule:
     warmup: int = 1
     active: int = 3
     repeat: int = 1
+    # `--active auto`: ``active`` is the cap; recording stops earlier, on every rank at once, when at least
+    # ``min_active`` steps are recorded and the step-time interval is within ±10% (probes/window.py).
+    auto: bool = False
+    min_active: int = 5
+
+    @classmethod
+    def parse_active(cls, value: str, wait: int = 2, warmup: int = 1, repeat: int = 1) -> Schedule:
+        """``--active N`` or ``--active auto`` (the default: AUTO_CAP at most, AUTO_MIN at least)."""
+        if str(value).strip().lower() == "auto":
+            return cls(wait=wait, warmup=warmup, active=AUTO_CAP, repeat=repeat, auto=True, min_active=AUTO_MIN)
+        try:
+            n = int(value)
+        except ValueError:
+            raise ValueError(f"--active: expected a number of steps or 'auto', got {value!r}") from None
+        return cls(wait=wait, warmup=warmup, active=n, repeat=repeat)
+
+    def needed(self) -> int:
+        """Iterations a script must run for a full window (auto: up to its minimum)."""
+        return self.wait + self.warmup + (self.min_active if self.auto else self.active)
 
     def recorded_steps(self) -> list[int]:
         """The ProfilerStep numbers a run that lasts long enough records."""

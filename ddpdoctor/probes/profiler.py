@@ -46,6 +46,12 @@ class ProfilerProbe:
             with_stack=with_stack,
         )
         self._last_step = schedule.recorded_steps()[-1] + 1 if schedule.active > 0 else 0
+        self._first_recorded = schedule.wait + schedule.warmup  # the ProfilerStep number recording begins at
+        self._adaptive = None
+        if schedule.auto and schedule.repeat <= 1:
+            from ddpdoctor.probes.window import AdaptiveWindow
+
+            self._adaptive = AdaptiveWindow(rank, schedule.min_active)
 
     def start(self) -> None:
         self._prof.start()
@@ -53,12 +59,23 @@ class ProfilerProbe:
     def on_step(self, step: int) -> None:
         if self._done:
             return
+        if self._adaptive is not None:
+            # Iteration ``step`` is ProfilerStep step-1. Decide before stepping the profiler, so that a stop closes
+            # that step at its natural end (no partial step in the trace).
+            if step == self._first_recorded:
+                self._adaptive.tick()
+            elif step > self._first_recorded and self._adaptive.should_stop(step):
+                self._stop(step)
+                return
         self._prof.step()
         if step > self._last_step:
             # The schedule is over: stop the profiler so later steps pay nothing for it.
-            self.finish()
-            if self.stop_after_window and self.written:
-                raise ProfileWindowDone(step)
+            self._stop(step)
+
+    def _stop(self, step: int) -> None:
+        self.finish()
+        if self.stop_after_window and self.written:
+            raise ProfileWindowDone(step)
 
     def _trace_ready(self, prof: Any) -> None:
         self.trace_dir.mkdir(parents=True, exist_ok=True)

@@ -14,7 +14,7 @@ pytestmark = pytest.mark.slow
 
 def test_profile_writes_summaries_that_analyze_merges(tmp_path):
     run = tmp_path / "run"
-    proc = run_cli("profile", "-q", "--json", "--nproc-per-node", "2", "--out", str(run),
+    proc = run_cli("profile", "-q", "--json", "--nproc-per-node", "2", "--active", "3", "--out", str(run),
                    str(EXAMPLES / "train_mlp.py"), "--epochs", "1", "--layers", "8", "--bucket-cap-mb", "1")
     assert proc.returncode in (0, 1), proc.stderr[-2000:]
     report = json.loads(proc.stdout)

@@ -19,7 +19,8 @@ def sync_run(tmp_path_factory):
     except ImportError:
         pytest.skip("needs the analyze pipeline (ddpdoctor.analyses.pipeline.analyze_paths)")
     run_dir = tmp_path_factory.mktemp("sync")
-    res = run_cli("profile", "--nproc-per-node", "2", "--out", str(run_dir), "-q", "--json", "--fail-on", "error",
+    res = run_cli("profile", "--nproc-per-node", "2", "--active", "3", "--out", str(run_dir), "-q", "--json",
+                  "--fail-on", "error",
                   str(SCENARIOS / "sync_in_backward.py"))
     assert res.returncode in (0, 1), res.stderr[-3000:]
     return run_dir, res

@@ -38,13 +38,14 @@ def rank_traces(out):
 ])
 def test_profile_records_the_scheduled_steps(tmp_path, script, args):
     out = tmp_path / "run"
-    proc = run_cli("profile", "--nproc-per-node", "2", "-q", "--out", str(out), str(EXAMPLES / script), *args)
+    proc = run_cli("profile", "--nproc-per-node", "2", "-q", "--active", "3", "--out", str(out), str(EXAMPLES / script),
+                   *args)
     # Performance findings (exposed gloo communication is common on 2 shared cores) do not fail a profile.
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-3000:]
     traces = rank_traces(out)
     assert [t.name.split(".")[0] for t in traces] == ["rank0", "rank1"]
     for t in traces:
-        assert profiler_steps(t) == [3, 4, 5]  # default schedule: wait 2, warmup 1, active 3
+        assert profiler_steps(t) == [3, 4, 5]  # wait 2, warmup 1 (defaults), active 3
     steps_per_run = 12 if script == "train_mlp.py" else 8
     for rank in (0, 1):
         status = json.loads((out / "ranks" / f"rank{rank}" / "status.json").read_text())

@@ -67,5 +67,5 @@ def fit(latency: float, rate: float, points: int = 10) -> BandwidthFit:
 
 
 def stragglers(ranks: list[int], skew: float, waited: dict[int, float], steps_by_rank: dict[int, float]) -> Stragglers:
-    return Stragglers(ranks=ranks, caused_wait_us=waited, last_arrival_count={k: 3 for k in ranks},
+    return Stragglers(ranks=ranks, caused_wait_us=waited, last_arrival_count={k: 10 for k in ranks},
                       arrival_skew_median_us=skew, step_time_skew_us=None, step_time_us_by_rank=steps_by_rank)

@@ -94,3 +94,23 @@ def test_window_finding_names_what_the_script_ran_and_flags_that_fit():
     assert fitting_flags(5) == "--wait 1 --warmup 0 --active 4"
     assert window_finding(6, sched, [0], traced=True) is None
     assert window_finding(0, sched, [0], traced=False) is None  # no iteration at all: no-steps-seen says it
+
+
+def test_a_straggler_needs_a_clear_majority_not_luck():
+    from ddpdoctor.findings.perf_balance import clear_majority
+
+    assert not clear_majority(4, 5, 2)  # 6/32 = 19% by chance
+    assert clear_majority(5, 5, 2)  # 1/32 = 3%
+    assert clear_majority(15, 20, 2) and not clear_majority(13, 20, 2)
+    assert not clear_majority(0, 0, 2)
+
+
+def test_adaptive_window_converges_on_steady_steps_only():
+    from ddpdoctor.probes.window import converged
+
+    assert not converged([0.1] * 4, min_steps=5)  # too few
+    assert converged([0.100, 0.102, 0.098, 0.101, 0.099], min_steps=5)
+    # cv 0.5 over 6 steps: the 90% interval of the mean is ±34%, not within ±10%.
+    assert not converged([0.05, 0.15, 0.05, 0.15, 0.05, 0.15], min_steps=5)
+    assert Schedule.parse_active("auto").auto and Schedule.parse_active("auto").needed() == 2 + 1 + 5
+    assert Schedule.parse_active("7") == Schedule(active=7)
