@@ -38,8 +38,9 @@ def rank_traces(out):
 ])
 def test_profile_records_the_scheduled_steps(tmp_path, script, args):
     out = tmp_path / "run"
-    proc = run_cli("profile", "--nproc-per-node", "2", "-q", "--active", "3", "--out", str(out), str(EXAMPLES / script),
-                   *args)
+    # --run-to-completion: every iteration of the script is counted (by default ranks stop after the window).
+    proc = run_cli("profile", "--nproc-per-node", "2", "-q", "--active", "3", "--run-to-completion", "--out", str(out),
+                   str(EXAMPLES / script), *args)
     # Performance findings (exposed gloo communication is common on 2 shared cores) do not fail a profile.
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-3000:]
     traces = rank_traces(out)
@@ -53,7 +54,7 @@ def test_profile_records_the_scheduled_steps(tmp_path, script, args):
         assert status["steps_completed"] == steps_per_run
     manifest = json.loads((out / "manifest.json").read_text())
     assert manifest["world_size"] == 2 and manifest["backend"] == "gloo" and manifest["exit_code"] == 0
-    assert manifest["schedule"] == {"wait": 2, "warmup": 1, "active": 3, "repeat": 1}
+    assert manifest["schedule"] == {"wait": 2, "warmup": 1, "active": 3, "repeat": 1, "auto": False, "min_active": 5}
     ddp = manifest["ddp_modules"]["0"][0]
     assert ddp["buckets"], "bucket layout missing"
     assert sum(b["bytes"] for b in ddp["buckets"]) == ddp["parameter_bytes"]
