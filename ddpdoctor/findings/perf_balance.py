@@ -181,18 +181,19 @@ def rule_step_variance(a: Analysis, w: WhatIf | None) -> list[Finding]:
                              "median_ms": ms(statistics.median(durs))}
         elif iv.undecided(STEP_CV_WARN) and (undecided_iv is None or iv.value > undecided_iv.value):
             undecided_iv = iv
-    if noisy:
+    if noisy:  # said only when the slow steps cost something (below: symmetric jitter, nothing to fix)
         step_us = median_or_none([v for r in a.ranks if (v := median_step_us(r))])
         lost = max(0.0, max(costs))
         worth = bool(step_us) and 100.0 * lost / (step_us or 1.0) >= STEP_VARIANCE_MIN_COST_PCT
-        out.append(Finding(
-            "step-time-variance", Severity.WARNING if worth else Severity.INFO,
-            f"Step times vary by more than {100 * STEP_CV_WARN:.0f}% between steps",
-            ranks=sorted(noisy), evidence={**cost(lost, step_us), "min_cost_pct": STEP_VARIANCE_MIN_COST_PCT,
-                "by_rank": {str(k): v for k, v in sorted(noisy.items())}, "threshold_cv": STEP_CV_WARN},
-            advice="Look at the slowest step in the timeline: periodic work (checkpointing, logging, "
-            "`gc.collect`, evaluation) or a data stall; move it off the training path or make it asynchronous.",
-        ))
+        if worth:
+            out.append(Finding(
+                "step-time-variance", Severity.WARNING,
+                f"Step times vary by more than {100 * STEP_CV_WARN:.0f}% between steps",
+                ranks=sorted(noisy), evidence={**cost(lost, step_us), "min_cost_pct": STEP_VARIANCE_MIN_COST_PCT,
+                    "by_rank": {str(k): v for k, v in sorted(noisy.items())}, "threshold_cv": STEP_CV_WARN},
+                advice="Look at the slowest step in the timeline: periodic work (checkpointing, logging, "
+                "`gc.collect`, evaluation) or a data stall; move it off the training path or make it asynchronous.",
+            ))
     elif undecided_iv is not None:
         out.append(undecided("step-time-variance", "step-time coefficient of variation", undecided_iv, STEP_CV_WARN,
                              a, unit="cv"))

@@ -144,11 +144,16 @@ def test_step_time_variance_and_rank_skew():
     # 3 steps: cv 0.354, but a resample of the two 1000s has cv 0: not measurable from so few steps.
     f = ids(perf_findings(analysis([three])))
     assert "step-time-variance" not in f and "step-time-variance" in f["not-measurable"].evidence["rules"]
-    noisy = rank(0, [step(i, dur=1000 if i % 2 else 2000) for i in range(8)])
+    # Symmetric jitter (1000/2000 alternating: mean = median) loses nothing: no finding.
+    jitter = rank(0, [step(i, dur=1000 if i % 2 else 2000) for i in range(8)])
+    assert "step-time-variance" not in ids(perf_findings(analysis([jitter])))
+    # Stalls: 4 of 16 steps take 3000 instead of 1000.
+    noisy = rank(0, [step(i, dur=3000 if i % 4 == 3 else 1000) for i in range(16)])
     f = ids(perf_findings(analysis([noisy])))["step-time-variance"]
-    # mean 1500, population stdev 500 -> cv 0.333; slowest step 0.
+    # mean 1500, population stdev 866 -> cv 0.577; the mean is 500 above the 1000 median: 50% of a step lost.
     ev = f.evidence["by_rank"]["0"]
-    assert ev["cv"]["value"] == 0.333 and ev["cv"]["interval"][0] > 0.15 and ev["slowest_step"] == 0
+    assert ev["cv"]["value"] == 0.577 and ev["cv"]["interval"][0] > 0.15 and ev["slowest_step"] == 3
+    assert f.evidence["cost_ms_per_step"] == 0.5 and f.evidence["cost_pct_of_step"] == 50.0
     steady = rank(0, [step(0, dur=1000), step(1, dur=1050), step(2, dur=1000)])
     slow = rank(1, [step(0, dur=1200), step(1, dur=1200), step(2, dur=1200)])
     f = ids(perf_findings(analysis([steady, slow])))
