@@ -176,6 +176,13 @@ def analyze_trace(trace: Trace, window: str = "all") -> RankResult:
     overlap_us = iv.intersect_len(M, C)
     n_passes: dict[int, int] = {}
     bwd = backward_windows(trace, steps, n_passes)
+    notes = list(trace.notes)
+    if len(steps) >= 3 and steps[-1][0] not in bwd and sum(1 for sid, _, _ in steps[:-1] if sid in bwd) * 2 >= len(steps) - 1:
+        # The script ended (or failed) inside the last ProfilerStep: a step without backward among steps with one is
+        # teardown, not training; its tiny duration would skew every per-step figure.
+        notes.append(f"rank {trace.rank}: ProfilerStep#{steps[-1][0]} has no backward pass (the script ended or "
+                     "failed inside it): left out of the per-step figures")
+        steps = steps[:-1]
     data = trace.data_wait.pair()
 
     part = _step_parts_gpu(comp, comm, mem, data) if gpu else _step_parts_cpu(C, M, Mem, data)
@@ -227,5 +234,5 @@ def analyze_trace(trace: Trace, window: str = "all") -> RankResult:
         syncs=[SyncCall(rank=trace.rank, step=coll.step_of(c.start, trace.steps), name=c.name, t_us=c.start,
                         dur_us=c.end - c.start) for c in trace.syncs],
         host=trace.host,
-        notes=list(trace.notes),
+        notes=notes,
     )
