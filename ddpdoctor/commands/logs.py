@@ -36,6 +36,7 @@ def _sections(report: Report, out: Any, verbose: bool) -> None:
 @cli_errors
 def command(files: tuple[str, ...], verbose: bool, as_json: bool, fail_on: str) -> None:
     from ddpdoctor.logs.explain import explain_paths
+    from ddpdoctor.logs.sanitize import clean_report
 
-    report = explain_paths(files)
+    report = clean_report(explain_paths(files))
     emit(report, as_json=as_json, verbose=verbose, fail_on=fail_on, sections=_sections)

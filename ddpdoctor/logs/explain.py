@@ -3,11 +3,9 @@ are `explain_texts` (name -> text, used by the hang monitor too) and `explain_pa
 
 from __future__ import annotations
 
-import gzip
 import json
 import re
 import sys
-import zlib
 from collections.abc import Iterable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -22,6 +20,7 @@ from ddpdoctor.logs.lines import rank_from_name, split_lines, streams
 from ddpdoctor.logs.messages import parse_line
 from ddpdoctor.logs.tracebacks import collective_stacks, exceptions_in
 from ddpdoctor.report import Report
+from ddpdoctor.safe_io import GZIP_MAGIC, clean_text, gunzip_bytes, read_bytes
 
 MAX_BYTES = 512 * 1024 * 1024
 _TORCHISH = re.compile(r"torch|NCCL|gloo|c10d|ProcessGroup|srun|slurm|Traceback \(most recent call last\)",
@@ -150,7 +149,11 @@ def _explain(texts: dict[str, str], dumps: dict[str, dict[str, Any]],
     notes = list(notes or [])
     events: list[Event] = []
     known: set[int] = set()
-    for name, text in texts.items():
+    for raw_name, raw_text in texts.items():
+        # Escape sequences and control characters from an untrusted log never reach the terminal (or the JSON).
+        # A bare CR (progress bars) ends a line, as splitlines() would have it.
+        name = clean_text(raw_name)
+        text = clean_text(raw_text.replace("\r\n", "\n").replace("\r", "\n"))
         stripped = text.lstrip()
         if stripped.startswith("{"):
             try:
@@ -166,23 +169,17 @@ def _explain(texts: dict[str, str], dumps: dict[str, dict[str, Any]],
     for i, (name, dump) in enumerate(dumps.items()):
         rank = _fr_rank(name, i, notes)
         fr[rank] = flight_recorder.group_states(dump)
-        inputs.append(InputSummary(name, "flight-recorder", 0, [rank], sum(len(s.collectives) for s in fr[rank].values())))
+        inputs.append(InputSummary(clean_text(name), "flight-recorder", 0, [rank], sum(len(s.collectives) for s in fr[rank].values())))
     findings = _analyse(events, known, fr, notes)
     return Explanation(findings, inputs, notes, _dedupe(events))
 
 
 def _read_input(path: str) -> bytes:
     if path == "-":
-        return sys.stdin.buffer.read(MAX_BYTES + 1)
-    p = Path(path)
-    try:
-        with p.open("rb") as f:
-            data = f.read(MAX_BYTES + 1)
-    except IsADirectoryError as exc:
-        raise BadInput("is a directory", path) from exc
-    except OSError as exc:
-        raise BadInput(f"cannot read ({exc.strerror or exc})", path) from exc
-    return data
+        data = sys.stdin.buffer.read(MAX_BYTES + 1)
+        return gunzip_bytes(data, MAX_BYTES, path) if data[:2] == GZIP_MAGIC else data
+    # Regular files only (a FIFO would block, /dev/zero never ends); gzip is streamed with a cap (a bomb stops there).
+    return read_bytes(Path(path), MAX_BYTES)
 
 
 def _expand(paths: Iterable[str]) -> list[str]:
@@ -203,11 +200,6 @@ def _decode(name: str, data: bytes, texts: dict[str, str], dumps: dict[str, dict
     """Sort one input into texts or dumps; return a problem when it is neither."""
     if len(data) > MAX_BYTES:
         return f"larger than {MAX_BYTES // 2**20} MiB"
-    if data[:2] == b"\x1f\x8b":
-        try:
-            data = gzip.decompress(data)
-        except (OSError, EOFError, zlib.error) as exc:
-            return f"a truncated or corrupt gzip file ({exc})"
     if data.startswith(flight_recorder.PICKLE_MAGIC):
         dumps[name] = flight_recorder.loads_pickle(data, name)
         return None
@@ -233,7 +225,7 @@ def explain_paths(paths: Iterable[str]) -> Report:
                 raise
             problem = exc.problem
         if problem:
-            bad.append(InputSummary(name, "unusable", problem=problem))
+            bad.append(InputSummary(clean_text(name), "unusable", problem=clean_text(problem)))
     result = _explain(texts, dumps, bad)
     usable = [s for s in result.inputs if s.kind != "unusable"]
     if not usable:

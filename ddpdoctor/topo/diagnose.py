@@ -2,13 +2,13 @@
 
 from __future__ import annotations
 
-import gzip
-import io
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from ddpdoctor.errors import BadInput
 from ddpdoctor.findings.model import Finding
+from ddpdoctor.safe_io import read_bytes
 from ddpdoctor.topo import analysis
 from ddpdoctor.topo.nccl_log import NcclLog, parse_lines
 from ddpdoctor.topo.rules import log_findings
@@ -16,6 +16,7 @@ from ddpdoctor.topo.rules_xml import xml_findings
 from ddpdoctor.topo.topo_xml import TopoSystem, parse_topo_xml
 
 _SNIFF = 8192
+MAX_BYTES = 1 << 30  # an NCCL_DEBUG=INFO log of a big job is a few hundred MB at most
 
 
 @dataclass
@@ -29,22 +30,10 @@ class Inputs:
 def _read_text(path: Path) -> str:
     """The file's text; raises ValueError with the user-facing problem when it is not a usable text file."""
     try:
-        with path.open("rb") as fh:
-            head = fh.read(_SNIFF)
-            if head[:2] == b"\x1f\x8b":
-                fh.seek(0)
-                try:
-                    data = gzip.GzipFile(fileobj=io.BytesIO(fh.read())).read()
-                except (OSError, EOFError) as exc:
-                    raise ValueError(f"truncated or corrupt gzip file ({exc})") from exc
-            else:
-                data = head + fh.read()
-    except FileNotFoundError as exc:
-        raise ValueError("file not found") from exc
-    except IsADirectoryError as exc:
-        raise ValueError("is a directory, not a log or topology file") from exc
-    except OSError as exc:
-        raise ValueError(f"cannot read ({exc.strerror or exc})") from exc
+        # Regular files only (a FIFO or /dev/zero would block or never end); gzip streamed with a cap.
+        data = read_bytes(path, MAX_BYTES)
+    except BadInput as exc:
+        raise ValueError(exc.problem) from exc
     if not data.strip():
         raise ValueError("empty file")
     if b"\x00" in data[:_SNIFF]:

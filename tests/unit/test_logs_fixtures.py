@@ -166,7 +166,7 @@ def test_cli_bad_inputs_exit_2_with_one_line(tmp_path):
     hollow = tmp_path / "hollow"
     hollow.mkdir()
     for path, words in ((empty, "empty"), (binary, "binary"), (prose, "nothing recognisable"),
-                        (truncated, "gzip"), (tmp_path / "missing.log", "cannot read"), (hollow, "empty directory")):
+                        (truncated, "gzip"), (tmp_path / "missing.log", "not found"), (hollow, "empty directory")):
         proc = in_process("logs", str(path))
         assert proc.returncode == 2, (path, proc.stdout, proc.stderr)
         assert proc.stderr.count("\n") == 1 and words in proc.stderr and "Traceback" not in proc.stderr
