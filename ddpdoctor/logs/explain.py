@@ -13,8 +13,9 @@ from typing import Any
 
 from ddpdoctor.errors import BadInput
 from ddpdoctor.findings.model import Finding, Severity
-from ddpdoctor.logs import crashes, flight_recorder, rules
+from ddpdoctor.logs import crashes, flight_recorder, rules, triage
 from ddpdoctor.logs.events import ChildFailure, Event, RankException, event_json
+from ddpdoctor.logs.failures import parse_failure
 from ddpdoctor.logs.launchers import srun_failures, torchrun_failures
 from ddpdoctor.logs.lines import rank_from_name, split_lines, streams
 from ddpdoctor.logs.messages import parse_line
@@ -25,6 +26,12 @@ from ddpdoctor.safe_io import GZIP_MAGIC, clean_text, gunzip_bytes, read_bytes
 MAX_BYTES = 512 * 1024 * 1024
 _TORCHISH = re.compile(r"torch|NCCL|gloo|c10d|ProcessGroup|srun|slurm|Traceback \(most recent call last\)",
                        re.IGNORECASE)
+# Words one of the failure grammar's rules needs (a cheap filter: most lines of a log hold none of them).
+_MAYBE_FAILURE = re.compile(
+    r"NCCL (?:WARN|ERROR)|[Mm]emory|Error|Exception|DDP|param|watchdog|Heartbeat|monitor|nccl|Cuda|CUDA|remote|abort"
+    r"|Address|clients|Rendezvous|Broken pipe|recvValue|sendBytes|TCPStore|[Ss]ocket|Stop_waiting|refused|gloo"
+    r"|Read error|Write error|reset|closing signal|signal|Killed|Aborted|Segmentation|Bus error|exit|core dumped"
+    r"|terminate|Fatal|OOM|oom|Traceback|Interrupt")
 _TRAILING_NUMBER = re.compile(r"(\d+)(?:\.\w+)?$")
 
 
@@ -67,6 +74,10 @@ def _text_events(name: str, text: str) -> tuple[list[Event], set[int], InputSumm
     events: list[Event] = []
     for line in lines:
         events.extend(parse_line(line))
+        if line.logger in ("E", "F") or _MAYBE_FAILURE.search(line.text):
+            failure = parse_failure(line)
+            if failure is not None:
+                events.append(failure)
     for stream in streams(lines).values():
         events.extend(exceptions_in(stream))
     events += collective_stacks(lines)
@@ -135,7 +146,7 @@ def _analyse(events: list[Event], known: set[int], fr: dict[int, dict[str, Any]]
     findings += crashes.root_cause_findings([f for f in failures if f.reporter == "torchrun"], culprits, excs)
     if not any(f.severity is Severity.ERROR for f in findings):
         findings += crashes.job_failed_finding(failures)
-    return findings
+    return triage.triage(findings, events, ev.known_ranks, excs, rules.classify)
 
 
 def explain_texts(texts: dict[str, str]) -> list[Finding]:
