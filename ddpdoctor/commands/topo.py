@@ -106,7 +106,7 @@ def build_report(logs: list[Path], xmls: list[Path]) -> Report:
             raise BadInput("give at least one NCCL log or topology XML file")
         extra = f" (and {len(inputs.problems) - 1} more unusable file(s))" if len(inputs.problems) > 1 else ""
         raise BadInput(inputs.problems[0] + extra)
-    sections, findings = diagnose(inputs.log, inputs.systems)
+    sections, findings = diagnose(inputs.log, inputs.systems, inputs.extra)
     notes = [f"skipped {p}" for p in inputs.problems]
     return Report(command="topo", sections=sections, findings=findings, notes=notes)
 

@@ -9,7 +9,7 @@ from typing import Any
 from ddpdoctor.errors import BadInput
 from ddpdoctor.findings.model import Finding
 from ddpdoctor.safe_io import read_bytes
-from ddpdoctor.topo import analysis
+from ddpdoctor.topo import analysis, evidence
 from ddpdoctor.topo.nccl_log import NcclLog, parse_lines
 from ddpdoctor.topo.rules import log_findings
 from ddpdoctor.topo.rules_xml import xml_findings
@@ -25,6 +25,7 @@ class Inputs:
     systems: list[TopoSystem] = field(default_factory=list)
     used: list[str] = field(default_factory=list)
     problems: list[str] = field(default_factory=list)  # "PATH: problem", one per unusable file
+    extra: evidence.Evidence = field(default_factory=evidence.Evidence)
 
 
 def _read_text(path: Path) -> str:
@@ -65,7 +66,10 @@ def read_inputs(logs: list[Path], xmls: list[Path]) -> Inputs:
                 continue
             inputs.systems.append(system)
         else:
-            if parse_lines(inputs.log, str(path), text.splitlines()) == 0:
+            before = len(inputs.extra.devices) + len(inputs.extra.ofi_loaded) + len(inputs.extra.efa_nodev)
+            evidence.scan(inputs.extra, text)
+            nccl_tests = len(inputs.extra.devices) + len(inputs.extra.ofi_loaded) + len(inputs.extra.efa_nodev) > before
+            if parse_lines(inputs.log, str(path), text.splitlines()) == 0 and not nccl_tests:
                 inputs.log.files.remove(str(path))
                 inputs.problems.append(
                     f"{path}: no NCCL lines (was the job run with NCCL_DEBUG=INFO, and is this its output?)"
@@ -75,11 +79,17 @@ def read_inputs(logs: list[Path], xmls: list[Path]) -> Inputs:
     return inputs
 
 
-def diagnose(log: NcclLog, systems: list[TopoSystem]) -> tuple[dict[str, Any], list[Finding]]:
+def diagnose(log: NcclLog, systems: list[TopoSystem],
+             extra: evidence.Evidence | None = None) -> tuple[dict[str, Any], list[Finding]]:
     """Report sections ("summary", "hosts", "ranks", "transports", "channels", "topology", "warnings", "inputs")
     and the findings."""
     facts = analysis.derive(log, systems)
     findings = log_findings(facts) + xml_findings(systems)
+    if extra is not None:
+        known = {f.id for f in findings}
+        findings += [f for f in evidence.findings(extra, facts.nodes) if f.id not in known
+                     and not (f.id == "nccl-tests-no-mpi" and "not-distributed" in known)
+                     and not (f.id == "p2p-consumer-gpu" and "p2p-pcie-risk" in known)]
     sections: dict[str, Any] = {
         "summary": analysis.summary(facts),
         "hosts": analysis.hosts_section(facts),
