@@ -24,10 +24,12 @@ def _odd_rank(kind: str, m_groups: dict[str, str | None], rank: int | None) -> i
 def parse_failure(line: LogLine) -> Event | None:
     """The failure event one line carries, if any (most lines carry none)."""
     text = line.text
+    if line.logger in ("W", "I"):
+        return None  # glog warnings and info (retried connects, shutdown notices) are not failures
     where = Where(line.source, line.lineno)
     host: str | None = None
     gpu: int | None = None
-    nccl = grammar.NCCL_LINE.match(text) if " NCCL " in text else None
+    nccl = grammar.NCCL_LINE.search(text) if " NCCL " in text else None
     if nccl:
         level = nccl.group("level")
         if level in ("INFO", "TRACE"):

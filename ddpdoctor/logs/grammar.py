@@ -21,8 +21,10 @@ def _r(kind: str, role: str, regex: str, versions: str, flags: int = 0) -> Rule:
 
 
 # One NCCL_DEBUG line: "host:pid:tid [cudaDev] NCCL WARN|INFO|ERROR|TRACE message" (NCCL 2.x, all versions).
-NCCL_LINE = re.compile(r"^(?P<host>[\w.-]+):(?P<pid>\d+):(?P<tid>\d+) \[(?P<gpu>\d+)\] NCCL (?P<level>WARN|ERROR|INFO|"
-                       r"TRACE|ABORT) ?(?P<msg>.*)$")
+# Collectors put anything in front (mpirun "[1,0]<stdout>:", pdsh "host: ", Ray "(pid=N) date time "); NCCL >= 2.12
+# puts "file.cc:line " before the level.
+NCCL_LINE = re.compile(r"(?:^|[\s:>\]])(?P<host>[\w.-]+):(?P<pid>\d+):(?P<tid>\d+) \[(?P<gpu>\d+)\] (?:[\w./-]+:\d+ )?"
+                       r"NCCL (?P<level>WARN|ERROR|INFO|TRACE|ABORT) ?(?P<msg>.*)$")
 
 # NCCL WARN lines that healthy jobs print (startup probing, shutdown noise): never a failure on their own.
 BENIGN_NCCL_WARN = re.compile(
@@ -32,7 +34,8 @@ BENIGN_NCCL_WARN = re.compile(
     r"|NCCL_\w+ set by environment to|Ignoring NCCL_|Unrecognized parameter|ncclMaxSharedMem|Failed to find CUDA "
     r"library|NVLS multicast support is not available|Missing \"iommu=pt\"|GDR is disabled|Failed to open libibverbs"
     r"|No IB device found|NET/IB : No device found|Could not get CUDA|Unable to set CPU affinity"
-    r"|bootstrap.*Connection closed by remote peer.*abort|cudaDriverGetVersion",
+    r"|bootstrap.*Connection closed by remote peer.*abort|cudaDriverGetVersion|Got async event"
+    r"|TUNER/Plugin|PROFILER/Plugin",
     re.IGNORECASE)
 
 RULES: tuple[Rule, ...] = (
@@ -52,10 +55,12 @@ RULES: tuple[Rule, ...] = (
     _r("watchdog-stuck", "cause", r"ProcessGroupNCCL's watchdog got stuck for (?P<secs>\d+) seconds", "2.3-2.13"),
     _r("watchdog-stuck", "cause", r"Heartbeat monitor timed out!", "2.3-2.6 (then the fatal line above)"),
     _r("watchdog-stuck", "cause", r"NCCL monitor thread timeout", "2.2"),
+    _r("watchdog-stuck", "cause", r"due to ProcessGroupNCCL watchdog hang", "2.5-2.13 (the [F line after the above)"),
     # --- NCCL errors (torch's 'NCCL error in: FILE:LINE, <ncclGetErrorString>, NCCL version X' and NCCL's WARNs) ---
     _r("nccl-remote", "victim", r"remote process exited or there was a network error|ncclRemoteError"
        r"|Connection closed by remote peer|Comm \S+ is in abort state|NCCL communicator was aborted"
-       r"|Net : Connection closed|socketProgress(?:Opt)?: Connection closed",
+       r"|Net : Connection closed|socketProgress(?:Opt)?: Connection closed|Call to recv from \S+ failed"
+       r"|Socket recv failed while polling|Failed to execute operation \w+ from rank \d+, retcode 6",
        "ncclRemoteError NCCL 2.13-2.30; 'Net : Connection closed by remote peer' 2.8-2.17, 'socketProgress: ...' "
        "2.18-2.30"),
     _r("nccl-error", "cause", r"unhandled cuda error|ncclUnhandledCudaError|Cuda failure|an illegal memory access was "
@@ -65,6 +70,9 @@ RULES: tuple[Rule, ...] = (
        r"|ncclInvalidUsage|ncclInvalidArgument|NCCL error in:|Got completion (?:from peer \S+ )?with (?:error|status)"
        r"|NET/IB ?: .*(?:failed|error)|Call to ibv_\w+ failed|Error: failed to extend \S+ to \d+ bytes",
        "NCCL 2.8-2.30; 'NCCL error in:' torch 1.12-2.13"),
+    # --- CUDA errors outside NCCL (a rank's own fault: the others wait for it) -----------------------------------
+    _r("cuda-error", "cause", r"CUDA error: (?!out of memory)[a-z]|an illegal memory access was encountered"
+       r"|device-side assert triggered|uncorrectable ECC error", "torch 1.x-2.13 (CUDA runtime messages)"),
     # --- TCPStore / rendezvous --------------------------------------------------------------------------------------
     _r("store-cause", "cause", r"Address already in use|Timed out after \d+ seconds waiting for clients\. (?P<joined>\d+)"
        r"/(?P<expected>\d+) clients joined|RendezvousTimeoutError|The server socket has failed to (?:listen|bind)",
@@ -72,7 +80,7 @@ RULES: tuple[Rule, ...] = (
     _r("store", "victim", r"recvValue failed|sendBytes failed|Broken pipe|DistNetworkError|DistStoreError"
        r"|RendezvousConnectionError|RendezvousClosedError|The client socket has failed to connect|failed to "
        r"connect/validate|Stop_waiting response is expected|TCPStore|c10d store has failed|Socket Timeout"
-       r"|Connection refused", "recvValue/sendBytes failed 2.4-2.13 (older: 'Connection reset by peer'); "
+       r"|Connection refused|client socket has timed out|connect\(\) timed out", "recvValue/sendBytes failed 2.4-2.13 (older: 'Connection reset by peer'); "
        "DistNetworkError 2.0-2.13; RendezvousConnectionError 1.9-2.13"),
     # --- gloo -------------------------------------------------------------------------------------------------------
     _r("gloo-io", "victim", r"gloo::IoException|Connection closed by peer|Read error \[|Write error|Connection reset "
@@ -92,8 +100,8 @@ FAILURE_LINE = re.compile(
 # torchrun / elastic agent: "failed (exitcode: -9) local_rank: 4 (pid: 123) of binary: /usr/bin/python3"
 # (1.9-2.13; prefixed "ERROR:torch.distributed.elastic.multiprocessing.api:" in 1.9-2.0, "[...] torch.distributed.
 # elastic.multiprocessing.api: [ERROR]" in 2.1, glog "E1122 ... api.py:NNN]" from 2.2).
-AGENT_FAILED = re.compile(r"failed \(exitcode: (?P<code>-?\d+)\) local_rank: (?P<local>\d+) \(pid: (?P<pid>\d+)\) of "
-                          r"(?:binary|fn): (?P<binary>\S+)")
+AGENT_FAILED = re.compile(r"failed \(exitcode: (?P<code>-?\d+)\) local_rank: (?P<local>\d+) \(pid: (?P<pid>\d+)\)"
+                          r"(?: of (?:binary|fn): ?(?P<binary>\S*))?")
 # The shell's report of a killed or crashed child: "Killed", "bash: line 1: 123 Killed  python ...",
 # "Aborted (core dumped)", "Segmentation fault (core dumped)".
 SHELL_DEATH = re.compile(r"^(?:\S+: line \d+: +)?(?:\d+ +)?(?P<what>Killed|Aborted|Segmentation fault|Bus error)"

@@ -11,6 +11,8 @@ _RANK_PREFIX = re.compile(
     r"\[default(\d+)\]:"  # torchrun --tee / --redirects log_line_prefix
     r"|\[rank(\d+)\]: ?"  # torch >= 2.2 excepthook and c10 log prefix
     r"|\[rank(\d+)\] "  # the common "print(f'[rank{r}] ...')" habit in user scripts
+    r"|\[\d+,(\d+)\]<std(?:out|err)>:"  # Open MPI --tag-output "[1,3]<stdout>:" (job, rank)
+    r"|\[(\d+)\]<std(?:out|err)>:"  # horovodrun / gloo launcher "[3]<stderr>:"
 )
 # A process id some collectors put in front of everything ("[80746] [rank0]:...").
 _PID_PREFIX = re.compile(r"\[\d{2,8}\] (?=\[)")

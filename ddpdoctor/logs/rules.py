@@ -40,7 +40,8 @@ EXPLAINED = re.compile(
     # the failure grammar's own findings (logs/triage.py): oom, model-mismatch, nccl-error, watchdog-stuck
     r"|out of memory|OutOfMemoryError|DDP expects same model|appears not to match (?:sizes|strides)"
     r"|NCCL error in:(?!.*remote process exited)|ncclUnhandledCudaError|ncclSystemError|ncclInternalError"
-    r"|ncclInvalidUsage|watchdog got stuck|Heartbeat monitor timed out")
+    r"|ncclInvalidUsage|watchdog got stuck|Heartbeat monitor timed out|CUDA error: |illegal memory access"
+    r"|device-side assert")
 LAUNCHER_TYPES = ("ChildFailedError",)
 STACK_LIMIT = 8000
 

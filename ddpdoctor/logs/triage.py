@@ -15,7 +15,7 @@ from ddpdoctor.findings.model import Finding, Severity
 from ddpdoctor.logs.events import FailureLine, RankException, Unexplained, WatchdogTimeout
 
 # Which findings name the cause, first (lower = earlier in the report when several are errors).
-_PRIORITY = {"oom": 0, "rank-crashed": 1, "model-mismatch": 1, "collective-mismatch": 2, "nccl-error": 2,
+_PRIORITY = {"oom": 0, "rank-crashed": 1, "model-mismatch": 1, "cuda-error": 1, "collective-mismatch": 2, "nccl-error": 2,
              "watchdog-stuck": 3, "hang": 3, "store-failure": 4, "peer-lost": 5, "job-failed": 6,
              "unrecognised-failure": 7}
 _OOM_TEXT = re.compile(r"out of memory|OutOfMemoryError|Failed to CUDA (?:calloc|malloc)", re.IGNORECASE)
@@ -113,8 +113,34 @@ def _model_mismatch(lines: list[FailureLine]) -> Finding | None:
     )
 
 
+_INTERNAL = re.compile(r"internal error|ncclInternalError|Internal check failed|retcode 3\b")
+
+
+def _cuda(lines: list[FailureLine]) -> Finding | None:
+    found = [e for e in lines if e.kind == "cuda-error"]
+    if not found:
+        return None
+    first = _first(found)
+    ranks = sorted({e.rank for e in found if e.rank is not None})
+    return Finding(
+        "cuda-error", Severity.ERROR,
+        f"CUDA error on {('rank(s) ' + _ranks_text(ranks)) if ranks else _who(first)}: {first.text[:160]}",
+        ranks=ranks,
+        evidence={"culprit_ranks": ranks, "first_error": first.text[:500], "lines": _lines_json(found),
+                  "why": "a CUDA error (illegal memory access, device-side assert, ECC) kills this rank's stream; "
+                         "the others then wait for it until their watchdog fires"},
+        advice="Re-run with CUDA_LAUNCH_BLOCKING=1 (and TORCH_USE_CUDA_DSA for device asserts) to get the kernel "
+               "that failed; an index out of range in an embedding or loss is the usual device-side assert; ECC "
+               "and Xid errors in dmesg point at the GPU itself.",
+    )
+
+
 def _nccl(lines: list[FailureLine]) -> Finding | None:
     found = [e for e in lines if e.kind == "nccl-error"]
+    if any(e.kind == "nccl-remote" for e in lines):
+        # ncclRemoteError surfaces as ncclInternalError in NCCL < 2.19 (NVIDIA/nccl#795): with a closed connection
+        # in the same logs, an internal error is the peer's death seen from here, not a fault of this GPU.
+        found = [e for e in found if not _INTERNAL.search(e.text)]
     if not found:
         return None
     groups = _group(found)
@@ -253,8 +279,8 @@ def triage(findings: list[Finding], events: list[Any], known: set[int], excs: di
     unexplained = [e for e in events if isinstance(e, Unexplained)]
     all_excs = [e for es in excs.values() for e in es] + [e for e in events if isinstance(e, RankException)
                                                           and e.rank is None]
-    new = [f for f in (_oom(lines, all_excs), _model_mismatch(lines), _nccl(lines), _watchdog_stuck(lines))
-           if f is not None]
+    new = [f for f in (_oom(lines, all_excs), _model_mismatch(lines), _cuda(lines), _nccl(lines),
+                       _watchdog_stuck(lines)) if f is not None]
     findings = [f for f in findings if not (f.id == "job-failed" and new)] + new
     culprits = {r for f in findings if f.severity is Severity.ERROR
                 for r in (f.evidence.get("culprit_ranks") or f.ranks)}

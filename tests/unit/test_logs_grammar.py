@@ -71,8 +71,16 @@ WORDINGS = [
     ("torch.distributed.DistNetworkError: Connection reset by peer", "store", "victim"),
     ("torch.distributed.elastic.rendezvous.api.RendezvousConnectionError: The connection to the C10d store has "
      "failed. See inner exception for details.", "store", "victim"),
-    ("[W socket.cpp:601] [c10d] The client socket has failed to connect to [node0]:29500 (errno: 111 - Connection "
-     "refused).", "store", "victim"),
+    ("RuntimeError: The client socket has failed to connect to [node0]:29500 (errno: 111 - Connection refused).",
+     "store", "victim"),
+    ("[E socket.cpp:860] [c10d] The client socket has timed out after 60s while trying to connect to 192.0.0.1:1234",
+     "store", "victim"),
+    ("[rank3]:[E ProcessGroupNCCL.cpp:1414] [PG 2 Rank 3] Process group watchdog thread terminated with exception: "
+     "CUDA error: an illegal memory access was encountered", "cuda-error", "cause"),
+    ("n176-080-198:2657296:2658232 [0] include/alloc.h:102 NCCL WARN Cuda failure 1 'invalid argument'", "nccl-error",
+     "cause"),
+    ("[1,23]<stdout>:ip-172-32-45-165:72593:73427 [7] create_nccl_ofi_component:459 NCCL WARN NET/OFI Couldn't open "
+     "AV. RC: -22, ERROR: Invalid argument", "nccl-error", "cause"),
     ("sendBytes failed on SocketImpl(fd=12, addr=[::ffff:10.0.0.2]:4021, remote=[::ffff:10.0.0.1]:29500): Broken "
      "pipe", "store", "victim"),
     # gloo
@@ -109,6 +117,11 @@ def test_nccl_line_carries_host_and_gpu() -> None:
     "node1:1:1 [0] NCCL INFO Channel 00/02 : 0 1",
     "Epoch 3: 100%|##########| 50/50 [00:10<00:00, loss=0.12]",
     "WARNING:torch.distributed.run:Setting OMP_NUM_THREADS environment variable for each process to be 1",
+    "[W socket.cpp:601] [c10d] The client socket has failed to connect to [node0]:29500 (errno: 111 - Connection "
+    "refused).",
+    "[rank0]:[W403 11:42:02.380967152 ProcessGroupNCCL.cpp:1250] Warning: WARNING: process group has NOT been destroyed "
+    "before we destruct ProcessGroupNCCL.",
+    "gpu1:5021:5386 [0] transport/net_ib.cc:93 NCCL WARN NET/IB : Got async event : client reregistration",
 ])
 def test_healthy_and_benign_lines_are_not_failures(text: str) -> None:
     assert _one(text) is None
