@@ -28,10 +28,10 @@ _TORCHISH = re.compile(r"torch|NCCL|gloo|c10d|ProcessGroup|srun|slurm|Traceback 
                        re.IGNORECASE)
 # Words one of the failure grammar's rules needs (a cheap filter: most lines of a log hold none of them).
 _MAYBE_FAILURE = re.compile(
-    r"NCCL (?:WARN|ERROR)|[Mm]emory|Error|Exception|DDP|param|watchdog|Heartbeat|monitor|nccl|Cuda|CUDA|remote|abort"
-    r"|Address|clients|Rendezvous|Broken pipe|recvValue|sendBytes|TCPStore|[Ss]ocket|Stop_waiting|refused|gloo"
-    r"|Read error|Write error|reset|closing signal|signal|Killed|Aborted|Segmentation|Bus error|exit|core dumped"
-    r"|terminate|Fatal|OOM|oom|Traceback|Interrupt")
+    r"error|exception|memory|DDP|param|watchdog|heartbeat|monitor|nccl|cuda|remote|abort|address|clients"
+    r"|rendezvous|broken pipe|recvValue|sendBytes|TCPStore|socket|stop_waiting|refused|gloo|reset|closing signal"
+    r"|signal|killed|segmentation|bus error|exit|core dumped|terminate|fatal|oom|traceback|interrupt|timed out",
+    re.IGNORECASE)
 _TRAILING_NUMBER = re.compile(r"(\d+)(?:\.\w+)?$")
 
 
