@@ -24,8 +24,8 @@ def _odd_rank(kind: str, m_groups: dict[str, str | None], rank: int | None) -> i
 def parse_failure(line: LogLine) -> Event | None:
     """The failure event one line carries, if any (most lines carry none)."""
     text = line.text
-    if line.logger in ("W", "I"):
-        return None  # glog warnings and info (retried connects, shutdown notices) are not failures
+    if line.logger in ("W", "I") or text.startswith("#"):
+        return None  # glog warnings and info (retried connects, shutdown notices), comments and nccl-tests headers
     where = Where(line.source, line.lineno)
     host: str | None = None
     gpu: int | None = None

@@ -23,7 +23,7 @@ def _r(kind: str, role: str, regex: str, versions: str, flags: int = 0) -> Rule:
 # One NCCL_DEBUG line: "host:pid:tid [cudaDev] NCCL WARN|INFO|ERROR|TRACE message" (NCCL 2.x, all versions).
 # Collectors put anything in front (mpirun "[1,0]<stdout>:", pdsh "host: ", Ray "(pid=N) date time "); NCCL >= 2.12
 # puts "file.cc:line " before the level.
-NCCL_LINE = re.compile(r"(?:^|[\s:>\]])(?P<host>[\w.-]+):(?P<pid>\d+):(?P<tid>\d+) \[(?P<gpu>\d+)\] (?:[\w./-]+:\d+ )?"
+NCCL_LINE = re.compile(r"(?:^|[\s:>\]])(?P<host>[\w.-]+|<[\w.-]+>):(?P<pid>\d+):(?P<tid>\d+) \[(?P<gpu>\d+)\] (?:[\w./-]+:\d+ )?"
                        r"NCCL (?P<level>WARN|ERROR|INFO|TRACE|ABORT) ?(?P<msg>.*)$")
 
 # NCCL WARN lines that healthy jobs print (startup probing, shutdown noise): never a failure on their own.

@@ -179,10 +179,10 @@ def _watchdog_stuck(lines: list[FailureLine]) -> Finding | None:
     )
 
 
-def _store(lines: list[FailureLine], culprits: set[int]) -> Finding | None:
+def _store(lines: list[FailureLine], has_cause: bool) -> Finding | None:
     causes = [e for e in lines if e.kind == "store-cause"]
     victims = [e for e in lines if e.kind == "store"]
-    if not causes and (not victims or culprits):
+    if not causes and (not victims or has_cause):
         return None
     found = causes or victims
     first = _first(found)
@@ -205,9 +205,9 @@ def _store(lines: list[FailureLine], culprits: set[int]) -> Finding | None:
     )
 
 
-def _peer_lost(lines: list[FailureLine], culprits: set[int], known: set[int]) -> Finding | None:
+def _peer_lost(lines: list[FailureLine], culprits: set[int], known: set[int], has_cause: bool) -> Finding | None:
     victims = [e for e in lines if e.kind in ("gloo-io", "nccl-remote")]
-    if not victims or culprits:
+    if not victims or culprits or has_cause:
         return None
     ranks = sorted({e.rank for e in victims if e.rank is not None})
     suspects = sorted(known - set(ranks)) if ranks else []
@@ -284,7 +284,11 @@ def triage(findings: list[Finding], events: list[Any], known: set[int], excs: di
     findings = [f for f in findings if not (f.id == "job-failed" and new)] + new
     culprits = {r for f in findings if f.severity is Severity.ERROR
                 for r in (f.evidence.get("culprit_ranks") or f.ranks)}
-    findings += [f for f in (_store(lines, culprits), _peer_lost(lines, culprits, known)) if f is not None]
+    # Any error finding is a cause the store resets and closed connections can follow from, even one that names a
+    # host and GPU rather than a rank.
+    has_cause = culprits or any(f.severity is Severity.ERROR for f in findings)
+    findings += [f for f in (_store(lines, bool(has_cause)), _peer_lost(lines, culprits, known, bool(has_cause)))
+                 if f is not None]
     if not any(f.severity is Severity.ERROR for f in findings):
         findings += [f for f in (_unrecognised(unexplained),) if f is not None]
     timeouts = [e for e in events if isinstance(e, WatchdogTimeout)]

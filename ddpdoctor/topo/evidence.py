@@ -122,7 +122,9 @@ def findings(ev: Evidence, nodes: int) -> list[Finding]:
                    "k8s EFA device plugin's vpc.amazonaws.com/efa resource) and check `fi_info -p efa` inside it; "
                    "otherwise NCCL falls back to TCP sockets between nodes.",
         ))
-    multi = [r for r, hosts in ev.tests_rank_hosts.items() if len(hosts) > 1]
+    # Without MPI every host runs its own rank 0 (a log with two MPI runs on different hosts has hosts without one).
+    tests_hosts = set().union(*ev.tests_rank_hosts.values()) if ev.tests_rank_hosts else set()
+    multi = [0] if len(tests_hosts) > 1 and ev.tests_rank_hosts.get(0) == tests_hosts else []
     ones = {h for h, sizes in ev.comm_sizes.items() if sizes == {1}}
     if multi or (len(ones) > 1 and len(ones) == len(ev.comm_sizes)):
         hosts = sorted(set().union(*(ev.tests_rank_hosts[r] for r in multi)) if multi else ones)
