@@ -27,11 +27,11 @@ MAX_BYTES = 512 * 1024 * 1024
 _TORCHISH = re.compile(r"torch|NCCL|gloo|c10d|ProcessGroup|srun|slurm|Traceback \(most recent call last\)",
                        re.IGNORECASE)
 # Words one of the failure grammar's rules needs (a cheap filter: most lines of a log hold none of them).
+# Matched against the lowercased line: a case-insensitive alternation is ~12x slower in `re`.
 _MAYBE_FAILURE = re.compile(
-    r"error|exception|memory|DDP|param|watchdog|heartbeat|monitor|nccl|cuda|remote|abort|address|clients"
-    r"|rendezvous|broken pipe|recvValue|sendBytes|TCPStore|socket|stop_waiting|refused|gloo|reset|closing signal"
-    r"|signal|killed|segmentation|bus error|exit|core dumped|terminate|fatal|oom|traceback|interrupt|timed out",
-    re.IGNORECASE)
+    r"error|exception|memory|ddp|param|watchdog|heartbeat|monitor|nccl|cuda|remote|abort|address|clients"
+    r"|rendezvous|broken pipe|recvvalue|sendbytes|tcpstore|socket|stop_waiting|refused|gloo|reset|closing signal"
+    r"|signal|killed|segmentation|bus error|exit|core dumped|terminate|fatal|oom|traceback|interrupt|timed out")
 _TRAILING_NUMBER = re.compile(r"(\d+)(?:\.\w+)?$")
 
 
@@ -74,7 +74,7 @@ def _text_events(name: str, text: str) -> tuple[list[Event], set[int], InputSumm
     events: list[Event] = []
     for line in lines:
         events.extend(parse_line(line))
-        if line.logger in ("E", "F") or _MAYBE_FAILURE.search(line.text):
+        if line.logger in ("E", "F") or _MAYBE_FAILURE.search(line.text.lower()):
             failure = parse_failure(line)
             if failure is not None:
                 events.append(failure)
@@ -257,6 +257,7 @@ def explain_paths(paths: Iterable[str]) -> Report:
         "inputs": [asdict(s) for s in result.inputs],
         "ranks_seen": sorted({r for s in result.inputs for r in s.ranks}),
         "events": counts,
+        "timeline": triage.timeline(result.events),
     }
     return Report("logs", sections=sections, findings=result.findings, notes=notes)
 

@@ -296,3 +296,13 @@ def triage(findings: list[Finding], events: list[Any], known: set[int], excs: di
     order = {id(f): i for i, f in enumerate(findings)}
     return sorted(findings, key=lambda f: (f.severity is not Severity.ERROR, _PRIORITY.get(f.id, 4), order[id(f)]))
 
+
+
+def timeline(events: list[Any], limit: int = 50) -> list[dict[str, Any]]:
+    """The failure lines of every input merged on their timestamps (lines without one keep their file order, after
+    those that have one): what happened first across nodes and ranks."""
+    lines = [e for e in events if isinstance(e, FailureLine | Unexplained)]
+    lines.sort(key=lambda e: (e.ts is None, e.ts or 0.0, e.where.source, e.where.lineno))
+    return [{"where": str(e.where), "rank": e.rank, "host": e.host,
+             "kind": e.kind if isinstance(e, FailureLine) else "failure-line",
+             "role": e.role if isinstance(e, FailureLine) else None, "text": e.text[:300]} for e in lines[:limit]]

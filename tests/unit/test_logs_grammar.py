@@ -302,3 +302,22 @@ def test_healthy_log_with_scary_lines_raises_nothing() -> None:
             "node1:1:1 [0] NCCL WARN [Proxy Service] Failed to execute operation Close from rank 1, retcode 3\n"
             "training done\n")
     assert explain_texts({"rank0.log": text}) == []
+
+
+def test_files_of_several_nodes_are_merged_on_their_timestamps(tmp_path) -> None:
+    from ddpdoctor.logs.explain import explain_paths
+
+    # node1's OOM happened first (10:00:01), node0's watchdog timeout later (10:10:00) although node0.log comes first.
+    (tmp_path / "node0.log").write_text(
+        "[rank0]:[E1122 10:10:00.000 ProcessGroupNCCL.cpp:616] [Rank 0] Watchdog caught collective operation timeout: "
+        "WorkNCCL(SeqNum=9, OpType=ALLREDUCE, NumelIn=1, NumelOut=1, Timeout(ms)=600000) ran for 600100 milliseconds "
+        "before timing out.\n")
+    (tmp_path / "node1.log").write_text(
+        "[rank1]:[E1122 10:00:00.500 trainer.py:10] step 5\n"
+        "[rank1]:[E1122 10:00:01.000 trainer.py:11] torch.OutOfMemoryError: CUDA out of memory. Tried to allocate "
+        "2.00 GiB. GPU 1 has a total capacity of 79.15 GiB\n")
+    report = explain_paths([str(tmp_path)])
+    timeline = report.sections["timeline"]
+    assert [t["rank"] for t in timeline][:2] == [1, 1] and timeline[-1]["rank"] == 0
+    assert report.findings[0].id == "oom" and report.findings[0].ranks == [1]
+    assert report.findings[0].evidence["victim_ranks"] == [0]
