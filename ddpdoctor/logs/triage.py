@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import re
 from collections import Counter
+from collections.abc import Sequence
 from dataclasses import replace
 from typing import Any
 
@@ -53,7 +54,7 @@ def _group(lines: list[FailureLine]) -> dict[str, list[FailureLine]]:
     return out
 
 
-def _lines_json(lines: list[FailureLine | Unexplained]) -> list[str]:
+def _lines_json(lines: Sequence[FailureLine | Unexplained]) -> list[str]:
     return [f"{e.where}: {e.text[:300]}" for e in lines[:_QUOTE_LINES]]
 
 
@@ -267,7 +268,10 @@ def _victims(findings: list[Finding], lines: list[FailureLine], timeouts: list[W
                                                       else []))
         if f.severity is Severity.ERROR and own and "victim_ranks" not in f.evidence:
             f = replace(f, evidence={**f.evidence, "victim_ranks": sorted(victims),
-                                     "victims": {str(r): v for r, v in sorted(victims.items())[:32]}})
+                                     "victims": {str(r): v for r, v in sorted(victims.items())[:32]},
+                                     "victims_why": f"rank(s) {_ranks_text(sorted(victims))} only report what "
+                                     "a failed peer leaves behind (closed or reset connections, store errors, "
+                                     "timeouts); they follow from this finding's culprit"})
         out.append(f)
     return out
 
