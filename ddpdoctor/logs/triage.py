@@ -86,31 +86,46 @@ def _oom(lines: list[FailureLine], excs: list[RankException]) -> Finding | None:
     )
 
 
+_PARAM_COUNTS = re.compile(r"Rank (\d+) has (\d+) params, while rank (\d+) has inconsistent (\d+) params")
+
+
 def _model_mismatch(lines: list[FailureLine]) -> Finding | None:
     found = [e for e in lines if e.kind == "model-mismatch"]
     if not found:
         return None
-    named = Counter(e.odd_rank for e in found if e.odd_rank is not None)
     printers = sorted({e.rank for e in found if e.rank is not None})
+    counts: dict[int, int] = {}
+    for e in found:
+        for m in _PARAM_COUNTS.finditer(e.text):
+            counts[int(m.group(1))] = int(m.group(2))
+            counts.setdefault(int(m.group(3)), int(m.group(4)))
+    by_count = Counter(counts.values())
     odd: list[int] = []
-    if named:
-        top = max(named.values())
-        odd = sorted(r for r, n in named.items() if n == top)
-        if len(odd) > 1 and len(named) == 2 and printers:
-            # Two ranks naming each other (2-rank job): the message cannot say which is odd; keep both.
-            odd = sorted(named)
+    if len(by_count) > 1 and by_count.most_common(2)[0][1] > by_count.most_common(2)[1][1]:
+        usual = by_count.most_common(1)[0][0]
+        odd = sorted(r for r, n in counts.items() if n != usual)  # the ranks whose parameter count is the minority
+    else:
+        named = Counter(e.odd_rank for e in found if e.odd_rank is not None)
+        if named:
+            top = max(named.values())
+            odd = sorted(r for r, n in named.items() if n == top)
+    per_rank = ", ".join(f"rank {r}: {n} params" for r, n in sorted(counts.items()))
+    ambiguous = len(odd) > 1 and len(counts) == 2
     first = _first(found)
+    title = (f"DDP's model check: ranks {_ranks_text(odd)} hold different models ({per_rank}); with two ranks the "
+             "check cannot say which one is wrong" if ambiguous else
+             f"DDP's model check: rank(s) {_ranks_text(odd) if odd else '?'} hold a different model than the others"
+             + (f" ({per_rank})" if per_rank else "")
+             + (f"; printed by rank(s) {_ranks_text(printers)}" if printers and printers != odd else ""))
     return Finding(
-        "model-mismatch", Severity.ERROR,
-        f"DDP's model check: rank(s) {_ranks_text(odd) if odd else '?'} hold a different model than the others"
-        + (f" (printed by rank(s) {_ranks_text(printers)})" if printers and printers != odd else ""),
-        ranks=odd or printers,
-        evidence={"culprit_ranks": odd, "printed_by": printers, "message": first.text[:500],
-                  "lines": _lines_json(found),
+        "model-mismatch", Severity.ERROR, title, ranks=odd or printers,
+        evidence={"culprit_ranks": odd, "printed_by": printers, "params_per_rank": {str(r): n for r, n in
+                                                                                    sorted(counts.items())},
+                  "message": first.text[:500], "lines": _lines_json(found),
                   "why": "DistributedDataParallel compares every rank's parameters at construction; the message names "
                          "the rank whose parameter count or shapes differ, not the rank that printed it"},
         advice="Build the same model on every rank before wrapping it in DDP: look for rank-dependent branches in "
-               "model construction, a checkpoint loaded on some ranks only, or a different config per node.",
+               "model construction, a checkpoint or adapter loaded on some ranks only, or a different config per node.",
     )
 
 
