@@ -71,12 +71,14 @@ RULES: tuple[Rule, ...] = (
        r"|NET/IB ?: .*(?:failed|error)|Call to ibv_\w+ failed|Error: failed to extend \S+ to \d+ bytes",
        "NCCL 2.8-2.30; 'NCCL error in:' torch 1.12-2.13"),
     # --- CUDA errors outside NCCL (a rank's own fault: the others wait for it) -----------------------------------
-    _r("cuda-error", "cause", r"CUDA error: (?!out of memory)[a-z]|an illegal memory access was encountered"
+    _r("cuda-error", "cause", r"CUDA error: (?!out of memory)[A-Za-z]|an illegal memory access was encountered"
        r"|device-side assert triggered|uncorrectable ECC error", "torch 1.x-2.13 (CUDA runtime messages)"),
     # --- TCPStore / rendezvous --------------------------------------------------------------------------------------
     _r("store-cause", "cause", r"Address already in use|Timed out after \d+ seconds waiting for clients\. (?P<joined>\d+)"
        r"/(?P<expected>\d+) clients joined|RendezvousTimeoutError|The server socket has failed to (?:listen|bind)",
        "'waiting for clients' 2.0-2.13; RendezvousTimeoutError 1.9-2.13"),
+    _r("store", "victim", r"retrieving ncclUniqueId from \[\d+\] via c10d key-value store|wait timeout after \d+ms, "
+       r"keys:", "torch 2.0-2.13 (ProcessGroupNCCL broadcastUniqueNCCLID; Store::wait)"),
     _r("store", "victim", r"recvValue failed|sendBytes failed|Broken pipe|DistNetworkError|DistStoreError"
        r"|RendezvousConnectionError|RendezvousClosedError|The client socket has failed to connect|failed to "
        r"connect/validate|Stop_waiting response is expected|TCPStore|c10d store has failed|Socket Timeout"
@@ -86,6 +88,10 @@ RULES: tuple[Rule, ...] = (
     _r("gloo-io", "victim", r"gloo::IoException|Connection closed by peer|Read error \[|Write error|Connection reset "
        r"by peer|Application timeout caused pair closure|gloo::EnforceNotMet.*(?:pair|socket)",
        "gloo pair.cc, every torch 1.x-2.13"),
+    # --- the job stopped from outside (scheduler time limit, preemption, scancel, Ctrl-C to the launcher) ---------
+    _r("stopped", "cause", r"\*\*\* (?:JOB|STEP) \S+ ON \S+ CANCELLED AT \S+(?: DUE TO (?P<why>[A-Z ]+?))? \*\*\*",
+       "slurmstepd, all SLURM versions"),
+    _r("stopped", "cause", r"Received (?P<sig>\d+) death signal, shutting down workers", "torch 1.9-2.13 agent"),
     # --- the launcher tearing the survivors down --------------------------------------------------------------------
     _r("teardown", "victim", r"Sending process \d+ closing signal SIG\w+|SignalException|got signal: (?:1|2|15)\b"
        r"|KeyboardInterrupt", "elastic agent 1.9-2.13"),

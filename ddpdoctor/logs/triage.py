@@ -17,7 +17,7 @@ from ddpdoctor.logs.events import FailureLine, RankException, Unexplained, Watch
 
 # Which findings name the cause, first (lower = earlier in the report when several are errors).
 _PRIORITY = {"oom": 0, "rank-crashed": 1, "model-mismatch": 1, "cuda-error": 1, "collective-mismatch": 2, "nccl-error": 2,
-             "watchdog-stuck": 3, "hang": 3, "store-failure": 4, "peer-lost": 5, "job-failed": 6,
+             "watchdog-stuck": 3, "hang": 3, "job-stopped": 4, "store-failure": 4, "peer-lost": 5, "job-failed": 6,
              "unrecognised-failure": 7}
 _OOM_TEXT = re.compile(r"out of memory|OutOfMemoryError|Failed to CUDA (?:calloc|malloc)", re.IGNORECASE)
 _QUOTE_LINES = 3
@@ -239,6 +239,27 @@ def _peer_lost(lines: list[FailureLine], culprits: set[int], known: set[int], ha
     )
 
 
+def _stopped(lines: list[FailureLine]) -> Finding | None:
+    found = [e for e in lines if e.kind == "stopped"]
+    if not found:
+        return None
+    first = _first(found)
+    why = re.search(r"DUE TO ([A-Z ]+?) \*\*\*", first.text)
+    sig = re.search(r"Received (\d+) death signal", first.text)
+    reason = (why.group(1).lower() if why else
+              {"15": "SIGTERM (preempted or time limit?)", "2": "SIGINT (interrupted)", "1": "SIGHUP (terminal or "
+               "session closed)"}.get(sig.group(1), f"signal {sig.group(1)}") if sig else "cancelled")
+    return Finding(
+        "job-stopped", Severity.ERROR, f"The job was stopped from outside: {reason}",
+        evidence={"reason": reason, "lines": _lines_json(found),
+                  "why": "the scheduler or a user stopped the launcher; the ranks' SIGTERM and closed connections that "
+                         "follow are the shutdown, not failures of their own"},
+        advice="A time limit: raise the job's --time or checkpoint and requeue (sbatch --requeue, "
+               "torchrun --max-restarts with a checkpoint to resume from); preemption: use a non-preemptible "
+               "partition or resume from checkpoints.",
+    )
+
+
 def _unrecognised(unexplained: list[Unexplained]) -> Finding | None:
     if not unexplained:
         return None
@@ -300,6 +321,10 @@ def triage(findings: list[Finding], events: list[Any], known: set[int], excs: di
                                                           and e.rank is None]
     new = [f for f in (_oom(lines, all_excs), _model_mismatch(lines), _cuda(lines), _nccl(lines),
                        _watchdog_stuck(lines)) if f is not None]
+    stopped = _stopped(lines)
+    if stopped is not None and not new and all(f.id == "job-failed" for f in findings
+                                               if f.severity is Severity.ERROR):
+        new = [stopped]  # torchrun's table then only lists the ranks the shutdown killed
     findings = [f for f in findings if not (f.id == "job-failed" and new)] + new
     culprits = {r for f in findings if f.severity is Severity.ERROR
                 for r in (f.evidence.get("culprit_ranks") or f.ranks)}

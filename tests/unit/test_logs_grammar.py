@@ -321,3 +321,26 @@ def test_files_of_several_nodes_are_merged_on_their_timestamps(tmp_path) -> None
     assert [t["rank"] for t in timeline][:2] == [1, 1] and timeline[-1]["rank"] == 0
     assert report.findings[0].id == "oom" and report.findings[0].ranks == [1]
     assert report.findings[0].evidence["victim_ranks"] == [0]
+
+
+@pytest.mark.parametrize(("text", "reason"), [
+    ("slurmstepd: error: *** JOB 4242 ON gpu-node-07 CANCELLED AT 2024-05-01T10:00:00 DUE TO TIME LIMIT ***",
+     "time limit"),
+    ("slurmstepd: error: *** STEP 4242.0 ON gpu-node-07 CANCELLED AT 2024-05-01T10:00:00 ***", "cancelled"),
+    ("[2024-05-01 10:00:00,000] torch.distributed.elastic.agent.server.api: [WARNING] Received 15 death signal, "
+     "shutting down workers", "SIGTERM"),
+])
+def test_job_stopped_from_outside(text: str, reason: str) -> None:
+    found = by_id({"job.log": text + "\nSending process 11 closing signal SIGTERM\n"
+                   "torch.distributed.elastic.multiprocessing.api.SignalException: Process 7 got signal: 15\n"
+                   "[rank0]: RuntimeError: [../third_party/gloo/gloo/transport/tcp/pair.cc:598] Connection closed by "
+                   "peer [10.0.0.2]:6061\n"})
+    (f,) = found["job-stopped"]
+    assert reason in f.title
+    assert "peer-lost" not in found and "unrecognised-failure" not in found
+
+
+def test_store_key_errors_are_victims() -> None:
+    event = _one("torch.distributed.DistBackendError: [1] is setting up NCCL communicator and retrieving ncclUniqueId "
+                 "from [0] via c10d key-value store by key '0', but store->get('0') got error: Socket Timeout")
+    assert isinstance(event, FailureLine) and (event.kind, event.role) == ("store", "victim")
