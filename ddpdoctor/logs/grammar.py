@@ -77,8 +77,8 @@ RULES: tuple[Rule, ...] = (
     _r("store-cause", "cause", r"Address already in use|Timed out after \d+ seconds waiting for clients\. (?P<joined>\d+)"
        r"/(?P<expected>\d+) clients joined|RendezvousTimeoutError|The server socket has failed to (?:listen|bind)",
        "'waiting for clients' 2.0-2.13; RendezvousTimeoutError 1.9-2.13"),
-    _r("store", "victim", r"retrieving ncclUniqueId from \[\d+\] via c10d key-value store|wait timeout after \d+ms, "
-       r"keys:", "torch 2.0-2.13 (ProcessGroupNCCL broadcastUniqueNCCLID; Store::wait)"),
+    _r("store", "victim", r"retr(?:ie|ei)ving ncclUniqueId from \[\d+\] via c10d key-value store|wait timeout after \d+ms, "
+       r"keys:", "retreiving (sic) torch 1.11-2.1, retrieving 2.2-2.13 (ProcessGroupNCCL broadcastUniqueNCCLID); Store::wait 2.0-2.13"),
     _r("store", "victim", r"recvValue failed|sendBytes failed|Broken pipe|DistNetworkError|DistStoreError"
        r"|RendezvousConnectionError|RendezvousClosedError|The client socket has failed to connect|failed to "
        r"connect/validate|Stop_waiting response is expected|TCPStore|c10d store has failed|Socket Timeout"
