@@ -69,7 +69,8 @@ def _dedupe(events: list[Event]) -> list[Event]:
     return out
 
 
-def _text_events(name: str, text: str) -> tuple[list[Event], set[int], InputSummary]:
+def _text_events(name: str, text: str, ts_of: dict[tuple[str, int], float]) -> tuple[list[Event], set[int],
+                                                                                    InputSummary]:
     lines = split_lines(name, text, default_rank=rank_from_name(name))
     events: list[Event] = []
     for line in lines:
@@ -83,6 +84,9 @@ def _text_events(name: str, text: str) -> tuple[list[Event], set[int], InputSumm
     events += collective_stacks(lines)
     failures, table_tracebacks = torchrun_failures(lines)
     events += [*failures, *table_tracebacks, *srun_failures(lines)]
+    for e in events:  # tracebacks carry no time of their own: the time of their first line, for ordering
+        if isinstance(e, RankException) and 0 < e.where.lineno <= len(lines) and lines[e.where.lineno - 1].ts:
+            ts_of[(e.where.source, e.where.lineno)] = lines[e.where.lineno - 1].ts or 0.0
     ranks = {ln.rank for ln in lines if ln.rank is not None}
     ranks |= {e.rank for e in events if isinstance(e, ChildFailure) and e.rank is not None}
     recognised = bool(events) or bool(ranks) or any(_TORCHISH.search(ln.text) for ln in lines[:5000])
@@ -123,12 +127,17 @@ def _fr_rank(name: str, index: int, notes: list[str]) -> int:
     return rank
 
 
-def _analyse(events: list[Event], known: set[int], fr: dict[int, dict[str, Any]], notes: list[str]) -> list[Finding]:
+def _analyse(events: list[Event], known: set[int], fr: dict[int, dict[str, Any]], notes: list[str],
+             ts_of: dict[tuple[str, int], float] | None = None) -> list[Finding]:
+    ts_of = ts_of or {}
     events = _dedupe(events)
     ev = rules.Evidence(events, set(known), fr)
     ev.known_ranks |= {r for e in events if (r := getattr(e, "rank", None)) is not None}
     ev.known_ranks |= set(fr)
-    exceptions = sorted(ev.of(RankException), key=lambda e: (e.where.source, e.where.lineno))
+    # Earliest first across files (merged on their timestamps where they have them), then in file order.
+    exceptions = sorted(ev.of(RankException), key=lambda e: (
+        (e.where.source, e.where.lineno) not in ts_of, ts_of.get((e.where.source, e.where.lineno), 0.0),
+        e.where.source, e.where.lineno))
     excs = rules._rank_exceptions(ev)
     failures: list[ChildFailure] = ev.of(ChildFailure)
     findings = rules.mismatch_findings(ev, excs, failures) + rules.unused_findings(ev)
@@ -160,6 +169,7 @@ def _explain(texts: dict[str, str], dumps: dict[str, dict[str, Any]],
     notes = list(notes or [])
     events: list[Event] = []
     known: set[int] = set()
+    ts_of: dict[tuple[str, int], float] = {}
     for raw_name, raw_text in texts.items():
         # Escape sequences and control characters from an untrusted log never reach the terminal (or the JSON).
         # A bare CR (progress bars) ends a line, as splitlines() would have it.
@@ -172,7 +182,7 @@ def _explain(texts: dict[str, str], dumps: dict[str, dict[str, Any]],
                 continue
             except BadInput:
                 text = _torchelastic_error_file(stripped) or text
-        ev, ranks, summary = _text_events(name, text)
+        ev, ranks, summary = _text_events(name, text, ts_of)
         events += ev
         known |= ranks
         inputs.append(summary)
@@ -181,7 +191,7 @@ def _explain(texts: dict[str, str], dumps: dict[str, dict[str, Any]],
         rank = _fr_rank(name, i, notes)
         fr[rank] = flight_recorder.group_states(dump)
         inputs.append(InputSummary(clean_text(name), "flight-recorder", 0, [rank], sum(len(s.collectives) for s in fr[rank].values())))
-    findings = _analyse(events, known, fr, notes)
+    findings = _analyse(events, known, fr, notes, ts_of)
     return Explanation(findings, inputs, notes, _dedupe(events))
 
 

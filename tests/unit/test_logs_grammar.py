@@ -344,3 +344,14 @@ def test_store_key_errors_are_victims() -> None:
     event = _one("torch.distributed.DistBackendError: [1] is setting up NCCL communicator and retrieving ncclUniqueId "
                  "from [0] via c10d key-value store by key '0', but store->get('0') got error: Socket Timeout")
     assert isinstance(event, FailureLine) and (event.kind, event.role) == ("store", "victim")
+
+
+def test_the_earlier_crash_of_two_files_comes_first(tmp_path) -> None:
+    from ddpdoctor.logs.explain import explain_paths
+
+    tb = ('[2024-05-01 10:{m}:00,000] Traceback (most recent call last):\n  File "/job/train.py", line {n}, in <module>\n'
+          "{exc}\n")
+    (tmp_path / "a_rank0.log").write_text(tb.format(m="30", n=5, exc="KeyError: 'label'"))
+    (tmp_path / "b_rank1.log").write_text(tb.format(m="10", n=9, exc="ValueError: bad shard"))
+    crashes = [f for f in explain_paths([str(tmp_path)]).findings if f.id == "rank-crashed"]
+    assert [f.ranks for f in crashes] == [[1], [0]]
