@@ -28,6 +28,8 @@ _EFA_NODEV = re.compile(r"(?:efa|EFA).*(?:No (?:EFA )?devices? (?:found|availabl
                         r"|OFI fi_getinfo\(\) call failed|Unable to find a protocol that worked|efa_device.*: No such "
                         r"device|Could not find any EFA devices", re.IGNORECASE)
 _COMM_NRANKS = re.compile(r"(?:^|\s)([\w.-]+):\d+:\d+ \[\d+\] NCCL INFO .*?\bn[Rr]anks (\d+)")
+# "comm 0x55.. rank 4 nranks 8 cudaDev 0 ..." (Init COMPLETE lines, NCCL 2.8-2.30; "ncclCommInitRank comm ..." 2.19+)
+_COMM_RANK = re.compile(r"(?:^|\s)([\w.-]+):\d+:\d+ \[\d+\] NCCL INFO .*?\bcomm 0x[0-9a-f]+ rank (\d+) n[Rr]anks (\d+)")
 _MAX_SHMEM = re.compile(r"ncclMaxSharedMem (\d+) exceeds device/fn maxSharedMem (\d+)")
 _NCCL_HOST = re.compile(r"(?:^|\s)([\w.-]+):\d+:\d+ \[\d+\] NCCL ")
 _MAX_QUOTE = 4
@@ -43,6 +45,7 @@ class Evidence:
     ofi_loaded: list[str] = field(default_factory=list)
     efa_nodev: list[str] = field(default_factory=list)
     comm_sizes: dict[str, set[int]] = field(default_factory=dict)  # host -> nranks seen
+    comm_rank0: dict[int, set[str]] = field(default_factory=dict)  # nranks -> hosts where a rank 0 of that size is
     max_shmem: list[str] = field(default_factory=list)
     hosts: set[str] = field(default_factory=set)
 
@@ -81,6 +84,9 @@ def scan(evidence: Evidence, text: str) -> None:
         m = _COMM_NRANKS.search(line)
         if m:
             evidence.comm_sizes.setdefault(m.group(1), set()).add(int(m.group(2)))
+        m = _COMM_RANK.search(line) if "comm 0x" in line else None
+        if m and m.group(2) == "0":
+            evidence.comm_rank0.setdefault(int(m.group(3)), set()).add(m.group(1))
         m = _MAX_SHMEM.search(line)
         if m:
             evidence.max_shmem.append(line[:300])
@@ -136,6 +142,17 @@ def findings(ev: Evidence, nodes: int) -> list[Finding]:
             advice="Rebuild nccl-tests with MPI=1 MPI_HOME=... and launch it with mpirun/srun (one process per GPU "
                    "or per node with -g); without MPI each process is rank 0 of its own job and measures nothing "
                    "between nodes.",
+        ))
+    split = {n: hosts for n, hosts in ev.comm_rank0.items() if n > 1 and len(hosts) > 1}
+    if split and not multi:
+        n, hosts = max(split.items(), key=lambda kv: len(kv[1]))
+        out.append(Finding(
+            "comm-per-node", Severity.ERROR,
+            f"{len(hosts)} hosts each built their own {n}-rank communicator (a rank 0 on every host): the nodes never "
+            "joined one job",
+            evidence={"hosts": sorted(hosts)[:16], "nranks": n},
+            advice="Every node must rendezvous at the same address: one MASTER_ADDR/--rdzv-endpoint and the same "
+                   "--rdzv-id for all, --nnodes set to the node count, and each node's --node-rank (static) distinct.",
         ))
     if ev.max_shmem:
         out.append(Finding(

@@ -355,3 +355,19 @@ def test_the_earlier_crash_of_two_files_comes_first(tmp_path) -> None:
     (tmp_path / "b_rank1.log").write_text(tb.format(m="10", n=9, exc="ValueError: bad shard"))
     crashes = [f for f in explain_paths([str(tmp_path)]).findings if f.id == "rank-crashed"]
     assert [f.ranks for f in crashes] == [[1], [0]]
+
+
+def test_the_grammar_document_covers_every_rule_and_finding() -> None:
+    from pathlib import Path
+
+    from ddpdoctor.logs import grammar
+
+    root = Path(__file__).resolve().parents[2] / "docs"
+    doc, findings_doc = (root / "logs-grammar.md").read_text(), (root / "findings.md").read_text()
+    for rule in grammar.RULES:
+        assert f"`{rule.kind}`" in doc, rule.kind
+        assert rule.versions
+    for fid in ("oom", "model-mismatch", "cuda-error", "nccl-error", "watchdog-stuck", "store-failure", "peer-lost",
+                "job-stopped", "unrecognised-failure", "p2p-consumer-gpu", "gpus-behind-pcie-switch",
+                "ofi-no-efa-device", "nccl-tests-no-mpi", "comm-per-node", "nccl-shared-mem-exceeded"):
+        assert f"### {fid}" in findings_doc, fid

@@ -58,3 +58,12 @@ def test_max_shared_mem_warning(tmp_path: Path) -> None:
     text = ("g:5:5 [0] NCCL INFO NCCL version 2.26.2+cuda12.2\n"
             "g:5:5 [0] NCCL WARN cudaArch 1200 ncclMaxSharedMem 232448 exceeds device/fn maxSharedMem 101376\n")
     assert "nccl-shared-mem-exceeded" in _ids(tmp_path, text)
+
+
+def test_each_node_its_own_communicator(tmp_path: Path) -> None:
+    a = "".join(f"node-a:1{r}:2{r} [{r}] NCCL INFO comm 0x55aa{r} rank {r} nranks 2 cudaDev {r} busId {r}000 - Init "
+                f"COMPLETE\n" for r in range(2))
+    b = a.replace("node-a", "node-b")
+    f = _ids(tmp_path, a, b)["comm-per-node"]
+    assert f.evidence == {"hosts": ["node-a", "node-b"], "nranks": 2}
+    assert "comm-per-node" not in _ids(tmp_path, a)
