@@ -145,12 +145,12 @@ def findings(ev: Evidence, nodes: int) -> list[Finding]:
         ))
     split = {n: hosts for n, hosts in ev.comm_rank0.items() if n > 1 and len(hosts) > 1}
     if split and not multi:
-        n, hosts = max(split.items(), key=lambda kv: len(kv[1]))
+        n, node_hosts = max(split.items(), key=lambda kv: len(kv[1]))
         out.append(Finding(
             "comm-per-node", Severity.ERROR,
-            f"{len(hosts)} hosts each built their own {n}-rank communicator (a rank 0 on every host): the nodes never "
+            f"{len(node_hosts)} hosts each built their own {n}-rank communicator (a rank 0 on every host): the nodes never "
             "joined one job",
-            evidence={"hosts": sorted(hosts)[:16], "nranks": n},
+            evidence={"hosts": sorted(node_hosts)[:16], "nranks": n},
             advice="Every node must rendezvous at the same address: one MASTER_ADDR/--rdzv-endpoint and the same "
                    "--rdzv-id for all, --nnodes set to the node count, and each node's --node-rank (static) distinct.",
         ))
