@@ -31,7 +31,6 @@ _COMM_NRANKS = re.compile(r"(?:^|\s)([\w.-]+):\d+:\d+ \[\d+\] NCCL INFO .*?\bn[R
 # "comm 0x55.. rank 4 nranks 8 cudaDev 0 ..." (Init COMPLETE lines, NCCL 2.8-2.30; "ncclCommInitRank comm ..." 2.19+)
 _COMM_RANK = re.compile(r"(?:^|\s)([\w.-]+):\d+:\d+ \[\d+\] NCCL INFO .*?\bcomm 0x[0-9a-f]+ rank (\d+) n[Rr]anks (\d+)")
 _MAX_SHMEM = re.compile(r"ncclMaxSharedMem (\d+) exceeds device/fn maxSharedMem (\d+)")
-_NCCL_HOST = re.compile(r"(?:^|\s)([\w.-]+):\d+:\d+ \[\d+\] NCCL ")
 _MAX_QUOTE = 4
 
 
@@ -47,7 +46,6 @@ class Evidence:
     comm_sizes: dict[str, set[int]] = field(default_factory=dict)  # host -> nranks seen
     comm_rank0: dict[int, set[str]] = field(default_factory=dict)  # nranks -> hosts where a rank 0 of that size is
     max_shmem: list[str] = field(default_factory=list)
-    hosts: set[str] = field(default_factory=set)
 
 
 def scan(evidence: Evidence, text: str) -> None:
@@ -60,36 +58,37 @@ def scan(evidence: Evidence, text: str) -> None:
                 rank, host, dev = int(m.group(1)), m.group(3), int(m.group(4))
                 evidence.devices[(host, dev)] = (m.group(5), m.group(6), line[:300])
                 evidence.tests_rank_hosts.setdefault(rank, set()).add(host)
-                evidence.hosts.add(host)
                 continue
-        if " NCCL " not in line and "NET/OFI" not in line and "libfabric" not in line and "efa" not in line.lower():
+        low = line.lower()
+        if " nccl " not in low and "net/ofi" not in low and "libfabric" not in low and "efa" not in low:
             continue
-        hm = _NCCL_HOST.search(line)
-        if hm:
-            evidence.hosts.add(hm.group(1))
+        # Cheap substring gates first: most NCCL INFO lines are connection and channel lines none of these need.
         if "PCI/" in line:
             for m in _TOPO_PCI.finditer(line):
                 vendor, device = m.group(2).zfill(16)[:4].lower(), m.group(2).zfill(16)[4:8].lower()
                 name = _SWITCH_VENDORS.get(vendor)
                 if name and (vendor != "1000" or device.startswith("c0")):
                     evidence.switches.setdefault(name, []).append(line[:300])
-        if _P2P_OFF_ENV.search(line):
+        if "NCCL_P2P" in line and _P2P_OFF_ENV.search(line):
             evidence.p2p_off.append(line[:300])
-        if not evidence.p2p_used and _P2P_USED.search(line):
+        if not evidence.p2p_used and "P2P/" in line and _P2P_USED.search(line):
             evidence.p2p_used = True
-        if _OFI_LOADED.search(line):
+        if ("ofi" in low or "libfabric" in low) and _OFI_LOADED.search(line):
             evidence.ofi_loaded.append(line[:300])
-        if _EFA_NODEV.search(line):
+        if ("efa" in low or "provider" in low or "fi_getinfo" in low or "protocol that worked" in low) \
+                and _EFA_NODEV.search(line):
             evidence.efa_nodev.append(line[:300])
-        m = _COMM_NRANKS.search(line)
-        if m:
-            evidence.comm_sizes.setdefault(m.group(1), set()).add(int(m.group(2)))
-        m = _COMM_RANK.search(line) if "comm 0x" in line else None
-        if m and m.group(2) == "0":
-            evidence.comm_rank0.setdefault(int(m.group(3)), set()).add(m.group(1))
-        m = _MAX_SHMEM.search(line)
-        if m:
-            evidence.max_shmem.append(line[:300])
+        if "nranks" in low:
+            m = _COMM_NRANKS.search(line)
+            if m:
+                evidence.comm_sizes.setdefault(m.group(1), set()).add(int(m.group(2)))
+            m = _COMM_RANK.search(line) if "comm 0x" in line else None
+            if m and m.group(2) == "0":
+                evidence.comm_rank0.setdefault(int(m.group(3)), set()).add(m.group(1))
+        if "maxSharedMem" in line:
+            m = _MAX_SHMEM.search(line)
+            if m:
+                evidence.max_shmem.append(line[:300])
 
 
 def findings(ev: Evidence, nodes: int) -> list[Finding]:
