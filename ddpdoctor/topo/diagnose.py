@@ -65,6 +65,7 @@ def read_inputs(logs: list[Path], xmls: list[Path]) -> Inputs:
                 inputs.problems.append(f"{path}: no NCCL topology elements (<system>, <cpu>, <pci>, <gpu>, <graphs>)")
                 continue
             inputs.systems.append(system)
+            evidence.scan_xml(inputs.extra, text)
         else:
             before = len(inputs.extra.devices) + len(inputs.extra.ofi_loaded) + len(inputs.extra.efa_nodev)
             evidence.scan(inputs.extra, text)

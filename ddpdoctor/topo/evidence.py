@@ -91,6 +91,21 @@ def scan(evidence: Evidence, text: str) -> None:
                 evidence.max_shmem.append(line[:300])
 
 
+_XML_PCI = re.compile(r"<pci\b[^>]*>")
+_XML_ATTR = re.compile(r'\b(busid|vendor|device)="([^"]*)"')
+
+
+def scan_xml(evidence: Evidence, text: str) -> None:
+    """PCIe switches in a topology XML: <pci ... vendor="0x10b5" device="0x8747"> (NCCL_TOPO_DUMP_FILE, 2.8+)."""
+    for m in _XML_PCI.finditer(text):
+        attrs = dict(_XML_ATTR.findall(m.group(0)))
+        vendor = attrs.get("vendor", "").lower().removeprefix("0x").zfill(4)
+        device = attrs.get("device", "").lower().removeprefix("0x").zfill(4)
+        name = _SWITCH_VENDORS.get(vendor)
+        if name and (vendor != "1000" or device.startswith("c0")):
+            evidence.switches.setdefault(name, []).append(m.group(0)[:300])
+
+
 def findings(ev: Evidence, nodes: int) -> list[Finding]:
     """Findings from the evidence above; ``nodes`` is the node count the main analysis derived (0 = unknown)."""
     out: list[Finding] = []

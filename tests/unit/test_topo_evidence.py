@@ -67,3 +67,13 @@ def test_each_node_its_own_communicator(tmp_path: Path) -> None:
     f = _ids(tmp_path, a, b)["comm-per-node"]
     assert f.evidence == {"hosts": ["node-a", "node-b"], "nranks": 2}
     assert "comm-per-node" not in _ids(tmp_path, a)
+
+
+def test_plx_switch_in_topology_xml(tmp_path: Path) -> None:
+    xml = tmp_path / "topo.xml"
+    xml.write_text('<system version="1"><cpu numaid="0" affinity="ff" arch="x86_64" vendor="GenuineIntel">'
+                   '<pci busid="0000:03:00.0" class="0x060400" vendor="0x10b5" device="0x8747" link_speed="8.0 GT/s PCIe"'
+                   ' link_width="16"><pci busid="0000:05:00.0" class="0x030200" vendor="0x10de" device="0x1db4">'
+                   '<gpu dev="0" sm="70" rank="0" gdr="1"/></pci></pci></cpu></system>')
+    found = {f.id: f for f in build_report([], [xml]).findings}
+    assert "PLX" in found["gpus-behind-pcie-switch"].title
