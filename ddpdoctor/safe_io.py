@@ -23,9 +23,12 @@ MAX_JSON_DEPTH = 256
 _CHUNK = 1 << 20
 
 
-def max_input_bytes() -> int:
-    """The cap on one input's (decompressed) size, from DDPDOCTOR_MAX_INPUT_MB or the default."""
+def max_input_bytes(default: int | None = None) -> int:
+    """The cap on one input's (decompressed) size, from DDPDOCTOR_MAX_INPUT_MB, else ``default`` bytes (a
+    command's own cap), else DEFAULT_MAX_INPUT_MB."""
     raw = os.environ.get("DDPDOCTOR_MAX_INPUT_MB", "")
+    if not raw and default is not None:
+        return default
     try:
         mb = float(raw) if raw else DEFAULT_MAX_INPUT_MB
     except ValueError:

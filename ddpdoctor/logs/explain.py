@@ -21,7 +21,7 @@ from ddpdoctor.logs.lines import rank_from_name, split_lines, streams
 from ddpdoctor.logs.messages import parse_line
 from ddpdoctor.logs.tracebacks import collective_stacks, exceptions_in
 from ddpdoctor.report import Report
-from ddpdoctor.safe_io import GZIP_MAGIC, clean_text, gunzip_bytes, read_bytes
+from ddpdoctor.safe_io import GZIP_MAGIC, clean_text, gunzip_bytes, max_input_bytes, read_bytes
 
 MAX_BYTES = 512 * 1024 * 1024
 _TORCHISH = re.compile(r"torch|NCCL|gloo|c10d|ProcessGroup|srun|slurm|Traceback \(most recent call last\)",
@@ -197,10 +197,13 @@ def _explain(texts: dict[str, str], dumps: dict[str, dict[str, Any]],
 
 def _read_input(path: str) -> bytes:
     if path == "-":
-        data = sys.stdin.buffer.read(MAX_BYTES + 1)
-        return gunzip_bytes(data, MAX_BYTES, path) if data[:2] == GZIP_MAGIC else data
+        limit = max_input_bytes(MAX_BYTES)
+        data = sys.stdin.buffer.read(limit + 1)
+        if len(data) > limit:
+            raise BadInput(f"more than {limit >> 20} MiB on stdin (raise it with DDPDOCTOR_MAX_INPUT_MB)", path)
+        return gunzip_bytes(data, limit, path) if data[:2] == GZIP_MAGIC else data
     # Regular files only (a FIFO would block, /dev/zero never ends); gzip is streamed with a cap (a bomb stops there).
-    return read_bytes(Path(path), MAX_BYTES)
+    return read_bytes(Path(path), max_input_bytes(MAX_BYTES))
 
 
 def _expand(paths: Iterable[str]) -> list[str]:
@@ -219,8 +222,6 @@ def _expand(paths: Iterable[str]) -> list[str]:
 
 def _decode(name: str, data: bytes, texts: dict[str, str], dumps: dict[str, dict[str, Any]]) -> str | None:
     """Sort one input into texts or dumps; return a problem when it is neither."""
-    if len(data) > MAX_BYTES:
-        return f"larger than {MAX_BYTES // 2**20} MiB"
     if data.startswith(flight_recorder.PICKLE_MAGIC):
         dumps[name] = flight_recorder.loads_pickle(data, name)
         return None

@@ -8,7 +8,7 @@ from typing import Any
 
 from ddpdoctor.errors import BadInput
 from ddpdoctor.findings.model import Finding
-from ddpdoctor.safe_io import read_bytes
+from ddpdoctor.safe_io import max_input_bytes, read_bytes
 from ddpdoctor.topo import analysis, evidence
 from ddpdoctor.topo.nccl_log import NcclLog, parse_lines
 from ddpdoctor.topo.rules import log_findings
@@ -32,7 +32,7 @@ def _read_text(path: Path) -> str:
     """The file's text; raises ValueError with the user-facing problem when it is not a usable text file."""
     try:
         # Regular files only (a FIFO or /dev/zero would block or never end); gzip streamed with a cap.
-        data = read_bytes(path, MAX_BYTES)
+        data = read_bytes(path, max_input_bytes(MAX_BYTES))
     except BadInput as exc:
         raise ValueError(exc.problem) from exc
     if not data.strip():

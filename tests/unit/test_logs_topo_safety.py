@@ -62,15 +62,22 @@ def test_bomb_pickle_through_the_cli(tmp_path: Path) -> None:
     _one_line_exit_2(*_run(logs_command, bomb), "shared references")
 
 
+@pytest.fixture(scope="module")
+def bomb(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    path = tmp_path_factory.mktemp("bomb") / "bomb.log.gz"
+    with gzip.open(path, "wb", compresslevel=1) as fh:
+        chunk = b"\0" * (1 << 20)
+        for _ in range(24):  # 24 MiB of zeros in 24 KiB: past the 16 MiB cap the test sets
+            fh.write(chunk)
+    return path
+
+
 @pytest.mark.parametrize("cmd", ["logs", "topo", "topo-xml"])
-def test_fifo_dev_zero_and_gzip_bomb_are_one_line_exit_2(tmp_path: Path, cmd: str) -> None:
+def test_fifo_dev_zero_and_gzip_bomb_are_one_line_exit_2(tmp_path: Path, cmd: str, bomb: Path,
+                                                         monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("DDPDOCTOR_MAX_INPUT_MB", "16")  # the same cap logic as the defaults (512 MiB, 1 GiB)
     fifo = tmp_path / "pipe.log"
     os.mkfifo(fifo)
-    bomb = tmp_path / "bomb.log.gz"
-    with gzip.open(bomb, "wb", compresslevel=1) as fh:
-        chunk = b"\0" * (1 << 20)
-        for _ in range(1100):  # 1.1 GiB of zeros: past both commands' caps
-            fh.write(chunk)
     command = logs_command if cmd == "logs" else topo_command
     for path, needle in ((fifo, "FIFO"), (Path("/dev/zero"), "device"), (bomb, "limit")):
         args = ["--topo-xml", path] if cmd == "topo-xml" else [path]
