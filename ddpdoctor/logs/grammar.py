@@ -101,7 +101,9 @@ RULES: tuple[Rule, ...] = (
 FAILURE_LINE = re.compile(
     r"^Traceback \(most recent call last\)|^\s*(?:[\w.]+\.)?[A-Z]\w*(?:Error|Exception|Interrupt)\b(?::|$)"
     r"|\bNCCL WARN\b|\bexit ?code:? ?-?[1-9]\d*|\bexitcode: -?[1-9]|\bexit status [1-9]|^\s*Killed\b|\bKilled\s+\S*python"
-    r"|\bAborted\b|core dumped|Segmentation fault|terminate called after|Fatal Python error|\bOOM\b|oom-kill")
+    r"|\bAborted\b|core dumped|Segmentation fault|terminate called after|Fatal Python error|\bOOM\b|oom-kill"
+    # Python logging at ERROR/CRITICAL ("ERROR:root:...", "[ERROR]", "... - ERROR - ...", "| ERROR |")
+    r"|^(?:ERROR|CRITICAL):|\[(?:ERROR|CRITICAL)\]| - (?:ERROR|CRITICAL) - |\| (?:ERROR|CRITICAL) \|")
 
 # torchrun / elastic agent: "failed (exitcode: -9) local_rank: 4 (pid: 123) of binary: /usr/bin/python3"
 # (1.9-2.13; prefixed "ERROR:torch.distributed.elastic.multiprocessing.api:" in 1.9-2.0, "[...] torch.distributed.

@@ -156,6 +156,8 @@ def test_shell_death_lines(text: str, signal: str) -> None:
     "ValueError: something unknown",
     "[F something.cpp:12] fatal thing",
     "exitcode: 3",
+    "ERROR:root:could not save the checkpoint",
+    "2024-05-01 10:00:00,000 - trainer - ERROR - loss is nan",
 ])
 def test_generic_failure_lines_are_kept_as_unexplained(text: str) -> None:
     assert isinstance(_one(text), (Unexplained, FailureLine))
