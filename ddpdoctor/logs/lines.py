@@ -16,6 +16,11 @@ _RANK_PREFIX = re.compile(
 )
 # A process id some collectors put in front of everything ("[80746] [rank0]:...").
 _PID_PREFIX = re.compile(r"\[\d{2,8}\] (?=\[)")
+# Multi-node launchers put the host or a job tag first: pdsh/DeepSpeed "worker-1: [rank9]:...", "node3: E1122 ...",
+# "node3: node3:12:34 [0] NCCL WARN ...", and job tags such as "B-nemo-ft3/0 [default1]:...". Only stripped when a
+# known prefix follows, so prose with a colon stays as it is.
+_HOST_PREFIX = re.compile(r"^([\w.-]+): (?=\[(?:default|rank)\d+\]:|[IWEF]\d{4} |\[[IWEF]|[\w.-]+:\d+:\d+ \[\d)")
+_TAG_PREFIX = re.compile(r"^[\w./-]+ (?=\[(?:default|rank)\d+\]:)")
 # srun --label: "3: text" (the SLURM task id, which is the rank when one task runs per rank).
 _SRUN_LABEL = re.compile(r"^\s*(\d{1,6}): ")
 # glog-style headers of torch's C++ ("[E321 02:07:08.408 ProcessGroupNCCL.cpp:607] ", "[E ProcessGroupNCCL.cpp:737] ")
@@ -94,6 +99,10 @@ def split_lines(source: str, text: str, default_rank: int | None = None) -> list
             m = _SRUN_LABEL.match(line)
             if m:
                 rank = int(m.group(1))
+                line = line[m.end():]
+        if line[:1] not in ("[", "") and (": " in line[:72] or " [" in line[:72]):
+            m = _HOST_PREFIX.match(line) or _TAG_PREFIX.match(line)
+            if m:
                 line = line[m.end():]
         if line.startswith("["):  # every prefix starts with "[": skip the regexes for the bulk of a log
             line = _PID_PREFIX.sub("", line, count=1)

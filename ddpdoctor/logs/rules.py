@@ -31,7 +31,8 @@ VICTIM = re.compile(
     r"|failed to pass monitoredBarrier|Watchdog caught collective operation timeout|communicator was aborted"
     r"|Some NCCL operations have failed or timed out|remote process exited|DistNetworkError|Socket Timeout"
     r"|got signal: \d+|SignalException|KeyboardInterrupt|ProcessGroupNCCL.*(?:abort|timed? ?out)"
-    r"|failed to recv, got 0 bytes|recvValue failed|Stopped waiting for",
+    r"|failed to recv, got 0 bytes|recvValue failed|Stopped waiting for|retr(?:ie|ei)ving ncclUniqueId"
+    r"|wait timeout after \d+ms|sendBytes failed|RendezvousConnectionError|RendezvousClosedError",
     re.IGNORECASE)
 # Errors another finding explains better than "rank N crashed".
 EXPLAINED = re.compile(

@@ -373,3 +373,15 @@ def test_the_grammar_document_covers_every_rule_and_finding() -> None:
                 "job-stopped", "unrecognised-failure", "p2p-consumer-gpu", "gpus-behind-pcie-switch",
                 "ofi-no-efa-device", "nccl-tests-no-mpi", "comm-per-node", "nccl-shared-mem-exceeded"):
         assert f"### {fid}" in findings_doc, fid
+
+
+@pytest.mark.parametrize(("text", "rank", "logger"), [
+    ("worker-1: [rank9]:[E1122 10:00:00.000 ProcessGroupNCCL.cpp:616] [Rank 9] x", 9, "E"),
+    ("B-nemo-ft3/0 [default1]:[rank1]: torch.distributed.DistBackendError: y", 1, ""),
+    ("node3: E1122 10:23:15.599000 8860 torch/distributed/elastic/multiprocessing/api.py:869] z", None, "E"),
+    ("Epoch 3: [00:10<00:00, loss=0.12]", None, ""),
+    ("note: [rank1] is not a prefix here", None, ""),
+])
+def test_host_and_tag_prefixes_of_multi_node_launchers(text: str, rank: int | None, logger: str) -> None:
+    (line,) = split_lines("job.log", text)
+    assert (line.rank, line.logger) == (rank, logger)
