@@ -124,8 +124,10 @@ def findings(ev: Evidence, nodes: int) -> list[Finding]:
     if ev.switches:
         kinds = sorted(ev.switches)
         lines = [ln for k in kinds for ln in ev.switches[k]]
+        # PLX (0x10b5: PEX87xx/97xx, Gen3 servers and GPU boxes) is where P2P over ACS-enabled switch ports hangs or
+        # crawls; Broadcom's PEX88xxx (0x1000:0xc0xx) sit in every HGX board and are only worth knowing about.
         out.append(Finding(
-            "gpus-behind-pcie-switch", Severity.INFO,
+            "gpus-behind-pcie-switch", Severity.WARNING if "PLX/Broadcom PEX" in kinds else Severity.INFO,
             f"GPUs sit behind PCIe switches ({', '.join(kinds)}): P2P between them crosses the switch",
             evidence={"switches": kinds, "lines": lines[:_MAX_QUOTE]},
             advice="P2P behind a PCIe switch is fast only with ACS disabled on the switch ports (`lspci -vvv | grep "
