@@ -64,8 +64,8 @@ class SyncAnalysis:
     outside_ddp: list[dict[str, Any]]
     equivalence: dict[str, Any] | None
     steps_checked: int  # steps whose fingerprints were taken (the gradient-check window)
-    steps_run: int = 0  # steps every rank completed (the data recorder may run past the window)
     buffer_sync_by_ddp: dict[int, bool]  # module -> DDP broadcast buffers before the checked forwards
+    steps_run: int = 0  # steps every rank completed (the data recorder may run past the window)
 
 
 def _num(v: Any) -> float:
