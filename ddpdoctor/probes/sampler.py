@@ -324,8 +324,8 @@ class SamplerProbe:
             return
         entry = self.loaders[loader_id]
         previous = entry["epochs"][-1] if entry["epochs"] else None
-        if previous is not None and previous["steps"] == 0:
-            # Abandoned before any training step (a peek at the batch size, a validation pass): not an epoch.
+        if previous is not None and previous["steps"] == 0 and previous["batches_yielded"] < (previous.get("batches") or 1 << 62):
+            # Abandoned part-way before any training step (a peek at the batch size): not an epoch.
             previous["peek"] = True
             for key in ("indices", "root_indices", "sample_hashes"):
                 previous.pop(key, None)
