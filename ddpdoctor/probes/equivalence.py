@@ -95,6 +95,7 @@ class EquivalenceCheck:
         self._captured: dict[str, Any] | None = None
         self._out_grads: list[torch.Tensor | None] = []
         self._out_shapes: list[tuple[torch.Size, torch.dtype]] = []
+        self._kept: list[int] = []  # which of the output tensors carry the loss's gradient (see _sinks)
 
     def on_forward(self, mod: Any, args: Any, kwargs: Any) -> None:
         self.guard.call("the module's forward", self._on_forward, mod, args, kwargs)
@@ -114,7 +115,9 @@ class EquivalenceCheck:
     def _on_output(self, mod: Any, out: Any) -> None:
         if mod.index != 0 or self.probe.tracker.step != self.target or self._captured is None:
             return
-        tensors = [t for t in _output_tensors(out) if t.requires_grad]
+        grad_outputs = [t for t in _output_tensors(out) if t.requires_grad]
+        self._kept = _sinks(grad_outputs)
+        tensors = [grad_outputs[i] for i in self._kept]
         self._out_grads = [None] * len(tensors)
         self._out_shapes = [(t.shape, t.dtype) for t in tensors]
         for i, t in enumerate(tensors):
@@ -203,7 +206,8 @@ class EquivalenceCheck:
         with torch.random.fork_rng(devices=[]), torch.enable_grad():
             for args, kwargs, out_grads in batches:
                 out = one(*_to(args, device), **_to(kwargs, device))
-                outs = [t for t in _output_tensors(out) if t.requires_grad]
+                grad_outputs = [t for t in _output_tensors(out) if t.requires_grad]
+                outs = [grad_outputs[i] for i in self._kept]
                 torch.autograd.backward(outs, [g.to(device) for g in out_grads])
         one_grads = dict(one.named_parameters())
         per_param: dict[str, float | str | None] = {}
@@ -215,6 +219,29 @@ class EquivalenceCheck:
             err = relative_error(p.grad, q.grad / world)
             per_param[name] = err if err != float("inf") else "inf"
         return per_param
+
+
+def _sinks(outputs: list[torch.Tensor], max_nodes: int = 500_000) -> list[int]:
+    """Indices of the outputs no other output was computed from.
+
+    A model returning (logits, loss) computes loss from logits: the gradient that reaches logits already
+    contains the part that flowed through loss, so backpropagating both would count it twice. Keeping the
+    outputs computed last (loss) keeps terms the forward added to them (auxiliary losses, regularisers)."""
+    if len(outputs) < 2:
+        return list(range(len(outputs)))
+    reach: list[set[Any]] = []
+    for t in outputs:
+        seen: set[Any] = set()
+        stack = [fn for fn, _ in (t.grad_fn.next_functions if t.grad_fn is not None else ()) if fn is not None]
+        while stack and len(seen) < max_nodes:
+            fn = stack.pop()
+            if fn in seen:
+                continue
+            seen.add(fn)
+            stack.extend(f for f, _ in fn.next_functions if f is not None)
+        reach.append(seen)
+    return [i for i, t in enumerate(outputs)
+            if t.grad_fn is None or not any(t.grad_fn in reach[j] for j in range(len(outputs)) if j != i)]
 
 
 def _union(gathered: list[Any]) -> tuple[Any, Any, list[torch.Tensor]] | None:

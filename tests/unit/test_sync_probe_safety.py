@@ -147,3 +147,13 @@ def test_check_sync_and_run_print_the_run_directory():
         out = Console(width=200, record=True)
         render(Report(command=command, sections={"run_dir": "ddpdoctor-runs/x"}), out, False)
         assert "run directory: ddpdoctor-runs/x" in out.export_text()
+
+
+def test_an_output_computed_from_another_is_not_backpropagated_twice():
+    from ddpdoctor.probes.equivalence import _sinks
+
+    w = torch.ones(3, requires_grad=True)
+    logits = w * 2
+    loss = logits.sum() + (w ** 2).sum()  # from logits, plus a term of its own (an auxiliary loss)
+    other = w * 3  # independent of both
+    assert _sinks([logits, loss, other]) == [1, 2] and _sinks([logits]) == [0]
