@@ -168,6 +168,7 @@ class SyncProbe:
         self._orig_ddp_init: Any = None
         self._equiv: Any = None
         self._group: Any = None
+        self._pending: tuple[Any, torch.Tensor] | None = None  # the stop flag's all_reduce in flight
         self._seen_modules: dict[int, Any] | None = {}  # modules that ran a forward before the first optimizer step
 
     # -- installation ---------------------------------------------------------------------------------
@@ -344,15 +345,30 @@ class SyncProbe:
         raise CheckSyncStop(step)
 
     def _agree_to_continue(self, waiting: bool) -> bool:
-        """True while any rank still waits for a second epoch (all ranks get the same answer)."""
+        """True while any rank still waits for a second epoch (every rank gets the same answer at the same step).
+
+        The first answer (at step ``--steps``) is a blocking all_reduce, so a job with nothing to wait for stops
+        exactly there. Later ones are asynchronous: the flag sent at step s is read at step s+1, so the exchange
+        overlaps the step's compute instead of adding its latency to every step; the stop comes one step later."""
         import torch.distributed as dist
 
         if not (dist.is_available() and dist.is_initialized()) or dist.get_world_size() < 2 or not self.data_steps:
-            return waiting if self.world_size < 2 else False
+            return waiting if self.world_size < 2 and self.data_steps else False
         try:
+            pending = self._pending
+            if pending is not None:
+                work, flag = pending
+                work.wait()
+                if not int(flag.item()):
+                    return False
             flag = torch.tensor([1 if waiting else 0], dtype=torch.int32)
-            dist.all_reduce(flag, op=dist.ReduceOp.MAX, group=self.group())
-            return bool(flag.item())
+            if pending is None:
+                dist.all_reduce(flag, op=dist.ReduceOp.MAX, group=self.group())
+                if not int(flag.item()):
+                    return False
+                flag = torch.tensor([1 if waiting else 0], dtype=torch.int32)
+            self._pending = (dist.all_reduce(flag, op=dist.ReduceOp.MAX, group=self.group(), async_op=True), flag)
+            return True
         except Exception as exc:  # noqa: BLE001 - then stop here, as before the data recorder ran on
             self.notes.add("check-sync stop", "agreeing on the stop step", exc, self.tracker.step)
             self.data_steps = 0
