@@ -229,4 +229,12 @@ def analyze_data(data: dict[int, dict[str, Any]], world_size: int | None = None)
             shards.cause, shards.cause_text = cause, cause_text
             shards.batch_size = lowest.get("batch_size")
             out.epochs.append(shards)
+        judged = [x for x in out.epochs if x.loader == loader_id]
+        if cause == "dataset-differs" and judged and not any(x.overlap or x.missing for x in judged):
+            # Disjoint, complete index shards of datasets whose samples differ: harmless for data generated at
+            # random per rank (the DDP tutorial's MyTrainDataset), a bug for a dataset meant to be shared.
+            out.notes.append(f"DataLoader #{loader_id}'s dataset differs across ranks (its first or last sample) "
+                             "although every rank has the same length: the index shards are disjoint and complete, "
+                             "but each rank indexes its own data (fine for data generated at random per rank; "
+                             "otherwise build the dataset identically on every rank)")
     return out
