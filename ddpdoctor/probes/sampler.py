@@ -298,7 +298,11 @@ class SamplerProbe:
         self.loaders.append({
             "loader": loader_id,
             "subset": subset,
-            "dataset_fp": None if iterable or dataset_len is None else dataset_fingerprint(loader.dataset),
+            # Not with worker processes: loading a sample here, before they fork, would open what a dataset
+            # opens lazily (an HDF5 file, a connection) in the parent, and the workers would share it.
+            "dataset_fp": (None if iterable or dataset_len is None else
+                           {"len": dataset_len, "error": "not loaded (num_workers > 0)"} if loader.num_workers > 0
+                           else dataset_fingerprint(loader.dataset)),
             "_maps": maps if subset else [],
             "dataset_class": type(loader.dataset).__name__,
             "dataset_len": dataset_len,
