@@ -16,6 +16,7 @@ from a sampler that splits one dataset wrongly. Every hook runs under the probe'
 from __future__ import annotations
 
 import hashlib
+import math
 import random
 import sys
 from collections.abc import Iterator
@@ -370,19 +371,28 @@ class SamplerProbe:
         if self.last_record is not None and self.guard.enabled:
             self.last_record["steps"] += 1
 
-    def second_epoch_seen(self) -> bool:
-        """Every shuffling map-style training loader has fed training steps from two passes (so whether its
-        order changes between epochs is known); True when there is none, or when recording failed."""
+    def steps_to_second_epoch(self) -> int:
+        """Steps until every shuffling map-style training loader has fed a step from its second pass: 0 when
+        that is so (or recording failed), else the estimate from its length and the batches each step took."""
         if not self.guard.enabled:
-            return True
+            return 0
+        worst = 0
         for entry in self.loaders:
             sampler = entry.get("sampler") or {}
             if entry["iterable"] or not sampler.get("shuffle") or sampler.get("replacement"):
                 continue
             training = [e for e in entry["epochs"] if e["steps"] > 0]
-            if len(training) == 1:
-                return False
-        return True
+            if len(training) != 1:
+                continue  # not a training loader (yet), or its second epoch is seen
+            first = training[0]
+            total = first.get("len") or first.get("batches")
+            if entry["epochs"][-1] is not first or not total:
+                worst = max(worst, 1)  # a later pass has begun: its first step is the next one
+                continue
+            per_step = first["batches_yielded"] / first["steps"]
+            left = max(0, int(total) - first["batches_yielded"])
+            worst = max(worst, math.ceil(left / per_step) + 1)
+        return worst
 
     def data(self) -> dict[str, Any]:
         loaders = []

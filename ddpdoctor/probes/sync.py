@@ -12,7 +12,8 @@ optimizer's parameters are fingerprinted instead (nothing averages their gradien
 compared). After ``steps`` iterations the fingerprints stop; the data recorder goes on (indices only)
 until every shuffling training loader began its second epoch, at most ``data_steps`` more steps, so a
 missing ``set_epoch`` shows at default settings. Then every rank raises :class:`CheckSyncStop` (a clean
-``SystemExit(0)``) from the same step, agreed on check-sync's own gloo group, so none waits on another.
+``SystemExit(0)``) from the same step, agreed on check-sync's own gloo group (the most steps any rank still
+needs, exchanged at ``steps`` and again at the step it named), so none waits on another.
 Every hook runs under a :class:`~ddpdoctor.probes.guard.Guard`: a failure is noted and switches the
 fingerprints off; the stop and its exchanges stay, identical on every rank."""
 
@@ -168,7 +169,7 @@ class SyncProbe:
         self._orig_ddp_init: Any = None
         self._equiv: Any = None
         self._group: Any = None
-        self._pending: tuple[Any, torch.Tensor] | None = None  # the stop flag's all_reduce in flight
+        self._next_check = 0  # data phase: the step at which the ranks agree again on whether to go on
         self._seen_modules: dict[int, Any] | None = {}  # modules that ran a forward before the first optimizer step
 
     # -- installation ---------------------------------------------------------------------------------
@@ -331,12 +332,16 @@ class SyncProbe:
         """Step listener: iteration ``step - 1`` ended (its optimizer stepped)."""
         self.sampler.on_step(step)
         self.guard.call("the end of a step", self._record_params, step - 1)
-        if not self.stop_after or step < self.stop_after:
-            return
-        # Past the checked steps: stop now, or once every shuffling training loader began a second epoch.
-        # Every rank must stop at the same step, so they agree on check-sync's own group (a few bytes per step).
-        waiting = step < self.stop_after + self.data_steps and not self.sampler.second_epoch_seen()
-        if self._agree_to_continue(waiting):
+        if not self.stop_after or step < self.stop_after or step < self._next_check:
+            return  # inside the checked steps, or between two agreements of the data phase (no communication)
+        # Past the checked steps: stop now, or once every shuffling training loader began its second epoch.
+        # Every rank must stop at the same step: they agree on the steps still needed (the most any rank
+        # needs) and exchange again only at that step, so the data phase adds no per-step communication.
+        cap = self.stop_after + self.data_steps
+        local = 0 if step >= cap else self.guard_data(self.sampler.steps_to_second_epoch)
+        needed = self._agree(local)
+        if needed > 0 and step < cap:
+            self._next_check = min(step + needed, cap)
             return
         self.stopped_at = step
         self.stop_reason = "data" if step > self.stop_after else "steps"
@@ -344,35 +349,26 @@ class SyncProbe:
         self._gather()
         raise CheckSyncStop(step)
 
-    def _agree_to_continue(self, waiting: bool) -> bool:
-        """True while any rank still waits for a second epoch (every rank gets the same answer at the same step).
+    def guard_data(self, fn: Any) -> int:
+        result = self.sampler.guard.call("estimating the steps to a second epoch", fn)
+        return int(result or 0)
 
-        The first answer (at step ``--steps``) is a blocking all_reduce, so a job with nothing to wait for stops
-        exactly there. Later ones are asynchronous: the flag sent at step s is read at step s+1, so the exchange
-        overlaps the step's compute instead of adding its latency to every step; the stop comes one step later."""
+    def _agree(self, steps_needed: int) -> int:
+        """The most steps any rank still needs (every rank gets the same answer); 0 when alone or on failure."""
         import torch.distributed as dist
 
-        if not (dist.is_available() and dist.is_initialized()) or dist.get_world_size() < 2 or not self.data_steps:
-            return waiting if self.world_size < 2 and self.data_steps else False
+        if not self.data_steps:
+            return 0
+        if not (dist.is_available() and dist.is_initialized()) or dist.get_world_size() < 2:
+            return steps_needed if self.world_size < 2 else 0
         try:
-            pending = self._pending
-            if pending is not None:
-                work, flag = pending
-                work.wait()
-                if not int(flag.item()):
-                    return False
-            flag = torch.tensor([1 if waiting else 0], dtype=torch.int32)
-            if pending is None:
-                dist.all_reduce(flag, op=dist.ReduceOp.MAX, group=self.group())
-                if not int(flag.item()):
-                    return False
-                flag = torch.tensor([1 if waiting else 0], dtype=torch.int32)
-            self._pending = (dist.all_reduce(flag, op=dist.ReduceOp.MAX, group=self.group(), async_op=True), flag)
-            return True
+            flag = torch.tensor([steps_needed], dtype=torch.int64)
+            dist.all_reduce(flag, op=dist.ReduceOp.MAX, group=self.group())
+            return int(flag.item())
         except Exception as exc:  # noqa: BLE001 - then stop here, as before the data recorder ran on
             self.notes.add("check-sync stop", "agreeing on the stop step", exc, self.tracker.step)
             self.data_steps = 0
-            return False
+            return 0
 
     def group(self) -> Any:
         """check-sync's own gloo group, created on first use (every rank reaches the same call at the same step)."""

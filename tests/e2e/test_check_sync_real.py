@@ -64,8 +64,9 @@ def test_any_model_output_leaves_the_job_as_plain_torchrun_runs_it(tmp_path):
 def test_tutorial_peek_before_set_epoch_is_not_an_epoch(tmp_path):
     proc, report = _check_sync(tmp_path, "ok", TUTORIAL, "3")
     assert proc.returncode == 0 and _serious(report) == [], report
-    # An epoch is 8 steps: the data recorder ran on past --steps 5 to the second epoch (seen at step 9, agreed at 10).
-    assert report["checks"]["steps_checked"] == 5 and report["checks"]["steps_run"] == 10
+    # An epoch is 8 steps: the data recorder ran on past --steps 5 to the second epoch's first step (the ranks
+    # agreed at step 5 that 4 more steps were needed).
+    assert report["checks"]["steps_checked"] == 5 and report["checks"]["steps_run"] == 9
 
 
 def test_missing_set_epoch_found_at_default_settings(tmp_path):

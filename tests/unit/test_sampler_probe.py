@@ -116,7 +116,7 @@ def test_a_peek_is_not_an_epoch_and_its_indices_are_dropped():
     peek, epoch = probe.data()["loaders"][0]["epochs"]
     assert peek["peek"] is True and "indices" not in peek and peek["batches_yielded"] == 1
     assert epoch["steps"] == 4 and len(epoch["indices"]) == 8 and "peek" not in epoch
-    assert probe.second_epoch_seen() is False  # one training pass of a shuffling loader so far
+    assert probe.steps_to_second_epoch() == 1  # epoch 0 is exhausted: the next step starts epoch 1
 
 
 def test_dataset_fingerprint_leaves_random_streams_alone_and_spots_varying_samples():
