@@ -338,7 +338,7 @@ class SyncProbe:
         # Every rank must stop at the same step: they agree on the steps still needed (the most any rank
         # needs) and exchange again only at that step, so the data phase adds no per-step communication.
         cap = self.stop_after + self.data_steps
-        local = 0 if step >= cap else self.guard_data(self.sampler.steps_to_second_epoch)
+        local = 0 if step >= cap else self._steps_needed()
         needed = self._agree(local)
         if needed > 0 and step < cap:
             self._next_check = min(step + needed, cap)
@@ -349,8 +349,9 @@ class SyncProbe:
         self._gather()
         raise CheckSyncStop(step)
 
-    def guard_data(self, fn: Any) -> int:
-        result = self.sampler.guard.call("estimating the steps to a second epoch", fn)
+    def _steps_needed(self) -> int:
+        """This rank's steps still needed for a second epoch of every shuffling training loader (0: none)."""
+        result = self.sampler.guard.call("estimating the steps to a second epoch", self.sampler.steps_to_second_epoch)
         return int(result or 0)
 
     def _agree(self, steps_needed: int) -> int:
