@@ -7,7 +7,11 @@ buffers, the DataLoader recorder, and writing sync.json/data.json at the end). T
     (median checked 5 steps - median plain 5 steps) / median plain steady step
 
 in units of one training step; issue 6 asks for at most about 2. Both phases run in the same processes,
-interleaved, so machine noise hits them alike."""
+interleaved, so machine noise hits them alike.
+
+A third phase measures a step past ``--steps`` while check-sync waits for a second epoch (the DataLoader
+recorder only: the ranks agreed at ``--steps`` how many more steps to run): ``data_phase_step_extra_pct``, the
+median such step against the median plain step at the same positions (steps 2-4)."""
 
 from __future__ import annotations
 
@@ -72,13 +76,14 @@ def worker(args: argparse.Namespace) -> None:
 
     dist.init_process_group("gloo")
     rank = dist.get_rank()
-    plain, checked, steady, check_s = [], [], [], []
+    plain, checked, steady, check_s, data_phase, plain_tail = [], [], [], [], [], []
     _five_steps(args.width, args.layers)  # warm-up: first-use costs of torch and gloo
     for _ in range(args.repeats):
         dist.barrier()
         total, steps = _five_steps(args.width, args.layers)
         plain.append(total)
         steady.extend(steps[1:])
+        plain_tail.extend(steps[2:])  # the same steps the data phase is measured on (step 1 rebuilds buckets)
         dist.barrier()
         tracker = StepTracker()
         tracker.install()
@@ -88,6 +93,16 @@ def worker(args: argparse.Namespace) -> None:
         probe.finish({})  # writes sync.json and data.json, as the end of a check does
         checked.append(time.perf_counter() - t0)
         check_s.append(probe.check_seconds)
+        tracker.uninstall()
+        dist.barrier()
+        # Past --steps 1, waiting for a second epoch that is 12 steps away: every later step is a data-phase step.
+        tracker = StepTracker()
+        tracker.install()
+        probe = install_check_sync(RunDir(Path(args.out)), rank, dist.get_world_size(),
+                                   {"steps": 1, "data_steps": 10**6}, tracker)
+        _, steps = _five_steps(args.width, args.layers)
+        data_phase.extend(steps[2:])  # step 1 ends by creating check-sync's group: a one-off
+        probe.uninstall()
         tracker.uninstall()
     if rank == 0:
         step = statistics.median(steady)
@@ -101,6 +116,9 @@ def worker(args: argparse.Namespace) -> None:
             "fingerprint_time_in_hooks_s": round(statistics.median(check_s), 4),
             "extra_s": round(extra, 4),
             "extra_in_steps": round(extra / step, 2),
+            "plain_step_2_to_4_s": round(statistics.median(plain_tail), 4),
+            "data_phase_step_s": round(statistics.median(data_phase), 4),
+            "data_phase_step_extra_pct": round((statistics.median(data_phase) / statistics.median(plain_tail) - 1) * 100, 1),
         }), flush=True)
     dist.destroy_process_group()
 

@@ -7,6 +7,7 @@ from pathlib import Path
 from typing import Any
 
 from ddpdoctor.errors import BadInput
+from ddpdoctor.probes.guard import read_probe_notes
 from ddpdoctor.report import Report
 from ddpdoctor.rundir.layout import RunDir, read_json
 
@@ -54,23 +55,39 @@ def sync_report(run: RunDir, report: Report | None = None) -> Report:
     if missing:
         report.notes.append(f"ranks {missing} wrote no sync.json; they are not compared")
     analysis = analyze_sync(records)
-    shards = analyze_data(data)
     world = max(int(r.get("world_size", 1)) for r in records.values())
+    shards = analyze_data(data, world)
+    report.notes.extend(read_probe_notes({r: run.rank_dir(r) for r in present}))
     report.findings.extend(sync_findings(analysis))
     report.findings.extend(data_findings(shards, world))
     report.notes.extend(shards.notes)
     stop_after = max(int(r.get("stop_after", 0) or 0) for r in records.values())
-    if stop_after and analysis.steps_checked < stop_after:
-        report.notes.append(f"the script ended after {analysis.steps_checked} of the {stop_after} steps asked for")
+    if stop_after and analysis.steps_run < stop_after:
+        report.notes.append(f"the script ended after {analysis.steps_run} of the {stop_after} steps asked for")
     if not analysis.modules:
         report.notes.append("no DistributedDataParallel module was built: gradients, parameters and buffers were not compared")
+    elif all(m.get("ddp") is False for m in analysis.modules):
+        report.notes.append("no DistributedDataParallel module was built: the parameters the optimizer updates were "
+                            "compared across ranks")
+    data_steps = max(int(r.get("data_steps", 0) or 0) for r in records.values())
     for facts in shards.loaders:
         sampler = next((s for s in facts.sampler.values() if s), None) or {}
-        if sampler.get("shuffle") and min(facts.epochs_seen.values()) < 2:
-            report.notes.append(f"DataLoader #{facts.loader} ran one epoch only: whether every epoch gets a new order "
-                                "(set_epoch) is checked from the second epoch on (raise --steps)")
+        if sampler.get("shuffle") and not sampler.get("replacement") and min(facts.epochs_seen.values()) < 2:
+            report.notes.append(_one_epoch_note(facts, analysis.steps_run, stop_after, data_steps))
     report.sections["checks"] = _checks_section(analysis, shards)
     return report
+
+
+def _one_epoch_note(facts: Any, steps: int, stop_after: int, data_steps: int) -> str:
+    """Why set_epoch was not judged for a shuffling loader, and how many steps it would take."""
+    per_epoch = facts.steps_per_epoch
+    text = (f"DataLoader #{facts.loader} shuffles but did not reach a second epoch in the {steps} step(s) the script "
+            "ran, so whether each epoch gets a new order (sampler.set_epoch) was not checked")
+    if per_epoch:
+        text += f"; an epoch is {per_epoch} steps here"
+        if stop_after and per_epoch + 1 > stop_after + data_steps:
+            text += f": run with --data-steps {per_epoch + 1 - stop_after} (or --steps 0) to reach the second one"
+    return text
 
 
 def _checks_section(analysis: Any, shards: Any) -> dict[str, Any]:
@@ -81,6 +98,7 @@ def _checks_section(analysis: Any, shards: Any) -> dict[str, Any]:
     return {
         "ranks": analysis.ranks,
         "steps_checked": analysis.steps_checked,
+        "steps_run": analysis.steps_run,
         "modules": [{"index": m["index"], "class": m.get("module_class"), "parameters": len(m.get("params", [])),
                      "buffers": len(m.get("buffers", [])), "broadcast_buffers": m.get("broadcast_buffers")}
                     for m in analysis.modules],
@@ -100,8 +118,12 @@ def render_sync_sections(report: Report, out: Any, verbose: bool) -> None:
 
     checks = report.sections.get("checks")
     if not checks:
+        _print_run_dir(report, out)
         return
-    out.print(f"checked {checks['steps_checked']} step(s) on ranks {checks['ranks']}")
+    line = f"checked {checks['steps_checked']} step(s) on ranks {checks['ranks']}"
+    if checks.get("steps_run", 0) > checks["steps_checked"]:
+        line += f"; the data recorder ran on to step {checks['steps_run']}"
+    out.print(line)
     table = Table(title="Cross-rank comparisons")
     for col in ("what", "steps", "comparisons", "differ", "within tolerance"):
         table.add_column(col)
@@ -117,6 +139,15 @@ def render_sync_sections(report: Report, out: Any, verbose: bool) -> None:
             data.add_row(str(e["loader"]), str(e["epoch"]), str(e["samples_per_rank"]), str(e["batches_per_rank"]),
                          str(e["shared"]), "-" if e["missing"] is None else str(e["missing"]))
         out.print(data)
+    _print_run_dir(report, out)
+
+
+def _print_run_dir(report: Report, out: Any) -> None:
+    from rich.markup import escape
+
+    run_dir = report.sections.get("run_dir")
+    if run_dir:
+        out.print(f"[dim]run directory: {escape(str(run_dir))}[/dim]")
 
 
 def run_check_sync(spec: Any, watcher: Any = None) -> tuple[Report, int]:
@@ -146,6 +177,7 @@ def run_check_sync(spec: Any, watcher: Any = None) -> tuple[Report, int]:
 
 
 def check_sync(script: str, *script_args: str, nproc_per_node: int = 2, steps: int = 5, equivalence: bool = False,
+               data_steps: int = 500,
                out: str | Path | None = None, torchrun: dict[str, Any] | None = None, quiet: bool = True) -> Report:
     """Run SCRIPT under `ddpdoctor check-sync` and return its Report (``.status``, ``.findings``, ``.to_json()``).
 
@@ -160,6 +192,6 @@ def check_sync(script: str, *script_args: str, nproc_per_node: int = 2, steps: i
     flags = {"--nproc-per-node": str(nproc_per_node), **(torchrun or {})}
     run_dir = Path(out) if out is not None else Path(tempfile.mkdtemp(prefix="ddpdoctor-check-sync-"))
     spec = LaunchSpec(mode="check-sync", script=script, script_args=list(script_args), run_dir=RunDir(run_dir),
-                      torchrun=flags, options={"steps": steps, "equivalence": equivalence}, quiet=quiet)
+                      torchrun=flags, options={"steps": steps, "equivalence": equivalence, "data_steps": data_steps}, quiet=quiet)
     report, _ = run_check_sync(spec)
     return report

@@ -2,7 +2,10 @@
 
 Only loaders that fed training steps (an optimizer step followed one of their batches) are judged, so a
 validation loader that every rank runs in full is not mistaken for a broken shard; they are matched across
-ranks by their order among each rank's training loaders (an extra loader on one rank shifts nothing)."""
+ranks by their order among each rank's training loaders (an extra loader on one rank shifts nothing).
+A loader's epochs are its passes that fed training steps (a ``next(iter(loader))`` peek is not one).
+Each loader also gets a cause for what is wrong with its shards, from the datasets' fingerprints and
+the samplers' settings across ranks (:func:`shard_cause`)."""
 
 from __future__ import annotations
 
@@ -29,6 +32,9 @@ class EpochShards:
     missing: int | None  # dataset samples no rank saw (None: not judged)
     missing_examples: list[int]
     drop_allowed: int  # DistributedSampler(drop_last=True) drops up to this many
+    cause: str | None = None  # shard_cause's key for this loader
+    cause_text: str | None = None
+    batch_size: int | None = None
 
 
 @dataclass
@@ -38,6 +44,10 @@ class LoaderFacts:
     epochs_seen: dict[int, int]
     same_order_epochs: dict[int, list[int]]  # rank -> epochs whose order equals epoch 0's (shuffling samplers)
     sampler_epochs: dict[int, list[int | None]]
+    cause: str | None = None
+    cause_text: str | None = None
+    steps_per_epoch: int | None = None  # estimated from the first epoch (its batches / batches per step)
+    steps_seen: int = 0  # training steps this loader fed (lowest rank)
 
 
 @dataclass
@@ -47,12 +57,69 @@ class DataAnalysis:
     seed_mismatch: list[dict[str, Any]] = field(default_factory=list)  # loader, seeds by rank
     init_conflicts: list[dict[str, Any]] = field(default_factory=list)
     set_epoch_calls: dict[int, int] = field(default_factory=dict)
+    dataset_mismatch: list[dict[str, Any]] = field(default_factory=list)  # datasets of other lengths: not compared
     notes: list[str] = field(default_factory=list)
 
 
 def _training_loaders(rec: dict[str, Any]) -> list[dict[str, Any]]:
-    """One rank's loaders that fed training steps, in creation order."""
-    return [ld for ld in rec.get("loaders", []) if any(e.get("steps", 0) > 0 for e in ld.get("epochs", []))]
+    """One rank's loaders that fed training steps, in creation order, each with only its training epochs
+    (passes that fed steps), renumbered from 0."""
+    out = []
+    for ld in rec.get("loaders", []):
+        epochs = [e for e in ld.get("epochs", []) if e.get("steps", 0) > 0 and not e.get("peek")]
+        if epochs:
+            out.append({**ld, "epochs": [{**e, "pass": e.get("epoch"), "epoch": i} for i, e in enumerate(epochs)]})
+    return out
+
+
+CAUSES = {
+    "dataset-differs": "the dataset differs across ranks (e.g. an unseeded random_split)",
+    "seed-differs": "DistributedSampler with different seeds",
+    "sampler-rank": "DistributedSampler built with the wrong rank or number of replicas",
+    "shuffle-no-distributed-sampler": "shuffle without a DistributedSampler",
+    "no-distributed-sampler": "no DistributedSampler: every rank reads the whole dataset",
+    "hand-made-shards": "hand-made per-rank shards that do not split the dataset",
+    "iterable-not-split": "an IterableDataset that every rank reads in full (not split by rank)",
+}
+
+
+def _dataset_key(ld: dict[str, Any]) -> tuple[Any, ...]:
+    fp = ld.get("dataset_fp") or {}
+    subset = (ld.get("subset") or {}).get("hash")
+    if fp.get("varies") or fp.get("error"):
+        return (ld.get("dataset_len"), subset)
+    return (ld.get("dataset_len"), subset, fp.get("first"), fp.get("last"))
+
+
+def shard_cause(loader_by_rank: dict[int, dict[str, Any]], world_size: int) -> str | None:
+    """Why these ranks' shards of one loader are wrong, as a key of CAUSES (None: nothing to blame)."""
+    lds = list(loader_by_rank.values())
+    if any(ld.get("iterable") for ld in lds):
+        return "iterable-not-split"
+    samplers = [ld.get("sampler") or {} for ld in lds]
+    distributed = all(s.get("distributed") for s in samplers)
+    if len({_dataset_key(ld) for ld in lds}) > 1:
+        return "dataset-differs" if distributed else "hand-made-shards"
+    if distributed:
+        if len({s.get("seed") for s in samplers}) > 1:
+            return "seed-differs"
+        ranks = [s.get("rank") for s in samplers]
+        if len(set(ranks)) < len(ranks) or any(s.get("num_replicas") != world_size for s in samplers):
+            return "sampler-rank"
+        return None
+    return "shuffle-no-distributed-sampler" if any(s.get("shuffle") for s in samplers) else "no-distributed-sampler"
+
+
+def _steps_per_epoch(ld: dict[str, Any]) -> int | None:
+    """Steps one full epoch takes, from the first epoch's length and the batches each step consumed."""
+    epochs = ld.get("epochs", [])
+    if not epochs:
+        return None
+    first = epochs[0]
+    batches, yielded, steps = first.get("len"), first.get("batches_yielded", 0), first.get("steps", 0)
+    if not batches or not yielded or not steps:
+        return None
+    return max(1, -(-int(batches) * int(steps) // int(yielded)))
 
 
 def _shuffles(sampler: dict[str, Any] | None) -> bool:
@@ -109,9 +176,10 @@ def epoch_shards(loader_id: int, epoch: int, per_rank: dict[int, dict[str, Any]]
     )
 
 
-def analyze_data(data: dict[int, dict[str, Any]]) -> DataAnalysis:
-    """``data``: rank -> that rank's data.json."""
+def analyze_data(data: dict[int, dict[str, Any]], world_size: int | None = None) -> DataAnalysis:
+    """``data``: rank -> that rank's data.json; ``world_size`` defaults to the number of ranks."""
     out = DataAnalysis()
+    world = world_size or len(data)
     for rank, rec in sorted(data.items()):
         out.set_epoch_calls[rank] = int(rec.get("set_epoch_calls", 0))
         for c in rec.get("init_conflicts", []):
@@ -125,14 +193,20 @@ def analyze_data(data: dict[int, dict[str, Any]]) -> DataAnalysis:
         if len(loader_by_rank) < 2:
             continue
         loader_id = int(loader_by_rank[min(loader_by_rank)]["loader"])
-        lens = {ld.get("dataset_len") for ld in loader_by_rank.values()}
-        if len(lens) > 1 and not _root_mode(loader_by_rank):
-            out.notes.append(f"DataLoader #{loader_id} has datasets of different lengths on different ranks {sorted(lens, key=str)}; "
-                             "its shards were not compared")
-            continue
+        cause = shard_cause(loader_by_rank, world)
+        cause_text = CAUSES.get(cause or "")
+        lowest = loader_by_rank[min(loader_by_rank)]
         facts = LoaderFacts(loader=loader_id, sampler={r: ld.get("sampler") for r, ld in loader_by_rank.items()},
                             epochs_seen={r: len(ld.get("epochs", [])) for r, ld in loader_by_rank.items()},
-                            same_order_epochs={}, sampler_epochs={})
+                            same_order_epochs={}, sampler_epochs={}, cause=cause, cause_text=cause_text,
+                            steps_per_epoch=_steps_per_epoch(lowest),
+                            steps_seen=sum(int(e.get("steps", 0)) for e in lowest.get("epochs", [])))
+        lens = {ld.get("dataset_len") for ld in loader_by_rank.values()}
+        if len(lens) > 1 and not _root_mode(loader_by_rank):
+            out.loaders.append(facts)
+            out.dataset_mismatch.append({"loader": loader_id, "cause": cause, "cause_text": cause_text,
+                                         "dataset_len": {str(r): ld.get("dataset_len") for r, ld in loader_by_rank.items()}})
+            continue
         for r, ld in loader_by_rank.items():
             epochs = ld.get("epochs", [])
             facts.sampler_epochs[r] = [e.get("sampler_epoch") for e in epochs]
@@ -151,5 +225,16 @@ def analyze_data(data: dict[int, dict[str, Any]]) -> DataAnalysis:
                 continue
             if not next(iter(loader_by_rank.values())).get("iterable") and any("indices" not in rec for rec in per_rank.values()):
                 continue  # past the epochs whose indices were kept
-            out.epochs.append(epoch_shards(loader_id, e, per_rank, loader_by_rank))
+            shards = epoch_shards(loader_id, e, per_rank, loader_by_rank)
+            shards.cause, shards.cause_text = cause, cause_text
+            shards.batch_size = lowest.get("batch_size")
+            out.epochs.append(shards)
+        judged = [x for x in out.epochs if x.loader == loader_id]
+        if cause == "dataset-differs" and judged and not any(x.overlap or x.missing for x in judged):
+            # Disjoint, complete index shards of datasets whose samples differ: harmless for data generated at
+            # random per rank (the DDP tutorial's MyTrainDataset), a bug for a dataset meant to be shared.
+            out.notes.append(f"DataLoader #{loader_id}'s dataset differs across ranks (its first or last sample) "
+                             "although every rank has the same length: the index shards are disjoint and complete, "
+                             "but each rank indexes its own data (fine for data generated at random per rank; "
+                             "otherwise build the dataset identically on every rank)")
     return out

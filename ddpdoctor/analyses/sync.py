@@ -63,8 +63,9 @@ class SyncAnalysis:
     unused: dict[int, list[str]]  # module -> parameters with no gradient at any checked step on any rank
     outside_ddp: list[dict[str, Any]]
     equivalence: dict[str, Any] | None
-    steps_checked: int
+    steps_checked: int  # steps whose fingerprints were taken (the gradient-check window)
     buffer_sync_by_ddp: dict[int, bool]  # module -> DDP broadcast buffers before the checked forwards
+    steps_run: int = 0  # steps every rank completed (the data recorder may run past the window)
 
 
 def _num(v: Any) -> float:
@@ -188,6 +189,8 @@ def analyze_sync(records: dict[int, dict[str, Any]]) -> SyncAnalysis:
     if equivalence is None:
         equivalence = next((rec["equivalence"] for rec in records.values() if rec.get("equivalence")), None)
     steps = [int(rec.get("steps_completed", 0) or 0) for rec in records.values()]
+    # Fingerprints stop after --steps (or after MAX_CHECKED_STEPS=200 with --steps 0).
+    window = max(int(rec.get("stop_after", 0) or 0) for rec in records.values()) or 200
     return SyncAnalysis(
         ranks=ranks,
         modules=modules,
@@ -198,6 +201,7 @@ def analyze_sync(records: dict[int, dict[str, Any]]) -> SyncAnalysis:
         unused=unused_parameters(records, names),
         outside_ddp=outside,
         equivalence=equivalence,
-        steps_checked=min(steps) if steps else 0,
+        steps_checked=min(steps + [window]) if steps else 0,
+        steps_run=min(steps) if steps else 0,
         buffer_sync_by_ddp=synced_by_ddp,
     )

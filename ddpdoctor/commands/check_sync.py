@@ -24,16 +24,19 @@ from ddpdoctor.sync_api import render_sync_sections, run_check_sync
 @watch_options
 @click.option("--steps", default=5, show_default=True, type=int,
               help="Training steps to check; then every rank stops cleanly. 0: run the script to its end.")
+@click.option("--data-steps", default=500, show_default=True, type=int,
+              help="After --steps, let the job run on up to this many steps with only the data recorder (indices, "
+                   "no tensors) until every shuffling loader began its second epoch, so a missing set_epoch shows.")
 @click.option("--equivalence", is_flag=True,
               help="For one step, compare DDP's averaged gradient with one process's gradient on all ranks' batches.")
 @click.option("--verbose", "-v", is_flag=True, help="Every finding's full evidence.")
 @json_option
 @fail_on_option
 @cli_errors
-def command(steps: int, equivalence: bool, verbose: bool, as_json: bool, fail_on: str, **kwargs: Any) -> None:
+def command(steps: int, data_steps: int, equivalence: bool, verbose: bool, as_json: bool, fail_on: str, **kwargs: Any) -> None:
     watcher = pop_watcher(kwargs)
     spec = pop_launch_spec("check-sync", kwargs, as_json=as_json,
-                           options={"steps": steps, "equivalence": equivalence})
+                           options={"steps": steps, "equivalence": equivalence, "data_steps": data_steps})
     report, job_exit = run_check_sync(spec, watcher)
     emit(report, as_json=as_json, verbose=verbose, fail_on=fail_on, sections=render_sync_sections,
          exit_code=job_exit or None)

@@ -49,5 +49,13 @@ def command(debug: bool, verbose: bool, nccl_debug: bool, as_json: bool, fail_on
         add_to_report(report, spec.run_dir)
     save_report(spec.run_dir, report)
     # The contract is 0/1/2: a job that failed (or was killed for hanging) is a problem found.
-    emit(report, as_json=as_json, verbose=verbose, fail_on=fail_on, sections=render_hang_section,
+    emit(report, as_json=as_json, verbose=verbose, fail_on=fail_on, sections=_sections,
          exit_code=1 if result.exit_code else None)
+
+
+def _sections(report: Any, out: Any, verbose: bool) -> None:
+    """The hang section, then where the run directory is (as profile and check-sync end)."""
+    from ddpdoctor.sync_api import _print_run_dir
+
+    render_hang_section(report, out, verbose)
+    _print_run_dir(report, out)

@@ -53,6 +53,20 @@ def _divergence_finding(check: TensorCheck, id_: str, severity: Severity, never_
     return Finding(id_, severity, title, ranks=ranks, evidence=evidence, advice=_ADVICE.get(check.kind, ""))
 
 
+def _without_ddp(f: Finding) -> Finding:
+    """The parameter divergence of a multi-rank job that built no DDP module: nothing averages gradients."""
+    step = f.evidence.get("step")
+    return Finding(
+        "param-divergence", Severity.ERROR,
+        f"Parameters differ across ranks from step {step} and no DistributedDataParallel module wraps the model: "
+        "no gradient averaging happens, each rank trains its own model",
+        ranks=f.ranks, evidence=dict(f.evidence, ddp=False),
+        advice="Wrap the model in DistributedDataParallel after moving it to its device (the CPU path too: "
+               "DDP(model) with device_ids=None on CPU and gloo), or all-reduce and average the gradients yourself "
+               "before optimizer.step().",
+    )
+
+
 def _tolerance_finding(check: TensorCheck, id_: str) -> Finding:
     d = check.within_tolerance
     return Finding(
@@ -103,7 +117,10 @@ def sync_findings(analysis: SyncAnalysis) -> list[Finding]:
     never_reduced = {u.step for u in analysis.never_synced}
     for check, id_ in ((analysis.grads, "grad-divergence"), (analysis.params, "param-divergence")):
         if check.diverged:
-            findings.append(_divergence_finding(check, id_, Severity.ERROR, never_reduced))
+            f = _divergence_finding(check, id_, Severity.ERROR, never_reduced)
+            if check.kind == "param" and analysis.modules and all(m.get("ddp") is False for m in analysis.modules):
+                f = _without_ddp(f)
+            findings.append(f)
         elif check.within_tolerance:
             findings.append(_tolerance_finding(check, id_))
     findings.extend(_buffer_findings(analysis))
@@ -172,10 +189,15 @@ def _equivalence_findings(eq: dict[str, Any] | None) -> list[Finding]:
     evidence = {"step": eq["step"], "world_size": eq.get("world_size"), "batch_sizes": eq.get("batch_sizes"),
                 "max_relative_error": _fmt(worst), "worst_parameter": worst_name, "tolerance": EQUIVALENCE_RTOL,
                 "relative_error": {k: _fmt(v) for k, v in list(known.items())[:50]}, "caveats": caveats}
+    evidence["mode"] = eq.get("mode", "union batch")
+    per_rank_mode = evidence["mode"] == "per-rank batches"
     if worst <= EQUIVALENCE_RTOL:
+        what = (f"the average of one process's gradients on each of the {eq.get('world_size')} ranks' batches (the "
+                "model's outputs have no batch dimension, e.g. it returns its loss, so the batches were not joined)"
+                if per_rank_mode else f"one process's gradient on all {eq.get('world_size')} batches")
         return [Finding("ddp-equivalence", Severity.INFO,
-                        f"DDP's averaged gradient equals one process's gradient on all {eq.get('world_size')} batches "
-                        f"(largest relative error {worst:.2g}, parameter {worst_name})", evidence=evidence)]
+                        f"DDP's averaged gradient equals {what} (largest relative error {worst:.2g}, parameter {worst_name})",
+                        evidence=evidence)]
     per_rank = {k: float(v) for k, v in (eq.get("relative_error_per_rank_batches") or {}).items() if v is not None}
     if per_rank:
         worst_rank_name = max(per_rank, key=lambda k: per_rank[k])

@@ -3,12 +3,45 @@
 from __future__ import annotations
 
 from ddpdoctor.analyses.data_shards import (
+    CAUSES,
     COVERAGE_ERROR_FRACTION,
     OVERLAP_HASH_FRACTION,
     DataAnalysis,
     EpochShards,
 )
 from ddpdoctor.findings.model import Finding, Severity
+
+_CAUSE_ADVICE = {
+    "dataset-differs": "DistributedSampler gives each rank a slice of the indices and assumes every rank holds the same "
+                       "dataset in the same order. Here the ranks' datasets differ (length, Subset indices or first/last "
+                       "samples), typically a random_split without a seeded generator, run on every rank: seed it "
+                       "(random_split(ds, lengths, generator=torch.Generator().manual_seed(42))) or split once and share "
+                       "the indices.",
+    "seed-differs": "Pass the same seed to DistributedSampler on every rank: each rank shuffles the whole index list "
+                    "with it and takes its slice.",
+    "sampler-rank": "Build DistributedSampler with num_replicas=world size and this rank's rank (the defaults, once the "
+                    "process group is initialised).",
+    "shuffle-no-distributed-sampler": "DataLoader(shuffle=True) draws a permutation of the whole dataset on every rank: "
+                                      "use sampler=DistributedSampler(dataset, shuffle=True) instead (and "
+                                      "sampler.set_epoch(epoch) every epoch).",
+    "no-distributed-sampler": "Use sampler=DistributedSampler(dataset) so each rank reads a disjoint shard.",
+    "hand-made-shards": "The per-rank Subsets overlap or leave samples out: split the index range into world_size "
+                        "disjoint parts that cover it, or use DistributedSampler on the whole dataset.",
+    "iterable-not-split": "Split the stream by rank (and by worker, torch.utils.data.get_worker_info()): e.g. keep item i "
+                          "when i % world_size == rank.",
+}
+_DEFAULT_ADVICE = ("Each rank must see a disjoint shard: use DistributedSampler(dataset) as the DataLoader's sampler "
+                   "(no shuffle=True on the DataLoader), or for an IterableDataset split the stream by rank "
+                   "(and by worker, torch.utils.data.get_worker_info()). Otherwise the global batch repeats samples and "
+                   "an epoch is really 1/world_size of one.")
+
+
+def _cause(e: EpochShards, title: str, evidence: dict, advice: str) -> tuple[str, dict, str]:
+    """Title, evidence and advice with the shards' cause named, when one is known."""
+    if not e.cause:
+        return title, evidence, advice
+    return (f"{title}: {e.cause_text}", dict(evidence, cause=e.cause, cause_text=e.cause_text),
+            _CAUSE_ADVICE.get(e.cause, advice))
 
 
 def _overlap_finding(e: EpochShards) -> Finding | None:
@@ -40,13 +73,8 @@ def _overlap_finding(e: EpochShards) -> Finding | None:
     title = f"Ranks see the same samples in epoch {e.epoch}: {e.overlap} shared"
     if share is not None:
         title += f" ({share:.0%} of the dataset)"
-    return Finding(
-        "sampler-overlap", Severity.ERROR, title, ranks=ranks, evidence=evidence,
-        advice="Each rank must see a disjoint shard: use DistributedSampler(dataset) as the DataLoader's sampler "
-               "(no shuffle=True on the DataLoader), or for an IterableDataset split the stream by rank "
-               "(and by worker, torch.utils.data.get_worker_info()). Otherwise the global batch repeats samples and "
-               "an epoch is really 1/world_size of one.",
-    )
+    title, evidence, advice = _cause(e, title, evidence, _DEFAULT_ADVICE)
+    return Finding("sampler-overlap", Severity.ERROR, title, ranks=ranks, evidence=evidence, advice=advice)
 
 
 def _coverage_finding(e: EpochShards) -> Finding | None:
@@ -60,27 +88,36 @@ def _coverage_finding(e: EpochShards) -> Finding | None:
                        evidence=evidence, advice="Expected: the tail that does not divide evenly across ranks.")
     fraction = e.missing / e.dataset_len if e.dataset_len else 1.0
     severity = Severity.ERROR if fraction > COVERAGE_ERROR_FRACTION else Severity.WARNING
-    return Finding(
-        "sampler-coverage", severity,
-        f"{e.missing} of {e.dataset_len} samples ({fraction:.0%}) were seen by no rank in epoch {e.epoch}",
-        ranks=sorted(e.samples_per_rank), evidence=evidence,
-        advice="The shards do not cover the dataset. Use DistributedSampler, which splits every index across ranks; "
-               "if the gap is deliberate (a held-out split), build the DataLoader on a Subset instead.",
-    )
+    title, evidence, advice = _cause(
+        e, f"{e.missing} of {e.dataset_len} samples ({fraction:.0%}) were seen by no rank in epoch {e.epoch}", evidence,
+        "The shards do not cover the dataset. Use DistributedSampler, which splits every index across ranks; "
+        "if the gap is deliberate (a held-out split), build the DataLoader on a Subset instead.")
+    return Finding("sampler-coverage", severity, title, ranks=sorted(e.samples_per_rank), evidence=evidence,
+                   advice=advice)
 
 
 def _uneven_finding(e: EpochShards) -> Finding | None:
     counts = {r: n for r, n in e.batches_per_rank.items() if n is not None}
     if len(set(counts.values())) <= 1:
         return None
+    title = (f"Ranks get different numbers of batches in epoch {e.epoch}: "
+             + ", ".join(f"rank {r}: {n}" for r, n in sorted(counts.items())))
+    evidence: dict = {"loader": e.loader, "epoch": e.epoch, "batches": {str(r): n for r, n in counts.items()},
+                      "samples_per_rank": {str(r): n for r, n in e.samples_per_rank.items()}}
+    samples = list(e.samples_per_rank.values())
+    if max(counts.values()) - min(counts.values()) == 1 and e.batch_size and max(samples) - min(samples) < e.batch_size:
+        # The shards are nearly even: only the last, partial batch exists on some ranks and not on others.
+        title += ": uneven last batch"
+        evidence.update(cause="uneven-last-batch", cause_text="uneven last batch", batch_size=e.batch_size)
+    elif e.cause:
+        title += f": {e.cause_text}"
+        evidence.update(cause=e.cause, cause_text=e.cause_text)
     return Finding(
-        "sampler-uneven-batches", Severity.ERROR,
-        f"Ranks get different numbers of batches in epoch {e.epoch}: "
-        + ", ".join(f"rank {r}: {n}" for r, n in sorted(counts.items())),
-        ranks=sorted(counts), evidence={"loader": e.loader, "epoch": e.epoch, "batches": {str(r): n for r, n in counts.items()}},
+        "sampler-uneven-batches", Severity.ERROR, title, ranks=sorted(counts), evidence=evidence,
         advice="The rank with more batches will wait forever in DDP's all-reduce once the others finish the epoch "
                "(a hang, or a timeout). Give every rank the same number of batches (DistributedSampler, "
-               "drop_last=True) or wrap the loop in torch.distributed.algorithms.Join([model]).",
+               "drop_last=True on the DataLoader for a partial last batch) or wrap the loop in "
+               "torch.distributed.algorithms.Join([model]).",
     )
 
 
@@ -115,6 +152,14 @@ def data_findings(data: DataAnalysis, world_size: int) -> list[Finding]:
                 advice="DistributedSampler shuffles with seed + epoch: call sampler.set_epoch(epoch) at the start of "
                        "every epoch, or every epoch repeats the first one's order.",
             ))
+    for m in data.dataset_mismatch:
+        text = m.get("cause_text") or CAUSES["dataset-differs"]
+        findings.append(Finding(
+            "sampler-dataset-differs", Severity.ERROR,
+            f"DataLoader #{m['loader']} reads datasets of different lengths on different ranks: {text}",
+            ranks=sorted(int(r) for r in m["dataset_len"]), evidence=m,
+            advice=_CAUSE_ADVICE.get(m.get("cause") or "", _CAUSE_ADVICE["dataset-differs"]),
+        ))
     for m in data.seed_mismatch:
         findings.append(Finding(
             "sampler-seed-mismatch", Severity.ERROR,

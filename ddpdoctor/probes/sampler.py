@@ -5,11 +5,20 @@ first batch the wrapper draws the whole epoch's indices from the real sampler at
 the same order, from the same random generators the loader would have used) and records them, then hands
 them out.
 Iterable datasets have no indices: each yielded sample (row of the batch's first tensor) is hashed instead.
-Nothing here changes which samples the script sees."""
+Nothing here changes which samples the script sees.
+
+A pass (one ``iter()``) counts as an epoch only once a training step followed one of its batches: a
+``next(iter(loader))`` peek at a batch size is recorded as a peek and its indices are dropped. Each
+loader's dataset is fingerprinted once (length, and a hash of its first and last samples, drawn with
+every random generator's state restored), so the analysis can tell a dataset that differs across ranks
+from a sampler that splits one dataset wrongly. Every hook runs under the probe's Guard."""
 
 from __future__ import annotations
 
 import hashlib
+import math
+import random
+import sys
 from collections.abc import Iterator
 from typing import Any
 
@@ -79,6 +88,63 @@ def _hash_rows(batch: Any) -> list[str]:
     return [hashlib.blake2b(r.numpy().tobytes(), digest_size=8).hexdigest() for r in rows]
 
 
+def _sample_bytes(item: Any, h: Any, depth: int = 0) -> None:
+    """Feed one dataset sample into hash ``h``: tensors and arrays by content, plain values by repr."""
+    if depth > 6:
+        return
+    if isinstance(item, torch.Tensor):
+        t = item.detach().cpu().contiguous()
+        h.update(f"{t.dtype}{tuple(t.shape)}".encode())
+        h.update(t.reshape(-1).view(torch.uint8).numpy().tobytes() if t.numel() else b"")
+    elif isinstance(item, (list, tuple)):
+        for v in item:
+            _sample_bytes(v, h, depth + 1)
+    elif isinstance(item, dict):
+        for k in sorted(item, key=str):
+            h.update(repr(k).encode())
+            _sample_bytes(item[k], h, depth + 1)
+    elif isinstance(item, (int, float, str, bytes, bool)) or item is None:
+        h.update(repr(item).encode())
+    elif callable(getattr(item, "tobytes", None)):  # numpy arrays, PIL images
+        h.update(item.tobytes())
+    else:
+        h.update(type(item).__name__.encode())
+
+
+def _sample_hash(dataset: Any, index: int) -> str:
+    h = hashlib.blake2b(digest_size=8)
+    _sample_bytes(dataset[index], h)
+    return h.hexdigest()
+
+
+def dataset_fingerprint(dataset: Any) -> dict[str, Any]:
+    """{"len", "first", "last"} of a map-style dataset, or {"len", "error"}; "varies": True when loading the same
+    sample twice gives other bytes (random augmentation), which then says nothing across ranks.
+
+    The script's random streams are left exactly as they were: loading a sample may draw from them."""
+    n = len(dataset)
+    out: dict[str, Any] = {"len": n}
+    if n == 0:
+        return out
+    np = sys.modules.get("numpy")
+    py_state = random.getstate()
+    np_state = np.random.get_state() if np is not None else None
+    try:
+        with torch.random.fork_rng(devices=[]):
+            first, last = _sample_hash(dataset, 0), _sample_hash(dataset, n - 1)
+            again = (_sample_hash(dataset, 0), _sample_hash(dataset, n - 1))
+        out.update(first=first, last=last)
+        if again != (first, last):
+            out["varies"] = True
+    except Exception as exc:  # noqa: BLE001 - a dataset that cannot be indexed here is simply not fingerprinted
+        out["error"] = type(exc).__name__
+    finally:
+        random.setstate(py_state)
+        if np is not None and np_state is not None:
+            np.random.set_state(np_state)
+    return out
+
+
 class _RecordingIndexSampler:
     """Stands in for a loader's index sampler; each ``iter`` records one epoch's indices."""
 
@@ -102,36 +168,49 @@ class _RecordingIndexSampler:
 
     def _drain(self, record: dict[str, Any] | None, it: Iterator[Any]) -> Iterator[Any]:
         head: list[Any] = []
-        indices: list[int] = []
+        indices: list[int] | None = [] if self._probe.guard.enabled else None
         truncated = False
         for item in it:  # an infinite sampler (a repeating one) stops at the cap
             head.append(item)
-            indices.extend(_flatten(item))
-            if len(indices) >= MAX_INDICES:
+            if indices is not None:
+                try:
+                    indices.extend(_flatten(item))
+                except Exception as exc:  # noqa: BLE001 - an index we cannot read: stop recording, keep serving
+                    self._probe.guard.fail("reading the sampler's indices", exc)
+                    indices = None
+            if indices is not None and len(indices) >= MAX_INDICES:
                 truncated = True
                 break
-        if record is not None:
-            record["batches"] = None if truncated else len(head)
-            record["order_hash"] = hashlib.blake2b(repr(indices).encode(), digest_size=8).hexdigest()
-            record["truncated"] = truncated
-            keep = record["epoch"] < EPOCHS_WITH_INDICES
-            if keep:
-                record["indices"] = indices[:MAX_INDICES]
-            maps = self._probe.loaders[self._loader_id]["_maps"]
-            if maps and keep:
-                # Hand-made shards are often Subsets: compare them in the underlying dataset's indices.
-                root = list(record["indices"])
-                for m in maps:
-                    root = [int(m[i]) for i in root]
-                record["root_indices"] = root
+        if record is not None and indices is not None:
+            self._probe.guard.call("recording an epoch's indices", self._record, record, indices, len(head), truncated)
         yield from head
         yield from it
+
+    def _record(self, record: dict[str, Any], indices: list[int], batches: int, truncated: bool) -> None:
+        record["batches"] = None if truncated else batches
+        record["order_hash"] = hashlib.blake2b(repr(indices).encode(), digest_size=8).hexdigest()
+        record["truncated"] = truncated
+        epochs = self._probe.loaders[self._loader_id]["epochs"]
+        # Full indices for the first few epochs only (peeks dropped theirs); later ones keep count and hash.
+        keep = sum(1 for e in epochs if "indices" in e) < EPOCHS_WITH_INDICES
+        if keep:
+            record["indices"] = indices[:MAX_INDICES]
+        maps = self._probe.loaders[self._loader_id]["_maps"]
+        if maps and keep:
+            # Hand-made shards are often Subsets: compare them in the underlying dataset's indices.
+            root = list(record["indices"])
+            for m in maps:
+                root = [int(m[i]) for i in root]
+            record["root_indices"] = root
 
 
 class SamplerProbe:
     """Patches DataLoader while installed; ``data()`` is what it saw, ready for data.json."""
 
-    def __init__(self) -> None:
+    def __init__(self, guard: Any = None) -> None:
+        from ddpdoctor.probes.guard import Guard, ProbeNotes
+
+        self.guard = guard if guard is not None else Guard("data", ProbeNotes(None))
         self.loaders: list[dict[str, Any]] = []
         self.init_conflicts: list[dict[str, Any]] = []
         self.set_epoch_calls = 0
@@ -157,19 +236,16 @@ class SamplerProbe:
                         "error": str(exc), "sampler": type(kwargs.get("sampler") or kwargs.get("batch_sampler")).__name__,
                     })
                 raise
-            try:
-                probe._register(loader, kwargs)
-            except Exception:  # noqa: BLE001 - recording never breaks the user's loader
-                pass
+            probe.guard.call("DataLoader's constructor", probe._register, loader, kwargs)
 
         def __iter__(loader: Any) -> Any:
-            probe._start_epoch(loader)
+            probe.guard.call("DataLoader.__iter__", probe._start_epoch, loader)
             return orig_iter(loader)
 
         def _index_sampler(loader: Any) -> Any:
             inner = orig_prop.fget(loader)
             loader_id = loader.__dict__.get("_ddpdoctor_loader_id")
-            if loader_id is None or loader._dataset_kind != _DatasetKind.Map:
+            if loader_id is None or loader._dataset_kind != _DatasetKind.Map or not probe.guard.enabled:
                 return inner
             cached = loader.__dict__.get("_ddpdoctor_index_sampler")
             if cached is None or cached.inner is not inner:
@@ -179,15 +255,13 @@ class SamplerProbe:
 
         def __next__(it: Any) -> Any:
             data = orig_next(it)
-            try:
-                probe._on_batch(it, data)
-            except Exception:  # noqa: BLE001
-                pass
+            if probe.guard.enabled:
+                probe.guard.call("a DataLoader batch", probe._on_batch, it, data)
             return data
 
         def set_epoch(sampler: Any, epoch: int) -> None:
             probe.set_epoch_calls += 1
-            orig_set_epoch(sampler, epoch)
+            return orig_set_epoch(sampler, epoch)
 
         DataLoader.__init__ = __init__  # type: ignore[method-assign,assignment]
         DataLoader.__iter__ = __iter__  # type: ignore[method-assign]
@@ -225,6 +299,11 @@ class SamplerProbe:
         self.loaders.append({
             "loader": loader_id,
             "subset": subset,
+            # Not with worker processes: loading a sample here, before they fork, would open what a dataset
+            # opens lazily (an HDF5 file, a connection) in the parent, and the workers would share it.
+            "dataset_fp": (None if iterable or dataset_len is None else
+                           {"len": dataset_len, "error": "not loaded (num_workers > 0)"} if loader.num_workers > 0
+                           else dataset_fingerprint(loader.dataset)),
             "_maps": maps if subset else [],
             "dataset_class": type(loader.dataset).__name__,
             "dataset_len": dataset_len,
@@ -249,6 +328,12 @@ class SamplerProbe:
         if loader_id is None:
             return
         entry = self.loaders[loader_id]
+        previous = entry["epochs"][-1] if entry["epochs"] else None
+        if previous is not None and previous["steps"] == 0 and previous["batches_yielded"] < (previous.get("batches") or 1 << 62):
+            # Abandoned part-way before any training step (a peek at the batch size): not an epoch.
+            previous["peek"] = True
+            for key in ("indices", "root_indices", "sample_hashes"):
+                previous.pop(key, None)
         record: dict[str, Any] = {"epoch": len(entry["epochs"]), "batches_yielded": 0, "steps": 0}
         if entry["iterable"]:
             record["sample_hashes"] = []
@@ -283,8 +368,31 @@ class SamplerProbe:
 
     def on_step(self, step: int) -> None:
         """An optimizer step ended: the loader that yielded the last batch is a training loader."""
-        if self.last_record is not None:
+        if self.last_record is not None and self.guard.enabled:
             self.last_record["steps"] += 1
+
+    def steps_to_second_epoch(self) -> int:
+        """Steps until every shuffling map-style training loader has fed a step from its second pass: 0 when
+        that is so (or recording failed), else the estimate from its length and the batches each step took."""
+        if not self.guard.enabled:
+            return 0
+        worst = 0
+        for entry in self.loaders:
+            sampler = entry.get("sampler") or {}
+            if entry["iterable"] or not sampler.get("shuffle") or sampler.get("replacement"):
+                continue
+            training = [e for e in entry["epochs"] if e["steps"] > 0]
+            if len(training) != 1:
+                continue  # not a training loader (yet), or its second epoch is seen
+            first = training[0]
+            total = first.get("len") or first.get("batches")
+            if entry["epochs"][-1] is not first or not total:
+                worst = max(worst, 1)  # a later pass has begun: its first step is the next one
+                continue
+            per_step = first["batches_yielded"] / first["steps"]
+            left = max(0, int(total) - first["batches_yielded"])
+            worst = max(worst, math.ceil(left / per_step) + 1)
+        return worst
 
     def data(self) -> dict[str, Any]:
         loaders = []

@@ -7,8 +7,15 @@ communicates: once, on a separate gloo group it creates, to gather each rank's b
 
 When: gradients at the first optimizer step of an iteration (after every backward of the iteration,
 so DDP has reduced them), parameters when the iteration ends, buffers when the wrapped module's
-forward starts (after DDP has broadcast them, if it does). After ``steps`` iterations every rank
-raises :class:`CheckSyncStop` (a clean ``SystemExit(0)``) from the same step, so none waits on another."""
+forward starts (after DDP has broadcast them, if it does). With world size > 1 and no DDP module, the
+optimizer's parameters are fingerprinted instead (nothing averages their gradients, so they must be
+compared). After ``steps`` iterations the fingerprints stop; the data recorder goes on (indices only)
+until every shuffling training loader began its second epoch, at most ``data_steps`` more steps, so a
+missing ``set_epoch`` shows at default settings. Then every rank raises :class:`CheckSyncStop` (a clean
+``SystemExit(0)``) from the same step, agreed on check-sync's own gloo group (the most steps any rank still
+needs, exchanged at ``steps`` and again at the step it named), so none waits on another.
+Every hook runs under a :class:`~ddpdoctor.probes.guard.Guard`: a failure is noted and switches the
+fingerprints off; the stop and its exchanges stay, identical on every rank."""
 
 from __future__ import annotations
 
@@ -22,12 +29,14 @@ from typing import Any
 import torch
 from torch.nn.parallel import DistributedDataParallel
 
+from ddpdoctor.probes.guard import NOTES_FILE, Guard, ProbeNotes
 from ddpdoctor.probes.sampler import SamplerProbe
 from ddpdoctor.rundir.layout import RunDir
 
 SAMPLES = 4  # sampled elements per tensor, at fixed positions
 GATHER_TIMEOUT_S = 120  # the separate gloo group's timeout: a missing rank delays the stop, never hangs it
 MAX_CHECKED_STEPS = 200  # with --steps 0 (run to the end) the first 200 steps are checked, so sync.json stays small
+DATA_STEPS = 500  # default: steps past --steps the data recorder may run on to see a shuffling loader's 2nd epoch
 
 
 class CheckSyncStop(SystemExit):
@@ -84,11 +93,24 @@ def fingerprints(tensors: list[torch.Tensor | None]) -> list[list[float] | None]
 
 
 class _Module:
-    """One DDP module under watch."""
+    """One DDP module under watch (or, without DDP, the optimizer's parameters: ``ddp`` is None)."""
 
-    def __init__(self, index: int, ddp: Any) -> None:
+    def __init__(self, index: int, ddp: Any, plain: list[tuple[str, Any]] | None = None) -> None:
         self.index = index
         self.ddp = ddp
+        self.used = False  # a forward (or, without DDP, an optimizer step) ran in this iteration
+        self.synced_forwards = 0
+        self.unsynced_forwards = 0
+        self.last_forward_synced: bool | None = None
+        self.buffers_done_step = -1
+        self.buffers_synced_now: bool | None = None  # DDP broadcast the buffers before the current forward
+        if ddp is None:
+            self.param_names = [n for n, _ in plain or []]
+            self.params = [p for _, p in plain or []]
+            self.ignored: list[str] = []
+            self.frozen: list[str] = []
+            self.buffer_names: list[str] = []
+            return
         ignored = set(getattr(ddp, "parameters_to_ignore", ()) or ())
         named = list(ddp.module.named_parameters())
         self.param_names = [n for n, p in named if p.requires_grad and n not in ignored]
@@ -96,16 +118,16 @@ class _Module:
         self.ignored = sorted(n for n, p in named if n in ignored)
         self.frozen = sorted(n for n, p in named if not p.requires_grad)
         self.buffer_names = [n for n, _ in ddp.module.named_buffers()]
-        self.synced_forwards = 0
-        self.unsynced_forwards = 0
-        self.last_forward_synced: bool | None = None
-        self.buffers_done_step = -1
-        self.buffers_synced_now: bool | None = None  # DDP broadcast the buffers before the current forward
 
     def describe(self) -> dict[str, Any]:
         ddp = self.ddp
+        if ddp is None:
+            return {"index": self.index, "module_class": "optimizer parameters", "ddp": False,
+                    "params": self.param_names, "ignored_params": [], "frozen_params": [], "buffers": [],
+                    "batchnorm_buffers": [], "broadcast_buffers": False, "find_unused_parameters": False}
         return {
             "index": self.index,
+            "ddp": True,
             "module_class": type(ddp.module).__name__,
             "broadcast_buffers": bool(getattr(ddp, "broadcast_buffers", True)),
             "find_unused_parameters": bool(getattr(ddp, "find_unused_parameters", False)),
@@ -129,23 +151,30 @@ class SyncProbe:
         self.world_size = world_size
         self.tracker = tracker
         self.stop_after = int(options.get("steps", 5) or 0)  # 0: never stop (benchmarks, API users)
+        self.data_steps = int(options.get("data_steps", DATA_STEPS) or 0)
         self.equivalence = bool(options.get("equivalence", False))
+        self.notes = ProbeNotes(run.rank_file(rank, NOTES_FILE))
+        self.guard = Guard("check-sync fingerprint", self.notes, lambda: tracker.step)
         self.modules: list[_Module] = []
         self.grads: list[dict[str, Any]] = []
         self.params: list[dict[str, Any]] = []
         self.buffers: list[dict[str, Any]] = []
         self.optimizer_params_outside_ddp: list[dict[str, Any]] = []
-        self.sampler = SamplerProbe()
+        self.sampler = SamplerProbe(Guard("check-sync data", self.notes, lambda: tracker.step))
         self.stopped_at: int | None = None
+        self.stop_reason: str | None = None
         self.check_seconds = 0.0
         self._grads_done_step = -1
         self._handles: list[Any] = []
         self._orig_ddp_init: Any = None
         self._equiv: Any = None
         self._group: Any = None
+        self._next_check = 0  # data phase: the step at which the ranks agree again on whether to go on
+        self._seen_modules: dict[int, Any] | None = {}  # modules that ran a forward before the first optimizer step
 
     # -- installation ---------------------------------------------------------------------------------
     def install(self) -> None:
+        from torch.nn.modules.module import register_module_forward_pre_hook
         from torch.optim.optimizer import register_optimizer_step_pre_hook
 
         orig = DistributedDataParallel.__init__
@@ -153,14 +182,15 @@ class SyncProbe:
 
         def __init__(ddp: Any, module: Any, *args: Any, **kwargs: Any) -> None:
             orig(ddp, module, *args, **kwargs)
-            try:
-                probe._watch(ddp)
-            except Exception:  # noqa: BLE001 - a probe never breaks the user's model
-                pass
+            probe.guard.call("DistributedDataParallel's constructor", probe._watch, ddp)
 
         self._orig_ddp_init = orig
         DistributedDataParallel.__init__ = __init__  # type: ignore[method-assign,assignment]
-        self._handles.append(register_optimizer_step_pre_hook(self._on_optimizer_pre))
+        self._handles.append(register_optimizer_step_pre_hook(self._optimizer_hook))
+        if self.world_size > 1:
+            # Names for the optimizer's parameters should no DDP module appear (dropped at the first step).
+            self._seen_handle = register_module_forward_pre_hook(self._on_any_forward)
+            self._handles.append(self._seen_handle)
         self.sampler.install()
         if self.equivalence:
             from ddpdoctor.probes.equivalence import EquivalenceCheck
@@ -179,16 +209,29 @@ class SyncProbe:
     def _watch(self, ddp: Any) -> None:
         mod = _Module(len(self.modules), ddp)
         self.modules.append(mod)
-        ddp.register_forward_pre_hook(lambda m, args, kwargs: self._on_ddp_forward(mod, args, kwargs), with_kwargs=True)
-        ddp.module.register_forward_pre_hook(lambda m, args: self._on_inner_forward(mod))
+        ddp.register_forward_pre_hook(
+            lambda m, args, kwargs: self.guard.call("the DDP module's forward", self._on_ddp_forward, mod, args, kwargs),
+            with_kwargs=True)
+        ddp.module.register_forward_pre_hook(
+            lambda m, args: self.guard.call("the wrapped module's forward", self._on_inner_forward, mod))
         if self._equiv is not None:
             ddp.register_forward_hook(lambda m, args, out: self._equiv.on_output(mod, out))
 
+    def _checking(self, step: int) -> bool:
+        """Fingerprints are taken at this (0-based) iteration: inside the gradient-check window."""
+        return step < (self.stop_after or MAX_CHECKED_STEPS) and step < MAX_CHECKED_STEPS
+
     # -- hooks ------------------------------------------------------------------------------------------
+    def _on_any_forward(self, module: Any, args: Any) -> None:
+        seen = self._seen_modules
+        if seen is not None and len(seen) < 10_000 and self.guard.enabled:
+            seen.setdefault(id(module), module)
+
     def _on_ddp_forward(self, mod: _Module, args: Any, kwargs: Any) -> None:
         ddp = mod.ddp
         if not torch.is_grad_enabled():
             return  # evaluation: DDP reduces nothing for it
+        mod.used = True
         synced = bool(ddp.require_backward_grad_sync)
         mod.last_forward_synced = synced
         if synced:
@@ -205,7 +248,7 @@ class SyncProbe:
 
     def _on_inner_forward(self, mod: _Module) -> None:
         step = self.tracker.step
-        if step >= MAX_CHECKED_STEPS or not torch.is_grad_enabled() or mod.buffers_done_step == step or not mod.buffer_names:
+        if not self._checking(step) or not torch.is_grad_enabled() or mod.buffers_done_step == step or not mod.buffer_names:
             return
         mod.buffers_done_step = step
         t0 = time.perf_counter()
@@ -216,13 +259,24 @@ class SyncProbe:
         })
         self.check_seconds += time.perf_counter() - t0
 
-    def _on_optimizer_pre(self, optimizer: Any, args: Any, kwargs: Any) -> None:
+    def _optimizer_hook(self, optimizer: Any, args: Any, kwargs: Any) -> None:
+        self.guard.call("the optimizer's step", self._on_optimizer_pre, optimizer)
+        if self._equiv is not None:
+            # Outside the fingerprints' guard: its exchange must happen on every rank, failed or not.
+            self._equiv.on_optimizer_pre(self.tracker.step)
+
+    def _on_optimizer_pre(self, optimizer: Any) -> None:
         step = self.tracker.step
-        if self._grads_done_step == step or step >= MAX_CHECKED_STEPS:
+        if self._seen_modules is not None:
+            self._watch_plain(optimizer)
+        if self._grads_done_step == step or not self._checking(step):
             return  # a second optimizer in the same iteration, or past the checked steps
         self._grads_done_step = step
         t0 = time.perf_counter()
         for mod in self.modules:
+            if mod.ddp is None:
+                mod.used = True
+                continue  # without DDP gradients may differ by design; the parameters may not
             if mod.synced_forwards == 0 and mod.unsynced_forwards == 0:
                 continue  # not used in this iteration
             self.grads.append({
@@ -231,14 +285,32 @@ class SyncProbe:
                 "reduced": bool(mod.last_forward_synced),
                 "fp": fingerprints([p.grad for p in mod.params]),
             })
-        if step == 0:
+        if step == 0 and any(m.ddp is not None for m in self.modules):
             self._note_params_outside_ddp(optimizer)
         self.check_seconds += time.perf_counter() - t0
-        if self._equiv is not None:
-            self._equiv.on_optimizer_pre(step)
+
+    def _watch_plain(self, optimizer: Any) -> None:
+        """At the first optimizer step: without any DDP module in a multi-rank job, watch the optimizer's
+        parameters, named after the largest module that ran a forward and holds them."""
+        seen, self._seen_modules = self._seen_modules or {}, None
+        handle = getattr(self, "_seen_handle", None)
+        if handle is not None:
+            handle.remove()
+        if self.modules or self.world_size < 2:
+            return
+        names: dict[int, str] = {}
+        owners = sorted(seen.values(), key=lambda m: -sum(1 for _ in m.parameters()))
+        for m in owners:
+            for n, p in m.named_parameters():
+                names.setdefault(id(p), n)
+        plain = [(names.get(id(p), f"param_groups[{g}][{i}]"), p)
+                 for g, group in enumerate(optimizer.param_groups)
+                 for i, p in enumerate(group["params"]) if p.requires_grad]
+        if plain:
+            self.modules.append(_Module(0, None, plain))
 
     def _note_params_outside_ddp(self, optimizer: Any) -> None:
-        inside = {id(p) for mod in self.modules for p in mod.ddp.module.parameters()}
+        inside = {id(p) for mod in self.modules if mod.ddp is not None for p in mod.ddp.module.parameters()}
         for g, group in enumerate(optimizer.param_groups):
             for i, p in enumerate(group["params"]):
                 if id(p) not in inside and p.requires_grad:
@@ -246,22 +318,58 @@ class SyncProbe:
                         {"name": f"{type(optimizer).__name__}.param_groups[{g}][{i}]", "shape": list(p.shape)}
                     )
 
-    def on_step(self, step: int) -> None:
-        """Step listener: iteration ``step - 1`` ended (its optimizer stepped)."""
-        self.sampler.on_step(step)
+    def _record_params(self, done: int) -> None:
         t0 = time.perf_counter()
-        done = step - 1
         for mod in self.modules:
-            if (mod.synced_forwards or mod.unsynced_forwards) and done < MAX_CHECKED_STEPS:
+            if mod.used and self._checking(done):
                 self.params.append({"step": done, "module": mod.index, "fp": fingerprints(list(mod.params))})
+            mod.used = False
             mod.synced_forwards = mod.unsynced_forwards = 0
             mod.last_forward_synced = None
         self.check_seconds += time.perf_counter() - t0
-        if self.stop_after and step >= self.stop_after:
-            self.stopped_at = step
-            self._write()
-            self._gather()
-            raise CheckSyncStop(step)
+
+    def on_step(self, step: int) -> None:
+        """Step listener: iteration ``step - 1`` ended (its optimizer stepped)."""
+        self.sampler.on_step(step)
+        self.guard.call("the end of a step", self._record_params, step - 1)
+        if not self.stop_after or step < self.stop_after or step < self._next_check:
+            return  # inside the checked steps, or between two agreements of the data phase (no communication)
+        # Past the checked steps: stop now, or once every shuffling training loader began its second epoch.
+        # Every rank must stop at the same step: they agree on the steps still needed (the most any rank
+        # needs) and exchange again only at that step, so the data phase adds no per-step communication.
+        cap = self.stop_after + self.data_steps
+        local = 0 if step >= cap else self._steps_needed()
+        needed = self._agree(local)
+        if needed > 0 and step < cap:
+            self._next_check = min(step + needed, cap)
+            return
+        self.stopped_at = step
+        self.stop_reason = "data" if step > self.stop_after else "steps"
+        self._write()
+        self._gather()
+        raise CheckSyncStop(step)
+
+    def _steps_needed(self) -> int:
+        """This rank's steps still needed for a second epoch of every shuffling training loader (0: none)."""
+        result = self.sampler.guard.call("estimating the steps to a second epoch", self.sampler.steps_to_second_epoch)
+        return int(result or 0)
+
+    def _agree(self, steps_needed: int) -> int:
+        """The most steps any rank still needs (every rank gets the same answer); 0 when alone or on failure."""
+        import torch.distributed as dist
+
+        if not self.data_steps:
+            return 0
+        if not (dist.is_available() and dist.is_initialized()) or dist.get_world_size() < 2:
+            return steps_needed if self.world_size < 2 else 0
+        try:
+            flag = torch.tensor([steps_needed], dtype=torch.int64)
+            dist.all_reduce(flag, op=dist.ReduceOp.MAX, group=self.group())
+            return int(flag.item())
+        except Exception as exc:  # noqa: BLE001 - then stop here, as before the data recorder ran on
+            self.notes.add("check-sync stop", "agreeing on the stop step", exc, self.tracker.step)
+            self.data_steps = 0
+            return 0
 
     def group(self) -> Any:
         """check-sync's own gloo group, created on first use (every rank reaches the same call at the same step)."""
@@ -291,8 +399,11 @@ class SyncProbe:
 
     # -- output -------------------------------------------------------------------------------------------
     def _write(self) -> None:
-        _write_compact(self.run.rank_file(self.rank, "sync.json"), self.record())
-        _write_compact(self.run.rank_file(self.rank, "data.json"), {"rank": self.rank, **self.sampler.data()})
+        try:
+            _write_compact(self.run.rank_file(self.rank, "sync.json"), self.record())
+            _write_compact(self.run.rank_file(self.rank, "data.json"), {"rank": self.rank, **self.sampler.data()})
+        except Exception as exc:  # noqa: BLE001 - a full disk or an odd value: the job still ends as it would
+            self.notes.add("check-sync", "writing sync.json and data.json", exc, self.tracker.step)
 
     def record(self) -> dict[str, Any]:
         def clean(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
@@ -305,9 +416,12 @@ class SyncProbe:
             "rank": self.rank,
             "world_size": self.world_size,
             "stop_after": self.stop_after,
+            "data_steps": self.data_steps,
             "stopped_at": self.stopped_at,
+            "stop_reason": self.stop_reason,
             "steps_completed": self.tracker.step,
             "check_seconds": round(self.check_seconds, 6),
+            "probe_failed": not self.guard.enabled,
             "modules": [m.describe() for m in self.modules],
             "optimizer_params_outside_ddp": self.optimizer_params_outside_ddp,
             "grads": clean([dict(r) for r in self.grads]),

@@ -34,9 +34,12 @@ def _finding(report, id_: str) -> dict:
 
 
 def test_bundled_mlp_is_clean_and_ddp_equivalent(tmp_path):
-    proc, report, out = _check(tmp_path, str(EXAMPLES / "train_mlp.py"), "--epochs", "1", extra=("--equivalence",))
+    # --data-steps 0: stop right after the 5 checked steps instead of running on to a second epoch.
+    proc, report, out = _check(tmp_path, str(EXAMPLES / "train_mlp.py"), "--epochs", "1",
+                               extra=("--equivalence", "--data-steps", "0"))
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert report["status"] == "ok" and _ids(report, "warning", "error") == []
+    assert any("an epoch is 12 steps here: run with --data-steps 8" in n for n in report["notes"]), report["notes"]
     checks = report["checks"]
     assert checks["steps_checked"] == 5 and checks["ranks"] == [0, 1]
     # 12 parameter tensors (6 Linear layers) x 5 steps x 1 peer rank, for gradients and parameters alike.

@@ -11,6 +11,11 @@
     --bug uneven            hand-made shards with 3 batches on rank 0 and 5 on rank 1
     --bug unused            a layer that never takes part in the loss (find_unused_parameters=True)
     --bug stream            an IterableDataset that yields the same stream on every rank (not split by rank)
+    --bug random-split      random_split with each rank's own generator, then DistributedSampler (minGPT-ddp)
+    --bug shuffle           DataLoader(shuffle=True), no DistributedSampler
+    --bug seeds             DistributedSampler(seed=rank)
+    --bug uneven-last       hand-made shards of 7 and 9 samples, batch 4: only the last batch is uneven
+    --bug no-ddp            the model is never wrapped in DDP (pytorch/examples imagenet's CPU path)
 """
 
 import argparse
@@ -19,7 +24,7 @@ import torch
 import torch.distributed as dist
 import torch.nn as nn
 from torch.nn.parallel import DistributedDataParallel as DDP
-from torch.utils.data import DataLoader, DistributedSampler, IterableDataset, Subset, TensorDataset
+from torch.utils.data import DataLoader, DistributedSampler, IterableDataset, Subset, TensorDataset, random_split
 
 
 class Stream(IterableDataset):
@@ -58,7 +63,10 @@ def main() -> None:
     data = TensorDataset(torch.randn(n, 8), torch.randint(0, 4, (n,)))
 
     model = Net(bn=bug in ("bn", "bn-no-broadcast"), unused=bug == "unused")
-    ddp = DDP(model, broadcast_buffers=bug != "bn-no-broadcast", find_unused_parameters=bug == "unused")
+    if bug == "no-ddp":
+        ddp = model
+    else:
+        ddp = DDP(model, broadcast_buffers=bug != "bn-no-broadcast", find_unused_parameters=bug == "unused")
     if bug == "param-edit" and rank == 1:
         with torch.no_grad():
             model.fc1.weight.add_(0.01)
@@ -75,8 +83,18 @@ def main() -> None:
         # rank 0: 0..5 (3 batches of 2), rank 1: 6..15 (5 batches): disjoint and complete, but uneven
         indices = list(range(0, 6)) if rank == 0 else list(range(6, 16))
         loader = DataLoader(Subset(data, indices), batch_size=2)
+    elif bug == "uneven-last":
+        indices = list(range(0, 7)) if rank == 0 else list(range(7, 16))
+        loader = DataLoader(Subset(data, indices), batch_size=4)
+    elif bug == "shuffle":
+        loader = DataLoader(data, batch_size=4, shuffle=True)
+    elif bug == "random-split":
+        # Unseeded in minGPT-ddp (each process draws its own split); seeded per rank here to be repeatable.
+        train, _ = random_split(data, [12, 4], generator=torch.Generator().manual_seed(1000 + rank))
+        sampler = DistributedSampler(train, shuffle=True, seed=0)
+        loader = DataLoader(train, batch_size=2, sampler=sampler)
     else:
-        sampler = DistributedSampler(data, shuffle=True, seed=0)
+        sampler = DistributedSampler(data, shuffle=True, seed=rank if bug == "seeds" else 0)
         loader = DataLoader(data, batch_size=4, sampler=sampler)
 
     opt = torch.optim.SGD(ddp.parameters(), lr=0.1, momentum=0.9)

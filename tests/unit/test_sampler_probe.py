@@ -100,3 +100,45 @@ def test_an_infinite_sampler_is_recorded_up_to_the_cap(monkeypatch):
     assert flat == [i % 7 for i in range(60)]
     (epoch,) = probe.data()["loaders"][0]["epochs"]
     assert epoch["truncated"] and epoch["batches"] is None and epoch["indices"] == flat[:40]  # 14 batches drawn, 40 kept
+
+
+def test_a_peek_is_not_an_epoch_and_its_indices_are_dropped():
+    data = TensorDataset(torch.arange(8))
+    probe = SamplerProbe()
+    probe.install()
+    try:
+        loader = DataLoader(data, batch_size=2, shuffle=True)
+        next(iter(loader))  # the tutorial's batch-size peek
+        for _ in loader:
+            probe.on_step(1)  # every batch feeds a training step
+    finally:
+        probe.uninstall()
+    peek, epoch = probe.data()["loaders"][0]["epochs"]
+    assert peek["peek"] is True and "indices" not in peek and peek["batches_yielded"] == 1
+    assert epoch["steps"] == 4 and len(epoch["indices"]) == 8 and "peek" not in epoch
+    assert probe.steps_to_second_epoch() == 1  # epoch 0 is exhausted: the next step starts epoch 1
+
+
+def test_dataset_fingerprint_leaves_random_streams_alone_and_spots_varying_samples():
+    import random
+
+    from ddpdoctor.probes.sampler import dataset_fingerprint
+
+    class Augmented(torch.utils.data.Dataset):
+        def __len__(self):
+            return 4
+
+        def __getitem__(self, i):
+            return torch.rand(2) + i, random.random()
+
+    torch.manual_seed(3)
+    random.seed(3)
+    expected = (torch.rand(1).item(), random.random())
+    torch.manual_seed(3)
+    random.seed(3)
+    fp = dataset_fingerprint(Augmented())  # loads samples (drawing random numbers) four times
+    assert (torch.rand(1).item(), random.random()) == expected  # the script's streams are where they were
+    assert fp["len"] == 4 and fp["varies"] is True
+    same = dataset_fingerprint(TensorDataset(torch.arange(5)))
+    assert same == dataset_fingerprint(TensorDataset(torch.arange(5))) and "varies" not in same
+    assert same["first"] != dataset_fingerprint(TensorDataset(torch.arange(1, 6)))["first"]
