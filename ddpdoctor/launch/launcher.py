@@ -251,7 +251,7 @@ def collect_torchrun_logs(run: RunDir) -> None:
             import json
 
             local_to_rank[int(json.loads(info.read_text())["local_rank"])] = rank
-        except (OSError, ValueError, KeyError):
+        except (OSError, ValueError, KeyError, TypeError):
             continue
     attempts = sorted(run.torchrun_logs.glob("*/attempt_*"), key=lambda p: p.stat().st_mtime)
     if not attempts:

@@ -23,7 +23,7 @@ T = TypeVar("T")
 # Run-directory artefacts are small (a summary of a long run is a few MB); this bounds a corrupted or hostile one.
 MAX_ARTEFACT_BYTES = 512 << 20
 _MSG = re.compile(r"^(?P<what>.*?)(?: - at (?P<key>`key` in )?`\$(?P<path>[^`]*)`)?$", re.S)
-_TYPE_WORDS = {"int": "an integer", "float": "a number", "str": "a string", "array": "a list", "object": "an object",
+_TYPE_WORDS = {"int": "an integer", "float": "a number", "str": "a string", "array": "a list", "object": "a JSON object",
                "bool": "true or false", "null": "null"}
 
 

@@ -201,10 +201,27 @@ class Heartbeats(Artefact, kw_only=True):
     ranks: dict[int, RankBeats] = {}
 
 
+class Position(msgspec.Struct, kw_only=True):
+    rank: int | None = None
+    state: str | None = None
+    phase: str | None = None
+    step: int | None = None
+    op: str | None = None
+    group: str | None = None
+    seq: int | None = None
+    sizes: list[Json] = []
+    call_site: str | None = None
+    exit_code: int | None = None
+
+
 class HangDiagnosis(msgspec.Struct, kw_only=True):
     culprit_ranks: list[int] = []
     stalled_ranks: list[int] = []
     reason: str | None = None
+    kind: str | None = None
+    collective: dict[str, Json] | None = None
+    positions: dict[int, Position] = {}
+    differs: list[str] = []
 
 
 class Hang(Artefact, kw_only=True):
