@@ -155,6 +155,22 @@ def _check_duplicates(results: list[RankResult]) -> None:
         seen[r.metrics.rank] = r.input.path
 
 
+NO_STEPS_ADVICE = ("record with `ddpdoctor profile`, or call prof.step() once per training step inside "
+                   "torch.profiler.profile(schedule=...) so that each step is a ProfilerStep#N")
+
+
+def _check_steps(results: list[RankResult]) -> list[str]:
+    """Nothing per step is measurable without ProfilerStep#N events: bad input when no trace has one (never an
+    "ok" with no findings), a note naming each rank that has none."""
+    without = [r for r in results if r.metrics.steps == 0]
+    if len(without) == len(results):
+        where = results[0].input.path if len(results) == 1 else None
+        raise BadInput(f"no ProfilerStep in {'the trace' if where else 'any trace'}: step time, overlap and "
+                       f"stragglers cannot be measured; {NO_STEPS_ADVICE}", where)
+    return [f"rank {r.metrics.rank}: no ProfilerStep in its trace, so its step times are unknown; {NO_STEPS_ADVICE}"
+            for r in without]
+
+
 def ddp_section(manifest: Manifest | None) -> list[dict[str, Any]]:
     """The DDP modules of the lowest rank that reported them (configuration and bucket layout)."""
     mods = {r: m for r, m in (manifest.ddp_modules if manifest else {}).items() if m}
@@ -172,6 +188,7 @@ def analyze_paths(paths: list[Path], options: AnalyzeOptions | None = None) -> A
     results, notes = reduce_all(units, opts)
     notes += _assign_order_ranks(results)
     _check_duplicates(results)
+    notes += _check_steps(results)
     results.sort(key=lambda r: r.metrics.rank)
     for r in results:
         notes.extend(r.notes)

@@ -46,19 +46,37 @@ def _label(path: Path) -> str:
     return str(path)
 
 
+_JSON_TYPE = {"int": int, "float": float, "str": str, "array": list, "object": dict, "bool": bool,
+              "null": type(None)}
+
+
+def _resolve(data: Any, where: str, got: str | None) -> tuple[str, Any]:
+    """The value at a msgspec path ("$.a[0].b"); a dict entry msgspec shows as "[...]" is resolved to the first key
+    whose value has the type msgspec got (so the message names the key)."""
+    m = re.match(r"\.([^.\[]+)|\[(\d+|\.\.\.)\]", where)
+    if not where:
+        return "", data
+    if not m:
+        return where, msgspec.UNSET
+    key, idx = m.groups()
+    rest = where[m.end():]
+    if idx == "...":
+        if isinstance(data, dict):
+            for k, v in data.items():
+                shown, value = _resolve(v, rest, got)
+                if value is not msgspec.UNSET and (got is None or type(value) is _JSON_TYPE.get(got)):
+                    return f"[{json.dumps(k)}]" + shown, value
+        return where, msgspec.UNSET
+    try:
+        child = data[key] if key else data[int(idx)]
+    except (KeyError, IndexError, TypeError, ValueError):
+        return where, msgspec.UNSET
+    shown, value = _resolve(child, rest, got)
+    return where[: m.end()] + shown, value
+
+
 def _value_at(data: Any, where: str) -> Any:
-    cur = data
-    for key, idx in re.findall(r"\.([^.\[]+)|\[(\d+|\.\.\.)\]", where):
-        try:
-            if key:
-                cur = cur[key]
-            elif idx == "...":
-                return msgspec.UNSET
-            else:
-                cur = cur[int(idx)]
-        except (KeyError, IndexError, TypeError, ValueError):
-            return msgspec.UNSET
-    return cur
+    return _resolve(data, where, None)[1]
 
 
 def _shown(value: Any) -> str:
@@ -77,7 +95,7 @@ def explain(exc: msgspec.ValidationError, data: Any) -> str:
         what = f"keys must be ranks (integers), got {_shown(bad) if bad is not None else 'another key'}"
     elif exp:
         wanted = " or ".join(_TYPE_WORDS.get(t.strip(), t.strip()) for t in exp.group(1).split("|"))
-        value = _value_at(data, where)
+        where, value = _resolve(data, where, exp.group(2))
         got = _shown(value) if value is not msgspec.UNSET else _TYPE_WORDS.get(exp.group(2), exp.group(2))
         what = f"expected {wanted}, got {got}"
     else:
