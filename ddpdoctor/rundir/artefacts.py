@@ -10,7 +10,7 @@ import json
 import os
 import re
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any, TypeVar, overload
 
 import msgspec
 
@@ -132,13 +132,17 @@ def validate(data: Any, schema: Any, label: str | Path) -> Any:
         raise BadInput(explain(exc, data), str(label)) from exc
 
 
-def load(path: Path, schema: type[T] | Any = None) -> T:
+@overload
+def load(path: Path, schema: type[T]) -> T: ...
+@overload
+def load(path: Path, schema: None = None) -> Any: ...
+def load(path: Path, schema: Any = None) -> Any:
     """Read and validate one artefact (its schema from its name unless given): a typed object."""
     path = Path(path)
     schema = schema or schema_for(path)
     if schema is None:
         raise ValueError(f"no schema for {path.name}")
-    return validate(decode_json(path), schema, _label(path))  # type: ignore[no-any-return]
+    return validate(decode_json(path), schema, _label(path))
 
 
 def load_dict(path: Path, schema: Any = None) -> dict[str, Any]:
@@ -153,7 +157,7 @@ def load_dict(path: Path, schema: Any = None) -> dict[str, Any]:
     return data
 
 
-def load_optional(path: Path, schema: type[T] | Any = None) -> T | None:
+def load_optional(path: Path, schema: type[T]) -> T | None:
     """Like load(), None when the file does not exist (a rank killed before writing it)."""
     if not os.path.lexists(path):
         return None
