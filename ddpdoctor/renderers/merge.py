@@ -9,6 +9,8 @@ from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
+import msgspec
+
 from ddpdoctor.errors import BadInput
 
 _RANK_IN_NAME = re.compile(r"rank[_-]?(\d+)", re.IGNORECASE)
@@ -33,8 +35,6 @@ def trace_paths(paths: list[Path]) -> list[Path]:
 
 def read_trace(path: Path) -> dict[str, Any]:
     """A profiler trace (.json or .json.gz) as a dict, or BadInput naming the file and the problem."""
-    import msgspec
-
     from ddpdoctor.traces.loader import read_bytes
 
     raw = read_bytes(path)  # bounded: regular files only, streamed gzip with a cap
@@ -49,7 +49,32 @@ def read_trace(path: Path) -> dict[str, Any]:
         raise BadInput("JSON nested too deeply", path) from exc
     if not isinstance(data, dict) or not isinstance(data.get("traceEvents"), list):
         raise BadInput("not a Chrome/PyTorch profiler trace (no traceEvents list)", path)
+    from ddpdoctor.rundir.artefacts import validate
+
+    validate(data, _MergeDoc, path)  # the fields the merge reads have their types (events stay dicts)
     return data
+
+
+class _MergeEvent(msgspec.Struct):
+    ph: str = ""
+    name: str = ""
+    cat: str = ""
+    pid: int | str | None = None
+    tid: int | str | None = None
+    ts: float | None = None
+    id: int | str | None = None
+    args: dict[str, Any] | None = None
+
+
+class _MergeDist(msgspec.Struct):
+    rank: int | None = None
+    backend: str | None = None
+
+
+class _MergeDoc(msgspec.Struct):
+    traceEvents: list[_MergeEvent | list[Any] | str | int | float | bool | None]
+    distributedInfo: _MergeDist | None = None
+    host_name: str | None = None
 
 
 def trace_rank(data: dict[str, Any], path: Path, fallback: int) -> int:
