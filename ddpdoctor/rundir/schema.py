@@ -9,7 +9,7 @@ version in VERSIONS only when an existing field changes meaning."""
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Literal
 
 import msgspec
 
@@ -34,7 +34,7 @@ class BucketLayout(msgspec.Struct, kw_only=True, omit_defaults=True):
 
 
 class ParamInfo(msgspec.Struct, kw_only=True, omit_defaults=True):
-    name: str | None = None
+    name: str
     numel: int | None = None
     bytes: int | None = None
     dtype: str | None = None
@@ -239,7 +239,8 @@ class Hang(Artefact, kw_only=True):
 
 # ---- check-sync: ranks/rankR/sync.json, data.json, sync-all.json ------------------------------------------------
 
-Fingerprint = list[Number | str] | None  # per tensor; non-finite values are written as their repr ("nan")
+# per tensor; non-finite values are written as their repr ("nan", "inf", "-inf")
+Fingerprint = list[Number | Literal["nan", "inf", "-inf"]] | None
 
 
 class SyncModule(msgspec.Struct, kw_only=True):
@@ -321,9 +322,66 @@ class GatheredSync(msgspec.Struct, kw_only=True):
 
 # ---- preflight: ranks/rankR/preflight.json and RUN/preflight.json ----------------------------------------------
 
+class ProbeCause(msgspec.Struct, kw_only=True):
+    cause: str | None = None
+    detail: str | None = None
+
+
+class CheckEvidence(msgspec.Struct, kw_only=True):
+    """The evidence fields the preflight merge reads (each check fills some of them)."""
+
+    missing_ranks: list[int] = []
+    probe: ProbeCause | None = None
+    error: str | None = None
+    master_addr: str | None = None
+    master_port: int | str | None = None
+    latency_us: Number | None = None
+    world_size: int | None = None
+    rows: list[BandwidthRowRecord] = []
+    gflops: Number | None = None
+    offsets: dict[int, ClockOffset] = {}
+
+
+class BandwidthRowRecord(msgspec.Struct, kw_only=True):
+    size_bytes: int
+    count: int
+    dtype: str
+    redop: str
+    time_us: Number
+    algbw_gbps: Number
+    busbw_gbps: Number
+    wrong: int | None = None
+
+
+class ClockOffset(msgspec.Struct, kw_only=True):
+    offset_ms: Number
+    rtt_ms: Number
+
+
+class CheckRecord(msgspec.Struct, kw_only=True):
+    status: str = "fail"
+    summary: str | None = None
+    evidence: CheckEvidence = msgspec.field(default_factory=CheckEvidence)
+    seconds: Number | None = None
+
+
+class Devices(msgspec.Struct, kw_only=True):
+    cuda_available: bool | None = None
+    count: int | None = None
+    uuid: str | list[str] | None = None
+
+
 class PreflightRecord(Artefact, kw_only=True):
     rank: int
     world_size: int | None = None
+    local_rank: int | None = None
+    host: str | None = None
+    backend: str | None = None
+    env: dict[str, str] = {}
+    dist_env: dict[str, str] = {}
+    versions: dict[str, str | int | float | bool | None] = {}
+    devices: Devices | None = None
+    checks: dict[str, CheckRecord] = {}
 
 
 class PreflightGathered(Artefact, kw_only=True):

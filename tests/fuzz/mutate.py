@@ -92,7 +92,7 @@ def mutate(seed: Any, rnd: random.Random, changes: int | None = None) -> Any:
             doc = _set(doc, path, f"{DEEP}{rnd.choice([50, 300, 5000, 200_000])}")
         elif op == "stringify":
             doc = _set(doc, path, json.dumps(old) if not isinstance(old, str) else old + "x")
-        elif op == "grow":
+        elif op == "grow" and len(json.dumps(old, default=str)) < 2000:  # sizes, not gigabytes
             doc = _set(doc, path, old * 500 if isinstance(old, str) else [old] * rnd.choice([2, 100, 5000]))
         elif op == "empty":
             doc = _set(doc, path, type(old)() if isinstance(old, (list, dict, str)) else None)
@@ -108,7 +108,14 @@ _DEEP_JSON = re.compile(rb'"\\u0000deep:(\d+)"')
 def dumps(doc: Any) -> bytes:
     """JSON as Python writes it (NaN and Infinity included, as json.dumps does)."""
     text = json.dumps(doc, default=str).encode()
-    return _DEEP_JSON.sub(lambda m: b"[" * int(m.group(1)) + b"]" * int(m.group(1)), text)
+    budget = [2]  # deep markers expanded (a grown list of them would be gigabytes); the rest are []
+
+    def deep(m: re.Match[bytes]) -> bytes:
+        budget[0] -= 1
+        n = int(m.group(1)) if budget[0] >= 0 else 1
+        return b"[" * n + b"]" * n
+
+    return _DEEP_JSON.sub(deep, text)
 
 
 def damage(data: bytes, rnd: random.Random, gzip_ok: bool = True) -> bytes:
