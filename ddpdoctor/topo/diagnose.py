@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import gzip
 import io
+import zlib
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -35,7 +36,7 @@ def _read_text(path: Path) -> str:
                 fh.seek(0)
                 try:
                     data = gzip.GzipFile(fileobj=io.BytesIO(fh.read())).read()
-                except (OSError, EOFError) as exc:
+                except (OSError, EOFError, zlib.error) as exc:
                     raise ValueError(f"truncated or corrupt gzip file ({exc})") from exc
             else:
                 data = head + fh.read()

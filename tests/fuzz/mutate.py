@@ -146,3 +146,52 @@ def damage(data: bytes, rnd: random.Random, gzip_ok: bool = True) -> bytes:
         i = rnd.randrange(10, len(z)) if len(z) > 10 else 0
         z[i] ^= 0xFF
     return bytes(z)
+
+
+ODD_TEXT = ["", "\x1b[2J\x1b]0;pwned\x07", "\x00\x01", "é€𝄞", "9" * 400, "-1", "nan", "inf", "1e999", "0x1f",
+            "[rank", "rank-1]:", "Traceback (most recent call last):", '  File "", line -1, in ', "NCCL INFO",
+            "<", "</system>", "&#0;", "&amp;", "]]>"]
+
+
+def mutate_lines(text: str, rnd: random.Random, changes: int | None = None) -> str:
+    """A log with lines deleted, repeated, swapped, cut or spliced with odd text."""
+    lines = text.splitlines() or [""]
+    for _ in range(changes or rnd.randint(1, 6)):
+        i = rnd.randrange(len(lines))
+        op = rnd.choice(["delete", "repeat", "swap", "cut", "splice", "splice", "numbers", "huge"])
+        if op == "delete" and len(lines) > 1:
+            del lines[i]
+        elif op == "repeat":
+            lines[i:i] = [lines[i]] * rnd.choice([2, 50, 2000])
+        elif op == "swap":
+            j = rnd.randrange(len(lines))
+            lines[i], lines[j] = lines[j], lines[i]
+        elif op == "cut":
+            lines[i] = lines[i][: rnd.randrange(len(lines[i]) + 1)]
+        elif op == "splice":
+            at = rnd.randrange(len(lines[i]) + 1)
+            lines[i] = lines[i][:at] + rnd.choice(ODD_TEXT) + lines[i][at:]
+        elif op == "numbers":  # every number on the line replaced: where parsers convert text to int/float
+            lines[i] = re.sub(r"\d+(\.\d+)?", lambda m: rnd.choice(["-1", "1e999", "nan", "99999999999999999999",
+                                                                     "0x10", "", "٣"]), lines[i])
+        else:
+            lines[i] = lines[i] * rnd.choice([100, 2000])
+    return "\n".join(lines)
+
+
+def mutate_xml(text: str, rnd: random.Random) -> str:
+    """Topology XML with attribute values replaced (numbers, inf, nan, entities), tags cut or repeated."""
+    for _ in range(rnd.randint(1, 6)):
+        op = rnd.choice(["attr", "attr", "attr", "cut", "lines"])
+        if op == "attr":
+            values = list(re.finditer(r'="([^"]*)"', text))
+            if values:
+                m = rnd.choice(values)
+                new = rnd.choice(["inf", "-inf", "nan", "1e999", "-1", "", "0x", "99999999999999999999", "&amp;",
+                                  "&lt;", "&#x0;", "a" * 1000, "٣", "1.5", "0"])
+                text = text[: m.start(1)] + new + text[m.end(1):]
+        elif op == "cut":
+            text = text[: rnd.randrange(len(text) + 1)]
+        else:
+            text = mutate_lines(text, rnd, 1)
+    return text
