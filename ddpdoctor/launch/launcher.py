@@ -265,5 +265,11 @@ def collect_torchrun_logs(run: RunDir) -> None:
             src = local_dir / f"{stream}.log"
             if src.exists():
                 dst = run.rank_file(rank, f"{stream}.log")
-                dst.parent.mkdir(parents=True, exist_ok=True)
-                shutil.copyfile(src, dst)
+                try:
+                    dst.parent.mkdir(parents=True, exist_ok=True)
+                    shutil.copyfile(src, dst)
+                except OSError as exc:  # a full disk: one line naming the file (the logs stay under torchrun/)
+                    from ddpdoctor.rundir.artefacts import write_error
+
+                    dst.unlink(missing_ok=True)
+                    raise write_error(exc, dst) from exc

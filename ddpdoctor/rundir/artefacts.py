@@ -27,8 +27,9 @@ _TYPE_WORDS = {"int": "an integer", "float": "a number", "str": "a string", "arr
                "bool": "true or false", "null": "null"}
 
 
-class DiskFull(BadInput):
-    """A write into the run directory failed for lack of space (or quota): what was written before is kept."""
+class DiskFull(BadInput, OSError):
+    """A write into the run directory failed for lack of space (or quota): what was written before is kept.
+    Also an OSError, so code that already tolerates a failed write (a probe in a rank) keeps doing so."""
 
 
 def schema_for(path: Path) -> type[s.Artefact] | None:
@@ -187,7 +188,9 @@ def write_json(path: Path, data: Any, compact: bool = False) -> None:
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
         _fault_hook(path)
-        with open(tmp, "w") as fh:
+        # Owner-only, like every run-directory file that may hold stacks or environment (the watcher's rule).
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        with os.fdopen(fd, "w") as fh:
             fh.write(text)
         os.replace(tmp, path)
     except OSError as exc:

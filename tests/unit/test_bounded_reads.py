@@ -160,3 +160,15 @@ def test_written_artefacts_carry_their_version_and_keep_unknown_fields(tmp_path)
     assert raw["schema_version"] == 1 and raw["a_new_field"] == {"x": 1}
     assert artefacts.load_dict(path)["a_new_field"] == {"x": 1}
     assert not list(path.parent.glob(".*.tmp"))
+
+
+def test_full_disk_write_is_one_line_and_leaves_no_temporary_file(tmp_path, monkeypatch):
+    path = tmp_path / "ranks" / "rank0" / "status.json"
+    artefacts.write_json(path, {"exit_code": 0})
+    monkeypatch.setenv("DDPDOCTOR_TEST_ENOSPC", "*/status.json")
+    with pytest.raises(artefacts.DiskFull) as exc:
+        artefacts.write_json(path, {"exit_code": 1})
+    assert isinstance(exc.value, OSError) and isinstance(exc.value, BadInput)  # probes tolerate it, the CLI says it
+    assert "No space left on device" in _one_line(exc.value, "status.json")
+    assert json.loads(path.read_text())["exit_code"] == 0  # the earlier file is kept
+    assert not list(path.parent.glob(".*.tmp"))
