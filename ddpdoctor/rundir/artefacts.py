@@ -186,7 +186,7 @@ def write_json(path: Path, data: Any, compact: bool = False) -> None:
     text = (json.dumps(data, separators=(",", ":"), default=str) if compact
             else json.dumps(data, indent=1, default=str))
     try:
-        path.parent.mkdir(parents=True, exist_ok=True)
+        path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
         _fault_hook(path)
         # Owner-only, like every run-directory file that may hold stacks or environment (the watcher's rule).
         fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)

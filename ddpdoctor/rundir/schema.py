@@ -215,10 +215,11 @@ class Position(msgspec.Struct, kw_only=True):
 
 
 class HangDiagnosis(msgspec.Struct, kw_only=True):
-    culprit_ranks: list[int] = []
-    stalled_ranks: list[int] = []
-    reason: str | None = None
-    kind: str | None = None
+    # Required: the hang findings read them directly.
+    culprit_ranks: list[int]
+    stalled_ranks: list[int]
+    reason: str
+    kind: str
     collective: dict[str, Json] | None = None
     positions: dict[int, Position] = {}
     differs: list[str] = []
@@ -231,7 +232,7 @@ class Hang(Artefact, kw_only=True):
     startup_timeout_s: Number | None = None
     in_startup: bool | None = None
     on_hang: str | None = None
-    diagnosis: HangDiagnosis | None = None
+    diagnosis: HangDiagnosis
     stacks: dict[int, str | None] = {}
     heartbeats: dict[int, Beat | None] = {}
     flight_recorder: dict[int, Json] = {}
