@@ -14,6 +14,7 @@ from typing import Any, Literal
 import msgspec
 
 from ddpdoctor.analyses.model import Bucket, CollectiveCall, GradReady, InputInfo, RankMetrics, SyncCall
+from ddpdoctor.preflight.nccltable import BandwidthRow
 
 Number = float  # msgspec accepts JSON integers for float fields; booleans are refused
 Json = Any  # free-form: not read by any analysis (shown or copied only)
@@ -338,20 +339,9 @@ class CheckEvidence(msgspec.Struct, kw_only=True):
     master_port: int | str | None = None
     latency_us: Number | None = None
     world_size: int | None = None
-    rows: list[BandwidthRowRecord] = []
+    rows: list[BandwidthRow] = []  # the nccl-tests row dataclass itself
     gflops: Number | None = None
     offsets: dict[int, ClockOffset] = {}
-
-
-class BandwidthRowRecord(msgspec.Struct, kw_only=True):
-    size_bytes: int
-    count: int
-    dtype: str
-    redop: str
-    time_us: Number
-    algbw_gbps: Number
-    busbw_gbps: Number
-    wrong: int | None = None
 
 
 class ClockOffset(msgspec.Struct, kw_only=True):
