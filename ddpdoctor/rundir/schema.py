@@ -118,6 +118,8 @@ class Manifest(Artefact, kw_only=True):
     env: dict[str, str] | None = None
     # rank -> that rank's DDP modules (keys are ranks as strings in the file)
     ddp_modules: dict[int, list[DDPModule]] = {}
+    # How the run ended (the watcher's launcher): {"how": "exited"|"hang"|"signal"|..., "exit_code": N, ...}
+    ended: dict[str, Json] | None = None
 
 
 # ---- ranks/rankR/info.json, status.json, summary.json ----------------------------------------------------------
@@ -200,6 +202,7 @@ class RankBeats(msgspec.Struct, kw_only=True):
 class Heartbeats(Artefact, kw_only=True):
     world_size: int | None = None
     ranks: dict[int, RankBeats] = {}
+    monitor: dict[str, Json] | None = None  # the watcher's own counters: rejected connections, stalls
 
 
 class Position(msgspec.Struct, kw_only=True):
