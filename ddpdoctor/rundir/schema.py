@@ -115,7 +115,7 @@ class Manifest(Artefact, kw_only=True):
     hosts: list[str] = []
     backend: str | None = None
     versions: dict[str, Json] | None = None
-    env: dict[str, str] | None = None
+    env: dict[str, str | None] | None = None
     # rank -> that rank's DDP modules (keys are ranks as strings in the file)
     ddp_modules: dict[int, list[DDPModule]] = {}
     # How the run ended (the watcher's launcher): {"how": "exited"|"hang"|"signal"|..., "exit_code": N, ...}
@@ -131,7 +131,7 @@ class RankInfo(Artefact, kw_only=True):
     host: str | None = None
     pid: int | None = None
     versions: dict[str, Json] | None = None
-    env: dict[str, str] | None = None
+    env: dict[str, str | None] | None = None
     process_group: ProcessGroupInfo | None = None
     ddp_modules: list[DDPModule] = []
 
@@ -371,8 +371,8 @@ class PreflightRecord(Artefact, kw_only=True):
     local_rank: int | None = None
     host: str | None = None
     backend: str | None = None
-    env: dict[str, str] = {}
-    dist_env: dict[str, str] = {}
+    env: dict[str, str | None] = {}
+    dist_env: dict[str, str | None] = {}
     versions: dict[str, str | int | float | bool | None] = {}
     devices: Devices | None = None
     checks: dict[str, CheckRecord] = {}
