@@ -5,7 +5,6 @@ from __future__ import annotations
 import json
 import pickle
 
-import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
@@ -65,9 +64,6 @@ def test_topo_nccl_log(tmp_path_factory, seed, rnd):
     result_or_bad_input(_topo, [p], [])
 
 
-# An `inf` attribute makes the XML parser raise OverflowError on main; h15's logs/topo work fixes it (issue 12):
-# remove this mark once that is merged.
-@pytest.mark.xfail(strict=False, reason="topo XML inf attribute, fixed by the logs/topo work")
 @FUZZ
 @given(st.sampled_from(XMLS), st.randoms(use_true_random=False))
 def test_topo_xml(tmp_path_factory, seed, rnd):
