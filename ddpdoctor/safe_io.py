@@ -20,6 +20,10 @@ GZIP_MAGIC = b"\x1f\x8b"
 # whole job rarely pass 1 GiB. `--max-input-mb` (or DDPDOCTOR_MAX_INPUT_MB) raises the cap.
 DEFAULT_MAX_INPUT_MB = 4096
 MAX_JSON_DEPTH = 256
+# A gzip bomb expands ~1000x; profiler traces ~20x, logs rarely past 100x. Past 256 MiB, an input may expand at most
+# 200x its compressed size, so a small bomb is refused after reading a few MB, not after filling the memory.
+GZIP_MAX_RATIO = 200
+GZIP_FREE_BYTES = 256 << 20
 _CHUNK = 1 << 20
 
 
@@ -88,13 +92,16 @@ def _gunzip_stream(fh, head: bytes, path: Path, limit: int) -> bytes:  # type: i
             if not data:
                 break
         try:
-            out += d.decompress(data, limit + 1 - len(out))
+            out += d.decompress(data, min(limit + 1 - len(out), 16 * _CHUNK))
         except zlib.error as exc:
             raise BadInput(f"gzip data is corrupt near byte {consumed} ({exc})", path) from exc
         consumed += len(data) - len(d.unconsumed_tail)
         data = d.unconsumed_tail
         if len(out) > limit:
             raise BadInput(_too_big(None, limit) + " once decompressed", path)
+        if len(out) > GZIP_FREE_BYTES and len(out) > GZIP_MAX_RATIO * consumed:
+            raise BadInput(f"gzip data expands more than {GZIP_MAX_RATIO}x ({consumed} bytes to over "
+                           f"{len(out) >> 20} MiB): a gzip bomb? refused", path)
         if d.eof:
             rest = d.unused_data + data
             if not rest.startswith(GZIP_MAGIC):  # concatenated gzip members are legal; trailing junk is ignored
@@ -116,7 +123,7 @@ def gunzip_bytes(data: bytes, limit: int, name: str = "<stdin>") -> bytes:
 def _too_big(size: int | None, limit: int) -> str:
     shown = f"{size / (1 << 20):.0f} MiB " if size is not None else ""
     return (f"input {shown}exceeds the {limit / (1 << 20):.0f} MiB limit "
-            "(raise it with DDPDOCTOR_MAX_INPUT_MB)")
+            "(raise it with --max-input-mb or DDPDOCTOR_MAX_INPUT_MB)")
 
 
 def read_text(path: Path, limit: int | None = None) -> str:
@@ -124,12 +131,30 @@ def read_text(path: Path, limit: int | None = None) -> str:
     return read_bytes(path, limit).decode("utf-8", "replace")
 
 
+_NOT_STRUCTURE = bytes(b for b in range(256) if b not in b'"[]{}')
+
+
 def json_depth_ok(data: bytes, max_depth: int = MAX_JSON_DEPTH) -> int | None:
     """None when JSON nesting stays within ``max_depth``; else the byte offset where it first goes deeper.
 
-    Counts brackets outside strings in one pass (C speed for the common case via bytes.translate)."""
+    At C speed for real traces (hundreds of MB): escapes are removed (``\\\\`` first, then ``\\"``, which is
+    how JSON reads them left to right), everything but quotes and brackets is deleted by bytes.translate, and
+    numpy finds the brackets outside strings and sums them. Only a file that does go too deep is then walked
+    byte by byte, to name the offset (it stops there)."""
     if data.count(b"[") + data.count(b"{") <= max_depth:
         return None
+    import numpy as np
+
+    marks = data.replace(b"\\\\", b"").replace(b'\\"', b"").translate(None, _NOT_STRUCTURE)
+    a = np.frombuffer(marks, dtype=np.uint8)
+    outside = (np.cumsum(a == 0x22) & 1) == 0
+    step = (((a == 0x5B) | (a == 0x7B)) & outside).astype(np.int8) - (((a == 0x5D) | (a == 0x7D)) & outside)
+    if not len(step) or int(np.cumsum(step, dtype=np.int64).max()) <= max_depth:
+        return None
+    return _first_too_deep(data, max_depth)
+
+
+def _first_too_deep(data: bytes, max_depth: int) -> int:
     depth = 0
     in_str = False
     escape = False
@@ -149,7 +174,7 @@ def json_depth_ok(data: bytes, max_depth: int = MAX_JSON_DEPTH) -> int | None:
                 return i
         elif ch in (0x5D, 0x7D):
             depth -= 1
-    return None
+    return len(data)  # only unbalanced strings get here: call it too deep at the end
 
 
 # C0 and C1 control characters except tab and newline, and DEL: what makes a terminal change its title, clear

@@ -9,30 +9,32 @@ from typing import Any
 from ddpdoctor.errors import BadInput
 from ddpdoctor.probes.guard import read_probe_notes
 from ddpdoctor.report import Report
-from ddpdoctor.rundir.layout import RunDir, read_json
+from ddpdoctor.rundir.layout import RunDir
 
 
 def load_rank_files(run: RunDir, name: str) -> dict[int, dict[str, Any]]:
-    """rank -> the rank's NAME (sync.json or data.json). Ranks that wrote none here (another node's run
-    directory) come from the copy rank 0 gathered (ranks/rank0/sync-all.json), when there is one."""
+    """rank -> the rank's NAME (sync.json or data.json), validated against its schema (rundir/schema.py). Ranks
+    that wrote none here (another node's run directory) come from the copy rank 0 gathered
+    (ranks/rank0/sync-all.json), when there is one."""
+    from ddpdoctor.rundir import artefacts
+    from ddpdoctor.rundir.schema import GatheredSync
+
     out: dict[int, dict[str, Any]] = {}
     for rank in run.ranks_present():
         path = run.rank_file(rank, name)
         if path.exists():
-            data = read_json(path)
-            if not isinstance(data, dict):
-                raise BadInput(f"not a ddpdoctor {name} (expected a JSON object)", path)
-            out[rank] = data
+            out[rank] = artefacts.load_dict(path)
     key = {"sync.json": "sync", "data.json": "data"}[name]
     for rank in run.ranks_present():
         path = run.rank_file(rank, "sync-all.json")
         if not path.exists():
             continue
-        gathered = read_json(path)
-        if not isinstance(gathered, dict):
-            raise BadInput("not a ddpdoctor sync-all.json (expected a JSON object)", path)
+        gathered = artefacts.decode_json(path)
+        if isinstance(gathered, dict):
+            gathered.pop("schema_version", None)
+        artefacts.validate(gathered, dict[int, GatheredSync], path)
         for r, payload in gathered.items():
-            if str(r).isdigit() and int(r) not in out and isinstance(payload, dict) and isinstance(payload.get(key), dict):
+            if int(r) not in out and isinstance(payload.get(key), dict):
                 out[int(r)] = payload[key]
     return out
 

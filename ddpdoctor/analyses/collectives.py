@@ -61,8 +61,9 @@ def _nelems(dims: Any) -> int | None:
     if not isinstance(dims, list) or not dims:
         return None
     first = dims[0]
-    if isinstance(first, list) and first and all(isinstance(x, list) for x in first):
-        return sum(math.prod(int(v) for v in t) for t in first)
+    if isinstance(first, list) and first and all(isinstance(x, list) and all(isinstance(v, int) for v in x)
+                                                 for x in first):
+        return sum(math.prod(t) for t in first)
     if isinstance(first, list) and all(isinstance(x, int) for x in first):
         return math.prod(first) if first else None
     return None

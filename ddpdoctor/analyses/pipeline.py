@@ -3,7 +3,6 @@ summaries, or traces read in parallel processes), then the cross-rank analyses, 
 
 from __future__ import annotations
 
-import json
 import os
 from collections import defaultdict
 from concurrent.futures import ProcessPoolExecutor
@@ -16,7 +15,9 @@ from ddpdoctor.analyses.model import Analysis
 from ddpdoctor.analyses.rank import RankResult
 from ddpdoctor.errors import BadInput
 from ddpdoctor.report import Report
+from ddpdoctor.rundir import artefacts
 from ddpdoctor.rundir.layout import RunDir
+from ddpdoctor.rundir.schema import Manifest, RankSummary
 from ddpdoctor.traces import summary as summ
 from ddpdoctor.traces.loader import rank_from_filename
 
@@ -59,10 +60,11 @@ def _run_dir_units(run: RunDir, opts: AnalyzeOptions) -> list[_Unit]:
     return units
 
 
-def discover(paths: list[Path], opts: AnalyzeOptions) -> tuple[list[_Unit], dict[str, Any] | None]:
-    """Units of work and the first run directory's manifest (for the "ddp" section)."""
+def discover(paths: list[Path], opts: AnalyzeOptions) -> tuple[list[_Unit], Manifest | None]:
+    """Units of work and the first run directory's manifest (for the "ddp" section); a damaged manifest is bad
+    input naming the file and field."""
     units: list[_Unit] = []
-    manifest: dict[str, Any] | None = None
+    manifest: Manifest | None = None
     for p in paths:
         p = Path(p)
         if not p.exists():
@@ -71,10 +73,7 @@ def discover(paths: list[Path], opts: AnalyzeOptions) -> tuple[list[_Unit], dict
             run = RunDir(p)
             if run.is_run_dir():
                 if manifest is None:
-                    try:
-                        manifest = json.loads(run.manifest.read_text())
-                    except (OSError, ValueError):
-                        manifest = None
+                    manifest = artefacts.load(run.manifest, Manifest)
                 found = _run_dir_units(run, opts)
                 if not found:
                     raise BadInput("run directory holds no profiler traces (traces/*.pt.trace.json.gz)", p)
@@ -90,17 +89,23 @@ def discover(paths: list[Path], opts: AnalyzeOptions) -> tuple[list[_Unit], dict
 
 
 def _reduce(unit: _Unit, window: str) -> RankResult:
+    note = None
     if unit.summary is not None:
         try:
-            data = json.loads(unit.summary.read_text())
-            if data.get("schema") == summ.SCHEMA:
-                result = summ.from_dict(data)
+            summary = artefacts.load(unit.summary, RankSummary)
+            if summary.schema in (None, summ.SCHEMA):
+                result = summ.from_summary(summary)
                 # The rank wrote its own paths; name the files where they are now (the run dir may have moved).
                 result.input.path = ",".join(str(f) for f in unit.files) or str(unit.summary)
                 return result
-        except (OSError, ValueError, TypeError, KeyError):
-            pass  # a stale or damaged summary: the trace itself is the truth
-    return summ.analyze_files(unit.files, rank=unit.rank, window=window)
+        except BadInput as exc:
+            if not unit.files:
+                raise
+            note = f"{exc}; its trace was read instead"  # a damaged summary: the trace itself is the truth
+    result = summ.analyze_files(unit.files, rank=unit.rank, window=window)
+    if note:
+        result.notes.append(note)
+    return result
 
 
 def _reduce_safe(unit: _Unit, window: str) -> RankResult | tuple[str, str | None]:
@@ -150,13 +155,29 @@ def _check_duplicates(results: list[RankResult]) -> None:
         seen[r.metrics.rank] = r.input.path
 
 
-def ddp_section(manifest: dict[str, Any] | None) -> list[dict[str, Any]]:
+NO_STEPS_ADVICE = ("record with `ddpdoctor profile`, or call prof.step() once per training step inside "
+                   "torch.profiler.profile(schedule=...) so that each step is a ProfilerStep#N")
+
+
+def _check_steps(results: list[RankResult]) -> list[str]:
+    """Nothing per step is measurable without ProfilerStep#N events: bad input when no trace has one (never an
+    "ok" with no findings), a note naming each rank that has none."""
+    without = [r for r in results if r.metrics.steps == 0]
+    if len(without) == len(results):
+        where = results[0].input.path if len(results) == 1 else None
+        raise BadInput(f"no ProfilerStep in {'the trace' if where else 'any trace'}: step time, overlap and "
+                       f"stragglers cannot be measured; {NO_STEPS_ADVICE}", where)
+    return [f"rank {r.metrics.rank}: no ProfilerStep in its trace, so its step times are unknown; {NO_STEPS_ADVICE}"
+            for r in without]
+
+
+def ddp_section(manifest: Manifest | None) -> list[dict[str, Any]]:
     """The DDP modules of the lowest rank that reported them (configuration and bucket layout)."""
-    mods = (manifest or {}).get("ddp_modules") or {}
+    mods = {r: m for r, m in (manifest.ddp_modules if manifest else {}).items() if m}
     if not mods:
         return []
-    rank = min(mods, key=lambda k: int(k))
-    return [{"rank": int(rank), "module": i, **m} for i, m in enumerate(mods[rank])]
+    rank = min(mods)
+    return [{"rank": rank, "module": i, **artefacts.to_dict(m)} for i, m in enumerate(mods[rank])]
 
 
 def analyze_paths(paths: list[Path], options: AnalyzeOptions | None = None) -> Analysis:
@@ -167,6 +188,7 @@ def analyze_paths(paths: list[Path], options: AnalyzeOptions | None = None) -> A
     results, notes = reduce_all(units, opts)
     notes += _assign_order_ranks(results)
     _check_duplicates(results)
+    notes += _check_steps(results)
     results.sort(key=lambda r: r.metrics.rank)
     for r in results:
         notes.extend(r.notes)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import click
@@ -21,16 +22,21 @@ from ddpdoctor.commands._common import cli_errors, emit, fail_on_option, json_op
 @click.option("--html", "html_path", type=click.Path(path_type=Path), default=None, help="Write the HTML report here.")
 @click.option("--merge", "merge_path", type=click.Path(path_type=Path), default=None,
               help="Write one Perfetto/Chrome trace of all ranks, clocks aligned (e.g. merged.json.gz).")
+@click.option("--max-input-mb", type=click.FloatRange(1), default=None,
+              help="Largest (decompressed) input file to read, in MiB [default: 4096, or DDPDOCTOR_MAX_INPUT_MB].")
 @json_option
 @fail_on_option
 @cli_errors
 def command(paths: tuple[Path, ...], window: str, reread: bool, workers: int | None, verbose: bool,
-            html_path: Path | None, merge_path: Path | None, as_json: bool, fail_on: str) -> None:
+            html_path: Path | None, merge_path: Path | None, max_input_mb: float | None, as_json: bool,
+            fail_on: str) -> None:
     from ddpdoctor.analyses.pipeline import AnalyzeOptions, analyze_paths, report_for
     from ddpdoctor.renderers.console_perf import render_perf_sections
     from ddpdoctor.renderers.merge import trace_paths
     from ddpdoctor.renderers.outputs import write_outputs
 
+    if max_input_mb is not None:
+        os.environ["DDPDOCTOR_MAX_INPUT_MB"] = str(max_input_mb)  # the trace-reading worker processes inherit it
     analysis = analyze_paths(list(paths), AnalyzeOptions(window=window, reread=reread, workers=workers))
     report = report_for(analysis)
     # A run directory is read, never rewritten: `profile` already wrote its report.html and scalars, and an

@@ -269,7 +269,12 @@ def crash_findings(statuses: dict[int, dict[str, Any] | None], debug: bool = Fal
         return []
     roots = {r: s for r, s in failed.items() if not is_victim(s["exception"])}
     victims = sorted(r for r in failed if r not in roots)
-    if not roots:  # everyone is a victim: the first to fail is the best guess
+    silent = sorted(r for r, s in statuses.items() if s is None and r not in failed)
+    if not roots and silent:
+        # A rank killed outright (SIGKILL, the OOM killer) writes nothing; its peers' connection errors follow from it.
+        roots = {r: {"exception": "killed by a signal, leaving no status or message (SIGKILL or the OOM killer?)",
+                     "died": True} for r in silent}
+    elif not roots:  # everyone is a victim: the first to fail is the best guess
         first = min(failed, key=lambda r: failed[r].get("ended_at") or 0)
         roots = {first: failed[first]}
         victims = [r for r in victims if r != first]

@@ -4,7 +4,6 @@ Reads RUN/hang.json, RUN/heartbeats.json and the ranks' status/stderr files; the
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Any
 
@@ -122,7 +121,7 @@ def _text(path: Path) -> str:
 
 
 def _read(path: Path) -> dict[str, Any] | None:
-    try:
-        return json.loads(path.read_text())
-    except (OSError, ValueError):
-        return None
+    """A run-directory artefact, validated against its schema (rundir/schema.py); None when absent."""
+    from ddpdoctor.rundir import artefacts
+
+    return artefacts.load_dict(path) if path.exists() else None

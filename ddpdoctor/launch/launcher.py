@@ -251,7 +251,7 @@ def collect_torchrun_logs(run: RunDir) -> None:
             import json
 
             local_to_rank[int(json.loads(info.read_text())["local_rank"])] = rank
-        except (OSError, ValueError, KeyError):
+        except (OSError, ValueError, KeyError, TypeError):
             continue
     attempts = sorted(run.torchrun_logs.glob("*/attempt_*"), key=lambda p: p.stat().st_mtime)
     if not attempts:
@@ -265,5 +265,11 @@ def collect_torchrun_logs(run: RunDir) -> None:
             src = local_dir / f"{stream}.log"
             if src.exists():
                 dst = run.rank_file(rank, f"{stream}.log")
-                dst.parent.mkdir(parents=True, exist_ok=True)
-                shutil.copyfile(src, dst)
+                try:
+                    dst.parent.mkdir(parents=True, exist_ok=True)
+                    shutil.copyfile(src, dst)
+                except OSError as exc:  # a full disk: one line naming the file (the logs stay under torchrun/)
+                    from ddpdoctor.rundir.artefacts import write_error
+
+                    dst.unlink(missing_ok=True)
+                    raise write_error(exc, dst) from exc

@@ -46,21 +46,19 @@ class MergeOptions:
 
 
 def load_records(run_root: Path) -> dict[int, dict[str, Any]]:
-    """Every rank's record: RUN/ranks/rankR/preflight.json, completed from rank 0's gathered RUN/preflight.json."""
+    """Every rank's record: RUN/ranks/rankR/preflight.json, completed from rank 0's gathered RUN/preflight.json.
+    Each is validated against its schema (rundir/schema.py): a damaged one is bad input naming file and field."""
+    from ddpdoctor.rundir import artefacts
+    from ddpdoctor.rundir.schema import PreflightGathered, PreflightRecord
+
     records: dict[int, dict[str, Any]] = {}
     gathered = run_root / "preflight.json"
     if gathered.is_file():
-        try:
-            for key, rec in json.loads(gathered.read_text()).get("ranks", {}).items():
-                records[int(key)] = rec
-        except (OSError, ValueError, AttributeError):
-            pass
+        for key, rec in artefacts.load_dict(gathered, PreflightGathered).get("ranks", {}).items():
+            records[int(key)] = rec
     for path in sorted((run_root / "ranks").glob("rank*/preflight.json")):
-        try:
-            rec = json.loads(path.read_text())
-            records[int(rec["rank"])] = rec
-        except (OSError, ValueError, KeyError, TypeError):
-            continue
+        rec = artefacts.load_dict(path, PreflightRecord)
+        records[int(rec["rank"])] = rec
     return records
 
 

@@ -69,7 +69,7 @@ class RankSession:
             from ddpdoctor.probes.sync import install_check_sync
 
             self.extra.append(install_check_sync(self.run, self.rank, self.world_size, self.config.options, self.tracker))
-        write_json(self.run.rank_file(self.rank, "info.json"), self.info)
+        _write_quietly(self.run.rank_file(self.rank, "info.json"), self.info)
 
     def _record_layout_once(self, step: int) -> None:
         # DDP rebuilds its buckets after iteration 1; step 3 sees the layout the job keeps.
@@ -95,7 +95,7 @@ class RankSession:
             duration_s=round(time.time() - self.started, 3),
             ddp_modules=self.ddp.count,
         )
-        write_json(self.run.rank_file(self.rank, "status.json"), status)
+        _write_quietly(self.run.rank_file(self.rank, "status.json"), status)
         if self.profiler is not None:
             self.profiler.finish()
             status["traces"] = [p.name for p in self.profiler.written]
@@ -106,7 +106,7 @@ class RankSession:
                 pass
         self._write_info()
         self._summarise_traces()
-        write_json(self.run.rank_file(self.rank, "status.json"), status)
+        _write_quietly(self.run.rank_file(self.rank, "status.json"), status)
         self.tracker.uninstall()
         self.ddp.uninstall()
 
@@ -120,7 +120,15 @@ class RankSession:
             summary = summarize_trace_files(self.profiler.written, rank=self.rank)
             write_json(self.run.rank_file(self.rank, "summary.json"), summary)
         except Exception as exc:  # noqa: BLE001 - analyze can still read the trace itself
-            write_json(self.run.rank_file(self.rank, "summary-error.json"), {"error": repr(exc)})
+            _write_quietly(self.run.rank_file(self.rank, "summary-error.json"), {"error": repr(exc)})
+
+
+def _write_quietly(path: Any, data: Any) -> None:
+    """A rank's own record: a full disk (OSError) must not change how the user's job ends; what fitted is kept."""
+    try:
+        write_json(path, data)
+    except OSError:
+        pass
 
 
 def _run_script(config: ProbeConfig) -> None:

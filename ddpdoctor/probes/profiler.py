@@ -83,7 +83,13 @@ class ProfilerProbe:
         handler = torch.profiler.tensorboard_trace_handler(
             str(self.trace_dir), worker_name=f"rank{self.rank}", use_gzip=True
         )
-        handler(prof)
+        try:
+            handler(prof)
+        except OSError:
+            # A full disk (or quota) must not end the user's job: drop the half-written trace, keep training.
+            for partial in set(self.trace_dir.glob(f"rank{self.rank}.*.pt.trace.json.gz")) - before:
+                partial.unlink(missing_ok=True)
+            return
         after = set(self.trace_dir.glob(f"rank{self.rank}.*.pt.trace.json.gz"))
         self.written.extend(sorted(after - before))
 

@@ -19,9 +19,7 @@ fingerprints off; the stop and its exchanges stay, identical on every rank."""
 
 from __future__ import annotations
 
-import json
 import math
-import os
 import time
 from datetime import timedelta
 from typing import Any
@@ -31,7 +29,7 @@ from torch.nn.parallel import DistributedDataParallel
 
 from ddpdoctor.probes.guard import NOTES_FILE, Guard, ProbeNotes
 from ddpdoctor.probes.sampler import SamplerProbe
-from ddpdoctor.rundir.layout import RunDir
+from ddpdoctor.rundir.layout import RunDir, write_json
 
 SAMPLES = 4  # sampled elements per tensor, at fixed positions
 GATHER_TIMEOUT_S = 120  # the separate gloo group's timeout: a missing rank delays the stop, never hangs it
@@ -439,12 +437,9 @@ class SyncProbe:
 
 
 def _write_compact(path: Any, data: Any) -> None:
-    """Like rundir.write_json (atomic), without indentation: json's C encoder, several times faster on
-    long lists of numbers, which is what these files are."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    tmp.write_text(json.dumps(data, separators=(",", ":"), default=str))
-    os.replace(tmp, path)
+    """Like rundir.write_json (atomic, versioned), without indentation: json's C encoder, several times faster
+    on long lists of numbers, which is what these files are."""
+    write_json(path, data, compact=True)
 
 
 def install_check_sync(run: RunDir, rank: int, world_size: int, options: dict[str, Any], tracker: Any) -> SyncProbe:

@@ -14,14 +14,13 @@
 
 from __future__ import annotations
 
-import json
-import os
 import re
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from ddpdoctor.errors import BadInput
+from ddpdoctor.rundir import artefacts
 
 TRACE_GLOB = "*.pt.trace.json*"
 _RANK_DIR = re.compile(r"^rank(\d+)$")
@@ -106,21 +105,12 @@ class RunDir:
             raise BadInput(f"cannot write the run directory ({exc.strerror or exc})", self.root) from exc
 
 
-def write_json(path: Path, data: Any) -> None:
-    """Write JSON atomically (a rank killed mid-write leaves the old file, never half a file)."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    tmp.write_text(json.dumps(data, indent=1, default=str))
-    os.replace(tmp, path)
+def write_json(path: Path, data: Any, compact: bool = False) -> None:
+    """Write a run-directory artefact atomically, stamped with its schema_version (rundir/artefacts.py)."""
+    artefacts.write_json(path, data, compact)
 
 
 def read_json(path: Path) -> Any:
-    """Read a JSON artefact, or raise BadInput naming the file and the problem."""
-    try:
-        return json.loads(path.read_text())
-    except FileNotFoundError as exc:
-        raise BadInput("file not found", path) from exc
-    except (OSError, UnicodeDecodeError) as exc:
-        raise BadInput(f"cannot read ({exc})", path) from exc
-    except json.JSONDecodeError as exc:
-        raise BadInput(f"not valid JSON ({exc.msg} at line {exc.lineno})", path) from exc
+    """Read a JSON file, bounded in size and depth, or raise BadInput naming the file and the problem.
+    Artefacts with a schema are better read with rundir.artefacts.load (typed and validated)."""
+    return artefacts.decode_json(path)

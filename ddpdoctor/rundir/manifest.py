@@ -2,14 +2,16 @@
 
 from __future__ import annotations
 
-import json
 import socket
 import sys
 import time
 from dataclasses import asdict
 from typing import TYPE_CHECKING, Any
 
-from ddpdoctor.rundir.layout import RunDir, read_json, write_json
+from ddpdoctor.errors import BadInput
+from ddpdoctor.rundir import artefacts
+from ddpdoctor.rundir.layout import RunDir, write_json
+from ddpdoctor.rundir.schema import Manifest
 
 if TYPE_CHECKING:
     from ddpdoctor.launch.launcher import LaunchSpec
@@ -39,9 +41,10 @@ def write_initial(spec: LaunchSpec) -> None:
 
 
 def _read_optional(path: Any) -> dict[str, Any] | None:
+    """A rank's file as validated JSON; None when missing or damaged (the rank died writing it, or wrote none)."""
     try:
-        return json.loads(path.read_text())
-    except (OSError, ValueError):
+        return artefacts.load_dict(path)
+    except BadInput:
         return None
 
 
@@ -87,4 +90,10 @@ def finalize(run: RunDir, exit_code: int | None, duration_s: float, killed_by: s
 
 
 def load(run: RunDir) -> dict[str, Any]:
-    return read_json(run.manifest)
+    """manifest.json as JSON, every known field checked against its type (BadInput naming the field otherwise)."""
+    return artefacts.load_dict(run.manifest)
+
+
+def load_typed(run: RunDir) -> Manifest:
+    """manifest.json as a typed, validated Manifest."""
+    return artefacts.load(run.manifest, Manifest)

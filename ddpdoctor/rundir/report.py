@@ -2,23 +2,22 @@
 
 from __future__ import annotations
 
-import json
 from typing import Any
 
 from ddpdoctor.findings.job import job_findings
 from ddpdoctor.report import Report
+from ddpdoctor.rundir import artefacts
 from ddpdoctor.rundir import manifest as manifest_mod
 from ddpdoctor.rundir.layout import RunDir, write_json
 
 
 def rank_statuses(run: RunDir) -> dict[int, dict[str, Any] | None]:
-    """Each rank's status.json, or None for a rank that wrote none (killed by a signal) or an unreadable one."""
+    """Each rank's status.json (validated), or None for a rank that wrote none (killed by a signal). A status file
+    that is there but damaged is bad input naming the file and field."""
     statuses: dict[int, dict[str, Any] | None] = {}
     for rank in run.ranks_present():
-        try:
-            statuses[rank] = json.loads(run.rank_file(rank, "status.json").read_text())
-        except (OSError, ValueError):
-            statuses[rank] = None
+        path = run.rank_file(rank, "status.json")
+        statuses[rank] = artefacts.load_dict(path) if path.exists() else None
     return statuses
 
 

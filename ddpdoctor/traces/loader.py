@@ -7,15 +7,15 @@ AccumulateGrad). The garbage collector is off while decoding: it is the main cos
 from __future__ import annotations
 
 import gc
-import gzip
 import re
-import zlib
+import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import msgspec
 
+from ddpdoctor import safe_io
 from ddpdoctor.errors import BadInput
 
 GZIP_MAGIC = b"\x1f\x8b"
@@ -79,7 +79,7 @@ _ARGS = msgspec.json.Decoder(EventArgs)
 def decode_args(raw: msgspec.Raw) -> EventArgs:
     try:
         return _ARGS.decode(raw)
-    except (msgspec.DecodeError, msgspec.ValidationError, UnicodeDecodeError):
+    except (msgspec.DecodeError, msgspec.ValidationError, UnicodeDecodeError, RecursionError):
         return EventArgs()
 
 
@@ -93,22 +93,17 @@ class RawTrace:
 
 
 def read_bytes(path: Path) -> bytes:
-    """The file's JSON bytes; gzip is recognised by its magic bytes, not by the suffix."""
-    try:
-        with open(path, "rb") as fh:
-            data = fh.read()
-    except IsADirectoryError as exc:
-        raise BadInput("is a directory, not a trace file", path) from exc
-    except OSError as exc:
-        raise BadInput(f"cannot read ({exc.strerror or exc})", path) from exc
-    if data[:2] == GZIP_MAGIC:
-        try:
-            data = gzip.decompress(data)
-        except (OSError, EOFError, zlib.error) as exc:
-            raise BadInput(f"gzip data is corrupt or truncated ({exc})", path) from exc
-    elif path.suffix == ".gz":
+    """The file's JSON bytes, bounded (safe_io: regular files only, gzip by its magic bytes decompressed as a
+    stream with a cap, a corrupt or truncated stream named with its byte offset)."""
+    data = safe_io.read_bytes(path)
+    if path.suffix == ".gz" and not _was_gzip(path):
         raise BadInput("named .gz but is not gzip-compressed", path)
     return data
+
+
+def _was_gzip(path: Path) -> bool:
+    with open(path, "rb") as fh:  # read_bytes has checked it is a regular file
+        return fh.read(2) == GZIP_MAGIC
 
 
 def _decode(data: bytes, path: Path) -> tuple[TraceDoc, list[str]]:
@@ -124,16 +119,24 @@ def _decode(data: bytes, path: Path) -> tuple[TraceDoc, list[str]]:
         text = str(exc)
         if data.lstrip()[:1] == b"[":
             # The bare Chrome trace format: a JSON array of events.
-            try:
-                return TraceDoc(traceEvents=_EVENTS.decode(data)), notes
-            except msgspec.ValidationError as exc2:
-                raise BadInput(f"not a PyTorch profiler trace ({exc2})", path) from exc2
+            return TraceDoc(traceEvents=_bare_events(data, path)), notes
         if "missing required field `traceEvents`" in text:
             raise BadInput("not a PyTorch profiler trace (no traceEvents)", path) from exc
         raise BadInput(f"not a PyTorch profiler trace ({text})", path) from exc
     except msgspec.DecodeError as exc:
         problem = "truncated JSON" if "truncated" in str(exc) else f"not valid JSON ({exc})"
         raise BadInput(problem, path) from exc
+    except RecursionError as exc:
+        # msgspec bounds nesting itself, in C, before Python's stack is at risk (no separate pre-scan of a
+        # 500 MB trace is needed): a trace is a few levels deep, so this is a damaged or hostile file.
+        raise BadInput(f"JSON nested too deeply (more than {sys.getrecursionlimit()} levels)", path) from exc
+
+
+def _bare_events(data: bytes, path: Path) -> list[Event]:
+    try:
+        return _EVENTS.decode(data)
+    except (msgspec.ValidationError, msgspec.DecodeError, RecursionError) as exc:
+        raise BadInput(f"not a PyTorch profiler trace ({exc})", path) from exc
 
 
 def load_raw(path: Path) -> RawTrace:

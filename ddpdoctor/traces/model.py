@@ -14,8 +14,11 @@ from pathlib import Path
 
 import numpy as np
 
+from ddpdoctor.errors import BadInput
+from ddpdoctor.safe_io import clean_text
 from ddpdoctor.traces.loader import EventArgs, RawTrace, decode_args, rank_from_filename
 
+_INF = float("inf")
 _STEP = re.compile(r"^ProfilerStep#(\d+)$")
 _WAIT = re.compile(r"wait|synchronize", re.IGNORECASE)
 BACKWARD_PREFIX = "autograd::engine::evaluate_function:"
@@ -177,6 +180,9 @@ def build_trace(raw: RawTrace, fallback_rank: int | None = None) -> Trace:
             continue
         ts = ev.ts
         end = ts + ev.dur
+        if not (ev.dur >= 0.0 and -_INF < end < _INF):  # NaN fails every comparison
+            raise BadInput(f"event {clean_text(name)[:80]!r} at ts {ts} has duration {ev.dur}: durations must be "
+                           "finite and >= 0 (a damaged or hand-edited trace)", raw.path)
         if k & K_GPU:
             # The third slot holds the correlation id until the runtime calls are known (they may come later).
             a = decode_args(ev.args)

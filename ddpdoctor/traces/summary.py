@@ -11,17 +11,9 @@ from typing import Any
 
 import numpy as np
 
-from ddpdoctor.analyses.model import (
-    Bucket,
-    CollectiveCall,
-    GradReady,
-    InputInfo,
-    RankMetrics,
-    StepMetrics,
-    SyncCall,
-)
 from ddpdoctor.analyses.rank import RankResult, analyze_trace
 from ddpdoctor.errors import BadInput
+from ddpdoctor.rundir.schema import RankSummary
 from ddpdoctor.traces.loader import load_raw
 from ddpdoctor.traces.model import Spans, Trace, build_trace
 
@@ -71,19 +63,10 @@ def to_dict(r: RankResult) -> dict[str, Any]:
     return {"schema": SCHEMA, "window": "all", **asdict(r)}
 
 
-def from_dict(d: dict[str, Any]) -> RankResult:
-    m = dict(d["metrics"])
-    m["per_step"] = [StepMetrics(**p) for p in m.get("per_step", [])]
-    return RankResult(
-        input=InputInfo(**d["input"]),
-        metrics=RankMetrics(**m),
-        calls=[CollectiveCall(**c) for c in d.get("calls", [])],
-        buckets=[Bucket(**b) for b in d.get("buckets", [])],
-        grad_ready=[GradReady(**g) for g in d.get("grad_ready", [])],
-        syncs=[SyncCall(**s) for s in d.get("syncs", [])],
-        host=d.get("host"),
-        notes=list(d.get("notes", [])),
-    )
+def from_summary(s: RankSummary) -> RankResult:
+    """A validated summary.json (rundir.schema.RankSummary) as the RankResult it was written from."""
+    return RankResult(input=s.input, metrics=s.metrics, calls=list(s.calls), buckets=list(s.buckets),
+                      grad_ready=list(s.grad_ready), syncs=list(s.syncs), host=s.host, notes=list(s.notes))
 
 
 def summarize_trace_files(paths: list[Path], rank: int) -> dict[str, Any]:

@@ -21,7 +21,7 @@ GOOD = json.dumps(cpu_trace(0)).encode()
 @pytest.mark.parametrize("name,data,problem", [
     ("t.json", GOOD[: len(GOOD) // 2], "truncated JSON"),
     ("t.json.gz", GOOD, "not gzip"),
-    ("t.json.gz", gzip.compress(GOOD)[:-30], "gzip data is corrupt or truncated"),
+    ("t.json.gz", gzip.compress(GOOD)[:-30], "gzip data is truncated at byte"),
     ("t.json", b'{"hello": [1, 2]}', "not a PyTorch profiler trace"),
     ("t.json", b'{"traceEvents": []}', "no events"),
     ("t.json", b"", "empty file"),
@@ -127,7 +127,11 @@ event = st.fixed_dictionaries({
 @given(events=st.lists(event, min_size=1, max_size=40))
 def test_fuzz_analysis_of_arbitrary_events(tmp_path, events):
     p = write(tmp_path / "e.json", {"traceEvents": events})
-    a = analyze_paths([p])
+    try:
+        a = analyze_paths([p])
+    except BadInput as exc:  # nothing per step to measure is said as bad input, never "ok"
+        assert "no ProfilerStep" in str(exc)
+        return
     sec = a.to_sections()
     text = json.dumps(sec)
     assert "NaN" not in text and "Infinity" not in text

@@ -1,0 +1,404 @@
+"""The typed, versioned schema of every file ddpdoctor writes into a run directory (msgspec Structs).
+
+Every field has a default, so run directories written before a field existed (or before ``schema_version``) still
+load; unknown fields are ignored, so a newer ddpdoctor's files load in an older one. What a field holds is checked
+on load (rundir/artefacts.py): a value of another type is bad input naming the file and the field path.
+
+To add a field: add it here with a default (``None`` or an empty container) and its type; raise the artefact's
+version in VERSIONS only when an existing field changes meaning."""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+import msgspec
+
+from ddpdoctor.analyses.model import Bucket, CollectiveCall, GradReady, InputInfo, RankMetrics, SyncCall
+from ddpdoctor.preflight.nccltable import BandwidthRow
+
+Number = float  # msgspec accepts JSON integers for float fields; booleans are refused
+Json = Any  # free-form: not read by any analysis (shown or copied only)
+
+
+class Artefact(msgspec.Struct, kw_only=True):
+    # 0: written before artefacts carried a version (e.g. sample_traces/).
+    schema_version: int = 0
+
+
+# ---- the DDP layout a rank recorded (info.json, manifest.json ddp_modules) -----------------------------------
+
+class BucketLayout(msgspec.Struct, kw_only=True, omit_defaults=True):
+    index: int | None = None
+    bytes: int | None = None
+    param_indices: list[int] = []
+    params: list[str] = []
+
+
+class ParamInfo(msgspec.Struct, kw_only=True, omit_defaults=True):
+    name: str
+    numel: int | None = None
+    bytes: int | None = None
+    dtype: str | None = None
+
+
+class DDPModule(msgspec.Struct, kw_only=True, omit_defaults=True):
+    module_class: str | None = None
+    bucket_cap_mb: Number | None = None
+    bucket_cap_bytes: int | None = None
+    find_unused_parameters: bool | None = None
+    static_graph: bool | None = None
+    gradient_as_bucket_view: bool | None = None
+    broadcast_buffers: bool | None = None
+    parameter_count: int | None = None
+    parameter_bytes: int | None = None
+    parameter_tensors: int | None = None
+    parameters_ignored: list[str] = []
+    parameters: list[ParamInfo] = []
+    buckets: list[BucketLayout] = []
+    buckets_rebuilt: bool | None = None
+    grad_ready_order: list[int] | None = None
+    iteration: int | None = None
+    world_size: int | None = None
+    backend: str | None = None
+
+
+class GroupInfo(msgspec.Struct, kw_only=True):
+    name: str | None = None
+    ranks: list[int] = []
+
+
+class ProcessGroupInfo(msgspec.Struct, kw_only=True):
+    backend: str | None = None
+    world_size: int | None = None
+    groups: list[GroupInfo] = []
+
+
+# ---- manifest.json ---------------------------------------------------------------------------------------------
+
+class RankEnd(msgspec.Struct, kw_only=True):
+    rank: int
+    local_rank: int | None = None
+    host: str | None = None
+    pid: int | None = None
+    exit_code: int | None = None
+    exception: str | None = None
+    steps_completed: int | None = None
+    status: str | None = None
+
+
+class Schedule(msgspec.Struct, kw_only=True):
+    wait: int | None = None
+    warmup: int | None = None
+    active: int | None = None
+    repeat: int | None = None
+
+
+class Manifest(Artefact, kw_only=True):
+    schema: int | None = None  # the pre-versioning field, kept for older readers
+    ddpdoctor_version: str | None = None
+    mode: str | None = None
+    command_line: list[str] = []
+    script: str | None = None
+    script_args: list[str] = []
+    launcher: str | None = None
+    launcher_host: str | None = None
+    torchrun_flags: dict[str, Json] = {}
+    schedule: Schedule | None = None
+    options: dict[str, Json] = {}
+    started_at: str | None = None
+    finished: bool = False
+    exit_code: int | None = None
+    duration_s: Number | None = None
+    killed_by: str | None = None
+    world_size: int | None = None
+    ranks: list[RankEnd] = []
+    hosts: list[str] = []
+    backend: str | None = None
+    versions: dict[str, Json] | None = None
+    env: dict[str, str | None] | None = None
+    # rank -> that rank's DDP modules (keys are ranks as strings in the file)
+    ddp_modules: dict[int, list[DDPModule]] = {}
+    # How the run ended (the watcher's launcher): {"how": "exited"|"hang"|"signal"|..., "exit_code": N, ...}
+    ended: dict[str, Json] | None = None
+
+
+# ---- ranks/rankR/info.json, status.json, summary.json ----------------------------------------------------------
+
+class RankInfo(Artefact, kw_only=True):
+    rank: int | None = None
+    world_size: int | None = None
+    local_rank: int | None = None
+    host: str | None = None
+    pid: int | None = None
+    versions: dict[str, Json] | None = None
+    env: dict[str, str | None] | None = None
+    process_group: ProcessGroupInfo | None = None
+    ddp_modules: list[DDPModule] = []
+
+
+class RankStatus(Artefact, kw_only=True):
+    exit_code: int | None = None
+    rank: int | None = None
+    steps_completed: int | None = None
+    step_times_s: list[Number] = []
+    duration_s: Number | None = None
+    ddp_modules: int | None = None
+    traces: list[str] = []
+    ended_at: Number | None = None
+    exception: str | None = None
+    exception_type: str | None = None
+    traceback: str | None = None
+    signal: str | None = None
+    stopped_by: str | None = None
+
+
+class RankSummary(Artefact, kw_only=True):
+    """One rank's trace reduced to its RankResult (traces/summary.py writes it)."""
+
+    schema: int | None = None
+    window: str = "all"
+    input: InputInfo
+    metrics: RankMetrics
+    calls: list[CollectiveCall] = []
+    buckets: list[Bucket] = []
+    grad_ready: list[GradReady] = []
+    syncs: list[SyncCall] = []
+    host: str | None = None
+    notes: list[str] = []
+
+
+class SummaryError(Artefact, kw_only=True):
+    error: str | None = None
+
+
+# ---- RUN/heartbeats.json, RUN/hang.json (the launcher's monitor) ------------------------------------------------
+
+class Beat(msgspec.Struct, kw_only=True):
+    type: str | None = None
+    rank: int | None = None
+    pid: int | None = None
+    time: Number | None = None
+    step: int | None = None
+    phase: str | None = None
+    step_started: Number | None = None
+    last_step_s: Number | None = None
+    max_step_s: Number | None = None
+    collective: dict[str, Json] | None = None
+    last_collective: dict[str, Json] | None = None
+    where: str | None = None
+
+
+class RankExit(msgspec.Struct, kw_only=True):
+    exit_code: int | None = None
+    exception: str | None = None
+    steps_completed: int | None = None
+
+
+class RankBeats(msgspec.Struct, kw_only=True):
+    beat: Beat | None = None
+    exit: RankExit | None = None
+
+
+class Heartbeats(Artefact, kw_only=True):
+    world_size: int | None = None
+    ranks: dict[int, RankBeats] = {}
+    monitor: dict[str, Json] | None = None  # the watcher's own counters: rejected connections, stalls
+
+
+class Position(msgspec.Struct, kw_only=True):
+    rank: int | None = None
+    state: str | None = None
+    phase: str | None = None
+    step: int | None = None
+    op: str | None = None
+    group: str | None = None
+    seq: int | None = None
+    sizes: list[Json] = []
+    call_site: str | None = None
+    exit_code: int | None = None
+
+
+class HangDiagnosis(msgspec.Struct, kw_only=True):
+    # Required: the hang findings read them directly.
+    culprit_ranks: list[int]
+    stalled_ranks: list[int]
+    reason: str
+    kind: str
+    collective: dict[str, Json] | None = None
+    positions: dict[int, Position] = {}
+    differs: list[str] = []
+
+
+class Hang(Artefact, kw_only=True):
+    detected_after_s: Number | None = None
+    reported_after_s: Number | None = None
+    hang_timeout_s: Number | None = None
+    startup_timeout_s: Number | None = None
+    in_startup: bool | None = None
+    on_hang: str | None = None
+    diagnosis: HangDiagnosis
+    stacks: dict[int, str | None] = {}
+    heartbeats: dict[int, Beat | None] = {}
+    flight_recorder: dict[int, Json] = {}
+
+
+# ---- check-sync: ranks/rankR/sync.json, data.json, sync-all.json ------------------------------------------------
+
+# per tensor; non-finite values are written as their repr ("nan", "inf", "-inf")
+Fingerprint = list[Number | Literal["nan", "inf", "-inf"]] | None
+
+
+class SyncModule(msgspec.Struct, kw_only=True):
+    index: int
+    module_class: str | None = None
+    broadcast_buffers: bool | None = None
+    find_unused_parameters: bool | None = None
+    params: list[str] = []
+    ignored_params: list[str] = []
+    frozen_params: list[str] = []
+    buffers: list[str] = []
+    batchnorm_buffers: list[str] = []
+
+
+class SyncRow(msgspec.Struct, kw_only=True):
+    step: int
+    module: int
+    fp: list[Fingerprint] = []
+    synced_by_ddp: bool | None = None
+    synced_forwards: int | None = None
+    unsynced_forwards: int | None = None
+    reduced: bool | None = None
+
+
+class SyncRecord(Artefact, kw_only=True):
+    rank: int | None = None
+    world_size: int | None = None
+    stop_after: int | None = None
+    stopped_at: int | None = None
+    steps_completed: int | None = None
+    check_seconds: Number | None = None
+    modules: list[SyncModule] = []
+    optimizer_params_outside_ddp: list[dict[str, Json]] = []
+    grads: list[SyncRow] = []
+    params: list[SyncRow] = []
+    buffers: list[SyncRow] = []
+    equivalence: dict[str, Json] | None = None
+
+
+class LoaderEpoch(msgspec.Struct, kw_only=True):
+    epoch: int | None = None
+    batches_yielded: int | None = None
+    batches: int | None = None
+    steps: int = 0
+    len: int | None = None
+    sampler_epoch: int | None = None
+    order_hash: str | None = None
+    indices: list[int] | None = None
+    sample_hashes: list[str] | None = None
+
+
+class LoaderRecord(msgspec.Struct, kw_only=True):
+    loader: int
+    subset: dict[str, Json] | None = None
+    dataset_class: str | None = None
+    dataset_len: int | None = None
+    iterable: bool | None = None
+    batch_size: int | None = None
+    drop_last: bool | None = None
+    shuffle_arg: bool | None = None
+    sampler_arg: bool | None = None
+    batch_sampler_arg: bool | None = None
+    num_workers: int | None = None
+    sampler: dict[str, Json] | None = None
+    epochs: list[LoaderEpoch] = []
+
+
+class DataRecord(Artefact, kw_only=True):
+    rank: int | None = None
+    loaders: list[LoaderRecord] = []
+    init_conflicts: list[dict[str, Json]] = []
+    set_epoch_calls: int = 0
+
+
+class GatheredSync(msgspec.Struct, kw_only=True):
+    sync: SyncRecord | None = None
+    data: DataRecord | None = None
+
+
+# ---- preflight: ranks/rankR/preflight.json and RUN/preflight.json ----------------------------------------------
+
+class ProbeCause(msgspec.Struct, kw_only=True):
+    cause: str | None = None
+    detail: str | None = None
+
+
+class CheckEvidence(msgspec.Struct, kw_only=True):
+    """The evidence fields the preflight merge reads (each check fills some of them)."""
+
+    missing_ranks: list[int] = []
+    probe: ProbeCause | None = None
+    error: str | None = None
+    master_addr: str | None = None
+    master_port: int | str | None = None
+    latency_us: Number | None = None
+    world_size: int | None = None
+    rows: list[BandwidthRow] = []  # the nccl-tests row dataclass itself
+    gflops: Number | None = None
+    offsets: dict[int, ClockOffset] = {}
+
+
+class ClockOffset(msgspec.Struct, kw_only=True):
+    offset_ms: Number
+    rtt_ms: Number
+
+
+class CheckRecord(msgspec.Struct, kw_only=True):
+    status: str = "fail"
+    summary: str | None = None
+    evidence: CheckEvidence = msgspec.field(default_factory=CheckEvidence)
+    seconds: Number | None = None
+
+
+class Devices(msgspec.Struct, kw_only=True):
+    cuda_available: bool | None = None
+    count: int | None = None
+    uuid: str | list[str] | None = None
+
+
+class PreflightRecord(Artefact, kw_only=True):
+    rank: int
+    world_size: int | None = None
+    local_rank: int | None = None
+    host: str | None = None
+    backend: str | None = None
+    env: dict[str, str | None] = {}
+    dist_env: dict[str, str | None] = {}
+    versions: dict[str, str | int | float | bool | None] = {}
+    devices: Devices | None = None
+    checks: dict[str, CheckRecord] = {}
+
+
+class PreflightGathered(Artefact, kw_only=True):
+    ranks: dict[int, PreflightRecord] = {}
+
+
+class ReportFile(Artefact, kw_only=True):
+    """RUN/report.json: written for people and tools; ddpdoctor itself only checks its envelope."""
+
+    command: str | None = None
+    status: str | None = None
+    findings: list[dict[str, Json]] = []
+
+
+# The current version of each artefact (stamped on write); bump when a field changes meaning.
+VERSIONS: dict[type[Artefact], int] = {
+    Manifest: 2, RankInfo: 1, RankStatus: 1, RankSummary: 2, SummaryError: 1, Heartbeats: 1, Hang: 1,
+    SyncRecord: 1, DataRecord: 1, PreflightRecord: 1, PreflightGathered: 1, ReportFile: 1,
+}
+
+# Which schema a file name has (the writer stamps schema_version from it; the loader validates with it).
+BY_NAME: dict[str, type[Artefact]] = {
+    "manifest.json": Manifest, "info.json": RankInfo, "status.json": RankStatus, "summary.json": RankSummary,
+    "summary-error.json": SummaryError, "heartbeats.json": Heartbeats, "hang.json": Hang, "sync.json": SyncRecord,
+    "data.json": DataRecord, "preflight.json": PreflightRecord, "report.json": ReportFile,
+}

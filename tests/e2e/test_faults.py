@@ -1,0 +1,87 @@
+"""Faults in real jobs (2 gloo ranks): a rank killed by SIGKILL, SIGSEGV or SIGABRT, and --out on a full disk.
+Each checks the exit code, the culprit, that no process of the job is left, and that `ddpdoctor analyze RUN`
+still reads what was kept (a report, or one line)."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+import time
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import SCENARIOS, run_cli
+
+pytestmark = pytest.mark.slow
+
+
+def _scenario(tmp_path: Path, name: str) -> Path:
+    """The scenario copied under tmp_path, so this test's processes are found by their command line."""
+    d = tmp_path / "job"
+    d.mkdir()
+    shutil.copy(SCENARIOS / "_common.py", d)
+    return Path(shutil.copy(SCENARIOS / name, d))
+
+
+def _left_over(marker: Path) -> list[str]:
+    """Processes whose command line names ``marker`` (given a moment to be reaped)."""
+    for _ in range(20):
+        ps = subprocess.run(["ps", "-eo", "pid,args"], capture_output=True, text=True).stdout.splitlines()
+        alive = [line for line in ps if str(marker) in line and "ps -eo" not in line]
+        if not alive:
+            return []
+        time.sleep(0.5)
+    return alive
+
+
+def _analyze_reads(run: Path) -> None:
+    r = run_cli("analyze", str(run))
+    assert "Traceback" not in r.stderr, r.stderr[-3000:]
+    assert r.returncode in (0, 1) or (r.returncode == 2 and len(r.stderr.strip().splitlines()) == 1), r.stderr
+
+
+@pytest.mark.parametrize("sig", ["KILL", "SEGV", "ABRT"])
+def test_rank_killed_by_a_signal_is_the_culprit(tmp_path: Path, sig: str) -> None:
+    script = _scenario(tmp_path, "rank_signal.py")
+    out = tmp_path / "run"
+    proc = run_cli("profile", "--nproc-per-node", "2", "-q", "--json", "--out", str(out), str(script),
+                   env={"FAULT_SIGNAL": sig, "SCENARIO_GLOO_TIMEOUT": "60"}, timeout=240)
+    assert proc.returncode == 1, proc.stderr[-3000:]
+    report = json.loads(proc.stdout)
+    crashed = [f for f in report["findings"] if f["id"] == "rank-crashed"]
+    assert [f["ranks"] for f in crashed] == [[1]], report["findings"]  # rank 0's connection error is the consequence
+    assert "failed first" in crashed[0]["title"] and "died" in crashed[0]["title"]
+    assert _left_over(script.parent) == []
+    _analyze_reads(out)
+
+
+def _mount_small_tmpfs(where: Path, size: str) -> bool:
+    where.mkdir()
+    r = subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", str(where)], capture_output=True)
+    return r.returncode == 0
+
+
+@pytest.mark.parametrize("size", ["40k", "90k"])
+def test_out_on_a_full_disk_is_one_line_and_keeps_what_fitted(tmp_path: Path, size: str) -> None:
+    script = _scenario(tmp_path, "healthy.py")
+    disk = tmp_path / "disk"
+    env = {}
+    if not _mount_small_tmpfs(disk, size):
+        # No mount in this sandbox: the artefact writer fails as a full disk would (rundir/artefacts.py hook).
+        env["DDPDOCTOR_TEST_ENOSPC"] = "*/report.json" if size == "90k" else "*/status.json"
+    try:
+        out = disk / "run"
+        proc = run_cli("profile", "--nproc-per-node", "2", "--out", str(out), str(script), env=env, timeout=240)
+        assert "Traceback" not in proc.stderr, proc.stderr[-3000:]
+        if not env or size == "90k":
+            assert proc.returncode == 2, proc.stderr[-3000:]
+            last = proc.stderr.strip().splitlines()[-1]
+            assert last.startswith("ddpdoctor: error: ") and "No space left on device" in last, last
+        assert not [p for p in out.rglob("*") if p.name.endswith(".tmp")]
+        assert (out / "manifest.json").is_file()  # what fitted is kept
+        assert _left_over(script.parent) == []
+        _analyze_reads(out)
+    finally:
+        subprocess.run(["umount", str(disk)], capture_output=True)
