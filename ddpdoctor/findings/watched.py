@@ -28,10 +28,22 @@ def watched_report(run: RunDir, command: str, debug: bool = False, analyse_trace
         )
         # Ranks killed because of the hang write no status: that is not a separate problem.
         report.findings = [f for f in report.findings if f.id != "rank-no-status"]
+    report.notes.extend(monitor_notes(_read(run.root / "heartbeats.json") or {}))
     crashed = {r for f in report.findings if f.id == "rank-crashed" for r in f.ranks}
     # A rank that died is named by rank-crashed (with what its stderr said): its "no status" is the same event.
     report.findings = [f for f in report.findings if f.id != "rank-no-status" or not set(f.ranks) <= crashed]
     return report
+
+
+def monitor_notes(heartbeats: dict[str, Any]) -> list[str]:
+    """What the monitor refused: connections without the job's token, or messages over its limits."""
+    rejected = (heartbeats.get("monitor") or {}).get("rejected") or {}
+    if not isinstance(rejected, dict) or not rejected:
+        return []
+    total = sum(v for v in rejected.values() if isinstance(v, int))
+    parts = ", ".join(f"{k} {v}" for k, v in sorted(rejected.items()) if isinstance(v, int))
+    return [f"The heartbeat monitor dropped {total} connection(s) or message(s) that were not the job's ({parts}); "
+            "see docs/trust.md."]
 
 
 def watch_findings(run: RunDir, debug: bool = False) -> list[Finding]:

@@ -179,6 +179,8 @@ def launch(spec: LaunchSpec, watcher: JobWatcher | None = None) -> LaunchResult:
         manifest_mod.write_initial(spec)
     monitor = watcher.start(spec) if watcher is not None else None
     env = _rank_env(spec, monitor)
+    # The monitor's token reaches the ranks through their environment only (docs/trust.md).
+    env.update(getattr(watcher, "rank_env", dict)())
     started = time.time()
     tees: list[threading.Thread] = []
     if spec.launcher == "torchrun":
