@@ -212,6 +212,27 @@ def _mismatch_finding(colls: dict[int, dict[str, Any]], differs: list[str], debu
     )
 
 
+def stall_findings(stalls: list[dict[str, Any]]) -> list[Finding]:
+    """``long-stall`` (warning): a rank that spent longer than the hang timeout outside any collective while still
+    working (CPU, I/O or a moving stack), so the monitor kept watching instead of calling it a hang."""
+    out = []
+    for st in stalls:
+        if not isinstance(st, dict) or not isinstance(st.get("rank"), int):
+            continue
+        secs = st.get("stalled_s")
+        out.append(Finding(
+            "long-stall", Severity.WARNING,
+            f"Rank {st['rank']} spent {secs} s in step {st.get('step')} outside any collective, still working "
+            f"(at {st.get('call_site')}); the other ranks waited for it",
+            ranks=[st["rank"]],
+            evidence={k: st.get(k) for k in ("rank", "step", "phase", "call_site", "stalled_s", "stack")},
+            advice="A long checkpoint or evaluation on one rank makes every other rank wait. If it is expected, "
+                   "nothing is wrong; to have ddpdoctor call it a hang after N seconds whatever the rank does, "
+                   "pass --hang-timeout N.",
+        ))
+    return out
+
+
 def is_victim(exception: str) -> bool:
     return any(p.lower() in exception.lower() for p in VICTIM_PATTERNS)
 

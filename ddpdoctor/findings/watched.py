@@ -56,7 +56,7 @@ def monitor_notes(heartbeats: dict[str, Any]) -> list[str]:
 def watch_findings(run: RunDir, debug: bool = False, stopped: bool = False) -> list[Finding]:
     """Findings from RUN/hang.json, the ranks' status files and (with --debug) their stderr. ``stopped``: ddpdoctor
     was stopped by a signal and stopped the job, so ranks that died of that stop are not crashes."""
-    from ddpdoctor.findings.hang import crash_findings, hang_findings, is_victim
+    from ddpdoctor.findings.hang import crash_findings, hang_findings, is_victim, stall_findings
 
     findings: list[Finding] = []
     statuses = rank_statuses(run)
@@ -69,6 +69,8 @@ def watch_findings(run: RunDir, debug: bool = False, stopped: bool = False) -> l
         findings.extend(hang_findings(hang, debug=debug))
         # After a hang, ranks killed by ddpdoctor are victims, not crashes.
         crashes = [f for f in crashes if f.id != "rank-crashed" or "SIGTERM" not in str(f.evidence.get("exception"))]
+    stalls = ((_read(run.root / "heartbeats.json") or {}).get("monitor") or {}).get("stalls") or []
+    findings.extend(stall_findings(stalls if isinstance(stalls, list) else []))
     if stopped:
         crashes = [f for f in crashes if f.id != "rank-crashed" or not is_victim(str(f.evidence.get("exception")))]
     have = {f.id for f in findings}

@@ -16,6 +16,7 @@ poll loop, ~10/s) and ``on_stop(monitor)``; ``snapshot()`` gives every rank's st
 from __future__ import annotations
 
 import json
+import os
 import secrets
 import signal
 import threading
@@ -35,11 +36,21 @@ from ddpdoctor.rundir.layout import RunDir, write_json, write_private_text
 if TYPE_CHECKING:
     from ddpdoctor.launch.launcher import LaunchSpec, RunningJob
 
-MIN_HANG_TIMEOUT_S = 60.0
+def _floor_from_env() -> float:
+    """The default timeout's floor: 60 s, or $DDPDOCTOR_DEFAULT_HANG_TIMEOUT (still a default: busy ranks are stalls)."""
+    try:
+        value = float(os.environ.get("DDPDOCTOR_DEFAULT_HANG_TIMEOUT", "60"))
+    except ValueError:
+        return 60.0
+    return value if value > 0 else 60.0
+
+
+MIN_HANG_TIMEOUT_S = _floor_from_env()
 STEP_MULTIPLE = 10.0
 KILL_GRACE_S = 3.0
 MAX_WORLD = 1 << 20
-STUCK_S = 15.0  # a laggard with no CPU, no I/O and no move of its Python position for this long is stuck
+# A laggard with no CPU, no I/O and no move of its Python position for this long is stuck (15 s by default).
+STUCK_S = MIN_HANG_TIMEOUT_S / 4
 ACTIVITY_EVERY_S = 1.0
 
 
