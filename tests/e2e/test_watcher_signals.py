@@ -16,7 +16,7 @@ from typing import Any
 import pytest
 
 from ddpdoctor.launch.proctree import descendants
-from tests.conftest import REPO, SCENARIOS
+from tests.conftest import REPO, SCENARIOS, run_cli
 
 pytestmark = pytest.mark.slow
 
@@ -63,15 +63,22 @@ def gone_within(pids: set[int], seconds: float) -> list[str]:
 def stop_with(tmp_path: Path, command: str, sig: int, *extra: str) -> tuple[int, dict[str, Any], str, Path, set[int]]:
     proc, out, mark = start(tmp_path, command, *extra)
     pids = wait_under_way(proc, mark)
+    if command == "run":  # the live run's directory is locked: a second launch into it is refused (13.8)
+        second = run_cli("run", "--overwrite", "--out", str(out), str(SCENARIOS / "pause.py"), timeout=60)
+        assert second.returncode == 2 and "in use by a live run" in second.stderr, second.stderr[-2000:]
+        assert (out / "manifest.json").is_file()  # and nothing of the live run was removed
     proc.send_signal(sig)
     stdout, stderr = proc.communicate(timeout=120)
     assert stdout.strip(), stderr[-3000:]
     return proc.returncode, json.loads(stdout), stderr, out, pids
 
 
+LONG = pytest.mark.skipif(not os.environ.get("DDPDOCTOR_LONG_TESTS"), reason="more of the same: DDPDOCTOR_LONG_TESTS=1")
+
+
 @pytest.mark.parametrize(("command", "sig", "status"), [
     ("run", signal.SIGTERM, "stopped"),
-    ("run", signal.SIGINT, "interrupted"),
+    pytest.param("run", signal.SIGINT, "interrupted", marks=LONG),
     ("profile", signal.SIGTERM, "stopped"),
     ("check-sync", signal.SIGINT, "interrupted"),
 ])
@@ -101,7 +108,7 @@ def test_a_signal_stops_the_job_and_is_reported_as_what_it_is(tmp_path: Path, co
         assert list((out / "traces").glob("*.pt.trace.json*"))
 
 
-@pytest.mark.parametrize("sig", [signal.SIGHUP, signal.SIGQUIT, signal.SIGKILL])
+@pytest.mark.parametrize("sig", [signal.SIGHUP, pytest.param(signal.SIGQUIT, marks=LONG), signal.SIGKILL])
 def test_no_orphans_whatever_ends_ddpdoctor(tmp_path: Path, sig: int) -> None:
     proc, out, mark = start(tmp_path, "run")
     pids = wait_under_way(proc, mark)
