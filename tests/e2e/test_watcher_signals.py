@@ -25,7 +25,9 @@ def start(tmp_path: Path, command: str, *extra: str, env: dict[str, str] | None 
     out, mark = tmp_path / "run", tmp_path / "under-way"
     full_env = dict(os.environ, PYTHONUNBUFFERED="1", STEPS="100000", STEP_SLEEP="0.05", MARK_FILE=str(mark),
                     CKPT_DIR=str(tmp_path), **(env or {}))
-    args = [sys.executable, "-m", "ddpdoctor", command, "--nproc-per-node", "2", "--json", "--out", str(out),
+    json_flag = [] if "--no-json" in extra else ["--json"]
+    extra = tuple(e for e in extra if e != "--no-json")
+    args = [sys.executable, "-m", "ddpdoctor", command, "--nproc-per-node", "2", *json_flag, "--out", str(out),
             *extra, str(SCENARIOS / "pause.py")]
     # Its own session, as a terminal gives a job: a signal goes to ddpdoctor only, the way `kill PID` sends it.
     proc = subprocess.Popen(args, cwd=REPO, env=full_env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
@@ -110,11 +112,13 @@ def test_a_signal_stops_the_job_and_is_reported_as_what_it_is(tmp_path: Path, co
 
 @pytest.mark.parametrize("sig", [signal.SIGHUP, pytest.param(signal.SIGQUIT, marks=LONG), signal.SIGKILL])
 def test_no_orphans_whatever_ends_ddpdoctor(tmp_path: Path, sig: int) -> None:
-    proc, out, mark = start(tmp_path, "run")
+    proc, out, mark = start(tmp_path, "run", "--no-json")  # the terminal report this time
     pids = wait_under_way(proc, mark)
     assert len(pids) >= 3  # torchrun and two ranks
     proc.send_signal(sig)
-    proc.communicate(timeout=120)
+    stdout, _ = proc.communicate(timeout=120)
+    if sig != signal.SIGKILL:
+        assert f"ddpdoctor run: stopped: Stopped by {signal.Signals(sig).name}" in stdout
     assert proc.returncode == (-sig if sig == signal.SIGKILL else 128 + sig)
     assert not gone_within(pids, 10), "processes of the job outlived ddpdoctor"
     manifest = json.loads((out / "manifest.json").read_text())
