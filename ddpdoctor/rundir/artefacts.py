@@ -181,14 +181,20 @@ def write_json(path: Path, data: Any, compact: bool = False) -> None:
     """Write an artefact atomically (a rank killed mid-write leaves the old file, never half a file), stamped
     with its schema_version. A full disk raises DiskFull (a BadInput) and leaves no temporary file behind."""
     path = Path(path)
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
     data = _stamp(path, data)
     text = (json.dumps(data, separators=(",", ":"), default=str) if compact
             else json.dumps(data, indent=1, default=str))
+    write_private_text(path, text)
+
+
+def write_private_text(path: Path, text: str) -> None:
+    """Write ``text`` atomically into a file only its owner can read (0600: run-directory files hold stacks,
+    environments and logs; docs/trust.md). A full disk raises DiskFull and leaves no temporary file behind."""
+    path = Path(path)
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
     try:
         path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
         _fault_hook(path)
-        # Owner-only, like every run-directory file that may hold stacks or environment (the watcher's rule).
         fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
         with os.fdopen(fd, "w") as fh:
             fh.write(text)

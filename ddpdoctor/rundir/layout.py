@@ -106,8 +106,11 @@ class RunDir:
 
 
 def write_json(path: Path, data: Any, compact: bool = False) -> None:
-    """Write a run-directory artefact atomically, stamped with its schema_version (rundir/artefacts.py)."""
+    """Write a run-directory artefact atomically, owner-only, stamped with its schema_version (rundir/artefacts.py)."""
     artefacts.write_json(path, data, compact)
+
+
+write_private_text = artefacts.write_private_text
 
 
 def read_json(path: Path) -> Any:
