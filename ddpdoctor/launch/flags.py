@@ -1,7 +1,10 @@
-"""torchrun's launch flags, accepted by every launching command with their meaning intact, and passed on."""
+"""torchrun's launch flags, taken from the installed torch's own parser, accepted by every launching command with
+their meaning intact, and passed on."""
 
 from __future__ import annotations
 
+import argparse
+import functools
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -15,50 +18,107 @@ class TorchrunFlag:
     takes_value: bool
     short: str | None = None
     help: str = ""
+    underscored: bool = True  # torchrun also accepts --a_b for --a-b
 
     @property
     def dest(self) -> str:
         return "tr_" + self.name.lstrip("-").replace("-", "_")
 
 
-# Everything torchrun 2.4-2.13 accepts except the ones ddpdoctor sets itself (see LaunchSpec).
-TORCHRUN_FLAGS: tuple[TorchrunFlag, ...] = (
-    TorchrunFlag("--nnodes", True, help="Number of nodes, or MIN:MAX for elastic jobs."),
-    TorchrunFlag("--nproc-per-node", True, help="Processes (ranks) per node: an int, gpu, cpu or auto."),
-    TorchrunFlag("--node-rank", True, help="Rank of this node (static rendezvous)."),
-    TorchrunFlag("--rdzv-backend", True, help="Rendezvous backend (c10d, etcd, static)."),
-    TorchrunFlag("--rdzv-endpoint", True, help="Rendezvous endpoint HOST:PORT."),
-    TorchrunFlag("--rdzv-id", True, help="Rendezvous (job) id."),
-    TorchrunFlag("--rdzv-conf", True, help="Extra rendezvous configuration, key=value,..."),
-    TorchrunFlag("--standalone", False, help="Single-node job with a local c10d rendezvous on a free port."),
-    TorchrunFlag("--max-restarts", True, help="Restarts before the job fails."),
-    TorchrunFlag("--monitor-interval", True, help="Seconds between torchrun's worker checks."),
-    TorchrunFlag("--start-method", True, help="spawn, fork or forkserver."),
-    TorchrunFlag("--role", True, help="User-defined role of the workers."),
-    TorchrunFlag("--master-addr", True, help="Address of the rank-0 node (static rendezvous)."),
-    TorchrunFlag("--master-port", True, help="Port on the rank-0 node (static rendezvous)."),
-    TorchrunFlag("--local-addr", True, help="Address of this node."),
-    TorchrunFlag("--log-dir", True, help="Where torchrun keeps worker logs (default: inside the run directory)."),
-    TorchrunFlag("--redirects", True, short="-r", help="torchrun's --redirects (default: tee, see --tee)."),
-    TorchrunFlag("--tee", True, short="-t", help="torchrun's --tee (default 3: every stream to file and console)."),
-    TorchrunFlag("--local-ranks-filter", True, help="Only show these local ranks' output on the console."),
-    TorchrunFlag("--numa-binding", True, help="torchrun's NUMA binding mode."),
-    TorchrunFlag("--signals-to-handle", True, help="Signals torchrun forwards to workers."),
-    TorchrunFlag("--shutdown-timeout", True, help="Seconds between SIGTERM and SIGKILL for workers."),
-    TorchrunFlag("--event-log-handler", True, help="torchrun's event log handler."),
-    TorchrunFlag("--module", False, short="-m", help="The script is a module name (python -m)."),
-    TorchrunFlag("--no-python", False, help="Not supported: ddpdoctor must run Python to attach its probes."),
-    TorchrunFlag("--run-path", False, help="Run the script with runpy.run_path (the default)."),
+# Short help for the flags users reach for; the others get the first sentence of torchrun's own help.
+HELP: dict[str, str] = {
+    "--nnodes": "Number of nodes, or MIN:MAX for elastic jobs.",
+    "--nproc-per-node": "Processes (ranks) per node: an int, gpu, cpu or auto.",
+    "--node-rank": "Rank of this node (static rendezvous).",
+    "--rdzv-backend": "Rendezvous backend (c10d, etcd, static).",
+    "--rdzv-endpoint": "Rendezvous endpoint HOST:PORT.",
+    "--rdzv-id": "Rendezvous (job) id.",
+    "--rdzv-conf": "Extra rendezvous configuration, key=value,...",
+    "--standalone": "Single-node job with a local c10d rendezvous on a free port.",
+    "--max-restarts": "Restarts before the job fails.",
+    "--monitor-interval": "Seconds between torchrun's worker checks.",
+    "--start-method": "spawn, fork or forkserver.",
+    "--role": "User-defined role of the workers.",
+    "--master-addr": "Address of the rank-0 node (static rendezvous).",
+    "--master-port": "Port on the rank-0 node (static rendezvous).",
+    "--local-addr": "Address of this node.",
+    "--log-dir": "Where torchrun keeps worker logs (default: inside the run directory).",
+    "--redirects": "torchrun's --redirects (default: tee, see --tee).",
+    "--tee": "torchrun's --tee (default 3: every stream to file and console).",
+    "--local-ranks-filter": "Only show these local ranks' output on the console.",
+    "--module": "The script is a module name (python -m).",
+    "--no-python": "Not supported: ddpdoctor must run Python to attach its probes.",
+    "--run-path": "Run the script with runpy.run_path (the default).",
+}
+
+# Used only where torch cannot be imported (ddpdoctor's analysis commands do not need it): torchrun 2.13's flags.
+FALLBACK_FLAGS: tuple[TorchrunFlag, ...] = tuple(
+    TorchrunFlag(name, takes, short)
+    for name, takes, short in (
+        ("--nnodes", True, None), ("--nproc-per-node", True, None), ("--rdzv-backend", True, None),
+        ("--rdzv-endpoint", True, None), ("--rdzv-id", True, None), ("--rdzv-conf", True, None),
+        ("--standalone", False, None), ("--max-restarts", True, None), ("--monitor-interval", True, None),
+        ("--start-method", True, None), ("--event-log-handler", True, None), ("--role", True, None),
+        ("--module", False, "-m"), ("--no-python", False, None), ("--run-path", False, None),
+        ("--log-dir", True, None), ("--redirects", True, "-r"), ("--tee", True, "-t"),
+        ("--local-ranks-filter", True, None), ("--duplicate-stdout-filters", True, None),
+        ("--duplicate-stderr-filters", True, None), ("--node-rank", True, None), ("--master-addr", True, None),
+        ("--master-port", True, None), ("--local-addr", True, None), ("--logs-specs", True, None),
+        ("--numa-binding", True, None), ("--signals-to-handle", True, None), ("--shutdown-timeout", True, None),
+        ("--virtual-local-rank", False, None),
+    )
 )
+
+# ddpdoctor runs the script itself (through its bootstrap), so these are not rendered back as flags.
+NOT_PASSED = ("--module", "--run-path", "--no-python")
+
+
+def flags_from_parser(parser: argparse.ArgumentParser) -> tuple[TorchrunFlag, ...]:
+    """Every option of torchrun's argparse parser as a TorchrunFlag (positionals and --help left out)."""
+    flags: list[TorchrunFlag] = []
+    for action in parser._actions:
+        longs = [s for s in action.option_strings if s.startswith("--")]
+        if not longs or isinstance(action, argparse._HelpAction):
+            continue
+        # torchrun lists the dashed spelling first; older versions had only the underscore one for some flags.
+        name = "--" + longs[0][2:].replace("_", "-")
+        shorts = [s for s in action.option_strings if not s.startswith("--")]
+        underscored = any("_" in s for s in longs) or "-" not in name[2:]
+        text = HELP.get(name) or _first_sentence(action.help)
+        flags.append(TorchrunFlag(name, action.nargs != 0, shorts[0] if shorts else None, text, underscored))
+    return tuple(flags)
+
+
+def _first_sentence(text: str | None) -> str:
+    if not text or text == argparse.SUPPRESS:
+        return "torchrun's flag of this name."
+    text = " ".join(text.split()).replace("%", "%%")
+    cut = text.find(". ")
+    return text if cut < 0 else text[: cut + 1]
+
+
+@functools.lru_cache(maxsize=1)
+def torchrun_flags() -> tuple[TorchrunFlag, ...]:
+    """The installed torch's torchrun flags (its own parser, so every flag of every torch version passes)."""
+    try:
+        from torch.distributed.run import get_args_parser
+    except Exception:  # noqa: BLE001 - no (or a broken) torch: the launch itself will say so
+        return FALLBACK_FLAGS
+    return flags_from_parser(get_args_parser())
 
 
 def torchrun_options(fn: Callable[..., Any]) -> Callable[..., Any]:
-    """Decorate a click command with every torchrun flag (dashed and underscore spellings)."""
-    for flag in reversed(TORCHRUN_FLAGS):
+    """Decorate a click command with every torchrun flag (dashed and underscore spellings); a flag whose name or
+    short form ddpdoctor already uses for itself is left out, so ddpdoctor's own flags keep their meaning."""
+    taken = {opt for p in getattr(fn, "__click_params__", []) for opt in getattr(p, "opts", [])}
+    for flag in reversed(torchrun_flags()):
         underscored = "--" + flag.name[2:].replace("-", "_")
-        decls = [flag.name] + ([underscored] if underscored != flag.name else [])
+        decls = [flag.name] + ([underscored] if flag.underscored and underscored != flag.name else [])
         if flag.short:
             decls.insert(0, flag.short)
+        decls = [d for d in decls if d not in taken]
+        if flag.name not in decls:
+            continue
         decls.append(flag.dest)
         if flag.takes_value:
             fn = click.option(*decls, default=None, help=flag.help, show_default=False)(fn)
@@ -70,7 +130,7 @@ def torchrun_options(fn: Callable[..., Any]) -> Callable[..., Any]:
 def pop_torchrun_values(kwargs: dict[str, Any]) -> dict[str, Any]:
     """Take the torchrun flags out of a click kwargs dict: {dashed name: value} for those given."""
     given: dict[str, Any] = {}
-    for flag in TORCHRUN_FLAGS:
+    for flag in torchrun_flags():
         value = kwargs.pop(flag.dest, None)
         if value not in (None, False):
             given[flag.name] = value
@@ -79,12 +139,14 @@ def pop_torchrun_values(kwargs: dict[str, Any]) -> dict[str, Any]:
 
 def torchrun_argv(given: dict[str, Any]) -> list[str]:
     """Render given flags back into torchrun's command line, in torchrun's own spelling."""
+    known = {f.name: f for f in torchrun_flags()}
     argv: list[str] = []
-    for flag in TORCHRUN_FLAGS:
-        if flag.name not in given or flag.name in ("--module", "--run-path", "--no-python"):
+    for name, value in given.items():
+        if name in NOT_PASSED:
             continue
-        if flag.takes_value:
-            argv += [flag.name, str(given[flag.name])]
-        else:
-            argv.append(flag.name)
+        flag = known.get(name)
+        if flag is None or flag.takes_value:
+            argv += [name, str(value)]
+        elif value:
+            argv.append(name)
     return argv
