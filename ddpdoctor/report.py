@@ -7,6 +7,10 @@ from typing import Any
 
 from ddpdoctor.findings.model import Finding, Severity, exit_code, status_word
 
+# The JSON contract's version (docs/json.md): raised when a key is renamed or removed or changes meaning, not when
+# one is added.
+SCHEMA_VERSION = 1
+
 
 @dataclass
 class Report:
@@ -30,6 +34,7 @@ class Report:
 
         out: dict[str, Any] = {
             "tool": "ddpdoctor",
+            "schema_version": SCHEMA_VERSION,
             "version": __version__,
             "command": self.command,
             "status": self.status,

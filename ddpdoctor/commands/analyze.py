@@ -6,11 +6,17 @@ from pathlib import Path
 
 import click
 
-from ddpdoctor.commands._common import cli_errors, emit, fail_on_option, json_option
+from ddpdoctor.commands._common import cli_errors, emit, examples, fail_on_option, json_option
 
 
 @click.command(help=__doc__ + "\n\nPATH: a run directory from `ddpdoctor profile`, a folder of traces, or trace files "
-               "(.json / .json.gz, GPU or CPU, one rank or many).")
+               "(.json / .json.gz, GPU or CPU, one rank or many).\n\nA run directory is only read, never written to (an archived or "
+               "read-only run stays analysable); --html and --merge write where you ask.",
+               epilog=examples(
+                   "ddpdoctor analyze ddpdoctor-runs/baseline",
+                   "ddpdoctor analyze traces/*.pt.trace.json.gz --json > report.json",
+                   "ddpdoctor analyze ddpdoctor-runs/baseline --merge merged.json.gz --html report.html",
+               ))
 @click.argument("paths", nargs=-1, required=True, type=click.Path(path_type=Path))
 @click.option("--window", type=click.Choice(["all", "hta"]), default="all", show_default=True,
               help="all: every recorded step. hta: only work launched before the last ProfilerStep begins "

@@ -10,6 +10,7 @@ from ddpdoctor.commands._common import (
     LAUNCH_CONTEXT,
     cli_errors,
     emit,
+    examples,
     fail_on_option,
     json_option,
     launch_options,
@@ -19,7 +20,10 @@ from ddpdoctor.launch.monitor import pop_watcher, watch_options
 from ddpdoctor.sync_api import render_sync_sections, run_check_sync
 
 
-@click.command(context_settings=LAUNCH_CONTEXT, help=__doc__)
+@click.command(context_settings=LAUNCH_CONTEXT, help=__doc__, epilog=examples(
+    "ddpdoctor check-sync --nproc-per-node 2 train.py",
+    "ddpdoctor check-sync --nproc-per-node 2 --steps 3 --equivalence train.py --lr 0.1",
+))
 @launch_options
 @watch_options
 @click.option("--steps", default=5, show_default=True, type=int,

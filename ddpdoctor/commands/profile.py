@@ -11,9 +11,10 @@ from ddpdoctor.commands._common import (
     LAUNCH_CONTEXT,
     cli_errors,
     emit,
+    examples,
+    fail_on_option,
     finish_quietly,
     json_option,
-    launch_fail_on_option,
     launch_options,
     pop_launch_spec,
 )
@@ -27,7 +28,11 @@ from ddpdoctor.renderers.outputs import write_outputs
 from ddpdoctor.rundir.report import save_report
 
 
-@click.command(context_settings=LAUNCH_CONTEXT, help=__doc__)
+@click.command(context_settings=LAUNCH_CONTEXT, help=__doc__, epilog=examples(
+    "ddpdoctor profile --nproc-per-node 2 train.py --epochs 1",
+    "ddpdoctor profile --nproc-per-node 4 --name baseline --html report.html train.py",
+    "ddpdoctor profile --nnodes 2 --node-rank 0 --rdzv-endpoint head:29500 --nproc-per-node 8 train.py",
+))
 @launch_options
 @watch_options
 @click.option("--wait", default=2, show_default=True, help="Steps to skip before profiling (DDP builds buckets in step 0).")
@@ -43,7 +48,7 @@ from ddpdoctor.rundir.report import save_report
 @click.option("--nccl-debug", is_flag=True,
               help="Capture NCCL_DEBUG=INFO output and a topology dump; add the fabric checks of `ddpdoctor topo`.")
 @json_option
-@launch_fail_on_option
+@fail_on_option
 @cli_errors
 def command(
     wait: int,

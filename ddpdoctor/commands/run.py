@@ -10,6 +10,7 @@ from ddpdoctor.commands._common import (
     LAUNCH_CONTEXT,
     cli_errors,
     emit,
+    examples,
     fail_on_option,
     finish_quietly,
     json_option,
@@ -24,7 +25,10 @@ from ddpdoctor.rundir.report import save_report
 DEBUG_ENV = {"TORCH_DISTRIBUTED_DEBUG": "DETAIL", "TORCH_CPP_LOG_LEVEL": "INFO"}
 
 
-@click.command(context_settings=LAUNCH_CONTEXT, help=__doc__)
+@click.command(context_settings=LAUNCH_CONTEXT, help=__doc__, epilog=examples(
+    "ddpdoctor run --nproc-per-node 2 train.py --epochs 1",
+    "ddpdoctor run --nproc-per-node 8 --hang-timeout 300 --debug train.py",
+))
 @launch_options
 @watch_options
 @click.option("--debug", is_flag=True, help="Set TORCH_DISTRIBUTED_DEBUG=DETAIL and TORCH_CPP_LOG_LEVEL=INFO; "

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import argparse
 import functools
+import re
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -46,6 +47,9 @@ HELP: dict[str, str] = {
     "--redirects": "torchrun's --redirects (default: tee, see --tee).",
     "--tee": "torchrun's --tee (default 3: every stream to file and console).",
     "--local-ranks-filter": "Only show these local ranks' output on the console.",
+    "--event-log-handler": "Name of a registered torchelastic event log handler.",
+    "--duplicate-stdout-filters": "Also copy the ranks' stdout lines matching these filters to a file.",
+    "--duplicate-stderr-filters": "Also copy the ranks' stderr lines matching these filters to a file.",
     "--module": "The script is a module name (python -m).",
     "--no-python": "Not supported: ddpdoctor must run Python to attach its probes.",
     "--run-path": "Run the script with runpy.run_path (the default).",
@@ -93,8 +97,10 @@ def _first_sentence(text: str | None) -> str:
     if not text or text == argparse.SUPPRESS:
         return "torchrun's flag of this name."
     text = " ".join(text.split()).replace("%", "%%")
-    cut = text.find(". ")
-    return text if cut < 0 else text[: cut + 1]
+    for m in re.finditer(r"\. ", text):
+        if not text[: m.start()].endswith(("e.g", "i.e", "etc")):
+            return text[: m.start() + 1]
+    return text
 
 
 @functools.lru_cache(maxsize=1)
@@ -107,11 +113,14 @@ def torchrun_flags() -> tuple[TorchrunFlag, ...]:
     return flags_from_parser(get_args_parser())
 
 
-def torchrun_options(fn: Callable[..., Any]) -> Callable[..., Any]:
+def torchrun_options(fn: Callable[..., Any], *, script: bool = True) -> Callable[..., Any]:
     """Decorate a click command with every torchrun flag (dashed and underscore spellings); a flag whose name or
-    short form ddpdoctor already uses for itself is left out, so ddpdoctor's own flags keep their meaning."""
+    short form ddpdoctor already uses for itself is left out, so ddpdoctor's own flags keep their meaning.
+    ``script=False``: the command runs its own worker, so the flags about how to run a script are left out."""
     taken = {opt for p in getattr(fn, "__click_params__", []) for opt in getattr(p, "opts", [])}
     for flag in reversed(torchrun_flags()):
+        if not script and flag.name in NOT_PASSED:
+            continue
         underscored = "--" + flag.name[2:].replace("-", "_")
         decls = [flag.name] + ([underscored] if flag.underscored and underscored != flag.name else [])
         if flag.short:
@@ -125,6 +134,10 @@ def torchrun_options(fn: Callable[..., Any]) -> Callable[..., Any]:
         else:
             fn = click.option(*decls, is_flag=True, default=False, help=flag.help)(fn)
     return fn
+
+
+def torchrun_options_without_script(fn: Callable[..., Any]) -> Callable[..., Any]:
+    return torchrun_options(fn, script=False)
 
 
 def pop_torchrun_values(kwargs: dict[str, Any]) -> dict[str, Any]:
