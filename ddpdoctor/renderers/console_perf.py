@@ -82,8 +82,21 @@ def _table(title: str, headers: list[str], rows: list[list[str]], caption: str |
     return table
 
 
+def _per_step(r: dict[str, Any], key: str) -> Any:
+    """A rank's total over its recorded steps as a mean per step, so it reads next to the step time."""
+    value, steps = r.get(key), r.get("steps")
+    n = len(steps) if isinstance(steps, list) else steps
+    if not isinstance(value, (int, float)) or not isinstance(n, int) or n <= 0:
+        return None
+    return value / n
+
+
+OVERLAP_DEFINITION = ("overlap: share of communication time hidden behind compute; exposed: communication time "
+                      "with no compute running (the step waits for it), and its share of the step")
+
+
 def rank_table(ranks: list[dict[str, Any]], stragglers: list[int], verbose: bool = False) -> Table:
-    """Fits 80 columns: ms everywhere, exposed communication with its share of step time."""
+    """Fits 80 columns; every figure is per step (the step time a median, the others a mean per step)."""
     counts = {_steps(r) for r in ranks}
     steps = f"{counts.pop()} recorded steps" if len(counts) == 1 else "the recorded steps"
     names = ["rank", *(["steps"] if verbose else []), "step", *(["p90", "max"] if verbose else []), "compute",
@@ -93,22 +106,21 @@ def rank_table(ranks: list[dict[str, Any]], stragglers: list[int], verbose: bool
     for r in shown:
         st = r.get("step_time_us") or {}
         mark = "[yellow]*[/]" if r.get("rank") in stragglers else ""
-        exposed = ms(r.get("exposed_comm_us"))
+        exposed = ms(_per_step(r, "exposed_comm_us"))
         if isinstance(r.get("exposed_comm_pct"), (int, float)) and math.isfinite(r["exposed_comm_pct"]):
             exposed += f" ({r['exposed_comm_pct']:.0f}%)"
         rows.append([
             f"{r.get('rank')}{mark}", *([_steps(r)] if verbose else []), ms(st.get("median")),
             *([ms(st.get("p90")), ms(st.get("max"))] if verbose else []),
-            ms(r.get("compute_us")), ms(r.get("comm_us")), _overlap(r), exposed, ms(r.get("idle_us")),
-            ms(r.get("data_wait_us")),
+            ms(_per_step(r, "compute_us")), ms(_per_step(r, "comm_us")), _overlap(r), exposed,
+            ms(_per_step(r, "idle_us")), ms(_per_step(r, "data_wait_us")),
         ])
-    captions = []
+    captions = [f"step: median; others: mean per step, {steps}"]
     if stragglers:
         captions.append("* straggler")
     if len(shown) < len(ranks):
         captions.append(f"{len(ranks) - len(shown)} more ranks not shown (--json or the HTML report has all)")
-    return _table(f"Per rank: median step time, totals over {steps} (ms)", names, rows,
-                  "; ".join(captions) or None)
+    return _table("Per rank (ms per step)", names, rows, "\n".join(captions))
 
 
 def step_table(ranks: list[dict[str, Any]]) -> Table:
@@ -184,6 +196,7 @@ def render_perf_sections(report: Report, out: Console, verbose: bool) -> None:
         out.print(f"[dim]run directory: {escape(str(s['run_dir']))}[/dim]")
     if ranks:
         out.print(rank_table(ranks, list(stragglers.get("ranks") or []), verbose))
+        out.print(f"[dim]{OVERLAP_DEFINITION}[/dim]")
     else:
         out.print("[dim]No profiled steps to summarise.[/dim]")
     line = straggler_line(stragglers)
