@@ -17,6 +17,7 @@ from ddpdoctor.commands._common import (
     pop_launch_spec,
 )
 from ddpdoctor.launch.monitor import pop_watcher, watch_options
+from ddpdoctor.renderers import progress
 from ddpdoctor.sync_api import render_sync_sections, run_check_sync
 
 
@@ -38,6 +39,6 @@ def command(steps: int, equivalence: bool, verbose: bool, as_json: bool, fail_on
     watcher = pop_watcher(kwargs)
     spec = pop_launch_spec("check-sync", kwargs, as_json=as_json,
                            options={"steps": steps, "equivalence": equivalence})
-    report, job_exit = run_check_sync(spec, watcher)
+    report, job_exit = run_check_sync(spec, progress.with_progress(watcher, spec.torchrun, as_json))
     emit(report, as_json=as_json, verbose=verbose, fail_on=fail_on, sections=render_sync_sections,
          exit_code=job_exit or None)

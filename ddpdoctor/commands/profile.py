@@ -23,6 +23,7 @@ from ddpdoctor.findings.watched import watched_report
 from ddpdoctor.launch.launcher import launch
 from ddpdoctor.launch.monitor import pop_watcher, watch_options
 from ddpdoctor.probes.config import Schedule
+from ddpdoctor.renderers import progress
 from ddpdoctor.renderers.console_perf import render_perf_sections
 from ddpdoctor.renderers.outputs import write_outputs
 from ddpdoctor.rundir.report import save_report
@@ -70,9 +71,12 @@ def command(
         schedule=Schedule(wait=wait, warmup=warmup, active=active, repeat=repeat),
         options={"with_stack": with_stack, "nccl_debug": nccl_debug},
     )
-    result = launch(spec, watcher)
+    show = progress.enabled(as_json)
+    result = launch(spec, progress.with_progress(watcher, spec.torchrun, as_json, spec.schedule))
     if not result.reports:
         finish_quietly(result)
+    traces = spec.run_dir.trace_files()
+    progress.say(f"analysing {len(traces)} trace(s), {sum(p.stat().st_size for p in traces) / 1e6:.1f} MB", show)
     report = watched_report(spec.run_dir, "profile", analyse_traces=True)
     if nccl_debug:
         from ddpdoctor.topo.capture import add_to_report
@@ -86,6 +90,6 @@ def command(
             spec.script,
         )
     # The run directory is also the HTML report's home and a TensorBoard log dir (RUN/scalars/rankR).
-    write_outputs(report, spec.run_dir.root, html_path, merge_path, spec.run_dir.trace_files())
+    write_outputs(report, spec.run_dir.root, html_path, merge_path, spec.run_dir.trace_files(), show_progress=show)
     emit(report, as_json=as_json, verbose=verbose, fail_on=fail_on, exit_code=result.exit_code or None,
          sections=render_perf_sections)

@@ -20,6 +20,7 @@ from ddpdoctor.commands._common import (
 from ddpdoctor.findings.watched import render_hang_section, watched_report
 from ddpdoctor.launch.launcher import launch
 from ddpdoctor.launch.monitor import pop_watcher, watch_options
+from ddpdoctor.renderers import progress
 from ddpdoctor.rundir.report import save_report
 
 DEBUG_ENV = {"TORCH_DISTRIBUTED_DEBUG": "DETAIL", "TORCH_CPP_LOG_LEVEL": "INFO"}
@@ -43,7 +44,7 @@ def command(debug: bool, verbose: bool, nccl_debug: bool, as_json: bool, fail_on
     watcher = pop_watcher(kwargs)
     spec = pop_launch_spec("run", kwargs, as_json=as_json, options={"debug": debug, "nccl_debug": nccl_debug},
                            env=dict(DEBUG_ENV) if debug else {})
-    result = launch(spec, watcher)
+    result = launch(spec, progress.with_progress(watcher, spec.torchrun, as_json))
     if not result.reports:
         finish_quietly(result)
     report = watched_report(spec.run_dir, "run", debug=debug)

@@ -49,7 +49,8 @@ def _fact(v: Any, depth: int = 0) -> str | None:
 def _short_evidence(evidence: dict[str, Any], max_facts: int = 6) -> str:
     """The facts a title rests on: measured values (nested per-rank values included) and, always, the thresholds
     they were compared with, each whole; the line wraps under a hanging indent instead of being cut."""
-    parts, thresholds = [], []
+    parts: list[str] = []
+    thresholds: list[str] = []
     for k, v in evidence.items():
         if k == "lines":
             continue

@@ -3,15 +3,13 @@
 from __future__ import annotations
 
 import math
-from collections.abc import Iterator, Mapping
-from contextlib import contextmanager
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
 from rich import box
 from rich.console import Console
 from rich.markup import escape
-from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 from rich.text import Text
 
@@ -214,14 +212,3 @@ def render_perf_sections(report: Report, out: Console, verbose: bool) -> None:
     if run_dir and (Path(run_dir) / "report.html").is_file():
         out.print(f"[dim]open {escape(str(Path(run_dir) / 'report.html'))} in a browser, or: "
                   f"tensorboard --logdir {escape(str(run_dir))} --host 127.0.0.1[/dim]")
-
-
-@contextmanager
-def progress(description: str, total: int | None, console: Console | None = None) -> Iterator[Any]:
-    """A transient progress bar on stderr for long work (merging traces, writing views); silent when not a TTY."""
-    con = console or Console(stderr=True)
-    bar = Progress(TextColumn("{task.description}"), BarColumn(), TextColumn("{task.completed}/{task.total}"),
-                   TimeElapsedColumn(), console=con, transient=True, disable=not con.is_terminal)
-    with bar:
-        task = bar.add_task(description, total=total)
-        yield lambda n=1: bar.advance(task, n)
