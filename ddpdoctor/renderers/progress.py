@@ -75,7 +75,7 @@ class LaunchProgress:
         self.world = world
         self.spec: Any = None
         self._said: set[str] = set()
-        self._last_steps = 0.0
+        self._last_steps = float("-inf")
         self._steps_shown: dict[int, int] = {}
 
     def __getattr__(self, name: str) -> Any:
