@@ -80,11 +80,18 @@ def _table(title: str, headers: list[str], rows: list[list[str]], caption: str |
     return table
 
 
-def _per_step(r: dict[str, Any], key: str) -> Any:
-    """A rank's total over its recorded steps as a mean per step, so it reads next to the step time."""
-    value, steps = r.get(key), r.get("steps")
+def step_count(r: dict[str, Any]) -> int | None:
+    """How many steps a rank recorded (``steps`` is a count, or a list in older reports)."""
+    steps = r.get("steps")
     n = len(steps) if isinstance(steps, list) else steps
-    if not isinstance(value, (int, float)) or not isinstance(n, int) or n <= 0:
+    return n if isinstance(n, int) and not isinstance(n, bool) else None
+
+
+def per_step(r: dict[str, Any], key: str) -> float | None:
+    """A rank's total over its recorded steps as a mean per step, so it reads next to the step time (every
+    view shows the same)."""
+    value, n = r.get(key), step_count(r)
+    if not isinstance(value, (int, float)) or not math.isfinite(value) or not n:
         return None
     return value / n
 
@@ -104,14 +111,14 @@ def rank_table(ranks: list[dict[str, Any]], stragglers: list[int], verbose: bool
     for r in shown:
         st = r.get("step_time_us") or {}
         mark = "[yellow]*[/]" if r.get("rank") in stragglers else ""
-        exposed = ms(_per_step(r, "exposed_comm_us"))
+        exposed = ms(per_step(r, "exposed_comm_us"))
         if isinstance(r.get("exposed_comm_pct"), (int, float)) and math.isfinite(r["exposed_comm_pct"]):
             exposed += f" ({r['exposed_comm_pct']:.0f}%)"
         rows.append([
             f"{r.get('rank')}{mark}", *([_steps(r)] if verbose else []), ms(st.get("median")),
             *([ms(st.get("p90")), ms(st.get("max"))] if verbose else []),
-            ms(_per_step(r, "compute_us")), ms(_per_step(r, "comm_us")), _overlap(r), exposed,
-            ms(_per_step(r, "idle_us")), ms(_per_step(r, "data_wait_us")),
+            ms(per_step(r, "compute_us")), ms(per_step(r, "comm_us")), _overlap(r), exposed,
+            ms(per_step(r, "idle_us")), ms(per_step(r, "data_wait_us")),
         ])
     captions = [f"step: median; others: mean per step, {steps}"]
     if stragglers:

@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import Any
 
 from ddpdoctor.findings.model import Finding
+from ddpdoctor.renderers.console_perf import per_step, step_count
 from ddpdoctor.report import Report
 
 # The embedded data is capped so a 1,000-rank report stays a file a browser opens; tables say what was left out.
@@ -104,13 +105,6 @@ def _table(headers: list[str], rows: list[list[Any]], left: int = 0) -> str:
     return f"<table><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table>"
 
 
-def _per_step(r: dict[str, Any], key: str) -> Any:
-    """A rank's total over its recorded steps as a mean per step (the terminal shows the same)."""
-    value, steps = r.get(key), r.get("steps")
-    n = len(steps) if isinstance(steps, list) else steps
-    return value / n if _real(value) and isinstance(n, int) and n > 0 else None
-
-
 def _ranks_html(ranks: list[dict[str, Any]], stragglers: list[int]) -> str:
     rows = []
     for r in ranks:
@@ -118,10 +112,10 @@ def _ranks_html(ranks: list[dict[str, Any]], stragglers: list[int]) -> str:
         rows.append([
             f"{r.get('rank')}{' (straggler)' if r.get('rank') in stragglers else ''}", r.get("device", "-"),
             len(r["steps"]) if isinstance(r.get("steps"), list) else r.get("steps", "-"), _ms(st.get("median")),
-            _ms(st.get("p90")), _ms(_per_step(r, "compute_us")), _ms(_per_step(r, "comm_us")),
+            _ms(st.get("p90")), _ms(per_step(r, "compute_us")), _ms(per_step(r, "comm_us")),
             "no comm" if r.get("comm_us") == 0 else _pct(r.get("overlap_pct")),
-            _ms(_per_step(r, "exposed_comm_us")), _pct(r.get("exposed_comm_pct")), _ms(_per_step(r, "idle_us")),
-            _ms(_per_step(r, "data_wait_us")),
+            _ms(per_step(r, "exposed_comm_us")), _pct(r.get("exposed_comm_pct")), _ms(per_step(r, "idle_us")),
+            _ms(per_step(r, "data_wait_us")),
         ])
     return _table(["rank", "device", "steps recorded", "step ms (median)", "step ms (p90)", "compute ms",
                    "comm ms", "overlap", "exposed comm ms", "exposed % of step", "idle ms", "data wait ms"],
@@ -161,14 +155,19 @@ def _command_line(run_dir: Any) -> str | None:
     return "ddpdoctor " + " ".join(str(a) for a in argv[1:])
 
 
+def lead_finding(findings: list[Finding]) -> Finding | None:
+    """The finding a one-line verdict names: the first in report order (the views' one place for it)."""
+    ordered = sorted(findings, key=lambda f: -f.severity.rank)
+    return ordered[0] if ordered else None
+
+
 def _summary_html(report: Report, ranks: list[dict[str, Any]]) -> str:
     """The strip at the top: job, command, ranks, exit, steps recorded, verdict and its one-line why."""
     s = report.sections
-    job = s.get("job") if isinstance(s.get("job"), dict) else {}
-    worst = sorted(report.findings, key=lambda f: -f.severity.rank)
-    why = worst[0].title if worst else "no findings: nothing wrong was found in the recorded steps"
-    steps = sorted({len(r["steps"]) if isinstance(r.get("steps"), list) else r.get("steps") for r in ranks
-                    if r.get("steps") is not None}, key=str)
+    job: dict[str, Any] = s["job"] if isinstance(s.get("job"), dict) else {}
+    lead = lead_finding(report.findings)
+    why = lead.title if lead else "no findings: nothing wrong was found in the recorded steps"
+    steps = sorted({n for n in (step_count(r) for r in ranks) if n is not None})
     ids = sorted({i for r in ranks for i in (r.get("step_ids") or [])})
     steps_text = "-" if not steps else (f"{steps[0]} per rank" if len(steps) == 1 else
                                         f"{min(steps)}-{max(steps)} per rank")

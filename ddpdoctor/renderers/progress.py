@@ -57,8 +57,9 @@ def say(text: str, on: bool) -> None:
 
 def rank_steps(link: Any) -> int:
     """Steps a rank has been seen to finish: its heartbeat's step, its last collective's, or its exit report's."""
-    beat = getattr(link, "beat", None) or {}
-    exit_ = getattr(link, "exit", None) or {}
+    get = link.get if isinstance(link, dict) else lambda key: getattr(link, key, None)
+    beat = get("beat") or {}
+    exit_ = get("exit") or {}
     coll = beat.get("collective") or {}
     values = [beat.get("step"), coll.get("step") if isinstance(coll, dict) else None, exit_.get("steps_completed")]
     return max([v for v in values if isinstance(v, int)] or [0])
@@ -79,6 +80,8 @@ class LaunchProgress:
         self._steps_shown: dict[int, int] = {}
 
     def __getattr__(self, name: str) -> Any:
+        if name == "inner":  # not set yet (copy, pickle): never recurse
+            raise AttributeError(name)
         return getattr(self.inner, name)
 
     def start(self, spec: Any) -> str | None:
@@ -133,7 +136,8 @@ def with_progress(watcher: Any, spec_torchrun: dict[str, Any], as_json: bool,
     nproc, nnodes = str(spec_torchrun.get("--nproc-per-node", "1")), str(spec_torchrun.get("--nnodes", "1"))
     world = int(nproc) * int(nnodes) if nproc.isdigit() and nnodes.isdigit() else None
     window = None
-    if schedule is not None:
+    active = getattr(schedule, "active", None)
+    if schedule is not None and isinstance(active, int) and active > 0:
         first = schedule.wait + schedule.warmup  # ProfilerStep#N numbers: the profiler counts from 0
-        window = (first, first + schedule.active - 1)
+        window = (first, first + active - 1)
     return LaunchProgress(watcher, window=window, world=world)

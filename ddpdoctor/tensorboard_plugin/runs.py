@@ -61,10 +61,12 @@ def run_summary(name: str, run: Path) -> dict[str, Any]:
     for f in report.findings:
         counts[f.severity.value] = counts.get(f.severity.value, 0) + 1
     job: dict[str, Any] = s["job"] if isinstance(s.get("job"), dict) else {}
-    worst = sorted(report.findings, key=lambda f: -f.severity.rank)
+    from ddpdoctor.renderers.html import lead_finding
+
+    lead = lead_finding(report.findings)
     return {
         "run": name, "command": report.command, "status": report.status, "findings": counts,
-        "why": worst[0].title if worst else "no findings",
+        "why": lead.title if lead else "no findings",
         "ranks": len(s.get("ranks") or []) or job.get("world_size"), "exit_code": job.get("exit_code"),
         "has_traces": bool(trace_files(run)), "mtime": (run / "report.json").stat().st_mtime,
     }
