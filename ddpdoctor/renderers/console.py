@@ -71,13 +71,13 @@ def _short_evidence(evidence: dict[str, Any], max_facts: int = 6) -> str:
 def render_findings(findings: list[Finding], out: Console, verbose: bool = False) -> None:
     """Findings, worst first: severity, id, ranks and title; the key evidence and the advice below, every line
     wrapped under a hanging indent. ``verbose`` prints the whole evidence."""
+    grid = Table.grid(padding=(0, 1))
+    grid.add_column(width=7, justify="right", no_wrap=True)
+    grid.add_column(overflow="fold")
     if not findings:
         out.print("[green]No findings.[/green]")
         return
     out.print(f"[bold]Findings[/bold] ({len(findings)})")
-    grid = Table.grid(padding=(0, 1))
-    grid.add_column(width=7, justify="right", no_wrap=True)
-    grid.add_column(overflow="fold")
     for f in sorted(findings, key=lambda f: -f.severity.rank):
         ranks = ""
         if f.ranks:

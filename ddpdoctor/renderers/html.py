@@ -10,7 +10,6 @@ from pathlib import Path
 from typing import Any
 
 from ddpdoctor.findings.model import Finding
-from ddpdoctor.renderers.console_perf import per_step, step_count
 from ddpdoctor.report import Report
 
 # The embedded data is capped so a 1,000-rank report stays a file a browser opens; tables say what was left out.
@@ -106,6 +105,8 @@ def _table(headers: list[str], rows: list[list[Any]], left: int = 0) -> str:
 
 
 def _ranks_html(ranks: list[dict[str, Any]], stragglers: list[int]) -> str:
+    from ddpdoctor.renderers.console_perf import per_step
+
     rows = []
     for r in ranks:
         st = r.get("step_time_us") or {}
@@ -163,6 +164,8 @@ def lead_finding(findings: list[Finding]) -> Finding | None:
 
 def _summary_html(report: Report, ranks: list[dict[str, Any]]) -> str:
     """The strip at the top: job, command, ranks, exit, steps recorded, verdict and its one-line why."""
+    from ddpdoctor.renderers.console_perf import step_count
+
     s = report.sections
     job: dict[str, Any] = s["job"] if isinstance(s.get("job"), dict) else {}
     lead = lead_finding(report.findings)
