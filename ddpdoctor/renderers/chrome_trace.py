@@ -20,16 +20,17 @@ class ChromeEvent(msgspec.Struct, omit_defaults=True, gc=False):
     """One Chrome-trace event with the fields the format defines. Fields the views do not change stay raw JSON
     bytes (never re-parsed); unset ones are not written back. Fields outside the format are dropped."""
 
-    ph: Any = msgspec.UNSET
-    name: Any = msgspec.UNSET
+    # Typed where the views read or change a field, so a damaged trace is a one-line BadInput, not a TypeError.
+    ph: str | msgspec.UnsetType = msgspec.UNSET
+    name: str | msgspec.UnsetType = msgspec.UNSET
     cat: msgspec.Raw | msgspec.UnsetType = msgspec.UNSET
-    pid: Any = msgspec.UNSET
-    tid: Any = msgspec.UNSET
-    ts: Any = msgspec.UNSET
-    dur: Any = msgspec.UNSET
+    pid: int | str | None | msgspec.UnsetType = msgspec.UNSET
+    tid: int | str | None | msgspec.UnsetType = msgspec.UNSET
+    ts: int | float | msgspec.UnsetType = msgspec.UNSET
+    dur: int | float | msgspec.UnsetType = msgspec.UNSET
     tts: msgspec.Raw | msgspec.UnsetType = msgspec.UNSET
     tdur: msgspec.Raw | msgspec.UnsetType = msgspec.UNSET
-    id: Any = msgspec.UNSET
+    id: int | str | None | msgspec.UnsetType = msgspec.UNSET
     id2: msgspec.Raw | msgspec.UnsetType = msgspec.UNSET
     bp: msgspec.Raw | msgspec.UnsetType = msgspec.UNSET
     s: msgspec.Raw | msgspec.UnsetType = msgspec.UNSET
@@ -59,6 +60,7 @@ class Trace:
     """One trace file: its bytes, where its event array lies in them, and the rank hints next to it."""
 
     raw: bytes
+    path: Path
     start: int  # index of the array's "["
     end: int  # index just past its "]"
     dist: dict[str, Any] = field(default_factory=dict)
@@ -75,10 +77,14 @@ class Trace:
             for cut in _cuts(raw, pos, last, chunk_bytes):
                 try:
                     events = _decode_chunk(raw, pos, cut)
-                except msgspec.DecodeError:
+                except msgspec.ValidationError as exc:
+                    raise BadInput(f"not a Chrome/PyTorch profiler trace ({exc})", self.path) from exc
+                except msgspec.DecodeError as exc:
                     if cut >= last:
-                        raise
+                        raise BadInput(f"not valid JSON ({exc})", self.path) from exc
                     continue  # the "}," was inside a string: try the next one
+                except RecursionError as exc:
+                    raise BadInput("JSON nested too deeply", self.path) from exc
                 break
             if events:
                 yield events
@@ -149,7 +155,7 @@ def read_trace(path: Path) -> Trace:
         if stripped[:1] == b"[":
             _GENERIC.decode(raw)  # validates; a bare array is rare and small
             start = raw.find(b"[")
-            return Trace(raw, start, len(raw.rstrip()))
+            return Trace(raw, path, start, len(raw.rstrip()))
         outer = _OUTER.decode(raw)
     except UnicodeDecodeError as exc:
         raise BadInput(f"not UTF-8 text ({exc.reason})", path) from exc
@@ -160,6 +166,8 @@ def read_trace(path: Path) -> Trace:
     except msgspec.DecodeError as exc:
         problem = "invalid UTF-8" if "UTF-8" in str(exc) else str(exc)
         raise BadInput(f"not valid JSON ({problem})", path) from exc
+    except RecursionError as exc:
+        raise BadInput("JSON nested too deeply", path) from exc
     finally:
         if enabled:
             gc.enable()
@@ -168,17 +176,17 @@ def read_trace(path: Path) -> Trace:
     start, end = _array_span(raw, outer.traceEvents, path)
     try:
         dist = msgspec.json.decode(outer.distributedInfo)
-    except msgspec.DecodeError:
+    except (msgspec.DecodeError, RecursionError):
         dist = None
     host = outer.host_name if isinstance(outer.host_name, str) else None
-    return Trace(raw, start, end, dist if isinstance(dist, dict) else {}, host)
+    return Trace(raw, path, start, end, dist if isinstance(dist, dict) else {}, host)
 
 
 def event_args(ev: ChromeEvent) -> dict[str, Any]:
     if isinstance(ev.args, msgspec.Raw):
         try:
             value = msgspec.json.decode(ev.args)
-        except msgspec.DecodeError:
+        except (msgspec.DecodeError, RecursionError):
             return {}
         return value if isinstance(value, dict) else {}
     return {}

@@ -123,7 +123,7 @@ def timeline(run: Path) -> dict[str, Any]:
                 else:
                     label = stats.labels.get(ev.pid, f"pid {ev.pid}")
                     track = f"{label}: {threads.get((ev.pid, ev.tid)) or ev.tid}"
-                raw_events.append((rank, track, float(ev.ts) - offset, float(ev.dur), str(ev.name),
+                raw_events.append((rank, track, float(ev.ts) - offset, float(ev.dur), ev.name if isinstance(ev.name, str) else "",
                                    raw_text(ev.cat)))
         del trace
     truncated = len(raw_events) > MAX_TIMELINE_EVENTS
