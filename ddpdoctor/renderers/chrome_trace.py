@@ -114,12 +114,17 @@ def _cuts(raw: bytes, pos: int, last: int, chunk_bytes: int) -> Iterator[int]:
 def _decode_chunk(raw: bytes, pos: int, cut: int) -> list[ChromeEvent]:
     piece = b"[" + raw[pos:cut] + b"]"
     try:
-        return _EVENTS.decode(piece)
+        return _typed(piece)
     except UnicodeDecodeError:
         # Invalid UTF-8 inside a name: keep the events with U+FFFD, as the analysis's loader does.
-        return _decode_chunk(piece.decode("utf-8", "replace").encode("utf-8"), 1, len(piece) + 1)
+        return _typed(piece.decode("utf-8", "replace").encode("utf-8"))
+
+
+def _typed(piece: bytes) -> list[ChromeEvent]:
+    try:
+        return _EVENTS.decode(piece)
     except msgspec.ValidationError:
-        # Non-object entries (a stray number or string): skipped, as Perfetto does.
+        # Non-object entries (a stray number or null): skipped, as Perfetto does; a wrong type in an event is not.
         items = [e for e in _GENERIC.decode(piece) if isinstance(e, dict)]
         return _EVENTS.decode(ENCODER.encode(items))
 
@@ -176,7 +181,7 @@ def read_trace(path: Path) -> Trace:
     start, end = _array_span(raw, outer.traceEvents, path)
     try:
         dist = msgspec.json.decode(outer.distributedInfo)
-    except (msgspec.DecodeError, RecursionError):
+    except (msgspec.DecodeError, RecursionError, UnicodeDecodeError):
         dist = None
     host = outer.host_name if isinstance(outer.host_name, str) else None
     return Trace(raw, path, start, end, dist if isinstance(dist, dict) else {}, host)
@@ -186,7 +191,7 @@ def event_args(ev: ChromeEvent) -> dict[str, Any]:
     if isinstance(ev.args, msgspec.Raw):
         try:
             value = msgspec.json.decode(ev.args)
-        except (msgspec.DecodeError, RecursionError):
+        except (msgspec.DecodeError, RecursionError, UnicodeDecodeError):
             return {}
         return value if isinstance(value, dict) else {}
     return {}
@@ -197,7 +202,7 @@ def raw_text(raw: Any) -> str:
     if isinstance(raw, msgspec.Raw):
         try:
             value = msgspec.json.decode(raw)
-        except msgspec.DecodeError:
+        except (msgspec.DecodeError, RecursionError, UnicodeDecodeError):
             return ""
         return value if isinstance(value, str) else ""
     return ""

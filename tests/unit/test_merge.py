@@ -94,6 +94,21 @@ def test_invalid_utf8_and_stray_entries_are_kept_or_skipped(tmp_path):
     assert [e["name"] for e in ev if e.get("ph") == "X"] == ["a\ufffdb", "c},{"]
 
 
+def test_damaged_events_are_one_line_bad_input_or_kept(tmp_path):
+    """Found by fuzzing (h12's suite): a null entry next to invalid UTF-8, bad UTF-8 inside args, wrong types."""
+    odd = tmp_path / "rank0.pt.trace.json"
+    odd.write_bytes(b'{"traceEvents": [null, {"ph": "\xb2", "name": "n", "pid": 1, "tid": 1, "ts": 1, "dur": 1}, '
+                    b'{"ph": "M", "name": "process_name", "pid": 2, "args": {"name": "\x91"}}]}')
+    ev = _load(merge_traces([odd], tmp_path / "m.json.gz"))["traceEvents"]
+    assert [e["ph"] for e in ev if e.get("name") == "n"] == ["\ufffd"]
+    for bad in (b'{"traceEvents": [{"ph": "X", "pid": {"a": 1}}]}', b'{"traceEvents": [{"ts": "soon"}]}',
+                b'{"traceEvents": [' + b"[" * 5000 + b"]" * 5000 + b"]}"):
+        odd.write_bytes(bad)
+        with pytest.raises(BadInput) as exc:
+            merge_traces([odd], tmp_path / "m.json.gz")
+        assert "\n" not in str(exc.value) and str(odd) in str(exc.value)
+
+
 def test_chunks_split_between_events_never_inside_a_string(tmp_path):
     from ddpdoctor.renderers.chrome_trace import read_trace
 
