@@ -123,8 +123,8 @@ def timeline(run: Path) -> dict[str, Any]:
                 else:
                     label = stats.labels.get(ev.pid, f"pid {ev.pid}")
                     track = f"{label}: {threads.get((ev.pid, ev.tid)) or ev.tid}"
-                raw_events.append((rank, track, float(ev.ts) - offset, float(ev.dur), ev.name if isinstance(ev.name, str) else "",
-                                   raw_text(ev.cat)))
+                name = ev.name if isinstance(ev.name, str) else ""
+                raw_events.append((rank, track, float(ev.ts) - offset, float(ev.dur), name, raw_text(ev.cat)))
         del trace
     truncated = len(raw_events) > MAX_TIMELINE_EVENTS
     if truncated:
