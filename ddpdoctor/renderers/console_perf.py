@@ -142,7 +142,7 @@ def step_table(ranks: list[dict[str, Any]]) -> Table:
             rows.append([str(r.get("rank")), str(s.get("step")), ms(s.get("dur_us")), ms(s.get("compute_us")),
                          ms(s.get("comm_us")), pct(s.get("overlap_pct")), ms(s.get("exposed_comm_us")),
                          ms(s.get("idle_us")), ms(bwd), ms(s.get("comm_in_backward_us")), ms(s.get("data_wait_us"))])
-    return _table("Per step (ms)", ["rank", "step", "time", "compute", "comm", "overlap", "exposed", "idle",
+    return _table("Per step (ms, each recorded step)", ["rank", "step", "time", "compute", "comm", "overlap", "exposed", "idle",
                                     "backward", "comm in bwd", "data wait"], rows, caption)
 
 
@@ -152,7 +152,8 @@ def collective_tables(collectives: dict[str, Any]) -> list[Table]:
     if by_op:
         rows = [[escape(str(op)), str(v.get("count", "-")), f"{(v.get('bytes') or 0) / 1e6:.2f}", ms(v.get("time_us"))]
                 for op, v in sorted(by_op.items())]
-        tables.append(_table("Collectives by op", ["op", "count", "MB", "time ms"], rows, left=1))
+        tables.append(_table("Collectives by op", ["op", "count", "MB", "time ms"], rows,
+                             "totals over the recorded steps", left=1))
     calls = collectives.get("calls") or []
     if calls:
         rows = [[str(c.get("rank")), str(c.get("step")), str(c.get("index")), escape(str(c.get("op"))),

@@ -197,7 +197,8 @@ def _collectives_html(coll: dict[str, Any]) -> str:
     parts = []
     by_op = coll.get("by_op") or {}
     if by_op:
-        parts.append(_table(["op", "count", "MB", "time ms"], [
+        parts.append('<p class="note">Totals over the recorded steps, all ranks.</p>')
+        parts.append(_table(["op", "calls (total)", "MB (total)", "time ms (total)"], [
             [op, v.get("count"), f"{(v.get('bytes') or 0) / 1e6:.2f}", _ms(v.get("time_us"))]
             for op, v in sorted(by_op.items())], left=1))
     bw = coll.get("bandwidth") or {}
@@ -213,7 +214,7 @@ def _collectives_html(coll: dict[str, Any]) -> str:
                  "-" if c.get("busbw_gbps") is None else f"{c['busbw_gbps']:.3f}"] for c in calls[:MAX_CALL_ROWS]]
         parts.append('<div class="scroll">' + _table(
             ["rank", "step", "#", "op", "group", "seq", "MB", "dur ms", "start vs backward ms", "algbw GB/s",
-             "busbw GB/s"], rows) + "</div>")
+             "busbw GB/s"], rows) + "</div>" + '<p class="note">One row per call.</p>')
         if len(calls) > MAX_CALL_ROWS:
             parts.append(f'<p class="note">{len(calls) - MAX_CALL_ROWS} more calls in report.json.</p>')
     buckets = coll.get("buckets") or []
@@ -221,7 +222,7 @@ def _collectives_html(coll: dict[str, Any]) -> str:
         rows = [[b.get("rank"), b.get("step"), b.get("index"), "yes" if b.get("is_last") else "",
                  f"{(b.get('bytes') or 0) / 1e6:.3f}", _ms(b.get("dur_us")), _ms(b.get("after_backward_end_us"))]
                 for b in buckets[:MAX_CALL_ROWS]]
-        parts.append("<h3>DDP gradient buckets</h3>" + '<div class="scroll">' + _table(
+        parts.append("<h3>DDP gradient buckets (one row per bucket and step)</h3>" + '<div class="scroll">' + _table(
             ["rank", "step", "bucket", "last", "MB", "dur ms", "after backward end ms"], rows) + "</div>")
     return "\n".join(parts) or '<p class="note">No collectives in the traces.</p>'
 

@@ -60,7 +60,8 @@ def test_findings_wrap_under_a_hanging_indent_with_measured_value_and_threshold(
 
 def test_verbose_adds_steps_and_collectives():
     text = _text(Report(command="analyze", sections=sections(), findings=findings()), verbose=True, width=140)
-    assert "Per step (ms)" in text and "Collective calls" in text and "Collectives by op" in text
+    assert "Per step (ms, each recorded step)" in text and "Collective calls" in text
+    assert "Collectives by op" in text and "totals over the recorded steps" in text
     # rank 0 step 4: 54 ms, 34 ms of comm of which 11 ms overlapped (32.4 %), 23 ms exposed
     step4 = _row(text, "0", "4")
     for cell in ("54.00", "34.00", "32.4%", "23.00"):

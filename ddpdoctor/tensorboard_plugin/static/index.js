@@ -245,6 +245,11 @@ async function showRun(run, panel) {
     el("p", {class: "note"}, "The run's report: verdict and findings, per-rank table, overlap and exposed " +
       "communication, stragglers, buckets and the what-if (the same page as report.html in the run directory)."),
     el("iframe", {class: "report", id: "report-frame", src: url("report"), title: "ddpdoctor report"}));
+  const frame = reportView.querySelector("iframe");
+  frame.addEventListener("load", () => {
+    // same origin: grow the frame to its page so the tab scrolls as one page, not a page inside a page
+    try { frame.style.height = (frame.contentDocument.documentElement.scrollHeight + 20) + "px"; } catch (e) { /* keep */ }
+  });
   const tl = el("div", {id: "timeline"});
   const views = {report: reportView, timeline: tl};
   const buttons = {};
