@@ -4,10 +4,15 @@ their meaning intact, and passed on."""
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import functools
+import importlib.metadata
+import json
+import os
 import re
 from collections.abc import Callable
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import click
@@ -105,12 +110,50 @@ def _first_sentence(text: str | None) -> str:
 
 @functools.lru_cache(maxsize=1)
 def torchrun_flags() -> tuple[TorchrunFlag, ...]:
-    """The installed torch's torchrun flags (its own parser, so every flag of every torch version passes)."""
+    """The installed torch's torchrun flags (its own parser, so every flag of every torch version passes).
+
+    Importing torch takes seconds, so the table is cached on disk, keyed by the installed torchrun's file
+    (torch version, size, mtime); `--help` and every launch after the first read the cache."""
+    key, cache = _cache_key(), _cache_file()
+    if key and cache is not None:
+        try:
+            data = json.loads(cache.read_text())
+            if data.get("key") == key:
+                return tuple(TorchrunFlag(**f) for f in data["flags"])
+        except (OSError, ValueError, TypeError, KeyError):
+            pass
     try:
         from torch.distributed.run import get_args_parser
     except Exception:  # noqa: BLE001 - no (or a broken) torch: the launch itself will say so
         return FALLBACK_FLAGS
-    return flags_from_parser(get_args_parser())
+    flags = flags_from_parser(get_args_parser())
+    if key and cache is not None:
+        try:
+            cache.parent.mkdir(parents=True, exist_ok=True)
+            tmp = cache.with_name(f".{cache.name}.{os.getpid()}")
+            tmp.write_text(json.dumps({"key": key, "flags": [dataclasses.asdict(f) for f in flags]}))
+            tmp.replace(cache)
+        except OSError:
+            pass  # a read-only home: parse every time
+    return flags
+
+
+def _cache_key() -> str | None:
+    """torch's version and its run.py's size and mtime, found without importing torch."""
+    try:
+        dist = importlib.metadata.distribution("torch")
+        run_py = Path(str(dist.locate_file("torch/distributed/run.py")))
+        st = run_py.stat()
+    except (importlib.metadata.PackageNotFoundError, OSError):
+        return None
+    return f"{dist.version}|{run_py}|{st.st_size}|{st.st_mtime_ns}"
+
+
+def _cache_file() -> Path | None:
+    if os.environ.get("DDPDOCTOR_NO_CACHE"):
+        return None
+    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    return Path(base) / "ddpdoctor" / "torchrun-flags.json"
 
 
 def torchrun_options(fn: Callable[..., Any], *, script: bool = True) -> Callable[..., Any]:

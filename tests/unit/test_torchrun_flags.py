@@ -75,3 +75,21 @@ def test_a_torchrun_flag_named_like_an_own_flag_is_left_out():
     parser.add_argument("--nnodes_x", type=str)
     flags = flags_from_parser(parser)
     assert [f.name for f in flags] == ["--json", "--nnodes-x"] and flags[1].takes_value and not flags[0].takes_value
+
+
+def test_flags_are_cached_by_the_installed_torchrun(tmp_path, monkeypatch):
+    import json
+
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
+    monkeypatch.delenv("DDPDOCTOR_NO_CACHE", raising=False)
+    parsed = torchrun_flags.__wrapped__()
+    cache = tmp_path / "ddpdoctor" / "torchrun-flags.json"
+    data = json.loads(cache.read_text())
+    import importlib.metadata
+
+    assert data["key"].startswith(importlib.metadata.version("torch") + "|")
+    assert torchrun_flags.__wrapped__() == parsed  # read back from the cache
+    data["flags"] = data["flags"][:1]
+    data["key"] = "another torch"
+    cache.write_text(json.dumps(data))
+    assert torchrun_flags.__wrapped__() == parsed  # a stale key is parsed again
