@@ -39,9 +39,16 @@ class LazyGroup(click.Group):
                 formatter.write_dl(rows)
 
 
-@click.group(cls=LazyGroup, context_settings={"help_option_names": ["-h", "--help"]})
+@click.group(cls=LazyGroup, context_settings={"help_option_names": ["-h", "--help"]}, epilog=(
+    "\b\nExamples:\n"
+    "  ddpdoctor profile --nproc-per-node 2 train.py      # why is it slow?\n"
+    "  ddpdoctor run --nproc-per-node 2 train.py          # why does it hang or crash?\n"
+    "  ddpdoctor check-sync --nproc-per-node 2 train.py   # do the ranks agree?\n"
+    "  ddpdoctor logs slurm-12345.out                     # explain a job that ran without ddpdoctor\n"
+    "  ddpdoctor COMMAND --help                           # each command's options and examples"))
 @click.version_option(package_name="ddpdoctor", prog_name="ddpdoctor")
 def main() -> None:
     """ddpdoctor: find out why a PyTorch DDP job is slow, hangs or trains wrong, without changing its code.
 
-    Exit codes: 0 nothing wrong, 1 a problem was found (or the job failed), 2 bad input."""
+    Exit codes: 0 nothing wrong (warnings are advice: exit 0 unless --fail-on warning), 1 an error finding or the
+    job failed, 2 bad input, 128+N when ddpdoctor itself was stopped by signal N."""

@@ -7,6 +7,10 @@ from typing import Any
 
 from ddpdoctor.findings.model import Finding, Severity, exit_code, ordered, status_word
 
+# The JSON contract's version (docs/json.md): raised when a key is renamed or removed or changes meaning, not when
+# one is added.
+SCHEMA_VERSION = 1
+
 
 @dataclass
 class Report:
@@ -35,6 +39,7 @@ class Report:
 
         out: dict[str, Any] = {
             "tool": "ddpdoctor",
+            "schema_version": SCHEMA_VERSION,
             "version": __version__,
             "command": self.command,
             "status": self.status,
@@ -46,3 +51,23 @@ class Report:
         if self.notes:
             out["notes"] = list(self.notes)
         return out
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> Report:
+        """The Report a saved report.json describes (the views re-render it; unknown severities become info)."""
+        envelope = {"tool", "schema_version", "version", "command", "status", "findings", "notes"}
+        findings = []
+        for f in data.get("findings") or []:
+            if not isinstance(f, dict):
+                continue
+            try:
+                severity = Severity(f.get("severity"))
+            except ValueError:
+                severity = Severity.INFO
+            findings.append(Finding(str(f.get("id", "")), severity, str(f.get("title", "")),
+                                    [r for r in f.get("ranks") or [] if isinstance(r, int)],
+                                    f["evidence"] if isinstance(f.get("evidence"), dict) else {},
+                                    str(f.get("advice") or "")))
+        notes = [str(n) for n in data.get("notes") or []]
+        sections = {k: v for k, v in data.items() if k not in envelope}
+        return cls(command=str(data.get("command", "")), sections=sections, findings=findings, notes=notes)

@@ -72,7 +72,8 @@ def read_bytes(path: Path, limit: int | None = None, decompress: bool = True) ->
             if st.st_size > limit:
                 raise BadInput(_too_big(st.st_size, limit), path)
             try:
-                data = head + fh.read(limit + 1 - len(head))
+                fh.seek(0)  # one read, no `head + rest` copy: a 100 MB trace must not briefly take 200 MB
+                data = fh.read(limit + 1)
             except OSError as exc:
                 raise BadInput(f"cannot read ({exc.strerror or exc})", path) from exc
             if len(data) > limit:  # a file that grew, or one whose stat size lies (/proc)

@@ -55,7 +55,9 @@ def profiled_run() -> Path:
     root = Path(tempfile.mkdtemp(prefix="ddpdoctor-views-"))
     atexit.register(shutil.rmtree, root, True)
     run = root / "logs" / "run"
-    proc = run_cli("profile", "--nproc-per-node", "2", "--out", str(run), "-q", "--html", str(root / "extra.html"),
+    # --fail-on none: these tests are about the views; the verdict of this run is not theirs to judge.
+    proc = run_cli("profile", "--nproc-per-node", "2", "--out", str(run), "-q", "--fail-on", "none",
+                   "--html", str(root / "extra.html"),
                    "--merge", str(root / "merged.json.gz"),
                    str(EXAMPLES / "train_mlp.py"), "--bucket-cap-mb", "1", "--steps-per-epoch", "7")
     assert proc.returncode == 0, proc.stderr[-3000:]

@@ -5,7 +5,8 @@ from __future__ import annotations
 
 import os
 from collections import defaultdict
-from concurrent.futures import ProcessPoolExecutor
+from collections.abc import Callable
+from concurrent.futures import ProcessPoolExecutor, as_completed
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -29,6 +30,7 @@ class AnalyzeOptions:
     window: str = "all"  # "all": every recorded step; "hta": work launched before the last ProfilerStep begins
     reread: bool = False  # re-read traces even where per-rank summaries exist
     workers: int | None = None  # parallel processes for traces (default: one per core, at most one per unit)
+    on_bytes: Callable[[int], None] | None = None  # progress hook: input bytes of each finished unit (views)
 
 
 @dataclass
@@ -115,15 +117,29 @@ def _reduce_safe(unit: _Unit, window: str) -> RankResult | tuple[str, str | None
         return exc.problem, exc.path
 
 
+def _unit_bytes(unit: _Unit) -> int:
+    try:
+        return sum(f.stat().st_size for f in unit.files) if unit.summary is None else 0
+    except OSError:
+        return 0
+
+
 def reduce_all(units: list[_Unit], opts: AnalyzeOptions) -> tuple[list[RankResult], list[str]]:
     """Each unit in its own process when there are several and more than one core; bad files become warnings
     as long as one file is usable."""
     workers = opts.workers or min(len(units), os.cpu_count() or 1)
+    tick = opts.on_bytes or (lambda n: None)
     if workers > 1 and sum(1 for u in units if u.summary is None) > 1:
         with ProcessPoolExecutor(max_workers=workers) as pool:
-            out = list(pool.map(_reduce_safe, units, [opts.window] * len(units)))
+            futures = {pool.submit(_reduce_safe, u, opts.window): u for u in units}
+            for done in as_completed(futures):
+                tick(_unit_bytes(futures[done]))
+            out = [f.result() for f in futures]
     else:
-        out = [_reduce_safe(u, opts.window) for u in units]
+        out = []
+        for u in units:
+            out.append(_reduce_safe(u, opts.window))
+            tick(_unit_bytes(u))
     good = [r for r in out if isinstance(r, RankResult)]
     bad = [r for r in out if not isinstance(r, RankResult)]
     if not good:

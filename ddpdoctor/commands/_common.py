@@ -42,26 +42,24 @@ def json_option(fn: Callable[..., Any]) -> Callable[..., Any]:
     return click.option("--json", "as_json", is_flag=True, help="Print the report as JSON (docs/json.md).")(fn)
 
 
+FAIL_ON_CHOICES = ("error", "warning", "none")
+
+
 def fail_on_option(fn: Callable[..., Any]) -> Callable[..., Any]:
+    """The one --fail-on of every command: same choices, same default (docs/findings.md, exit codes)."""
     return click.option(
         "--fail-on",
-        type=click.Choice(["error", "warning"]),
+        type=click.Choice(FAIL_ON_CHOICES),
         default="error",
         show_default=True,
-        help="Exit 1 when a finding of this severity or worse is found.",
+        help="Exit 1 when a finding of this severity or worse is found (none: only a failed job or check exits 1). "
+        "Warnings are performance advice: exit 0 unless --fail-on warning.",
     )(fn)
 
 
-def launch_fail_on_option(fn: Callable[..., Any]) -> Callable[..., Any]:
-    """`profile` succeeds when the job did and the profile was taken: its findings are advice about a working
-    script, so they set the exit code only when asked (CI gating: --fail-on error|warning)."""
-    return click.option(
-        "--fail-on",
-        type=click.Choice(["none", "error", "warning"]),
-        default="none",
-        show_default=True,
-        help="Exit 1 when a finding of this severity or worse is found (none: only a failed job fails).",
-    )(fn)
+def examples(*lines: str) -> str:
+    """A --help epilog of example command lines, kept as written (click rewraps paragraphs unless told not to)."""
+    return "\b\nExamples:\n" + "\n".join("  " + line for line in lines)
 
 
 def emit(
@@ -132,7 +130,7 @@ def launch_options(fn: Callable[..., Any]) -> Callable[..., Any]:
     fn = click.argument("script_args", nargs=-1, type=click.UNPROCESSED)(fn)
     fn = click.argument("script")(fn)
     fn = click.option("--quiet", "-q", is_flag=True, help="Do not echo the ranks' output.")(fn)
-    fn = click.option("--overwrite", is_flag=True, help="Replace an earlier run in the same run directory.")(fn)
+    fn = overwrite_option(fn)
     fn = click.option(
         "--launcher",
         type=click.Choice(["torchrun", "none"]),
@@ -140,9 +138,17 @@ def launch_options(fn: Callable[..., Any]) -> Callable[..., Any]:
         show_default=True,
         help="none: the scheduler (srun, mpirun) already started one process per rank.",
     )(fn)
+    return torchrun_options(run_dir_options(fn))
+
+
+def overwrite_option(fn: Callable[..., Any]) -> Callable[..., Any]:
+    return click.option("--overwrite", is_flag=True, help="Replace an earlier run in the same run directory.")(fn)
+
+
+def run_dir_options(fn: Callable[..., Any]) -> Callable[..., Any]:
+    """--out and --name: where a launching command's run directory goes."""
     fn = click.option("--name", default=None, help="Run name: the run directory is ddpdoctor-runs/NAME.")(fn)
-    fn = click.option("--out", "out", type=click.Path(path_type=Path), default=None, help="Run directory.")(fn)
-    return torchrun_options(fn)
+    return click.option("--out", "out", type=click.Path(path_type=Path), default=None, help="Run directory.")(fn)
 
 
 LAUNCH_CONTEXT = {"ignore_unknown_options": True, "allow_interspersed_args": False}

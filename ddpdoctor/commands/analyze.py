@@ -7,11 +7,17 @@ from pathlib import Path
 
 import click
 
-from ddpdoctor.commands._common import cli_errors, emit, fail_on_option, json_option
+from ddpdoctor.commands._common import cli_errors, emit, examples, fail_on_option, json_option
 
 
 @click.command(help=__doc__ + "\n\nPATH: a run directory from `ddpdoctor profile`, a folder of traces, or trace files "
-               "(.json / .json.gz, GPU or CPU, one rank or many).")
+               "(.json / .json.gz, GPU or CPU, one rank or many).\n\nA run directory is only read, never written to (an archived or "
+               "read-only run stays analysable); --html and --merge write where you ask.",
+               epilog=examples(
+                   "ddpdoctor analyze ddpdoctor-runs/baseline",
+                   "ddpdoctor analyze traces/*.pt.trace.json.gz --json > report.json",
+                   "ddpdoctor analyze ddpdoctor-runs/baseline --merge merged.json.gz --html report.html",
+               ))
 @click.argument("paths", nargs=-1, required=True, type=click.Path(path_type=Path))
 @click.option("--window", type=click.Choice(["all", "hta"]), default="all", show_default=True,
               help="all: every recorded step. hta: only work launched before the last ProfilerStep begins "
@@ -31,15 +37,20 @@ def command(paths: tuple[Path, ...], window: str, reread: bool, workers: int | N
             html_path: Path | None, merge_path: Path | None, max_input_mb: float | None, as_json: bool,
             fail_on: str) -> None:
     from ddpdoctor.analyses.pipeline import AnalyzeOptions, analyze_paths, report_for
+    from ddpdoctor.renderers import progress
     from ddpdoctor.renderers.console_perf import render_perf_sections
     from ddpdoctor.renderers.merge import trace_paths
     from ddpdoctor.renderers.outputs import write_outputs
 
     if max_input_mb is not None:
         os.environ["DDPDOCTOR_MAX_INPUT_MB"] = str(max_input_mb)  # the trace-reading worker processes inherit it
-    analysis = analyze_paths(list(paths), AnalyzeOptions(window=window, reread=reread, workers=workers))
+    show = progress.enabled(as_json)
+    with progress.bar("analysing", None, show, unit="MB") as advance:
+        analysis = analyze_paths(list(paths), AnalyzeOptions(window=window, reread=reread, workers=workers,
+                                                             on_bytes=advance))
     report = report_for(analysis)
     # A run directory is read, never rewritten: `profile` already wrote its report.html and scalars, and an
     # archived or read-only run must stay analysable. --html/--merge write where the user asks.
-    write_outputs(report, None, html_path, merge_path, trace_paths(list(paths)) if merge_path else [])
+    write_outputs(report, None, html_path, merge_path, trace_paths(list(paths)) if merge_path else [],
+                  show_progress=show)
     emit(report, as_json=as_json, verbose=verbose, fail_on=fail_on, sections=render_perf_sections)

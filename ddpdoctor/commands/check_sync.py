@@ -10,16 +10,21 @@ from ddpdoctor.commands._common import (
     LAUNCH_CONTEXT,
     cli_errors,
     emit,
+    examples,
     fail_on_option,
     json_option,
     launch_options,
     pop_launch_spec,
 )
 from ddpdoctor.launch.monitor import pop_watcher, watch_options
+from ddpdoctor.renderers import progress
 from ddpdoctor.sync_api import render_sync_sections, run_check_sync
 
 
-@click.command(context_settings=LAUNCH_CONTEXT, help=__doc__)
+@click.command(context_settings=LAUNCH_CONTEXT, help=__doc__, epilog=examples(
+    "ddpdoctor check-sync --nproc-per-node 2 train.py",
+    "ddpdoctor check-sync --nproc-per-node 2 --steps 3 --equivalence train.py --lr 0.1",
+))
 @launch_options
 @watch_options
 @click.option("--steps", default=5, show_default=True, type=int,
@@ -37,6 +42,6 @@ def command(steps: int, data_steps: int, equivalence: bool, verbose: bool, as_js
     watcher = pop_watcher(kwargs)
     spec = pop_launch_spec("check-sync", kwargs, as_json=as_json,
                            options={"steps": steps, "equivalence": equivalence, "data_steps": data_steps})
-    report, job_exit = run_check_sync(spec, watcher)
+    report, job_exit = run_check_sync(spec, progress.with_progress(watcher, spec.torchrun, as_json))
     emit(report, as_json=as_json, verbose=verbose, fail_on=fail_on, sections=render_sync_sections,
          exit_code=job_exit or None)

@@ -11,7 +11,7 @@ import click
 from rich.markup import escape
 from rich.table import Table
 
-from ddpdoctor.commands._common import cli_errors, emit, fail_on_option, json_option
+from ddpdoctor.commands._common import cli_errors, emit, examples, fail_on_option, json_option
 from ddpdoctor.report import Report
 
 
@@ -34,7 +34,11 @@ def _sections(report: Report, out: Any, verbose: bool) -> None:
         out.print("events: " + escape(", ".join(f"{k}={v}" for k, v in sorted(report.sections["events"].items()))))
 
 
-@click.command(help=__doc__)
+@click.command(help=__doc__, epilog=examples(
+    "ddpdoctor logs slurm-12345.out",
+    "ddpdoctor logs torchrun-logs/ fr_dumps/",
+    "kubectl logs job/train | ddpdoctor logs -",
+))
 @click.argument("files", nargs=-1, required=True)
 @click.option("--verbose", "-v", is_flag=True, help="Full evidence and the count of each kind of event parsed.")
 @json_option

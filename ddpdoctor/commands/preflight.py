@@ -15,10 +15,19 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
-from ddpdoctor.commands._common import cli_errors, default_run_dir, emit, json_option
+from ddpdoctor.commands._common import (
+    cli_errors,
+    default_run_dir,
+    emit,
+    examples,
+    fail_on_option,
+    json_option,
+    overwrite_option,
+    run_dir_options,
+)
 from ddpdoctor.errors import BadInput
 from ddpdoctor.findings.model import Finding
-from ddpdoctor.launch.flags import pop_torchrun_values, torchrun_options
+from ddpdoctor.launch.flags import pop_torchrun_values, torchrun_options_without_script
 from ddpdoctor.launch.launcher import LaunchSpec, RunningJob, launch
 from ddpdoctor.preflight.merge import (
     ADVICE,
@@ -118,10 +127,15 @@ def render_checks(report: Report, out: Console, verbose: bool) -> None:
               f"{report.sections.get('duration_s')} s[/dim]")
 
 
-@click.command(help=__doc__, context_settings={"ignore_unknown_options": False})
-@torchrun_options
-@click.option("--out", type=click.Path(path_type=Path), default=None, help="Run directory.")
-@click.option("--name", default=None, help="Run name: the run directory is ddpdoctor-runs/NAME.")
+@click.command(help=__doc__, context_settings={"ignore_unknown_options": False}, epilog=examples(
+    "ddpdoctor preflight --nproc-per-node 2",
+    "ddpdoctor preflight --nnodes 4 --node-rank $NODE_RANK --rdzv-endpoint head:29500 --nproc-per-node 8 "
+    "--min-busbw 40 --checkpoint-dir /ckpt",
+    "srun --ntasks-per-node 8 ddpdoctor preflight --launcher none",
+))
+@torchrun_options_without_script
+@run_dir_options
+@overwrite_option
 @click.option("--launcher", type=click.Choice(["torchrun", "none"]), default="torchrun", show_default=True,
               help="none: the scheduler (srun, mpirun) already started one process per rank.")
 @click.option("--backend", type=click.Choice(["auto", "nccl", "gloo"]), default="auto", show_default=True,
@@ -138,10 +152,11 @@ def render_checks(report: Report, out: Console, verbose: bool) -> None:
 @click.option("--deadline", type=float, default=90.0, show_default=True, help="Kill the whole job after this many s.")
 @click.option("--verbose", "-v", is_flag=True, help="Show the ranks' output and full evidence.")
 @json_option
+@fail_on_option
 @cli_errors
-def command(out: Path | None, name: str | None, launcher: str, backend: str, min_busbw: float | None,
+def command(out: Path | None, name: str | None, overwrite: bool, launcher: str, backend: str, min_busbw: float | None,
             max_size: str | None, max_latency_us: float | None, checkpoint_dir: str | None, min_free_gb: float,
-            slow_rank_share: float, check_timeout: float, deadline: float, verbose: bool, as_json: bool,
+            slow_rank_share: float, check_timeout: float, deadline: float, verbose: bool, as_json: bool, fail_on: str,
             **kwargs: Any) -> None:
     if not 0 < slow_rank_share < 1:
         raise BadInput(f"--slow-rank-share must be between 0 and 1, not {slow_rank_share}")
@@ -153,9 +168,6 @@ def command(out: Path | None, name: str | None, launcher: str, backend: str, min
     if launcher == "none" and port is not None and not (port.isdigit() and 0 < int(port) < 65536):
         raise BadInput(f"MASTER_PORT must be a port number 1-65535, not {port!r}")
     torchrun = pop_torchrun_values(kwargs)
-    for flag in ("--module", "--no-python", "--run-path"):
-        if flag in torchrun:
-            raise BadInput(f"{flag} does not apply to preflight: it runs its own worker, not a script")
     if launcher == "torchrun" and str(torchrun.get("--nnodes", "1")) != "1" and "--rdzv-conf" not in torchrun:
         # torchrun's own node rendezvous waits 10-15 min by default: bound it so a missing node is reported in time.
         t = int(max(check_timeout * 3, 5))
@@ -167,7 +179,7 @@ def command(out: Path | None, name: str | None, launcher: str, backend: str, min
     env = _nccl_env(run)
     spec = LaunchSpec(mode="preflight", script=str(WORKER), script_args=[], run_dir=run, torchrun=torchrun,
                       launcher=launcher, options=options, env=env, quiet=not verbose, output_to_stderr=as_json,
-                      program=WORKER)
+                      program=WORKER, overwrite=overwrite)
     result = launch(spec, Deadline(deadline))
     records = load_records(run.root)
     if not records and launcher == "torchrun" and not list(run.torchrun_logs.glob("*/attempt_*")):
@@ -175,7 +187,7 @@ def command(out: Path | None, name: str | None, launcher: str, backend: str, min
         checks = [torchrun_rendezvous_failure(torchrun, result.exit_code, result.killed_by, check_timeout)]
         checks += [CheckResult(cid, SKIPPED, "no rank started", {}) for cid in CHECKS if cid != "rendezvous"]
         emit(build_report(checks, run, result.duration_s, result.killed_by), as_json=as_json, verbose=verbose,
-             sections=render_checks, exit_code=exit_code(checks))
+             sections=render_checks, exit_code=exit_code(checks), fail_on=fail_on)
     if not records:
         raise BadInput(f"no rank wrote a preflight result (job exit code {result.exit_code}"
                        f"{', ' + result.killed_by if result.killed_by else ''}); see ranks/*/stderr.log", run.root)
@@ -189,7 +201,7 @@ def command(out: Path | None, name: str | None, launcher: str, backend: str, min
                         local_view=local_view)
     checks = merge(records, opts, _topology(run, records))
     emit(build_report(checks, run, result.duration_s, result.killed_by), as_json=as_json, verbose=verbose,
-         sections=render_checks, exit_code=exit_code(checks))
+         sections=render_checks, exit_code=exit_code(checks), fail_on=fail_on)
 
 
 def torchrun_rendezvous_failure(torchrun: dict[str, Any], code: int | None, killed_by: str | None,

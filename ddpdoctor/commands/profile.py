@@ -11,9 +11,10 @@ from ddpdoctor.commands._common import (
     LAUNCH_CONTEXT,
     cli_errors,
     emit,
+    examples,
+    fail_on_option,
     finish_quietly,
     json_option,
-    launch_fail_on_option,
     launch_options,
     pop_launch_spec,
 )
@@ -24,12 +25,17 @@ from ddpdoctor.findings.window import window_verdict
 from ddpdoctor.launch.launcher import launch
 from ddpdoctor.launch.monitor import pop_watcher, watch_options
 from ddpdoctor.probes.config import Schedule
+from ddpdoctor.renderers import progress
 from ddpdoctor.renderers.console_perf import render_perf_sections
 from ddpdoctor.renderers.outputs import write_outputs
 from ddpdoctor.rundir.report import save_report
 
 
-@click.command(context_settings=LAUNCH_CONTEXT, help=__doc__)
+@click.command(context_settings=LAUNCH_CONTEXT, help=__doc__, epilog=examples(
+    "ddpdoctor profile --nproc-per-node 2 train.py --epochs 1",
+    "ddpdoctor profile --nproc-per-node 4 --name baseline --html report.html train.py",
+    "ddpdoctor profile --nnodes 2 --node-rank 0 --rdzv-endpoint head:29500 --nproc-per-node 8 train.py",
+))
 @launch_options
 @watch_options
 @click.option("--wait", default=2, show_default=True, help="Steps to skip before profiling (DDP builds buckets in step 0).")
@@ -48,7 +54,7 @@ from ddpdoctor.rundir.report import save_report
 @click.option("--nccl-debug", is_flag=True,
               help="Capture NCCL_DEBUG=INFO output and a topology dump; add the fabric checks of `ddpdoctor topo`.")
 @json_option
-@launch_fail_on_option
+@fail_on_option
 @cli_errors
 def command(
     wait: int,
@@ -71,9 +77,12 @@ def command(
         schedule=_schedule(wait, warmup, active, repeat),
         options={"with_stack": with_stack, "nccl_debug": nccl_debug, "run_to_completion": run_to_completion},
     )
-    result = launch(spec, watcher)
+    show = progress.enabled(as_json)
+    result = launch(spec, progress.with_progress(watcher, spec.torchrun, as_json, spec.schedule))
     if not result.reports:
         finish_quietly(result)
+    traces = spec.run_dir.trace_files()
+    progress.say(f"analysing {len(traces)} trace(s), {sum(p.stat().st_size for p in traces) / 1e6:.1f} MB", show)
     report = watched_report(spec.run_dir, "profile", analyse_traces=True)
     report.findings = apply_outcome(report.findings, run_status_of(_manifest(spec.run_dir)))
     window_verdict(report, spec.run_dir, spec.schedule)
@@ -89,7 +98,7 @@ def command(
             spec.script,
         )
     # The run directory is also the HTML report's home and a TensorBoard log dir (RUN/scalars/rankR).
-    write_outputs(report, spec.run_dir.root, html_path, merge_path, spec.run_dir.trace_files())
+    write_outputs(report, spec.run_dir.root, html_path, merge_path, spec.run_dir.trace_files(), show_progress=show)
     emit(report, as_json=as_json, verbose=verbose, fail_on=fail_on, exit_code=result.exit_code or None,
          sections=render_perf_sections)
 

@@ -10,6 +10,7 @@ from ddpdoctor.commands._common import (
     LAUNCH_CONTEXT,
     cli_errors,
     emit,
+    examples,
     fail_on_option,
     finish_quietly,
     json_option,
@@ -19,12 +20,16 @@ from ddpdoctor.commands._common import (
 from ddpdoctor.findings.watched import render_hang_section, watched_report
 from ddpdoctor.launch.launcher import launch
 from ddpdoctor.launch.monitor import pop_watcher, watch_options
+from ddpdoctor.renderers import progress
 from ddpdoctor.rundir.report import save_report
 
 DEBUG_ENV = {"TORCH_DISTRIBUTED_DEBUG": "DETAIL", "TORCH_CPP_LOG_LEVEL": "INFO"}
 
 
-@click.command(context_settings=LAUNCH_CONTEXT, help=__doc__)
+@click.command(context_settings=LAUNCH_CONTEXT, help=__doc__, epilog=examples(
+    "ddpdoctor run --nproc-per-node 2 train.py --epochs 1",
+    "ddpdoctor run --nproc-per-node 8 --hang-timeout 300 --debug train.py",
+))
 @launch_options
 @watch_options
 @click.option("--debug", is_flag=True, help="Set TORCH_DISTRIBUTED_DEBUG=DETAIL and TORCH_CPP_LOG_LEVEL=INFO; "
@@ -39,7 +44,7 @@ def command(debug: bool, verbose: bool, nccl_debug: bool, as_json: bool, fail_on
     watcher = pop_watcher(kwargs)
     spec = pop_launch_spec("run", kwargs, as_json=as_json, options={"debug": debug, "nccl_debug": nccl_debug},
                            env=dict(DEBUG_ENV) if debug else {})
-    result = launch(spec, watcher)
+    result = launch(spec, progress.with_progress(watcher, spec.torchrun, as_json))
     if not result.reports:
         finish_quietly(result)
     report = watched_report(spec.run_dir, "run", debug=debug)

@@ -7,7 +7,7 @@ from typing import Any
 
 import click
 
-from ddpdoctor.commands._common import cli_errors, emit, fail_on_option, json_option
+from ddpdoctor.commands._common import cli_errors, emit, examples, fail_on_option, json_option
 from ddpdoctor.errors import BadInput
 from ddpdoctor.logs.sanitize import clean_report
 from ddpdoctor.report import Report
@@ -111,7 +111,12 @@ def build_report(logs: list[Path], xmls: list[Path]) -> Report:
     return Report(command="topo", sections=sections, findings=findings, notes=notes)
 
 
-@click.command(help=__doc__ + "\n\nFILES: NCCL logs (SLURM/torchrun output), topology XML, or a ddpdoctor run directory.")
+@click.command(help=__doc__ + "\n\nFILES: NCCL logs (SLURM/torchrun output), topology XML, or a ddpdoctor run directory.",
+               epilog=examples(
+                   "NCCL_DEBUG=INFO srun python train.py > nccl.log 2>&1; ddpdoctor topo nccl.log",
+                   "ddpdoctor topo nccl.log --topo-xml topo.xml",
+                   "ddpdoctor topo ddpdoctor-runs/baseline",
+               ))
 @click.argument("files", nargs=-1, type=click.Path(path_type=Path))
 @click.option("--topo-xml", "xmls", multiple=True, type=click.Path(path_type=Path),
               help="NCCL_TOPO_DUMP_FILE / NCCL_TOPO_FILE XML (repeatable); XML given as FILES is detected too.")

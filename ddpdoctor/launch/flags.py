@@ -1,9 +1,18 @@
-"""torchrun's launch flags, accepted by every launching command with their meaning intact, and passed on."""
+"""torchrun's launch flags, taken from the installed torch's own parser, accepted by every launching command with
+their meaning intact, and passed on."""
 
 from __future__ import annotations
 
+import argparse
+import dataclasses
+import functools
+import importlib.metadata
+import json
+import os
+import re
 from collections.abc import Callable
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import click
@@ -15,50 +24,153 @@ class TorchrunFlag:
     takes_value: bool
     short: str | None = None
     help: str = ""
+    underscored: bool = True  # torchrun also accepts --a_b for --a-b
 
     @property
     def dest(self) -> str:
         return "tr_" + self.name.lstrip("-").replace("-", "_")
 
 
-# Everything torchrun 2.4-2.13 accepts except the ones ddpdoctor sets itself (see LaunchSpec).
-TORCHRUN_FLAGS: tuple[TorchrunFlag, ...] = (
-    TorchrunFlag("--nnodes", True, help="Number of nodes, or MIN:MAX for elastic jobs."),
-    TorchrunFlag("--nproc-per-node", True, help="Processes (ranks) per node: an int, gpu, cpu or auto."),
-    TorchrunFlag("--node-rank", True, help="Rank of this node (static rendezvous)."),
-    TorchrunFlag("--rdzv-backend", True, help="Rendezvous backend (c10d, etcd, static)."),
-    TorchrunFlag("--rdzv-endpoint", True, help="Rendezvous endpoint HOST:PORT."),
-    TorchrunFlag("--rdzv-id", True, help="Rendezvous (job) id."),
-    TorchrunFlag("--rdzv-conf", True, help="Extra rendezvous configuration, key=value,..."),
-    TorchrunFlag("--standalone", False, help="Single-node job with a local c10d rendezvous on a free port."),
-    TorchrunFlag("--max-restarts", True, help="Restarts before the job fails."),
-    TorchrunFlag("--monitor-interval", True, help="Seconds between torchrun's worker checks."),
-    TorchrunFlag("--start-method", True, help="spawn, fork or forkserver."),
-    TorchrunFlag("--role", True, help="User-defined role of the workers."),
-    TorchrunFlag("--master-addr", True, help="Address of the rank-0 node (static rendezvous)."),
-    TorchrunFlag("--master-port", True, help="Port on the rank-0 node (static rendezvous)."),
-    TorchrunFlag("--local-addr", True, help="Address of this node."),
-    TorchrunFlag("--log-dir", True, help="Where torchrun keeps worker logs (default: inside the run directory)."),
-    TorchrunFlag("--redirects", True, short="-r", help="torchrun's --redirects (default: tee, see --tee)."),
-    TorchrunFlag("--tee", True, short="-t", help="torchrun's --tee (default 3: every stream to file and console)."),
-    TorchrunFlag("--local-ranks-filter", True, help="Only show these local ranks' output on the console."),
-    TorchrunFlag("--numa-binding", True, help="torchrun's NUMA binding mode."),
-    TorchrunFlag("--signals-to-handle", True, help="Signals torchrun forwards to workers."),
-    TorchrunFlag("--shutdown-timeout", True, help="Seconds between SIGTERM and SIGKILL for workers."),
-    TorchrunFlag("--event-log-handler", True, help="torchrun's event log handler."),
-    TorchrunFlag("--module", False, short="-m", help="The script is a module name (python -m)."),
-    TorchrunFlag("--no-python", False, help="Not supported: ddpdoctor must run Python to attach its probes."),
-    TorchrunFlag("--run-path", False, help="Run the script with runpy.run_path (the default)."),
+# Short help for the flags users reach for; the others get the first sentence of torchrun's own help.
+HELP: dict[str, str] = {
+    "--nnodes": "Number of nodes, or MIN:MAX for elastic jobs.",
+    "--nproc-per-node": "Processes (ranks) per node: an int, gpu, cpu or auto.",
+    "--node-rank": "Rank of this node (static rendezvous).",
+    "--rdzv-backend": "Rendezvous backend (c10d, etcd, static).",
+    "--rdzv-endpoint": "Rendezvous endpoint HOST:PORT.",
+    "--rdzv-id": "Rendezvous (job) id.",
+    "--rdzv-conf": "Extra rendezvous configuration, key=value,...",
+    "--standalone": "Single-node job with a local c10d rendezvous on a free port.",
+    "--max-restarts": "Restarts before the job fails.",
+    "--monitor-interval": "Seconds between torchrun's worker checks.",
+    "--start-method": "spawn, fork or forkserver.",
+    "--role": "User-defined role of the workers.",
+    "--master-addr": "Address of the rank-0 node (static rendezvous).",
+    "--master-port": "Port on the rank-0 node (static rendezvous).",
+    "--local-addr": "Address of this node.",
+    "--log-dir": "Where torchrun keeps worker logs (default: inside the run directory).",
+    "--redirects": "torchrun's --redirects (default: tee, see --tee).",
+    "--tee": "torchrun's --tee (default 3: every stream to file and console).",
+    "--local-ranks-filter": "Only show these local ranks' output on the console.",
+    "--event-log-handler": "Name of a registered torchelastic event log handler.",
+    "--duplicate-stdout-filters": "Also copy the ranks' stdout lines matching these filters to a file.",
+    "--duplicate-stderr-filters": "Also copy the ranks' stderr lines matching these filters to a file.",
+    "--module": "The script is a module name (python -m).",
+    "--no-python": "Not supported: ddpdoctor must run Python to attach its probes.",
+    "--run-path": "Run the script with runpy.run_path (the default).",
+}
+
+# Used only where torch cannot be imported (ddpdoctor's analysis commands do not need it): torchrun 2.13's flags.
+FALLBACK_FLAGS: tuple[TorchrunFlag, ...] = tuple(
+    TorchrunFlag(name, takes, short)
+    for name, takes, short in (
+        ("--nnodes", True, None), ("--nproc-per-node", True, None), ("--rdzv-backend", True, None),
+        ("--rdzv-endpoint", True, None), ("--rdzv-id", True, None), ("--rdzv-conf", True, None),
+        ("--standalone", False, None), ("--max-restarts", True, None), ("--monitor-interval", True, None),
+        ("--start-method", True, None), ("--event-log-handler", True, None), ("--role", True, None),
+        ("--module", False, "-m"), ("--no-python", False, None), ("--run-path", False, None),
+        ("--log-dir", True, None), ("--redirects", True, "-r"), ("--tee", True, "-t"),
+        ("--local-ranks-filter", True, None), ("--duplicate-stdout-filters", True, None),
+        ("--duplicate-stderr-filters", True, None), ("--node-rank", True, None), ("--master-addr", True, None),
+        ("--master-port", True, None), ("--local-addr", True, None), ("--logs-specs", True, None),
+        ("--numa-binding", True, None), ("--signals-to-handle", True, None), ("--shutdown-timeout", True, None),
+        ("--virtual-local-rank", False, None),
+    )
 )
 
+# ddpdoctor runs the script itself (through its bootstrap), so these are not rendered back as flags.
+NOT_PASSED = ("--module", "--run-path", "--no-python")
 
-def torchrun_options(fn: Callable[..., Any]) -> Callable[..., Any]:
-    """Decorate a click command with every torchrun flag (dashed and underscore spellings)."""
-    for flag in reversed(TORCHRUN_FLAGS):
+
+def flags_from_parser(parser: argparse.ArgumentParser) -> tuple[TorchrunFlag, ...]:
+    """Every option of torchrun's argparse parser as a TorchrunFlag (positionals and --help left out)."""
+    flags: list[TorchrunFlag] = []
+    for action in parser._actions:
+        longs = [s for s in action.option_strings if s.startswith("--")]
+        if not longs or isinstance(action, argparse._HelpAction):
+            continue
+        # torchrun lists the dashed spelling first; older versions had only the underscore one for some flags.
+        name = "--" + longs[0][2:].replace("_", "-")
+        shorts = [s for s in action.option_strings if not s.startswith("--")]
+        underscored = any("_" in s for s in longs) or "-" not in name[2:]
+        text = HELP.get(name) or _first_sentence(action.help)
+        flags.append(TorchrunFlag(name, action.nargs != 0, shorts[0] if shorts else None, text, underscored))
+    return tuple(flags)
+
+
+def _first_sentence(text: str | None) -> str:
+    if not text or text == argparse.SUPPRESS:
+        return "torchrun's flag of this name."
+    text = " ".join(text.split()).replace("%", "%%")
+    for m in re.finditer(r"\. ", text):
+        if not text[: m.start()].endswith(("e.g", "i.e", "etc")):
+            return text[: m.start() + 1]
+    return text
+
+
+@functools.lru_cache(maxsize=1)
+def torchrun_flags() -> tuple[TorchrunFlag, ...]:
+    """The installed torch's torchrun flags (its own parser, so every flag of every torch version passes).
+
+    Importing torch takes seconds, so the table is cached on disk, keyed by the installed torchrun's file
+    (torch version, size, mtime); `--help` and every launch after the first read the cache."""
+    key, cache = _cache_key(), _cache_file()
+    if key and cache is not None:
+        try:
+            data = json.loads(cache.read_text())
+            if data.get("key") == key:
+                return tuple(TorchrunFlag(**f) for f in data["flags"])
+        except (OSError, ValueError, TypeError, KeyError):
+            pass
+    try:
+        from torch.distributed.run import get_args_parser
+    except Exception:  # noqa: BLE001 - no (or a broken) torch: the launch itself will say so
+        return FALLBACK_FLAGS
+    flags = flags_from_parser(get_args_parser())
+    if key and cache is not None:
+        try:
+            cache.parent.mkdir(parents=True, exist_ok=True)
+            tmp = cache.with_name(f".{cache.name}.{os.getpid()}")
+            tmp.write_text(json.dumps({"key": key, "flags": [dataclasses.asdict(f) for f in flags]}))
+            tmp.replace(cache)
+        except OSError:
+            pass  # a read-only home: parse every time
+    return flags
+
+
+def _cache_key() -> str | None:
+    """torch's version and its run.py's size and mtime, found without importing torch."""
+    try:
+        dist = importlib.metadata.distribution("torch")
+        run_py = Path(str(dist.locate_file("torch/distributed/run.py")))
+        st = run_py.stat()
+    except (importlib.metadata.PackageNotFoundError, OSError):
+        return None
+    return f"{dist.version}|{run_py}|{st.st_size}|{st.st_mtime_ns}"
+
+
+def _cache_file() -> Path | None:
+    if os.environ.get("DDPDOCTOR_NO_CACHE"):
+        return None
+    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    return Path(base) / "ddpdoctor" / "torchrun-flags.json"
+
+
+def torchrun_options(fn: Callable[..., Any], *, script: bool = True) -> Callable[..., Any]:
+    """Decorate a click command with every torchrun flag (dashed and underscore spellings); a flag whose name or
+    short form ddpdoctor already uses for itself is left out, so ddpdoctor's own flags keep their meaning.
+    ``script=False``: the command runs its own worker, so the flags about how to run a script are left out."""
+    taken = {opt for p in getattr(fn, "__click_params__", []) for opt in getattr(p, "opts", [])}
+    for flag in reversed(torchrun_flags()):
+        if not script and flag.name in NOT_PASSED:
+            continue
         underscored = "--" + flag.name[2:].replace("-", "_")
-        decls = [flag.name] + ([underscored] if underscored != flag.name else [])
+        decls = [flag.name] + ([underscored] if flag.underscored and underscored != flag.name else [])
         if flag.short:
             decls.insert(0, flag.short)
+        decls = [d for d in decls if d not in taken]
+        if flag.name not in decls:
+            continue
         decls.append(flag.dest)
         if flag.takes_value:
             fn = click.option(*decls, default=None, help=flag.help, show_default=False)(fn)
@@ -67,10 +179,14 @@ def torchrun_options(fn: Callable[..., Any]) -> Callable[..., Any]:
     return fn
 
 
+def torchrun_options_without_script(fn: Callable[..., Any]) -> Callable[..., Any]:
+    return torchrun_options(fn, script=False)
+
+
 def pop_torchrun_values(kwargs: dict[str, Any]) -> dict[str, Any]:
     """Take the torchrun flags out of a click kwargs dict: {dashed name: value} for those given."""
     given: dict[str, Any] = {}
-    for flag in TORCHRUN_FLAGS:
+    for flag in torchrun_flags():
         value = kwargs.pop(flag.dest, None)
         if value not in (None, False):
             given[flag.name] = value
@@ -79,12 +195,14 @@ def pop_torchrun_values(kwargs: dict[str, Any]) -> dict[str, Any]:
 
 def torchrun_argv(given: dict[str, Any]) -> list[str]:
     """Render given flags back into torchrun's command line, in torchrun's own spelling."""
+    known = {f.name: f for f in torchrun_flags()}
     argv: list[str] = []
-    for flag in TORCHRUN_FLAGS:
-        if flag.name not in given or flag.name in ("--module", "--run-path", "--no-python"):
+    for name, value in given.items():
+        if name in NOT_PASSED:
             continue
-        if flag.takes_value:
-            argv += [flag.name, str(given[flag.name])]
-        else:
-            argv.append(flag.name)
+        flag = known.get(name)
+        if flag is None or flag.takes_value:
+            argv += [name, str(value)]
+        elif value:
+            argv.append(name)
     return argv

@@ -8,6 +8,7 @@ from typing import Any
 
 from rich.console import Console
 from rich.markup import escape
+from rich.table import Table
 
 from ddpdoctor.findings.model import Finding, Severity, ordered
 from ddpdoctor.report import Report
@@ -19,38 +20,60 @@ def console() -> Console:
     return Console(highlight=False, soft_wrap=False)
 
 
-def _evidence_line(evidence: dict[str, Any], limit: int = 240) -> str:
+def _evidence_line(evidence: dict[str, Any]) -> str:
+    """The whole evidence (--verbose): every key, nothing cut."""
     parts = []
     for k, v in evidence.items():
         text = v if isinstance(v, str) else json.dumps(v, default=str)
         parts.append(f"{k}={text}")
-    line = "; ".join(parts)
-    return line if len(line) <= limit else line[: limit - 1] + "…"
+    return "; ".join(parts)
 
 
-def _short_evidence(evidence: dict[str, Any], limit: int = 110) -> str:
-    """The first few scalar facts of the evidence: enough to believe the title at a glance."""
-    def simple(v: Any) -> bool:
-        return isinstance(v, (int, float, str)) and not isinstance(v, bool) and len(str(v)) < 60
+def _fact(v: Any, depth: int = 0) -> str | None:
+    """A compact rendering of one evidence value, or None when it is too big for the short view."""
+    if isinstance(v, float):
+        return f"{v:.0f}" if abs(v) >= 1000 else f"{v:.4g}"
+    if isinstance(v, (int, str, bool)) or v is None:
+        text = str(v)
+        return text if len(text) <= 200 else None
+    if isinstance(v, dict) and v and depth < 2:
+        items = list(v.items())
+        inner = [f"{a}: {_fact(b, depth + 1)}" for a, b in items[:6] if _fact(b, depth + 1) is not None]
+        more = f", … +{len(items) - 6}" if len(items) > 6 else ""
+        return "{" + ", ".join(inner) + more + "}" if inner else None
+    if isinstance(v, list) and v and len(v) <= 8 and all(isinstance(x, (int, float, str)) for x in v):
+        return "[" + ", ".join(_fact(x, depth + 1) or "…" for x in v) + "]"
+    return None
 
-    parts = []
+
+def _short_evidence(evidence: dict[str, Any], max_facts: int = 6) -> str:
+    """The facts a title rests on: measured values (nested per-rank values included) and, always, the thresholds
+    they were compared with, each whole; the line wraps under a hanging indent instead of being cut."""
+    parts: list[str] = []
+    thresholds: list[str] = []
     for k, v in evidence.items():
-        if simple(v):
-            parts.append(f"{k}={v}")
-        elif isinstance(v, dict) and v and len(v) <= 4 and all(simple(x) for x in v.values()):
-            parts.append(f"{k}=" + "{" + ", ".join(f"{a}: {b}" for a, b in v.items()) + "}")
+        if k == "lines":
+            continue
+        fact = _fact(v)
+        if fact is None:
+            continue
+        (thresholds if "threshold" in k or k.startswith(("min_", "max_allowed")) else parts).append(f"{k}={fact}")
     lines = evidence.get("lines")
     if isinstance(lines, list) and lines and isinstance(lines[0], str):
         # The log line a finding rests on (topo, logs) is the evidence a reader wants: the first one, whole.
         more = f" (+{len(lines) - 1} more)" if len(lines) > 1 else ""
-        return "; ".join(parts[:3] + [f"{lines[0][:200]}{more}"])
-    line = "; ".join(parts[:4])
-    return line if len(line) <= limit else line[: limit - 1] + "…"
+        parts = parts[:3] + [f"{lines[0][:200]}{more}"]
+    hidden = len(parts) - max_facts
+    shown = parts[:max_facts] + thresholds
+    return "; ".join(shown) + (f"; … {hidden} more (--verbose)" if hidden > 0 else "")
 
 
 def render_findings(findings: list[Finding], out: Console, verbose: bool = False) -> None:
-    """Findings, worst first: severity, id, ranks and title on one line; the key evidence and the advice below.
-    ``verbose`` prints the whole evidence."""
+    """Findings, worst first: severity, id, ranks and title; the key evidence and the advice below, every line
+    wrapped under a hanging indent. ``verbose`` prints the whole evidence."""
+    grid = Table.grid(padding=(0, 1))
+    grid.add_column(width=7, justify="right", no_wrap=True)
+    grid.add_column(overflow="fold")
     if not findings:
         out.print("[green]No findings.[/green]")
         return
@@ -60,12 +83,14 @@ def render_findings(findings: list[Finding], out: Console, verbose: bool = False
         if f.ranks:
             shown = ",".join(str(r) for r in f.ranks[:8]) + ("…" if len(f.ranks) > 8 else "")
             ranks = f" [dim]ranks {shown}[/dim]"
-        out.print(f"[{STYLE[f.severity]}]{f.severity.value:>7}[/] [bold]{escape(f.id)}[/bold]{ranks}: {escape(f.title)}")
-        evidence = _evidence_line(f.evidence, 4000) if verbose else _short_evidence(f.evidence)
+        grid.add_row(f"[{STYLE[f.severity]}]{f.severity.value}[/]",
+                     f"[bold]{escape(f.id)}[/bold]{ranks}: {escape(f.title)}")
+        evidence = _evidence_line(f.evidence) if verbose else _short_evidence(f.evidence)
         if evidence:
-            out.print(f"         [dim]evidence: {escape(evidence)}[/dim]")
+            grid.add_row("", f"[dim]evidence: {escape(evidence)}[/dim]")
         if f.advice:
-            out.print(f"         → {escape(f.advice)}")
+            grid.add_row("", f"→ {escape(f.advice)}")
+    out.print(grid)
 
 
 def render(

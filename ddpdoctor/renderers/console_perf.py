@@ -3,15 +3,13 @@
 from __future__ import annotations
 
 import math
-from collections.abc import Iterator, Mapping
-from contextlib import contextmanager
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
 from rich import box
 from rich.console import Console
 from rich.markup import escape
-from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 from rich.text import Text
 
@@ -82,8 +80,28 @@ def _table(title: str, headers: list[str], rows: list[list[str]], caption: str |
     return table
 
 
+def step_count(r: dict[str, Any]) -> int | None:
+    """How many steps a rank recorded (``steps`` is a count, or a list in older reports)."""
+    steps = r.get("steps")
+    n = len(steps) if isinstance(steps, list) else steps
+    return n if isinstance(n, int) and not isinstance(n, bool) else None
+
+
+def per_step(r: dict[str, Any], key: str) -> float | None:
+    """A rank's total over its recorded steps as a mean per step, so it reads next to the step time (every
+    view shows the same)."""
+    value, n = r.get(key), step_count(r)
+    if not isinstance(value, (int, float)) or not math.isfinite(value) or not n:
+        return None
+    return value / n
+
+
+OVERLAP_DEFINITION = ("overlap: share of communication time hidden behind compute; exposed: communication time "
+                      "with no compute running (the step waits for it), and its share of the step")
+
+
 def rank_table(ranks: list[dict[str, Any]], stragglers: list[int], verbose: bool = False) -> Table:
-    """Fits 80 columns: ms everywhere, exposed communication with its share of step time."""
+    """Fits 80 columns; every figure is per step (the step time a median, the others a mean per step)."""
     counts = {_steps(r) for r in ranks}
     steps = f"{counts.pop()} recorded steps" if len(counts) == 1 else "the recorded steps"
     names = ["rank", *(["steps"] if verbose else []), "step", *(["p90", "max"] if verbose else []), "compute",
@@ -93,22 +111,21 @@ def rank_table(ranks: list[dict[str, Any]], stragglers: list[int], verbose: bool
     for r in shown:
         st = r.get("step_time_us") or {}
         mark = "[yellow]*[/]" if r.get("rank") in stragglers else ""
-        exposed = ms(r.get("exposed_comm_us"))
+        exposed = ms(per_step(r, "exposed_comm_us"))
         if isinstance(r.get("exposed_comm_pct"), (int, float)) and math.isfinite(r["exposed_comm_pct"]):
             exposed += f" ({r['exposed_comm_pct']:.0f}%)"
         rows.append([
             f"{r.get('rank')}{mark}", *([_steps(r)] if verbose else []), ms(st.get("median")),
             *([ms(st.get("p90")), ms(st.get("max"))] if verbose else []),
-            ms(r.get("compute_us")), ms(r.get("comm_us")), _overlap(r), exposed, ms(r.get("idle_us")),
-            ms(r.get("data_wait_us")),
+            ms(per_step(r, "compute_us")), ms(per_step(r, "comm_us")), _overlap(r), exposed,
+            ms(per_step(r, "idle_us")), ms(per_step(r, "data_wait_us")),
         ])
-    captions = []
+    captions = [f"step: median; others: mean per step, {steps}"]
     if stragglers:
         captions.append("* straggler")
     if len(shown) < len(ranks):
         captions.append(f"{len(ranks) - len(shown)} more ranks not shown (--json or the HTML report has all)")
-    return _table(f"Per rank: median step time, totals over {steps} (ms)", names, rows,
-                  "; ".join(captions) or None)
+    return _table("Per rank (ms per step)", names, rows, "\n".join(captions))
 
 
 def step_table(ranks: list[dict[str, Any]]) -> Table:
@@ -125,7 +142,7 @@ def step_table(ranks: list[dict[str, Any]]) -> Table:
             rows.append([str(r.get("rank")), str(s.get("step")), ms(s.get("dur_us")), ms(s.get("compute_us")),
                          ms(s.get("comm_us")), pct(s.get("overlap_pct")), ms(s.get("exposed_comm_us")),
                          ms(s.get("idle_us")), ms(bwd), ms(s.get("comm_in_backward_us")), ms(s.get("data_wait_us"))])
-    return _table("Per step (ms)", ["rank", "step", "time", "compute", "comm", "overlap", "exposed", "idle",
+    return _table("Per step (ms, each recorded step)", ["rank", "step", "time", "compute", "comm", "overlap", "exposed", "idle",
                                     "backward", "comm in bwd", "data wait"], rows, caption)
 
 
@@ -135,7 +152,8 @@ def collective_tables(collectives: dict[str, Any]) -> list[Table]:
     if by_op:
         rows = [[escape(str(op)), str(v.get("count", "-")), f"{(v.get('bytes') or 0) / 1e6:.2f}", ms(v.get("time_us"))]
                 for op, v in sorted(by_op.items())]
-        tables.append(_table("Collectives by op", ["op", "count", "MB", "time ms"], rows, left=1))
+        tables.append(_table("Collectives by op", ["op", "count", "MB", "time ms"], rows,
+                             "totals over the recorded steps", left=1))
     calls = collectives.get("calls") or []
     if calls:
         rows = [[str(c.get("rank")), str(c.get("step")), str(c.get("index")), escape(str(c.get("op"))),
@@ -183,6 +201,7 @@ def render_perf_sections(report: Report, out: Console, verbose: bool) -> None:
         out.print(f"[dim]run directory: {escape(str(s['run_dir']))}[/dim]")
     if ranks:
         out.print(rank_table(ranks, list(stragglers.get("ranks") or []), verbose))
+        out.print(f"[dim]{OVERLAP_DEFINITION}[/dim]")
     else:
         out.print("[dim]No profiled steps to summarise.[/dim]")
     line = straggler_line(stragglers)
@@ -200,14 +219,3 @@ def render_perf_sections(report: Report, out: Console, verbose: bool) -> None:
     if run_dir and (Path(run_dir) / "report.html").is_file():
         out.print(f"[dim]open {escape(str(Path(run_dir) / 'report.html'))} in a browser, or: "
                   f"tensorboard --logdir {escape(str(run_dir))} --host 127.0.0.1[/dim]")
-
-
-@contextmanager
-def progress(description: str, total: int | None, console: Console | None = None) -> Iterator[Any]:
-    """A transient progress bar on stderr for long work (merging traces, writing views); silent when not a TTY."""
-    con = console or Console(stderr=True)
-    bar = Progress(TextColumn("{task.description}"), BarColumn(), TextColumn("{task.completed}/{task.total}"),
-                   TimeElapsedColumn(), console=con, transient=True, disable=not con.is_terminal)
-    with bar:
-        task = bar.add_task(description, total=total)
-        yield lambda n=1: bar.advance(task, n)

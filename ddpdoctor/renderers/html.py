@@ -70,7 +70,8 @@ def _chart_data(report: Report) -> dict[str, Any]:
     if len(calls) > MAX_CALLS_EMBEDDED:
         coll["calls"] = calls[:MAX_CALLS_EMBEDDED]
     coll.pop("grad_ready", None)  # not drawn; can be large
-    return _finite({"ranks": s.get("ranks") or [], "collectives": coll, "stragglers": s.get("stragglers") or {}})
+    return _finite({"ranks": s.get("ranks") or [], "collectives": coll, "stragglers": s.get("stragglers") or {},
+                    "whatif": s.get("whatif") or {}})
 
 
 def _findings_html(findings: list[Finding]) -> str:
@@ -104,25 +105,100 @@ def _table(headers: list[str], rows: list[list[Any]], left: int = 0) -> str:
 
 
 def _ranks_html(ranks: list[dict[str, Any]], stragglers: list[int]) -> str:
+    from ddpdoctor.renderers.console_perf import per_step
+
     rows = []
     for r in ranks:
         st = r.get("step_time_us") or {}
         rows.append([
             f"{r.get('rank')}{' (straggler)' if r.get('rank') in stragglers else ''}", r.get("device", "-"),
-            len(r["steps"]) if isinstance(r.get("steps"), list) else r.get("steps", "-"), _ms(st.get("median")), _ms(st.get("p90")), _ms(r.get("compute_us")),
-            _ms(r.get("comm_us")), "no comm" if r.get("comm_us") == 0 else _pct(r.get("overlap_pct")),
-            _ms(r.get("exposed_comm_us")), _pct(r.get("exposed_comm_pct")), _ms(r.get("idle_us")),
-            _ms(r.get("data_wait_us")),
+            len(r["steps"]) if isinstance(r.get("steps"), list) else r.get("steps", "-"), _ms(st.get("median")),
+            _ms(st.get("p90")), _ms(per_step(r, "compute_us")), _ms(per_step(r, "comm_us")),
+            "no comm" if r.get("comm_us") == 0 else _pct(r.get("overlap_pct")),
+            _ms(per_step(r, "exposed_comm_us")), _pct(r.get("exposed_comm_pct")), _ms(per_step(r, "idle_us")),
+            _ms(per_step(r, "data_wait_us")),
         ])
-    return _table(["rank", "device", "steps", "step ms (median)", "p90", "compute ms", "comm ms", "overlap",
-                   "exposed ms", "exposed % of step", "idle ms", "data wait ms"], rows, left=2)
+    return _table(["rank", "device", "steps recorded", "step ms (median)", "step ms (p90)", "compute ms",
+                   "comm ms", "overlap", "exposed comm ms", "exposed % of step", "idle ms", "data wait ms"],
+                  rows, left=2)
+
+
+DEFINITIONS = {
+    "overlap": "the share of communication time during which compute ran too, so the communication was hidden "
+               "behind it: 100 × |communication ∩ compute| / |communication|.",
+    "exposed communication": "communication time with no compute running: the step waits for it. Its share of "
+                             "the step is what faster communication or better overlap can save.",
+    "idle": "time in the step with neither compute nor communication (data loading, Python, synchronisation).",
+    "arrival skew": "for one collective matched across ranks, the latest rank's start minus the earliest "
+                    "rank's: how long the first rank waited for the last.",
+    "caused wait": "the time the other ranks spent waiting for this rank, summed over matched collectives; the "
+                   "rank that arrives last most often and makes the others wait is the straggler.",
+}
+
+
+def _defs(*terms: str) -> str:
+    return '<dl class="defs">' + "".join(f"<dt>{esc(t)}</dt><dd>{esc(DEFINITIONS[t])}</dd>" for t in terms) + "</dl>"
+
+
+def _command_line(run_dir: Any) -> str | None:
+    """`ddpdoctor profile ...` as the run's manifest recorded it (None for bare traces)."""
+    if not run_dir:
+        return None
+    try:
+        from ddpdoctor.safe_io import read_text
+
+        manifest = json.loads(read_text(Path(str(run_dir)) / "manifest.json", 4 << 20))
+    except (OSError, ValueError, Exception):  # noqa: BLE001 - a missing or odd manifest only hides the command
+        return None
+    argv = manifest.get("command_line") if isinstance(manifest, dict) else None
+    if not isinstance(argv, list) or len(argv) < 2:
+        return None
+    return "ddpdoctor " + " ".join(str(a) for a in argv[1:])
+
+
+def lead_finding(findings: list[Finding]) -> Finding | None:
+    """The finding a one-line verdict names: the first in report order (the views' one place for it)."""
+    ordered = sorted(findings, key=lambda f: -f.severity.rank)
+    return ordered[0] if ordered else None
+
+
+def _summary_html(report: Report, ranks: list[dict[str, Any]]) -> str:
+    """The strip at the top: job, command, ranks, exit, steps recorded, verdict and its one-line why."""
+    from ddpdoctor.renderers.console_perf import step_count
+
+    s = report.sections
+    job: dict[str, Any] = s["job"] if isinstance(s.get("job"), dict) else {}
+    lead = lead_finding(report.findings)
+    why = lead.title if lead else "no findings: nothing wrong was found in the recorded steps"
+    steps = sorted({n for n in (step_count(r) for r in ranks) if n is not None})
+    ids = sorted({i for r in ranks for i in (r.get("step_ids") or [])})
+    steps_text = "-" if not steps else (f"{steps[0]} per rank" if len(steps) == 1 else
+                                        f"{min(steps)}-{max(steps)} per rank")
+    if ids:
+        steps_text += f" (steps {ids[0]}-{ids[-1]})" if len(ids) > 1 else f" (step {ids[0]})"
+    exit_text = "-"
+    if job.get("exit_code") is not None:
+        exit_text = str(job["exit_code"]) + (f" ({job['killed_by']})" if job.get("killed_by") else "")
+    items = [
+        ("job", str(s.get("run_dir") or "traces given to analyze")),
+        ("command", _command_line(s.get("run_dir")) or f"ddpdoctor {report.command}"),
+        ("ranks", str(job.get("world_size") or len(ranks) or "-")),
+        ("exit", exit_text),
+        ("steps recorded", steps_text),
+    ]
+    cells = "".join(f'<div class="cell"><span class="k">{esc(k)}</span><span class="v">{esc(v)}</span></div>'
+                    for k, v in items)
+    return (f'<section id="summary" class="summary status-bg-{esc(report.status)}">'
+            f'<div class="verdict"><span class="status-{esc(report.status)}">{esc(report.status)}</span>: '
+            f"{esc(why)}</div>{cells}</section>")
 
 
 def _collectives_html(coll: dict[str, Any]) -> str:
     parts = []
     by_op = coll.get("by_op") or {}
     if by_op:
-        parts.append(_table(["op", "count", "MB", "time ms"], [
+        parts.append('<p class="note">Totals over the recorded steps, all ranks.</p>')
+        parts.append(_table(["op", "calls (total)", "MB (total)", "time ms (total)"], [
             [op, v.get("count"), f"{(v.get('bytes') or 0) / 1e6:.2f}", _ms(v.get("time_us"))]
             for op, v in sorted(by_op.items())], left=1))
     bw = coll.get("bandwidth") or {}
@@ -138,7 +214,7 @@ def _collectives_html(coll: dict[str, Any]) -> str:
                  "-" if c.get("busbw_gbps") is None else f"{c['busbw_gbps']:.3f}"] for c in calls[:MAX_CALL_ROWS]]
         parts.append('<div class="scroll">' + _table(
             ["rank", "step", "#", "op", "group", "seq", "MB", "dur ms", "start vs backward ms", "algbw GB/s",
-             "busbw GB/s"], rows) + "</div>")
+             "busbw GB/s"], rows) + "</div>" + '<p class="note">One row per call.</p>')
         if len(calls) > MAX_CALL_ROWS:
             parts.append(f'<p class="note">{len(calls) - MAX_CALL_ROWS} more calls in report.json.</p>')
     buckets = coll.get("buckets") or []
@@ -146,7 +222,7 @@ def _collectives_html(coll: dict[str, Any]) -> str:
         rows = [[b.get("rank"), b.get("step"), b.get("index"), "yes" if b.get("is_last") else "",
                  f"{(b.get('bytes') or 0) / 1e6:.3f}", _ms(b.get("dur_us")), _ms(b.get("after_backward_end_us"))]
                 for b in buckets[:MAX_CALL_ROWS]]
-        parts.append("<h3>DDP gradient buckets</h3>" + '<div class="scroll">' + _table(
+        parts.append("<h3>DDP gradient buckets (one row per bucket and step)</h3>" + '<div class="scroll">' + _table(
             ["rank", "step", "bucket", "last", "MB", "dur ms", "after backward end ms"], rows) + "</div>")
     return "\n".join(parts) or '<p class="note">No collectives in the traces.</p>'
 
@@ -193,19 +269,35 @@ def render_html(report: Report) -> str:
 <header><h1>ddpdoctor {esc(report.command)}: <span class="status-{esc(report.status)}">{esc(report.status)}</span></h1>
 <div class="meta">{esc(" · ".join(meta))}</div></header>
 <main>
+{_summary_html(report, ranks)}
 <noscript><p class="noscript">Charts need JavaScript; the tables below do not.</p></noscript>
 <section id="findings"><h2>Findings</h2>{_findings_html(report.findings)}{notes}</section>
-<section id="ranks"><h2>Per rank</h2><div class="scroll">{_ranks_html(ranks, stragglers)}</div></section>
+<section id="ranks"><h2>Per rank, per step</h2>
+<p class="note">Every figure is per step: step time as the median (and p90) over the recorded steps, the others as a
+mean per step (report.json has the totals).</p>
+<div class="scroll">{_ranks_html(ranks, stragglers)}</div>{_defs("overlap", "exposed communication", "idle")}</section>
+<section id="steps"><h2>Step time per step and rank</h2>
+<div class="chart" id="chart-steps"></div>
+<p class="note">One line per rank (ms per step); the straggler's line is dashed and marked ★.</p></section>
 <section id="timeline"><h2>Timeline of a step <select id="step-select" aria-label="step"></select></h2>
 <div class="legend"><span><i style="background:#e5eaf1"></i>step</span><span><i style="background:#3b82f6"></i>backward</span>
-<span><i style="background:#f59e0b"></i>gradient bucket all_reduce</span><span><i style="background:#dc2626"></i>last bucket</span>
-<span><i style="background:#9ca3af"></i>other collective</span><span>* straggler</span></div>
+<span><i style="background:#f59e0b"></i>gradient bucket all_reduce</span><span><i style="background:#dc2626"></i>communication after
+backward ended (exposed)</span><span><i style="background:#9ca3af"></i>other collective</span><span>★ straggler</span></div>
 <div class="chart" id="chart-timeline"></div>
 <p class="note">Times on rank 0's clock after alignment on matched collectives; hover a bar for numbers.</p></section>
-<section id="overlap"><h2>Overlapped and exposed communication per rank</h2>
+<section id="overlap"><h2>Overlapped and exposed communication per rank (mean per step)</h2>
 <div class="legend"><span><i style="background:#16a34a"></i>overlapped with compute</span><span><i style="background:#dc2626"></i>exposed</span></div>
-<div class="chart" id="chart-overlap"></div></section>
-<section id="stragglers"><h2>Stragglers</h2><p>{esc(straggler_text)}</p><div class="chart" id="chart-stragglers"></div></section>
+<div class="chart" id="chart-overlap"></div>{_defs("overlap", "exposed communication")}</section>
+<section id="buckets"><h2>Gradient buckets against backward</h2>
+<div class="legend"><span><i style="background:#3b82f6"></i>backward</span><span><i style="background:#f59e0b"></i>bucket
+all_reduce (height: MB)</span><span><i style="background:#dc2626"></i>after backward ended (exposed)</span></div>
+<div class="chart" id="chart-buckets"></div></section>
+<section id="whatif"><h2>What-if: exposed communication against bucket_cap_mb</h2>
+<div class="chart" id="chart-whatif"></div>
+<p class="note">DDP's bucketing replayed on this run's gradient-ready times and fitted bandwidth (docs/whatif.md);
+per step. The dot is the current bucket_cap_mb; the dashed line what was measured.</p></section>
+<section id="stragglers"><h2>Stragglers</h2><p>{esc(straggler_text)}</p><div class="chart" id="chart-stragglers"></div>
+{_defs("arrival skew", "caused wait")}</section>
 <section id="collectives"><h2>Collectives</h2>{_collectives_html(s.get("collectives") or {})}</section>
 {_ddp_html(s.get("ddp"))}
 </main>

@@ -3,15 +3,15 @@
 from __future__ import annotations
 
 import gzip
-import json
 import re
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
 import msgspec
 
 from ddpdoctor.errors import BadInput
+from ddpdoctor.renderers.chrome_trace import ENCODER, ChromeEvent, Trace, event_args, raw_text, read_trace
 
 _RANK_IN_NAME = re.compile(r"rank[_-]?(\d+)", re.IGNORECASE)
 # The source trace's own process metadata is replaced by ours (pid = rank); thread names are kept.
@@ -33,53 +33,9 @@ def trace_paths(paths: list[Path]) -> list[Path]:
     return found
 
 
-def read_trace(path: Path) -> dict[str, Any]:
-    """A profiler trace (.json or .json.gz) as a dict, or BadInput naming the file and the problem."""
-    from ddpdoctor.traces.loader import read_bytes
-
-    raw = read_bytes(path)  # bounded: regular files only, streamed gzip with a cap
-    try:
-        # msgspec bounds nesting in C (RecursionError, never a blown stack), and is faster than json here.
-        data = msgspec.json.decode(raw)
-    except UnicodeDecodeError as exc:
-        raise BadInput(f"not UTF-8 text ({exc.reason})", path) from exc
-    except msgspec.DecodeError as exc:
-        raise BadInput(f"not valid JSON ({exc})", path) from exc
-    except RecursionError as exc:
-        raise BadInput("JSON nested too deeply", path) from exc
-    if not isinstance(data, dict) or not isinstance(data.get("traceEvents"), list):
-        raise BadInput("not a Chrome/PyTorch profiler trace (no traceEvents list)", path)
-    from ddpdoctor.rundir.artefacts import validate
-
-    validate(data, _MergeDoc, path)  # the fields the merge reads have their types (events stay dicts)
-    return data
-
-
-class _MergeEvent(msgspec.Struct):
-    ph: str = ""
-    name: str = ""
-    cat: str = ""
-    pid: int | str | None = None
-    tid: int | str | None = None
-    ts: float | None = None
-    id: int | str | None = None
-    args: dict[str, Any] | None = None
-
-
-class _MergeDist(msgspec.Struct):
-    rank: int | None = None
-    backend: str | None = None
-
-
-class _MergeDoc(msgspec.Struct):
-    traceEvents: list[_MergeEvent | list[Any] | str | int | float | bool | None]
-    distributedInfo: _MergeDist | None = None
-    host_name: str | None = None
-
-
-def trace_rank(data: dict[str, Any], path: Path, fallback: int) -> int:
+def trace_rank(trace: Trace, path: Path, fallback: int) -> int:
     """distributedInfo.rank, else "rankN" in the file name, else ``fallback`` (the file's position)."""
-    rank = (data.get("distributedInfo") or {}).get("rank")
+    rank = trace.dist.get("rank")
     if isinstance(rank, int):
         return rank
     m = _RANK_IN_NAME.search(path.name)
@@ -94,74 +50,70 @@ def _offsets(clock_offsets_us: Mapping[Any, Any] | None) -> dict[int, float]:
     return out
 
 
-def _main_pid(events: list[Any]) -> Any:
-    """The pid of the training process: the one running the CPU ops (the most common integer pid)."""
-    counts: dict[Any, int] = {}
-    for ev in events[:200000]:
-        if isinstance(ev, dict) and ev.get("ph") == "X" and isinstance(ev.get("pid"), int):
-            counts[ev["pid"]] = counts.get(ev["pid"], 0) + (4 if ev.get("cat") in ("cpu_op", "user_annotation") else 1)
-    return max(counts, key=counts.__getitem__) if counts else None
+class TraceStats:
+    """What one pass over a trace's events tells the merge: the training process and the other processes' names."""
+
+    def __init__(self, trace: Trace) -> None:
+        counts: dict[Any, int] = {}
+        names: dict[Any, str] = {}
+        labels: dict[Any, str] = {}
+        seen = 0
+        for chunk in trace.chunks():
+            for ev in chunk:
+                if ev.ph == "M":
+                    args = event_args(ev)
+                    if ev.name == "process_name" and args.get("name"):
+                        names[ev.pid] = str(args["name"])
+                    elif ev.name == "process_labels" and args.get("labels"):
+                        labels[ev.pid] = str(args["labels"])
+                elif ev.ph == "X" and isinstance(ev.pid, int) and seen < 200000:
+                    seen += 1
+                    weight = 4 if raw_text(ev.cat) in ("cpu_op", "user_annotation") else 1
+                    counts[ev.pid] = counts.get(ev.pid, 0) + weight
+        # The training process runs the CPU ops: the most common integer pid of complete events.
+        self.main_pid = max(counts, key=counts.__getitem__) if counts else None
+        # A short name per other process: Kineto's label ("GPU 0") when it has one, else its process name when
+        # that differs from the training process's (traces often give every pid the job's name).
+        self.labels: dict[Any, str] = {}
+        for pid in set(names) | set(labels):
+            if pid in labels and pid != self.main_pid:
+                self.labels[pid] = labels[pid]
+            elif pid in names and names[pid] != names.get(self.main_pid):
+                self.labels[pid] = names[pid]
 
 
-def _process_labels(events: list[Any], main_pid: Any) -> dict[Any, str]:
-    """A short name per non-training process of a trace: Kineto's label ("GPU 0") when it has one, else its
-    process name when that differs from the training process's (traces often give every pid the job's name)."""
-    names: dict[Any, str] = {}
-    labels: dict[Any, str] = {}
-    for ev in events:
-        if isinstance(ev, dict) and ev.get("ph") == "M":
-            args = ev.get("args") or {}
-            if ev.get("name") == "process_name" and args.get("name"):
-                names[ev.get("pid")] = str(args["name"])
-            elif ev.get("name") == "process_labels" and args.get("labels"):
-                labels[ev.get("pid")] = str(args["labels"])
-    out: dict[Any, str] = {}
-    for pid in set(names) | set(labels):
-        if pid in labels and pid != main_pid:
-            out[pid] = labels[pid]
-        elif pid in names and names[pid] != names.get(main_pid):
-            out[pid] = names[pid]
-    return out
-
-
-def _rank_events(data: dict[str, Any], rank: int, offset_us: float) -> Iterable[dict[str, Any]]:
-    """The rank's events moved into process ``rank`` on rank 0's clock (ts - offset)."""
-    host = data.get("host_name")
-    yield {"ph": "M", "name": "process_name", "pid": rank, "tid": 0,
-           "args": {"name": f"rank {rank}" + (f" ({host})" if host else "")}}
-    yield {"ph": "M", "name": "process_sort_index", "pid": rank, "tid": 0, "args": {"sort_index": rank}}
+def _header_events(trace: Trace, rank: int, offset_us: float) -> list[dict[str, Any]]:
+    host = trace.host
+    out: list[dict[str, Any]] = [
+        {"ph": "M", "name": "process_name", "pid": rank, "tid": 0,
+         "args": {"name": f"rank {rank}" + (f" ({host})" if host else "")}},
+        {"ph": "M", "name": "process_sort_index", "pid": rank, "tid": 0, "args": {"sort_index": rank}}]
     labels = []
-    dist = data.get("distributedInfo") or {}
-    if dist.get("backend"):
-        labels.append(str(dist["backend"]))
+    if trace.dist.get("backend"):
+        labels.append(str(trace.dist["backend"]))
     if offset_us:
         labels.append(f"clock shifted {-offset_us:+.1f} us")
     if labels:
-        yield {"ph": "M", "name": "process_labels", "pid": rank, "tid": 0, "args": {"labels": ", ".join(labels)}}
-    events = data["traceEvents"]
-    main_pid = _main_pid(events)
-    names = _process_labels(events, main_pid)
-    for ev in events:
-        if not isinstance(ev, dict):
-            continue
-        if ev.get("ph") == "M" and ev.get("name") in _DROPPED_META:
-            continue
-        out = dict(ev)
-        out["pid"] = rank
-        # Other processes of the trace (GPU devices, the profiler's "Spans") become threads named after them,
-        # so a GPU stream 7 never lands on the same track as a CPU thread 7.
-        pid = ev.get("pid")
-        if pid != main_pid and pid not in (None, ""):
-            label = names.get(pid, f"pid {pid}")
-            out["tid"] = f"{label}: {ev.get('tid')}"
-            if ev.get("ph") == "M" and ev.get("name") == "thread_name":
-                out["args"] = {"name": f"{label} {(ev.get('args') or {}).get('name', ev.get('tid'))}".strip()}
-        ts = ev.get("ts")
-        if isinstance(ts, (int, float)) and offset_us:
-            out["ts"] = ts - offset_us
-        if ev.get("ph") in ("s", "t", "f") and isinstance(ev.get("id"), int):
-            out["id"] = ev["id"] + rank * _FLOW_ID_STRIDE
-        yield out
+        out.append({"ph": "M", "name": "process_labels", "pid": rank, "tid": 0, "args": {"labels": ", ".join(labels)}})
+    return out
+
+
+def _move(ev: ChromeEvent, rank: int, offset_us: float, stats: TraceStats) -> None:
+    """One event moved into process ``rank`` on rank 0's clock (ts - offset), in place."""
+    # Other processes of the trace (GPU devices, the profiler's "Spans") become threads named after them,
+    # so a GPU stream 7 never lands on the same track as a CPU thread 7.
+    pid = ev.pid
+    if pid != stats.main_pid and pid not in (None, "", msgspec.UNSET):
+        label = stats.labels.get(pid, f"pid {pid}")
+        if ev.ph == "M" and ev.name == "thread_name":
+            thread = event_args(ev).get("name", ev.tid)
+            ev.args = msgspec.Raw(ENCODER.encode({"name": f"{label} {thread}".strip()}))
+        ev.tid = f"{label}: {ev.tid}"
+    ev.pid = rank
+    if offset_us and isinstance(ev.ts, (int, float)) and not isinstance(ev.ts, bool):
+        ev.ts = ev.ts - offset_us
+    if ev.ph in ("s", "t", "f") and isinstance(ev.id, int) and not isinstance(ev.id, bool):
+        ev.id = ev.id + rank * _FLOW_ID_STRIDE
 
 
 def _discard(tmp: Path) -> None:
@@ -182,34 +134,48 @@ def merge_traces(
 
     ``clock_offsets_us[rank]`` is how far that rank's clock runs ahead of rank 0's, so rank 0's time is
     ``ts - offset``. ``ranks`` maps a trace path (as given) to its rank when the analysis already decided it.
+    One trace's bytes are in memory at a time; its events are decoded (msgspec, args never parsed), moved and
+    written a few MB at a time, so memory stays near the largest trace's size.
     """
     if not traces:
         raise BadInput("no traces to merge", out)
     offsets = _offsets(clock_offsets_us)
     seen: dict[int, Path] = {}
     tmp = out.with_name(f".{out.name}.tmp")
-    opener = gzip.open if out.name.endswith(".gz") else open
     try:
         out.parent.mkdir(parents=True, exist_ok=True)
-        with opener(tmp, "wt", encoding="utf-8") as fh:
-            fh.write('{"displayTimeUnit": "ms", "traceEvents": [\n')
+        raw_out = open(tmp, "wb")  # noqa: SIM115 - closed below, with the gzip layer
+        # Level 1: the merged trace is a view to open once; level 9 would cost more than the whole merge.
+        fh: Any = gzip.GzipFile(fileobj=raw_out, mode="wb", compresslevel=1, mtime=0) if out.name.endswith(".gz") \
+            else raw_out
+        try:
+            fh.write(b'{"displayTimeUnit": "ms", "traceEvents": [\n')
             first = True
             for i, path in enumerate(traces):
-                data = read_trace(path)
+                trace = read_trace(path)
                 known = ranks or {}
-                rank = known.get(str(path), known.get(str(path.resolve()), trace_rank(data, path, i)))
+                rank = known.get(str(path), known.get(str(path.resolve()), trace_rank(trace, path, i)))
                 if rank in seen:
                     raise BadInput(f"claims rank {rank}, as {seen[rank]} does", path)
                 seen[rank] = path
-                for ev in _rank_events(data, rank, offsets.get(rank, 0.0)):
-                    fh.write(("" if first else ",\n") + json.dumps(ev, separators=(",", ":"), default=str))
-                    first = False
-                del data
+                offset = offsets.get(rank, 0.0)
+                first = _write_chunk(fh, _header_events(trace, rank, offset), first)
+                stats = TraceStats(trace)
+                for chunk in trace.chunks():
+                    kept = [ev for ev in chunk if not (ev.ph == "M" and ev.name in _DROPPED_META)]
+                    for ev in kept:
+                        _move(ev, rank, offset, stats)
+                    first = _write_chunk(fh, kept, first)
+                    del chunk, kept
+                del trace
                 if on_file:
                     on_file(path)
             other = {"ddpdoctor": {"ranks": {str(r): str(p) for r, p in sorted(seen.items())},
                                    "clock_offsets_us": {str(k): v for k, v in sorted(offsets.items())}}}
-            fh.write("\n], \"otherData\": " + json.dumps(other) + "}\n")
+            fh.write(b"\n], \"otherData\": " + ENCODER.encode(other) + b"}\n")
+        finally:
+            fh.close()
+            raw_out.close()
         tmp.replace(out)
     except OSError as exc:
         _discard(tmp)
@@ -218,3 +184,12 @@ def merge_traces(
         _discard(tmp)
         raise
     return out
+
+
+def _write_chunk(fh: Any, chunk: list[Any], first: bool) -> bool:
+    """Append events to the open traceEvents array; returns whether the array is still empty."""
+    if not chunk:
+        return first
+    body = ENCODER.encode(chunk)[1:-1]  # the list's items, without its brackets
+    fh.write((b"" if first else b",\n") + body)
+    return False

@@ -6,7 +6,6 @@ from pathlib import Path
 from typing import Any
 
 from ddpdoctor.errors import BadInput
-from ddpdoctor.renderers.console_perf import progress
 from ddpdoctor.report import Report
 
 
@@ -20,12 +19,20 @@ def _input_ranks(sections: dict[str, Any]) -> dict[str, int]:
     return out
 
 
+def _size(path: Path) -> int:
+    try:
+        return path.stat().st_size
+    except OSError:
+        return 0
+
+
 def write_outputs(
     report: Report,
     run_dir: Path | None,
     html: Path | None,
     merge: Path | None,
     traces: list[Path],
+    show_progress: bool = False,
 ) -> list[Path]:
     """RUN/report.html and RUN/scalars/rankR when there is a run directory, plus --html and --merge files.
 
@@ -50,7 +57,10 @@ def write_outputs(
     if merge:
         from ddpdoctor.renderers.merge import merge_traces
 
-        with progress("merging traces", total=len(traces)) as advance:
+        sizes = {p: _size(p) for p in traces}
+        from ddpdoctor.renderers.progress import bar
+
+        with bar("merging traces", sum(sizes.values()), show_progress, unit="MB") as advance:
             written.append(merge_traces(traces, merge, sections.get("clock_offsets_us"), _input_ranks(sections),
-                                        on_file=lambda _p: advance()))
+                                        on_file=lambda p: advance(sizes.get(p, 0))))
     return written

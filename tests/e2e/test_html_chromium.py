@@ -70,9 +70,16 @@ def test_fixture_report_renders_and_markup_stays_inert(tmp_path):
     assert 'data-rendered="1"' in body
     assert f'{PWNED}="' not in dom and "data-error=" not in dom
     assert "<img" not in dom
-    for chart in ("chart-timeline", "chart-overlap", "chart-stragglers"):
+    for chart in ("chart-timeline", "chart-overlap", "chart-stragglers", "chart-steps", "chart-whatif", "chart-buckets"):
         tag = re.search(rf'<div[^>]*id="{chart}"[^>]*>', dom).group(0)
         assert 'data-rendered="1"' in tag, chart
+    # step time per step and rank: 2 lines of 3 points; the straggler (rank 1) is dashed, not red
+    assert len(re.findall(r'<polyline[^>]*class="step-line"', dom)) == 2 and _count(dom, "step-point") == 0
+    assert len(re.findall(r'<circle[^>]*class="step-point"', dom)) == 6
+    assert 'fill="#dc2626" class="st-bar"' not in dom and "#dc2626" not in " ".join(
+        re.findall(r'<rect[^>]*class="st-bar"[^>]*>', dom))
+    # bucket sizes against backward: rank 0's first step, 2 buckets; the last one outlasts backward (exposed part)
+    assert _count(dom, "bk-bar") == 2 and _count(dom, "bk-exposed") >= 1
     # Hand-written fixture: the slowest step of rank 0 is step 4; 2 ranks x 2 buckets, one last bucket each.
     assert '<option value="4">step 4</option>' in dom.replace(' selected=""', "")
     assert _count(dom, "tl-bucket") == 4 and _count(dom, "tl-backward") == 2 and _count(dom, "tl-step") == 2
@@ -82,11 +89,12 @@ def test_fixture_report_renders_and_markup_stays_inert(tmp_path):
     # the payload is shown as text inside the charts' SVG (escaped by the DOM serialiser)
     assert "last: rank 1 (&lt;script&gt;document.body.setAttribute" in dom
 
-    shot = tmp_path / "report.png"
-    proc = _browse(page, tmp_path, f"--screenshot={shot}")
-    assert proc.returncode == 0 and shot.stat().st_size > 20_000, proc.stderr[-2000:]
-    if os.environ.get("DDPDOCTOR_SCREENSHOT_DIR"):  # for a person to look at
-        shutil.copy(shot, Path(os.environ["DDPDOCTOR_SCREENSHOT_DIR"]) / "report-fixture.png")
+    for width in (1400, 800):  # a wide screen and a narrow window
+        shot = tmp_path / f"report-{width}.png"
+        proc = _browse(page, tmp_path, f"--screenshot={shot}", f"--window-size={width},2400")
+        assert proc.returncode == 0 and shot.stat().st_size > 20_000, proc.stderr[-2000:]
+        if os.environ.get("DDPDOCTOR_SCREENSHOT_DIR"):  # for a person to look at
+            shutil.copy(shot, Path(os.environ["DDPDOCTOR_SCREENSHOT_DIR"]) / f"report-fixture-{width}.png")
 
 
 def test_real_profile_report_renders(tmp_path):

@@ -1,13 +1,17 @@
-"""A run directory is a TensorBoard log dir: a real `tensorboard` serves ddpdoctor's scalars and the traces."""
+"""A run directory is a TensorBoard log dir: a real `tensorboard` serves ddpdoctor's scalars (with descriptions) and
+ddpdoctor's own tab (runs, report, all-ranks timeline), checked over HTTP and in headless Chromium."""
 
 from __future__ import annotations
 
 import json
+import os
+import re
 import shutil
 import socket
 import subprocess
 import sys
 import time
+import urllib.error
 import urllib.parse
 import urllib.request
 from pathlib import Path
@@ -124,18 +128,84 @@ def test_scalars_profile_wrote_match_its_report(tb, logdir):
         assert got == pytest.approx({s["step"]: s["dur_us"] / 1000 for s in steps}, rel=1e-6)
 
 
-def test_profiler_plugin_reads_the_run(tb):
-    runs = tb.wait_for("data/plugin/pytorch_profiler/runs", lambda a: "run/traces" in a.get("runs", []))
-    assert "run/traces" in runs["runs"]
-    assert "Distributed" in tb.get("data/plugin/pytorch_profiler/views", run="run/traces")
-    workers = tb.get("data/plugin/pytorch_profiler/workers", run="run/traces", view="Overview")
-    assert sorted(workers) == ["rank0", "rank1"]
-    span = tb.get("data/plugin/pytorch_profiler/spans", run="run/traces", worker="rank0")[0]
-    overlap = tb.get("data/plugin/pytorch_profiler/distributed/overlap", run="run/traces", worker="All", span=span)
-    assert overlap["metadata"]["legends"] == ["Computation", "Overlapping", "Communication", "Other"]
-    # Per rank the plugin splits each profiled step into computation/overlap/communication/other (us).
-    assert set(overlap["data"]["all"]) == {"rank0", "rank1"}
-    assert all(len(v) == 4 and v[2] > 0 for v in overlap["data"]["all"].values())
-    commops = tb.get("data/plugin/pytorch_profiler/distributed/commops", run="run/traces", worker="All", span=span)
-    names = {row[0] for row in commops["data"]["rank0"]["rows"]}
-    assert "gloo:all_reduce" in names
+def _raw(tb: TensorBoard, path: str) -> tuple[int, dict[str, str], bytes]:
+    try:
+        with urllib.request.urlopen(f"http://127.0.0.1:{tb.port}/{path}", timeout=60) as resp:
+            return resp.status, dict(resp.headers), resp.read()
+    except urllib.error.HTTPError as exc:
+        return exc.code, dict(exc.headers), exc.read()
+
+
+def test_scalars_carry_descriptions(tb):
+    tags = tb.wait_for("data/plugin/scalars/tags", lambda a: "fixture/scalars/rank0" in a)
+    described = tags["fixture/scalars/rank0"]
+    assert "hidden behind compute" in described["ddpdoctor/overlap_pct"]["description"]
+    assert all(v["description"] for v in described.values())
+
+
+def test_ddpdoctor_tab_is_installed_and_its_routes_answer(tb):
+    from importlib.metadata import entry_points
+
+    assert any(ep.name == "ddpdoctor" for ep in entry_points(group="tensorboard_plugins"))
+    listing = tb.wait_for("data/plugins_listing", lambda a: a.get("ddpdoctor", {}).get("enabled"))
+    tab = listing["ddpdoctor"]
+    assert tab["tab_name"] == "ddpdoctor" and tab["loading_mechanism"]["type"] == "IFRAME"
+    runs = tb.wait_for("data/plugin/ddpdoctor/runs", lambda a: a.get("runs"))["runs"]
+    assert [r["run"] for r in runs] == ["run"]  # logs/fixture holds scalars only: not a run directory
+    row = runs[0]
+    assert row["command"] == "profile" and row["ranks"] == 2 and row["has_traces"] and row["exit_code"] == 0
+    status, headers, body = _raw(tb, "data/plugin/ddpdoctor/report?run=run")
+    assert status == 200 and headers["Content-Type"].startswith("text/html")
+    assert "script-src 'self' 'unsafe-eval' 'sha256-" in headers["Content-Security-Policy"]
+    assert b"ddpdoctor profile" in body and b'id="ranks"' in body
+    timeline = tb.get("data/plugin/ddpdoctor/timeline", run="run")
+    assert [r["rank"] for r in timeline["ranks"]] == [0, 1] and timeline["events"] > 100
+    names = timeline["names"]
+    for rank in timeline["ranks"]:
+        assert any(names[e[3]].startswith("ProfilerStep#") for t in rank["tracks"] for e in t["events"])
+    # a run is named only as the listing names it: no paths from the URL
+    for bad in ("../run", "/etc", "run/traces", ""):
+        assert _raw(tb, "data/plugin/ddpdoctor/timeline?" + urllib.parse.urlencode({"run": bad}))[0] == 404
+    status, headers, body = _raw(tb, "data/plugin/ddpdoctor/index.js")
+    assert status == 200 and b"export async function render" in body
+    assert b"http://" not in body and b"https://" not in body  # nothing is fetched from elsewhere
+
+
+def _chromium() -> str:
+    for name in ("chromium", "chromium-browser", "google-chrome"):
+        found = shutil.which(name)
+        if found:
+            return found
+    pytest.skip("chromium not installed (scripts/install-chromium.sh installs it)")
+
+
+def _browse(url: str, tmp: Path, width: int, *extra: str) -> subprocess.CompletedProcess[str]:
+    args = [_chromium(), "--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
+            "--disable-component-update", "--disable-sync", "--no-first-run", "--disable-extensions",
+            f"--user-data-dir={tmp / 'profile'}", "--enable-logging=stderr", "--v=0", f"--window-size={width},1600",
+            "--virtual-time-budget=20000", *extra, url]
+    return subprocess.run(args, capture_output=True, text=True, timeout=120)
+
+
+def test_ddpdoctor_tab_in_chromium(tb, tmp_path):
+    tb.wait_for("data/plugin/ddpdoctor/timeline", lambda a: a.get("ranks"), run="run")  # parsed once: a fast load
+    entry = f"http://127.0.0.1:{tb.port}/data/plugin_entry.html?name=ddpdoctor&view=timeline"
+    proc = _browse(entry, tmp_path, 1400, "--dump-dom")
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    dom = proc.stdout
+    body = re.search(r"<body[^>]*>", dom).group(0)
+    assert 'data-runs="1"' in body and 'data-timeline="1"' in body, body
+    canvas = re.search(r"<canvas[^>]*>", dom).group(0)
+    assert 'data-rendered="1"' in canvas and int(re.search(r'data-drawn="(\d+)"', canvas).group(1)) > 100
+    assert 'id="report-frame"' in dom
+    errors = [line for line in proc.stderr.splitlines() if "Uncaught" in line or "Refused to" in line]
+    assert errors == [], errors
+    shots = Path(os.environ.get("DDPDOCTOR_SCREENSHOTS", tmp_path))
+    shots.mkdir(parents=True, exist_ok=True)
+    out = shots / "tensorboard-ddpdoctor-timeline.png"
+    assert _browse(entry, tmp_path, 1400, f"--screenshot={out}").returncode == 0 and out.stat().st_size > 10_000
+    for width in (1400, 800):
+        out = shots / f"tensorboard-ddpdoctor-{width}.png"
+        proc = _browse(f"http://127.0.0.1:{tb.port}/?darkMode=false#ddpdoctor", tmp_path, width,
+                       f"--screenshot={out}")
+        assert proc.returncode == 0 and out.stat().st_size > 10_000, proc.stderr[-2000:]

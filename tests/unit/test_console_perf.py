@@ -26,10 +26,11 @@ def _text(report: Report, verbose: bool = False, width: int = 80) -> str:
 
 def test_summary_numbers_worked_out_by_hand():
     text = _text(Report(command="analyze", sections=sections(), findings=findings()))
-    # tests/fixtures/views/README.md: rank 0 median step 40 ms, comm 72 ms, 43.06 % overlapped, 41 ms exposed
-    # (32.9 % of 124.6 ms of steps); rank 1 (straggler) made the others wait 10.6 ms.
+    # tests/fixtures/views/README.md: rank 0 median step 40 ms; over its 3 steps comm 72 ms (24 ms a step), 43.06 %
+    # overlapped, 41 ms exposed (13.67 a step, 32.9 % of 124.6 ms of steps), compute 71 (23.67), idle 12.6 (4.20),
+    # data wait 1.111 (0.37); rank 1 (straggler) made the others wait 10.6 ms.
     row0 = _row(text, "0")
-    for cell in ("40.00", "71.00", "72.00", "43.1%", "41.00", "12.60", "1.11"):
+    for cell in ("40.00", "23.67", "24.00", "43.1%", "13.67 (33%)", "4.20", "0.37"):
         assert cell in row0, (cell, row0)
     assert "1*" in text and "* straggler" in text
     assert "rank 1 (others waited 10.60 ms)" in text
@@ -37,11 +38,30 @@ def test_summary_numbers_worked_out_by_hand():
     assert "Top advice (straggler.rank): Look at rank 1's host" in text
     assert text.index("Top advice") < text.index("Findings")
     assert max(len(line) for line in text.splitlines()) <= 80
+    assert "Per rank (ms per step)" in text and "step: median; others: mean per step, 3 recorded steps" in text
+    assert "overlap: share of communication time hidden behind compute" in text
+
+
+def test_findings_wrap_under_a_hanging_indent_with_measured_value_and_threshold():
+    long = Finding("step-time-variance", Severity.WARNING, "Step times vary by more than 20% between steps " * 3,
+                   [0, 1], {"by_rank": {"0": {"cv": 0.3123, "median_ms": 40.2}, "1": {"cv": 0.251, "median_ms": 41.0}},
+                            "threshold_cv": 0.2}, "Look at the slowest step in the timeline " * 4)
+    text = _text(Report(command="analyze", findings=[long]))
+    lines = text[text.index("Findings"):].splitlines()[1:]
+    assert lines[0].startswith("warning step-time-variance")
+    # every continuation line starts under the title, 8 columns in
+    assert all(line.startswith(" " * 8) and line[8] != " " for line in lines[1:] if line.strip())
+    joined = " ".join(line.strip() for line in lines)
+    assert "cv: 0.3123" in joined and "threshold_cv=0.2" in joined and "…" not in joined
+    assert max(len(line) for line in text.splitlines()) <= 80
+    verbose = _text(Report(command="analyze", findings=[long]), verbose=True)
+    assert '"median_ms": 41.0' in verbose.replace("\n", "").replace("        ", "")
 
 
 def test_verbose_adds_steps_and_collectives():
     text = _text(Report(command="analyze", sections=sections(), findings=findings()), verbose=True, width=140)
-    assert "Per step (ms)" in text and "Collective calls" in text and "Collectives by op" in text
+    assert "Per step (ms, each recorded step)" in text and "Collective calls" in text
+    assert "Collectives by op" in text and "totals over the recorded steps" in text
     # rank 0 step 4: 54 ms, 34 ms of comm of which 11 ms overlapped (32.4 %), 23 ms exposed
     step4 = _row(text, "0", "4")
     for cell in ("54.00", "34.00", "32.4%", "23.00"):

@@ -82,12 +82,20 @@ def test_report_numbers_reach_the_page():
     doc = _parse(text)
     shown = " ".join(doc.text)
     # Per-rank table, worked out by hand in tests/fixtures/views/README.md: rank 0 median step 40.00 ms,
-    # exposed 41.00 ms = 32.9 % of step time, overlap 43.1 %; rank 1 is the straggler.
-    assert "40.00" in shown and "41.00" in shown and "32.9%" in shown and "43.1%" in shown
+    # exposed 41.00 ms over 3 steps = 13.67 ms per step, 32.9 % of step time, overlap 43.1 %; rank 1 straggles.
+    assert "40.00" in shown and "13.67" in shown and "32.9%" in shown and "43.1%" in shown
     assert "1 (straggler)" in shown
     assert "Straggler rank(s): 1." in shown
     ids = {attrs.get("id") for _, attrs in doc.tags}
-    assert {"chart-timeline", "chart-overlap", "chart-stragglers", "ddpdoctor-data"} <= ids
+    assert {"chart-timeline", "chart-overlap", "chart-stragglers", "chart-steps", "chart-whatif", "chart-buckets",
+            "summary", "ddpdoctor-data"} <= ids
+    # The summary strip: verdict with the worst finding's title as the why, ranks, steps recorded.
+    assert shown.index("error") < shown.index("Rank 1 arrives last") < shown.index("Findings")
+    assert "3 per rank (steps 3-5)" in shown
+    # Tables say per step; the terms they use are defined where they are used.
+    assert "Every figure is per step" in shown and "step ms (median)" in shown
+    for term in ("overlap", "exposed communication", "arrival skew", "caused wait"):
+        assert f"<dt>{term}</dt>" in text
     # Errors first: the error finding is listed before the warning.
     assert shown.index("Rank 1 arrives last") < shown.index("Exposed communication is 33%")
 

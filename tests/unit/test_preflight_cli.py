@@ -16,8 +16,7 @@ from tests.unit.test_preflight_merge import _healthy
 
 def test_bad_flags_exit_2(tmp_path):
     runner = CliRunner()
-    for args in (["--max-size", "12"], ["--slow-rank-share", "1.5"], ["--check-timeout", "0"], ["--min-busbw", "-1"],
-                 ["--module"]):
+    for args in (["--max-size", "12"], ["--slow-rank-share", "1.5"], ["--check-timeout", "0"], ["--min-busbw", "-1"]):
         res = runner.invoke(command, [*args, "--out", str(tmp_path / "run")])
         assert res.exit_code == 2, (args, res.output)
         assert res.output.startswith("ddpdoctor: error: ") and "Traceback" not in res.output

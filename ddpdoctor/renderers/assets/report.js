@@ -4,8 +4,12 @@
   "use strict";
   var NS = "http://www.w3.org/2000/svg";
   var D = JSON.parse(document.getElementById("ddpdoctor-data").textContent);
+  // One meaning per colour everywhere: blue backward, orange communication, red exposed communication (nothing
+  // hides it), green overlapped, grey steps and other work, slate per-rank figures. A straggler is marked with a
+  // star and an outline, never with red (red would say "exposed", and the straggler may be the faster rank).
   var C = { step: "#e5eaf1", bwd: "#3b82f6", bucket: "#f59e0b", last: "#dc2626", call: "#9ca3af",
-    overlap: "#16a34a", exposed: "#dc2626" };
+    overlap: "#16a34a", exposed: "#dc2626", rank: "#64748b" };
+  var LINES = ["#334155", "#7c3aed", "#0891b2", "#a16207", "#be185d", "#4d7c0f", "#1e40af", "#9f1239"];
   var MAX_TIMELINE_RANKS = 32, MAX_BAR_RANKS = 64, MAX_SKEW_BARS = 400;
 
   function el(tag, attrs, parent) {
@@ -89,7 +93,7 @@
     }
     rows.forEach(function (row, i) {
       var y = offsets[i], s = row.s;
-      var tag = "rank " + row.rank + (stragglerRanks.indexOf(row.rank) >= 0 ? " *" : "");
+      var tag = "rank " + row.rank + (stragglerRanks.indexOf(row.rank) >= 0 ? " ★" : "");
       label(svg, left - 8, y + lane + 3, tag, "end");
       var stepBar = el("rect", { x: X(s.start_us), y: y, width: Math.max(1, X(s.start_us + s.dur_us) - X(s.start_us)),
         height: lane, fill: C.step, "class": "tl-step" }, svg);
@@ -103,7 +107,12 @@
       row.items.forEach(function (it) {
         var b = it.b, cy = y + lane + 2 + it.lane * sub;
         var r = el("rect", { x: X(b.start_us), y: cy, height: sub - 2, width: Math.max(1, X(b.end_us) - X(b.start_us)),
-          "class": it.bucket ? "tl-bucket" : "tl-call", fill: it.bucket ? (b.is_last ? C.last : C.bucket) : C.call }, svg);
+          "class": it.bucket ? "tl-bucket" : "tl-call", fill: it.bucket ? C.bucket : C.call }, svg);
+        var bend = num(s.backward_end_us);
+        if (it.bucket && bend !== null && b.end_us > bend) {
+          el("rect", { x: X(Math.max(bend, b.start_us)), y: cy, height: sub - 2, "class": "tl-exposed", fill: C.exposed,
+            width: Math.max(1, X(b.end_us) - X(Math.max(bend, b.start_us))) }, svg);
+        }
         if (it.bucket) {
           tip(r, "bucket " + b.index + (b.is_last ? " (last)" : "") + ": " + (num(b.bytes) === null ? "?" : (b.bytes / 1e6).toFixed(2)) +
             " MB, " + ms(b.dur_us) + " ms" + (b.after_backward_end_us > 0 ? ", runs " + ms(b.after_backward_end_us) +
@@ -130,13 +139,15 @@
     drawTimeline(container, parseInt(select.value, 10));
   }
 
+  function nSteps(r) { var n = Array.isArray(r.steps) ? r.steps.length : r.steps; return (typeof n === "number" && n > 0) ? n : 1; }
+
   // ---- overlapped vs exposed communication per rank ----
   function drawOverlap() {
     var container = document.getElementById("chart-overlap");
     var rs = ranks.slice().sort(function (a, b) { return (b.exposed_comm_us || 0) - (a.exposed_comm_us || 0); })
       .slice(0, MAX_BAR_RANKS);
     if (!rs.length) { note(container, "No ranks."); done(container); return; }
-    var maxC = Math.max.apply(null, rs.map(function (r) { return r.comm_us || 0; }).concat([1]));
+    var maxC = Math.max.apply(null, rs.map(function (r) { return (r.comm_us || 0) / nSteps(r); }).concat([1]));
     var left = 70, barH = 16, gap = 6, width = Math.max(700, container.clientWidth || 900), plotW = width - left - 330;
     var svg = el("svg", { width: width, height: 10 + rs.length * (barH + gap) + 10, role: "img", "aria-label": "overlap per rank" }, container);
     rs.forEach(function (r, i) {
@@ -144,14 +155,14 @@
       label(svg, left - 8, y + barH - 4, "rank " + r.rank, "end");
       if (num(r.comm_us) === null) { label(svg, left, y + barH - 4, "not measured"); return; }
       if (r.comm_us === 0) { label(svg, left, y + barH - 4, "no communication"); return; }
-      var ov = r.overlap_us || 0, ex = r.exposed_comm_us || 0;
+      var ov = (r.overlap_us || 0) / nSteps(r), ex = (r.exposed_comm_us || 0) / nSteps(r);  // per step
       var a = el("rect", { x: left, y: y, width: ov / maxC * plotW, height: barH, fill: C.overlap, "class": "ov-bar" }, svg);
-      tip(a, "overlapped with compute: " + ms(ov) + " ms");
+      tip(a, "overlapped with compute: " + ms(ov) + " ms per step");
       var b = el("rect", { x: left + ov / maxC * plotW, y: y, width: ex / maxC * plotW, height: barH, fill: C.exposed, "class": "ex-bar" }, svg);
-      tip(b, "exposed (nothing to hide it): " + ms(ex) + " ms");
+      tip(b, "exposed (nothing to hide it): " + ms(ex) + " ms per step");
       label(svg, left + (ov + ex) / maxC * plotW + 6, y + barH - 4,
         (r.overlap_pct === null || r.overlap_pct === undefined ? "-" : r.overlap_pct.toFixed(1)) + "% overlap, " +
-        ms(ex) + " ms exposed (" + (typeof r.exposed_comm_pct === "number" ? r.exposed_comm_pct.toFixed(1) : "-") + "% of step)");
+        ms(ex) + " ms exposed per step (" + (typeof r.exposed_comm_pct === "number" ? r.exposed_comm_pct.toFixed(1) : "-") + "% of step)");
     });
     if (ranks.length > rs.length) note(container, "Showing the " + rs.length + " ranks with the most exposed communication of " + ranks.length + ".");
     done(container);
@@ -167,12 +178,14 @@
       var y = 4 + i * (barH + gap);
       label(svg, left - 8, y + barH - 3, it.label, "end");
       var r = el("rect", { x: left, y: y, width: Math.max(1, it.v / maxV * plotW), height: barH, "class": "st-bar",
-        fill: it.hot ? C.last : C.bwd }, svg);
+        fill: C.rank, stroke: it.hot ? "#111827" : "none", "stroke-width": it.hot ? 2 : 0 }, svg);
       tip(r, it.label + ": " + it.text);
       label(svg, left + it.v / maxV * plotW + 6, y + barH - 3, it.text);
     });
     return svg;
   }
+
+  function rankLabel(k) { return "rank " + k + (stragglerRanks.indexOf(k) >= 0 ? " ★" : ""); }
 
   function drawStragglers() {
     var container = document.getElementById("chart-stragglers");
@@ -182,12 +195,12 @@
     var any = false;
     if (Object.keys(waits).length) {
       any = true;
-      barChart(container, rs.map(function (k) { return { label: "rank " + k, v: waits[k] || 0, text: ms(waits[k] || 0) + " ms",
+      barChart(container, rs.map(function (k) { return { label: rankLabel(k), v: waits[k] || 0, text: ms(waits[k] || 0) + " ms",
         hot: stragglerRanks.indexOf(k) >= 0 }; }), "ms", "Time the other ranks waited for this rank (sum over matched collectives)");
     }
     var stepItems = rs.map(function (k) {
       var v = stepBy[k]; if (v === undefined) { var r = ranks.filter(function (x) { return x.rank === k; })[0]; v = r && r.step_time_us ? r.step_time_us.median : null; }
-      return { label: "rank " + k, v: v || 0, text: ms(v) + " ms", hot: stragglerRanks.indexOf(k) >= 0 };
+      return { label: rankLabel(k), v: v || 0, text: ms(v) + " ms", hot: stragglerRanks.indexOf(k) >= 0 };
     });
     if (stepItems.length) { any = true; barChart(container, stepItems, "ms", "Median step time per rank"); }
     var matched = (coll.matched || []).slice(0, MAX_SKEW_BARS);
@@ -201,8 +214,129 @@
     done(container);
   }
 
+  // ---- a small line/point chart: axes, ticks, and series of {x, y} ----
+  function axes(svg, box, xr, yr, xlab, ylab, xfmt, logX) {
+    function X(v) { var a = logX ? Math.log(v) : v, lo = logX ? Math.log(xr[0]) : xr[0], hi = logX ? Math.log(xr[1]) : xr[1];
+      return box.l + (hi > lo ? (a - lo) / (hi - lo) : 0.5) * (box.w - box.l - box.r); }
+    function Y(v) { return box.h - box.b - (yr[1] > yr[0] ? (v - yr[0]) / (yr[1] - yr[0]) : 0.5) * (box.h - box.t - box.b); }
+    el("line", { x1: box.l, x2: box.w - box.r, y1: box.h - box.b, y2: box.h - box.b, "class": "axis" }, svg);
+    el("line", { x1: box.l, x2: box.l, y1: box.t, y2: box.h - box.b, "class": "axis" }, svg);
+    var yt = niceStep(Math.max(yr[1] - yr[0], 1e-9), 5);
+    for (var v = Math.ceil(yr[0] / yt) * yt; v <= yr[1] + 1e-9; v += yt) {
+      el("line", { x1: box.l, x2: box.w - box.r, y1: Y(v), y2: Y(v), "class": "grid" }, svg);
+      label(svg, box.l - 6, Y(v) + 4, (Math.round(v * 100) / 100).toString(), "end");
+    }
+    label(svg, (box.l + box.w - box.r) / 2, box.h - 4, xlab, "middle");
+    var yl = label(svg, 12, (box.t + box.h - box.b) / 2, ylab, "middle");
+    yl.setAttribute("transform", "rotate(-90 12 " + ((box.t + box.h - box.b) / 2) + ")");
+    return { X: X, Y: Y };
+  }
+
+  function drawSteps() {
+    var container = document.getElementById("chart-steps");
+    var series = ranks.slice(0, 16).map(function (r) {
+      return { rank: r.rank, pts: (r.per_step || []).filter(function (s) { return num(s.dur_us) !== null; })
+        .map(function (s) { return { x: s.step, y: s.dur_us / 1000 }; }) };
+    }).filter(function (s) { return s.pts.length; });
+    if (!series.length) { note(container, "No per-step data."); done(container); return; }
+    var xs = [], ys = [];
+    series.forEach(function (s) { s.pts.forEach(function (p) { xs.push(p.x); ys.push(p.y); }); });
+    var width = Math.max(600, Math.min(1000, container.clientWidth || 900)), box = { l: 60, r: 110, t: 10, b: 36, w: width, h: 240 };
+    var svg = el("svg", { width: width, height: box.h, role: "img", "aria-label": "step time per step and rank" }, container);
+    var xmin = Math.min.apply(null, xs), xmax = Math.max.apply(null, xs);
+    var a = axes(svg, box, [xmin - 0.5, xmax + 0.5], [0, Math.max.apply(null, ys) * 1.1], "profiler step", "ms per step");
+    for (var st = xmin; st <= xmax; st++) label(svg, a.X(st), box.h - box.b + 14, String(st), "middle");
+    series.forEach(function (s, i) {
+      var hot = stragglerRanks.indexOf(s.rank) >= 0, color = LINES[i % LINES.length];
+      el("polyline", { points: s.pts.map(function (p) { return a.X(p.x) + "," + a.Y(p.y); }).join(" "), fill: "none",
+        stroke: color, "stroke-width": hot ? 2.5 : 1.5, "stroke-dasharray": hot ? "6 3" : "none", "class": "step-line" }, svg);
+      s.pts.forEach(function (p) {
+        var c = el("circle", { cx: a.X(p.x), cy: a.Y(p.y), r: 3, fill: color, "class": "step-point" }, svg);
+        tip(c, "rank " + s.rank + " step " + p.x + ": " + p.y.toFixed(2) + " ms");
+      });
+      // a legend on the right, one row per rank (end-of-line labels collide when ranks run alike)
+      var ly = box.t + 10 + i * 15;
+      el("line", { x1: box.w - box.r + 10, x2: box.w - box.r + 30, y1: ly - 4, y2: ly - 4, stroke: color, "stroke-width": 2,
+        "stroke-dasharray": hot ? "6 3" : "none" }, svg);
+      label(svg, box.w - box.r + 34, ly, rankLabel(s.rank));
+    });
+    if (ranks.length > series.length) note(container, "The first " + series.length + " ranks of " + ranks.length + ".");
+    done(container);
+  }
+
+  function drawWhatif() {
+    var container = document.getElementById("chart-whatif");
+    var w = D.whatif || {};
+    var preds = (w.predictions || []).filter(function (p) { return num(p.bucket_cap_mb) !== null && p.bucket_cap_mb > 0 &&
+      num(p.exposed_comm_us) !== null; });
+    if (!w.available || !preds.length) { note(container, "No what-if: " + (w.reason || "no DDP buckets in this run") + "."); done(container); return; }
+    var caps = preds.map(function (p) { return p.bucket_cap_mb; }), ys = preds.map(function (p) { return p.exposed_comm_us / 1000; });
+    if (num(w.measured_exposed_us) !== null) ys.push(w.measured_exposed_us / 1000);
+    var width = Math.max(600, Math.min(1000, container.clientWidth || 900)), box = { l: 60, r: 150, t: 10, b: 36, w: width, h: 240 };
+    var svg = el("svg", { width: width, height: box.h, role: "img", "aria-label": "what-if curve" }, container);
+    var a = axes(svg, box, [Math.min.apply(null, caps) / 1.3, Math.max.apply(null, caps) * 1.3], [0, Math.max.apply(null, ys) * 1.15],
+      "bucket_cap_mb (log scale)", "exposed comm, ms per step", null, true);
+    caps.forEach(function (c) { label(svg, a.X(c), box.h - box.b + 14, String(c), "middle"); });
+    el("polyline", { points: preds.map(function (p) { return a.X(p.bucket_cap_mb) + "," + a.Y(p.exposed_comm_us / 1000); }).join(" "),
+      fill: "none", stroke: C.exposed, "stroke-width": 2, "class": "whatif-line" }, svg);
+    preds.forEach(function (p) {
+      var c = el("circle", { cx: a.X(p.bucket_cap_mb), cy: a.Y(p.exposed_comm_us / 1000), r: 3, fill: C.exposed, "class": "whatif-point" }, svg);
+      tip(c, "bucket_cap_mb=" + p.bucket_cap_mb + ": " + ms(p.exposed_comm_us) + " ms exposed per step, " +
+        (num(p.buckets_per_step) === null ? "?" : p.buckets_per_step) + " bucket(s)");
+    });
+    if (num(w.measured_exposed_us) !== null) {
+      var my = a.Y(w.measured_exposed_us / 1000);
+      el("line", { x1: box.l, x2: box.w - box.r, y1: my, y2: my, stroke: "#111827", "stroke-dasharray": "4 3", "class": "whatif-measured" }, svg);
+      label(svg, box.w - box.r + 4, my + 4, "measured " + ms(w.measured_exposed_us) + " ms");
+    }
+    var cur = num(w.current_bucket_cap_mb) !== null ? w.current_bucket_cap_mb : 25;
+    if (num(w.current_predicted_exposed_us) !== null) {
+      var cc = el("circle", { cx: a.X(Math.min(Math.max(cur, caps[0]), caps[caps.length - 1])), cy: a.Y(w.current_predicted_exposed_us / 1000),
+        r: 6, fill: "none", stroke: "#111827", "stroke-width": 2, "class": "whatif-current" }, svg);
+      tip(cc, "current bucket_cap_mb=" + cur + ": predicted " + ms(w.current_predicted_exposed_us) + " ms");
+    }
+    done(container);
+  }
+
+  function drawBuckets() {
+    var container = document.getElementById("chart-buckets");
+    var r0 = ranks[0];
+    var steps = r0 ? (r0.per_step || []).filter(function (s) { return num(s.backward_start_us) !== null && num(s.backward_end_us) !== null; }) : [];
+    var step = null, bk = [];
+    for (var i = 0; i < steps.length && !bk.length; i++) {
+      step = steps[i];
+      bk = buckets.filter(function (b) { return b.rank === r0.rank && b.step === step.step && num(b.start_us) !== null && num(b.end_us) !== null; });
+    }
+    if (!bk.length) { note(container, "No gradient buckets recorded."); done(container); return; }
+    var t0 = step.backward_start_us, bend = step.backward_end_us - t0;
+    var tEnd = Math.max(bend, Math.max.apply(null, bk.map(function (b) { return b.end_us - t0; })));
+    var maxMb = Math.max.apply(null, bk.map(function (b) { return (b.bytes || 0) / 1e6; }).concat([1e-6]));
+    var width = Math.max(600, Math.min(1000, container.clientWidth || 900)), box = { l: 60, r: 20, t: 10, b: 36, w: width, h: 240 };
+    var svg = el("svg", { width: width, height: box.h, role: "img", "aria-label": "bucket sizes against backward" }, container);
+    var a = axes(svg, box, [Math.min(0, Math.min.apply(null, bk.map(function (b) { return b.start_us - t0; }))), tEnd * 1.02],
+      [0, maxMb * 1.15], "ms since backward started (rank " + r0.rank + ", step " + step.step + ")", "bucket MB");
+    var tick = niceStep(tEnd, 8);
+    for (var t = 0; t <= tEnd + 1e-9; t += tick) label(svg, a.X(t), box.h - box.b + 14, (t / 1000).toFixed(1), "middle");
+    el("rect", { x: a.X(0), y: box.t, width: Math.max(1, a.X(bend) - a.X(0)), height: box.h - box.t - box.b, fill: C.bwd,
+      opacity: 0.15, "class": "bk-backward" }, svg);
+    bk.forEach(function (b) {
+      var mb = (b.bytes || 0) / 1e6, x0 = a.X(b.start_us - t0), x1 = a.X(b.end_us - t0), y = a.Y(mb);
+      var r = el("rect", { x: x0, y: y, width: Math.max(1, x1 - x0), height: a.Y(0) - y, fill: C.bucket, opacity: 0.85, "class": "bk-bar" }, svg);
+      tip(r, "bucket " + b.index + ": " + mb.toFixed(2) + " MB, all_reduce " + ms(b.dur_us) + " ms, starts " +
+        ms(b.start_us - t0) + " ms after backward started");
+      if (b.end_us - t0 > bend) {
+        var xs = a.X(Math.max(bend, b.start_us - t0));
+        el("rect", { x: xs, y: y, width: Math.max(1, x1 - xs), height: a.Y(0) - y, fill: C.exposed, opacity: 0.85, "class": "bk-exposed" }, svg);
+      }
+    });
+    done(container);
+  }
+
   setupTimeline();
   drawOverlap();
   drawStragglers();
+  drawSteps();
+  drawWhatif();
+  drawBuckets();
   document.body.setAttribute("data-rendered", "1");
 })();

@@ -1,0 +1,101 @@
+"""The TensorBoard plugin class (entry point `tensorboard_plugins: ddpdoctor`): its HTTP routes and frontend."""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+import json
+import re
+from importlib import resources
+from pathlib import Path
+from typing import Any
+
+from tensorboard.backend import http_util
+from tensorboard.plugins import base_plugin
+from werkzeug import wrappers
+
+from ddpdoctor.tensorboard_plugin import runs as runs_mod
+
+PLUGIN_NAME = "ddpdoctor"
+_INLINE_SCRIPT = re.compile(r"<script>(.*?)</script>", re.S)
+
+
+def _static(name: str) -> bytes:
+    return resources.files("ddpdoctor.tensorboard_plugin").joinpath("static").joinpath(name).read_bytes()
+
+
+def _json(request: Any, data: Any, code: int = 200) -> Any:
+    return http_util.Respond(request, json.dumps(data, default=str, allow_nan=False), "application/json", code=code)
+
+
+class DdpdoctorPlugin(base_plugin.TBPlugin):
+    """The "ddpdoctor" tab: the run directories under the log dir, each one's report, and a timeline."""
+
+    plugin_name = PLUGIN_NAME
+
+    def __init__(self, context: base_plugin.TBContext) -> None:
+        self._logdir = Path(context.logdir) if context.logdir else None
+        self._timelines: dict[tuple[str, float], Any] = {}  # (run, report.json mtime) -> timeline, the last one
+
+    def frontend_metadata(self) -> base_plugin.FrontendMetadata:
+        return base_plugin.FrontendMetadata(es_module_path="/index.js", tab_name="ddpdoctor", disable_reload=True)
+
+    def is_active(self) -> bool:
+        return bool(self._runs())
+
+    def get_plugin_apps(self) -> dict[str, Any]:
+        app = wrappers.Request.application
+        return {"/index.js": app(self._serve_js), "/runs": app(self._serve_runs), "/report": app(self._serve_report),
+                "/report.json": app(self._serve_report_json), "/timeline": app(self._serve_timeline)}
+
+    def _runs(self) -> dict[str, Path]:
+        return runs_mod.find_runs(self._logdir) if self._logdir else {}
+
+    def _run(self, request: Any) -> tuple[str, Path] | None:
+        """The run a request names, only if it is one of the discovered runs (never a path from the URL)."""
+        name = request.args.get("run", "")
+        path = self._runs().get(name)
+        return (name, path) if path is not None else None
+
+    def _serve_js(self, request: wrappers.Request) -> wrappers.Response:
+        return http_util.Respond(request, _static("index.js"), "application/javascript")
+
+    def _serve_runs(self, request: wrappers.Request) -> wrappers.Response:
+        return _json(request, {"logdir": str(self._logdir or ""),
+                               "runs": [runs_mod.run_summary(n, p) for n, p in self._runs().items()]})
+
+    def _serve_report_json(self, request: wrappers.Request) -> wrappers.Response:
+        found = self._run(request)
+        if found is None:
+            return _json(request, {"error": "no such run"}, 404)
+        return http_util.Respond(request, (found[1] / "report.json").read_bytes(), "application/json")
+
+    def _serve_report(self, request: wrappers.Request) -> wrappers.Response:
+        """The run's HTML report (the same page as RUN/report.html), with TensorBoard's CSP allowing its own
+        inline scripts by hash and nothing else."""
+        from ddpdoctor.renderers.html import render_html
+
+        found = self._run(request)
+        if found is None:
+            return http_util.Respond(request, "no such run", "text/plain", code=404)
+        try:
+            page = render_html(runs_mod.load_report(found[1]))
+        except (OSError, ValueError) as exc:
+            return http_util.Respond(request, f"report.json unreadable: {exc}", "text/plain", code=422)
+        hashes = [base64.b64encode(hashlib.sha256(m.group(1).encode("utf-8")).digest()).decode("ascii")
+                  for m in _INLINE_SCRIPT.finditer(page)]
+        return http_util.Respond(request, page, "text/html", csp_scripts_sha256s=hashes)
+
+    def _serve_timeline(self, request: wrappers.Request) -> wrappers.Response:
+        found = self._run(request)
+        if found is None:
+            return _json(request, {"error": "no such run"}, 404)
+        name, path = found
+        key = (name, (path / "report.json").stat().st_mtime)
+        if key not in self._timelines:
+            try:
+                data = runs_mod.timeline(path)
+            except Exception as exc:  # noqa: BLE001 - a bad trace is shown in the tab, not a server error
+                return _json(request, {"error": str(exc)}, 422)
+            self._timelines = {key: data}  # one run kept: timelines of big runs are large
+        return _json(request, self._timelines[key])

@@ -1,0 +1,157 @@
+"""What the TensorBoard tab shows, as plain data: the run directories under a log dir and each one's report,
+and the timeline of every rank's trace on one clock. No TensorBoard import here, so tests call it directly."""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+from typing import Any
+
+from ddpdoctor.report import Report
+from ddpdoctor.safe_io import read_bytes
+
+MAX_DEPTH = 4  # logdir/a/b/c/RUN: deeper folders are not searched (a log dir may hold a whole home directory)
+MAX_RUNS = 500
+MAX_REPORT_BYTES = 256 << 20
+# Events drawn per run: past this the shortest events are left out (and the page says so).
+MAX_TIMELINE_EVENTS = 300_000
+
+
+def is_run_dir(path: Path) -> bool:
+    return (path / "report.json").is_file()
+
+
+def find_runs(logdir: Path) -> dict[str, Path]:
+    """{name: path} of every run directory (one with a report.json) under ``logdir``, names relative to it."""
+    runs: dict[str, Path] = {}
+    logdir = Path(logdir)
+    if not logdir.is_dir():
+        return runs
+    for root, dirs, _files in os.walk(logdir):
+        here = Path(root)
+        depth = len(here.relative_to(logdir).parts)
+        if is_run_dir(here):
+            runs[here.relative_to(logdir).as_posix() or "."] = here
+            dirs[:] = []  # a run's own folders (ranks/, traces/) hold no runs
+        elif depth >= MAX_DEPTH:
+            dirs[:] = []
+        else:
+            dirs[:] = sorted(d for d in dirs if not d.startswith("."))
+        if len(runs) >= MAX_RUNS:
+            break
+    return dict(sorted(runs.items()))
+
+
+def load_report(run: Path) -> Report:
+    data = json.loads(read_bytes(run / "report.json", MAX_REPORT_BYTES))
+    if not isinstance(data, dict):
+        raise ValueError("report.json is not an object")
+    return Report.from_json(data)
+
+
+def run_summary(name: str, run: Path) -> dict[str, Any]:
+    """One row of the run list: verdict, findings by severity, ranks, exit code."""
+    try:
+        report = load_report(run)
+    except (OSError, ValueError) as exc:
+        return {"run": name, "error": f"report.json unreadable: {exc}"}
+    s = report.sections
+    counts: dict[str, int] = {}
+    for f in report.findings:
+        counts[f.severity.value] = counts.get(f.severity.value, 0) + 1
+    job: dict[str, Any] = s["job"] if isinstance(s.get("job"), dict) else {}
+    from ddpdoctor.renderers.html import lead_finding
+
+    lead = lead_finding(report.findings)
+    return {
+        "run": name, "command": report.command, "status": report.status, "findings": counts,
+        "why": lead.title if lead else "no findings",
+        "ranks": len(s.get("ranks") or []) or job.get("world_size"), "exit_code": job.get("exit_code"),
+        "has_traces": bool(trace_files(run)), "mtime": (run / "report.json").stat().st_mtime,
+    }
+
+
+def trace_files(run: Path) -> list[Path]:
+    return sorted((run / "traces").glob("*.pt.trace.json*")) if (run / "traces").is_dir() else []
+
+
+def _depths(events: list[tuple[float, float, int]]) -> list[int]:
+    """Nesting depth of each (ts, dur, i) event within its track: a stack of open end times."""
+    out = [0] * len(events)
+    stack: list[float] = []
+    for ts, dur, i in sorted(events, key=lambda e: (e[0], -e[1])):
+        while stack and stack[-1] <= ts:
+            stack.pop()
+        out[i] = len(stack)
+        stack.append(ts + dur)
+    return out
+
+
+def timeline(run: Path) -> dict[str, Any]:
+    """Every rank's complete ("X") events on rank 0's clock (the report's clock offsets), as compact rows:
+    tracks per rank (a thread or a GPU stream), each event [start_us, dur_us, depth, name_index, cat_index]."""
+    from ddpdoctor.renderers.chrome_trace import event_args, raw_text, read_trace
+    from ddpdoctor.renderers.merge import TraceStats, trace_rank
+
+    report = load_report(run)
+    s = report.sections
+    offsets = {int(k): float(v) for k, v in (s.get("clock_offsets_us") or {}).items()
+               if str(k).lstrip("-").isdigit() and isinstance(v, (int, float))}
+    known = {Path(str(i.get("path"))).name: i.get("rank") for i in s.get("inputs") or [] if isinstance(i, dict)}
+    names: dict[str, int] = {}
+    cats: dict[str, int] = {}
+    ranks_out: list[dict[str, Any]] = []
+    raw_events: list[tuple[int, str, float, float, str, str]] = []  # rank, track, ts, dur, name, cat
+    hosts: dict[int, str | None] = {}
+    for i, path in enumerate(trace_files(run)):
+        trace = read_trace(path)
+        rank = known.get(path.name)
+        rank = rank if isinstance(rank, int) else trace_rank(trace, path, i)
+        hosts[rank] = trace.host
+        offset = offsets.get(rank, 0.0)
+        stats = TraceStats(trace)
+        threads: dict[tuple[Any, Any], str] = {}
+        for chunk in trace.chunks():
+            for ev in chunk:
+                if ev.ph == "M" and ev.name == "thread_name":
+                    threads[(ev.pid, ev.tid)] = str(event_args(ev).get("name") or "")
+                if ev.ph != "X" or not isinstance(ev.ts, (int, float)) or not isinstance(ev.dur, (int, float)):
+                    continue
+                if ev.pid == stats.main_pid:
+                    track = threads.get((ev.pid, ev.tid)) or f"thread {ev.tid}"
+                else:
+                    label = stats.labels.get(ev.pid, f"pid {ev.pid}")
+                    track = f"{label}: {threads.get((ev.pid, ev.tid)) or ev.tid}"
+                name = ev.name if isinstance(ev.name, str) else ""
+                raw_events.append((rank, track, float(ev.ts) - offset, float(ev.dur), name, raw_text(ev.cat)))
+        del trace
+    truncated = len(raw_events) > MAX_TIMELINE_EVENTS
+    if truncated:
+        raw_events.sort(key=lambda e: -e[3])
+        raw_events = raw_events[:MAX_TIMELINE_EVENTS]
+    t0 = min((e[2] for e in raw_events), default=0.0)
+    by_track: dict[tuple[int, str], list[tuple[float, float, str, str]]] = {}
+    for rank, track, ts, dur, name, cat in raw_events:
+        by_track.setdefault((rank, track), []).append((ts - t0, dur, name, cat))
+    for rank in sorted({r for r, _ in by_track}):
+        tracks = []
+        for (r, track), evs in sorted(by_track.items(), key=lambda kv: (_track_order(kv[0][1]), kv[0][1])):
+            if r != rank:
+                continue
+            depth = _depths([(e[0], e[1], i) for i, e in enumerate(evs)])
+            rows = [[round(ts, 3), round(dur, 3), depth[i], names.setdefault(name, len(names)),
+                     cats.setdefault(cat, len(cats))] for i, (ts, dur, name, cat) in enumerate(evs)]
+            tracks.append({"name": track, "depth": max(depth, default=0) + 1, "events": rows})
+        host = hosts.get(rank)
+        ranks_out.append({"rank": rank, "label": f"rank {rank}" + (f" ({host})" if host else ""),
+                          "clock_offset_us": offsets.get(rank, 0.0), "tracks": tracks})
+    return {"t0_us": t0, "ranks": ranks_out, "names": list(names), "cats": list(cats), "truncated": truncated,
+            "events": len(raw_events), "max_events": MAX_TIMELINE_EVENTS}
+
+
+def _track_order(name: str) -> int:
+    """CPU threads first, then devices (GPU streams), then the rest."""
+    if name.startswith("thread") or ":" not in name:
+        return 0
+    return 1 if name.upper().startswith("GPU") else 2
