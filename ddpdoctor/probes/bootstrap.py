@@ -134,12 +134,36 @@ def _run_script(config: ProbeConfig) -> None:
         runpy.run_path(script, run_name="__main__")
 
 
+def _user_site(tb: Any) -> str | None:
+    """file:line of the innermost frame of the user's code in a traceback (where the script called sys.exit)."""
+    site = None
+    ours = str(Path(__file__).resolve().parents[1])
+    while tb is not None:
+        fname = tb.tb_frame.f_code.co_filename
+        if not fname.startswith((ours, "<")) and "/torch/" not in fname:
+            site = f"{fname}:{tb.tb_lineno}"
+        tb = tb.tb_next
+    return site
+
+
 def _on_sigterm(signum: int, frame: Any) -> None:
-    # torchrun SIGTERMs the surviving ranks when one fails: unwind so the profiler writes what it has.
+    # torchrun SIGTERMs the surviving ranks when one fails: unwind so the profiler writes what it has. A second
+    # SIGTERM (torchrun and ddpdoctor both stopping the job) must not interrupt that unwinding or the exit handlers.
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
     raise SystemExit(128 + signum)
 
 
+def _die_with_parent() -> None:
+    """SIGKILL this rank when the process that started it (torchrun, or ddpdoctor under --launcher none) dies:
+    a rank never outlives its watcher, whatever killed it."""
+    from ddpdoctor.launch.proctree import set_parent_death_signal
+
+    if set_parent_death_signal(signal.SIGKILL) and os.getppid() == 1:
+        os._exit(1)  # already orphaned before the line above took effect
+
+
 def main() -> None:
+    _die_with_parent()
     config = ProbeConfig.from_env()
     if config is None:
         sys.stderr.write("ddpdoctor bootstrap: $DDPDOCTOR_CONFIG is not set; run the script through `ddpdoctor`.\n")
@@ -153,6 +177,7 @@ def main() -> None:
     except SystemExit as exc:
         code = exc.code
         status["exit_code"] = code if isinstance(code, int) else (0 if code is None else 1)
+        status["exit_site"] = _user_site(exc.__traceback__)
         if isinstance(code, int) and code > 128:
             status["signal"] = signal.Signals(code - 128).name if code - 128 in signal.Signals._value2member_map_ else None
         raise
