@@ -123,16 +123,16 @@ class JobAgent:
         if isinstance(got.get("verdict"), dict) and self.verdict is None:
             self.verdict = got["verdict"]
 
-    # -- the poll loop's hook --------------------------------------------------------------------------
-    def check(self, job: RunningJob) -> None:
+    # -- the monitor's hooks ---------------------------------------------------------------------------
+    def on_start(self, monitor: HangMonitor) -> None:
+        self.start(time.time())
+
+    def decide(self, monitor: HangMonitor, job: RunningJob, now: float) -> None:
+        """HangMonitor.decider: the head decides for the job; another node acts on the head's verdict."""
         if self.is_head:
             self._decide(job)
-        elif self.verdict is not None and self.monitor.hang is None:
-            # The head declared the job hung: this node stops its ranks the same way.
-            self.monitor.hang = {"remote": True, **self.verdict}
-            click.echo(f"ddpdoctor: {self.verdict.get('line')}", err=True)
-            if self.verdict.get("on_hang") == "kill":
-                self.monitor.kill(job)
+        elif self.verdict is not None and monitor.hang is None:
+            monitor.declare(job, {"remote": True, **self.verdict}, str(self.verdict.get("line")))
 
     def read_nodes(self) -> None:
         """Refresh every node's state from the store (the head's view of the job)."""
@@ -197,8 +197,9 @@ class JobAgent:
         if d.culprit_ranks:
             line = f"job hung: culprit rank(s) {grouping.rank_ranges(d.culprit_ranks)}: {d.reason}"
         ages = [state.rank_age(r, st, now) for st in self.nodes.values() for r in st.ranks if r["r"] in stalled]
-        hang = {
-            "detected_after_s": round(max(ages), 2) if ages else round(timeout, 2),
+        detected = round(max(ages), 2) if ages else round(timeout, 2)
+        hang: dict[str, Any] = {
+            "detected_after_s": detected,
             "hang_timeout_s": timeout, "startup_timeout_s": self.monitor.startup_timeout,
             "in_startup": all(not r.get("s") for st in self.nodes.values() for r in st.ranks),
             "on_hang": self.monitor.on_hang, "diagnosis": d.to_json(),
@@ -208,12 +209,13 @@ class JobAgent:
                       for n, st in self.nodes.items()},
             "flight_recorder": {str(r): v for r, v in dumps.items()},
         }
-        hang["reported_after_s"] = round(hang["detected_after_s"] + time.time() - now, 2)
+        hang["reported_after_s"] = round(detected + time.time() - now, 2)
         verdict = {"line": line, "code": 1, "on_hang": self.monitor.on_hang, "head": self.host,
                    "report": str(self.run_root / "hang.txt")}
         self.verdict = verdict
         self.store.put("verdict", verdict)
-        self.monitor.declare(job, hang, extra_text=grouping.render(classes))
+        self.monitor.declare(job, hang, f"{line}; report in {self.run_root}/hang.txt",
+                             extra_text=grouping.render(classes))
 
     # -- the end ---------------------------------------------------------------------------------------
     def finish(self, run_root: Path, code: int) -> Outcome:
@@ -346,11 +348,19 @@ def write_missing(run_root: Path, files: dict[str, Any]) -> None:
                     path.write_text(text)
 
 
-def make_agent(spec: Any, monitor: HangMonitor) -> JobAgent | None:
-    """The job agent of a multi-node launch (None for one node)."""
-    from ddpdoctor.job.role import job_role
+def attach_agent(role: JobRole, watcher: Any, run_root: Path) -> JobAgent | None:
+    """Hook the job layer into this node's monitor (HangMonitor.plugins and .decider); None without a monitor.
+    A job store that cannot be hosted or a foreign token file is bad input (one line, exit 2)."""
+    from ddpdoctor.errors import BadInput
+    from ddpdoctor.launch.monitor import HangMonitor
 
-    role = job_role(spec.torchrun, spec.launcher)
-    if role is None:
+    if not isinstance(watcher, HangMonitor):
         return None
-    return JobAgent(role, monitor, spec.run_dir.root)
+    try:
+        agent = JobAgent(role, watcher, run_root)
+    except JobStoreError as exc:
+        raise BadInput(str(exc), run_root) from exc
+    watcher.plugins.append(agent)
+    watcher.decider = agent.decide
+    watcher.writes_run_files = role.is_head
+    return agent

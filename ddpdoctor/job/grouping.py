@@ -124,10 +124,24 @@ def render(classes: list[RankClass], stack_lines: int = 12, with_stacks: bool = 
         nodes = f" on node(s) {rank_ranges(c.nodes)}" if c.nodes else ""
         lines.append(f"  [{c.count} rank(s): {c.ranges}{nodes}] {c.state}")
         if with_stacks and c.stack:
-            body = [ln for ln in c.stack.rstrip().splitlines() if ln.strip()]
-            shown = body[-stack_lines:]
-            if len(body) > len(shown):
-                lines.append(f"      ... ({len(body) - len(shown)} earlier line(s))")
-            lines += [f"      {ln}" for ln in shown]
+            lines += [f"      {ln}" for ln in main_thread(c.stack, stack_lines)]
             lines.append(f"      (stack of rank {c.representative})")
     return "\n".join(lines) + "\n"
+
+
+_PYSPY_MAIN = re.compile(r'^Thread \S+ [^\n]*"MainThread"\s*$', re.M)
+
+
+def main_thread(stack: str, n: int = 12) -> list[str]:
+    """The lines of ``stack`` worth showing: py-spy's MainThread block, innermost ``n`` frames first; any other dump
+    (innermost last) its last ``n`` lines."""
+    m = _PYSPY_MAIN.search(stack)
+    if m:
+        block = stack[m.start():].splitlines()
+        end = next((i for i, ln in enumerate(block[1:], 1) if ln.strip() and not ln.startswith(" ")), len(block))
+        body = [ln for ln in block[:end] if ln.strip()]
+        shown = body[:n + 1]
+        return shown + ([f"    ... ({len(body) - len(shown)} outer frame(s))"] if len(body) > len(shown) else [])
+    body = [ln for ln in stack.rstrip().splitlines() if ln.strip()]
+    shown = body[-n:]
+    return ([f"... ({len(body) - len(shown)} earlier line(s))"] if len(body) > len(shown) else []) + shown

@@ -22,7 +22,6 @@ from typing import Any
 TOKEN_ENV = "DDPDOCTOR_JOB_TOKEN"
 PORT_ENV = "DDPDOCTOR_JOB_PORT"
 TOKEN_FILE = ".job-token"
-JOB_FILE = ".job"
 MAX_VALUE = 32 << 20  # bytes of one value, decompressed: 4,096 ranks' records are ~0.5 MiB
 MAC_LEN = 32
 
@@ -37,39 +36,31 @@ def job_port(master_port: int) -> int:
     return int(env) if env.isdigit() and 0 < int(env) < 65536 else master_port + 1
 
 
-def shared_token(run_root: Path, job_key: str, wait_s: float = 10.0) -> str:
-    """The job's token: $DDPDOCTOR_JOB_TOKEN when set (required without a shared --out), else RUN/.job-token, created
-    0600 by the first node of the job that gets there and read by the others. RUN/.job names the job (its rendezvous
-    endpoint, node count, run id); a directory that holds another job's token raises JobStoreError."""
+def shared_token(run_root: Path, job_key: str, wait_s: float = 15.0) -> str:
+    """The job's token: $DDPDOCTOR_JOB_TOKEN when set (needed without a shared --out), else RUN/.job-token-<job>,
+    created 0600 by the first node of the job that gets there and read by the others (the file name follows the
+    job's identity, so another job's token in the same directory is never reused)."""
     env = os.environ.get(TOKEN_ENV)
     if env:
         return env
     run_root.mkdir(parents=True, exist_ok=True)
-    job_path, tok_path = run_root / JOB_FILE, run_root / TOKEN_FILE
+    path = run_root / f"{TOKEN_FILE}-{hashlib.sha256(job_key.encode()).hexdigest()[:12]}"
     try:
-        fd = os.open(tok_path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
     except FileExistsError:
         deadline = time.time() + wait_s
-        while True:
+        while time.time() < deadline:
             try:
-                tok = tok_path.read_text().strip()
-                owner = json.loads(job_path.read_text()).get("key")
-            except (OSError, ValueError, AttributeError):
-                tok, owner = "", None
-            if tok and owner is not None:
-                break
-            if time.time() > deadline:
-                raise JobStoreError(f"{tok_path} exists but names no job; remove it or choose another --out")
+                tok = path.read_text().strip()
+            except OSError:
+                tok = ""
+            if len(tok) == 32:
+                return tok
             time.sleep(0.1)
-        if owner != job_key:
-            raise JobStoreError(f"{run_root} holds another job ({owner}); choose another --out")
-        return tok
+        raise JobStoreError(f"{path} holds no token; remove it or choose another --out") from None
     tok = secrets.token_hex(16)
     with os.fdopen(fd, "w") as f:
         f.write(tok)
-    tmp = job_path.with_name(f".job.{os.getpid()}.tmp")
-    tmp.write_text(json.dumps({"key": job_key}))
-    os.replace(tmp, job_path)
     return tok
 
 
@@ -152,7 +143,8 @@ class JobStore:
     def get_many(self, names: list[str]) -> dict[str, Any]:
         """Values of the names that exist (one multi_get for those seen before, a check for the others)."""
         out: dict[str, Any] = {}
-        present = []
+        present: list[str] = []
+        values: list[bytes] = []
         with self._lock:
             for n in names:
                 self.requests += 1
@@ -161,7 +153,7 @@ class JobStore:
             if present:
                 self.requests += 1
                 values = self._store.multi_get([self.ns + n for n in present])
-        for n, v in zip(present, values if present else []):
+        for n, v in zip(present, values, strict=True):
             obj = self.unseal(n, bytes(v))
             if obj is not None:
                 out[n] = obj

@@ -19,6 +19,8 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from ddpdoctor.errors import BadInput
+from ddpdoctor.job.agent import attach_agent
+from ddpdoctor.job.role import JobRole, job_role
 from ddpdoctor.launch import runlock
 from ddpdoctor.launch.flags import torchrun_argv
 from ddpdoctor.launch.proctree import descendants, kill_group
@@ -90,6 +92,7 @@ class LaunchResult:
     killed_by: str | None = None
     reports: bool = True  # False for ranks other than 0 under --launcher none: rank 0 reports for the job
     signum: int | None = None  # the signal that stopped ddpdoctor (and so the job); the command exits 128+signum
+    note: str | None = None  # a node that does not report: the head's verdict, printed instead of a report
 
 
 def validate(spec: LaunchSpec) -> None:
@@ -222,6 +225,9 @@ def launch(spec: LaunchSpec, watcher: JobWatcher | None = None) -> LaunchResult:
     validate(spec)
     in_place_rank: int | None = None  # this process's rank under --launcher none
     scheduler_env = _slurm_env() if spec.launcher == "none" else None
+    role = job_role(spec.torchrun, spec.launcher)  # multi-node: this node's part in the job (ddpdoctor/job)
+    if role is not None:
+        spec.job_id = spec.job_id or role.key
     ours = not spec.run_dir.root.exists() or spec.run_dir.is_run_dir()
     lock = runlock.acquire(spec.run_dir.root, _job_id(spec, scheduler_env))
     try:
@@ -230,18 +236,22 @@ def launch(spec: LaunchSpec, watcher: JobWatcher | None = None) -> LaunchResult:
             # Every rank runs this at once: none can tell an old run from its peers', so each clears only its own files.
             spec.run_dir.ensure_writable(overwrite=True, keep_existing=True)
             spec.run_dir.clear_rank(in_place_rank)
+        elif role is not None and not role.is_head:
+            # Another node of the job writes here too: keep its files; the head writes the manifest.
+            spec.run_dir.ensure_writable(overwrite=True, keep_existing=True)
         else:
             spec.run_dir.ensure_writable(spec.overwrite)
         _make_private(spec.run_dir, root_too=ours)
-        if in_place_rank in (None, 0) or spec.program is not None:
+        if (in_place_rank in (None, 0) and (role is None or role.is_head)) or spec.program is not None:
             manifest_mod.write_initial(spec)
-        return _launch_locked(spec, watcher, in_place_rank, scheduler_env)
+        return _launch_locked(spec, watcher, in_place_rank, scheduler_env, role)
     finally:
         lock.release()
 
 
 def _launch_locked(spec: LaunchSpec, watcher: JobWatcher | None, in_place_rank: int | None,
-                   scheduler_env: dict[str, str] | None) -> LaunchResult:
+                   scheduler_env: dict[str, str] | None, role: JobRole | None = None) -> LaunchResult:
+    agent = attach_agent(role, watcher, spec.run_dir.root) if role is not None else None
     monitor = watcher.start(spec) if watcher is not None else None
     env = _rank_env(spec, monitor)
     # The monitor's token reaches the ranks through their environment only (docs/trust.md).
@@ -306,6 +316,15 @@ def _launch_locked(spec: LaunchSpec, watcher: JobWatcher | None, in_place_rank: 
         collect_torchrun_logs(spec.run_dir)
         if code and not spec.run_dir.ranks_present():
             _echo_torchrun_failure(spec.run_dir)
+        if agent is not None:
+            # Multi-node: the head waits for every node and reports for the job; the others print its verdict.
+            outcome = agent.finish(spec.run_dir.root, code or 0)
+            if not outcome.reports:
+                return LaunchResult(exit_code=outcome.code, run_dir=spec.run_dir, duration_s=time.time() - started,
+                                    killed_by=job.killed_by, reports=False, signum=stopper.signum, note=outcome.line)
+            code = outcome.code
+            if ended.get("how") == "exited":
+                ended["exit_code"] = code
     elif spec.program is not None:
         pass  # a program of ddpdoctor's own (preflight) merges its ranks' records itself
     elif in_place_rank == 0:

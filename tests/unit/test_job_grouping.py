@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from ddpdoctor.findings.hang import RankPosition
-from ddpdoctor.job.grouping import group, parse_ranges, rank_ranges, render, stack_key
+from ddpdoctor.job.grouping import group, main_thread, parse_ranges, rank_ranges, render, stack_key
 
 
 def test_rank_ranges() -> None:
@@ -66,3 +66,11 @@ def test_long_stacks_are_cut_to_their_last_lines() -> None:
     pos = {0: RankPosition(0, "no-heartbeat")}
     text = render(group(pos, {0: "\n".join(f"line {i}" for i in range(50))}), stack_lines=5)
     assert "(45 earlier line(s))" in text and "line 49" in text and "line 44" not in text
+
+
+def test_py_spy_dump_shows_the_main_thread_innermost_first() -> None:
+    frames = "".join(f"    f{i} (m.py:{i})\n" for i in range(30))
+    dump = f'Process 7: python\n\nThread 7 (idle): "MainThread"\n{frames}Thread 8 (idle): "ddpdoctor-heartbeat"\n    loop (h.py:1)\n'
+    shown = main_thread(dump, 3)
+    assert shown == ['Thread 7 (idle): "MainThread"', "    f0 (m.py:0)", "    f1 (m.py:1)", "    f2 (m.py:2)",
+                     "    ... (27 outer frame(s))"]
