@@ -306,21 +306,28 @@ class JobAgent:
             got = self.store.get_many([f"ack/{n}" for n in waiting])
             waiting = [n for n in waiting if f"ack/{n}" not in got]
             time.sleep(0.2)
-        if lost:
-            click.echo(f"ddpdoctor: node(s) {grouping.rank_ranges(lost)} never finished (lost)", err=True)
+        if self.verdict is None:  # a hang verdict was said when it was declared
+            click.echo(f"ddpdoctor: {line}", err=True)
         return Outcome(job_code, True, line)
 
     def _summary(self, code: int, lost: list[int]) -> str:
+        """The job's one line: the head's hang verdict, else a lost node, else the crash's root cause."""
         if self.verdict is not None:
             return str(self.verdict["line"])
-        roots = state.crash_root(self.nodes)
+        from ddpdoctor.findings.hang import is_victim
+
+        st = state.statuses(self.nodes)
+        roots = [r for r in state.crash_root(self.nodes)
+                 if not (lost and is_victim(str((st.get(r) or {}).get("exception"))))]
+        if lost:
+            hosts = ", ".join(f"node {n} ({self.nodes[n].host})" for n in lost)
+            ranks = grouping.rank_ranges(r["r"] for n in lost for r in self.nodes[n].ranks)
+            line = f"job failed: {hosts} stopped publishing (its launcher or host died): rank(s) {ranks} lost"
+            return line + (f"; rank(s) {grouping.rank_ranges(roots)} failed" if roots else "")
         if roots:
-            st = state.statuses(self.nodes)
             first = st.get(roots[0]) or {}
             exc = str(first.get("exception") or "").splitlines()[0][:200] if first.get("exception") else ""
             return f"job failed: rank(s) {grouping.rank_ranges(roots)} failed first: {exc}"
-        if lost:
-            return f"job failed: node(s) {grouping.rank_ranges(lost)} stopped publishing (lost)"
         return f"job failed (exit code {code})" if code else "job finished ok"
 
 

@@ -76,6 +76,7 @@ class JobStore:
         self.bytes_out = 0
         self._store: Any = None
         self._listen: socket.socket | None = None
+        self.bound: tuple[str, int] | None = None  # where the head listens
         self._lock = threading.Lock()
         timeout = datetime.timedelta(seconds=connect_timeout_s)
         import torch.distributed as dist
@@ -91,6 +92,9 @@ class JobStore:
                 self._listen = srv
                 self._store = dist.TCPStore(host, port, is_master=True, wait_for_workers=False, timeout=timeout,
                                             master_listen_fd=srv.fileno())
+                self.bound = srv.getsockname()[:2]
+                srv.detach()  # the store owns the descriptor now
+                self._listen = None
             else:
                 self._store = dist.TCPStore(host, port, is_master=False, timeout=timeout)
         except (OSError, RuntimeError) as exc:
@@ -161,6 +165,3 @@ class JobStore:
 
     def close(self) -> None:
         self._store = None
-        if self._listen is not None:
-            self._listen.close()
-            self._listen = None

@@ -135,9 +135,16 @@ def _rank_env(spec: LaunchSpec, monitor: str | None) -> dict[str, str]:
     return env
 
 
+def node_logs(spec: LaunchSpec) -> Path:
+    """Where this launcher's torchrun logs go: RUN/torchrun, or RUN/torchrun/nodeN for a node of a multi-node job
+    (the nodes share the run directory; each copies its own ranks' logs)."""
+    role = job_role(spec.torchrun, spec.launcher)
+    return spec.run_dir.torchrun_logs / f"node{role.node_rank}" if role else spec.run_dir.torchrun_logs
+
+
 def _torchrun_command(spec: LaunchSpec) -> list[str]:
     flags = dict(spec.torchrun)
-    flags.setdefault("--log-dir", str(spec.run_dir.torchrun_logs))
+    flags.setdefault("--log-dir", str(node_logs(spec)))
     if spec.quiet:
         flags.pop("--tee", None)
         flags["--redirects"] = "3"  # to the log files only
@@ -265,7 +272,8 @@ def _launch_locked(spec: LaunchSpec, watcher: JobWatcher | None, in_place_rank: 
             cmd, env=env, start_new_session=True, stdout=sys.stderr if spec.output_to_stderr else None,
             stderr=subprocess.PIPE, preexec_fn=_parent_death_preexec(),
         )
-        tees = [_tee(proc.stderr, spec.run_dir.torchrun_logs / "torchrun.log", sys.stderr.buffer, _is_rank_line)]
+        node_logs(spec).mkdir(mode=0o700, parents=True, exist_ok=True)
+        tees = [_tee(proc.stderr, node_logs(spec) / "torchrun.log", sys.stderr.buffer, _is_rank_line)]
     else:
         assert scheduler_env is not None
         env.update(scheduler_env)
@@ -313,9 +321,9 @@ def _launch_locked(spec: LaunchSpec, watcher: JobWatcher | None, in_place_rank: 
     else:
         ended = {"how": "exited", "exit_code": code}
     if spec.launcher == "torchrun":
-        collect_torchrun_logs(spec.run_dir)
+        collect_torchrun_logs(spec.run_dir, node_logs(spec), set(agent.monitor.links) if agent is not None else None)
         if code and not spec.run_dir.ranks_present():
-            _echo_torchrun_failure(spec.run_dir)
+            _echo_torchrun_failure(spec.run_dir, node_logs(spec))
         if agent is not None:
             # Multi-node: the head waits for every node and reports for the job; the others print its verdict.
             outcome = agent.finish(spec.run_dir.root, code or 0)
@@ -354,12 +362,12 @@ def _make_private(run: RunDir, root_too: bool) -> None:
             pass
 
 
-def _echo_torchrun_failure(run: RunDir) -> None:
+def _echo_torchrun_failure(run: RunDir, logs: Path) -> None:
     """torchrun failed before any rank started (bad flags, rendezvous): its own words are the only explanation."""
     from ddpdoctor.safe_io import clean_text
 
     try:
-        text = (run.torchrun_logs / "torchrun.log").read_text(errors="replace")
+        text = (logs / "torchrun.log").read_text(errors="replace")
     except OSError:
         return
     tail = "\n".join(text.strip().splitlines()[-25:])
@@ -438,10 +446,13 @@ def wait_for_ranks(run: RunDir, world_size: int, timeout_s: float = 60.0) -> Non
         time.sleep(0.2)
 
 
-def collect_torchrun_logs(run: RunDir) -> None:
-    """Copy torchrun's per-local-rank logs to RUN/ranks/rankR/{stdout,stderr}.log (the latest attempt)."""
+def collect_torchrun_logs(run: RunDir, logs: Path | None = None, ranks: set[int] | None = None) -> None:
+    """Copy torchrun's per-local-rank logs (under ``logs``) to RUN/ranks/rankR/{stdout,stderr}.log (the latest
+    attempt); ``ranks``: this node's ranks, when other nodes' ranks share the run directory."""
     local_to_rank: dict[int, int] = {}
     for rank in run.ranks_present():
+        if ranks is not None and rank not in ranks:
+            continue
         info = run.rank_file(rank, "info.json")
         try:
             import json
@@ -449,7 +460,7 @@ def collect_torchrun_logs(run: RunDir) -> None:
             local_to_rank[int(json.loads(info.read_text())["local_rank"])] = rank
         except (OSError, ValueError, KeyError):
             continue
-    attempts = sorted(run.torchrun_logs.glob("*/attempt_*"), key=lambda p: p.stat().st_mtime)
+    attempts = sorted((logs or run.torchrun_logs).glob("*/attempt_*"), key=lambda p: p.stat().st_mtime)
     if not attempts:
         return
     latest = attempts[-1]
