@@ -27,6 +27,7 @@ if TYPE_CHECKING:
 PUBLISH_S = 1.0  # a beat about once a second, at once on a change that matters
 TICK_S = 0.1
 STACKS_WAIT_S = 12.0  # for the other nodes' stacks after a hang (py-spy may take seconds per rank)
+READ_EVERY_S = 0.5  # the head reads every node's state this often (each read parses the whole job's records)
 END_WAIT_S = 60.0  # the head waits this long for every node to finish; the others for the head's verdict
 RANK_FILES = ("status.json", "info.json", "summary.json")
 STDERR_TAIL = 16 << 10
@@ -54,6 +55,7 @@ class JobAgent:
         self._answered: set[int] = set()
         self._thread: threading.Thread | None = None
         self._job_started = time.time()
+        self._read_at = 0.0
         token = shared_token(run_root, role.key)
         port = job_port(role.master_port)
         if role.is_head:
@@ -155,6 +157,9 @@ class JobAgent:
         return max(sizes) if sizes else None
 
     def _decide(self, job: RunningJob) -> None:
+        if time.time() - self._read_at < READ_EVERY_S:
+            return
+        self._read_at = time.time()
         try:
             self.read_nodes()
         except (RuntimeError, OSError, ValueError):
