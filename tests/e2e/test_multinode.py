@@ -69,7 +69,7 @@ def run_nodes(script: str, tmp_path: Path, nnodes: int = 2, nproc: int = 1, *ext
               env: dict[str, str] | None = None, command: str = "run") -> tuple[list[tuple[int, str, str]], Path]:
     out = tmp_path / "job"
     procs = start_nodes(command, script, out, nnodes, nproc, "--hang-timeout", str(HANG_TIMEOUT),
-                        "--startup-timeout", "90", *extra, env=env)
+                        "--startup-timeout", "300", *extra, env=env)
     return finish(procs), out
 
 
@@ -114,7 +114,7 @@ def test_collective_called_on_one_node_only(tmp_path: Path) -> None:
     for code, _, err in results:
         assert code == 1, err[-3000:]
         lines.append(verdict_lines(err)[0])
-    assert lines[0] in lines[1]  # one verdict
+    assert lines[0].split("; report in")[0] in lines[1]  # one verdict
     hang = out / "hang.json"
     if hang.exists():  # the barrier waits: a mismatch (or rank 1 behind), culprit rank 1
         d = json.loads(hang.read_text())["diagnosis"]
@@ -125,16 +125,18 @@ def test_collective_called_on_one_node_only(tmp_path: Path) -> None:
 
 def test_node_launcher_killed_is_a_lost_node(tmp_path: Path) -> None:
     out = tmp_path / "job"
-    procs = start_nodes("run", "mn_healthy_slow.py", out, 2, 1, "--hang-timeout", str(HANG_TIMEOUT),
-                        env={"MN_STEPS": "400", "MN_SLOW_S": "0", "MN_STEP_SLEEP_S": "0.1"})
-    deadline = time.time() + 90
-    while time.time() < deadline and not list(out.glob("ranks/rank1/info.json")):
-        time.sleep(0.5)
-    time.sleep(3)  # a few steps in
+    procs = start_nodes("run", "mn_healthy_slow.py", out, 2, 1, "--hang-timeout", str(HANG_TIMEOUT), "--startup-timeout",
+                        "300",
+                        env={"MN_STEPS": "400", "MN_SLOW_S": "0", "MN_STEP_SLEEP_S": "0.1",
+                             "MN_MARK": str(tmp_path / "training")})
+    deadline = time.time() + 300
+    mark = tmp_path / "training"
+    while time.time() < deadline and not (Path(f"{mark}.0").exists() and Path(f"{mark}.1").exists()):
+        time.sleep(0.3)
     procs[1].send_signal(signal.SIGKILL)
     (code, _, err), (code1, _, _) = finish(procs)
-    assert code1 == -signal.SIGKILL
     assert code == 1, err[-3000:]
+    assert code1 == -signal.SIGKILL
     (line, *_) = verdict_lines(err)
     assert "node 1" in line and "rank(s) 1 lost" in line, err[-2000:]
 
