@@ -73,6 +73,10 @@ def node_main(args: argparse.Namespace) -> None:
                 pass
         if not stuck and now >= hang_at:
             stuck = True
+        elif not stuck and hang_at != float("inf"):
+            # Every node on one step clock (all ranks of a DDP job step together), counted from the head's start.
+            k = int((now - (hang_at - args.run_s)) / args.step_s)
+            step, step_started = 1 + k, hang_at - args.run_s + k * args.step_s
         elif not stuck and now - step_started >= args.step_s:
             step += 1
             step_started = now
@@ -118,7 +122,7 @@ def head_run(world: int, nodes: int, hang_timeout: float, run_s: float, step_s: 
     start = time.time()
     procs = [subprocess.Popen([sys.executable, __file__, "--node", str(i + 1), "--first", str(i * per), "--per-node",
                                str(per), "--world", str(world), "--nnodes", str(nodes + 1), "--master-port", str(port),
-                               "--hung", str(hung), "--hang-timeout", str(hang_timeout),
+                               "--hung", str(hung), "--hang-timeout", str(hang_timeout), "--run-s", str(run_s),
                                "--step-s", str(step_s), "--run-root", str(root)],
                               stdout=subprocess.PIPE, text=True, env=os.environ)
              for i in range(nodes)]

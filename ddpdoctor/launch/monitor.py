@@ -402,6 +402,10 @@ def hang_text(hang: dict[str, Any], classes: str = "") -> str:
         "",
     ]
     if classes:
+        from ddpdoctor.job.grouping import rank_ranges
+
+        lines[2] = (f"culprit rank(s): {rank_ranges(d['culprit_ranks']) if d['culprit_ranks'] else 'undetermined'}; "
+                    f"stalled rank(s): {rank_ranges(d['stalled_ranks'])}")
         return "\n".join(lines) + "\n" + classes
     for r, p in sorted(d["positions"].items(), key=lambda kv: int(kv[0])):
         where = f"{p['op']} #{p['seq']} on {p['group']} sizes {p['sizes']}" if p["state"] == "in-collective" else p["state"]

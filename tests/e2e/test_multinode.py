@@ -14,6 +14,7 @@ from pathlib import Path
 
 import pytest
 
+from ddpdoctor.job.grouping import parse_ranges
 from tests.conftest import REPO, SCENARIOS
 
 pytestmark = pytest.mark.slow
@@ -87,9 +88,11 @@ def test_rank_stalled_on_the_other_node_is_named_on_both_consoles(tmp_path: Path
     assert "the job's report is on the head node" in results[1][2]
     hang = json.loads((out / "hang.json").read_text())
     d = hang["diagnosis"]
-    assert d["kind"] == "outside-collective" and d["culprit_ranks"] == [3] and d["stalled_ranks"] == [0, 1, 2, 3]
+    assert d["kind"] == "outside-collective" and d["culprit_ranks"] == [3] and 3 in d["stalled_ranks"]
     assert d["positions"]["3"]["call_site"].endswith("mn_stall.py:12")
-    assert [c["ranks"] for c in hang["classes"]] == ["3", "0-2"] and hang["classes"][0]["nodes"] == "1"
+    first, *rest = hang["classes"]  # the outlier first; the waiting ranks in one class or more (their stacks)
+    assert (first["ranks"], first["nodes"]) == ("3", "1")
+    assert sorted(r for c in rest for r in parse_ranges(c["ranks"])) == [0, 1, 2]
     assert hang["reported_after_s"] <= HANG_TIMEOUT + 5 + 12  # + the other node's stacks (py-spy) under load
     report = json.loads((out / "report.json").read_text())
     (f,) = [f for f in report["findings"] if f["id"] == "hang"]
@@ -145,10 +148,10 @@ def test_healthy_job_with_slow_first_and_eval_steps_no_false_hang(tmp_path: Path
     results, out = run_nodes("mn_healthy_slow.py", tmp_path, env={"MN_SLOW_S": str(HANG_TIMEOUT * 0.6)})
     for code, _, err in results:
         assert code == 0, err[-3000:]
-        assert verdict_lines(err) == ["ddpdoctor: job finished ok; the job's report is on the head node "
-                                      f"({os.uname().nodename}) in {out}/report.txt"] or not verdict_lines(err)
+    assert verdict_lines(results[0][2]) == ["ddpdoctor: job finished ok"]
+    assert verdict_lines(results[1][2]) == ["ddpdoctor: job finished ok; the job's report is on the head node "
+                                            f"({os.uname().nodename}) in {out}/report.txt"]
     assert not (out / "hang.json").exists()
-    assert "the job's report is on the head node" in results[1][2]
 
 
 def test_profile_on_two_nodes_into_one_out_matches_analyze(tmp_path: Path) -> None:
