@@ -52,6 +52,7 @@ MAX_WORLD = 1 << 20
 # A laggard with no CPU, no I/O and no move of its Python position for this long is stuck (15 s by default).
 STUCK_S = MIN_HANG_TIMEOUT_S / 4
 ACTIVITY_EVERY_S = 1.0
+CRASH_GRACE_S = 10.0
 
 
 def auto_hang_timeout(slowest_step_s: float | None) -> float:
@@ -70,6 +71,7 @@ class RankLink:
     heartbeat_tid: int | None = None  # the heartbeat thread's own CPU and I/O do not count as the rank's
     active_at: float | None = None  # last time its CPU, I/O or Python position changed
     activity: tuple[int, int] | None = None
+    exit_at: float | None = None
 
 
 def expected_world(spec: LaunchSpec) -> int | None:
@@ -147,7 +149,7 @@ class HangMonitor:
             self._activity_at = now
             self._sample_activity(now)
         stalled = self.stalled_ranks(now, job.started)
-        if not stalled:
+        if not stalled or self._crash_being_torn_down(now):
             return
         busy = [] if self.hang_timeout is not None else self.busy_laggards(stalled, now)
         if busy:
@@ -232,6 +234,14 @@ class HangMonitor:
                 out.append(r)
         return out
 
+    def _crash_being_torn_down(self, now: float) -> bool:
+        """A rank reported its exception moments ago: torchrun is about to stop the job (the crash is the report's
+        root cause); a process that takes a few seconds to exit is not a hang. After CRASH_GRACE_S it is."""
+        with self._lock:
+            links = list(self.links.values())
+        return any(lk.exit and lk.exit.get("exception") and lk.exit_at and now - lk.exit_at < CRASH_GRACE_S
+                   for lk in links)
+
     def _sample_activity(self, now: float) -> None:
         with self._lock:
             links = [lk for lk in self.links.values() if lk.exit is None and lk.pid]
@@ -298,6 +308,7 @@ class HangMonitor:
                     stall["stack"] = msg["stacks"]
         elif kind == "exit":
             link.exit = msg.get("status") if isinstance(msg.get("status"), dict) else {}
+            link.exit_at = link.last_seen
         self._call("on_message", self, rank, msg)
 
     def _on_close(self, rank: int) -> None:

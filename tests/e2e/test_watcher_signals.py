@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -46,6 +47,14 @@ def wait_under_way(proc: subprocess.Popen[str], mark: Path, timeout: float = 90)
     return descendants(proc.pid)
 
 
+def listening(pids: set[int]) -> list[str]:
+    """The local addresses these processes listen on (TCP), from `ss`."""
+    if not shutil.which("ss"):
+        pytest.skip("ss is not installed")
+    out = subprocess.run(["ss", "-ltnpH"], capture_output=True, text=True).stdout
+    return [line.split()[3] for line in out.splitlines() if any(f"pid={p}," in line for p in pids)]
+
+
 def left_alive(pids: set[int]) -> list[str]:
     """`ps` lines of the PIDs still alive (zombies awaiting their reaper count as gone)."""
     if not pids:
@@ -65,6 +74,9 @@ def gone_within(pids: set[int], seconds: float) -> list[str]:
 def stop_with(tmp_path: Path, command: str, sig: int, *extra: str) -> tuple[int, dict[str, Any], str, Path, set[int]]:
     proc, out, mark = start(tmp_path, command, *extra)
     pids = wait_under_way(proc, mark)
+    if command == "run":
+        # A single-node job listens on loopback only: ddpdoctor's monitor, torchrun's stores, gloo (13.7).
+        assert listening(pids | {proc.pid}) and all(a.startswith("127.0.0.1:") for a in listening(pids | {proc.pid}))
     if command == "run":  # the live run's directory is locked: a second launch into it is refused (13.8)
         second = run_cli("run", "--overwrite", "--out", str(out), str(SCENARIOS / "pause.py"), timeout=60)
         assert second.returncode == 2 and "in use by a live run" in second.stderr, second.stderr[-2000:]
