@@ -35,11 +35,23 @@ def _max_nodes(value: Any) -> int:
         return 1
 
 
-def job_role(torchrun: dict[str, Any], launcher: str = "torchrun") -> JobRole | None:
+def job_role(torchrun: dict[str, Any], launcher: str = "torchrun",
+             scheduler_env: dict[str, str] | None = None) -> JobRole | None:
     """The role of a multi-node torchrun launch (--nnodes > 1), None for a single-node one.
 
     The endpoint is torchrun's: --rdzv-endpoint HOST[:PORT], else --master-addr/--master-port (29500). The node rank is
-    --node-rank, else $NODE_RANK or $SLURM_NODEID (as a cluster script passes it)."""
+    --node-rank, else $NODE_RANK or $SLURM_NODEID (as a cluster script passes it). Under --launcher none every rank
+    is its own launcher: a "node" of one rank, node rank = RANK, the head is rank 0 (``scheduler_env``: the
+    launcher's RANK/WORLD_SIZE/MASTER_ADDR/MASTER_PORT)."""
+    if launcher == "none":
+        env = scheduler_env or {}
+        world = int(env.get("WORLD_SIZE", "1"))
+        if world <= 1:
+            return None
+        port = str(env.get("MASTER_PORT") or os.environ.get("MASTER_PORT") or DEFAULT_MASTER_PORT)
+        return JobRole(world, int(env.get("RANK", "0")), str(env.get("MASTER_ADDR") or os.environ.get("MASTER_ADDR")
+                       or "127.0.0.1"), int(port) if port.isdigit() else DEFAULT_MASTER_PORT,
+                       os.environ.get("SLURM_JOB_ID", ""))
     if launcher != "torchrun":
         return None
     nnodes = _max_nodes(torchrun.get("--nnodes"))

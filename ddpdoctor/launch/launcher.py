@@ -258,7 +258,9 @@ def launch(spec: LaunchSpec, watcher: JobWatcher | None = None) -> LaunchResult:
     validate(spec)
     in_place_rank: int | None = None  # this process's rank under --launcher none
     scheduler_env = _slurm_env() if spec.launcher == "none" else None
-    role = job_role(spec.torchrun, spec.launcher)  # multi-node: this node's part in the job (ddpdoctor/job)
+    role = job_role(spec.torchrun, spec.launcher, scheduler_env)  # multi-node: this node's part (ddpdoctor/job)
+    if role is not None and spec.program is not None:
+        role = None  # ddpdoctor's own programs (preflight) merge their ranks' records themselves
     if role is not None:
         spec.job_id = spec.job_id or role.key
     ours = not spec.run_dir.root.exists() or spec.run_dir.is_run_dir()
@@ -353,16 +355,16 @@ def _launch_locked(spec: LaunchSpec, watcher: JobWatcher | None, in_place_rank: 
         collect_torchrun_logs(spec.run_dir, node_logs(spec), set(agent.monitor.links) if agent is not None else None)
         if code and not spec.run_dir.ranks_present():
             _echo_torchrun_failure(spec.run_dir, node_logs(spec))
-        if agent is not None:
-            # Multi-node: the head waits for every node and reports for the job; the others print its verdict.
-            outcome = agent.finish(spec.run_dir.root, code or 0)
-            if not outcome.reports:
-                return LaunchResult(exit_code=outcome.code, run_dir=spec.run_dir, duration_s=time.time() - started,
-                                    killed_by=job.killed_by, reports=False, signum=stopper.signum, note=outcome.line)
-            code = outcome.code
-            if ended.get("how") == "exited":
-                ended["exit_code"] = code
-    elif spec.program is not None:
+    if agent is not None:
+        # Multi-node: the head waits for every node and reports for the job; the others print its verdict.
+        outcome = agent.finish(spec.run_dir.root, code or 0)
+        if not outcome.reports:
+            return LaunchResult(exit_code=outcome.code, run_dir=spec.run_dir, duration_s=time.time() - started,
+                                killed_by=job.killed_by, reports=False, signum=stopper.signum, note=outcome.line)
+        code = outcome.code
+        if ended.get("how") == "exited":
+            ended["exit_code"] = code
+    elif spec.launcher == "torchrun" or spec.program is not None:
         pass  # a program of ddpdoctor's own (preflight) merges its ranks' records itself
     elif in_place_rank == 0:
         assert scheduler_env is not None

@@ -89,7 +89,7 @@ def test_rank_stalled_on_the_other_node_is_named_on_both_consoles(tmp_path: Path
     hang = json.loads((out / "hang.json").read_text())
     d = hang["diagnosis"]
     assert d["kind"] == "outside-collective" and d["culprit_ranks"] == [3] and 3 in d["stalled_ranks"]
-    assert d["positions"]["3"]["call_site"].endswith("mn_stall.py:12")
+    assert d["positions"]["3"]["call_site"].endswith("mn_stall.py:13")
     first, *rest = hang["classes"]  # the outlier first; the waiting ranks in one class or more (their stacks)
     assert (first["ranks"], first["nodes"]) == ("3", "1")
     assert sorted(r for c in rest for r in parse_ranges(c["ranks"])) == [0, 1, 2]
@@ -166,3 +166,23 @@ def test_profile_on_two_nodes_into_one_out_matches_analyze(tmp_path: Path) -> No
     analyzed = json.loads(proc.stdout)
     assert sorted(f["id"] for f in profiled["findings"]) == sorted(f["id"] for f in analyzed["findings"])
     assert profiled.get("world_size", 2) == analyzed.get("world_size", 2)
+
+
+def test_launcher_none_every_rank_its_own_launcher_one_verdict(tmp_path: Path) -> None:
+    # srun-style: the scheduler starts one ddpdoctor per rank; rank 0's is the head.
+    out, port = tmp_path / "job", _port()
+    procs = []
+    for rank in range(2):
+        env = dict(os.environ, PYTHONUNBUFFERED="1", RANK=str(rank), WORLD_SIZE="2", LOCAL_RANK=str(rank),
+                   MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), MN_STUCK_RANK="1")
+        env.pop("DDPDOCTOR_JOB_TOKEN", None)
+        procs.append(subprocess.Popen(
+            [sys.executable, "-m", "ddpdoctor", "run", "--launcher", "none", "--hang-timeout", str(HANG_TIMEOUT),
+             "--startup-timeout", "300", "--out", str(out), str(SCENARIOS / "mn_stall.py")],
+            cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True))
+    for code, _, err in finish(procs):
+        assert code == 1, err[-3000:]
+        (line, *_) = verdict_lines(err)
+        assert "culprit rank(s) 1:" in line, err[-2000:]
+    d = json.loads((out / "hang.json").read_text())["diagnosis"]
+    assert d["culprit_ranks"] == [1] and d["kind"] == "outside-collective"
