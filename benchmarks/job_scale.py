@@ -152,6 +152,9 @@ def head_run(world: int, nodes: int, hang_timeout: float, run_s: float, step_s: 
     return {
         "ranks": world, "nodes": nodes, "hang_timeout_s": hang_timeout,
         "verdict_after_timeout_s": round(verdict_at - (hang_at + hang_timeout), 2) if mon.hang else None,
+        "detection_delay_s": round((mon.hang or {}).get("detected_after_s", 0) - hang_timeout, 2),
+        "stacks_and_verdict_s": round((mon.hang or {}).get("reported_after_s", 0)
+                                      - (mon.hang or {}).get("detected_after_s", 0), 2),
         "culprit": rank_ranges(d.get("culprit_ranks") or []), "culprit_right": d.get("culprit_ranks") == [hung], "kind": d.get("kind"),
         "bytes_per_rank_per_beat": round(sum(r["envelope_bytes"] for r in results) / world, 1),
         "json_bytes_per_rank": round(sum(r["json_bytes"] for r in results) / world, 1),

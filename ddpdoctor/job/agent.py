@@ -26,6 +26,7 @@ if TYPE_CHECKING:
 
 PUBLISH_S = 1.0  # a beat about once a second, at once on a change that matters
 TICK_S = 0.1
+POLL_S = 0.5
 STACKS_WAIT_S = 12.0  # for the other nodes' stacks after a hang (py-spy may take seconds per rank)
 READ_EVERY_S = 0.5  # the head reads every node's state this often (each read parses the whole job's records)
 END_WAIT_S = 60.0  # the head waits this long for every node to finish; the others for the head's verdict
@@ -76,7 +77,10 @@ class JobAgent:
     def _records(self) -> list[dict[str, Any]]:
         now = time.time()
         links = dict(self.monitor.links)
-        return [state.record(r, lk.beat, lk.exit, now, self._job_started) for r, lk in sorted(links.items())]
+        # Once this node's job ended, a rank that never said how it ended died (a signal, an abort in C++).
+        died = {"exit_code": None, "exception": "died without a status (killed by a signal, or aborted)"}
+        return [state.record(r, lk.beat, lk.exit or (died if self.end is not None else None), now, self._job_started)
+                for r, lk in sorted(links.items())]
 
     def _signature(self) -> tuple[Any, ...]:
         return tuple((r, (lk.beat or {}).get("step"), (lk.beat or {}).get("phase"),
@@ -100,7 +104,7 @@ class JobAgent:
 
     def _loop(self) -> None:
         self._connect()
-        next_beat, sent = 0.0, None
+        next_beat, next_poll, sent = 0.0, 0.0, None
         while not self._stop.is_set():
             now = time.time()
             sig = self._signature()
@@ -108,8 +112,10 @@ class JobAgent:
                 if now >= next_beat or sig != sent:
                     self.publish()
                     sent, next_beat = sig, now + PUBLISH_S
-                    if not self.is_head:
-                        self._poll_head()
+                if not self.is_head and now >= next_poll:
+                    # The head's requests (stacks after a hang) and verdict: twice a second, two small requests.
+                    self._poll_head()
+                    next_poll = now + POLL_S
             except (RuntimeError, OSError, ValueError):
                 pass  # the head went away or is restarting: keep the ranks watched locally, try again
             self._stop.wait(TICK_S)

@@ -53,7 +53,7 @@ def start_nodes(command: str, script: str, out: Path, nnodes: int = 2, nproc: in
     return procs
 
 
-def finish(procs: list[subprocess.Popen[str]], timeout: float = 150) -> list[tuple[int, str, str]]:
+def finish(procs: list[subprocess.Popen[str]], timeout: float = 400) -> list[tuple[int, str, str]]:
     out = []
     deadline = time.time() + timeout
     for p in procs:
