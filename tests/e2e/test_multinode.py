@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import os
 import random
+import shutil
 import signal
 import subprocess
 import sys
@@ -38,16 +39,19 @@ def _port() -> int:
     raise RuntimeError("no free port pair")
 
 
-def start_nodes(command: str, script: str, out: Path, nnodes: int = 2, nproc: int = 1, *extra: str,
+def start_nodes(command: str, script: str, out: Path | list[Path], nnodes: int = 2, nproc: int = 1, *extra: str,
                 env: dict[str, str] | None = None) -> list[subprocess.Popen[str]]:
+    """``out``: one run directory for every node (a shared filesystem), or one per node."""
     port = _port()
     full_env = dict(os.environ, PYTHONUNBUFFERED="1", **(env or {}))
-    full_env.pop("DDPDOCTOR_JOB_TOKEN", None)
+    if not (env or {}).get("DDPDOCTOR_JOB_TOKEN"):
+        full_env.pop("DDPDOCTOR_JOB_TOKEN", None)
+    outs = out if isinstance(out, list) else [out] * nnodes
     procs = []
     for n in range(nnodes):
         cmd = [sys.executable, "-m", "ddpdoctor", command, "--nnodes", str(nnodes), "--node-rank", str(n),
                "--nproc-per-node", str(nproc), "--master-addr", "127.0.0.1", "--master-port", str(port),
-               "--out", str(out), *extra, str(SCENARIOS / script)]
+               "--out", str(outs[n]), *extra, str(SCENARIOS / script)]
         procs.append(subprocess.Popen(cmd, cwd=REPO, env=full_env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                                       text=True))
     return procs
@@ -186,3 +190,73 @@ def test_launcher_none_every_rank_its_own_launcher_one_verdict(tmp_path: Path) -
         assert "culprit rank(s) 1:" in line, err[-2000:]
     d = json.loads((out / "hang.json").read_text())["diagnosis"]
     assert d["culprit_ranks"] == [1] and d["kind"] == "outside-collective"
+
+
+def test_without_a_shared_filesystem_the_head_gathers_every_rank(tmp_path: Path) -> None:
+    outs = [tmp_path / "n0", tmp_path / "n1"]
+    procs = start_nodes("run", "mn_crash.py", outs, 2, 1, "--hang-timeout", str(HANG_TIMEOUT), "--startup-timeout",
+                        "300", env={"DDPDOCTOR_JOB_TOKEN": "a-secret-every-node-has"})
+    for code, _, err in finish(procs):
+        assert code == 1, err[-3000:]
+        assert "rank(s) 1 failed first: ValueError: corrupt sample in shard 17" in verdict_lines(err)[0]
+    # Node 1's rank folder reached the head through the store: the head's report names its exception.
+    status = json.loads((outs[0] / "ranks" / "rank1" / "status.json").read_text())
+    assert "corrupt sample" in status["exception"]
+    report = json.loads((outs[0] / "report.json").read_text())
+    (crashed,) = [f for f in report["findings"] if f["id"] == "rank-crashed"]
+    assert crashed["ranks"] == [1] and "corrupt sample" in crashed["evidence"]["exception"]
+    assert not list(outs[0].glob(".job-token-*"))  # the token came from the environment
+
+
+def _netns_pair(tag: str) -> tuple[str, str] | None:
+    """Two network namespaces joined by a veth pair (10.77.x.1 and .2), or None where the sandbox refuses."""
+    a, b = f"ddpd{tag}a", f"ddpd{tag}b"
+    sub = 10 + int(tag, 16) % 200
+    cmds = [
+        ["ip", "netns", "add", a], ["ip", "netns", "add", b],
+        ["ip", "link", "add", f"v{tag}a", "type", "veth", "peer", "name", f"v{tag}b"],
+        ["ip", "link", "set", f"v{tag}a", "netns", a], ["ip", "link", "set", f"v{tag}b", "netns", b],
+        ["ip", "-n", a, "addr", "add", f"10.77.{sub}.1/24", "dev", f"v{tag}a"],
+        ["ip", "-n", b, "addr", "add", f"10.77.{sub}.2/24", "dev", f"v{tag}b"],
+        ["ip", "-n", a, "link", "set", f"v{tag}a", "up"], ["ip", "-n", b, "link", "set", f"v{tag}b", "up"],
+        ["ip", "-n", a, "link", "set", "lo", "up"], ["ip", "-n", b, "link", "set", "lo", "up"],
+    ]
+    for cmd in cmds:
+        if subprocess.run(cmd, capture_output=True).returncode != 0:
+            _netns_del(a, b)
+            return None
+    return a, b
+
+
+def _netns_del(*names: str) -> None:
+    for n in names:
+        subprocess.run(["ip", "netns", "del", n], capture_output=True)
+
+
+def test_nodes_in_their_own_network_namespaces(tmp_path: Path) -> None:
+    # Each node has its own network stack and address: nothing may assume 127.0.0.1 across nodes.
+    if os.geteuid() != 0 or not shutil.which("ip"):
+        pytest.skip("needs root and iproute2 for network namespaces")
+    tag = f"{random.randint(0, 0xfff):03x}"
+    pair = _netns_pair(tag)
+    if pair is None:
+        pytest.skip("the sandbox refuses network namespaces")
+    sub = 10 + int(tag, 16) % 200
+    head = f"10.77.{sub}.1"
+    out, port = tmp_path / "job", random.randint(20000, 59000)
+    try:
+        procs = []
+        for n, (ns, ifname) in enumerate(zip(pair, (f"v{tag}a", f"v{tag}b"), strict=True)):
+            env = dict(os.environ, PYTHONUNBUFFERED="1", GLOO_SOCKET_IFNAME=ifname, MN_STUCK_RANK="1")
+            env.pop("DDPDOCTOR_JOB_TOKEN", None)
+            procs.append(subprocess.Popen(
+                ["ip", "netns", "exec", ns, sys.executable, "-m", "ddpdoctor", "run", "--nnodes", "2", "--node-rank",
+                 str(n), "--nproc-per-node", "1", "--master-addr", head, "--master-port", str(port), "--hang-timeout",
+                 str(HANG_TIMEOUT), "--startup-timeout", "300", "--out", str(out), str(SCENARIOS / "mn_stall.py")],
+                cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True))
+        for code, _, err in finish(procs):
+            assert code == 1, err[-3000:]
+            assert "culprit rank(s) 1:" in verdict_lines(err)[0], err[-2000:]
+    finally:
+        _netns_del(*pair)
+    assert json.loads((out / "hang.json").read_text())["diagnosis"]["culprit_ranks"] == [1]
