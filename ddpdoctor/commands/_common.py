@@ -88,8 +88,11 @@ def emit(
 
 def finish_quietly(result: Any) -> NoReturn:
     """Under --launcher none every rank runs ddpdoctor; only rank 0 reports, the others exit with their rank's code."""
-    click.echo(f"ddpdoctor: this rank is done (exit {result.exit_code}); rank 0 reports on {result.run_dir.root}",
-               err=True)
+    if getattr(result, "note", None):  # a node of a multi-node job: the head's verdict, and where its report is
+        click.echo(f"ddpdoctor: {result.note}", err=True)
+    else:
+        click.echo(f"ddpdoctor: this rank is done (exit {result.exit_code}); rank 0 reports on {result.run_dir.root}",
+                   err=True)
     if result.signum:
         sys.exit(128 + result.signum)
     sys.exit(1 if result.exit_code else 0)  # 0/1, never the rank's own code

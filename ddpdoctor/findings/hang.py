@@ -159,6 +159,9 @@ HANG_ADVICE = {
                 "sites show where they diverge. A rank in another collective while the rest are in DDP's "
                 "gradient all-reduce either called an extra collective (under a rank condition) or left the "
                 "training loop early (fewer batches: use DistributedSampler(drop_last=True) or DDP's join()).",
+    "lost-node": "A node's ddpdoctor stopped publishing its ranks' state (its host died, its launcher was killed, "
+                 "or the network to the head failed): read that node's scheduler and system logs (OOM killer, "
+                 "preemption, node failure).",
     "unknown": "Compare the stacks; rerun with --debug (TORCH_DISTRIBUTED_DEBUG=DETAIL) to check collective "
                "fingerprints, and check the network (NCCL_DEBUG=INFO, `ddpdoctor topo`).",
 }

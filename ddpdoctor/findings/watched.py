@@ -30,6 +30,9 @@ def watched_report(run: RunDir, command: str, debug: bool = False, analyse_trace
             kind=d.get("kind"), culprit_ranks=d.get("culprit_ranks"), report=str(run.root / "hang.txt"),
             ranks={r: _where(p) for r, p in sorted((d.get("positions") or {}).items(), key=lambda kv: int(kv[0]))},
         )
+        if hang.get("classes"):  # multi-node (ddpdoctor/job): ranks grouped by state and stack, outliers first
+            report.sections["hang"]["classes"] = [{k: c.get(k) for k in ("count", "ranks", "state", "nodes")}
+                                                  for c in hang["classes"] if isinstance(c, dict)]
         # Ranks killed because of the hang write no status: that is not a separate problem.
         report.findings = [f for f in report.findings if f.id != "rank-no-status"]
     if report.stopped is not None:  # nor ranks killed because ddpdoctor was stopped
@@ -134,7 +137,10 @@ def render_hang_section(report: Report, out: Any, verbose: bool) -> None:
         return
     out.print(f"[bold red]hang[/bold red] detected after {h.get('detected_after_s')} s without progress "
               f"(timeout {h.get('hang_timeout_s')} s); culprit rank(s): {h.get('culprit_ranks') or 'undetermined'}")
-    for r, where in (h.get("ranks") or {}).items():
+    for c in h.get("classes") or []:
+        out.print(f"  [{c.get('count')} rank(s): {escape(str(c.get('ranks')))} on node(s) {escape(str(c.get('nodes')))}] "
+                  f"{escape(str(c.get('state')))}")
+    for r, where in (h.get("ranks") or {}).items() if not h.get("classes") else ():
         out.print(f"  rank {escape(str(r))}: {escape(where)}")
     out.print(f"  stacks and Flight Recorder dumps: {escape(str(h.get('report')))} / hang.json")
 

@@ -21,6 +21,8 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from ddpdoctor.errors import BadInput
+from ddpdoctor.job.agent import attach_agent
+from ddpdoctor.job.role import JobRole, job_role
 from ddpdoctor.launch import runlock
 from ddpdoctor.launch.flags import torchrun_argv
 from ddpdoctor.launch.proctree import descendants, kill_group
@@ -93,6 +95,7 @@ class LaunchResult:
     killed_by: str | None = None
     reports: bool = True  # False for ranks other than 0 under --launcher none: rank 0 reports for the job
     signum: int | None = None  # the signal that stopped ddpdoctor (and so the job); the command exits 128+signum
+    note: str | None = None  # a node that does not report: the head's verdict, printed instead of a report
 
 
 def validate(spec: LaunchSpec) -> None:
@@ -135,9 +138,16 @@ def _rank_env(spec: LaunchSpec, monitor: str | None) -> dict[str, str]:
     return env
 
 
+def node_logs(spec: LaunchSpec) -> Path:
+    """Where this launcher's torchrun logs go: RUN/torchrun, or RUN/torchrun/nodeN for a node of a multi-node job
+    (the nodes share the run directory; each copies its own ranks' logs)."""
+    role = job_role(spec.torchrun, spec.launcher)
+    return spec.run_dir.torchrun_logs / f"node{role.node_rank}" if role else spec.run_dir.torchrun_logs
+
+
 def _torchrun_command(spec: LaunchSpec) -> list[str]:
     flags = dict(spec.torchrun)
-    flags.setdefault("--log-dir", str(spec.run_dir.torchrun_logs))
+    flags.setdefault("--log-dir", str(node_logs(spec)))
     if spec.quiet:
         flags.pop("--tee", None)
         flags["--redirects"] = "3"  # to the log files only
@@ -248,6 +258,11 @@ def launch(spec: LaunchSpec, watcher: JobWatcher | None = None) -> LaunchResult:
     validate(spec)
     in_place_rank: int | None = None  # this process's rank under --launcher none
     scheduler_env = _slurm_env() if spec.launcher == "none" else None
+    role = job_role(spec.torchrun, spec.launcher, scheduler_env)  # multi-node: this node's part (ddpdoctor/job)
+    if role is not None and spec.program is not None:
+        role = None  # ddpdoctor's own programs (preflight) merge their ranks' records themselves
+    if role is not None:
+        spec.job_id = spec.job_id or role.key
     ours = not spec.run_dir.root.exists() or spec.run_dir.is_run_dir()
     lock = runlock.acquire(spec.run_dir.root, _job_id(spec, scheduler_env))
     try:
@@ -256,18 +271,22 @@ def launch(spec: LaunchSpec, watcher: JobWatcher | None = None) -> LaunchResult:
             # Every rank runs this at once: none can tell an old run from its peers', so each clears only its own files.
             spec.run_dir.ensure_writable(overwrite=True, keep_existing=True)
             spec.run_dir.clear_rank(in_place_rank)
+        elif role is not None and not role.is_head:
+            # Another node of the job writes here too: keep its files; the head writes the manifest.
+            spec.run_dir.ensure_writable(overwrite=True, keep_existing=True)
         else:
             spec.run_dir.ensure_writable(spec.overwrite)
         _make_private(spec.run_dir, root_too=ours)
-        if in_place_rank in (None, 0) or spec.program is not None:
+        if (in_place_rank in (None, 0) and (role is None or role.is_head)) or spec.program is not None:
             manifest_mod.write_initial(spec)
-        return _launch_locked(spec, watcher, in_place_rank, scheduler_env)
+        return _launch_locked(spec, watcher, in_place_rank, scheduler_env, role)
     finally:
         lock.release()
 
 
 def _launch_locked(spec: LaunchSpec, watcher: JobWatcher | None, in_place_rank: int | None,
-                   scheduler_env: dict[str, str] | None) -> LaunchResult:
+                   scheduler_env: dict[str, str] | None, role: JobRole | None = None) -> LaunchResult:
+    agent = attach_agent(role, watcher, spec.run_dir.root) if role is not None else None
     monitor = watcher.start(spec) if watcher is not None else None
     env = _rank_env(spec, monitor)
     # The monitor's token reaches the ranks through their environment only (docs/trust.md).
@@ -284,7 +303,8 @@ def _launch_locked(spec: LaunchSpec, watcher: JobWatcher | None, in_place_rank: 
             cmd, env=env, start_new_session=True, stdout=sys.stderr if spec.output_to_stderr else None,
             stderr=subprocess.PIPE, preexec_fn=_parent_death_preexec(),
         )
-        tees = [_tee(proc.stderr, spec.run_dir.torchrun_logs / "torchrun.log", sys.stderr.buffer, _is_rank_line)]
+        node_logs(spec).mkdir(mode=0o700, parents=True, exist_ok=True)
+        tees = [_tee(proc.stderr, node_logs(spec) / "torchrun.log", sys.stderr.buffer, _is_rank_line)]
     else:
         assert scheduler_env is not None
         env.update(scheduler_env)
@@ -332,10 +352,19 @@ def _launch_locked(spec: LaunchSpec, watcher: JobWatcher | None, in_place_rank: 
     else:
         ended = {"how": "exited", "exit_code": code}
     if spec.launcher == "torchrun":
-        collect_torchrun_logs(spec.run_dir)
+        collect_torchrun_logs(spec.run_dir, node_logs(spec), set(agent.monitor.links) if agent is not None else None)
         if code and not spec.run_dir.ranks_present():
-            _echo_torchrun_failure(spec.run_dir)
-    elif spec.program is not None:
+            _echo_torchrun_failure(spec.run_dir, node_logs(spec))
+    if agent is not None:
+        # Multi-node: the head waits for every node and reports for the job; the others print its verdict.
+        outcome = agent.finish(spec.run_dir.root, code or 0)
+        if not outcome.reports:
+            return LaunchResult(exit_code=outcome.code, run_dir=spec.run_dir, duration_s=time.time() - started,
+                                killed_by=job.killed_by, reports=False, signum=stopper.signum, note=outcome.line)
+        code = outcome.code
+        if ended.get("how") == "exited":
+            ended["exit_code"] = code
+    elif spec.launcher == "torchrun" or spec.program is not None:
         pass  # a program of ddpdoctor's own (preflight) merges its ranks' records itself
     elif in_place_rank == 0:
         assert scheduler_env is not None
@@ -364,12 +393,12 @@ def _make_private(run: RunDir, root_too: bool) -> None:
             pass
 
 
-def _echo_torchrun_failure(run: RunDir) -> None:
+def _echo_torchrun_failure(run: RunDir, logs: Path) -> None:
     """torchrun failed before any rank started (bad flags, rendezvous): its own words are the only explanation."""
     from ddpdoctor.safe_io import clean_text
 
     try:
-        text = (run.torchrun_logs / "torchrun.log").read_text(errors="replace")
+        text = (logs / "torchrun.log").read_text(errors="replace")
     except OSError:
         return
     tail = "\n".join(text.strip().splitlines()[-25:])
@@ -448,10 +477,13 @@ def wait_for_ranks(run: RunDir, world_size: int, timeout_s: float = 60.0) -> Non
         time.sleep(0.2)
 
 
-def collect_torchrun_logs(run: RunDir) -> None:
-    """Copy torchrun's per-local-rank logs to RUN/ranks/rankR/{stdout,stderr}.log (the latest attempt)."""
+def collect_torchrun_logs(run: RunDir, logs: Path | None = None, ranks: set[int] | None = None) -> None:
+    """Copy torchrun's per-local-rank logs (under ``logs``) to RUN/ranks/rankR/{stdout,stderr}.log (the latest
+    attempt); ``ranks``: this node's ranks, when other nodes' ranks share the run directory."""
     local_to_rank: dict[int, int] = {}
     for rank in run.ranks_present():
+        if ranks is not None and rank not in ranks:
+            continue
         info = run.rank_file(rank, "info.json")
         try:
             import json
@@ -459,7 +491,7 @@ def collect_torchrun_logs(run: RunDir) -> None:
             local_to_rank[int(json.loads(info.read_text())["local_rank"])] = rank
         except (OSError, ValueError, KeyError, TypeError):
             continue
-    attempts = sorted(run.torchrun_logs.glob("*/attempt_*"), key=lambda p: p.stat().st_mtime)
+    attempts = sorted((logs or run.torchrun_logs).glob("*/attempt_*"), key=lambda p: p.stat().st_mtime)
     if not attempts:
         return
     latest = attempts[-1]

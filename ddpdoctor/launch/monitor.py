@@ -107,6 +107,10 @@ class HangMonitor:
         self._lock = threading.Lock()
         self._kill_at: float | None = None
         self._activity_at = 0.0
+        # Multi-node (ddpdoctor/job): decider(monitor, job, now) decides hangs for the whole job instead of this
+        # node's rules; writes_run_files is False on the job's other nodes (the head writes hang and heartbeats).
+        self.decider: Callable[[HangMonitor, RunningJob, float], None] | None = None
+        self.writes_run_files = True
 
     # -- JobWatcher ----------------------------------------------------------------------------------
     def start(self, spec: LaunchSpec) -> str | None:
@@ -114,9 +118,9 @@ class HangMonitor:
         self.run_dir = spec.run_dir
         self._expected_world = expected_world(spec)
         # A reused run directory must not show the last run's hang or rank statuses as this run's.
-        for old in ("hang.json", "hang.txt", "heartbeats.json"):
+        for old in ("hang.json", "hang.txt", "heartbeats.json") if self.writes_run_files else ():
             (self.run_root / old).unlink(missing_ok=True)
-        for rank in spec.run_dir.ranks_present():
+        for rank in spec.run_dir.ranks_present() if self.writes_run_files else ():
             for old in ("status.json", "stacks.txt"):
                 spec.run_dir.rank_file(rank, old).unlink(missing_ok=True)
         self.listener = Listener(self.token, self._on_hello, self._on_message, self._on_close,
@@ -138,6 +142,9 @@ class HangMonitor:
                 self._kill_at = None
                 self._kill_all(job, signal.SIGKILL)
             return
+        if self.decider is not None:
+            self.decider(self, job, now)
+            return
         if now - self._activity_at >= ACTIVITY_EVERY_S:
             self._activity_at = now
             self._sample_activity(now)
@@ -154,7 +161,7 @@ class HangMonitor:
         self._call("on_stop", self)
         if self.listener is not None:
             self.listener.close()
-        if self.run_root is not None:
+        if self.run_root is not None and self.writes_run_files:
             beats = {str(r): {"beat": lk.beat, "exit": lk.exit} for r, lk in sorted(self.links.items())}
             monitor = {"rejected": dict(self.listener.rejected) if self.listener else {},
                        "plugin_errors": self.plugin_errors, "stalls": list(self.stalls.values())}
@@ -339,10 +346,16 @@ class HangMonitor:
         }
         # Detection plus collecting stacks and dumps: what the issue's "within hang-timeout + 5 s" bounds.
         self.hang["reported_after_s"] = round(time.time() - last_progress, 2)
-        if self.run_root is not None:
-            write_json(self.run_root / "hang.json", self.hang)
-            write_private_text(self.run_root / "hang.txt", hang_text(self.hang))
-        click.echo(f"ddpdoctor: hang detected ({diagnosis.reason}); report in {self.run_root}/hang.txt", err=True)
+        self.declare(job, self.hang, f"hang detected ({diagnosis.reason}); report in {self.run_root}/hang.txt")
+
+    def declare(self, job: RunningJob, hang: dict[str, Any], line: str, extra_text: str = "") -> None:
+        """The job hung: write RUN/hang.json and hang.txt (``extra_text`` after the summary), say ``line``, and
+        stop the job unless --on-hang report. The job layer calls it with the head's verdict on every node."""
+        self.hang = hang
+        if self.run_root is not None and self.writes_run_files:
+            write_json(self.run_root / "hang.json", hang)
+            write_private_text(self.run_root / "hang.txt", hang_text(hang, extra_text))
+        click.echo(f"ddpdoctor: {line}", err=True)
         if self.on_hang == "kill":
             self._kill_all(job, signal.SIGTERM)
             self._kill_at = time.time() + KILL_GRACE_S
@@ -389,8 +402,9 @@ def _num(value: Any, default: float = 0.0) -> float:
     return float(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else default
 
 
-def hang_text(hang: dict[str, Any]) -> str:
-    """RUN/hang.txt: what hung, the culprit, each rank's position and stack."""
+def hang_text(hang: dict[str, Any], classes: str = "") -> str:
+    """RUN/hang.txt: what hung, the culprit, each rank's position and stack (``classes``: the job layer's ranks
+    grouped by state and stack, shown instead of one line and one stack per rank)."""
     d = hang["diagnosis"]
     lines = [
         f"HANG detected after {hang['detected_after_s']} s without progress (hang timeout {hang['hang_timeout_s']} s)",
@@ -398,6 +412,12 @@ def hang_text(hang: dict[str, Any]) -> str:
         f"culprit rank(s): {d['culprit_ranks'] or 'undetermined'}; stalled rank(s): {d['stalled_ranks']}",
         "",
     ]
+    if classes:
+        from ddpdoctor.job.grouping import rank_ranges
+
+        lines[2] = (f"culprit rank(s): {rank_ranges(d['culprit_ranks']) if d['culprit_ranks'] else 'undetermined'}; "
+                    f"stalled rank(s): {rank_ranges(d['stalled_ranks'])}")
+        return "\n".join(lines) + "\n" + classes
     for r, p in sorted(d["positions"].items(), key=lambda kv: int(kv[0])):
         where = f"{p['op']} #{p['seq']} on {p['group']} sizes {p['sizes']}" if p["state"] == "in-collective" else p["state"]
         lines.append(f"rank {r}: {where}; phase {p['phase']}; step {p['step']}; at {p['call_site']}")

@@ -1,0 +1,106 @@
+"""The job store (ddpdoctor/job/store.py) on a real TCPStore on loopback: sealed values, junk and foreign clients."""
+
+from __future__ import annotations
+
+import datetime
+import os
+import socket
+import stat
+import time
+from pathlib import Path
+
+import pytest
+import torch.distributed as dist
+
+from ddpdoctor.job.role import job_role
+from ddpdoctor.job.store import JobStore, JobStoreError, shared_token
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+@pytest.fixture
+def head() -> JobStore:
+    store = JobStore("127.0.0.1", free_port(), "t" * 32, is_head=True, connect_timeout_s=5)
+    yield store
+    store.close()
+
+
+def test_round_trip_and_absent_keys(head: JobStore) -> None:
+    node = JobStore("127.0.0.1", head.port, "t" * 32, is_head=False, connect_timeout_s=5)
+    node.put("node/1", {"v": 1, "ranks": [{"r": 2}]})
+    assert head.get("node/1") == {"v": 1, "ranks": [{"r": 2}]}
+    assert head.get("node/7") is None  # absent: no wait
+    assert head.get_many(["node/0", "node/1"]) == {"node/1": {"v": 1, "ranks": [{"r": 2}]}}
+    assert head.rejected == 0
+
+
+def test_listens_on_the_master_address_only(head: JobStore) -> None:
+    assert head.bound == ("127.0.0.1", head.port)
+
+
+def test_other_token_is_rejected_and_counted(head: JobStore) -> None:
+    intruder = JobStore("127.0.0.1", head.port, "x" * 32, is_head=False, connect_timeout_s=5)
+    # It does not know the job's key names; even writing under them, its seal does not verify.
+    intruder.ns = head.ns
+    intruder.put("verdict", {"line": "forged"})
+    assert head.get("verdict") is None and head.rejected == 1
+
+
+def test_junk_values_and_junk_connections_never_crash(head: JobStore) -> None:
+    raw = dist.TCPStore("127.0.0.1", head.port, is_master=False, timeout=datetime.timedelta(seconds=5))
+    for junk in (b"", b"x", b"\x00" * 40, os.urandom(5000)):
+        raw.set(head.ns + "node/0", junk)
+        assert head.get("node/0") is None
+    for junk in (b"GET / HTTP/1.0\r\n\r\n", os.urandom(4096), b"\xff" * 64):
+        with socket.create_connection(("127.0.0.1", head.port), timeout=2) as c:
+            c.sendall(junk)
+            time.sleep(0.05)
+    head.put("node/0", {"ok": True})
+    assert head.get("node/0") == {"ok": True}
+
+
+def test_value_over_the_cap_is_rejected(head: JobStore, monkeypatch: pytest.MonkeyPatch) -> None:
+    import ddpdoctor.job.store as store_mod
+
+    head.put("big", {"x": "a" * 100_000})
+    monkeypatch.setattr(store_mod, "MAX_VALUE", 1000)
+    assert head.get("big") is None and head.rejected == 1
+
+
+def test_port_in_use_is_a_clear_error() -> None:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        s.listen()
+        with pytest.raises(JobStoreError, match="job store at 127.0.0.1"):
+            JobStore("127.0.0.1", s.getsockname()[1], "t" * 32, is_head=True, connect_timeout_s=2)
+
+
+def test_shared_token_first_node_creates_it_private_the_others_read_it(tmp_path: Path,
+                                                                       monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("DDPDOCTOR_JOB_TOKEN", raising=False)
+    a = shared_token(tmp_path, "127.0.0.1:29500/2/")
+    b = shared_token(tmp_path, "127.0.0.1:29500/2/")
+    assert a == b and len(a) == 32
+    (path,) = tmp_path.glob(".job-token-*")
+    assert stat.S_IMODE(path.stat().st_mode) == 0o600
+    assert shared_token(tmp_path, "127.0.0.1:29600/2/") != a  # another job never reuses it
+    monkeypatch.setenv("DDPDOCTOR_JOB_TOKEN", "from-env")
+    assert shared_token(tmp_path, "127.0.0.1:29500/2/") == "from-env"
+
+
+def test_job_role_from_torchrun_flags(monkeypatch: pytest.MonkeyPatch) -> None:
+    for var in ("NODE_RANK", "SLURM_NODEID", "MASTER_ADDR", "MASTER_PORT"):
+        monkeypatch.delenv(var, raising=False)
+    assert job_role({"--nnodes": "1"}) is None and job_role({}) is None
+    r = job_role({"--nnodes": "2", "--node-rank": "1", "--master-addr": "10.0.0.5", "--master-port": "29611"})
+    assert r is not None and (r.nnodes, r.node_rank, r.master_addr, r.master_port, r.is_head) == (2, 1, "10.0.0.5", 29611, False)
+    r = job_role({"--nnodes": "1:4", "--rdzv-endpoint": "head:29400", "--rdzv-id": "job42"})
+    assert r is not None and (r.nnodes, r.master_addr, r.master_port, r.is_head, r.key) == (4, "head", 29400, True,
+                                                                                           "head:29400/4/job42")
+    monkeypatch.setenv("SLURM_NODEID", "3")
+    r = job_role({"--nnodes": "4", "--rdzv-endpoint": "head"})
+    assert r is not None and r.node_rank == 3 and r.master_port == 29500
