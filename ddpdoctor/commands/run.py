@@ -19,6 +19,8 @@ from ddpdoctor.commands._common import (
 from ddpdoctor.findings.watched import render_hang_section, watched_report
 from ddpdoctor.launch.launcher import launch
 from ddpdoctor.launch.monitor import pop_watcher, watch_options
+from ddpdoctor.live.findings import live_findings
+from ddpdoctor.live.options import live_options, pop_live
 from ddpdoctor.rundir.report import save_report
 
 DEBUG_ENV = {"TORCH_DISTRIBUTED_DEBUG": "DETAIL", "TORCH_CPP_LOG_LEVEL": "INFO"}
@@ -27,6 +29,7 @@ DEBUG_ENV = {"TORCH_DISTRIBUTED_DEBUG": "DETAIL", "TORCH_CPP_LOG_LEVEL": "INFO"}
 @click.command(context_settings=LAUNCH_CONTEXT, help=__doc__)
 @launch_options
 @watch_options
+@live_options
 @click.option("--debug", is_flag=True, help="Set TORCH_DISTRIBUTED_DEBUG=DETAIL and TORCH_CPP_LOG_LEVEL=INFO; "
               "explain what they print.")
 @click.option("--verbose", "-v", is_flag=True, help="Show the full evidence (stacks) of each finding.")
@@ -37,12 +40,14 @@ DEBUG_ENV = {"TORCH_DISTRIBUTED_DEBUG": "DETAIL", "TORCH_CPP_LOG_LEVEL": "INFO"}
 @cli_errors
 def command(debug: bool, verbose: bool, nccl_debug: bool, as_json: bool, fail_on: str, **kwargs: Any) -> None:
     watcher = pop_watcher(kwargs)
+    watcher.live = pop_live(kwargs)  # live step health, alerts, `status`/`capture`, exporters (ddpdoctor/live)
     spec = pop_launch_spec("run", kwargs, as_json=as_json, options={"debug": debug, "nccl_debug": nccl_debug},
                            env=dict(DEBUG_ENV) if debug else {})
     result = launch(spec, watcher)
     if not result.reports:
         finish_quietly(result)
     report = watched_report(spec.run_dir, "run", debug=debug)
+    report.findings.extend(live_findings(spec.run_dir))
     if nccl_debug:
         from ddpdoctor.topo.capture import add_to_report
 

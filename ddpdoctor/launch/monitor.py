@@ -65,6 +65,7 @@ class HangMonitor:
         self._lock = threading.Lock()
         self._kill_at: float | None = None
         self._stopped = threading.Event()
+        self.live: Any = None  # ddpdoctor.live.watch.LiveWatch (h18): live health, captures; set by the command
 
     # -- JobWatcher ----------------------------------------------------------------------------------
     def start(self, spec: LaunchSpec) -> str | None:
@@ -81,10 +82,14 @@ class HangMonitor:
         srv.listen(256)
         self._server = srv
         threading.Thread(target=self._accept, name="ddpdoctor-monitor", daemon=True).start()
+        if self.live is not None:
+            self.live.start(self, self.run_root)
         return f"127.0.0.1:{srv.getsockname()[1]}"
 
     def check(self, job: RunningJob) -> None:
         now = time.time()
+        if self.live is not None:
+            self.live.check(now)
         if self.hang is not None:
             if self._kill_at is not None and now >= self._kill_at:
                 self._kill_at = None
@@ -98,6 +103,8 @@ class HangMonitor:
         self._stopped.set()
         if self._server is not None:
             self._server.close()
+        if self.live is not None:
+            self.live.stop()
         if self.run_root is not None:
             beats = {str(r): {"beat": lk.beat, "exit": lk.exit} for r, lk in sorted(self.links.items())}
             try:
@@ -243,6 +250,8 @@ class HangMonitor:
         elif link is None:
             return None
         elif kind == "beat":
+            if self.live is not None:
+                self.live.message(link.rank, msg)  # takes the beat's iteration records out of it
             link.beat = msg
         elif kind == "enter":
             link.beat = dict(link.beat or {"rank": link.rank, "step": 0}, collective=msg.get("collective"))
@@ -250,6 +259,8 @@ class HangMonitor:
             link.dump = msg
         elif kind == "exit":
             link.exit = msg.get("status") or {}
+        elif kind == "capture" and self.live is not None:
+            self.live.message(link.rank, msg)
         return link
 
     @staticmethod

@@ -1,0 +1,34 @@
+"""The live-watch options of `ddpdoctor run` (--metrics-addr, --capture-on-slowdown) and the LiveWatch they make."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import click
+
+from ddpdoctor.errors import BadInput
+
+
+def live_options(fn: Callable[..., Any]) -> Callable[..., Any]:
+    fn = click.option("--capture-on-slowdown", "capture_on_slowdown", type=float, default=None, metavar="SECONDS",
+                      help="When slowdown or slow-rank fires, profile 5 iterations of every rank automatically "
+                           "(RUN/captures/auto-*), at most once per SECONDS. Off by default.")(fn)
+    fn = click.option("--metrics-addr", default=None, metavar="HOST:PORT",
+                      help="Serve the live figures in Prometheus format on http://HOST:PORT/metrics "
+                           "(bind 127.0.0.1 unless others must scrape it). Off by default.")(fn)
+    return fn
+
+
+def pop_live(kwargs: dict[str, Any]) -> Any:
+    """The LiveWatch of the options `live_options` added to ``kwargs`` (BadInput for values that cannot work)."""
+    from ddpdoctor.live.export import parse_addr
+    from ddpdoctor.live.watch import LiveWatch
+
+    addr = kwargs.pop("metrics_addr")
+    every = kwargs.pop("capture_on_slowdown")
+    if addr is not None:
+        parse_addr(addr)
+    if every is not None and not every >= 0:
+        raise BadInput(f"--capture-on-slowdown must be a number of seconds >= 0, not {every}")
+    return LiveWatch(capture_on_slowdown_s=every, metrics_addr=addr)

@@ -1,0 +1,202 @@
+"""The monitor's live-watch plugin: feeds LiveHealth, prints alerts, relays capture requests to the ranks.
+
+The monitor calls four hooks (start, message, check, stop). Capture requests arrive as files in the run
+directory's private control folder (RUN/live/control, mode 0700, created here by the job's owner): only the owner
+(or root) can put a file there, and a request is acted on only when its file belongs to the monitor's own user.
+The request names a capture kind and a step count, never a path or a process: windows go to RUN/captures/<id>."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import stat
+import threading
+import time
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import click
+
+from ddpdoctor.live.health import LiveHealth, live_dir
+from ddpdoctor.live.rules import DEFAULT_CONFIG, HealthConfig
+from ddpdoctor.rundir.layout import write_json
+
+if TYPE_CHECKING:
+    from ddpdoctor.launch.monitor import HangMonitor
+
+POLL_S = 0.5
+MAX_REQUEST_BYTES = 4096
+CAPTURE_KINDS = ("profile", "stacks")
+
+
+def control_dir(run_root: Path) -> Path:
+    return live_dir(run_root) / "control"
+
+
+def captures_dir(run_root: Path) -> Path:
+    return run_root / "captures"
+
+
+class LiveWatch:
+    """One per monitor. ``capture_on_slowdown_s``: auto-capture a profile window when slowdown or slow-rank fires,
+    at most once per that many seconds (None: off)."""
+
+    def __init__(self, config: HealthConfig = DEFAULT_CONFIG, capture_on_slowdown_s: float | None = None,
+                 auto_steps: int = 5, metrics_addr: str | None = None, echo: bool = True) -> None:
+        self.config = config
+        self.capture_on_slowdown_s = capture_on_slowdown_s
+        self.auto_steps = auto_steps
+        self.metrics_addr = metrics_addr
+        self.echo = echo
+        self.health: LiveHealth | None = None
+        self.root: Path | None = None
+        self.exporters: list[Any] = []
+        self._next_poll = 0.0
+        self._last_auto: float | None = None
+        self._monitor: HangMonitor | None = None
+
+    # -- hooks ---------------------------------------------------------------------------------------
+    def start(self, monitor: HangMonitor, run_root: Path) -> None:
+        self._monitor = monitor
+        self.root = run_root
+        self.health = LiveHealth(run_root, config=self.config, on_alert=self._on_alert)
+        ctl = control_dir(run_root)
+        shutil.rmtree(ctl, ignore_errors=True)
+        ctl.mkdir(parents=True, mode=0o700)
+        os.chmod(ctl, 0o700)  # mkdir's mode is masked by the umask
+        from ddpdoctor.live.export import start_exporters
+
+        self.exporters = start_exporters(self, self.metrics_addr)
+
+    def message(self, rank: int, msg: dict[str, Any]) -> None:
+        """Every message from a rank (connection threads)."""
+        if self.health is None:
+            return
+        kind = msg.get("type")
+        if kind == "beat":
+            self.health.ingest(rank, msg.pop("steps", None), msg.get("phase"))
+        elif kind == "capture" and self.root is not None and isinstance(msg.get("id"), str):
+            from ddpdoctor.probes.live import CAPTURE_ID
+
+            if CAPTURE_ID.match(msg["id"]):
+                _append_reply(captures_dir(self.root) / msg["id"] / "replies.jsonl", rank, msg)
+
+    def check(self, now: float) -> None:
+        """The monitor's poll loop (every ~0.1 s): rules when due, control folder every 0.5 s."""
+        if self.health is None or self._monitor is None:
+            return
+        self.health.world_size = self._monitor.world_size
+        self.health.tick(now)
+        for exporter in self.exporters:
+            exporter.update(self.health)
+        if now >= self._next_poll:
+            self._next_poll = now + POLL_S
+            for req in self._take_requests():
+                self._dispatch(req)
+
+    def stop(self) -> None:
+        if self.health is None:
+            return
+        self.health.finish()
+        for exporter in self.exporters:
+            exporter.update(self.health)
+            exporter.close()
+        if self.root is not None:
+            shutil.rmtree(control_dir(self.root), ignore_errors=True)
+
+    # -- alerts --------------------------------------------------------------------------------------
+    def _on_alert(self, alert: dict[str, Any]) -> None:
+        if self.echo:
+            click.echo(f"ddpdoctor: {alert['id']}: {alert['title']}", err=True)
+        if (self.capture_on_slowdown_s is not None and alert["id"] in ("slowdown", "slow-rank")
+                and (self._last_auto is None or time.time() - self._last_auto >= self.capture_on_slowdown_s)):
+            self._last_auto = time.time()
+            cid = f"auto-{int(self._last_auto)}"
+            self._dispatch({"id": cid, "what": "profile", "steps": self.auto_steps, "reason": alert["id"]})
+
+    # -- captures ------------------------------------------------------------------------------------
+    def _take_requests(self) -> list[dict[str, Any]]:
+        assert self.root is not None
+        ctl = control_dir(self.root)
+        out = []
+        try:
+            names = sorted(e.name for e in os.scandir(ctl) if e.name.startswith("req-") and e.name.endswith(".json"))
+        except OSError:
+            return []
+        for name in names[:8]:
+            path = ctl / name
+            try:
+                fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
+                try:
+                    st = os.fstat(fd)
+                    data = os.read(fd, MAX_REQUEST_BYTES + 1) if stat.S_ISREG(st.st_mode) else b""
+                finally:
+                    os.close(fd)
+                os.unlink(path)
+            except OSError:
+                continue
+            if st.st_uid != os.getuid() or not data or len(data) > MAX_REQUEST_BYTES:
+                continue  # not the job owner's, or not a request
+            try:
+                req = json.loads(data)
+            except ValueError:
+                continue
+            if isinstance(req, dict):
+                out.append(req)
+        return out
+
+    def _dispatch(self, req: dict[str, Any]) -> None:
+        from ddpdoctor.probes.live import CAPTURE_ID, MAX_PROFILE_STEPS
+
+        assert self.root is not None and self._monitor is not None
+        cid, what, steps = str(req.get("id")), req.get("what"), req.get("steps")
+        if not CAPTURE_ID.match(cid) or what not in CAPTURE_KINDS:
+            return
+        out = captures_dir(self.root) / cid
+        if out.exists():
+            return
+        out.mkdir(parents=True, mode=0o700)
+        monitor = self._monitor
+        with monitor._lock:
+            links = {r: lk for r, lk in monitor.links.items() if lk.exit is None and lk.conn is not None}
+        state = {"id": cid, "what": what, "steps": steps, "requested": time.time(), "ranks": sorted(links),
+                 "world_size": monitor.world_size, "reason": req.get("reason", "ddpdoctor capture")}
+        if what == "profile":
+            if not isinstance(steps, int) or not 1 <= steps <= MAX_PROFILE_STEPS:
+                write_json(out / "capture.json", dict(state, error=f"steps must be 1..{MAX_PROFILE_STEPS}"))
+                return
+            manifest = self.root / "manifest.json"
+            if manifest.is_file():
+                data = json.loads(manifest.read_text())
+                data["capture"] = state
+                write_json(out / "manifest.json", data)
+            line = "capture " + json.dumps({"id": cid, "what": "profile", "steps": steps})
+            for lk in links.values():
+                monitor._request(lk, line)
+            write_json(out / "capture.json", state)
+        else:
+            write_json(out / "capture.json", state)
+            threading.Thread(target=self._stacks, args=(out, links, state), daemon=True).start()
+
+    def _stacks(self, out: Path, links: dict[int, Any], state: dict[str, Any]) -> None:
+        from ddpdoctor.live.stacks import group_stacks, stacks_text
+
+        assert self._monitor is not None
+        stacks, _ = self._monitor.collect(links)
+        positions = {r: (lk.beat or {}) for r, lk in links.items()}
+        groups = group_stacks(stacks, positions)
+        fd = os.open(out / "stacks.txt", os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        with os.fdopen(fd, "w") as f:
+            f.write(stacks_text(groups))
+        write_json(out / "stacks.json", {"groups": groups})
+        write_json(out / "capture.json", dict(state, done=time.time()))
+
+
+def _append_reply(path: Path, rank: int, msg: dict[str, Any]) -> None:
+    try:
+        with path.open("a") as f:
+            f.write(json.dumps({"rank": rank, "accepted": bool(msg.get("accepted")),
+                                "reason": str(msg.get("reason") or "")[:200]}) + "\n")
+    except OSError:
+        pass
