@@ -171,7 +171,13 @@ class LiveWatch:
                 data = json.loads(manifest.read_text())
                 data["capture"] = state
                 write_json(out / "manifest.json", data)
-            line = "capture " + json.dumps({"id": cid, "what": "profile", "steps": steps})
+            # Every rank starts on the same iteration (cross-rank analysis pairs their collectives): a little
+            # ahead of the furthest rank, at least 2 iterations and about 2 s of them (the relay's latency).
+            at = max(((lk.beat or {}).get("step") or 0) for lk in links.values()) if links else 0
+            rate = (self.health.last_snapshot or {}).get("steps_per_s") if self.health else None
+            at += max(2, int(2 * rate) if isinstance(rate, (int, float)) else 2)
+            state["at_step"] = at
+            line = "capture " + json.dumps({"id": cid, "what": "profile", "steps": steps, "at_step": at})
             for lk in links.values():
                 monitor._request(lk, line)
             write_json(out / "capture.json", state)

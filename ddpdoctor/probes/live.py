@@ -61,6 +61,7 @@ def on_capture_request(probe: Any, payload: bytes) -> dict[str, Any]:
     try:
         req = json.loads(payload)
         cid, what, steps = str(req["id"]), str(req["what"]), int(req.get("steps") or 0)
+        at_step = int(req.get("at_step") or 0)
     except (ValueError, KeyError, TypeError):
         return {"type": "capture", "rank": rank, "accepted": False, "reason": "malformed request"}
     reply = {"type": "capture", "rank": rank, "id": cid, "what": what}
@@ -73,7 +74,7 @@ def on_capture_request(probe: Any, payload: bytes) -> dict[str, Any]:
     with _state["lock"]:
         if _state["pending"] is not None or _state["window"] is not None:
             return dict(reply, accepted=False, reason="a capture is already in progress")
-        _state["pending"] = (cid, what, steps)
+        _state["pending"] = (cid, what, steps, at_step)
     return dict(reply, accepted=True)
 
 
@@ -93,7 +94,9 @@ def _on_step(step: int) -> None:
 def _advance(step: int) -> None:
     win = _state["window"]
     if win is None:
-        cid, what, steps = _state["pending"]
+        cid, what, steps, at_step = _state["pending"]
+        if step < at_step:
+            return  # every rank starts on the iteration the monitor chose
         out = window_dir(_state["run_dir"], cid)
         win = {"id": cid, "what": what, "steps": steps, "base": step, "dir": out}
         rank_dir = out / "ranks" / f"rank{_state['rank']}"
