@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING, Any
 import click
 
 from ddpdoctor.live.health import LiveHealth, live_dir
+from ddpdoctor.live.protocol import CAPTURE_ID, MAX_PROFILE_STEPS
 from ddpdoctor.live.rules import DEFAULT_CONFIG, HealthConfig
 from ddpdoctor.rundir.layout import write_json
 
@@ -77,8 +78,6 @@ class LiveWatch:
         if kind == "beat":
             self.health.ingest(rank, msg.pop("steps", None), msg.get("phase"))
         elif kind == "capture" and self.root is not None and isinstance(msg.get("id"), str):
-            from ddpdoctor.probes.live import CAPTURE_ID
-
             if CAPTURE_ID.match(msg["id"]):
                 _append_reply(captures_dir(self.root) / msg["id"] / "replies.jsonl", rank, msg)
 
@@ -147,8 +146,6 @@ class LiveWatch:
         return out
 
     def _dispatch(self, req: dict[str, Any]) -> None:
-        from ddpdoctor.probes.live import CAPTURE_ID, MAX_PROFILE_STEPS
-
         assert self.root is not None and self._monitor is not None
         cid, what, steps = str(req.get("id")), req.get("what"), req.get("steps")
         if not CAPTURE_ID.match(cid) or what not in CAPTURE_KINDS:
@@ -172,10 +169,11 @@ class LiveWatch:
                 data["capture"] = state
                 write_json(out / "manifest.json", data)
             # Every rank starts on the same iteration (cross-rank analysis pairs their collectives): a little
-            # ahead of the furthest rank, at least 2 iterations and about 2 s of them (the relay's latency).
+            # ahead of the furthest rank by the iterations of about 0.5 s, at least 2: the relay takes one send
+            # and the heartbeat thread's next select (0.2 s); beats may be up to 1 s old, hence the margin.
             at = max(((lk.beat or {}).get("step") or 0) for lk in links.values()) if links else 0
             rate = (self.health.last_snapshot or {}).get("steps_per_s") if self.health else None
-            at += max(2, int(2 * rate) if isinstance(rate, (int, float)) else 2)
+            at += max(2, int(1.5 * rate) + 1 if isinstance(rate, (int, float)) else 2)
             state["at_step"] = at
             line = "capture " + json.dumps({"id": cid, "what": "profile", "steps": steps, "at_step": at})
             for lk in links.values():

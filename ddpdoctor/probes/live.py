@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import functools
 import json
-import re
 import shutil
 import threading
 from pathlib import Path
@@ -17,11 +16,10 @@ from typing import Any
 
 import torch
 
+from ddpdoctor.live.protocol import CAPTURE_ID, MAX_PROFILE_STEPS
 from ddpdoctor.probes.config import Schedule
 from ddpdoctor.rundir.layout import write_json
 
-CAPTURE_ID = re.compile(r"^[A-Za-z0-9_-]{1,64}$")
-MAX_PROFILE_STEPS = 100
 
 _state: dict[str, Any] = {}  # run_dir, rank, world_size, tracker, options
 

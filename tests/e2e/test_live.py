@@ -20,15 +20,17 @@ JOB = str(SCENARIOS / "live_job.py")
 LIVE_IDS = {"slow-rank", "slowdown", "stall"}
 
 
-def _run(out: Path, *job_args: str) -> tuple[int, dict[str, Any], str]:
-    proc = run_cli("run", "--nproc-per-node", "2", "-q", "--json", "--out", str(out), JOB, *job_args, timeout=240)
+def _run(out: Path, *job_args: str, flags: tuple[str, ...] = ()) -> tuple[int, dict[str, Any], str]:
+    proc = run_cli("run", "--nproc-per-node", "2", "-q", "--json", *flags, "--out", str(out), JOB, *job_args,
+                   timeout=240)
     assert proc.stdout.strip(), proc.stderr[-3000:]
     return proc.returncode, json.loads(proc.stdout), proc.stderr
 
 
 def test_rank_made_slower_halfway_is_named_with_its_phase_and_status_says_finished(tmp_path: Path) -> None:
     out = tmp_path / "slow"
-    code, report, stderr = _run(out, "--steps", "90", "--slow-rank", "1", "--slow-from", "45", "--slow-s", "0.04")
+    code, report, stderr = _run(out, "--steps", "130", "--slow-rank", "1", "--slow-from", "45", "--slow-s", "0.04",
+                                flags=("--capture-on-slowdown", "3600"))
     assert code == 0
     slow = [f for f in report["findings"] if f["id"] == "slow-rank"]
     assert [f["ranks"] for f in slow] == [[1]], report["findings"]
@@ -37,6 +39,10 @@ def test_rank_made_slower_halfway_is_named_with_its_phase_and_status_says_finish
     assert 25 < ev["lost_ms_per_step"] < 60  # 40 ms of sleep per step
     assert slow[0]["severity"] == "warning" and ev["cost_ms_per_step"] == ev["lost_ms_per_step"]
     assert "slow-rank: rank 1" in stderr  # raised while the job ran, not only in the report
+    # --capture-on-slowdown: one window, profiled automatically when the alert fired (once per hour at most)
+    auto = list((out / "captures").glob("auto-*"))
+    assert len(auto) == 1, stderr[-2000:]
+    assert len(list((auto[0] / "traces").glob("rank*.pt.trace.json.gz"))) == 2
     # status on the finished run
     st = run_cli("status", str(out))
     assert st.returncode == 0 and "finished (exit code 0)" in st.stdout, st.stdout + st.stderr
