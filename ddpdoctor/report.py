@@ -17,9 +17,14 @@ class Report:
     sections: dict[str, Any] = field(default_factory=dict)
     findings: list[Finding] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
+    # Set when ddpdoctor was stopped by a signal (findings/job.py ended_findings): {"status": "interrupted" or
+    # "stopped", "signal", "exit_code": 128+signal, "message"}. It sets the status word and the exit code.
+    stopped: dict[str, Any] | None = None
 
     @property
     def status(self) -> str:
+        if self.stopped:
+            return str(self.stopped["status"])
         return status_word(self.findings)
 
     def exit_code(self, fail_on: Severity = Severity.ERROR) -> int:
@@ -34,6 +39,8 @@ class Report:
             "command": self.command,
             "status": self.status,
         }
+        if self.stopped:
+            out["stopped"] = dict(self.stopped)
         out.update(self.sections)
         out["findings"] = [f.to_json() for f in sorted(self.findings, key=lambda f: -f.severity.rank)]
         if self.notes:

@@ -81,8 +81,10 @@ def emit(
 
         render(report, sections=sections, verbose=verbose)
     code = 0 if fail_on == "none" else report.exit_code(Severity(fail_on))
-    if exit_code is not None:
-        code = max(code, exit_code)
+    if exit_code:
+        code = max(code, exit_code if exit_code in (1, 2) else 1)  # never a child's exit code (137, 143 ...)
+    if report.stopped:
+        code = int(report.stopped["exit_code"])  # ddpdoctor itself was stopped by a signal: 128+signal
     sys.exit(code)
 
 
@@ -90,7 +92,9 @@ def finish_quietly(result: Any) -> NoReturn:
     """Under --launcher none every rank runs ddpdoctor; only rank 0 reports, the others exit with their rank's code."""
     click.echo(f"ddpdoctor: this rank is done (exit {result.exit_code}); rank 0 reports on {result.run_dir.root}",
                err=True)
-    sys.exit(result.exit_code)
+    if result.signum:
+        sys.exit(128 + result.signum)
+    sys.exit(1 if result.exit_code else 0)  # 0/1, never the rank's own code
 
 
 def default_run_dir(name: str | None) -> Path:

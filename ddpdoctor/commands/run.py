@@ -40,7 +40,7 @@ DEBUG_ENV = {"TORCH_DISTRIBUTED_DEBUG": "DETAIL", "TORCH_CPP_LOG_LEVEL": "INFO"}
 @cli_errors
 def command(debug: bool, verbose: bool, nccl_debug: bool, as_json: bool, fail_on: str, **kwargs: Any) -> None:
     watcher = pop_watcher(kwargs)
-    watcher.live = pop_live(kwargs)  # live step health, alerts, `status`/`capture`, exporters (ddpdoctor/live)
+    watcher.plugins.append(pop_live(kwargs))  # live step health, alerts, `status`/`capture`, exporters (ddpdoctor/live)
     spec = pop_launch_spec("run", kwargs, as_json=as_json, options={"debug": debug, "nccl_debug": nccl_debug},
                            env=dict(DEBUG_ENV) if debug else {})
     result = launch(spec, watcher)

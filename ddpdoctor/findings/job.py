@@ -42,3 +42,50 @@ def job_findings(manifest: dict[str, Any], statuses: dict[int, dict[str, Any] | 
             advice="The job was profiled anyway; the DDP-specific analyses (buckets, overlap advice) do not apply.",
         ))
     return findings
+
+
+STOP_WORDS = {
+    "SIGINT": ("interrupted", "Interrupted by the user (SIGINT)"),
+    "SIGTERM": ("stopped", "Stopped by SIGTERM (preempted or time limit?)"),
+    "SIGHUP": ("stopped", "Stopped by SIGHUP (the terminal or ssh session closed?)"),
+    "SIGQUIT": ("stopped", "Stopped by SIGQUIT"),
+}
+
+
+def ended_findings(manifest: dict[str, Any], locked: bool) -> tuple[list[Finding], dict[str, Any] | None]:
+    """How the run ended, from the manifest's ``ended``: a signal to ddpdoctor is a fact of the run (status
+    "interrupted" or "stopped", exit 128+signal), not an error of the job; a manifest still "running" in an unlocked
+    run directory belongs to a ddpdoctor that was killed (SIGKILL) or crashed. Returns (findings, Report.stopped)."""
+    ended = manifest.get("ended")
+    if not isinstance(ended, dict):
+        return [], None
+    how = ended.get("how")
+    if how == "signal":
+        name = str(ended.get("signal"))
+        raw = ended.get("signum")
+        signum = raw if isinstance(raw, int) and 0 < raw < 64 else 15
+        status, headline = STOP_WORDS.get(name, ("stopped", f"Stopped by {name}"))
+        stopped = {"status": status, "signal": name, "exit_code": 128 + signum, "message": headline}
+        return [Finding(
+            "job-stopped", Severity.WARNING,
+            f"{headline}: ddpdoctor stopped the job; what was recorded until then is kept",
+            evidence={"signal": name, "exit_code": 128 + signum, "duration_s": manifest.get("duration_s")},
+            advice="The ranks' errors after the stop (KeyboardInterrupt, SIGTERM, connection closed) follow from it. "
+                   "Findings about performance rest on the steps recorded before the stop; "
+                   "`ddpdoctor analyze` reads the run directory as it is.",
+        )], stopped
+    if how == "running" and not manifest.get("finished") and not locked:
+        return [Finding(
+            "run-unfinished", Severity.WARNING,
+            "ddpdoctor ended without finishing this run (killed with SIGKILL, or it crashed); the job was stopped "
+            "with it",
+            evidence={"started_at": manifest.get("started_at")},
+            advice="What the ranks wrote before that is kept; rerun to get a complete report.",
+        )], None
+    if how == "ddpdoctor-error":
+        return [Finding(
+            "run-unfinished", Severity.ERROR, f"ddpdoctor itself failed during the run: {ended.get('error')}",
+            evidence={"error": ended.get("error")},
+            advice="The job was stopped so that it does not run on unwatched; please report this error.",
+        )], None
+    return [], None

@@ -8,8 +8,11 @@ import json
 from pathlib import Path
 from typing import Any
 
+from ddpdoctor.findings.job import ended_findings
 from ddpdoctor.findings.model import Finding
+from ddpdoctor.launch import runlock
 from ddpdoctor.report import Report
+from ddpdoctor.rundir import manifest as manifest_mod
 from ddpdoctor.rundir.layout import RunDir
 from ddpdoctor.rundir.report import job_report, rank_statuses
 
@@ -17,7 +20,9 @@ from ddpdoctor.rundir.report import job_report, rank_statuses
 def watched_report(run: RunDir, command: str, debug: bool = False, analyse_traces: bool = False) -> Report:
     """job_report plus the hang/crash findings of a watched run (also used by `profile`)."""
     report = job_report(run, command, analyse_traces=analyse_traces)
-    report.findings.extend(watch_findings(run, debug=debug))
+    ended, report.stopped = ended_findings(manifest_mod.load(run), runlock.is_locked(run.root))
+    report.findings.extend(ended)
+    report.findings.extend(watch_findings(run, debug=debug, stopped=report.stopped is not None))
     hang = _read(run.root / "hang.json")
     if hang is not None:
         d = hang.get("diagnosis") or {}
@@ -28,15 +33,30 @@ def watched_report(run: RunDir, command: str, debug: bool = False, analyse_trace
         )
         # Ranks killed because of the hang write no status: that is not a separate problem.
         report.findings = [f for f in report.findings if f.id != "rank-no-status"]
+    if report.stopped is not None:  # nor ranks killed because ddpdoctor was stopped
+        report.findings = [f for f in report.findings if f.id != "rank-no-status"]
+    report.notes.extend(monitor_notes(_read(run.root / "heartbeats.json") or {}))
     crashed = {r for f in report.findings if f.id == "rank-crashed" for r in f.ranks}
     # A rank that died is named by rank-crashed (with what its stderr said): its "no status" is the same event.
     report.findings = [f for f in report.findings if f.id != "rank-no-status" or not set(f.ranks) <= crashed]
     return report
 
 
-def watch_findings(run: RunDir, debug: bool = False) -> list[Finding]:
-    """Findings from RUN/hang.json, the ranks' status files and (with --debug) their stderr."""
-    from ddpdoctor.findings.hang import crash_findings, hang_findings
+def monitor_notes(heartbeats: dict[str, Any]) -> list[str]:
+    """What the monitor refused: connections without the job's token, or messages over its limits."""
+    rejected = (heartbeats.get("monitor") or {}).get("rejected") or {}
+    if not isinstance(rejected, dict) or not rejected:
+        return []
+    total = sum(v for v in rejected.values() if isinstance(v, int))
+    parts = ", ".join(f"{k} {v}" for k, v in sorted(rejected.items()) if isinstance(v, int))
+    return [f"The heartbeat monitor dropped {total} connection(s) or message(s) that were not the job's ({parts}); "
+            "see docs/trust.md."]
+
+
+def watch_findings(run: RunDir, debug: bool = False, stopped: bool = False) -> list[Finding]:
+    """Findings from RUN/hang.json, the ranks' status files and (with --debug) their stderr. ``stopped``: ddpdoctor
+    was stopped by a signal and stopped the job, so ranks that died of that stop are not crashes."""
+    from ddpdoctor.findings.hang import crash_findings, hang_findings, is_victim
 
     findings: list[Finding] = []
     statuses = rank_statuses(run)
@@ -49,6 +69,8 @@ def watch_findings(run: RunDir, debug: bool = False) -> list[Finding]:
         findings.extend(hang_findings(hang, debug=debug))
         # After a hang, ranks killed by ddpdoctor are victims, not crashes.
         crashes = [f for f in crashes if f.id != "rank-crashed" or "SIGTERM" not in str(f.evidence.get("exception"))]
+    if stopped:
+        crashes = [f for f in crashes if f.id != "rank-crashed" or not is_victim(str(f.evidence.get("exception")))]
     have = {f.id for f in findings}
     findings.extend(f for f in crashes if f.id == "rank-crashed" or f.id not in have)
     if debug:

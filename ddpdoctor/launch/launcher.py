@@ -6,18 +6,22 @@ The launcher owns the job's process tree: it writes the manifest, starts the ran
 from __future__ import annotations
 
 import os
+import re
 import shutil
 import signal
 import subprocess
 import sys
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
 
 from ddpdoctor.errors import BadInput
+from ddpdoctor.launch import runlock
 from ddpdoctor.launch.flags import torchrun_argv
+from ddpdoctor.launch.proctree import descendants, kill_group
 from ddpdoctor.probes.config import ENV_VAR, ProbeConfig, Schedule, rank_from_env
 from ddpdoctor.rundir import manifest as manifest_mod
 from ddpdoctor.rundir.layout import RunDir
@@ -51,6 +55,7 @@ class LaunchSpec:
     output_to_stderr: bool = False  # keep stdout clean for --json
     overwrite: bool = False  # replace an earlier run in the same run directory
     program: Path | None = None  # a Python file every rank runs instead of the bootstrap (preflight's worker)
+    job_id: str | None = None  # launchers of one job (its nodes) share --out: launch/runlock.py
 
     @property
     def as_module(self) -> bool:
@@ -65,12 +70,16 @@ class RunningJob:
     killed_by: str | None = None
 
     def kill(self, reason: str, sig: int = signal.SIGTERM) -> None:
-        """End every process of the job (the launcher runs it in its own process group)."""
+        """Signal every process of the job: torchrun's process group and each process below it (torchrun starts
+        every worker in a session of its own, so the group alone misses the ranks). PIDs come from /proc, from
+        the tree ddpdoctor started, never from a message."""
         self.killed_by = self.killed_by or reason
-        try:
-            os.killpg(self.proc.pid, sig)
-        except ProcessLookupError:
-            pass
+        for pid in sorted(descendants(self.proc.pid)):
+            try:
+                os.kill(pid, sig)
+            except (ProcessLookupError, PermissionError):
+                pass
+        kill_group(self.proc.pid, sig)
 
 
 @dataclass
@@ -80,6 +89,7 @@ class LaunchResult:
     duration_s: float
     killed_by: str | None = None
     reports: bool = True  # False for ranks other than 0 under --launcher none: rank 0 reports for the job
+    signum: int | None = None  # the signal that stopped ddpdoctor (and so the job); the command exits 128+signum
 
 
 def validate(spec: LaunchSpec) -> None:
@@ -148,88 +158,255 @@ def _slurm_env() -> dict[str, str]:
     return out
 
 
-def _tee(stream: Any, path: Path, echo: Any) -> threading.Thread:
-    def pump() -> None:
-        with path.open("wb") as f:
+def _tee(stream: Any, path: Path, echo: Any, keep: Callable[[bytes], bool] | None = None) -> threading.Thread:
+    """Copy ``stream`` into ``path`` (owner-only) and, for the lines ``keep`` accepts (all by default), to ``echo``."""
+
+    def pump(echo: Any = echo) -> None:
+        path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        with os.fdopen(fd, "wb") as f:
             for line in iter(stream.readline, b""):
                 f.write(line)
                 f.flush()
-                if echo is not None:
-                    echo.write(line)
-                    echo.flush()
+                if echo is not None and (keep is None or keep(line)):
+                    try:
+                        echo.write(line)
+                        echo.flush()
+                    except (OSError, ValueError):
+                        echo = None  # the terminal went away (SIGHUP): keep logging
 
     t = threading.Thread(target=pump, daemon=True)
     t.start()
     return t
 
 
+# torchrun's --tee prefixes each rank's line with "[<role><local rank>]:"; everything else on its stderr is its
+# own (agent logs, SignalException tracebacks when it is stopped): that goes to RUN/torchrun/torchrun.log only.
+_RANK_LINE = re.compile(rb"^\[[A-Za-z_]*\d+\]:")
+
+
+def _is_rank_line(line: bytes) -> bool:
+    return bool(_RANK_LINE.match(line))
+
+
+def _parent_death_preexec() -> Callable[[], None]:
+    """preexec_fn for torchrun: SIGKILL when ddpdoctor dies (PR_SET_PDEATHSIG); its workers set the same on
+    torchrun (probes/bootstrap.py), so no rank outlives its watcher. Resolved before fork: the child only calls."""
+    import ctypes
+
+    prctl = ctypes.CDLL(None, use_errno=True).prctl
+    parent = os.getpid()
+
+    def preexec() -> None:
+        prctl(1, int(signal.SIGKILL), 0, 0, 0)  # PR_SET_PDEATHSIG
+        if os.getppid() != parent:  # ddpdoctor died before the line above took effect
+            os._exit(1)
+
+    return preexec
+
+
+def _job_id(spec: LaunchSpec, scheduler_env: dict[str, str] | None) -> str | None:
+    """What launchers of one job share (they may share its run directory); None: a single-launcher job."""
+    if scheduler_env is not None:
+        env = os.environ
+        return f"{env.get('SLURM_JOB_ID', '')}.{env.get('SLURM_STEP_ID', '')}@{scheduler_env.get('MASTER_ADDR', env.get('MASTER_ADDR'))}:" \
+               f"{scheduler_env.get('MASTER_PORT', env.get('MASTER_PORT'))}"
+    return spec.job_id
+
+
 def launch(spec: LaunchSpec, watcher: JobWatcher | None = None) -> LaunchResult:
-    """Run the job to the end and return its exit code (the job's, as torchrun reports it)."""
+    """Run the job to the end and return its exit code (the job's, as torchrun reports it).
+
+    SIGINT, SIGTERM, SIGHUP and SIGQUIT to ddpdoctor stop the job (the signal to every process of the job, then
+    SIGKILL after STOP_GRACE_S) and are recorded in the manifest's ``ended``; the caller reports and exits 128+signal."""
     validate(spec)
     in_place_rank: int | None = None  # this process's rank under --launcher none
-    if spec.launcher == "none":
-        scheduler_env = _slurm_env()
-        in_place_rank = int(scheduler_env["RANK"])
-        # Every rank runs this at once: none can tell an old run from its peers', so each clears only its own files.
-        spec.run_dir.ensure_writable(overwrite=True, keep_existing=True)
-        spec.run_dir.clear_rank(in_place_rank)
-    else:
-        spec.run_dir.ensure_writable(spec.overwrite)
-    if in_place_rank in (None, 0) or spec.program is not None:
-        manifest_mod.write_initial(spec)
+    scheduler_env = _slurm_env() if spec.launcher == "none" else None
+    ours = not spec.run_dir.root.exists() or spec.run_dir.is_run_dir()
+    lock = runlock.acquire(spec.run_dir.root, _job_id(spec, scheduler_env))
+    try:
+        if scheduler_env is not None:
+            in_place_rank = int(scheduler_env["RANK"])
+            # Every rank runs this at once: none can tell an old run from its peers', so each clears only its own files.
+            spec.run_dir.ensure_writable(overwrite=True, keep_existing=True)
+            spec.run_dir.clear_rank(in_place_rank)
+        else:
+            spec.run_dir.ensure_writable(spec.overwrite)
+        _make_private(spec.run_dir, root_too=ours)
+        if in_place_rank in (None, 0) or spec.program is not None:
+            manifest_mod.write_initial(spec)
+        return _launch_locked(spec, watcher, in_place_rank, scheduler_env)
+    finally:
+        lock.release()
+
+
+def _launch_locked(spec: LaunchSpec, watcher: JobWatcher | None, in_place_rank: int | None,
+                   scheduler_env: dict[str, str] | None) -> LaunchResult:
     monitor = watcher.start(spec) if watcher is not None else None
     env = _rank_env(spec, monitor)
+    # The monitor's token reaches the ranks through their environment only (docs/trust.md).
+    env.update(getattr(watcher, "rank_env", dict)())
     started = time.time()
     tees: list[threading.Thread] = []
+    console_err = None if spec.quiet else sys.stderr.buffer
     if spec.launcher == "torchrun":
         cmd = _torchrun_command(spec)
         proc = subprocess.Popen(
-            cmd, env=env, start_new_session=True, stdout=sys.stderr if spec.output_to_stderr else None
+            cmd, env=env, start_new_session=True, stdout=sys.stderr if spec.output_to_stderr else None,
+            stderr=subprocess.PIPE, preexec_fn=_parent_death_preexec(),
         )
+        tees = [_tee(proc.stderr, spec.run_dir.torchrun_logs / "torchrun.log", sys.stderr.buffer, _is_rank_line)]
     else:
+        assert scheduler_env is not None
         env.update(scheduler_env)
         rank = int(env["RANK"])
         rdir = spec.run_dir.rank_dir(rank)
-        rdir.mkdir(parents=True, exist_ok=True)
+        rdir.mkdir(mode=0o700, parents=True, exist_ok=True)
         proc = subprocess.Popen(
             [sys.executable, str(spec.program or BOOTSTRAP)], env=env, start_new_session=True,
-            stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+            stdout=subprocess.PIPE, stderr=subprocess.PIPE, preexec_fn=_parent_death_preexec(),
         )
         out = None if spec.quiet else (sys.stderr.buffer if spec.output_to_stderr else sys.stdout.buffer)
-        err = None if spec.quiet else sys.stderr.buffer
-        tees = [_tee(proc.stdout, rdir / "stdout.log", out), _tee(proc.stderr, rdir / "stderr.log", err)]
+        tees = [_tee(proc.stdout, rdir / "stdout.log", out), _tee(proc.stderr, rdir / "stderr.log", console_err)]
     job = RunningJob(spec=spec, proc=proc, started=started)
-
-    def forward(signum: int, frame: Any) -> None:
-        job.kill(f"signal {signal.Signals(signum).name}", signum)
-
-    old = {s: signal.signal(s, forward) for s in (signal.SIGINT, signal.SIGTERM)}
+    stopper = Stopper(job)
+    ended: dict[str, Any] | None = None
     try:
+        stopper.install()
         while proc.poll() is None:
-            if watcher is not None:
+            if watcher is not None and stopper.signum is None:
                 watcher.check(job)
+            stopper.tick()
             time.sleep(0.1)
+    except BaseException as exc:
+        # ddpdoctor itself failed (a bug, or an exception out of a watcher): the job must not run on unwatched.
+        job.kill(f"ddpdoctor error: {type(exc).__name__}", signal.SIGKILL)
+        proc.wait()
+        ended = {"how": "ddpdoctor-error", "error": f"{type(exc).__name__}: {exc}"[:2000]}
+        raise
     finally:
-        for s, h in old.items():
-            signal.signal(s, h)
+        stopper.restore()
         if watcher is not None:
             watcher.stop(job)
+        if ended is not None:
+            _finalize(spec, proc.returncode, started, job, ended)
     for t in tees:
         t.join(timeout=5)
     code = proc.returncode
     if code is not None and code < 0:
         code = 128 - code
+    if stopper.signum is not None:
+        ended = {"how": "signal", "signal": signal.Signals(stopper.signum).name, "signum": stopper.signum,
+                 "exit_code": 128 + stopper.signum}
+    elif job.killed_by == "hang":
+        ended = {"how": "hang", "exit_code": 1}
+    else:
+        ended = {"how": "exited", "exit_code": code}
     if spec.launcher == "torchrun":
         collect_torchrun_logs(spec.run_dir)
+        if code and not spec.run_dir.ranks_present():
+            _echo_torchrun_failure(spec.run_dir)
     elif spec.program is not None:
         pass  # a program of ddpdoctor's own (preflight) merges its ranks' records itself
     elif in_place_rank == 0:
+        assert scheduler_env is not None
         wait_for_ranks(spec.run_dir, int(scheduler_env["WORLD_SIZE"]))
     else:
         return LaunchResult(exit_code=code, run_dir=spec.run_dir, duration_s=time.time() - started,
-                            killed_by=job.killed_by, reports=False)
-    manifest_mod.finalize(spec.run_dir, exit_code=code, duration_s=time.time() - started, killed_by=job.killed_by)
-    return LaunchResult(exit_code=code, run_dir=spec.run_dir, duration_s=time.time() - started, killed_by=job.killed_by)
+                            killed_by=job.killed_by, reports=False, signum=stopper.signum)
+    _finalize(spec, code, started, job, ended)
+    return LaunchResult(exit_code=code, run_dir=spec.run_dir, duration_s=time.time() - started,
+                        killed_by=job.killed_by, signum=stopper.signum)
+
+
+def _finalize(spec: LaunchSpec, code: int | None, started: float, job: RunningJob, ended: dict[str, Any]) -> None:
+    manifest_mod.finalize(spec.run_dir, exit_code=code, duration_s=time.time() - started, killed_by=job.killed_by,
+                          ended=ended)
+
+
+def _make_private(run: RunDir, root_too: bool) -> None:
+    """The run directory's own folders are owner-only (0700): they hold stacks, environments and logs. The root
+    too when ddpdoctor made it (a folder the user pointed --out at keeps its mode; its ddpdoctor parts do not)."""
+    for d in (run.traces, run.root / "ranks", run.scalars, run.torchrun_logs, *((run.root,) if root_too else ())):
+        try:
+            d.mkdir(mode=0o700, parents=True, exist_ok=True)
+            os.chmod(d, 0o700)
+        except OSError:
+            pass
+
+
+def _echo_torchrun_failure(run: RunDir) -> None:
+    """torchrun failed before any rank started (bad flags, rendezvous): its own words are the only explanation."""
+    from ddpdoctor.safe_io import clean_text
+
+    try:
+        text = (run.torchrun_logs / "torchrun.log").read_text(errors="replace")
+    except OSError:
+        return
+    tail = "\n".join(text.strip().splitlines()[-25:])
+    if tail:
+        sys.stderr.write(clean_text(tail) + "\n")
+
+
+STOP_GRACE_S = 10.0  # after the signal, the job's processes have this long to write what they recorded
+STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT)
+
+
+class Stopper:
+    """ddpdoctor's handlers for the signals that stop it: record the first, stop the job as torchrun would be
+    stopped, SIGKILL every process of the job that is left after STOP_GRACE_S or at a second signal."""
+
+    def __init__(self, job: RunningJob) -> None:
+        self.job = job
+        self.signum: int | None = None
+        self.kill_at: float | None = None
+        self._old: dict[int, Any] = {}
+
+    def install(self) -> None:
+        for s in STOP_SIGNALS:
+            self._old[s] = signal.signal(s, self._on_signal)
+
+    def restore(self) -> None:
+        for s, h in self._old.items():
+            signal.signal(s, h)
+        self._old.clear()
+
+    def _on_signal(self, signum: int, frame: Any) -> None:
+        if signum == signal.SIGHUP:
+            _detach_from_terminal()
+        if self.signum is not None:  # a second signal: the user insists
+            self.job.kill(self.job.killed_by or f"signal {signal.Signals(signum).name}", signal.SIGKILL)
+            return
+        self.signum = signum
+        # As torchrun itself would be stopped: it forwards the signal to every worker and waits for them. SIGHUP
+        # and SIGQUIT become SIGTERM, so the ranks unwind and write what they recorded (probes/bootstrap.py).
+        self.job.killed_by = self.job.killed_by or f"signal {signal.Signals(signum).name}"
+        try:
+            os.kill(self.job.proc.pid, signal.SIGINT if signum == signal.SIGINT else signal.SIGTERM)
+        except ProcessLookupError:
+            pass
+        self.kill_at = time.time() + STOP_GRACE_S
+
+    def tick(self) -> None:
+        if self.kill_at is not None and time.time() >= self.kill_at:
+            self.kill_at = None
+            self.job.kill(self.job.killed_by or "stopped", signal.SIGKILL)
+
+
+def _detach_from_terminal() -> None:
+    """After SIGHUP the terminal is gone: writes to it would fail (EIO), so the report goes to /dev/null instead of
+    ending in a traceback. Output redirected to a file or a pipe is kept."""
+    try:
+        null = os.open(os.devnull, os.O_WRONLY)
+    except OSError:
+        return
+    for fd in (1, 2):
+        try:
+            if os.isatty(fd):
+                os.dup2(null, fd)
+        except OSError:
+            pass
+    os.close(null)
 
 
 def wait_for_ranks(run: RunDir, world_size: int, timeout_s: float = 60.0) -> None:

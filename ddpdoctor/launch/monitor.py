@@ -1,29 +1,36 @@
 """The heartbeat monitor (a JobWatcher): receives every rank's heartbeat on 127.0.0.1, detects a hang, diagnoses it.
 
-On a hang it collects each rank's Python stack (py-spy when it can attach, else the heartbeat thread's own dump,
-else the faulthandler signal), the heartbeat state and each rank's Flight Recorder dump, names the culprit
-(ddpdoctor.findings.hang), writes RUN/hang.json and RUN/hang.txt, then kills the job or leaves it."""
+Transport: launch/transport.py (one event loop, a per-job token, bounded sizes). A rank that stops advancing is
+hung only when it is stuck: a laggard outside any collective whose threads keep using CPU or doing I/O, or whose
+Python position keeps moving, is a long stall (reported, watched on) unless the user set --hang-timeout.
+
+On a hang it collects each rank's Python stack (launch/stacks.py), the heartbeat state and each rank's Flight
+Recorder dump, names the culprit (ddpdoctor.findings.hang), writes RUN/hang.json and RUN/hang.txt (owner-only),
+then kills the job or leaves it. It signals only processes of the tree it started (launch/proctree.py).
+
+Plugins (the multi-node job layer, live health) hook in through ``HangMonitor.plugins``: objects with any of
+``on_start(monitor)``, ``on_message(monitor, rank, msg)`` (loop thread), ``on_tick(monitor, now)`` (the launcher's
+poll loop, ~10/s) and ``on_stop(monitor)``; ``snapshot()`` gives every rank's state as plain data and
+``send(rank, msg)`` asks a rank something (its heartbeat thread answers, see probes/heartbeat.py)."""
 
 from __future__ import annotations
 
 import json
-import os
-import shutil
+import secrets
 import signal
-import socket
-import subprocess
-import sys
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
-from pathlib import Path
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 import click
 
 from ddpdoctor.findings.hang import diagnose_hang, position
-from ddpdoctor.rundir.layout import write_json
+from ddpdoctor.launch.proctree import activity, in_tree, signal_own
+from ddpdoctor.launch.stacks import faulthandler_dump, py_spy_dump
+from ddpdoctor.launch.transport import TOKEN_ENV, Listener
+from ddpdoctor.rundir.layout import RunDir, write_json, write_private_text
 
 if TYPE_CHECKING:
     from ddpdoctor.launch.launcher import LaunchSpec, RunningJob
@@ -31,6 +38,9 @@ if TYPE_CHECKING:
 MIN_HANG_TIMEOUT_S = 60.0
 STEP_MULTIPLE = 10.0
 KILL_GRACE_S = 3.0
+MAX_WORLD = 1 << 20
+STUCK_S = 15.0  # a laggard with no CPU, no I/O and no move of its Python position for this long is stuck
+ACTIVITY_EVERY_S = 1.0
 
 
 def auto_hang_timeout(slowest_step_s: float | None) -> float:
@@ -41,13 +51,25 @@ def auto_hang_timeout(slowest_step_s: float | None) -> float:
 @dataclass
 class RankLink:
     rank: int
-    pid: int | None = None
-    stacks_file: str | None = None
+    pid: int | None = None  # as the rank said; acted on only after proctree.in_tree confirms it
     beat: dict[str, Any] | None = None
     exit: dict[str, Any] | None = None
     dump: dict[str, Any] | None = None
-    conn: socket.socket | None = None
-    lock: threading.Lock = field(default_factory=threading.Lock)
+    last_seen: float | None = None
+    heartbeat_tid: int | None = None  # the heartbeat thread's own CPU and I/O do not count as the rank's
+    active_at: float | None = None  # last time its CPU, I/O or Python position changed
+    activity: tuple[int, int] | None = None
+
+
+def expected_world(spec: LaunchSpec) -> int | None:
+    """The world size this launch starts (None when torchrun decides: gpu/auto, elastic MIN:MAX)."""
+    if spec.launcher == "none":
+        from ddpdoctor.probes.config import rank_from_env
+
+        return rank_from_env()[1]
+    nproc = str(spec.torchrun.get("--nproc-per-node") or "1")
+    nnodes = str(spec.torchrun.get("--nnodes") or "1")
+    return int(nproc) * int(nnodes) if nproc.isdigit() and nnodes.isdigit() else None
 
 
 class HangMonitor:
@@ -60,63 +82,104 @@ class HangMonitor:
         self.links: dict[int, RankLink] = {}
         self.world_size: int | None = None
         self.hang: dict[str, Any] | None = None
-        self.run_root: Path | None = None
-        self._server: socket.socket | None = None
+        self.run_root: Any = None
+        self.run_dir: RunDir | None = None
+        self.token = secrets.token_hex(32)  # handed to the ranks in their environment only (rank_env)
+        self.plugins: list[Any] = []
+        self.stalls: dict[tuple[int, int], dict[str, Any]] = {}  # (rank, step) -> long-stall record
+        self.plugin_errors = 0
+        self.root_pid: int | None = None  # the process ddpdoctor started (torchrun, or the rank itself)
+        self.listener: Listener | None = None
+        self._expected_world: int | None = None
         self._lock = threading.Lock()
         self._kill_at: float | None = None
-        self._stopped = threading.Event()
-        self.live: Any = None  # ddpdoctor.live.watch.LiveWatch (h18): live health, captures; set by the command
+        self._activity_at = 0.0
 
     # -- JobWatcher ----------------------------------------------------------------------------------
     def start(self, spec: LaunchSpec) -> str | None:
         self.run_root = spec.run_dir.root
+        self.run_dir = spec.run_dir
+        self._expected_world = expected_world(spec)
         # A reused run directory must not show the last run's hang or rank statuses as this run's.
         for old in ("hang.json", "hang.txt", "heartbeats.json"):
             (self.run_root / old).unlink(missing_ok=True)
         for rank in spec.run_dir.ranks_present():
             for old in ("status.json", "stacks.txt"):
                 spec.run_dir.rank_file(rank, old).unlink(missing_ok=True)
-        srv = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-        srv.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        srv.bind(("127.0.0.1", 0))  # loopback only: heartbeats carry stacks and paths
-        srv.listen(256)
-        self._server = srv
-        threading.Thread(target=self._accept, name="ddpdoctor-monitor", daemon=True).start()
-        if self.live is not None:
-            self.live.start(self, self.run_root)
-        return f"127.0.0.1:{srv.getsockname()[1]}"
+        self.listener = Listener(self.token, self._on_hello, self._on_message, self._on_close,
+                                 max_ranks=min(self._expected_world or 4096, 4096))
+        host, port = self.listener.start()
+        self._call("on_start", self)
+        return f"{host}:{port}"
+
+    def rank_env(self) -> dict[str, str]:
+        """What the launcher adds to the ranks' environment (never to a command line or a file)."""
+        return {TOKEN_ENV: self.token}
 
     def check(self, job: RunningJob) -> None:
         now = time.time()
-        if self.live is not None:
-            self.live.check(now)
+        self.root_pid = job.proc.pid
+        self._call("on_tick", self, now)
         if self.hang is not None:
             if self._kill_at is not None and now >= self._kill_at:
                 self._kill_at = None
                 self._kill_all(job, signal.SIGKILL)
             return
+        if now - self._activity_at >= ACTIVITY_EVERY_S:
+            self._activity_at = now
+            self._sample_activity(now)
         stalled = self.stalled_ranks(now, job.started)
-        if stalled:
+        if not stalled:
+            return
+        busy = [] if self.hang_timeout is not None else self.busy_laggards(stalled, now)
+        if busy:
+            self._note_stalls(busy, now)
+        else:
             self._on_hang(job, stalled, now)
 
     def stop(self, job: RunningJob) -> None:
-        self._stopped.set()
-        if self._server is not None:
-            self._server.close()
-        if self.live is not None:
-            self.live.stop()
+        self._call("on_stop", self)
+        if self.listener is not None:
+            self.listener.close()
         if self.run_root is not None:
             beats = {str(r): {"beat": lk.beat, "exit": lk.exit} for r, lk in sorted(self.links.items())}
+            monitor = {"rejected": dict(self.listener.rejected) if self.listener else {},
+                       "plugin_errors": self.plugin_errors, "stalls": list(self.stalls.values())}
             try:
-                write_json(self.run_root / "heartbeats.json", {"world_size": self.world_size, "ranks": beats})
+                write_json(self.run_root / "heartbeats.json",
+                           {"world_size": self.world_size, "ranks": beats, "monitor": monitor})
             except OSError:
                 pass
+
+    # -- plugin API ----------------------------------------------------------------------------------
+    def snapshot(self) -> dict[int, dict[str, Any]]:
+        """Every rank's state as plain data: beat (step, phase, collective, call site ...), exit, connection."""
+        with self._lock:
+            links = dict(self.links)
+        return {r: {"rank": r, "beat": lk.beat, "exit": lk.exit, "last_seen": lk.last_seen, "active_at": lk.active_at,
+                    "connected": bool(self.listener and self.listener.connected(r))} for r, lk in links.items()}
+
+    def send(self, rank: int, msg: dict[str, Any]) -> bool:
+        """Send one request to ``rank`` (its heartbeat thread answers with a message of the same type)."""
+        if self.listener is None:
+            return False
+        return self.listener.send(rank, json.dumps(msg, default=str).encode())
+
+    def _call(self, hook: str, *args: Any) -> None:
+        for plugin in self.plugins:
+            fn: Callable[..., Any] | None = getattr(plugin, hook, None)
+            if fn is None:
+                continue
+            try:
+                fn(*args)
+            except Exception:  # noqa: BLE001 - a plugin never stops the watch
+                self.plugin_errors += 1
 
     # -- detection -----------------------------------------------------------------------------------
     def effective_hang_timeout(self) -> float:
         if self.hang_timeout is not None:
             return self.hang_timeout
-        slowest = max((lk.beat or {}).get("max_step_s") or 0.0 for lk in self.links.values()) if self.links else 0.0
+        slowest = max(_num((lk.beat or {}).get("max_step_s")) for lk in self.links.values()) if self.links else 0.0
         return auto_hang_timeout(slowest)
 
     def stalled_ranks(self, now: float, job_started: float) -> list[int]:
@@ -133,17 +196,107 @@ class HangMonitor:
         for r, lk in live.items():
             beat = lk.beat or {}
             step = beat.get("step", 0)
-            since = job_started if not step else beat.get("step_started", now)
+            since = job_started if not step else _num(beat.get("step_started"), now)
             if now - since > (self.startup_timeout if not step else timeout):
                 stalled.append(r)
         return sorted(stalled)
+
+    def busy_laggards(self, stalled: list[int], now: float) -> list[int]:
+        """Stalled ranks outside any collective that are still doing something (CPU, I/O, a moving stack)."""
+        with self._lock:
+            links = dict(self.links)
+        out = []
+        for r in stalled:
+            lk = links.get(r)
+            if lk is None or position(r, lk.beat, lk.exit).state != "outside-collective":
+                continue
+            if lk.active_at is not None and now - lk.active_at < STUCK_S:
+                out.append(r)
+        return out
+
+    def _sample_activity(self, now: float) -> None:
+        with self._lock:
+            links = [lk for lk in self.links.values() if lk.exit is None and lk.pid]
+        for lk in links:
+            if not in_tree(lk.pid, self.root_pid):
+                continue
+            skip = frozenset({lk.heartbeat_tid} if lk.heartbeat_tid else ())
+            sample = activity(lk.pid, skip)  # type: ignore[arg-type]  # filtered on lk.pid above
+            if sample is not None and sample != lk.activity:
+                if lk.activity is not None:
+                    lk.active_at = now
+                lk.activity = sample
+
+    def _note_stalls(self, ranks: list[int], now: float) -> None:
+        for r in ranks:
+            lk = self.links[r]
+            beat = lk.beat or {}
+            step = int(_num(beat.get("step")))
+            key = (r, step)
+            since = _num(beat.get("step_started"), now) if step else now
+            if key not in self.stalls:
+                self.stalls[key] = {"rank": r, "step": step, "phase": beat.get("phase"), "call_site": beat.get("where"),
+                                    "since": since, "stack": None}
+                click.echo(f"ddpdoctor: rank {r} has been busy outside any collective for {now - since:.0f} s "
+                           f"(step {step}, at {beat.get('where')}); still working, not a hang: watching on", err=True)
+                self.send(r, {"type": "dump"})
+            self.stalls[key]["stalled_s"] = round(now - since, 1)
+
+    # -- messages (on the listener's thread) ----------------------------------------------------------
+    def _on_hello(self, msg: dict[str, Any]) -> tuple[int | None, str | None]:
+        rank, world, pid = msg.get("rank"), msg.get("world_size"), msg.get("pid")
+        if not all(isinstance(v, int) and not isinstance(v, bool) for v in (rank, world, pid)):
+            return None, "bad-hello"
+        assert isinstance(rank, int) and isinstance(world, int) and isinstance(pid, int)
+        expected = self._expected_world or self.world_size
+        if not 0 < world <= MAX_WORLD or (expected is not None and world != expected):
+            return None, "bad-world-size"
+        if not 0 <= rank < world or pid <= 1:
+            return None, "bad-rank"
+        tid = msg.get("tid")
+        with self._lock:
+            self.world_size = world
+            link = self.links.setdefault(rank, RankLink(rank))
+            link.pid, link.last_seen = pid, time.time()
+            link.heartbeat_tid = tid if isinstance(tid, int) else link.heartbeat_tid
+        return rank, None
+
+    def _on_message(self, rank: int, msg: dict[str, Any]) -> None:
+        link = self.links[rank]
+        link.last_seen = time.time()
+        kind = msg.get("type")
+        if kind == "beat":
+            if link.beat is None or link.beat.get("where") != msg.get("where"):
+                link.active_at = link.last_seen  # its Python position moved
+            if isinstance(msg.get("tid"), int):
+                link.heartbeat_tid = msg["tid"]
+            link.beat = msg
+        elif kind == "enter":
+            link.beat = dict(link.beat or {"rank": rank, "step": 0}, collective=msg.get("collective"))
+        elif kind == "dump":
+            link.dump = msg
+            for stall in self.stalls.values():
+                if stall["rank"] == rank and stall["stack"] is None and isinstance(msg.get("stacks"), str):
+                    stall["stack"] = msg["stacks"]
+        elif kind == "exit":
+            link.exit = msg.get("status") if isinstance(msg.get("status"), dict) else {}
+        self._call("on_message", self, rank, msg)
+
+    def _on_close(self, rank: int) -> None:
+        link = self.links.get(rank)
+        if link is None or link.exit is not None:
+            return
+        # The connection closed without an exit message: the process died (signal, OOM killer).
+        if self.root_pid is not None and not in_tree(link.pid, self.root_pid):
+            link.exit = {"exit_code": None, "exception": "died without a status (signal or OOM killer?)"}
 
     # -- diagnosis -----------------------------------------------------------------------------------
     def _on_hang(self, job: RunningJob, stalled: list[int], now: float) -> None:
         timeout = self.effective_hang_timeout()
         with self._lock:
             links = dict(self.links)
-        started = [(lk.beat or {}).get("step_started") for r, lk in links.items() if r in stalled and (lk.beat or {}).get("step")]
+        started = [_num((lk.beat or {}).get("step_started")) for r, lk in links.items()
+                   if r in stalled and (lk.beat or {}).get("step")]
         last_progress = max([s for s in started if s] or [job.started])
         stacks, dumps = self.collect(links)
         ranks = range(self.world_size) if self.world_size else sorted(links)
@@ -153,6 +306,7 @@ class HangMonitor:
         self.hang = {
             "detected_after_s": round(now - last_progress, 2),
             "hang_timeout_s": timeout,
+            "hang_timeout_set": self.hang_timeout is not None,
             "startup_timeout_s": self.startup_timeout,
             "in_startup": all(not (lk.beat or {}).get("step") for lk in links.values()),
             "on_hang": self.on_hang,
@@ -165,156 +319,52 @@ class HangMonitor:
         self.hang["reported_after_s"] = round(time.time() - last_progress, 2)
         if self.run_root is not None:
             write_json(self.run_root / "hang.json", self.hang)
-            (self.run_root / "hang.txt").write_text(hang_text(self.hang))
+            write_private_text(self.run_root / "hang.txt", hang_text(self.hang))
         click.echo(f"ddpdoctor: hang detected ({diagnosis.reason}); report in {self.run_root}/hang.txt", err=True)
         if self.on_hang == "kill":
             self._kill_all(job, signal.SIGTERM)
             self._kill_at = time.time() + KILL_GRACE_S
 
     def collect(self, links: dict[int, RankLink]) -> tuple[dict[int, str | None], dict[int, Any]]:
-        """Every live rank's stack (py-spy, else heartbeat dump, else faulthandler) and Flight Recorder dump."""
+        """Every live rank's stack (py-spy, else its heartbeat dump, else faulthandler) and Flight Recorder dump."""
         live = {r: lk for r, lk in links.items() if lk.exit is None}
-        for lk in live.values():
+        asked = set()
+        for r, lk in live.items():
             lk.dump = None
-            self._request(lk, "dump")
+            if self.send(r, {"type": "dump"}):
+                asked.add(r)
+        own = {r: lk.pid for r, lk in live.items() if in_tree(lk.pid, self.root_pid)}
         spy: dict[int, str | None] = {}  # None: py-spy missing or could not attach
-        threads = [threading.Thread(target=lambda r=r, lk=lk: spy.__setitem__(r, py_spy_dump(lk.pid)))
-                   for r, lk in live.items() if lk.pid]
+        threads = [threading.Thread(target=lambda r=r, pid=pid: spy.__setitem__(r, py_spy_dump(pid)))
+                   for r, pid in own.items()]
         for t in threads:
             t.start()
         for t in threads:
             t.join(timeout=10)
         deadline = time.time() + 5
-        while time.time() < deadline and any(lk.dump is None for lk in live.values() if lk.conn is not None):
+        while time.time() < deadline and any(live[r].dump is None for r in asked):
             time.sleep(0.05)
         stacks: dict[int, str | None] = {}  # None: every way failed; hang_text says so
         dumps: dict[int, Any] = {}
         for r, lk in live.items():
             dump = lk.dump or {}
             dumps[r] = dump.get("flight_recorder")
-            stacks[r] = spy.get(r) or dump.get("stacks") or faulthandler_dump(lk.pid, lk.stacks_file)
+            text = dump.get("stacks") if isinstance(dump.get("stacks"), str) else None
+            if not (spy.get(r) or text) and self.run_dir is not None:
+                text = faulthandler_dump(own.get(r), self.root_pid, self.run_dir.rank_file(r, "stacks.txt"))
+            stacks[r] = spy.get(r) or text
         return stacks, dumps
 
     def _kill_all(self, job: RunningJob, sig: int) -> None:
         job.kill("hang", sig)
         for lk in self.links.values():
-            if lk.pid and lk.exit is None:
-                try:
-                    os.kill(lk.pid, sig)
-                except (ProcessLookupError, PermissionError):
-                    pass
-
-    # -- transport -----------------------------------------------------------------------------------
-    def _accept(self) -> None:
-        assert self._server is not None
-        while not self._stopped.is_set():
-            try:
-                conn, _ = self._server.accept()
-            except OSError:
-                return
-            threading.Thread(target=self._serve, args=(conn,), daemon=True).start()
-
-    def _serve(self, conn: socket.socket) -> None:
-        link: RankLink | None = None
-        buf = b""
-        with conn:
-            while True:
-                try:
-                    data = conn.recv(1 << 16)
-                except OSError:
-                    break
-                if not data:
-                    break
-                buf += data
-                while b"\n" in buf:
-                    line, buf = buf.split(b"\n", 1)
-                    try:
-                        msg = json.loads(line)
-                    except ValueError:
-                        continue
-                    link = self._handle(msg, conn, link)
-        if link is not None and link.exit is None:
-            link.conn = None
-            # The connection closed without an exit message: the process died (signal, OOM killer).
-            if link.pid and not _alive(link.pid):
-                link.exit = {"exit_code": None, "exception": "died without a status (signal or OOM killer?)"}
-
-    def _handle(self, msg: dict[str, Any], conn: socket.socket, link: RankLink | None) -> RankLink | None:
-        kind = msg.get("type")
-        if kind == "hello":
-            with self._lock:
-                link = self.links.setdefault(int(msg["rank"]), RankLink(int(msg["rank"])))
-                link.pid, link.stacks_file, link.conn = msg.get("pid"), msg.get("stacks_file"), conn
-                if msg.get("world_size"):
-                    self.world_size = int(msg["world_size"])
-        elif link is None:
-            return None
-        elif kind == "beat":
-            if self.live is not None:
-                self.live.message(link.rank, msg)  # takes the beat's iteration records out of it
-            link.beat = msg
-        elif kind == "enter":
-            link.beat = dict(link.beat or {"rank": link.rank, "step": 0}, collective=msg.get("collective"))
-        elif kind == "dump":
-            link.dump = msg
-        elif kind == "exit":
-            link.exit = msg.get("status") or {}
-        elif kind == "capture" and self.live is not None:
-            self.live.message(link.rank, msg)
-        return link
-
-    @staticmethod
-    def _request(link: RankLink, what: str) -> None:
-        if link.conn is None:
-            return
-        try:
-            with link.lock:
-                link.conn.sendall(what.encode() + b"\n")
-        except OSError:
-            link.conn = None
+            if lk.exit is None:
+                signal_own(lk.pid, self.root_pid, sig)
 
 
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-        return True
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-
-
-def py_spy_dump(pid: int | None, timeout: float = 8.0) -> str | None:
-    """`py-spy dump --pid PID`, or None when py-spy is missing or cannot attach (no ptrace)."""
-    exe = shutil.which("py-spy") or str(Path(sys.executable).with_name("py-spy"))
-    if not pid or not Path(exe).exists():
-        return None
-    try:
-        out = subprocess.run([exe, "dump", "--pid", str(pid)], capture_output=True, text=True, timeout=timeout)
-    except (OSError, subprocess.TimeoutExpired):
-        return None
-    return out.stdout if out.returncode == 0 and out.stdout.strip() else None
-
-
-def faulthandler_dump(pid: int | None, stacks_file: str | None, wait_s: float = 1.5) -> str | None:
-    """Ask the rank's faulthandler (registered by the heartbeat probe) to write all its threads' stacks."""
-    if not pid or not stacks_file:
-        return None
-    try:
-        os.kill(pid, signal.SIGUSR2)
-    except (ProcessLookupError, PermissionError):
-        return None
-    deadline = time.time() + wait_s
-    path = Path(stacks_file)
-    while time.time() < deadline:
-        try:
-            text = path.read_text()
-        except OSError:
-            text = ""
-        if text.strip():
-            return text
-        time.sleep(0.1)
-    return None
+def _num(value: Any, default: float = 0.0) -> float:
+    """A number from a rank's message, or ``default`` for anything else (a message never crashes the monitor)."""
+    return float(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else default
 
 
 def hang_text(hang: dict[str, Any]) -> str:
@@ -357,5 +407,6 @@ def watch_options(fn: Callable[..., Any]) -> Callable[..., Any]:
     fn = click.option("--startup-timeout", type=float, default=600.0, show_default=True,
                       help="Seconds allowed for start-up and the first step before it counts as a hang.")(fn)
     fn = click.option("--hang-timeout", type=float, default=None,
-                      help="Seconds without a step before a rank is hung [default: max(60, 10x slowest step)].")(fn)
+                      help="Seconds without a step before a rank is hung [default: max(60, 10x slowest step); "
+                           "a rank still busy (CPU, I/O) is then a long stall, not a hang].")(fn)
     return fn

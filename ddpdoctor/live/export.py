@@ -9,7 +9,6 @@ from ddpdoctor.errors import BadInput
 
 if TYPE_CHECKING:
     from ddpdoctor.live.health import LiveHealth
-    from ddpdoctor.live.watch import LiveWatch
 
 MAX_RANK_SERIES = 64  # per-rank TensorBoard tags beyond this many ranks would drown the job-level ones
 
@@ -21,14 +20,6 @@ def parse_addr(addr: str) -> tuple[str, int]:
     if not sep or not host or not port.isdigit() or not 0 <= int(port) <= 65535:
         raise BadInput(f"--metrics-addr must be HOST:PORT (e.g. 127.0.0.1:9464), not {addr!r}")
     return host, int(port)
-
-
-def start_exporters(watch: LiveWatch, metrics_addr: str | None) -> list[Any]:
-    assert watch.root is not None
-    out: list[Any] = [TensorBoardExporter(watch.root / "scalars" / "live")]
-    if metrics_addr:
-        out.append(PrometheusExporter(*parse_addr(metrics_addr)))
-    return out
 
 
 class TensorBoardExporter:

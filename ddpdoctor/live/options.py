@@ -22,13 +22,10 @@ def live_options(fn: Callable[..., Any]) -> Callable[..., Any]:
 
 def pop_live(kwargs: dict[str, Any]) -> Any:
     """The LiveWatch of the options `live_options` added to ``kwargs`` (BadInput for values that cannot work)."""
-    from ddpdoctor.live.export import parse_addr
     from ddpdoctor.live.watch import LiveWatch
 
     addr = kwargs.pop("metrics_addr")
     every = kwargs.pop("capture_on_slowdown")
-    if addr is not None:
-        parse_addr(addr)
     if every is not None and not every >= 0:
         raise BadInput(f"--capture-on-slowdown must be a number of seconds >= 0, not {every}")
     return LiveWatch(capture_on_slowdown_s=every, metrics_addr=addr)

@@ -1,6 +1,6 @@
 """The monitor's live-watch plugin: feeds LiveHealth, prints alerts, relays capture requests to the ranks.
 
-The monitor calls four hooks (start, message, check, stop). Capture requests arrive as files in the run
+A HangMonitor plugin (launch/monitor.py): on_start, on_message, on_tick, on_stop. Capture requests arrive as files in the run
 directory's private control folder (RUN/live/control, mode 0700, created here by the job's owner): only the owner
 (or root) can put a file there, and a request is acted on only when its file belongs to the monitor's own user.
 The request names a capture kind and a step count, never a path or a process: windows go to RUN/captures/<id>."""
@@ -53,25 +53,31 @@ class LiveWatch:
         self.health: LiveHealth | None = None
         self.root: Path | None = None
         self.exporters: list[Any] = []
+        if metrics_addr:
+            from ddpdoctor.live.export import PrometheusExporter, parse_addr
+
+            # Bound before the launch, so an address that cannot work is bad input (exit 2), not a silent plugin error.
+            self.exporters.append(PrometheusExporter(*parse_addr(metrics_addr)))
         self._next_poll = 0.0
         self._last_auto: float | None = None
         self._monitor: HangMonitor | None = None
 
-    # -- hooks ---------------------------------------------------------------------------------------
-    def start(self, monitor: HangMonitor, run_root: Path) -> None:
+    # -- monitor plugin hooks ------------------------------------------------------------------------
+    def on_start(self, monitor: HangMonitor) -> None:
         self._monitor = monitor
+        run_root = Path(monitor.run_root)
         self.root = run_root
         self.health = LiveHealth(run_root, config=self.config, on_alert=self._on_alert)
         ctl = control_dir(run_root)
         shutil.rmtree(ctl, ignore_errors=True)
         ctl.mkdir(parents=True, mode=0o700)
         os.chmod(ctl, 0o700)  # mkdir's mode is masked by the umask
-        from ddpdoctor.live.export import start_exporters
+        from ddpdoctor.live.export import TensorBoardExporter
 
-        self.exporters = start_exporters(self, self.metrics_addr)
+        self.exporters.append(TensorBoardExporter(run_root / "scalars" / "live"))
 
-    def message(self, rank: int, msg: dict[str, Any]) -> None:
-        """Every message from a rank (connection threads)."""
+    def on_message(self, monitor: HangMonitor, rank: int, msg: dict[str, Any]) -> None:
+        """Every authenticated message from a rank (the monitor's loop thread): keep it fast."""
         if self.health is None:
             return
         kind = msg.get("type")
@@ -81,7 +87,7 @@ class LiveWatch:
             if CAPTURE_ID.match(msg["id"]):
                 _append_reply(captures_dir(self.root) / msg["id"] / "replies.jsonl", rank, msg)
 
-    def check(self, now: float) -> None:
+    def on_tick(self, monitor: HangMonitor, now: float) -> None:
         """The monitor's poll loop (every ~0.1 s): rules when due, control folder every 0.5 s."""
         if self.health is None or self._monitor is None:
             return
@@ -94,7 +100,7 @@ class LiveWatch:
             for req in self._take_requests():
                 self._dispatch(req)
 
-    def stop(self) -> None:
+    def on_stop(self, monitor: HangMonitor) -> None:
         if self.health is None:
             return
         self.health.finish()
@@ -155,8 +161,7 @@ class LiveWatch:
             return
         out.mkdir(parents=True, mode=0o700)
         monitor = self._monitor
-        with monitor._lock:
-            links = {r: lk for r, lk in monitor.links.items() if lk.exit is None and lk.conn is not None}
+        links = {r: st for r, st in monitor.snapshot().items() if st["exit"] is None and st["connected"]}
         state = {"id": cid, "what": what, "steps": steps, "requested": time.time(), "ranks": sorted(links),
                  "world_size": monitor.world_size, "reason": req.get("reason", "ddpdoctor capture")}
         if what == "profile":
@@ -171,13 +176,12 @@ class LiveWatch:
             # Every rank starts on the same iteration (cross-rank analysis pairs their collectives): a little
             # ahead of the furthest rank by the iterations of about 0.5 s, at least 2: the relay takes one send
             # and the heartbeat thread's next select (0.2 s); beats may be up to 1 s old, hence the margin.
-            at = max(((lk.beat or {}).get("step") or 0) for lk in links.values()) if links else 0
+            at = max(((st["beat"] or {}).get("step") or 0) for st in links.values()) if links else 0
             rate = (self.health.last_snapshot or {}).get("steps_per_s") if self.health else None
             at += max(2, int(1.5 * rate) + 1 if isinstance(rate, (int, float)) else 2)
             state["at_step"] = at
-            line = "capture " + json.dumps({"id": cid, "what": "profile", "steps": steps, "at_step": at})
-            for lk in links.values():
-                monitor._request(lk, line)
+            for r in links:
+                monitor.send(r, {"type": "capture", "id": cid, "what": "profile", "steps": steps, "at_step": at})
             write_json(out / "capture.json", state)
         else:
             write_json(out / "capture.json", state)
@@ -187,8 +191,10 @@ class LiveWatch:
         from ddpdoctor.live.stacks import group_stacks, stacks_text
 
         assert self._monitor is not None
-        stacks, _ = self._monitor.collect(links)
-        positions = {r: (lk.beat or {}) for r, lk in links.items()}
+        with self._monitor._lock:
+            rank_links = {r: lk for r, lk in self._monitor.links.items() if r in links}
+        stacks, _ = self._monitor.collect(rank_links)
+        positions = {r: (st["beat"] or {}) for r, st in links.items()}
         groups = group_stacks(stacks, positions)
         fd = os.open(out / "stacks.txt", os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
         with os.fdopen(fd, "w") as f:

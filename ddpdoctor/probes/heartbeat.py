@@ -1,8 +1,11 @@
 """In-rank heartbeat: where this rank is (step, phase, the collective it is in) sent ~1/s to the launcher's monitor.
 
-Transport is one TCP connection to the monitor on loopback (no shared filesystem). The monitor may send a
-request line back ("dump"); the heartbeat thread answers with every thread's Python stack and the Flight
-Recorder dump, which works while the main thread waits inside a collective (c10d releases the GIL there).
+Transport is one TCP connection to the monitor on loopback (no shared filesystem), opened with a ``hello`` that
+carries the job's token (from the environment, launch/transport.py). The monitor may send a request back, one
+JSON line ``{"type": T, ...}``; the heartbeat thread answers with the handler registered for T in
+REQUEST_HANDLERS ("dump": every thread's Python stack and the Flight Recorder dump, which works while the main
+thread waits inside a collective: c10d releases the GIL there). Other packages add request types with
+``register_request``.
 A faulthandler signal (SIGUSR2: all threads' stacks into RUN/ranks/rankR/stacks.txt) is the fallback when
 the thread cannot run."""
 
@@ -19,6 +22,7 @@ import sys
 import threading
 import time
 import traceback
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -35,6 +39,15 @@ COLLECTIVES = (
     "scatter_object_list",
 )
 DUMP_SIGNAL = signal.SIGUSR2
+TOKEN_ENV = "DDPDOCTOR_MONITOR_TOKEN"  # launch/transport.py's; not imported: a rank loads no launcher code
+REQUEST_MAX = 1 << 20  # bytes of one request line from the monitor
+RequestHandler = Callable[["HeartbeatProbe", dict[str, Any]], "dict[str, Any] | None"]
+REQUEST_HANDLERS: dict[str, RequestHandler] = {}
+
+
+def register_request(kind: str, handler: RequestHandler) -> None:
+    """Answer the monitor's requests of type ``kind`` with ``handler(probe, request)`` (a dict to send, or None)."""
+    REQUEST_HANDLERS[kind] = handler
 TICK_S = 0.2
 _TORCH_DIR = os.path.dirname(torch.__file__) + os.sep
 _OUR_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__))) + os.sep
@@ -124,6 +137,8 @@ class HeartbeatProbe:
         self._stacks_fh: Any = None
         self._buf = b""
         self._send_lock = threading.Lock()
+        # The job's secret: kept here and taken out of the environment, so the user's subprocesses do not inherit it.
+        self._token = os.environ.pop(TOKEN_ENV, "")
 
     # -- install / finish ----------------------------------------------------------------------------
     def install(self) -> None:
@@ -133,7 +148,8 @@ class HeartbeatProbe:
         self._wrap_backward()
         try:
             self.stacks_file.parent.mkdir(parents=True, exist_ok=True)
-            self._stacks_fh = self.stacks_file.open("w")
+            fd = os.open(self.stacks_file, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)  # stacks are private
+            self._stacks_fh = os.fdopen(fd, "w")
             faulthandler.register(DUMP_SIGNAL, file=self._stacks_fh, all_threads=True, chain=False)
         except (OSError, ValueError, RuntimeError):
             self._stacks_fh = None
@@ -204,7 +220,7 @@ class HeartbeatProbe:
                 probe.last_collective = state
                 return fn(*args, **kwargs)
             probe.collective = state
-            probe.tracker.collective_started()
+            probe.tracker.collective_started()  # its time counts as "collective" in the live phase shares (h18)
             # Told at once (one small send): gloo aborts the process within milliseconds of a mismatch,
             # before the next beat; the monitor then still knows which collective this rank was in.
             probe._send_raw(_enter_line(state))
@@ -265,7 +281,7 @@ class HeartbeatProbe:
             "phase": t.phase, "step_started": t.step_started, "last_step_s": t.step_times[-1] if t.step_times else None,
             "max_step_s": max(t.step_times[1:], default=None) if len(t.step_times) > 1 else None,
             "collective": self.collective, "last_collective": self.last_collective,
-            "where": main_thread_site(),
+            "where": main_thread_site(), "tid": threading.get_native_id(),
             "steps": live.recent_steps(t),  # per-iteration times and phases, for the live health watch (h18)
         }
         if self.backward_since is not None:
@@ -297,8 +313,8 @@ class HeartbeatProbe:
             sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
             sock.settimeout(2.0)
             self._sock = sock
-            self._send({"type": "hello", "rank": self.rank, "pid": os.getpid(), "world_size": self.world_size,
-                        "stacks_file": str(self.stacks_file)})
+            self._send({"type": "hello", "token": self._token, "rank": self.rank, "pid": os.getpid(),
+                        "world_size": self.world_size})
         except OSError:
             self._sock = None
 
@@ -362,7 +378,26 @@ class HeartbeatProbe:
         self._buf += data
         while b"\n" in self._buf:
             line, self._buf = self._buf.split(b"\n", 1)
-            if line.strip() == b"dump":
-                self._send(self.dump())
-            elif line.startswith(b"capture "):  # an on-demand capture relayed by the monitor (h18)
-                self._send(live.on_capture_request(self, line[8:]))
+            self._answer(line)
+        if len(self._buf) > REQUEST_MAX:
+            self._buf = b""
+
+    def _answer(self, line: bytes) -> None:
+        try:
+            request = json.loads(line)
+        except ValueError:
+            return
+        if not isinstance(request, dict):
+            return
+        handler = REQUEST_HANDLERS.get(str(request.get("type")))
+        if handler is None:
+            return
+        try:
+            reply = handler(self, request)
+        except Exception as exc:  # noqa: BLE001 - a request never breaks the rank
+            reply = {"type": request.get("type"), "error": repr(exc)[:2000]}
+        if reply is not None:
+            self._send(reply)
+
+
+REQUEST_HANDLERS["dump"] = lambda probe, request: probe.dump()

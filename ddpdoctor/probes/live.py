@@ -8,7 +8,6 @@ boundaries (a tracker listener), so the user's job sees them only as the profile
 from __future__ import annotations
 
 import functools
-import json
 import shutil
 import threading
 from pathlib import Path
@@ -19,7 +18,6 @@ import torch
 from ddpdoctor.live.protocol import CAPTURE_ID, MAX_PROFILE_STEPS
 from ddpdoctor.probes.config import Schedule
 from ddpdoctor.rundir.layout import write_json
-
 
 _state: dict[str, Any] = {}  # run_dir, rank, world_size, tracker, options
 
@@ -34,6 +32,9 @@ def install(run_dir: Path, rank: int, world_size: int, tracker: Any, options: di
     _state.update(run_dir=run_dir, rank=rank, world_size=world_size, tracker=tracker, options=options,
                   pending=None, window=None, lock=threading.Lock())
     tracker.add_listener(_on_step)
+    from ddpdoctor.probes.heartbeat import register_request
+
+    register_request("capture", on_capture_request)
     orig = torch.save
 
     @functools.wraps(orig)
@@ -53,11 +54,10 @@ def window_dir(run_dir: Path, capture_id: str) -> Path:
     return run_dir / "captures" / capture_id
 
 
-def on_capture_request(probe: Any, payload: bytes) -> dict[str, Any]:
+def on_capture_request(probe: Any, req: dict[str, Any]) -> dict[str, Any]:
     """Accept a capture request (from the heartbeat thread); the main thread starts it at the next step end."""
     rank = _state.get("rank", getattr(probe, "rank", -1))
     try:
-        req = json.loads(payload)
         cid, what, steps = str(req["id"]), str(req["what"]), int(req.get("steps") or 0)
         at_step = int(req.get("at_step") or 0)
     except (ValueError, KeyError, TypeError):

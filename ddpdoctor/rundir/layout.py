@@ -107,10 +107,18 @@ class RunDir:
 
 
 def write_json(path: Path, data: Any) -> None:
-    """Write JSON atomically (a rank killed mid-write leaves the old file, never half a file)."""
-    path.parent.mkdir(parents=True, exist_ok=True)
+    """Write JSON atomically (a rank killed mid-write leaves the old file, never half a file), owner-only."""
+    write_private_text(path, json.dumps(data, indent=1, default=str))
+
+
+def write_private_text(path: Path, text: str) -> None:
+    """Write ``text`` atomically into a file only its owner can read (0600: run-directory files hold stacks,
+    environments and logs; docs/trust.md)."""
+    path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
     tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    tmp.write_text(json.dumps(data, indent=1, default=str))
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(fd, "w") as f:
+        f.write(text)
     os.replace(tmp, path)
 
 

@@ -34,6 +34,9 @@ def write_initial(spec: LaunchSpec) -> None:
         "options": spec.options,
         "started_at": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
         "finished": False,
+        # How the run ended; "running" until the launcher says otherwise. A manifest still "running" whose run
+        # directory is not locked (launch/runlock.py) belongs to a ddpdoctor that was killed (SIGKILL) or crashed.
+        "ended": {"how": "running"},
     }
     write_json(spec.run_dir.manifest, data)
 
@@ -45,7 +48,8 @@ def _read_optional(path: Any) -> dict[str, Any] | None:
         return None
 
 
-def finalize(run: RunDir, exit_code: int | None, duration_s: float, killed_by: str | None) -> dict[str, Any]:
+def finalize(run: RunDir, exit_code: int | None, duration_s: float, killed_by: str | None,
+             ended: dict[str, Any] | None = None) -> dict[str, Any]:
     """Merge every rank's info.json and status.json into the manifest."""
     data = load(run)
     ranks: list[dict[str, Any]] = []
@@ -74,6 +78,7 @@ def finalize(run: RunDir, exit_code: int | None, duration_s: float, killed_by: s
         exit_code=exit_code,
         duration_s=round(duration_s, 3),
         killed_by=killed_by,
+        ended=ended or {"how": "exited", "exit_code": exit_code},
         world_size=info0.get("world_size"),
         ranks=ranks,
         hosts=sorted({r["host"] for r in ranks if r.get("host")}),

@@ -1,0 +1,110 @@
+"""What ddpdoctor knows of its job's processes from /proc (never from a message): the tree it started, and
+whether a rank is doing anything (CPU time and I/O of its threads)."""
+
+from __future__ import annotations
+
+import os
+import signal
+from pathlib import Path
+
+PROC = Path("/proc")
+
+
+def _ppid(pid: int) -> int | None:
+    try:
+        stat = (PROC / str(pid) / "stat").read_bytes()
+    except OSError:
+        return None
+    # "pid (comm) state ppid ...": comm may hold spaces and parentheses, so split after the last ")".
+    fields = stat[stat.rfind(b")") + 2:].split()
+    return int(fields[1]) if len(fields) > 1 else None
+
+
+def descendants(root: int) -> set[int]:
+    """Every live process below ``root`` (not ``root`` itself), read from /proc."""
+    children: dict[int, list[int]] = {}
+    try:
+        entries = os.listdir(PROC)
+    except OSError:
+        return set()
+    for name in entries:
+        if name.isdigit():
+            ppid = _ppid(int(name))
+            if ppid is not None:
+                children.setdefault(ppid, []).append(int(name))
+    out: set[int] = set()
+    todo = [root]
+    while todo:
+        for child in children.get(todo.pop(), []):
+            if child not in out:
+                out.add(child)
+                todo.append(child)
+    return out
+
+
+def in_tree(pid: int | None, root: int | None) -> bool:
+    """True when ``pid`` is ``root`` or one of its live descendants (a PID ddpdoctor may act on)."""
+    if not pid or not root or pid <= 1:
+        return False
+    return pid == root or pid in descendants(root)
+
+
+def signal_own(pid: int | None, root: int | None, sig: int) -> bool:
+    """Send ``sig`` to ``pid`` only when it belongs to the process tree ddpdoctor started under ``root``."""
+    if not in_tree(pid, root):
+        return False
+    try:
+        os.kill(pid, sig)  # type: ignore[arg-type]  # in_tree checked it is an int
+        return True
+    except (ProcessLookupError, PermissionError):
+        return False
+
+
+def activity(pid: int, skip_tids: frozenset[int] = frozenset()) -> tuple[int, int] | None:
+    """(CPU ticks, I/O bytes) summed over ``pid``'s threads except ``skip_tids`` (the heartbeat thread, whose
+    own beats would make every rank look busy); None when the process is gone."""
+    task_dir = PROC / str(pid) / "task"
+    try:
+        tids = [int(t) for t in os.listdir(task_dir) if t.isdigit()]
+    except OSError:
+        return None
+    cpu = io = 0
+    for tid in tids:
+        if tid in skip_tids:
+            continue
+        try:
+            stat = (task_dir / str(tid) / "stat").read_bytes()
+            fields = stat[stat.rfind(b")") + 2:].split()
+            cpu += int(fields[11]) + int(fields[12])  # utime, stime
+        except (OSError, ValueError, IndexError):
+            continue
+        try:
+            for line in (task_dir / str(tid) / "io").read_text().splitlines():
+                key, _, value = line.partition(":")
+                if key in ("rchar", "wchar"):
+                    io += int(value)
+        except (OSError, ValueError):
+            pass
+    return cpu, io
+
+
+def kill_group(pgid: int, sig: int = signal.SIGKILL) -> None:
+    try:
+        os.killpg(pgid, sig)
+    except (ProcessLookupError, PermissionError):
+        pass
+
+
+_PR_SET_PDEATHSIG = 1
+
+
+def set_parent_death_signal(sig: int = signal.SIGKILL) -> bool:
+    """Have the kernel send ``sig`` to this process when the thread that started it dies (prctl PR_SET_PDEATHSIG):
+    a job whose watcher is gone, whatever killed it, does not run on unsupervised. Linux only; False elsewhere."""
+    try:
+        import ctypes
+
+        libc = ctypes.CDLL(None, use_errno=True)
+        return libc.prctl(_PR_SET_PDEATHSIG, int(sig), 0, 0, 0) == 0
+    except (OSError, AttributeError):
+        return False

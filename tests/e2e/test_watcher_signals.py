@@ -1,0 +1,123 @@
+"""Signals to ddpdoctor are facts (issues 12.3, 13.3): the job is stopped, what was recorded is kept, the report
+says "stopped"/"interrupted" (never "ok", never a rank crash), the exit code is 128+signal, no process of the job
+is left (checked with `ps`), and torchrun's own tracebacks stay out of the console."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from ddpdoctor.launch.proctree import descendants
+from tests.conftest import REPO, SCENARIOS
+
+pytestmark = pytest.mark.slow
+
+
+def start(tmp_path: Path, command: str, *extra: str, env: dict[str, str] | None = None) -> tuple[subprocess.Popen[str], Path, Path]:
+    out, mark = tmp_path / "run", tmp_path / "under-way"
+    full_env = dict(os.environ, PYTHONUNBUFFERED="1", STEPS="100000", STEP_SLEEP="0.05", MARK_FILE=str(mark),
+                    CKPT_DIR=str(tmp_path), **(env or {}))
+    args = [sys.executable, "-m", "ddpdoctor", command, "--nproc-per-node", "2", "--json", "--out", str(out),
+            *extra, str(SCENARIOS / "pause.py")]
+    # Its own session, as a terminal gives a job: a signal goes to ddpdoctor only, the way `kill PID` sends it.
+    proc = subprocess.Popen(args, cwd=REPO, env=full_env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            start_new_session=True)
+    return proc, out, mark
+
+
+def wait_under_way(proc: subprocess.Popen[str], mark: Path, timeout: float = 90) -> set[int]:
+    """Wait until rank 0 passed step 3; the job's PIDs (torchrun, ranks) at that moment."""
+    deadline = time.time() + timeout
+    while not mark.exists():
+        assert proc.poll() is None, proc.communicate()[1][-3000:]
+        assert time.time() < deadline, "the job never got under way"
+        time.sleep(0.1)
+    time.sleep(0.5)
+    return descendants(proc.pid)
+
+
+def left_alive(pids: set[int]) -> list[str]:
+    """`ps` lines of the PIDs still alive (zombies awaiting their reaper count as gone)."""
+    if not pids:
+        return []
+    ps = subprocess.run(["ps", "-o", "pid=,stat=,args=", "-p", ",".join(map(str, sorted(pids)))],
+                        capture_output=True, text=True)
+    return [line for line in ps.stdout.splitlines() if line.split()[1][0] != "Z"]
+
+
+def gone_within(pids: set[int], seconds: float) -> list[str]:
+    deadline = time.time() + seconds
+    while (alive := left_alive(pids)) and time.time() < deadline:
+        time.sleep(0.2)
+    return alive
+
+
+def stop_with(tmp_path: Path, command: str, sig: int, *extra: str) -> tuple[int, dict[str, Any], str, Path, set[int]]:
+    proc, out, mark = start(tmp_path, command, *extra)
+    pids = wait_under_way(proc, mark)
+    proc.send_signal(sig)
+    stdout, stderr = proc.communicate(timeout=120)
+    assert stdout.strip(), stderr[-3000:]
+    return proc.returncode, json.loads(stdout), stderr, out, pids
+
+
+@pytest.mark.parametrize(("command", "sig", "status"), [
+    ("run", signal.SIGTERM, "stopped"),
+    ("run", signal.SIGINT, "interrupted"),
+    ("profile", signal.SIGTERM, "stopped"),
+    ("check-sync", signal.SIGINT, "interrupted"),
+])
+def test_a_signal_stops_the_job_and_is_reported_as_what_it_is(tmp_path: Path, command: str, sig: int,
+                                                                status: str) -> None:
+    extra = ("--steps", "0") if command == "check-sync" else ("--wait", "0", "--warmup", "0", "--active", "2") \
+        if command == "profile" else ()
+    code, report, stderr, out, pids = stop_with(tmp_path, command, sig, *extra)
+    assert code == 128 + sig
+    assert report["status"] == status
+    assert report["stopped"]["signal"] == signal.Signals(sig).name
+    ids = [f["id"] for f in report["findings"]]
+    assert "job-stopped" in ids and "rank-crashed" not in ids and "rank-no-status" not in ids
+    assert not [f for f in report["findings"] if f["severity"] == "error"]
+    stopped = next(f for f in report["findings"] if f["id"] == "job-stopped")
+    assert ("preempted or time limit" in stopped["title"]) if sig == signal.SIGTERM else \
+        ("Interrupted by the user" in stopped["title"])
+    manifest = json.loads((out / "manifest.json").read_text())
+    assert manifest["finished"] is True and manifest["ended"]["how"] == "signal"
+    # torchrun's SignalException traceback is in the run directory's log, not on the console (the ranks' own
+    # lines, prefixed by torchrun's --tee, are the script's output and stay).
+    assert "SignalException" not in stderr
+    assert not [line for line in stderr.splitlines() if line.startswith("Traceback")]
+    assert "SignalException" in (out / "torchrun" / "torchrun.log").read_text()
+    assert not gone_within(pids, 5)
+    if command == "profile":  # what was recorded before the stop is kept
+        assert list((out / "traces").glob("*.pt.trace.json*"))
+
+
+@pytest.mark.parametrize("sig", [signal.SIGHUP, signal.SIGQUIT, signal.SIGKILL])
+def test_no_orphans_whatever_ends_ddpdoctor(tmp_path: Path, sig: int) -> None:
+    proc, out, mark = start(tmp_path, "run")
+    pids = wait_under_way(proc, mark)
+    assert len(pids) >= 3  # torchrun and two ranks
+    proc.send_signal(sig)
+    proc.communicate(timeout=120)
+    assert proc.returncode == (-sig if sig == signal.SIGKILL else 128 + sig)
+    assert not gone_within(pids, 10), "processes of the job outlived ddpdoctor"
+    manifest = json.loads((out / "manifest.json").read_text())
+    if sig == signal.SIGKILL:  # nothing of ddpdoctor ran: the manifest says it never finished, the lock is free
+        from ddpdoctor.findings.job import ended_findings
+        from ddpdoctor.launch.runlock import is_locked
+
+        assert manifest["ended"]["how"] == "running" and not is_locked(out)
+        (finding,), _ = ended_findings(manifest, locked=is_locked(out))
+        assert finding.id == "run-unfinished"
+    else:
+        assert manifest["ended"] == {"how": "signal", "signal": signal.Signals(sig).name, "signum": sig,
+                                     "exit_code": 128 + sig}

@@ -1,0 +1,74 @@
+"""A job bent by environment variables: one rank pauses at one step (busy or stuck) or leaves early, while the
+other waits for it in a collective; a marker file says when the job is under way (for tests that signal it).
+
+PAUSE_RANK, PAUSE_STEP, PAUSE_KIND (checkpoint | eval | sleep | lock | read | exit0 | return), PAUSE_S,
+STEPS, STEP_SLEEP, MARK_FILE (written by rank 0 at step 3)."""
+
+import os
+import threading
+import time
+
+import torch
+import torch.distributed as dist
+from _common import batch, setup
+
+rank, model = setup()
+opt = torch.optim.SGD(model.parameters(), lr=0.1)
+env = os.environ
+pause_rank, pause_step = int(env.get("PAUSE_RANK", "-1")), int(env.get("PAUSE_STEP", "5"))
+kind, pause_s = env.get("PAUSE_KIND", ""), float(env.get("PAUSE_S", "0"))
+steps, step_sleep = int(env.get("STEPS", "10")), float(env.get("STEP_SLEEP", "0"))
+
+
+def checkpoint(seconds):
+    """Write a checkpoint slowly: CPU and I/O keep moving the whole time."""
+    path = os.path.join(env.get("CKPT_DIR", "/tmp"), f"ckpt-{os.getpid()}.pt")
+    end = time.time() + seconds
+    while time.time() < end:
+        torch.save({"w": torch.randn(256, 256)}, path)
+        time.sleep(0.05)
+    os.unlink(path)
+
+
+def evaluate(seconds):
+    """A long evaluation: pure compute, no collective."""
+    end = time.time() + seconds
+    a = torch.randn(128, 128)
+    while time.time() < end:
+        a = torch.tanh(a @ a)
+
+
+def pause():
+    if kind == "checkpoint":
+        checkpoint(pause_s)
+    elif kind == "eval":
+        evaluate(pause_s)
+    elif kind == "sleep":
+        time.sleep(3600)  # BUG: stuck
+    elif kind == "lock":
+        lock = threading.Lock()
+        lock.acquire()
+        lock.acquire()  # BUG: a lock it already holds
+    elif kind == "read":
+        r, _ = os.pipe()
+        os.read(r, 1)  # BUG: a read that never returns
+
+
+for step in range(steps):
+    if rank == 0 and step == 3 and env.get("MARK_FILE"):
+        open(env["MARK_FILE"], "w").close()
+    if rank == pause_rank and step == pause_step:
+        if kind == "exit0":
+            raise SystemExit(0)  # BUG: leaves early, cleanly, while the other rank waits for it
+        if kind == "return":
+            break  # BUG: leaves the loop early; the script then ends normally
+        pause()
+    x, y = batch()
+    loss = torch.nn.functional.cross_entropy(model(x), y)
+    opt.zero_grad()
+    loss.backward()  # the rank that did not pause waits here for the one that did
+    opt.step()
+    time.sleep(step_sleep)
+if kind != "return" or rank != pause_rank:
+    dist.barrier()
+    dist.destroy_process_group()
