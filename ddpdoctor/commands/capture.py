@@ -10,7 +10,7 @@ from pathlib import Path
 
 import click
 
-from ddpdoctor.commands._common import cli_errors, emit, fail_on_option, json_option
+from ddpdoctor.commands._common import cli_errors, emit, json_option, launch_fail_on_option
 
 
 @click.command(help=__doc__)
@@ -21,7 +21,7 @@ from ddpdoctor.commands._common import cli_errors, emit, fail_on_option, json_op
 @click.option("--timeout", type=float, default=600.0, show_default=True, help="Seconds to wait for the capture.")
 @click.option("--verbose", "-v", is_flag=True, help="Per-step and per-collective tables.")
 @json_option
-@fail_on_option
+@launch_fail_on_option  # like profile: the findings are advice; --fail-on gates
 @cli_errors
 def command(run_dir: Path, profile_steps: int | None, stacks: bool, timeout: float, verbose: bool, as_json: bool,
             fail_on: str) -> None:
