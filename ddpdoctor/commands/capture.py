@@ -1,5 +1,6 @@
 """`ddpdoctor capture RUN`: ask a job running under `ddpdoctor run` to profile its next N iterations on every rank
-(a window folder RUN/captures/<id>, analysed and reported like `profile`), or to dump every rank's stack, grouped.
+(a window folder RUN/captures/<id>, analysed and reported like `profile`), to fingerprint and compare its next N
+iterations across ranks (like `check-sync`), or to dump every rank's stack, grouped.
 The job goes on unaffected. Only the job's owner can ask (the request goes through the run's private control
 folder)."""
 
@@ -10,7 +11,7 @@ from pathlib import Path
 
 import click
 
-from ddpdoctor.commands._common import cli_errors, emit, json_option, launch_fail_on_option
+from ddpdoctor.commands._common import cli_errors, emit, json_option
 
 
 @click.command(help=__doc__)
@@ -18,20 +19,31 @@ from ddpdoctor.commands._common import cli_errors, emit, json_option, launch_fai
 @click.option("--profile", "profile_steps", type=click.IntRange(1, 100), default=None, metavar="N",
               help="Profile the next N iterations on every rank.")
 @click.option("--stacks", is_flag=True, help="Dump every rank's Python stack now, grouped into classes.")
+@click.option("--check-sync", "sync_steps", type=click.IntRange(1, 100), default=None, metavar="N",
+              help="Fingerprint gradients, parameters and buffers of the next N iterations on every rank and "
+                   "compare them across ranks (as `ddpdoctor check-sync`, without stopping the job).")
 @click.option("--timeout", type=float, default=600.0, show_default=True, help="Seconds to wait for the capture.")
 @click.option("--verbose", "-v", is_flag=True, help="Per-step and per-collective tables.")
 @json_option
-@launch_fail_on_option  # like profile: the findings are advice; --fail-on gates
+@click.option("--fail-on", type=click.Choice(["none", "error", "warning"]), default=None,
+              help="Exit 1 when a finding of this severity or worse is found [default: none for --profile (advice, "
+                   "like `profile`), error for --check-sync (a mismatch, like `check-sync`)].")
 @cli_errors
-def command(run_dir: Path, profile_steps: int | None, stacks: bool, timeout: float, verbose: bool, as_json: bool,
-            fail_on: str) -> None:
+def command(run_dir: Path, profile_steps: int | None, stacks: bool, sync_steps: int | None, timeout: float,
+            verbose: bool, as_json: bool, fail_on: str | None) -> None:
     from ddpdoctor.errors import BadInput
     from ddpdoctor.live import capture
+    from ddpdoctor.rundir.layout import RunDir
+    from ddpdoctor.rundir.report import save_report
 
-    if (profile_steps is None) == (not stacks):
-        raise BadInput("give exactly one of --profile N or --stacks")
-    what = "profile" if profile_steps is not None else "stacks"
-    cid = capture.request(run_dir, what, profile_steps)
+    asked = {"profile": profile_steps, "check-sync": sync_steps, "stacks": stacks or None}
+    chosen = [k for k, v in asked.items() if v is not None]
+    if len(chosen) != 1:
+        raise BadInput("give exactly one of --profile N, --check-sync N or --stacks")
+    what = chosen[0]
+    fail_on = fail_on or ("error" if what == "check-sync" else "none")
+    steps = profile_steps if what == "profile" else sync_steps
+    cid = capture.request(run_dir, what, steps)
     try:
         state = capture.wait_picked_up(run_dir, cid)
         if what == "stacks":
@@ -41,15 +53,23 @@ def command(run_dir: Path, profile_steps: int | None, stacks: bool, timeout: flo
             click.echo(clean_text(path.read_text(errors="replace")), nl=False)
             click.echo(f"ddpdoctor: stacks in {path}", err=True)
             sys.exit(0)
-        window = capture.wait_profile(run_dir, cid, state, timeout)
+        window = capture.wait_window(run_dir, cid, state, timeout)
     except capture.CaptureFailed as exc:
         click.echo(f"ddpdoctor: capture {cid}: {exc}", err=True)
         sys.exit(1)
+    click.echo(f"ddpdoctor: window of {steps} iteration(s) in {window}", err=True)
+    if what == "check-sync":
+        from ddpdoctor.report import Report
+        from ddpdoctor.sync_api import render_sync_sections, sync_report
+
+        report = Report(command="capture")
+        report.sections["run_dir"] = str(window)
+        sync_report(RunDir(window), report)
+        save_report(RunDir(window), report)
+        emit(report, as_json=as_json, verbose=verbose, fail_on=fail_on, sections=render_sync_sections)
     from ddpdoctor.analyses.pipeline import analyze_run
     from ddpdoctor.renderers.console_perf import render_perf_sections
     from ddpdoctor.renderers.outputs import write_outputs
-    from ddpdoctor.rundir.layout import RunDir
-    from ddpdoctor.rundir.report import save_report
 
     run = RunDir(window)
     report = analyze_run(run)
@@ -57,5 +77,4 @@ def command(run_dir: Path, profile_steps: int | None, stacks: bool, timeout: flo
     report.sections["run_dir"] = str(window)
     save_report(run, report)
     write_outputs(report, window, None, None, run.trace_files())
-    click.echo(f"ddpdoctor: window of {profile_steps} iteration(s) in {window}", err=True)
     emit(report, as_json=as_json, verbose=verbose, fail_on=fail_on, sections=render_perf_sections)

@@ -59,7 +59,7 @@ def wait_picked_up(run_root: Path, cid: str) -> dict[str, Any]:
     raise CaptureFailed(f"the job's monitor did not take the request within {PICKUP_S:.0f} s (has the job ended?)")
 
 
-def wait_profile(run_root: Path, cid: str, state: dict[str, Any], timeout_s: float) -> Path:
+def wait_window(run_root: Path, cid: str, state: dict[str, Any], timeout_s: float) -> Path:
     """Wait until every rank wrote its window (ranks/rankR/done.json); return the window folder."""
     if state.get("error"):
         raise CaptureFailed(f"the monitor refused the request: {state['error']}")

@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Any
 import click
 
 from ddpdoctor.live.health import LiveHealth, live_dir
-from ddpdoctor.live.protocol import CAPTURE_ID, MAX_PROFILE_STEPS
+from ddpdoctor.live.protocol import CAPTURE_ID, MAX_STEPS, WINDOW_KINDS
 from ddpdoctor.live.rules import DEFAULT_CONFIG, HealthConfig
 from ddpdoctor.rundir.layout import write_json
 
@@ -28,7 +28,7 @@ if TYPE_CHECKING:
 
 POLL_S = 0.5
 MAX_REQUEST_BYTES = 4096
-CAPTURE_KINDS = ("profile", "stacks")
+CAPTURE_KINDS = (*WINDOW_KINDS, "stacks")
 
 
 def control_dir(run_root: Path) -> Path:
@@ -164,9 +164,9 @@ class LiveWatch:
         links = {r: st for r, st in monitor.snapshot().items() if st["exit"] is None and st["connected"]}
         state = {"id": cid, "what": what, "steps": steps, "requested": time.time(), "ranks": sorted(links),
                  "world_size": monitor.world_size, "reason": req.get("reason", "ddpdoctor capture")}
-        if what == "profile":
-            if not isinstance(steps, int) or not 1 <= steps <= MAX_PROFILE_STEPS:
-                write_json(out / "capture.json", dict(state, error=f"steps must be 1..{MAX_PROFILE_STEPS}"))
+        if what in WINDOW_KINDS:
+            if not isinstance(steps, int) or not 1 <= steps <= MAX_STEPS:
+                write_json(out / "capture.json", dict(state, error=f"steps must be 1..{MAX_STEPS}"))
                 return
             manifest = self.root / "manifest.json"
             if manifest.is_file():
@@ -174,14 +174,14 @@ class LiveWatch:
                 data["capture"] = state
                 write_json(out / "manifest.json", data)
             # Every rank starts on the same iteration (cross-rank analysis pairs their collectives): a little
-            # ahead of the furthest rank by the iterations of about 0.5 s, at least 2: the relay takes one send
-            # and the heartbeat thread's next select (0.2 s); beats may be up to 1 s old, hence the margin.
+            # ahead of the furthest rank by about 1.5 s of iterations, at least 2: beats may be up to 1 s old and
+            # the relay takes one send plus the heartbeat thread's next select (0.2 s).
             at = max(((st["beat"] or {}).get("step") or 0) for st in links.values()) if links else 0
             rate = (self.health.last_snapshot or {}).get("steps_per_s") if self.health else None
             at += max(2, int(1.5 * rate) + 1 if isinstance(rate, (int, float)) else 2)
             state["at_step"] = at
             for r in links:
-                monitor.send(r, {"type": "capture", "id": cid, "what": "profile", "steps": steps, "at_step": at})
+                monitor.send(r, {"type": "capture", "id": cid, "what": what, "steps": steps, "at_step": at})
             write_json(out / "capture.json", state)
         else:
             write_json(out / "capture.json", state)

@@ -1,5 +1,6 @@
 """The live watch on real 2-rank gloo jobs under `ddpdoctor run`: slow-rank named with its phase, no alarm on a
-recurring evaluation, `capture --profile 3` on a running job, `status` of a finished run."""
+recurring evaluation, `capture --profile 3`, `--check-sync 2` and `--stacks` on a running job that goes on to exit 0,
+`status` of a finished run."""
 
 from __future__ import annotations
 
@@ -92,6 +93,11 @@ def test_capture_profile_on_a_running_job(tmp_path: Path) -> None:
         # the job goes on: the analyze of the window folder gives the same report
         again = run_cli("analyze", str(window), "--json")
         assert again.returncode == 0 and len(json.loads(again.stdout)["ranks"]) == 2
+        sync = run_cli("capture", str(out), "--check-sync", "2", "--json", "--timeout", "120")
+        assert sync.returncode == 0, sync.stderr[-3000:]
+        checked = json.loads(sync.stdout)
+        assert checked["status"] == "ok" and not checked["findings"]
+        assert (Path(checked["run_dir"]) / "ranks" / "rank1" / "sync.json").is_file()
         stacks = run_cli("capture", str(out), "--stacks", "--timeout", "60")
         assert stacks.returncode == 0 and "rank(s)" in stacks.stdout, stacks.stderr
     finally:
