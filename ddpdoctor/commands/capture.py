@@ -43,11 +43,11 @@ def command(run_dir: Path, profile_steps: int | None, stacks: bool, sync_steps: 
     what = chosen[0]
     fail_on = fail_on or ("error" if what == "check-sync" else "none")
     steps = profile_steps if what == "profile" else sync_steps
-    cid = capture.request(run_dir, what, steps)
+    cid, nodes = capture.request(run_dir, what, steps)
     try:
-        state = capture.wait_picked_up(run_dir, cid)
+        state = capture.wait_picked_up(run_dir, cid, nodes)
         if what == "stacks":
-            path = capture.wait_stacks(run_dir, cid, timeout)
+            path = capture.wait_stacks(run_dir, cid, state["nodes"], timeout)
             from ddpdoctor.safe_io import clean_text
 
             click.echo(clean_text(path.read_text(errors="replace")), nl=False)

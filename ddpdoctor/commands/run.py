@@ -20,7 +20,7 @@ from ddpdoctor.findings.watched import render_hang_section, watched_report
 from ddpdoctor.launch.launcher import launch
 from ddpdoctor.launch.monitor import pop_watcher, watch_options
 from ddpdoctor.live.findings import live_findings
-from ddpdoctor.live.options import live_options, pop_live
+from ddpdoctor.live.options import live_options, node_name, pop_live
 from ddpdoctor.rundir.report import save_report
 
 DEBUG_ENV = {"TORCH_DISTRIBUTED_DEBUG": "DETAIL", "TORCH_CPP_LOG_LEVEL": "INFO"}
@@ -40,9 +40,11 @@ DEBUG_ENV = {"TORCH_DISTRIBUTED_DEBUG": "DETAIL", "TORCH_CPP_LOG_LEVEL": "INFO"}
 @cli_errors
 def command(debug: bool, verbose: bool, nccl_debug: bool, as_json: bool, fail_on: str, **kwargs: Any) -> None:
     watcher = pop_watcher(kwargs)
-    watcher.plugins.append(pop_live(kwargs))  # live step health, alerts, `status`/`capture`, exporters (ddpdoctor/live)
+    live = pop_live(kwargs)  # live step health, alerts, `status`/`capture`, exporters (ddpdoctor/live)
+    watcher.plugins.append(live)
     spec = pop_launch_spec("run", kwargs, as_json=as_json, options={"debug": debug, "nccl_debug": nccl_debug},
                            env=dict(DEBUG_ENV) if debug else {})
+    live.node = node_name(spec)
     result = launch(spec, watcher)
     if not result.reports:
         finish_quietly(result)

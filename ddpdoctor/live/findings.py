@@ -7,7 +7,7 @@ from typing import Any
 
 from ddpdoctor.errors import BadInput
 from ddpdoctor.findings.model import Finding, Severity
-from ddpdoctor.live.health import live_dir
+from ddpdoctor.live.health import node_dir, node_names
 from ddpdoctor.live.rules import recurring_after_all
 from ddpdoctor.rundir.layout import RunDir
 from ddpdoctor.safe_io import read_text
@@ -16,11 +16,13 @@ MAX_ALERT_BYTES = 4 << 20
 
 
 def read_alerts(run: RunDir) -> list[dict[str, Any]]:
-    """The alerts file's records (malformed lines skipped; a missing or unreadable file is no alerts)."""
-    try:
-        text = read_text(live_dir(run.root) / "alerts.jsonl", MAX_ALERT_BYTES)
-    except (BadInput, OSError):
-        return []
+    """Every node's alert records, oldest first (malformed lines skipped; a missing or unreadable file is none)."""
+    text = ""
+    for node in node_names(run.root):
+        try:
+            text += read_text(node_dir(run.root, node) / "alerts.jsonl", MAX_ALERT_BYTES) + "\n"
+        except (BadInput, OSError):
+            continue
     out = []
     for line in text.splitlines():
         try:
@@ -29,7 +31,7 @@ def read_alerts(run: RunDir) -> list[dict[str, Any]]:
             continue
         if isinstance(rec, dict) and rec.get("id") in ("slow-rank", "slowdown", "stall"):
             out.append(rec)
-    return out
+    return sorted(out, key=lambda a: a["time"] if isinstance(a.get("time"), (int, float)) else 0.0)
 
 
 def live_findings(run: RunDir) -> list[Finding]:

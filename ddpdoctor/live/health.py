@@ -1,17 +1,18 @@
 """The monitor's live health state: ingests the iteration records of the heartbeats, keeps bounded series, runs the
 rules (ddpdoctor/live/rules.py) about once a second and writes the live state into RUN/live/.
 
-    RUN/live/health.json     the latest snapshot (what `ddpdoctor status` and the Prometheus exporter show)
-    RUN/live/series.jsonl    the job's iterations (step, median time, phases), a ring of the last ~10,000
-    RUN/live/alerts.jsonl    every alert raised while the job ran (the report turns them into findings)
+    RUN/live/NODE/health.json     the latest snapshot (what `ddpdoctor status` and the Prometheus exporter show)
+    RUN/live/NODE/series.jsonl    the job's iterations (step, median time, phases), a ring of the last ~10,000
+    RUN/live/NODE/alerts.jsonl    every alert raised while the job ran (the report turns them into findings)
 
-Only node-local files: on a shared filesystem every node's monitor writes its own ranks' view, readable without a
-job-wide store."""
+NODE is node<N> (torchrun's --node-rank) or rank<R> (--launcher none, one monitor per rank): on a shared
+filesystem every node's monitor writes its own ranks' view, and readers merge the nodes, without a job-wide store."""
 
 from __future__ import annotations
 
 import json
 import os
+import re
 import threading
 import time
 from collections import deque
@@ -40,16 +41,33 @@ MAX_ALERTS = 200
 MAX_STEPS_PER_BEAT = 256
 
 
+_NODE = re.compile(r"^(node|rank)\d{1,6}$")
+
+
 def live_dir(run_root: Path) -> Path:
     return run_root / "live"
+
+
+def node_dir(run_root: Path, node: str) -> Path:
+    return live_dir(run_root) / node
+
+
+def node_names(run_root: Path) -> list[str]:
+    """The nodes whose monitors wrote live state into this run directory."""
+    try:
+        return sorted(p.name for p in live_dir(run_root).iterdir() if _NODE.match(p.name) and p.is_dir())
+    except OSError:
+        return []
 
 
 class LiveHealth:
     """Thread-safe: ``ingest`` runs on the monitor's connection handlers, ``tick``/``finish`` on its poll loop."""
 
     def __init__(self, run_root: Path, world_size: int | None = None, config: HealthConfig = DEFAULT_CONFIG,
-                 eval_interval_s: float = 1.0, on_alert: Callable[[dict[str, Any]], None] | None = None) -> None:
-        self.root = live_dir(run_root)
+                 eval_interval_s: float = 1.0, on_alert: Callable[[dict[str, Any]], None] | None = None,
+                 node: str = "node0") -> None:
+        self.root = node_dir(run_root, node)
+        self.node = node
         self.world_size = world_size
         self.cfg = config
         self.eval_interval_s = eval_interval_s
@@ -210,7 +228,7 @@ class LiveHealth:
                              "phase_now": self.phase_now.get(r)}
         slowest = sorted(ranks, key=lambda r: -ranks[r]["busy_ms"])[:5]
         return {
-            "version": VERSION, "updated": round(now, 3), "started": round(self.started, 3), "finished": finished,
+            "version": VERSION, "node": self.node, "updated": round(now, 3), "started": round(self.started, 3), "finished": finished,
             "world_size": self.world_size, "ranks_reporting": len(ranks),
             "step": max((v["step"] for v in ranks.values()), default=0),
             "step_ms": round(step_s * 1e3, 3) if step_s else None,

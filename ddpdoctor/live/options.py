@@ -29,3 +29,16 @@ def pop_live(kwargs: dict[str, Any]) -> Any:
     if every is not None and not every >= 0:
         raise BadInput(f"--capture-on-slowdown must be a number of seconds >= 0, not {every}")
     return LiveWatch(capture_on_slowdown_s=every, metrics_addr=addr)
+
+
+def node_name(spec: Any) -> str:
+    """This launcher's name in RUN/live: node<N> (torchrun's --node-rank), rank<R> under --launcher none."""
+    if spec.launcher == "none":
+        from ddpdoctor.probes.config import rank_from_env
+
+        return f"rank{rank_from_env()[0]}"
+    for key in ("--node-rank", "--node_rank"):
+        value = str(spec.torchrun.get(key, ""))
+        if value.isdigit():
+            return f"node{int(value)}"
+    return "node0"

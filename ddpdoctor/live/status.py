@@ -9,7 +9,7 @@ from pathlib import Path
 from typing import Any
 
 from ddpdoctor.errors import BadInput
-from ddpdoctor.live.health import live_dir
+from ddpdoctor.live.health import node_dir, node_names
 from ddpdoctor.safe_io import clean_text, json_depth_ok, read_bytes
 
 MAX_STATE_BYTES = 32 << 20
@@ -42,7 +42,9 @@ def load_status(run_root: Path, now: float | None = None) -> dict[str, Any]:
     manifest = _json(run_root / "manifest.json", 1 << 20)
     if manifest is None:
         raise BadInput("not a ddpdoctor run directory (no manifest.json)", run_root)
-    health = _json(live_dir(run_root) / "health.json", MAX_STATE_BYTES)
+    snaps = [h for node in node_names(run_root) if (h := _json(node_dir(run_root, node) / "health.json",
+                                                                MAX_STATE_BYTES)) is not None]
+    health = merge_nodes(snaps) if snaps else None
     finished = bool(manifest.get("finished")) or bool((health or {}).get("finished"))
     if finished:
         state = "finished"
@@ -55,6 +57,37 @@ def load_status(run_root: Path, now: float | None = None) -> dict[str, Any]:
     return {"state": state, "run_dir": str(run_root), "command": manifest.get("mode") or manifest.get("command"),
             "exit_code": manifest.get("exit_code"), "live": health is not None, "health": health,
             "age_s": round(now - float(health["updated"]), 1) if health and health.get("updated") else None}
+
+
+def _num(v: Any) -> float | None:
+    return float(v) if isinstance(v, (int, float)) and not isinstance(v, bool) else None
+
+
+def merge_nodes(snaps: list[dict[str, Any]]) -> dict[str, Any]:
+    """One job view from every node's snapshot: ranks together, the slowest by busy time, alerts in time order."""
+    if len(snaps) == 1:
+        return snaps[0]
+    ranks: dict[str, Any] = {}
+    for h in snaps:
+        part = h.get("ranks")
+        if isinstance(part, dict):
+            ranks.update(part)
+    alerts = sorted((a for h in snaps for a in (h.get("alerts") or []) if isinstance(a, dict)),
+                    key=lambda a: _num(a.get("time")) or 0.0)
+    step_ms = [x for h in snaps if (x := _num(h.get("step_ms"))) is not None]
+    steps = [x for h in snaps if (x := _num(h.get("step"))) is not None]
+    updated = [x for h in snaps if (x := _num(h.get("updated"))) is not None]
+    busy = {r: _num((v or {}).get("busy_ms")) or 0.0 for r, v in ranks.items() if isinstance(v, dict)}
+    return {
+        "version": snaps[0].get("version"), "nodes": [h.get("node") for h in snaps],
+        "updated": max(updated) if updated else None, "finished": all(h.get("finished") for h in snaps),
+        "world_size": max((_num(h.get("world_size")) or 0 for h in snaps), default=0) or None,
+        "ranks_reporting": len(ranks), "step": int(max(steps)) if steps else 0,
+        "step_ms": max(step_ms) if step_ms else None,  # a synchronous job runs at its slowest node's pace
+        "steps_per_s": round(1e3 / max(step_ms), 3) if step_ms and max(step_ms) > 0 else None,
+        "slowest_ranks": [int(r) for r in sorted(busy, key=lambda r: -busy[r]) if r.isdigit()][:5], "ranks": ranks,
+        "alerts": alerts[-50:], "alerts_total": sum(int(_num(h.get("alerts_total")) or 0) for h in snaps),
+    }
 
 
 def status_text(st: dict[str, Any], max_ranks: int = 16) -> str:

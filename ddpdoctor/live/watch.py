@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Any
 
 import click
 
-from ddpdoctor.live.health import LiveHealth, live_dir
+from ddpdoctor.live.health import LiveHealth, node_dir
 from ddpdoctor.live.protocol import CAPTURE_ID, MAX_STEPS, WINDOW_KINDS
 from ddpdoctor.live.rules import DEFAULT_CONFIG, HealthConfig
 from ddpdoctor.rundir.layout import write_json
@@ -31,8 +31,9 @@ MAX_REQUEST_BYTES = 4096
 CAPTURE_KINDS = (*WINDOW_KINDS, "stacks")
 
 
-def control_dir(run_root: Path) -> Path:
-    return live_dir(run_root) / "control"
+def control_dir(run_root: Path, node: str) -> Path:
+    """RUN/live/NODE/control: where `ddpdoctor capture` leaves requests for that node's monitor."""
+    return node_dir(run_root, node) / "control"
 
 
 def captures_dir(run_root: Path) -> Path:
@@ -44,8 +45,10 @@ class LiveWatch:
     at most once per that many seconds (None: off)."""
 
     def __init__(self, config: HealthConfig = DEFAULT_CONFIG, capture_on_slowdown_s: float | None = None,
-                 auto_steps: int = 5, metrics_addr: str | None = None, echo: bool = True) -> None:
+                 auto_steps: int = 5, metrics_addr: str | None = None, echo: bool = True,
+                 node: str = "node0") -> None:
         self.config = config
+        self.node = node  # this monitor's name in RUN/live (node<N>, or rank<R> under --launcher none)
         self.capture_on_slowdown_s = capture_on_slowdown_s
         self.auto_steps = auto_steps
         self.metrics_addr = metrics_addr
@@ -67,8 +70,8 @@ class LiveWatch:
         self._monitor = monitor
         run_root = Path(monitor.run_root)
         self.root = run_root
-        self.health = LiveHealth(run_root, config=self.config, on_alert=self._on_alert)
-        ctl = control_dir(run_root)
+        self.health = LiveHealth(run_root, config=self.config, on_alert=self._on_alert, node=self.node)
+        ctl = control_dir(run_root, self.node)
         shutil.rmtree(ctl, ignore_errors=True)
         ctl.mkdir(parents=True, mode=0o700)
         os.chmod(ctl, 0o700)  # mkdir's mode is masked by the umask
@@ -108,7 +111,7 @@ class LiveWatch:
             exporter.update(self.health)
             exporter.close()
         if self.root is not None:
-            shutil.rmtree(control_dir(self.root), ignore_errors=True)
+            shutil.rmtree(control_dir(self.root, self.node), ignore_errors=True)
 
     # -- alerts --------------------------------------------------------------------------------------
     def _on_alert(self, alert: dict[str, Any]) -> None:
@@ -123,7 +126,7 @@ class LiveWatch:
     # -- captures ------------------------------------------------------------------------------------
     def _take_requests(self) -> list[dict[str, Any]]:
         assert self.root is not None
-        ctl = control_dir(self.root)
+        ctl = control_dir(self.root, self.node)
         out = []
         try:
             names = sorted(e.name for e in os.scandir(ctl) if e.name.startswith("req-") and e.name.endswith(".json"))
@@ -157,16 +160,17 @@ class LiveWatch:
         if not CAPTURE_ID.match(cid) or what not in CAPTURE_KINDS:
             return
         out = captures_dir(self.root) / cid
-        if out.exists():
+        record = out / f"capture-{self.node}.json"  # one per node: every node's monitor relays to its own ranks
+        if record.exists():
             return
-        out.mkdir(parents=True, mode=0o700)
+        out.mkdir(parents=True, mode=0o700, exist_ok=True)
         monitor = self._monitor
         links = {r: st for r, st in monitor.snapshot().items() if st["exit"] is None and st["connected"]}
         state = {"id": cid, "what": what, "steps": steps, "requested": time.time(), "ranks": sorted(links),
                  "world_size": monitor.world_size, "reason": req.get("reason", "ddpdoctor capture")}
         if what in WINDOW_KINDS:
             if not isinstance(steps, int) or not 1 <= steps <= MAX_STEPS:
-                write_json(out / "capture.json", dict(state, error=f"steps must be 1..{MAX_STEPS}"))
+                write_json(record, dict(state, error=f"steps must be 1..{MAX_STEPS}"))
                 return
             manifest = self.root / "manifest.json"
             if manifest.is_file():
@@ -179,28 +183,29 @@ class LiveWatch:
             at = max(((st["beat"] or {}).get("step") or 0) for st in links.values()) if links else 0
             rate = (self.health.last_snapshot or {}).get("steps_per_s") if self.health else None
             at += max(2, int(1.5 * rate) + 1 if isinstance(rate, (int, float)) else 2)
+            # Several nodes: the client chose one iteration for all of them (their monitors see different beats).
+            asked_at = req.get("at_step")
+            if isinstance(asked_at, int) and asked_at >= at - 1:
+                at = asked_at
             state["at_step"] = at
             for r in links:
                 monitor.send(r, {"type": "capture", "id": cid, "what": what, "steps": steps, "at_step": at})
-            write_json(out / "capture.json", state)
+            write_json(record, state)
         else:
-            write_json(out / "capture.json", state)
-            threading.Thread(target=self._stacks, args=(out, links, state), daemon=True).start()
+            write_json(record, state)
+            threading.Thread(target=self._stacks, args=(out, record, links, state), daemon=True).start()
 
-    def _stacks(self, out: Path, links: dict[int, Any], state: dict[str, Any]) -> None:
-        from ddpdoctor.live.stacks import group_stacks, stacks_text
-
+    def _stacks(self, out: Path, record: Path, links: dict[int, Any], state: dict[str, Any]) -> None:
+        """This node's ranks' stacks, raw, owner-only: the client groups every node's together."""
         assert self._monitor is not None
         with self._monitor._lock:
             rank_links = {r: lk for r, lk in self._monitor.links.items() if r in links}
         stacks, _ = self._monitor.collect(rank_links)
-        positions = {r: (st["beat"] or {}) for r, st in links.items()}
-        groups = group_stacks(stacks, positions)
-        fd = os.open(out / "stacks.txt", os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        where = {str(r): {k: (st["beat"] or {}).get(k) for k in ("phase", "step")} for r, st in links.items()}
+        fd = os.open(out / f"stacks-{self.node}.json", os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
         with os.fdopen(fd, "w") as f:
-            f.write(stacks_text(groups))
-        write_json(out / "stacks.json", {"groups": groups})
-        write_json(out / "capture.json", dict(state, done=time.time()))
+            json.dump({"stacks": {str(r): s for r, s in stacks.items()}, "beats": where}, f)
+        write_json(record, dict(state, done=time.time()))
 
 
 def _append_reply(path: Path, rank: int, msg: dict[str, Any]) -> None:

@@ -38,10 +38,10 @@ def test_slow_rank_alert_files_snapshot_and_findings(tmp_path: Path) -> None:
     assert health.tick(now=1000.5) == []  # not due yet
     assert health.tick(now=1002.0) == []  # raised once while it lasts
     health.finish()
-    snap = json.loads((tmp_path / "live" / "health.json").read_text())
+    snap = json.loads((tmp_path / "live" / "node0" / "health.json").read_text())
     assert snap["finished"] and snap["step"] == 60 and snap["world_size"] == 2
     assert snap["slowest_ranks"][0] == 1 and snap["ranks"]["1"]["busy_ms"] == 80.0
-    assert len((tmp_path / "live" / "series.jsonl").read_text().splitlines()) == 60
+    assert len((tmp_path / "live" / "node0" / "series.jsonl").read_text().splitlines()) == 60
     found = live_findings(RunDir(tmp_path))
     assert [(f.id, f.ranks, f.evidence["cost_ms_per_step"]) for f in found] == [("slow-rank", [1], 40.0)]
     st = load_status(tmp_path)
@@ -100,3 +100,20 @@ def test_prometheus_endpoint_serves_the_snapshot(tmp_path: Path) -> None:
     assert parse_addr("[::1]:9464") == ("::1", 9464)
     with pytest.raises(BadInput):
         parse_addr("9464")
+
+
+def test_status_merges_the_nodes_of_a_shared_run_directory(tmp_path: Path) -> None:
+    (tmp_path / "manifest.json").write_text(json.dumps({"mode": "run", "finished": False}))
+    for node, ranks, slow in (("node0", (0, 1), None), ("node1", (2, 3), 3)):
+        health = LiveHealth(tmp_path, world_size=4, node=node)
+        for s in range(1, 41):
+            for r in ranks:
+                fwd = 0.05 if r == slow else 0.01
+                health.ingest(r, [[s, 0.1, {"forward": fwd, "backward": 0.1 - fwd}]])
+        health.tick(now=1000.0)
+    st = load_status(tmp_path, now=1001.0)
+    h = st["health"]
+    assert st["state"] == "running" and h["nodes"] == ["node0", "node1"]
+    assert sorted(h["ranks"]) == ["0", "1", "2", "3"] and h["slowest_ranks"][0] == 3
+    assert [a["ranks"] for a in h["alerts"]] == [[3]]  # node1's monitor compared its own two ranks
+    assert [f.ranks for f in live_findings(RunDir(tmp_path))] == [[3]]
