@@ -70,6 +70,7 @@ class LiveHealth:
         self.root = node_dir(run_root, node)
         self.node = node
         self.world_size = world_size
+        self.local_ranks = 0  # ranks connected to this node's monitor (set by the watch)
         self.cfg = config
         self.eval_interval_s = eval_interval_s
         self.on_alert = on_alert
@@ -148,7 +149,8 @@ class LiveHealth:
 
     def _settle_steps(self, final: bool) -> None:
         """Steps every rank reported (or all of them at the end) become job points, in step order."""
-        expected = self.world_size or len(self.ranks)
+        # The ranks this monitor watches (a node's share of the job), not the job's world size.
+        expected = max(len(self.ranks), self.local_ranks)
         newest = {r: h[-1].step for r, h in self.ranks.items() if h}
         horizon = min(newest.values()) if newest and len(newest) >= expected else None
         for step in sorted(self.pending):

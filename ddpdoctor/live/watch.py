@@ -95,6 +95,7 @@ class LiveWatch:
         if self.health is None or self._monitor is None:
             return
         self.health.world_size = self._monitor.world_size
+        self.health.local_ranks = len(self._monitor.links)
         self.health.tick(now)
         for exporter in self.exporters:
             exporter.update(self.health)
