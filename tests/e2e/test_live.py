@@ -48,6 +48,8 @@ def test_rank_made_slower_halfway_is_named_with_its_phase_and_status_says_finish
     st = run_cli("status", str(out))
     assert st.returncode == 0 and "finished (exit code 0)" in st.stdout, st.stdout + st.stderr
     assert "slow-rank" in st.stdout
+    watched = run_cli("status", str(out), "--watch", timeout=30)  # a finished run: one view, then it returns
+    assert watched.returncode == 0 and watched.stdout.count("finished (exit code 0)") == 1
     js = json.loads(run_cli("status", str(out), "--json").stdout)
     assert js["state"] == "finished" and js["health"]["world_size"] == 2
     # capture on a finished job: one clear line, exit 2
