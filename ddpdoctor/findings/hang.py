@@ -61,7 +61,7 @@ def position(rank: int, beat: dict[str, Any] | None, exit_info: dict[str, Any] |
     if exit_info is not None:
         last = (beat or {}).get("last_collective") or {}
         return RankPosition(rank, "exited", phase=(beat or {}).get("phase"), step=exit_info.get("steps_completed"),
-                            call_site=last.get("call_site") or (beat or {}).get("where"),
+                            call_site=exit_info.get("exit_site") or last.get("call_site") or (beat or {}).get("where"),
                             exit_code=exit_info.get("exit_code"))
     if beat is None:
         return RankPosition(rank, "no-heartbeat")
@@ -212,6 +212,27 @@ def _mismatch_finding(colls: dict[int, dict[str, Any]], differs: list[str], debu
     )
 
 
+def stall_findings(stalls: list[dict[str, Any]]) -> list[Finding]:
+    """``long-stall`` (warning): a rank that spent longer than the hang timeout outside any collective while still
+    working (CPU, I/O or a moving stack), so the monitor kept watching instead of calling it a hang."""
+    out = []
+    for st in stalls:
+        if not isinstance(st, dict) or not isinstance(st.get("rank"), int):
+            continue
+        secs = st.get("stalled_s")
+        out.append(Finding(
+            "long-stall", Severity.WARNING,
+            f"Rank {st['rank']} spent {secs} s in step {st.get('step')} outside any collective, still working "
+            f"(at {st.get('call_site')}); the other ranks waited for it",
+            ranks=[st["rank"]],
+            evidence={k: st.get(k) for k in ("rank", "step", "phase", "call_site", "stalled_s", "stack")},
+            advice="A long checkpoint or evaluation on one rank makes every other rank wait. If it is expected, "
+                   "nothing is wrong; to have ddpdoctor call it a hang after N seconds whatever the rank does, "
+                   "pass --hang-timeout N.",
+        ))
+    return out
+
+
 def is_victim(exception: str) -> bool:
     return any(p.lower() in exception.lower() for p in VICTIM_PATTERNS)
 
@@ -269,6 +290,9 @@ def crash_findings(statuses: dict[int, dict[str, Any] | None], debug: bool = Fal
         return []
     roots = {r: s for r, s in failed.items() if not is_victim(s["exception"])}
     victims = sorted(r for r in failed if r not in roots)
+    if not roots and (left := left_early(statuses, failed)):
+        # Every failure is a peer's connection error, and a rank had already returned: it is the culprit.
+        return [left_early_finding(r, statuses[r] or {}, failed) for r in left]
     if not roots:  # everyone is a victim: the first to fail is the best guess
         first = min(failed, key=lambda r: failed[r].get("ended_at") or 0)
         roots = {first: failed[first]}
@@ -302,6 +326,51 @@ def crash_findings(statuses: dict[int, dict[str, Any] | None], debug: bool = Fal
                    "timeouts) follow from it." if victims else "Fix the exception in this rank's traceback.",
         ))
     return _dedupe(out)
+
+
+def left_early(statuses: dict[int, dict[str, Any] | None], failed: dict[int, dict[str, Any]]) -> list[int]:
+    """Ranks that returned (any exit code, no exception, not killed by a signal) before the first victim failed:
+    the others were still waiting for them in a collective (issues 12.4, 16.5)."""
+    first_failure = min((_num(s.get("ended_at")) for s in failed.values()), default=0.0)
+    out = []
+    for r, s in statuses.items():
+        if not s or r in failed or s.get("exception") or s.get("signal"):
+            continue
+        code = s.get("exit_code")
+        if isinstance(code, int) and code > 128:  # killed (SIGTERM from torchrun or ddpdoctor), not left
+            continue
+        ended = _num(s.get("ended_at"))
+        if ended and (not first_failure or ended <= first_failure):
+            out.append(r)
+    return sorted(out)
+
+
+def left_early_finding(rank: int, status: dict[str, Any], failed: dict[int, dict[str, Any]]) -> Finding:
+    last = status.get("last_collective") if isinstance(status.get("last_collective"), dict) else {}
+    site = status.get("exit_site")
+    where = f"at {site}" if site else f"after its last collective at {(last or {}).get('call_site')}"
+    step = status.get("steps_completed")
+    waiting = {r: (s.get("failed_collective") or {}) for r, s in sorted(failed.items())}
+    ops = sorted({str(c.get("op")) for c in waiting.values() if c.get("op")})
+    code = status.get("exit_code")
+    how = "exited with code 0" if code in (0, None) else f"exited with code {code}"
+    return Finding(
+        "rank-left-early", Severity.ERROR,
+        f"Rank {rank} {how} at step {step} ({where}) while rank(s) {sorted(failed)} still waited for it in "
+        f"{', '.join(ops) or 'a collective'}; their errors (connection closed by peer) follow from it",
+        ranks=[rank],
+        evidence={"rank": rank, "exit_code": code, "step": step, "call_site": site or (last or {}).get("call_site"),
+                  "last_collective": last or None, "victims": sorted(failed),
+                  "waiting_in": {str(r): {k: c.get(k) for k in ("op", "group", "seq", "call_site")}
+                                 for r, c in waiting.items()}},
+        advice="Every rank must run the same collectives: this rank ended its loop (or the script) early. Give every "
+               "rank the same number of iterations (DistributedSampler(drop_last=True), the same stopping "
+               "condition on every rank, e.g. decided on rank 0 and broadcast), or use DDP's join() for uneven inputs.",
+    )
+
+
+def _num(value: Any) -> float:
+    return float(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else 0.0
 
 
 def _unused_parameters(exc: str, ranks: list[int], names: list[str] | None) -> Finding | None:

@@ -56,7 +56,7 @@ def monitor_notes(heartbeats: dict[str, Any]) -> list[str]:
 def watch_findings(run: RunDir, debug: bool = False, stopped: bool = False) -> list[Finding]:
     """Findings from RUN/hang.json, the ranks' status files and (with --debug) their stderr. ``stopped``: ddpdoctor
     was stopped by a signal and stopped the job, so ranks that died of that stop are not crashes."""
-    from ddpdoctor.findings.hang import crash_findings, hang_findings, is_victim
+    from ddpdoctor.findings.hang import crash_findings, hang_findings, is_victim, stall_findings
 
     findings: list[Finding] = []
     statuses = rank_statuses(run)
@@ -65,14 +65,18 @@ def watch_findings(run: RunDir, debug: bool = False, stopped: bool = False) -> l
     beats = {int(r): v.get("beat") for r, v in ((_read(run.root / "heartbeats.json") or {}).get("ranks") or {}).items()}
     crashes = crash_findings(statuses, debug=debug, param_names=_param_names(run), stderr=stderr, last_beats=beats)
 
+    if hang is not None or stopped:  # ranks ddpdoctor stopped did not leave of their own accord
+        crashes = [f for f in crashes if f.id != "rank-left-early"]
     if hang is not None:
         findings.extend(hang_findings(hang, debug=debug))
         # After a hang, ranks killed by ddpdoctor are victims, not crashes.
         crashes = [f for f in crashes if f.id != "rank-crashed" or "SIGTERM" not in str(f.evidence.get("exception"))]
+    stalls = ((_read(run.root / "heartbeats.json") or {}).get("monitor") or {}).get("stalls") or []
+    findings.extend(stall_findings(stalls if isinstance(stalls, list) else []))
     if stopped:
         crashes = [f for f in crashes if f.id != "rank-crashed" or not is_victim(str(f.evidence.get("exception")))]
     have = {f.id for f in findings}
-    findings.extend(f for f in crashes if f.id == "rank-crashed" or f.id not in have)
+    findings.extend(f for f in crashes if f.id in ("rank-crashed", "rank-left-early") or f.id not in have)
     if debug:
         findings.extend(debug_findings(run, have={f.id for f in findings}))
     return findings

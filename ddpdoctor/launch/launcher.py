@@ -5,6 +5,7 @@ The launcher owns the job's process tree: it writes the manifest, starts the ran
 
 from __future__ import annotations
 
+import ipaddress
 import os
 import re
 import shutil
@@ -13,6 +14,7 @@ import subprocess
 import sys
 import threading
 import time
+import uuid
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -22,6 +24,7 @@ from ddpdoctor.errors import BadInput
 from ddpdoctor.launch import runlock
 from ddpdoctor.launch.flags import torchrun_argv
 from ddpdoctor.launch.proctree import descendants, kill_group
+from ddpdoctor.launch.torchrun_shim import BIND_ENV as STORE_BIND_ENV
 from ddpdoctor.probes.config import ENV_VAR, ProbeConfig, Schedule, rank_from_env
 from ddpdoctor.rundir import manifest as manifest_mod
 from ddpdoctor.rundir.layout import RunDir
@@ -141,8 +144,31 @@ def _torchrun_command(spec: LaunchSpec) -> list[str]:
     elif "--redirects" not in flags:
         flags.setdefault("--tee", "3")
     if not any(k in flags for k in ("--standalone", "--rdzv-endpoint", "--master-port", "--rdzv-backend")):
-        flags["--standalone"] = True  # torchrun's own default port would clash between jobs on one host
-    return [sys.executable, "-m", "torch.distributed.run", *torchrun_argv(flags), str(spec.program or BOOTSTRAP)]
+        # What --standalone does (a c10d store on a free port: torchrun's default port would clash between jobs
+        # on one host), at 127.0.0.1 rather than "localhost" (which may resolve to ::1 first).
+        flags.update({"--rdzv-backend": "c10d", "--rdzv-endpoint": "127.0.0.1:0", "--rdzv-id": uuid.uuid4().hex})
+    # The shim is torchrun with its stores bound where store_bind_address() says (launch/torchrun_shim.py).
+    return [sys.executable, "-m", "ddpdoctor.launch.torchrun_shim", *torchrun_argv(flags),
+            str(spec.program or BOOTSTRAP)]
+
+
+def single_node(torchrun: dict[str, Any]) -> bool:
+    nnodes = str(torchrun.get("--nnodes") or "1")
+    return nnodes in ("1", "1:1")
+
+
+def store_bind_address(torchrun: dict[str, Any]) -> str | None:
+    """Where torchrun's TCP stores listen: loopback for a single-node job; for a multi-node job the endpoint's
+    address when it is a literal IP address, else None (torchrun's own choice: every interface)."""
+    if single_node(torchrun):
+        return "127.0.0.1"
+    endpoint = str(torchrun.get("--rdzv-endpoint") or torchrun.get("--master-addr") or "")
+    host = endpoint.rsplit(":", 1)[0] if endpoint.count(":") == 1 else endpoint.strip("[]").rsplit("]:", 1)[0]
+    try:
+        ipaddress.ip_address(host)
+    except ValueError:
+        return None
+    return host
 
 
 def _slurm_env() -> dict[str, str]:
@@ -251,6 +277,9 @@ def _launch_locked(spec: LaunchSpec, watcher: JobWatcher | None, in_place_rank: 
     console_err = None if spec.quiet else sys.stderr.buffer
     if spec.launcher == "torchrun":
         cmd = _torchrun_command(spec)
+        bind = store_bind_address(spec.torchrun)
+        if bind:
+            env[STORE_BIND_ENV] = bind
         proc = subprocess.Popen(
             cmd, env=env, start_new_session=True, stdout=sys.stderr if spec.output_to_stderr else None,
             stderr=subprocess.PIPE, preexec_fn=_parent_death_preexec(),

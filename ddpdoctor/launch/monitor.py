@@ -16,6 +16,7 @@ poll loop, ~10/s) and ``on_stop(monitor)``; ``snapshot()`` gives every rank's st
 from __future__ import annotations
 
 import json
+import os
 import secrets
 import signal
 import threading
@@ -35,12 +36,23 @@ from ddpdoctor.rundir.layout import RunDir, write_json, write_private_text
 if TYPE_CHECKING:
     from ddpdoctor.launch.launcher import LaunchSpec, RunningJob
 
-MIN_HANG_TIMEOUT_S = 60.0
+def _floor_from_env() -> float:
+    """The default timeout's floor: 60 s, or $DDPDOCTOR_DEFAULT_HANG_TIMEOUT (still a default: busy ranks are stalls)."""
+    try:
+        value = float(os.environ.get("DDPDOCTOR_DEFAULT_HANG_TIMEOUT", "60"))
+    except ValueError:
+        return 60.0
+    return value if value > 0 else 60.0
+
+
+MIN_HANG_TIMEOUT_S = _floor_from_env()
 STEP_MULTIPLE = 10.0
 KILL_GRACE_S = 3.0
 MAX_WORLD = 1 << 20
-STUCK_S = 15.0  # a laggard with no CPU, no I/O and no move of its Python position for this long is stuck
+# A laggard with no CPU, no I/O and no move of its Python position for this long is stuck (15 s by default).
+STUCK_S = MIN_HANG_TIMEOUT_S / 4
 ACTIVITY_EVERY_S = 1.0
+CRASH_GRACE_S = 10.0
 
 
 def auto_hang_timeout(slowest_step_s: float | None) -> float:
@@ -59,6 +71,7 @@ class RankLink:
     heartbeat_tid: int | None = None  # the heartbeat thread's own CPU and I/O do not count as the rank's
     active_at: float | None = None  # last time its CPU, I/O or Python position changed
     activity: tuple[int, int] | None = None
+    exit_at: float | None = None
 
 
 def expected_world(spec: LaunchSpec) -> int | None:
@@ -129,7 +142,7 @@ class HangMonitor:
             self._activity_at = now
             self._sample_activity(now)
         stalled = self.stalled_ranks(now, job.started)
-        if not stalled:
+        if not stalled or self._crash_being_torn_down(now):
             return
         busy = [] if self.hang_timeout is not None else self.busy_laggards(stalled, now)
         if busy:
@@ -214,6 +227,14 @@ class HangMonitor:
                 out.append(r)
         return out
 
+    def _crash_being_torn_down(self, now: float) -> bool:
+        """A rank reported its exception moments ago: torchrun is about to stop the job (the crash is the report's
+        root cause); a process that takes a few seconds to exit is not a hang. After CRASH_GRACE_S it is."""
+        with self._lock:
+            links = list(self.links.values())
+        return any(lk.exit and lk.exit.get("exception") and lk.exit_at and now - lk.exit_at < CRASH_GRACE_S
+                   for lk in links)
+
     def _sample_activity(self, now: float) -> None:
         with self._lock:
             links = [lk for lk in self.links.values() if lk.exit is None and lk.pid]
@@ -280,6 +301,7 @@ class HangMonitor:
                     stall["stack"] = msg["stacks"]
         elif kind == "exit":
             link.exit = msg.get("status") if isinstance(msg.get("status"), dict) else {}
+            link.exit_at = link.last_seen
         self._call("on_message", self, rank, msg)
 
     def _on_close(self, rank: int) -> None:

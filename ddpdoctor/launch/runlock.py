@@ -68,7 +68,8 @@ def acquire(root: Path, job_id: str | None = None) -> RunLock:
         fd = os.open(root / LOCK_NAME, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
     except OSError as exc:
         raise BadInput(f"cannot write the run directory ({exc.strerror or exc})", root) from exc
-    deadline = time.time() + JOIN_WAIT_S
+    deadline = time.time() + (JOIN_WAIT_S if job_id is not None else 0.0)
+    other_job = False
     while True:
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
@@ -94,7 +95,8 @@ def acquire(root: Path, job_id: str | None = None) -> RunLock:
                 if same:
                     return RunLock(root, fd, shared=True)
                 fcntl.flock(fd, fcntl.LOCK_UN)
-        if time.time() >= deadline:
+                other_job = True  # a live job of another id shares it: no reason to wait
+        if other_job or time.time() >= deadline:
             who = holder(root)
             os.close(fd)
             raise BadInput(f"is in use by a live run ({who}); wait for it to end or choose another --out/--name", root)

@@ -139,6 +139,18 @@ def _run_script(config: ProbeConfig) -> None:
         runpy.run_path(script, run_name="__main__")
 
 
+def _user_site(tb: Any) -> str | None:
+    """file:line of the innermost frame of the user's code in a traceback (where the script called sys.exit)."""
+    site = None
+    ours = str(Path(__file__).resolve().parents[1])
+    while tb is not None:
+        fname = tb.tb_frame.f_code.co_filename
+        if not fname.startswith((ours, "<")) and "/torch/" not in fname:
+            site = f"{fname}:{tb.tb_lineno}"
+        tb = tb.tb_next
+    return site
+
+
 def _on_sigterm(signum: int, frame: Any) -> None:
     # torchrun SIGTERMs the surviving ranks when one fails: unwind so the profiler writes what it has. A second
     # SIGTERM (torchrun and ddpdoctor both stopping the job) must not interrupt that unwinding or the exit handlers.
@@ -170,6 +182,7 @@ def main() -> None:
     except SystemExit as exc:
         code = exc.code
         status["exit_code"] = code if isinstance(code, int) else (0 if code is None else 1)
+        status["exit_site"] = _user_site(exc.__traceback__)
         if isinstance(code, int) and code > 128:
             status["signal"] = signal.Signals(code - 128).name if code - 128 in signal.Signals._value2member_map_ else None
         raise

@@ -165,8 +165,10 @@ class HeartbeatProbe:
             status["failed_collective"] = self.failed_collective
         if self.last_collective is not None:
             status["last_collective"] = self.last_collective
+        elif self.backward_site is not None:  # DDP's all-reduces run inside backward(): its call site stands for them
+            status["last_collective"] = {"op": "backward (DDP gradient all-reduce)", "call_site": self.backward_site}
         status["ended_at"] = time.time()
-        self._send({"type": "exit", "status": {k: status.get(k) for k in ("exit_code", "exception", "steps_completed")}})
+        self._send({"type": "exit", "status": {k: status.get(k) for k in ("exit_code", "exception", "steps_completed", "exit_site")}})
         self._stop.set()
         for (mod, name), fn in self._originals.items():
             setattr(mod, name, fn)

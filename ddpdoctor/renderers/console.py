@@ -75,8 +75,9 @@ def render(
     out: Console | None = None,
 ) -> None:
     out = out or console()
-    colour = {"ok": "green", "warning": "yellow", "error": "red"}[report.status]
-    out.print(f"[bold]ddpdoctor {escape(report.command)}[/bold]: [{colour}]{report.status}[/{colour}]")
+    colour = {"ok": "green", "warning": "yellow", "error": "red"}.get(report.status, "magenta")  # stopped, interrupted
+    why = f": {escape(str(report.stopped.get('message')))}" if report.stopped else ""
+    out.print(f"[bold]ddpdoctor {escape(report.command)}[/bold]: [{colour}]{report.status}[/{colour}]{why}")
     if sections is not None:
         sections(report, out, verbose)
     for note in report.notes:

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -16,7 +17,7 @@ from typing import Any
 import pytest
 
 from ddpdoctor.launch.proctree import descendants
-from tests.conftest import REPO, SCENARIOS
+from tests.conftest import REPO, SCENARIOS, run_cli
 
 pytestmark = pytest.mark.slow
 
@@ -25,7 +26,9 @@ def start(tmp_path: Path, command: str, *extra: str, env: dict[str, str] | None 
     out, mark = tmp_path / "run", tmp_path / "under-way"
     full_env = dict(os.environ, PYTHONUNBUFFERED="1", STEPS="100000", STEP_SLEEP="0.05", MARK_FILE=str(mark),
                     CKPT_DIR=str(tmp_path), **(env or {}))
-    args = [sys.executable, "-m", "ddpdoctor", command, "--nproc-per-node", "2", "--json", "--out", str(out),
+    json_flag = [] if "--no-json" in extra else ["--json"]
+    extra = tuple(e for e in extra if e != "--no-json")
+    args = [sys.executable, "-m", "ddpdoctor", command, "--nproc-per-node", "2", *json_flag, "--out", str(out),
             *extra, str(SCENARIOS / "pause.py")]
     # Its own session, as a terminal gives a job: a signal goes to ddpdoctor only, the way `kill PID` sends it.
     proc = subprocess.Popen(args, cwd=REPO, env=full_env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
@@ -42,6 +45,14 @@ def wait_under_way(proc: subprocess.Popen[str], mark: Path, timeout: float = 90)
         time.sleep(0.1)
     time.sleep(0.5)
     return descendants(proc.pid)
+
+
+def listening(pids: set[int]) -> list[str]:
+    """The local addresses these processes listen on (TCP), from `ss`."""
+    if not shutil.which("ss"):
+        pytest.skip("ss is not installed")
+    out = subprocess.run(["ss", "-ltnpH"], capture_output=True, text=True).stdout
+    return [line.split()[3] for line in out.splitlines() if any(f"pid={p}," in line for p in pids)]
 
 
 def left_alive(pids: set[int]) -> list[str]:
@@ -63,15 +74,25 @@ def gone_within(pids: set[int], seconds: float) -> list[str]:
 def stop_with(tmp_path: Path, command: str, sig: int, *extra: str) -> tuple[int, dict[str, Any], str, Path, set[int]]:
     proc, out, mark = start(tmp_path, command, *extra)
     pids = wait_under_way(proc, mark)
+    if command == "run":
+        # A single-node job listens on loopback only: ddpdoctor's monitor, torchrun's stores, gloo (13.7).
+        assert listening(pids | {proc.pid}) and all(a.startswith("127.0.0.1:") for a in listening(pids | {proc.pid}))
+    if command == "run":  # the live run's directory is locked: a second launch into it is refused (13.8)
+        second = run_cli("run", "--overwrite", "--out", str(out), str(SCENARIOS / "pause.py"), timeout=60)
+        assert second.returncode == 2 and "in use by a live run" in second.stderr, second.stderr[-2000:]
+        assert (out / "manifest.json").is_file()  # and nothing of the live run was removed
     proc.send_signal(sig)
     stdout, stderr = proc.communicate(timeout=120)
     assert stdout.strip(), stderr[-3000:]
     return proc.returncode, json.loads(stdout), stderr, out, pids
 
 
+LONG = pytest.mark.skipif(not os.environ.get("DDPDOCTOR_LONG_TESTS"), reason="more of the same: DDPDOCTOR_LONG_TESTS=1")
+
+
 @pytest.mark.parametrize(("command", "sig", "status"), [
     ("run", signal.SIGTERM, "stopped"),
-    ("run", signal.SIGINT, "interrupted"),
+    pytest.param("run", signal.SIGINT, "interrupted", marks=LONG),
     ("profile", signal.SIGTERM, "stopped"),
     ("check-sync", signal.SIGINT, "interrupted"),
 ])
@@ -101,13 +122,15 @@ def test_a_signal_stops_the_job_and_is_reported_as_what_it_is(tmp_path: Path, co
         assert list((out / "traces").glob("*.pt.trace.json*"))
 
 
-@pytest.mark.parametrize("sig", [signal.SIGHUP, signal.SIGQUIT, signal.SIGKILL])
+@pytest.mark.parametrize("sig", [signal.SIGHUP, pytest.param(signal.SIGQUIT, marks=LONG), signal.SIGKILL])
 def test_no_orphans_whatever_ends_ddpdoctor(tmp_path: Path, sig: int) -> None:
-    proc, out, mark = start(tmp_path, "run")
+    proc, out, mark = start(tmp_path, "run", "--no-json")  # the terminal report this time
     pids = wait_under_way(proc, mark)
     assert len(pids) >= 3  # torchrun and two ranks
     proc.send_signal(sig)
-    proc.communicate(timeout=120)
+    stdout, _ = proc.communicate(timeout=120)
+    if sig != signal.SIGKILL:
+        assert f"ddpdoctor run: stopped: Stopped by {signal.Signals(sig).name}" in stdout
     assert proc.returncode == (-sig if sig == signal.SIGKILL else 128 + sig)
     assert not gone_within(pids, 10), "processes of the job outlived ddpdoctor"
     manifest = json.loads((out / "manifest.json").read_text())

@@ -1,8 +1,8 @@
 """A job bent by environment variables: one rank pauses at one step (busy or stuck) or leaves early, while the
 other waits for it in a collective; a marker file says when the job is under way (for tests that signal it).
 
-PAUSE_RANK, PAUSE_STEP, PAUSE_KIND (checkpoint | eval | sleep | lock | read | exit0 | return), PAUSE_S,
-STEPS, STEP_SLEEP, MARK_FILE (written by rank 0 at step 3)."""
+PAUSE_RANK, PAUSE_STEP, PAUSE_KIND (checkpoint | eval | checkpoint+eval (eval 3 steps after the checkpoint) |
+sleep | lock | read | exit0 | return), PAUSE_S, STEPS, STEP_SLEEP, MARK_FILE (written by rank 0 at step 3)."""
 
 import os
 import threading
@@ -38,7 +38,7 @@ def evaluate(seconds):
         a = torch.tanh(a @ a)
 
 
-def pause():
+def pause(kind):
     if kind == "checkpoint":
         checkpoint(pause_s)
     elif kind == "eval":
@@ -62,7 +62,9 @@ for step in range(steps):
             raise SystemExit(0)  # BUG: leaves early, cleanly, while the other rank waits for it
         if kind == "return":
             break  # BUG: leaves the loop early; the script then ends normally
-        pause()
+        pause(kind.split("+")[0])
+    if rank == pause_rank and step == pause_step + 3 and "+" in kind:
+        pause(kind.split("+")[1])
     x, y = batch()
     loss = torch.nn.functional.cross_entropy(model(x), y)
     opt.zero_grad()
