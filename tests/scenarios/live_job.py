@@ -16,6 +16,7 @@ p.add_argument("--slow-from", type=int, default=30)
 p.add_argument("--slow-s", type=float, default=0.03)
 p.add_argument("--eval-every", type=int, default=0)
 p.add_argument("--until-file", default=None)
+p.add_argument("--data-s", type=float, default=0.02)
 a = p.parse_args()
 dist.init_process_group("gloo")
 rank = dist.get_rank()
@@ -40,7 +41,7 @@ step = 0
 while step < a.steps or (a.until_file and not os.path.exists(a.until_file) and step < 5000):
     net.step = step
     x = torch.randn(32, 64)
-    time.sleep(0.02)  # data loading
+    time.sleep(a.data_s)  # data loading
     loss = model(x).sum()
     opt.zero_grad()
     loss.backward()
