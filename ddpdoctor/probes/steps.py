@@ -107,6 +107,8 @@ class StepTracker:
 
     # -- hooks -------------------------------------------------------------------------------------
     def _on_forward(self, module: Any, args: Any) -> None:
+        if self._armed and self._phase == "forward":
+            return  # the hot path: every submodule of a training forward
         phase = "forward" if torch.is_grad_enabled() else "eval"
         if not self._armed or self._phase != phase:
             self._armed = True
