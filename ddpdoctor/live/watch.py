@@ -78,6 +78,8 @@ class LiveWatch:
         from ddpdoctor.live.export import TensorBoardExporter
 
         self.exporters.append(TensorBoardExporter(run_root / "scalars" / "live"))
+        # tensorboard takes ~0.5 s to import: not on the poll loop that also detects hangs.
+        threading.Thread(target=_preload_tensorboard, name="ddpdoctor-tb-import", daemon=True).start()
 
     def on_message(self, monitor: HangMonitor, rank: int, msg: dict[str, Any]) -> None:
         """Every authenticated message from a rank (the monitor's loop thread): keep it fast."""
@@ -207,6 +209,13 @@ class LiveWatch:
         with os.fdopen(fd, "w") as f:
             json.dump({"stacks": {str(r): s for r, s in stacks.items()}, "beats": where}, f)
         write_json(record, dict(state, done=time.time()))
+
+
+def _preload_tensorboard() -> None:
+    try:
+        import tensorboard.summary  # noqa: F401
+    except ImportError:
+        pass
 
 
 def _append_reply(path: Path, rank: int, msg: dict[str, Any]) -> None:

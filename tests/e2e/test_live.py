@@ -44,6 +44,7 @@ def test_rank_made_slower_halfway_is_named_with_its_phase_and_status_says_finish
     auto = list((out / "captures").glob("auto-*"))
     assert len(auto) == 1, stderr[-2000:]
     assert len(list((auto[0] / "traces").glob("rank*.pt.trace.json.gz"))) == 2
+    assert list((out / "scalars" / "live").glob("events.out.tfevents.*"))  # TensorBoard scalars, written live
     # status on the finished run
     st = run_cli("status", str(out))
     assert st.returncode == 0 and "finished (exit code 0)" in st.stdout, st.stdout + st.stderr
