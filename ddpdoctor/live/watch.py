@@ -144,10 +144,13 @@ class LiveWatch:
                     data = os.read(fd, MAX_REQUEST_BYTES + 1) if stat.S_ISREG(st.st_mode) else b""
                 finally:
                     os.close(fd)
-                os.unlink(path)
             except OSError:
-                continue
-            if st.st_uid != os.getuid() or not data or len(data) > MAX_REQUEST_BYTES:
+                st, data = None, b""  # a link (O_NOFOLLOW) or unreadable: dropped like any junk
+            try:
+                os.unlink(path)  # taken once, whatever it was
+            except OSError:
+                pass
+            if st is None or st.st_uid != os.getuid() or not data or len(data) > MAX_REQUEST_BYTES:
                 continue  # not the job owner's, or not a request
             try:
                 req = json.loads(data)

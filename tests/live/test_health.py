@@ -117,3 +117,28 @@ def test_status_merges_the_nodes_of_a_shared_run_directory(tmp_path: Path) -> No
     assert sorted(h["ranks"]) == ["0", "1", "2", "3"] and h["slowest_ranks"][0] == 3
     assert [a["ranks"] for a in h["alerts"]] == [[3]]  # node1's monitor compared its own two ranks
     assert [f.ranks for f in live_findings(RunDir(tmp_path))] == [[3]]
+
+
+def test_the_monitor_takes_only_its_owners_regular_small_requests(tmp_path: Path) -> None:
+    import os
+
+    from ddpdoctor.live.watch import LiveWatch, control_dir
+
+    watch = LiveWatch()
+    watch.root, watch.node = tmp_path, "node0"
+    ctl = control_dir(tmp_path, "node0")
+    ctl.mkdir(parents=True)
+    good = {"id": "a", "what": "profile", "steps": 3}
+    (ctl / "req-a.json").write_text(json.dumps(good))
+    (ctl / "req-big.json").write_text(json.dumps(dict(good, pad="x" * 5000)))
+    secret = tmp_path / "secret.json"
+    secret.write_text(json.dumps(dict(good, id="via-link")))
+    (ctl / "req-link.json").symlink_to(secret)
+    os.mkfifo(ctl / "req-fifo.json")
+    foreign = ctl / "req-foreign.json"
+    foreign.write_text(json.dumps(dict(good, id="foreign")))
+    if os.getuid() == 0:
+        os.chown(foreign, 65534, 65534)  # another user's file in the folder: never acted on
+    taken = watch._take_requests()
+    assert [r["id"] for r in taken] == ["a"] + ([] if os.getuid() == 0 else ["foreign"])
+    assert secret.exists() and not list(ctl.iterdir())  # every entry taken once; a link's target untouched
