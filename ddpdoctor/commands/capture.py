@@ -13,8 +13,13 @@ import click
 
 from ddpdoctor.commands._common import cli_errors, emit, json_option
 
+# The same layout as h17's `_common.examples` (click keeps a "\b" paragraph as written).
+EXAMPLES = ("\b\nExamples:\n  ddpdoctor capture ddpdoctor-runs/job42 --profile 5\n"
+            "  ddpdoctor capture ddpdoctor-runs/job42 --check-sync 3 --json\n"
+            "  ddpdoctor capture ddpdoctor-runs/job42 --stacks")
 
-@click.command(help=__doc__)
+
+@click.command(help=__doc__, epilog=EXAMPLES)
 @click.argument("run_dir", type=click.Path(path_type=Path))
 @click.option("--profile", "profile_steps", type=click.IntRange(1, 100), default=None, metavar="N",
               help="Profile the next N iterations on every rank.")
@@ -25,12 +30,11 @@ from ddpdoctor.commands._common import cli_errors, emit, json_option
 @click.option("--timeout", type=float, default=600.0, show_default=True, help="Seconds to wait for the capture.")
 @click.option("--verbose", "-v", is_flag=True, help="Per-step and per-collective tables.")
 @json_option
-@click.option("--fail-on", type=click.Choice(["none", "error", "warning"]), default=None,
-              help="Exit 1 when a finding of this severity or worse is found [default: none for --profile (advice, "
-                   "like `profile`), error for --check-sync (a mismatch, like `check-sync`)].")
+@click.option("--fail-on", type=click.Choice(["error", "warning", "none"]), default="error", show_default=True,
+              help="Exit 1 when a finding of this severity or worse is found (none: only a failed capture fails).")
 @cli_errors
 def command(run_dir: Path, profile_steps: int | None, stacks: bool, sync_steps: int | None, timeout: float,
-            verbose: bool, as_json: bool, fail_on: str | None) -> None:
+            verbose: bool, as_json: bool, fail_on: str) -> None:
     from ddpdoctor.errors import BadInput
     from ddpdoctor.live import capture
     from ddpdoctor.rundir.layout import RunDir
@@ -41,7 +45,6 @@ def command(run_dir: Path, profile_steps: int | None, stacks: bool, sync_steps: 
     if len(chosen) != 1:
         raise BadInput("give exactly one of --profile N, --check-sync N or --stacks")
     what = chosen[0]
-    fail_on = fail_on or ("error" if what == "check-sync" else "none")
     steps = profile_steps if what == "profile" else sync_steps
     cid, nodes = capture.request(run_dir, what, steps)
     try:
