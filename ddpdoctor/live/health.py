@@ -33,6 +33,7 @@ from ddpdoctor.live.rules import (
     slow_ranks,
     slowdown,
 )
+from ddpdoctor.rundir.layout import write_private_text
 
 VERSION = 1
 RANK_HISTORY = 256  # iterations kept per rank
@@ -89,7 +90,7 @@ class LiveHealth:
         self._series_lines = 0
         self._last_eval = 0.0
         self._lock = threading.Lock()
-        self.root.mkdir(parents=True, exist_ok=True)
+        self.root.mkdir(mode=0o700, parents=True, exist_ok=True)
         for name in ("health.json", "series.jsonl", "alerts.jsonl"):
             (self.root / name).unlink(missing_ok=True)
 
@@ -249,9 +250,7 @@ class LiveHealth:
         try:
             snap = self.snapshot(now, per_rank, series, finished)
             self.last_snapshot = snap
-            tmp = self.root / f".health.json.{os.getpid()}.tmp"
-            tmp.write_text(json.dumps(snap, separators=(",", ":")))
-            os.replace(tmp, self.root / "health.json")
+            write_private_text(self.root / "health.json", json.dumps(snap, separators=(",", ":")))
             self._write_series()
         except OSError:
             pass  # a full disk must not stop the watch
@@ -264,14 +263,12 @@ class LiveHealth:
         lines = "".join(json.dumps({"step": p.step, "s": round(p.seconds, 6), "phases": p.phases,
                                     "top_rank": p.top_rank, "top_phase": p.top_phase}, separators=(",", ":")) + "\n"
                         for p in points)
-        with path.open("a") as f:
+        with _open_append(path) as f:
             f.write(lines)
         self._series_lines += len(points)
         if self._series_lines > SERIES_LINES:  # keep the newest half: a ring on disk
             kept = path.read_text().splitlines(keepends=True)[-SERIES_LINES // 2:]
-            tmp = path.with_name(".series.jsonl.tmp")
-            tmp.write_text("".join(kept))
-            os.replace(tmp, path)
+            write_private_text(path, "".join(kept))
             self._series_lines = len(kept)
 
 
@@ -305,9 +302,14 @@ def _job_point(step: int, recs: dict[int, StepRecord]) -> JobPoint:
                     top_rank, top_phase)
 
 
+def _open_append(path: Path) -> Any:
+    """Append to a run-directory file created owner-only (0600, docs/trust.md)."""
+    return os.fdopen(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600), "a")
+
+
 def _append_line(path: Path, data: dict[str, Any]) -> None:
     try:
-        with path.open("a") as f:
+        with _open_append(path) as f:
             f.write(json.dumps(data, separators=(",", ":"), default=str) + "\n")
     except OSError:
         pass

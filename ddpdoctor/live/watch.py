@@ -223,7 +223,7 @@ def _preload_tensorboard() -> None:
 
 def _append_reply(path: Path, rank: int, msg: dict[str, Any]) -> None:
     try:
-        with path.open("a") as f:
+        with os.fdopen(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600), "a") as f:
             f.write(json.dumps({"rank": rank, "accepted": bool(msg.get("accepted")),
                                 "reason": str(msg.get("reason") or "")[:200]}) + "\n")
     except OSError:
