@@ -61,12 +61,14 @@ def command(run_dir: Path, profile_steps: int | None, stacks: bool, sync_steps: 
         click.echo(f"ddpdoctor: capture {cid}: {exc}", err=True)
         sys.exit(1)
     click.echo(f"ddpdoctor: window of {steps} iteration(s) in {window}", err=True)
+    note = capture.misaligned_note(window, state["ranks"])
     if what == "check-sync":
         from ddpdoctor.report import Report
         from ddpdoctor.sync_api import render_sync_sections, sync_report
 
         report = Report(command="capture")
         report.sections["run_dir"] = str(window)
+        report.notes += [note] if note else []
         sync_report(RunDir(window), report)
         save_report(RunDir(window), report)
         emit(report, as_json=as_json, verbose=verbose, fail_on=fail_on, sections=render_sync_sections)
@@ -78,6 +80,7 @@ def command(run_dir: Path, profile_steps: int | None, stacks: bool, sync_steps: 
     report = analyze_run(run)
     report.command = "capture"
     report.sections["run_dir"] = str(window)
+    report.notes += [note] if note else []
     save_report(run, report)
     write_outputs(report, window, None, None, run.trace_files())
     emit(report, as_json=as_json, verbose=verbose, fail_on=fail_on, sections=render_perf_sections)

@@ -143,6 +143,20 @@ def wait_stacks(run_root: Path, cid: str, nodes: list[str], timeout_s: float) ->
     return path
 
 
+def misaligned_note(window: Path, ranks: list[int]) -> str | None:
+    """A note when the ranks' windows did not start on the same iteration (a request that reached a rank late)."""
+    firsts: dict[int, Any] = {}
+    for r in ranks:
+        try:
+            firsts[r] = json.loads((window / "ranks" / f"rank{r}" / "done.json").read_text()).get("first_step")
+        except (OSError, ValueError):
+            continue
+    if len(set(firsts.values())) <= 1:
+        return None
+    return (f"the ranks' windows started on different iterations ({firsts}): a request reached some ranks late; "
+            "cross-rank comparisons of this window pair different iterations")
+
+
 def _refusals(out: Path) -> dict[int, str]:
     try:
         lines = (out / "replies.jsonl").read_text().splitlines()

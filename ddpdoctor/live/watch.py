@@ -184,11 +184,11 @@ class LiveWatch:
                 data["capture"] = state
                 write_json(out / "manifest.json", data)
             # Every rank starts on the same iteration (cross-rank analysis pairs their collectives): a little
-            # ahead of the furthest rank by about 1.5 s of iterations, at least 2: beats may be up to 1 s old and
-            # the relay takes one send plus the heartbeat thread's next select (0.2 s).
+            # ahead of the furthest rank by about 2.5 s of iterations, at least 3: beats may be up to 1 s old, the
+            # relay takes one send plus the heartbeat thread's next select (0.2 s), and a loaded host adds more.
             at = max(((st["beat"] or {}).get("step") or 0) for st in links.values()) if links else 0
             rate = (self.health.last_snapshot or {}).get("steps_per_s") if self.health else None
-            at += max(2, int(1.5 * rate) + 1 if isinstance(rate, (int, float)) else 2)
+            at += max(3, int(2.5 * rate) + 2 if isinstance(rate, (int, float)) else 3)
             # Several nodes: the client chose one iteration for all of them (their monitors see different beats).
             asked_at = req.get("at_step")
             if isinstance(asked_at, int) and asked_at >= at - 1:

@@ -95,7 +95,7 @@ def test_capture_profile_on_a_running_job(tmp_path: Path) -> None:
         window = Path(rep["run_dir"])
         assert window.parent == out / "captures" and len(list((window / "traces").glob("rank*.pt.trace.json.gz"))) == 2
         firsts = {json.loads((window / "ranks" / f"rank{r}" / "done.json").read_text())["first_step"] for r in (0, 1)}
-        assert len(firsts) == 1  # both ranks profiled the same iterations
+        assert len(firsts) == 1, rep.get("notes")  # both ranks profiled the same iterations
         # the job goes on: the analyze of the window folder gives the same report
         again = run_cli("analyze", str(window), "--json")
         assert again.returncode == 0 and len(json.loads(again.stdout)["ranks"]) == 2
@@ -105,9 +105,9 @@ def test_capture_profile_on_a_running_job(tmp_path: Path) -> None:
         assert checked["status"] == "ok" and not checked["findings"]
         assert (Path(checked["run_dir"]) / "ranks" / "rank1" / "sync.json").is_file()
         stacks = run_cli("capture", str(out), "--stacks", "--timeout", "60")
-        assert stacks.returncode == 0 and "rank(s)" in stacks.stdout, stacks.stderr
+        assert stacks.returncode == 0 and "rank(s)" in stacks.stdout, stacks.stdout + stacks.stderr
     finally:
         stop.write_text("")
         stdout, stderr = job.communicate(timeout=180)
     assert job.returncode == 0, stderr[-3000:]
-    assert json.loads(stdout)["status"] in ("ok", "warning")
+    assert json.loads(stdout)["status"] in ("ok", "warning"), stdout[-3000:]
