@@ -11,6 +11,7 @@ import re
 import stat
 import zlib
 from pathlib import Path
+from typing import Any
 
 from ddpdoctor.errors import BadInput
 
@@ -22,9 +23,12 @@ MAX_JSON_DEPTH = 256
 _CHUNK = 1 << 20
 
 
-def max_input_bytes() -> int:
-    """The cap on one input's (decompressed) size, from DDPDOCTOR_MAX_INPUT_MB or the default."""
+def max_input_bytes(default: int | None = None) -> int:
+    """The cap on one input's (decompressed) size, from DDPDOCTOR_MAX_INPUT_MB, else ``default`` bytes (a
+    command's own cap), else DEFAULT_MAX_INPUT_MB."""
     raw = os.environ.get("DDPDOCTOR_MAX_INPUT_MB", "")
+    if not raw and default is not None:
+        return default
     try:
         mb = float(raw) if raw else DEFAULT_MAX_INPUT_MB
     except ValueError:
@@ -102,6 +106,13 @@ def _gunzip_stream(fh, head: bytes, path: Path, limit: int) -> bytes:  # type: i
     return bytes(out)
 
 
+def gunzip_bytes(data: bytes, limit: int, name: str = "<stdin>") -> bytes:
+    """gzip data already in memory (stdin) decompressed with the same cap and errors as ``read_bytes``."""
+    import io
+
+    return _gunzip_stream(io.BytesIO(data[2:]), data[:2], Path(name), limit)
+
+
 def _too_big(size: int | None, limit: int) -> str:
     shown = f"{size / (1 << 20):.0f} MiB " if size is not None else ""
     return (f"input {shown}exceeds the {limit / (1 << 20):.0f} MiB limit "
@@ -154,3 +165,16 @@ def clean_text(text: str) -> str:
         return text
     text = _ANSI.sub("", text)
     return _CONTROL.sub(lambda m: f"\\x{ord(m.group()):02x}", text.replace("\r\n", "\n"))
+
+
+def clean_data(value: Any, depth: int = 0) -> Any:
+    """``clean_text`` applied to every string (keys too) of JSON-like data; deeper than 64 levels is left as is."""
+    if isinstance(value, str):
+        return clean_text(value)
+    if depth > 64:
+        return value
+    if isinstance(value, dict):
+        return {clean_data(k, depth + 1): clean_data(v, depth + 1) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [clean_data(v, depth + 1) for v in value]
+    return value

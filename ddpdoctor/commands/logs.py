@@ -24,6 +24,12 @@ def _sections(report: Report, out: Any, verbose: bool) -> None:
         table.add_row(escape(s["name"]), s["kind"] if not s["problem"] else f"[yellow]{escape(s['problem'])}[/]",
                       str(s["lines"]), ranks, str(s["events"]))
     out.print(table)
+    timeline = report.sections.get("timeline") or []
+    if verbose and timeline:
+        out.print("Failure lines, merged on their timestamps (first 20):")
+        for t in timeline[:20]:
+            who = f"rank {t['rank']}" if t["rank"] is not None else (t["host"] or "?")
+            out.print(f"  {escape(t['where'])} [{escape(who)}] {escape(t['kind'])}: {escape(t['text'][:160])}")
     if verbose and report.sections.get("events"):
         out.print("events: " + escape(", ".join(f"{k}={v}" for k, v in sorted(report.sections["events"].items()))))
 
@@ -36,6 +42,7 @@ def _sections(report: Report, out: Any, verbose: bool) -> None:
 @cli_errors
 def command(files: tuple[str, ...], verbose: bool, as_json: bool, fail_on: str) -> None:
     from ddpdoctor.logs.explain import explain_paths
+    from ddpdoctor.logs.sanitize import clean_report
 
-    report = explain_paths(files)
+    report = clean_report(explain_paths(files))
     emit(report, as_json=as_json, verbose=verbose, fail_on=fail_on, sections=_sections)

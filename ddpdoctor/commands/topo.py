@@ -9,6 +9,7 @@ import click
 
 from ddpdoctor.commands._common import cli_errors, emit, fail_on_option, json_option
 from ddpdoctor.errors import BadInput
+from ddpdoctor.logs.sanitize import clean_report
 from ddpdoctor.report import Report
 
 
@@ -105,7 +106,7 @@ def build_report(logs: list[Path], xmls: list[Path]) -> Report:
             raise BadInput("give at least one NCCL log or topology XML file")
         extra = f" (and {len(inputs.problems) - 1} more unusable file(s))" if len(inputs.problems) > 1 else ""
         raise BadInput(inputs.problems[0] + extra)
-    sections, findings = diagnose(inputs.log, inputs.systems)
+    sections, findings = diagnose(inputs.log, inputs.systems, inputs.extra)
     notes = [f"skipped {p}" for p in inputs.problems]
     return Report(command="topo", sections=sections, findings=findings, notes=notes)
 
@@ -119,7 +120,7 @@ def build_report(logs: list[Path], xmls: list[Path]) -> Report:
 @fail_on_option
 @cli_errors
 def command(files: tuple[Path, ...], xmls: tuple[Path, ...], verbose: bool, as_json: bool, fail_on: str) -> None:
-    report = build_report(list(files), list(xmls))
+    report = clean_report(build_report(list(files), list(xmls)))
     for problem in report.notes:
         click.echo(f"ddpdoctor: warning: {problem}", err=True)
     emit(report, as_json=as_json, verbose=verbose, fail_on=fail_on, sections=render_sections)

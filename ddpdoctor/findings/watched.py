@@ -100,7 +100,8 @@ def debug_findings(run: RunDir, have: set[str]) -> list[Finding]:
         return []
     # The watch already named these from richer sources (heartbeats, status files); "job-failed" is implied.
     if have & {"hang", "rank-crashed", "collective-mismatch"}:
-        have = have | {"job-failed"}
+        # ... and so are the logs' victim-side findings (closed connections, store resets, unexplained errors).
+        have = have | {"job-failed", "peer-lost", "store-failure", "unrecognised-failure"}
     return [f for f in found if f.id not in have]
 
 

@@ -40,8 +40,11 @@ def crashed_ranks(exceptions: list[RankException], failures: list[ChildFailure],
     signalled = [f for f in failures if f.signal and f.signal not in _CLEANUP_SIGNALS]
     # SIGABRT on every failing rank is NCCL's watchdog tearing the job down, not N independent crashes.
     all_aborted = len(signalled) > 1 and all(f.signal == "SIGABRT" for f in signalled)
+    # A rank whose own error says a peer went away (gloo::IoException, Connection reset) and then aborted: the abort
+    # is how it died of its peer's death, not a crash of its own.
+    victims = {e.rank for e in exceptions if e.rank is not None and classify(e) == "victim"}
     for f in signalled:
-        if f.rank in crashed:
+        if f.rank in crashed or (f.signal == "SIGABRT" and f.rank in victims):
             continue
         if f.signal == "SIGABRT" and (other_problem or all_aborted):
             continue  # NCCL's watchdog / a gloo enforce already explained by another finding

@@ -55,7 +55,7 @@ class WatchdogTimeout:
     """ProcessGroupNCCL: 'Watchdog caught collective operation timeout: WorkNCCL(SeqNum=, OpType=, ...) ran for N ms'."""
 
     rank: int | None
-    seq: int
+    seq: int | None  # None in torch < 1.10's wording (no SeqNum)
     op: str
     numel_in: int | None
     numel_out: int | None
@@ -181,9 +181,35 @@ class ChildFailure:
     where: Where
 
 
+@dataclass(frozen=True)
+class FailureLine:
+    """One line of the failure grammar (ddpdoctor/logs/grammar.py, docs/logs-grammar.md)."""
+
+    kind: str  # the grammar rule's kind: oom, nccl-error, nccl-remote, model-mismatch, watchdog-stuck, store, ...
+    role: str  # "cause" or "victim"
+    rank: int | None
+    host: str | None
+    gpu: int | None
+    text: str
+    ts: float | None
+    where: Where
+    odd_rank: int | None = None  # model-mismatch: the rank the message names as different
+
+
+@dataclass(frozen=True)
+class Unexplained:
+    """A line that says something failed (error level, exception, exit code, ...): quoted when no rule explains it."""
+
+    rank: int | None
+    host: str | None
+    text: str
+    ts: float | None
+    where: Where
+
+
 Event = (
     FingerprintMismatch | MonitoredBarrierFailure | WatchdogTimeout | WatchdogWorkState | GlooSizeMismatch
-    | GlooTimeout | UnusedParameters | RankException | CollectiveStack | ChildFailure
+    | GlooTimeout | UnusedParameters | RankException | CollectiveStack | ChildFailure | FailureLine | Unexplained
 )
 
 

@@ -21,22 +21,86 @@ class _PlainDataUnpickler(pickle.Unpickler):
         raise pickle.UnpicklingError(f"refusing to load {module}.{name}: a Flight Recorder dump holds plain data only")
 
 
-def _check_plain(value: Any, depth: int = 0) -> None:
-    if depth > 64:
-        raise pickle.UnpicklingError("nested too deeply")
-    if isinstance(value, dict):
-        for k, v in value.items():
-            _check_plain(k, depth + 1)
-            _check_plain(v, depth + 1)
-    elif isinstance(value, list | tuple):
-        for v in value:
-            _check_plain(v, depth + 1)
-    elif not isinstance(value, str | int | float | bool | type(None)):
-        raise pickle.UnpicklingError(f"unexpected {type(value).__name__}")
+# Bounds on what a dump may hold. A real dump (2,000 ring-buffer entries with their frames) is a few MB, some
+# 10^5 objects. Shared references are counted each time they are used: a pickle can reference one list from many
+# places (a 404-byte input can stand for 2^100 objects), and everything that walks the value walks it expanded.
+MAX_PICKLE_BYTES = 256 * 1024 * 1024
+MAX_OPCODES = 20_000_000
+MAX_OBJECTS = 5_000_000
+MAX_EXPANDED_BYTES = 1 << 30
+MAX_DEPTH = 64
+
+
+def _check_opcodes(data: bytes) -> None:
+    """Refuse a pickle with more opcodes than MAX_OPCODES before building anything (each one may make an object)."""
+    import pickletools
+
+    for count, _ in enumerate(pickletools.genops(data), start=1):
+        if count > MAX_OPCODES:
+            raise pickle.UnpicklingError(f"more than {MAX_OPCODES:,} pickle operations")
+
+
+def _leaf_size(item: Any) -> int:
+    if isinstance(item, str | bytes):
+        return len(item)
+    if isinstance(item, int) and not isinstance(item, bool):
+        return item.bit_length() // 8 + 1
+    if isinstance(item, float | bool | type(None)):
+        return 8
+    raise pickle.UnpicklingError(f"unexpected {type(item).__name__}")
+
+
+def _children(item: Any) -> list[Any] | None:
+    if isinstance(item, dict):
+        return [*item.keys(), *item.values()]
+    if isinstance(item, list | tuple):
+        return list(item)
+    return None
+
+
+def _check_plain(value: Any) -> None:
+    """Plain data only, within MAX_DEPTH, and within MAX_OBJECTS and MAX_EXPANDED_BYTES once every shared reference
+    is counted each time it is used. The expanded totals are computed once per distinct container (memoised by
+    identity, post-order, no recursion), so a reference bomb is refused at the cost of its own size."""
+    totals: dict[int, tuple[int, int]] = {}  # id(container) -> (objects, bytes) it expands to
+    on_path: set[int] = set()
+    stack: list[tuple[Any, int, bool]] = [(value, 0, False)]
+    while stack:
+        item, depth, done = stack.pop()
+        kids = _children(item)
+        if kids is None:
+            continue
+        key = id(item)
+        if done:
+            objects, size = 1, 8 * len(kids)
+            for kid in kids:
+                k_objects, k_size = totals[id(kid)] if _children(kid) is not None else (1, _leaf_size(kid))
+                objects += k_objects
+                size += k_size
+            if objects > MAX_OBJECTS:
+                raise pickle.UnpicklingError(f"more than {MAX_OBJECTS:,} objects once shared references are expanded")
+            if size > MAX_EXPANDED_BYTES:
+                raise pickle.UnpicklingError(f"expands past {MAX_EXPANDED_BYTES >> 20} MiB once shared references "
+                                             "are expanded")
+            totals[key] = (objects, size)
+            on_path.discard(key)
+            continue
+        if key in totals:
+            continue
+        if key in on_path:
+            raise pickle.UnpicklingError("a container that holds itself")
+        if depth > MAX_DEPTH:
+            raise pickle.UnpicklingError("nested too deeply")
+        on_path.add(key)
+        stack.append((item, depth, True))
+        stack.extend((kid, depth + 1, False) for kid in kids if _children(kid) is not None)
 
 
 def loads_pickle(data: bytes, name: str = "<pickle>") -> dict[str, Any]:
     try:
+        if len(data) > MAX_PICKLE_BYTES:
+            raise pickle.UnpicklingError(f"larger than {MAX_PICKLE_BYTES >> 20} MiB")
+        _check_opcodes(data)
         value = _PlainDataUnpickler(io.BytesIO(data)).load()
         _check_plain(value)
     except (pickle.UnpicklingError, EOFError, ValueError, TypeError, IndexError, KeyError, OverflowError,

@@ -91,6 +91,19 @@ def from_nccl_watchdog(timeouts: list[WatchdogTimeout], states: list[WatchdogWor
     same_seq = {r: t for r, t in by_timeout.items() if ref is not None and t.seq == ref.seq}
     if len(same_seq) > 1 and len({(t.op, t.numel_in) for t in same_seq.values()}) > 1:
         analysis.mismatch = {r: {"op": t.op, "seq": t.seq, "numel_in": t.numel_in} for r, t in sorted(same_seq.items())}
+        # One rank (or a minority) waiting in another op than the rest is the odd one out: it took another branch.
+        by_op: dict[Any, set[int]] = {}
+        for r, t in same_seq.items():
+            by_op.setdefault((t.op, t.numel_in), set()).add(r)
+        smallest = min(by_op.values(), key=len)
+        if len(by_op) == 2 and len(smallest) < len(same_seq) - len(smallest) and not analysis.culprits:
+            odd = next(k for k, v in by_op.items() if v == smallest)
+            analysis.culprits = set(smallest)
+            analysis.stalled = set(same_seq) - smallest
+            analysis.why = (f"rank(s) {sorted(smallest)} wait in {odd[0]} while the other {len(same_seq) - len(smallest)}"
+                            " wait in another collective" + (f" at the same sequence number #{ref.seq}" if ref
+                                                             and ref.seq is not None else "")
+                            + ": they took a different path through the code")
     return analysis
 
 

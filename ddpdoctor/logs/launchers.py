@@ -22,7 +22,8 @@ _OOM = re.compile(r"(?:slurmstepd: error: Detected \d+ oom[_-]kill event|Out of 
                   re.IGNORECASE)
 
 
-def _signal(exitcode: int | None, text: str) -> str | None:
+def signal_name(exitcode: int | None, text: str) -> str | None:
+    """The signal named in the text ('Signal 9 (SIGKILL)'), else the one a negative exit code stands for."""
     m = _SIGNAL_TEXT.search(text) or _SIGNAL_PAREN.search(text)
     if m:
         return m.group(m.lastindex or 1)
@@ -39,7 +40,7 @@ def _record(fields: dict[str, list[str]], root: bool, where: Where) -> ChildFail
     error = "\n".join(fields.get("traceback", [])).strip()
     return ChildFailure(
         rank=int(rank_m.group(1)) if rank_m else None, exitcode=exitcode,
-        signal=_signal(exitcode, exit_text + " " + error), error=error,
+        signal=signal_name(exitcode, exit_text + " " + error), error=error,
         host=fields["host"][0] if fields.get("host") else None,
         time=fields["time"][0] if fields.get("time") else None,
         is_root_cause=root, reporter="torchrun", where=where,

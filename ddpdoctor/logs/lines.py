@@ -11,16 +11,27 @@ _RANK_PREFIX = re.compile(
     r"\[default(\d+)\]:"  # torchrun --tee / --redirects log_line_prefix
     r"|\[rank(\d+)\]: ?"  # torch >= 2.2 excepthook and c10 log prefix
     r"|\[rank(\d+)\] "  # the common "print(f'[rank{r}] ...')" habit in user scripts
+    r"|\[\d+,(\d+)\]<std(?:out|err)>:"  # Open MPI --tag-output "[1,3]<stdout>:" (job, rank)
+    r"|\[(\d+)\]<std(?:out|err)>:"  # horovodrun / gloo launcher "[3]<stderr>:"
 )
 # A process id some collectors put in front of everything ("[80746] [rank0]:...").
 _PID_PREFIX = re.compile(r"\[\d{2,8}\] (?=\[)")
+# Multi-node launchers put the host or a job tag first: pdsh/DeepSpeed "worker-1: [rank9]:...", "node3: E1122 ...",
+# "node3: node3:12:34 [0] NCCL WARN ...", and job tags such as "B-nemo-ft3/0 [default1]:...". Only stripped when a
+# known prefix follows, so prose with a colon stays as it is.
+_HOST_PREFIX = re.compile(r"^([\w.-]+): (?=\[(?:default|rank)\d+\]:|[IWEF]\d{4} |\[[IWEF]|[\w.-]+:\d+:\d+ \[\d)")
+_TAG_PREFIX = re.compile(r"^[\w./-]+ (?=\[(?:default|rank)\d+\]:)")
 # srun --label: "3: text" (the SLURM task id, which is the rank when one task runs per rank).
 _SRUN_LABEL = re.compile(r"^\s*(\d{1,6}): ")
 # glog-style headers of torch's C++ ("[E321 02:07:08.408 ProcessGroupNCCL.cpp:607] ", "[E ProcessGroupNCCL.cpp:737] ")
 # and Python ("E1122 10:23:15.599000 8860 torch/distributed/.../api.py:1002] ") loggers.
-_GLOG_CPP = re.compile(r"^\[([IWEF])(?:\d{3,4} [\d:.]+)?\s*[\w./-]+:\d+\] ")
+_GLOG_CPP = re.compile(r"^\[([IWEF])(?:(\d{3,4}) ([\d:.]+))?\s*[\w./-]+:\d+\] ")
 _GLOG_LEADS = frozenset("[IWEF")
-_GLOG_PY = re.compile(r"^([IWEF])\d{3,4} [\d:.]+ \d+ [\w./-]+:\d+\] ")
+_GLOG_PY = re.compile(r"^([IWEF])(\d{3,4}) ([\d:.]+) \d+ [\w./-]+:\d+\] ")
+# Python logging / torchrun >= 2.1 / most collectors: "[2024-03-01 10:00:00,123] ..." or "2024-03-01T10:00:00.1 ...".
+_ISO = re.compile(r"^\[?(\d{4})-(\d\d)-(\d\d)[ T](\d\d):(\d\d):(\d\d)(?:[.,](\d{1,9}))?")
+_CLOCK = re.compile(r"(\d{1,2}):(\d\d):(\d\d)(?:\.(\d{1,9}))?")
+_MONTH_S = 31 * 86400  # seconds in a "month" of the sort key: order, not calendar arithmetic
 
 # Rank (or local rank) in a file name: rank3.err, rank_3.log, torchrun's --log-dir "attempt_0/3/stderr.log".
 _NAME_RANK = (
@@ -39,6 +50,25 @@ class LogLine:
     rank: int | None
     text: str
     logger: str = ""  # "E", "W", ... when the line had a glog header (then ``text`` is the message only)
+    ts: float | None = None  # a sort key in seconds from the line's own timestamp, else the last one above it
+
+
+def _glog_ts(mmdd: str | None, clock: str | None) -> float | None:
+    """'1122' + '10:23:15.599' -> seconds since the start of a year (glog prints month and day, no year)."""
+    if not mmdd or not clock:
+        return None
+    m = _CLOCK.fullmatch(clock)
+    if not m:
+        return None
+    month, day = int(mmdd[:-2]), int(mmdd[-2:])
+    frac = float("0." + m.group(4)) if m.group(4) else 0.0
+    return month * _MONTH_S + day * 86400 + int(m.group(1)) * 3600 + int(m.group(2)) * 60 + int(m.group(3)) + frac
+
+
+def _iso_ts(m: re.Match[str]) -> float:
+    frac = float("0." + m.group(7)) if m.group(7) else 0.0
+    return (int(m.group(2)) * _MONTH_S + int(m.group(3)) * 86400 + int(m.group(4)) * 3600 + int(m.group(5)) * 60
+            + int(m.group(6)) + frac)
 
 
 def rank_from_name(name: str) -> int | None:
@@ -61,6 +91,7 @@ def split_lines(source: str, text: str, default_rank: int | None = None) -> list
     raw_lines = text.splitlines()
     srun = _uses_srun_labels(raw_lines)
     out: list[LogLine] = []
+    ts: float | None = None
     for i, raw in enumerate(raw_lines, start=1):
         line = raw.rstrip("\r\n")
         rank = default_rank
@@ -69,20 +100,30 @@ def split_lines(source: str, text: str, default_rank: int | None = None) -> list
             if m:
                 rank = int(m.group(1))
                 line = line[m.end():]
+        if line[:1] not in ("[", "") and (": " in line[:72] or " [" in line[:72]):
+            m = _HOST_PREFIX.match(line) or _TAG_PREFIX.match(line)
+            if m:
+                line = line[m.end():]
         if line.startswith("["):  # every prefix starts with "[": skip the regexes for the bulk of a log
             line = _PID_PREFIX.sub("", line, count=1)
             while m := _RANK_PREFIX.match(line):
                 rank = int(m.group(m.lastindex or 1))
                 line = line[m.end():]
         logger = ""
-        if line[:1] in _GLOG_LEADS:
+        lead = line[:1]
+        if lead in _GLOG_LEADS:
             for glog in (_GLOG_CPP, _GLOG_PY):
                 m = glog.match(line)
                 if m:
                     logger = m.group(1)
+                    ts = _glog_ts(m.group(2), m.group(3)) or ts
                     line = line[m.end():]
                     break
-        out.append(LogLine(source, i, rank, line, logger))
+        if not logger and (lead.isdigit() or lead == "["):
+            m = _ISO.match(line)
+            if m:
+                ts = _iso_ts(m)
+        out.append(LogLine(source, i, rank, line, logger, ts))
     return out
 
 

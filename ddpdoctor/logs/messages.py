@@ -112,7 +112,9 @@ def _watchdog(line: LogLine, where: Where) -> WatchdogTimeout | None:
     if not m:
         return None
     fields = {k: v.strip() for k, v in _KV.findall(m.group(1))}
-    if "SeqNum" not in fields or not fields["SeqNum"].isdigit():
+    if "SeqNum" in fields and not fields["SeqNum"].isdigit():
+        return None
+    if "OpType" not in fields:
         return None
 
     def num(key: str) -> int | None:
@@ -120,7 +122,7 @@ def _watchdog(line: LogLine, where: Where) -> WatchdogTimeout | None:
         return int(value) if value.lstrip("-").isdigit() else None
 
     return WatchdogTimeout(
-        rank=_reporter(line), seq=int(fields["SeqNum"]), op=fields.get("OpType", "UNKNOWN"),
+        rank=_reporter(line), seq=int(fields["SeqNum"]) if "SeqNum" in fields else None, op=fields.get("OpType", "UNKNOWN"),
         numel_in=num("NumelIn"), numel_out=num("NumelOut"), timeout_ms=num("Timeout(ms)"),
         ran_for_ms=int(ran.group(1)) if (ran := _RAN_FOR.search(line.text, m.end())) else None,
         group=_group(line.text), where=where,

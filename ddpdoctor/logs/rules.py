@@ -31,12 +31,18 @@ VICTIM = re.compile(
     r"|failed to pass monitoredBarrier|Watchdog caught collective operation timeout|communicator was aborted"
     r"|Some NCCL operations have failed or timed out|remote process exited|DistNetworkError|Socket Timeout"
     r"|got signal: \d+|SignalException|KeyboardInterrupt|ProcessGroupNCCL.*(?:abort|timed? ?out)"
-    r"|failed to recv, got 0 bytes|recvValue failed|Stopped waiting for",
+    r"|failed to recv, got 0 bytes|recvValue failed|Stopped waiting for|retr(?:ie|ei)ving ncclUniqueId"
+    r"|wait timeout after \d+ms|sendBytes failed|RendezvousConnectionError|RendezvousClosedError",
     re.IGNORECASE)
 # Errors another finding explains better than "rank N crashed".
 EXPLAINED = re.compile(
     r"Detected mismatch between collectives|Received data size doesn't match"
-    r"|Expected to have finished reduction in the prior iteration|did not receive grad")
+    r"|Expected to have finished reduction in the prior iteration|did not receive grad"
+    # the failure grammar's own findings (logs/triage.py): oom, model-mismatch, nccl-error, watchdog-stuck
+    r"|out of memory|OutOfMemoryError|DDP expects same model|appears not to match (?:sizes|strides)"
+    r"|NCCL error in:(?!.*remote process exited)|ncclUnhandledCudaError|ncclSystemError|ncclInternalError"
+    r"|ncclInvalidUsage|watchdog got stuck|Heartbeat monitor timed out|CUDA error: |illegal memory access"
+    r"|device-side assert")
 LAUNCHER_TYPES = ("ChildFailedError",)
 STACK_LIMIT = 8000
 
@@ -122,7 +128,7 @@ def mismatch_findings(ev: Evidence, excs: dict[int, list[RankException]],
         detected = sorted({s.rank for s in sizes if s.rank is not None})
         if not detected:
             aborted = [f.rank for f in failures if f.signal == "SIGABRT" and f.rank is not None]
-            detected = aborted if len(set(aborted)) == 1 else []
+            detected = sorted(set(aborted)) if len(set(aborted)) == 1 else []
         peers = sorted(r for r, es in excs.items() if any(classify(e) == "victim" for e in es))
         ranks = sorted(set(detected) | set(peers))
         sites = {r: str(f) for r in ranks for e in excs.get(r, [])[:1] if (f := e.user_frame())}

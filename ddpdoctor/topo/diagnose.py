@@ -2,20 +2,21 @@
 
 from __future__ import annotations
 
-import gzip
-import io
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from ddpdoctor.errors import BadInput
 from ddpdoctor.findings.model import Finding
-from ddpdoctor.topo import analysis
+from ddpdoctor.safe_io import max_input_bytes, read_bytes
+from ddpdoctor.topo import analysis, evidence
 from ddpdoctor.topo.nccl_log import NcclLog, parse_lines
 from ddpdoctor.topo.rules import log_findings
 from ddpdoctor.topo.rules_xml import xml_findings
 from ddpdoctor.topo.topo_xml import TopoSystem, parse_topo_xml
 
 _SNIFF = 8192
+MAX_BYTES = 1 << 30  # an NCCL_DEBUG=INFO log of a big job is a few hundred MB at most
 
 
 @dataclass
@@ -24,27 +25,16 @@ class Inputs:
     systems: list[TopoSystem] = field(default_factory=list)
     used: list[str] = field(default_factory=list)
     problems: list[str] = field(default_factory=list)  # "PATH: problem", one per unusable file
+    extra: evidence.Evidence = field(default_factory=evidence.Evidence)
 
 
 def _read_text(path: Path) -> str:
     """The file's text; raises ValueError with the user-facing problem when it is not a usable text file."""
     try:
-        with path.open("rb") as fh:
-            head = fh.read(_SNIFF)
-            if head[:2] == b"\x1f\x8b":
-                fh.seek(0)
-                try:
-                    data = gzip.GzipFile(fileobj=io.BytesIO(fh.read())).read()
-                except (OSError, EOFError) as exc:
-                    raise ValueError(f"truncated or corrupt gzip file ({exc})") from exc
-            else:
-                data = head + fh.read()
-    except FileNotFoundError as exc:
-        raise ValueError("file not found") from exc
-    except IsADirectoryError as exc:
-        raise ValueError("is a directory, not a log or topology file") from exc
-    except OSError as exc:
-        raise ValueError(f"cannot read ({exc.strerror or exc})") from exc
+        # Regular files only (a FIFO or /dev/zero would block or never end); gzip streamed with a cap.
+        data = read_bytes(path, max_input_bytes(MAX_BYTES))
+    except BadInput as exc:
+        raise ValueError(exc.problem) from exc
     if not data.strip():
         raise ValueError("empty file")
     if b"\x00" in data[:_SNIFF]:
@@ -75,8 +65,12 @@ def read_inputs(logs: list[Path], xmls: list[Path]) -> Inputs:
                 inputs.problems.append(f"{path}: no NCCL topology elements (<system>, <cpu>, <pci>, <gpu>, <graphs>)")
                 continue
             inputs.systems.append(system)
+            evidence.scan_xml(inputs.extra, text)
         else:
-            if parse_lines(inputs.log, str(path), text.splitlines()) == 0:
+            before = len(inputs.extra.devices) + len(inputs.extra.ofi_loaded) + len(inputs.extra.efa_nodev)
+            evidence.scan(inputs.extra, text)
+            nccl_tests = len(inputs.extra.devices) + len(inputs.extra.ofi_loaded) + len(inputs.extra.efa_nodev) > before
+            if parse_lines(inputs.log, str(path), text.splitlines()) == 0 and not nccl_tests:
                 inputs.log.files.remove(str(path))
                 inputs.problems.append(
                     f"{path}: no NCCL lines (was the job run with NCCL_DEBUG=INFO, and is this its output?)"
@@ -86,11 +80,17 @@ def read_inputs(logs: list[Path], xmls: list[Path]) -> Inputs:
     return inputs
 
 
-def diagnose(log: NcclLog, systems: list[TopoSystem]) -> tuple[dict[str, Any], list[Finding]]:
+def diagnose(log: NcclLog, systems: list[TopoSystem],
+             extra: evidence.Evidence | None = None) -> tuple[dict[str, Any], list[Finding]]:
     """Report sections ("summary", "hosts", "ranks", "transports", "channels", "topology", "warnings", "inputs")
     and the findings."""
     facts = analysis.derive(log, systems)
     findings = log_findings(facts) + xml_findings(systems)
+    if extra is not None:
+        known = {f.id for f in findings}
+        findings += [f for f in evidence.findings(extra, facts.nodes) if f.id not in known
+                     and not (f.id == "nccl-tests-no-mpi" and "not-distributed" in known)
+                     and not (f.id == "p2p-consumer-gpu" and "p2p-pcie-risk" in known)]
     sections: dict[str, Any] = {
         "summary": analysis.summary(facts),
         "hosts": analysis.hosts_section(facts),

@@ -18,7 +18,7 @@ UNKNOWN_HOST = "(host not printed)"
 _LAUNCHER_RANK = re.compile(r"^\s*(?:\[(?:rank|default)?(\d+)\]:?\s|\[(?:rank|default)(\d+)\]:|\[\d+,(\d+)\]<std\w+>:)")
 _BARE_VERSION = re.compile(r"(?:^|[\s:>|])NCCL version (\d+\.\d+\.\d+\S*)")
 _TESTS_RANK = re.compile(
-    r"#\s+Rank\s+(\d+)\s+(?:Group\s+\d+\s+)?Pid\s+(\d+)\s+on\s+(\S+)\s+device\s+(\d+)\s+\[(0x[0-9a-fA-F]+)\]\s*(.*)$"
+    r"#\s+Rank\s+(\d+)\s+(?:Group\s+\d+\s+)?Pid\s+(\d+)\s+on\s+(\S+)\s+device\s+(\d+)\s+\[([0-9a-fA-Fx:.]+)\]\s*(.*)$"
 )
 
 _ENV = re.compile(r"^(NCCL_\w+) set by environment to (.*?)\s*$")

@@ -78,7 +78,7 @@ def _int(value: str | None) -> int | None:
         return None
     try:
         return int(value, 0) if value.startswith("0x") else int(float(value))
-    except ValueError:
+    except (ValueError, OverflowError):  # "inf" / "nan" / "1e999" in a hostile or corrupt file
         return None
 
 

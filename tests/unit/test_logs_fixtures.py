@@ -166,7 +166,7 @@ def test_cli_bad_inputs_exit_2_with_one_line(tmp_path):
     hollow = tmp_path / "hollow"
     hollow.mkdir()
     for path, words in ((empty, "empty"), (binary, "binary"), (prose, "nothing recognisable"),
-                        (truncated, "gzip"), (tmp_path / "missing.log", "cannot read"), (hollow, "empty directory")):
+                        (truncated, "gzip"), (tmp_path / "missing.log", "not found"), (hollow, "empty directory")):
         proc = in_process("logs", str(path))
         assert proc.returncode == 2, (path, proc.stdout, proc.stderr)
         assert proc.stderr.count("\n") == 1 and words in proc.stderr and "Traceback" not in proc.stderr
@@ -191,3 +191,20 @@ def test_cli_several_unusable_inputs_one_line(tmp_path):
     proc = in_process("logs", str(a), str(b))
     assert proc.returncode == 2 and proc.stderr.count("\n") == 1
     assert "none of the 2 inputs is usable" in proc.stderr and "a.log: empty" in proc.stderr
+
+
+def test_recorded_sigkill_rank_is_the_culprit_and_its_gloo_peer_a_victim():
+    """killed.log (scripts/killed_job.py kill): rank 1 SIGKILLed in step 3; rank 0 gets gloo's Connection reset."""
+    found = findings("killed.log")
+    (crash,) = found["rank-crashed"]
+    assert crash.ranks == [1] and "SIGKILL" in crash.title
+    assert crash.evidence["victim_ranks"] == [0] and "Connection reset" in crash.evidence["victims"]["0"]
+    assert "peer-lost" not in found and "unrecognised-failure" not in found
+
+
+def test_recorded_ddp_model_check_names_both_ranks_and_their_counts():
+    """model_mismatch.log (scripts/killed_job.py model): rank 1 built one more layer; with two ranks each message names
+    the other, so the finding gives both with their parameter counts instead of blaming the printer."""
+    (f,) = findings("model_mismatch.log")["model-mismatch"]
+    assert f.ranks == [0, 1] and f.evidence["params_per_rank"] == {"0": 4, "1": 6}
+    assert "rank-crashed" not in findings("model_mismatch.log")

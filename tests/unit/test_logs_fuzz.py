@@ -11,7 +11,8 @@ from ddpdoctor.logs.explain import explain_texts
 from tests.conftest import REPO
 
 FIX = REPO / "tests" / "fixtures" / "logs"
-REAL_LINES = [ln for p in sorted(FIX.glob("*.log")) for ln in p.read_text().splitlines()]
+REAL_LINES = [ln for p in sorted(FIX.glob("*.log")) + sorted((FIX / "real").glob("*.log"))
+              for ln in p.read_text().splitlines()]
 FRAGMENTS = ["[rank1]:", "[default0]:", "Traceback (most recent call last):", '  File "x.py", line 3, in f',
              "Failures:", "Root Cause (first observed failure):", "[0]:", "  rank      : 1 (local_rank: 1)",
              "  exitcode  : -9 (pid: 1)", "  traceback : Traceback (most recent call last):",
@@ -19,7 +20,12 @@ FRAGMENTS = ["[rank1]:", "[default0]:", "Traceback (most recent call last):", ' 
              "CollectiveFingerPrint(SequenceNumber=", "Detected mismatch between collectives on ranks. Rank 0 is "
              "running collective: ", "failed to pass monitoredBarrier in ", "0: ", "srun: error: n: tasks 0-3: Killed",
              "During handling of the above exception, another exception occurred:", "Fatal Python error: x", "{",
-             "=" * 20, "-" * 20, "terminate called after throwing an instance of 'x'", "  what():  y"]
+             "=" * 20, "-" * 20, "terminate called after throwing an instance of 'x'", "  what():  y",
+             "h:1:2 [0] NCCL WARN ", "h:1:2 [x] NCCL WARN Cuda failure", "failed (exitcode: -99999999999) local_rank: 7 "
+             "(pid: 1)", "DDP expects same model across all ranks, but Rank 9 has 1 params, while rank 9 has "
+             "inconsistent 1 params.", "[E9999 99:99:99.9 a.cpp:1] ", "[2024-13-45 99:99:99,9] x", "Killed",
+             "Aborted (core dumped)", "params[0] in this process with sizes [] appears not to match sizes of the same "
+             "param in process 0."]
 
 line = st.one_of(st.sampled_from(REAL_LINES), st.sampled_from(FRAGMENTS), st.text(max_size=80))
 texts = st.lists(st.lists(line, max_size=40).map("\n".join), min_size=1, max_size=3)

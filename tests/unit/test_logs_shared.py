@@ -119,11 +119,20 @@ def test_every_shared_log_parses():
             explain_paths([str(path)])
 
 
+# Two of them hold a failed connection setup (NCCL WARN lines: ibv_modify_qp failed; [Service thread] Error
+# encountered progressing operation=Connect): never silent about those (issue 15.2); the others are healthy.
+FAILING_NCCL_LOGS = {"01_nccltests185_roce_version_skew_warn.log": "nccl-error",
+                     "02_nccl952_ibext_nodevice_socket_fallback.log": "nccl-error"}
+
+
 def test_nccl_debug_logs_raise_no_false_alarm():
     """NCCL_DEBUG=INFO logs of healthy jobs (../shared/nccl/logs): nothing to explain, and a pointer to `topo`."""
     paths = sorted(p for p in shared_path("nccl", "logs").glob("*.log"))
     assert paths
     for path in paths:
         report = explain_paths([str(path)])
+        if path.name in FAILING_NCCL_LOGS:
+            assert [f.id for f in report.findings] == [FAILING_NCCL_LOGS[path.name]], path
+            continue
         assert report.findings == [], (path, [f.id for f in report.findings])
         assert any("ddpdoctor topo" in n for n in report.notes), path

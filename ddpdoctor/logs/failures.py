@@ -1,0 +1,69 @@
+"""One log line against the failure grammar: a FailureLine (cause or victim), a ChildFailure (the elastic agent's
+`failed (exitcode: -9) local_rank: 4`, the shell's `Killed`), an Unexplained failure line, or nothing."""
+
+from __future__ import annotations
+
+from ddpdoctor.logs import grammar
+from ddpdoctor.logs.events import ChildFailure, Event, FailureLine, Unexplained, Where
+from ddpdoctor.logs.launchers import signal_name
+from ddpdoctor.logs.lines import LogLine
+
+_SHELL_SIGNALS = {"Killed": "SIGKILL", "Aborted": "SIGABRT", "Segmentation fault": "SIGSEGV", "Bus error": "SIGBUS"}
+
+
+def _odd_rank(kind: str, m_groups: dict[str, str | None], rank: int | None) -> int | None:
+    if kind != "model-mismatch":
+        return None
+    if m_groups.get("odd") is not None:
+        return int(m_groups["odd"] or 0)
+    if m_groups.get("ref") is not None and rank is not None:
+        return rank  # "params[i] in this process ... appears not to match ... in process 0": this process is odd
+    return None
+
+
+def parse_failure(line: LogLine) -> Event | None:
+    """The failure event one line carries, if any (most lines carry none)."""
+    text = line.text
+    if line.logger in ("W", "I") or text.startswith("#"):
+        return None  # glog warnings and info (retried connects, shutdown notices), comments and nccl-tests headers
+    where = Where(line.source, line.lineno)
+    host: str | None = None
+    gpu: int | None = None
+    nccl = grammar.NCCL_LINE.search(text) if " NCCL " in text else None
+    if nccl:
+        level = nccl.group("level")
+        if level in ("INFO", "TRACE"):
+            return None
+        host, gpu, msg = nccl.group("host"), int(nccl.group("gpu")), nccl.group("msg")
+        if grammar.BENIGN_NCCL_WARN.search(msg):
+            return None
+        for rule in grammar.RULES:
+            if rule.kind.startswith("nccl") or rule.kind == "oom":
+                if rule.pattern.search(msg):
+                    return FailureLine(rule.kind, rule.role, line.rank, host, gpu, text.strip(), line.ts, where)
+        return FailureLine("nccl-error", "cause", line.rank, host, gpu, text.strip(), line.ts, where)
+    m = grammar.AGENT_FAILED.search(text)
+    if m:
+        code = int(m.group("code"))
+        return ChildFailure(int(m.group("local")), code, signal_name(code, text), text.strip(), None, None, False,
+                            "agent", where)
+    m = grammar.SHELL_DEATH.match(text.strip())
+    if m:
+        return ChildFailure(line.rank, None, _SHELL_SIGNALS[m.group("what")], text.strip(), None, None, False,
+                            "shell", where)
+    for rule in grammar.RULES:
+        m = rule.pattern.search(text)
+        if m:
+            if rule.kind == "teardown":
+                return None  # the launcher stopping survivors: noise once the culprit is known, never a cause
+            if rule.kind == "gloo-io":
+                hm = grammar.HOST_IN_BRACKETS.search(text)
+                host = hm.group(1) if hm else None
+            if rule.kind == "oom":
+                gm = grammar.OOM_GPU.search(text)
+                gpu = int(gm.group(1)) if gm else None
+            return FailureLine(rule.kind, rule.role, line.rank, host, gpu, text.strip()[:1000], line.ts, where,
+                               _odd_rank(rule.kind, m.groupdict(), line.rank))
+    if line.logger in ("E", "F") or grammar.FAILURE_LINE.search(text):
+        return Unexplained(line.rank, host, text.strip()[:500], line.ts, where)
+    return None
