@@ -118,8 +118,11 @@ def test_a_signal_stops_the_job_and_is_reported_as_what_it_is(tmp_path: Path, co
     assert not [line for line in stderr.splitlines() if line.startswith("Traceback")]
     assert "SignalException" in (out / "torchrun" / "torchrun.log").read_text()
     assert not gone_within(pids, 5)
-    if command == "profile":  # what was recorded before the stop is kept
+    if command == "profile":  # what was recorded before the stop is kept, and analyze still reads it
         assert list((out / "traces").glob("*.pt.trace.json*"))
+        analyzed = run_cli("analyze", "--json", str(out), timeout=120)
+        assert analyzed.returncode in (0, 1), analyzed.stderr[-2000:]
+        assert json.loads(analyzed.stdout)["ranks"]
 
 
 @pytest.mark.parametrize("sig", [signal.SIGHUP, pytest.param(signal.SIGQUIT, marks=LONG), signal.SIGKILL])
