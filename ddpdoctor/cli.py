@@ -17,6 +17,8 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "check-sync": ("ddpdoctor.commands.check_sync", "Check that gradients, parameters, buffers and data shards agree across ranks."),
     "logs": ("ddpdoctor.commands.logs", "Explain logs of a job that ran without ddpdoctor (hangs, crashes, mismatches)."),
     "topo": ("ddpdoctor.commands.topo", "Read NCCL_DEBUG=INFO output and topology dumps; flag a misconfigured fabric."),
+    "status": ("ddpdoctor.commands.status", "Live state of a job under `ddpdoctor run`: steps/s, slowest ranks, alerts."),
+    "capture": ("ddpdoctor.commands.capture", "Profile N iterations of a running job, or dump its stacks, without a restart."),
     "preflight": ("ddpdoctor.commands.preflight", "Check the cluster and the job's environment before a big run."),
 }
 

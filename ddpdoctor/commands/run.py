@@ -20,6 +20,8 @@ from ddpdoctor.commands._common import (
 from ddpdoctor.findings.watched import render_hang_section, watched_report
 from ddpdoctor.launch.launcher import launch
 from ddpdoctor.launch.monitor import pop_watcher, watch_options
+from ddpdoctor.live.findings import live_findings
+from ddpdoctor.live.options import live_options, node_name, pop_live
 from ddpdoctor.renderers import progress
 from ddpdoctor.rundir.report import save_report
 
@@ -32,6 +34,7 @@ DEBUG_ENV = {"TORCH_DISTRIBUTED_DEBUG": "DETAIL", "TORCH_CPP_LOG_LEVEL": "INFO"}
 ))
 @launch_options
 @watch_options
+@live_options
 @click.option("--debug", is_flag=True, help="Set TORCH_DISTRIBUTED_DEBUG=DETAIL and TORCH_CPP_LOG_LEVEL=INFO; "
               "explain what they print.")
 @click.option("--verbose", "-v", is_flag=True, help="Show the full evidence (stacks) of each finding.")
@@ -42,12 +45,16 @@ DEBUG_ENV = {"TORCH_DISTRIBUTED_DEBUG": "DETAIL", "TORCH_CPP_LOG_LEVEL": "INFO"}
 @cli_errors
 def command(debug: bool, verbose: bool, nccl_debug: bool, as_json: bool, fail_on: str, **kwargs: Any) -> None:
     watcher = pop_watcher(kwargs)
+    live = pop_live(kwargs)  # live step health, alerts, `status`/`capture`, exporters (ddpdoctor/live)
+    watcher.plugins.append(live)
     spec = pop_launch_spec("run", kwargs, as_json=as_json, options={"debug": debug, "nccl_debug": nccl_debug},
                            env=dict(DEBUG_ENV) if debug else {})
+    live.node = node_name(spec)
     result = launch(spec, progress.with_progress(watcher, spec.torchrun, as_json))
     if not result.reports:
         finish_quietly(result)
     report = watched_report(spec.run_dir, "run", debug=debug)
+    report.findings.extend(live_findings(spec.run_dir))
     if nccl_debug:
         from ddpdoctor.topo.capture import add_to_report
 

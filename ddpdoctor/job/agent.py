@@ -372,6 +372,7 @@ def attach_agent(role: JobRole, watcher: Any, run_root: Path) -> JobAgent | None
     from ddpdoctor.errors import BadInput
     from ddpdoctor.launch.monitor import HangMonitor
 
+    watcher = getattr(watcher, "inner", watcher)  # the progress display wraps the monitor on a terminal
     if not isinstance(watcher, HangMonitor):
         return None
     try:

@@ -65,6 +65,11 @@ class RankSession:
                                        self.run.rank_file(self.rank, "stacks.txt"))
             heartbeat.install()
             self.extra.append(heartbeat)
+            from ddpdoctor.probes import live  # phase times for the live watch, captures on demand (h18)
+
+            live.install(self.run.root, self.rank, self.world_size, self.tracker, dict(self.config.options, mode=self.config.mode),
+                         self.ddp.live_modules)
+            self.extra.append(live)
         if self.config.mode == "check-sync":
             from ddpdoctor.probes.sync import install_check_sync
 

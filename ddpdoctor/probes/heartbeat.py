@@ -29,6 +29,8 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from ddpdoctor.probes import live
+
 # Collective functions wrapped; async_op calls are recorded at launch only (their wait is elsewhere).
 COLLECTIVES = (
     "all_reduce", "broadcast", "reduce", "all_gather", "all_gather_into_tensor", "reduce_scatter",
@@ -220,6 +222,7 @@ class HeartbeatProbe:
                 probe.last_collective = state
                 return fn(*args, **kwargs)
             probe.collective = state
+            probe.tracker.collective_started()  # its time counts as "collective" in the live phase shares (h18)
             # Told at once (one small send): gloo aborts the process within milliseconds of a mismatch,
             # before the next beat; the monitor then still knows which collective this rank was in.
             probe._send_raw(_enter_line(state))
@@ -229,6 +232,7 @@ class HeartbeatProbe:
                 probe.failed_collective = dict(state, error=f"{type(exc).__name__}: {exc}"[:2000])
                 raise
             finally:
+                probe.tracker.collective_ended()
                 probe.collective = None
                 probe.last_collective = state
 
@@ -280,6 +284,7 @@ class HeartbeatProbe:
             "max_step_s": max(t.step_times[1:], default=None) if len(t.step_times) > 1 else None,
             "collective": self.collective, "last_collective": self.last_collective,
             "where": main_thread_site(), "tid": threading.get_native_id(),
+            "steps": live.recent_steps(t),  # per-iteration times and phases, for the live health watch (h18)
         }
         if self.backward_since is not None:
             # DDP's reducer all-reduces buckets during backward: where the default group's count stands.

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import threading
 import time
+from collections import deque
 from collections.abc import Callable
 from typing import Any
 
@@ -25,11 +26,17 @@ def active_tracker() -> StepTracker | None:
 class StepTracker:
     """Counts iterations and tells listeners (profiler, heartbeat, sync checks) when one ends.
 
-    ``phase`` is a cheap hint for heartbeats: "forward", "backward", "optimizer", "data" or "other"."""
+    ``phase`` is a cheap hint for heartbeats: "forward", "backward", "optimizer", "data", "eval" (a forward with
+    gradients off), "checkpoint" or "other". Setting it also times the phases of each iteration (the live health
+    watch, ddpdoctor/live): ``recent`` holds the last iterations as (step, seconds, {phase: seconds})."""
 
     def __init__(self) -> None:
         self.step = 0  # completed iterations
-        self.phase = "startup"
+        self._phase = "startup"
+        self._phase_t = time.perf_counter()
+        self._in_collective = 0
+        self.phase_s: dict[str, float] = {}
+        self.recent: deque[tuple[int, float, dict[str, float]]] = deque(maxlen=64)
         self.step_started = time.time()
         self.step_times: list[float] = []
         self._listeners: list[StepListener] = []
@@ -39,6 +46,40 @@ class StepTracker:
         self._handles: list[Any] = []
         self._orig_scaler_step: Any = None
         self._lock = threading.Lock()
+
+    # -- phase clock (a few hundred ns per change) ---------------------------------------------------
+    @property
+    def phase(self) -> str:
+        return self._phase
+
+    @phase.setter
+    def phase(self, value: str) -> None:
+        self._account()
+        self._phase = value
+
+    def _account(self) -> None:
+        now = time.perf_counter()
+        key = "collective" if self._in_collective else self._phase
+        self.phase_s[key] = self.phase_s.get(key, 0.0) + now - self._phase_t
+        self._phase_t = now
+
+    def collective_started(self) -> None:
+        """A blocking collective began: its time counts as "collective", not as the phase that called it."""
+        self._account()
+        self._in_collective += 1
+
+    def collective_ended(self) -> None:
+        self._account()
+        self._in_collective = max(0, self._in_collective - 1)
+
+    def take_recent(self) -> list[tuple[int, float, dict[str, float]]]:
+        """The iterations recorded since the last call (the heartbeat thread sends them; deque pops are atomic)."""
+        out = []
+        while True:
+            try:
+                out.append(self.recent.popleft())
+            except IndexError:
+                return out
 
     def add_listener(self, fn: StepListener) -> None:
         self._listeners.append(fn)
@@ -66,10 +107,13 @@ class StepTracker:
 
     # -- hooks -------------------------------------------------------------------------------------
     def _on_forward(self, module: Any, args: Any) -> None:
-        if not self._armed or self.phase != "forward":
+        if self._armed and self._phase == "forward":
+            return  # the hot path: every submodule of a training forward
+        phase = "forward" if torch.is_grad_enabled() else "eval"
+        if not self._armed or self._phase != phase:
             self._armed = True
             self._seen_forward = True
-            self.phase = "forward"
+            self.phase = phase
 
     def _on_optimizer_pre(self, optimizer: Any, args: Any, kwargs: Any) -> None:
         self.phase = "optimizer"
@@ -109,6 +153,9 @@ class StepTracker:
             self._armed = False
             now = time.time()
             self.step_times.append(now - self.step_started)
+            self._account()
+            self.recent.append((self.step + 1, now - self.step_started, self.phase_s))
+            self.phase_s = {}
             self.step_started = now
             self.step += 1
             self.phase = "data"  # until the next forward: usually the data loader

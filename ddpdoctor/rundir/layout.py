@@ -69,7 +69,7 @@ class RunDir:
 
     # What a launch writes; --overwrite removes exactly these, never anything else a user put there.
     OWNED = ("manifest.json", "traces", "ranks", "torchrun", "scalars", "report.json", "report.txt", "report.html",
-             "hang.json", "hang.txt")
+             "hang.json", "hang.txt", "live", "captures")
 
     def clear_rank(self, rank: int) -> None:
         """Remove one rank's files from an earlier run (its rank directory and its traces)."""

@@ -1,0 +1,1 @@
+"""Live watch of a running job: per-rank step health, alerts, status, captures on demand, exporters."""

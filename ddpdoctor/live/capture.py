@@ -1,0 +1,173 @@
+"""The client side of `ddpdoctor capture`: put a request into every node's private control folder of a live run,
+wait for the nodes' monitors to relay it and for every rank to finish its part. The monitor side is
+ddpdoctor/live/watch.py."""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import time
+from pathlib import Path
+from typing import Any
+
+from ddpdoctor.errors import BadInput
+from ddpdoctor.live.health import node_names
+from ddpdoctor.live.stacks import group_stacks, stacks_text
+from ddpdoctor.live.status import load_status
+from ddpdoctor.live.watch import captures_dir, control_dir
+
+PICKUP_S = 15.0  # monitors poll every 0.5 s; more than this means no monitor is running
+
+
+class CaptureFailed(Exception):
+    """The request reached the job but the capture did not complete (one line for the user)."""
+
+
+def request(run_root: Path, what: str, steps: int | None) -> tuple[str, list[str]]:
+    """Write the request for every node; return its id and the nodes asked. BadInput (one line) when this is no
+    live job of the caller's."""
+    st = load_status(run_root)
+    if st["state"] == "finished":
+        raise BadInput("the job has finished: there is nothing running to capture", run_root)
+    nodes = []
+    for node in node_names(run_root):
+        try:
+            info = os.lstat(control_dir(run_root, node))
+        except OSError:
+            continue  # that node's monitor has ended
+        if info.st_uid != os.getuid():
+            raise BadInput("only the job's owner can capture (the control folder belongs to another user)", run_root)
+        nodes.append(node)
+    if not nodes:
+        raise BadInput("not a live `ddpdoctor run` job (no live control folder: the job ran without ddpdoctor's "
+                       "live watch, or its ddpdoctor is gone)", run_root)
+    cid = f"cap-{time.strftime('%Y%m%d-%H%M%S')}-{os.getpid()}"
+    req: dict[str, Any] = {"id": cid, "what": what, "steps": steps}
+    h = st.get("health") or {}
+    if len(nodes) > 1 and isinstance(h.get("step"), int):
+        # One iteration for every node: past the furthest rank by ~3 s of iterations (beats, polls, relay).
+        rate = h.get("steps_per_s")
+        req["at_step"] = h["step"] + max(3, math.ceil(3 * rate) if isinstance(rate, (int, float)) else 3)
+    body = json.dumps(req).encode()
+    for node in nodes:
+        ctl = control_dir(run_root, node)
+        tmp = ctl / f".{cid}.tmp"
+        try:
+            fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+            with os.fdopen(fd, "wb") as f:
+                f.write(body)
+            os.replace(tmp, ctl / f"req-{cid}.json")
+        except OSError as exc:
+            raise BadInput(f"cannot write a request into {ctl} ({exc.strerror or exc})", run_root) from exc
+    return cid, nodes
+
+
+def wait_picked_up(run_root: Path, cid: str, nodes: list[str]) -> dict[str, Any]:
+    """The nodes' records of the request (RUN/captures/<id>/capture-NODE.json), merged: ranks together."""
+    out = captures_dir(run_root) / cid
+    deadline = time.time() + PICKUP_S
+    records: dict[str, dict[str, Any]] = {}
+    while time.time() < deadline and len(records) < len(nodes):
+        for node in nodes:
+            try:
+                records[node] = json.loads((out / f"capture-{node}.json").read_text())
+            except (OSError, ValueError):
+                continue
+        time.sleep(0.2)
+    if not records:
+        for node in nodes:
+            (control_dir(run_root, node) / f"req-{cid}.json").unlink(missing_ok=True)
+        raise CaptureFailed(f"the job's monitor did not take the request within {PICKUP_S:.0f} s (has the job ended?)")
+    errors = [str(r["error"]) for r in records.values() if r.get("error")]
+    ranks = sorted({int(x) for r in records.values() for x in r.get("ranks") or []})
+    return {"nodes": sorted(records), "ranks": ranks, "error": errors[0] if errors else None}
+
+
+def wait_window(run_root: Path, cid: str, state: dict[str, Any], timeout_s: float) -> Path:
+    """Wait until every rank wrote its window (ranks/rankR/done.json); return the window folder."""
+    if state.get("error"):
+        raise CaptureFailed(f"the monitor refused the request: {state['error']}")
+    out = captures_dir(run_root) / cid
+    ranks = state["ranks"]
+    if not ranks:
+        raise CaptureFailed("no rank of the job is connected to its monitor")
+    deadline = time.time() + timeout_s
+    while True:
+        missing = [r for r in ranks if not (out / "ranks" / f"rank{r}" / "done.json").is_file()]
+        if not missing:
+            return out
+        refused = _refusals(out)
+        if refused:
+            r, reason = next(iter(refused.items()))
+            raise CaptureFailed(f"rank {r} refused the capture: {reason}")
+        if time.time() > deadline:
+            raise CaptureFailed(f"ranks {missing} did not finish the window within {timeout_s:.0f} s "
+                                f"(fewer iterations left than asked for, or the job is stuck: try --stacks)")
+        if load_status(run_root)["state"] == "finished":
+            time.sleep(1.0)  # the last ranks' files land just before the manifest says finished
+            missing = [r for r in ranks if not (out / "ranks" / f"rank{r}" / "done.json").is_file()]
+            if missing:
+                raise CaptureFailed(f"the job ended before ranks {missing} finished the window")
+            return out
+        time.sleep(0.3)
+
+
+def wait_stacks(run_root: Path, cid: str, nodes: list[str], timeout_s: float) -> Path:
+    """Every node's stacks, grouped into classes across the job: RUN/captures/<id>/stacks.txt (owner-only)."""
+    out = captures_dir(run_root) / cid
+    deadline = time.time() + timeout_s
+    stacks: dict[int, str | None] = {}
+    beats: dict[int, dict[str, Any]] = {}
+    pending = set(nodes)
+    while pending and time.time() < deadline:
+        for node in sorted(pending):
+            try:
+                done = json.loads((out / f"capture-{node}.json").read_text()).get("done")
+                raw = json.loads((out / f"stacks-{node}.json").read_text()) if done else None
+            except (OSError, ValueError):
+                continue
+            if raw is None:
+                continue
+            pending.discard(node)
+            for r, text in (raw.get("stacks") or {}).items():
+                stacks[int(r)] = text if isinstance(text, str) else None
+                beats[int(r)] = (raw.get("beats") or {}).get(r) or {}
+        time.sleep(0.3)
+    if not stacks:
+        raise CaptureFailed(f"no stacks within {timeout_s:.0f} s")
+    path = out / "stacks.txt"
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(fd, "w") as f:
+        f.write(stacks_text(group_stacks(stacks, beats)))
+    return path
+
+
+def misaligned_note(window: Path, ranks: list[int]) -> str | None:
+    """A note when the ranks' windows did not start on the same iteration (a request that reached a rank late)."""
+    firsts: dict[int, Any] = {}
+    for r in ranks:
+        try:
+            firsts[r] = json.loads((window / "ranks" / f"rank{r}" / "done.json").read_text()).get("first_step")
+        except (OSError, ValueError):
+            continue
+    if len(set(firsts.values())) <= 1:
+        return None
+    return (f"the ranks' windows started on different iterations ({firsts}): a request reached some ranks late; "
+            "cross-rank comparisons of this window pair different iterations")
+
+
+def _refusals(out: Path) -> dict[int, str]:
+    try:
+        lines = (out / "replies.jsonl").read_text().splitlines()
+    except OSError:
+        return {}
+    refused: dict[int, str] = {}
+    for line in lines:
+        try:
+            rec = json.loads(line)
+        except ValueError:
+            continue
+        if not rec.get("accepted"):
+            refused[int(rec.get("rank", -1))] = str(rec.get("reason"))
+    return refused

@@ -1,0 +1,123 @@
+"""The live figures for dashboards: TensorBoard scalars in RUN/scalars/live (always, written as the job runs) and a
+Prometheus endpoint (prometheus_client) on the address given with --metrics-addr (off by default)."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+from ddpdoctor.errors import BadInput
+
+if TYPE_CHECKING:
+    from ddpdoctor.live.health import LiveHealth
+
+MAX_RANK_SERIES = 64  # per-rank TensorBoard tags beyond this many ranks would drown the job-level ones
+
+
+def parse_addr(addr: str) -> tuple[str, int]:
+    """"HOST:PORT" (IPv6 in brackets) -> (host, port); BadInput otherwise."""
+    host, sep, port = addr.rpartition(":")
+    host = host.strip("[]")
+    if not sep or not host or not port.isdigit() or not 0 <= int(port) <= 65535:
+        raise BadInput(f"--metrics-addr must be HOST:PORT (e.g. 127.0.0.1:9464), not {addr!r}")
+    return host, int(port)
+
+
+class TensorBoardExporter:
+    """Job step time, steps/s and (up to 64 ranks) each rank's step and busy time, one point per new iteration."""
+
+    def __init__(self, logdir: Any) -> None:
+        self.logdir = logdir
+        self._writer: Any = None
+        self._written = 0
+
+    def update(self, health: LiveHealth) -> None:
+        points = [p for p in list(health.series) if p.step > self._written]
+        if not points:
+            return
+        try:
+            if self._writer is None:
+                from ddpdoctor.renderers.tensorboard import _writer
+
+                self.logdir.mkdir(parents=True, exist_ok=True)
+                self._writer = _writer(self.logdir)
+            for p in points:
+                self._writer.add_scalar("live/step_time_ms", p.seconds * 1e3, p.step)
+                for phase, secs in p.phases.items():
+                    self._writer.add_scalar(f"live/phase_ms/{phase}", secs * 1e3, p.step)
+            if len(health.ranks) <= MAX_RANK_SERIES:
+                for r, hist in list(health.ranks.items()):
+                    for rec in list(hist):
+                        if rec.step > self._written:
+                            self._writer.add_scalar(f"live/rank{r}/step_time_ms", rec.seconds * 1e3, rec.step)
+            self._writer.flush()
+        except OSError:
+            return
+        self._written = points[-1].step
+
+    def close(self) -> None:
+        if self._writer is not None:
+            self._writer.close()
+
+
+class PrometheusExporter:
+    """ddpdoctor_* gauges on http://HOST:PORT/metrics, from the latest snapshot (a registry of its own)."""
+
+    def __init__(self, host: str, port: int) -> None:
+        from prometheus_client import CollectorRegistry, start_http_server
+
+        self.registry = CollectorRegistry()
+        self.snapshot: dict[str, Any] = {}
+        self.registry.register(_Collector(self))
+        try:
+            started = start_http_server(port, addr=host, registry=self.registry)
+        except OSError as exc:
+            raise BadInput(f"--metrics-addr {host}:{port}: cannot listen ({exc.strerror or exc})") from exc
+        self._server = started[0] if isinstance(started, tuple) else None
+        self.port = self._server.server_port if self._server is not None else port
+
+    def update(self, health: LiveHealth) -> None:
+        self.snapshot = health.last_snapshot or {}
+
+    def close(self) -> None:
+        if self._server is not None:
+            self._server.shutdown()
+            self._server.server_close()
+
+
+class _Collector:
+    def __init__(self, exporter: PrometheusExporter) -> None:
+        self.exporter = exporter
+
+    def collect(self) -> Any:
+        from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+
+        snap = self.exporter.snapshot
+        if not snap:
+            return
+        for name, key, doc in (("ddpdoctor_step", "step", "Latest iteration any rank finished."),
+                               ("ddpdoctor_step_time_seconds", "step_ms", "The job's median step time (recent)."),
+                               ("ddpdoctor_steps_per_second", "steps_per_s", "Iterations per second (recent)."),
+                               ("ddpdoctor_ranks_reporting", "ranks_reporting", "Ranks whose iterations arrive.")):
+            value = snap.get(key)
+            if isinstance(value, (int, float)):
+                yield GaugeMetricFamily(name, doc, value=value / 1e3 if key == "step_ms" else value)
+        yield GaugeMetricFamily("ddpdoctor_finished", "1 once the job has ended.", value=1 if snap.get("finished") else 0)
+        alerts = CounterMetricFamily("ddpdoctor_alerts", "Live alerts raised, by id.", labels=["id"])
+        counts: dict[str, int] = {}
+        for a in snap.get("alerts") or []:
+            counts[a["id"]] = counts.get(a["id"], 0) + 1
+        for aid in ("slow-rank", "slowdown", "stall"):
+            alerts.add_metric([aid], counts.get(aid, 0))
+        yield alerts
+        step = GaugeMetricFamily("ddpdoctor_rank_step_time_seconds", "Each rank's median step time.", labels=["rank"])
+        busy = GaugeMetricFamily("ddpdoctor_rank_busy_seconds", "Each rank's time outside waiting phases per step.",
+                                 labels=["rank"])
+        share = GaugeMetricFamily("ddpdoctor_rank_phase_share", "Share of the step per phase.", labels=["rank", "phase"])
+        for r, v in (snap.get("ranks") or {}).items():
+            step.add_metric([r], v["step_ms"] / 1e3)
+            busy.add_metric([r], v["busy_ms"] / 1e3)
+            for phase, x in (v.get("phase_share") or {}).items():
+                share.add_metric([r, phase], x)
+        yield step
+        yield busy
+        yield share

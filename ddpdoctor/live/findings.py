@@ -1,0 +1,82 @@
+"""The live alerts of a run (RUN/live/alerts.jsonl) as findings of its final report: warnings with their cost."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from ddpdoctor.errors import BadInput
+from ddpdoctor.findings.model import Finding, Severity
+from ddpdoctor.live.health import node_dir, node_names
+from ddpdoctor.live.rules import recurring_after_all
+from ddpdoctor.rundir.layout import RunDir
+from ddpdoctor.safe_io import read_text
+
+MAX_ALERT_BYTES = 4 << 20
+
+
+def read_alerts(run: RunDir) -> list[dict[str, Any]]:
+    """Every node's alert records, oldest first (malformed lines skipped; a missing or unreadable file is none)."""
+    text = ""
+    for node in node_names(run.root):
+        try:
+            text += read_text(node_dir(run.root, node) / "alerts.jsonl", MAX_ALERT_BYTES) + "\n"
+        except (BadInput, OSError):
+            continue
+    out = []
+    for line in text.splitlines():
+        try:
+            rec = json.loads(line)
+        except ValueError:
+            continue
+        if isinstance(rec, dict) and rec.get("id") in ("slow-rank", "slowdown", "stall"):
+            out.append(rec)
+    return sorted(out, key=lambda a: a["time"] if isinstance(a.get("time"), (int, float)) else 0.0)
+
+
+def live_findings(run: RunDir) -> list[Finding]:
+    """One slow-rank finding per rank (its latest evidence), the last slowdown, one stall finding for all stalls
+    (those that recurred at a fixed period by the end of the run are dropped: evaluation or checkpoint work)."""
+    alerts = read_alerts(run)
+    out: list[Finding] = []
+    slow: dict[int, dict[str, Any]] = {}
+    for a in alerts:
+        if a["id"] == "slow-rank" and a.get("ranks"):
+            slow[int(a["ranks"][0])] = a
+    step_ms = None
+    for r, a in sorted(slow.items()):
+        ev = a.get("evidence") or {}
+        step_ms = ev.get("step_ms")
+        out.append(Finding(
+            "slow-rank", Severity.WARNING, a.get("title", f"rank {r} is persistently slower"), [r],
+            dict(ev, cost_ms_per_step=ev.get("lost_ms_per_step"), cost_pct_of_step=ev.get("pct_of_step"),
+                 raised_at_step=a.get("step")),
+            f"rank {r} spends longer than the others in {ev.get('phase')} while they wait for it: look at what "
+            "differs on its host (CPU contention, `ddpdoctor topo`, thermal throttling) or in its data shard; "
+            "`ddpdoctor capture RUN --profile 5` profiles it without a restart."))
+    downs = [a for a in alerts if a["id"] == "slowdown"]
+    if downs:
+        a = downs[-1]
+        ev = a.get("evidence") or {}
+        out.append(Finding(
+            "slowdown", Severity.WARNING, a.get("title", "the job's step time regressed"), [],
+            dict(ev, cost_pct_of_step=ev.get("pct_slower"), raised_at_step=a.get("step")),
+            f"the step time rose from step {ev.get('since_step')}: compare a profile window now "
+            "(`ddpdoctor capture RUN --profile 5`) with the run's first steps; look for memory growth, a slower "
+            "data source, a degraded link or a neighbour on the host."))
+    stalls = [a for a in alerts if a["id"] == "stall"]
+    periodic = recurring_after_all([a.get("evidence") or {"step": a.get("step")} for a in stalls])
+    stalls = [a for a in stalls if (a.get("evidence") or {}).get("step") not in periodic]
+    if stalls:
+        evs = [a.get("evidence") or {} for a in stalls]
+        total_ms = sum(float(e.get("excess_s") or 0) * 1e3 for e in evs)
+        steps_seen = max(int(e.get("step") or 0) for e in evs) or 1
+        out.append(Finding(
+            "stall", Severity.WARNING,
+            f"{len(stalls)} step(s) took far longer than usual without hanging (longest {max(e['seconds'] for e in evs)} s)",
+            sorted({r for a in stalls for r in a.get("ranks") or []}),
+            {"stalls": evs[:20], "total_excess_ms": round(total_ms, 1),
+             "cost_ms_per_step": round(total_ms / steps_seen, 3), "step_ms": step_ms},
+            "a long step that does not recur is a one-off wait: I/O (data, filesystem), a host hiccup or a slow "
+            "collective; `ddpdoctor capture RUN --stacks` shows where every rank is while it happens."))
+    return out

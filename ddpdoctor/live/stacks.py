@@ -1,0 +1,53 @@
+"""Every rank's stack grouped: ranks with the same main-thread stack form one class (ranks as ranges), smallest first,
+so the odd rank out is read before the 1,000 that agree."""
+
+from __future__ import annotations
+
+import re
+from typing import Any
+
+_THREAD = re.compile(r"^Thread (0x[0-9a-fA-F]+|\d+)", re.M)
+
+
+def rank_ranges(ranks: list[int]) -> str:
+    """[0, 1, 2, 5, 7, 8] -> "0-2,5,7-8"."""
+    out: list[str] = []
+    rs = sorted(set(ranks))
+    i = 0
+    while i < len(rs):
+        j = i
+        while j + 1 < len(rs) and rs[j + 1] == rs[j] + 1:
+            j += 1
+        out.append(str(rs[i]) if i == j else f"{rs[i]}-{rs[j]}")
+        i = j + 1
+    return ",".join(out)
+
+
+def main_thread(stack: str) -> str:
+    """The main thread's part of a multi-thread dump, without its header (thread ids differ between ranks)."""
+    blocks = [b for b in _THREAD.split(stack) if b.strip()] if _THREAD.search(stack) else [stack]
+    main = next((b for b in blocks if "MainThread" in b.split("\n", 1)[0]), None)
+    text = main if main is not None else stack
+    lines = text.strip().splitlines()
+    if lines and "MainThread" in lines[0]:
+        lines = lines[1:]
+    return "\n".join(line.rstrip() for line in lines)
+
+
+def group_stacks(stacks: dict[int, str | None], beats: dict[int, dict[str, Any]]) -> list[dict[str, Any]]:
+    """Classes of ranks sharing a main-thread stack and phase: count, ranks (ranges), one representative stack."""
+    classes: dict[tuple[str, str], list[int]] = {}
+    for r, s in stacks.items():
+        key = (main_thread(s) if s else "(no stack could be taken)", str((beats.get(r) or {}).get("phase")))
+        classes.setdefault(key, []).append(r)
+    groups = [{"count": len(rs), "ranks": rank_ranges(rs), "phase": phase, "steps": sorted(
+        {int(s) for r in rs if isinstance(s := (beats.get(r) or {}).get("step"), int)})[:5],
+        "stack": stack} for (stack, phase), rs in classes.items()]
+    return sorted(groups, key=lambda g: (g["count"], g["ranks"]))
+
+
+def stacks_text(groups: list[dict[str, Any]]) -> str:
+    lines = [f"{len(groups)} class(es) of stacks, smallest first", ""]
+    for g in groups:
+        lines += [f"--- {g['count']} rank(s): {g['ranks']}; phase {g['phase']}; step {g['steps']} ---", g["stack"], ""]
+    return "\n".join(lines)

@@ -1,0 +1,125 @@
+"""What `ddpdoctor status` shows: a run directory's live state (RUN/live/health.json and the manifest), as plain
+data and as text. Reads only; everything it reads is bounded and treated as untrusted."""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+from typing import Any
+
+from ddpdoctor.errors import BadInput
+from ddpdoctor.live.health import node_dir, node_names
+from ddpdoctor.safe_io import clean_text, json_depth_ok, read_bytes
+
+MAX_STATE_BYTES = 32 << 20
+STALE_S = 30.0  # no snapshot for this long while the manifest says running: the watcher may be gone
+
+
+def _json(path: Path, limit: int) -> dict[str, Any] | None:
+    try:
+        raw = read_bytes(path, limit)
+    except BadInput:
+        if not path.exists():
+            return None
+        raise
+    if json_depth_ok(raw) is not None:
+        raise BadInput("JSON nested too deeply", path)
+    try:
+        data = json.loads(raw)
+    except ValueError as exc:
+        raise BadInput(f"not valid JSON ({exc})", path) from exc
+    if not isinstance(data, dict):
+        raise BadInput("not a ddpdoctor state file", path)
+    return data
+
+
+def load_status(run_root: Path, now: float | None = None) -> dict[str, Any]:
+    """{"state": "running"|"finished"|"stale"|"starting", "run_dir", "command", "exit_code", "health": snapshot}."""
+    now = time.time() if now is None else now
+    if not run_root.is_dir():
+        raise BadInput("not a directory", run_root)
+    manifest = _json(run_root / "manifest.json", 1 << 20)
+    if manifest is None:
+        raise BadInput("not a ddpdoctor run directory (no manifest.json)", run_root)
+    snaps = [h for node in node_names(run_root) if (h := _json(node_dir(run_root, node) / "health.json",
+                                                                MAX_STATE_BYTES)) is not None]
+    health = merge_nodes(snaps) if snaps else None
+    finished = bool(manifest.get("finished")) or bool((health or {}).get("finished"))
+    if finished:
+        state = "finished"
+    elif health is None:
+        state = "starting"
+    elif now - float(health.get("updated") or 0) > STALE_S:
+        state = "stale"
+    else:
+        state = "running"
+    return {"state": state, "run_dir": str(run_root), "command": manifest.get("mode") or manifest.get("command"),
+            "exit_code": manifest.get("exit_code"), "live": health is not None, "health": health,
+            "age_s": round(now - float(health["updated"]), 1) if health and health.get("updated") else None}
+
+
+def _num(v: Any) -> float | None:
+    return float(v) if isinstance(v, (int, float)) and not isinstance(v, bool) else None
+
+
+def merge_nodes(snaps: list[dict[str, Any]]) -> dict[str, Any]:
+    """One job view from every node's snapshot: ranks together, the slowest by busy time, alerts in time order."""
+    if len(snaps) == 1:
+        return snaps[0]
+    ranks: dict[str, Any] = {}
+    for h in snaps:
+        part = h.get("ranks")
+        if isinstance(part, dict):
+            ranks.update(part)
+    alerts = sorted((a for h in snaps for a in (h.get("alerts") or []) if isinstance(a, dict)),
+                    key=lambda a: _num(a.get("time")) or 0.0)
+    step_ms = [x for h in snaps if (x := _num(h.get("step_ms"))) is not None]
+    steps = [x for h in snaps if (x := _num(h.get("step"))) is not None]
+    updated = [x for h in snaps if (x := _num(h.get("updated"))) is not None]
+    busy = {r: _num((v or {}).get("busy_ms")) or 0.0 for r, v in ranks.items() if isinstance(v, dict)}
+    return {
+        "version": snaps[0].get("version"), "nodes": [h.get("node") for h in snaps],
+        "updated": max(updated) if updated else None, "finished": all(h.get("finished") for h in snaps),
+        "world_size": max((_num(h.get("world_size")) or 0 for h in snaps), default=0) or None,
+        "ranks_reporting": len(ranks), "step": int(max(steps)) if steps else 0,
+        "step_ms": max(step_ms) if step_ms else None,  # a synchronous job runs at its slowest node's pace
+        "steps_per_s": round(1e3 / max(step_ms), 3) if step_ms and max(step_ms) > 0 else None,
+        "slowest_ranks": [int(r) for r in sorted(busy, key=lambda r: -busy[r]) if r.isdigit()][:5], "ranks": ranks,
+        "alerts": alerts[-50:], "alerts_total": sum(int(_num(h.get("alerts_total")) or 0) for h in snaps),
+    }
+
+
+def status_text(st: dict[str, Any], max_ranks: int = 16) -> str:
+    """The terminal view: one header line, the job line, the slowest ranks, the alerts."""
+    h = st.get("health") or {}
+    head = {"finished": f"finished (exit code {st.get('exit_code')})",
+            "running": "running", "starting": "starting (no iteration reported yet)",
+            "stale": f"no live update for {st.get('age_s')} s: is its ddpdoctor still running?"}[st["state"]]
+    lines = [f"{clean_text(st['run_dir'])}: {head}"]
+    if not st.get("live"):
+        if st["state"] == "finished":
+            lines.append("  no live state in this run (recorded without `ddpdoctor run`'s live watch)")
+        return "\n".join(lines) + "\n"
+    sps, ms = h.get("steps_per_s"), h.get("step_ms")
+    lines.append(f"  step {h.get('step')}  ·  {sps if sps is not None else '-'} steps/s  ·  step time "
+                 f"{ms if ms is not None else '-'} ms  ·  {h.get('ranks_reporting')}/{h.get('world_size') or '?'} "
+                 "ranks reporting")
+    ranks = h.get("ranks") or {}
+    slowest = [str(r) for r in h.get("slowest_ranks") or []]
+    if ranks:
+        lines.append("  rank   step   step ms   busy ms   now        phase shares (busy = outside backward/collective)")
+        shown = slowest + [r for r in sorted(ranks, key=lambda x: int(x) if x.isdigit() else 0) if r not in slowest]
+        for r in shown[:max_ranks]:
+            v = ranks.get(r) or {}
+            shares = "  ".join(f"{clean_text(str(p))} {100 * float(x):.0f}%"
+                               for p, x in sorted((v.get("phase_share") or {}).items(), key=lambda kv: -kv[1])[:4])
+            lines.append(f"  {clean_text(r):>4} {v.get('step', '-'):>6} {v.get('step_ms', '-'):>9} "
+                         f"{v.get('busy_ms', '-'):>9}   {clean_text(str(v.get('phase_now')))[:10]:<10} {shares}")
+        if len(shown) > max_ranks:
+            lines.append(f"  ... {len(shown) - max_ranks} more ranks (--json for all)")
+    alerts = h.get("alerts") or []
+    lines.append(f"  alerts: {h.get('alerts_total', len(alerts))}" + ("" if alerts else " (none)"))
+    for a in alerts[-10:]:
+        lines.append(f"    step {a.get('step')}: {clean_text(str(a.get('id')))}: {clean_text(str(a.get('title')))}")
+    return "\n".join(lines) + "\n"

@@ -1,0 +1,26 @@
+"""The live commands' bad-input paths: one line on stderr, exit 2, before anything starts."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from tests.conftest import run_cli
+
+
+def test_bad_metrics_addr_is_bad_input_before_the_launch(tmp_path: Path) -> None:
+    script = tmp_path / "train.py"
+    script.write_text("raise SystemExit('must not run')\n")
+    proc = run_cli("run", "--metrics-addr", "9464", "--out", str(tmp_path / "run"), str(script))
+    assert proc.returncode == 2 and proc.stderr.count("\n") == 1 and "--metrics-addr" in proc.stderr
+    assert not (tmp_path / "run").exists()
+
+
+def test_capture_needs_exactly_one_kind_and_a_live_job(tmp_path: Path) -> None:
+    (tmp_path / "manifest.json").write_text(json.dumps({"mode": "profile", "finished": False}))
+    both = run_cli("capture", str(tmp_path), "--profile", "3", "--stacks")
+    assert both.returncode == 2 and "exactly one" in both.stderr
+    none = run_cli("capture", str(tmp_path), "--profile", "3")
+    assert none.returncode == 2 and none.stderr.count("\n") == 1 and "not a live" in none.stderr
+    st = run_cli("status", str(tmp_path))
+    assert st.returncode == 0 and "starting" in st.stdout

@@ -1,0 +1,108 @@
+"""The live health rules on synthetic series with hand-worked numbers."""
+
+from __future__ import annotations
+
+import random
+
+from ddpdoctor.live.rules import (
+    HealthConfig,
+    JobPoint,
+    StepRecord,
+    outliers,
+    recurring_after_all,
+    slow_ranks,
+    slowdown,
+)
+
+
+def _ddp_ranks(n_ranks: int, steps: int, slow: dict[int, tuple[str, float]] | None = None, from_step: int = 0,
+               jitter: float = 0.0, seed: int = 0) -> dict[int, list[StepRecord]]:
+    """Synchronous DDP: 10 ms data, 30 ms forward, 50 ms backward, 10 ms optimizer; a slow rank's extra time in its
+    phase makes every other rank wait the same time in backward (the gradient all-reduce)."""
+    rng = random.Random(seed)
+    out: dict[int, list[StepRecord]] = {r: [] for r in range(n_ranks)}
+    for s in range(1, steps + 1):
+        extra = {r: (p, d) for r, (p, d) in (slow or {}).items() if s >= from_step}
+        longest = max((d for _, d in extra.values()), default=0.0)
+        for r in range(n_ranks):
+            ph = {"data": 0.010, "forward": 0.030, "backward": 0.050, "optimizer": 0.010}
+            ph = {k: v * (1 + rng.uniform(-jitter, jitter)) for k, v in ph.items()}
+            if r in extra:
+                ph[extra[r][0]] += extra[r][1]
+                ph["backward"] += longest - extra[r][1]
+            else:
+                ph["backward"] += longest
+            out[r].append(StepRecord(s, sum(ph.values()), ph))
+    return out
+
+
+def test_slow_rank_named_with_its_phase_and_loss() -> None:
+    ranks = _ddp_ranks(4, 60, slow={2: ("forward", 0.020)}, jitter=0.05)
+    found = slow_ranks(ranks)
+    assert [f["rank"] for f in found] == [2]
+    assert found[0]["phase"] == "forward"
+    assert 17 < found[0]["lost_ms_per_step"] < 23  # 20 ms, within the 5% jitter of a 30 ms phase
+    assert 15 < found[0]["pct_of_step"] < 18  # 20 / 120 ms
+    assert 17 < found[0]["others_waited_ms_per_step"] < 23
+
+
+def test_two_ranks_the_slow_one_not_its_waiting_peer() -> None:
+    found = slow_ranks(_ddp_ranks(2, 40, slow={1: ("data", 0.030)}))
+    assert [(f["rank"], f["phase"], f["lost_ms_per_step"]) for f in found] == [(1, "data", 30.0)]
+
+
+def test_noise_alone_raises_nothing() -> None:
+    assert slow_ranks(_ddp_ranks(8, 60, jitter=0.3, seed=3)) == []
+
+
+def test_a_slowness_that_is_not_persistent_is_not_a_slow_rank() -> None:
+    ranks = _ddp_ranks(4, 60)
+    # rank 3 slow in 10 of the last 30 steps only
+    for rec in ranks[3][-30:-20]:
+        rec.phases["data"] += 0.05
+    assert slow_ranks(ranks) == []
+
+
+def test_slow_rank_among_4096_synthetic_ranks() -> None:
+    ranks = _ddp_ranks(4096, 30, slow={4000: ("optimizer", 0.015)}, jitter=0.02)
+    cfg = HealthConfig(window_steps=20)
+    found = slow_ranks(ranks, cfg)
+    assert [f["rank"] for f in found] == [4000] and found[0]["phase"] == "optimizer"
+
+
+def _series(times: list[float], phases: list[dict[str, float]] | None = None) -> list[JobPoint]:
+    return [JobPoint(i + 1, t, (phases[i] if phases else {})) for i, t in enumerate(times)]
+
+
+def test_slowdown_against_the_jobs_own_baseline() -> None:
+    times = [0.100] * 45 + [0.130] * 30  # +30 % from step 46
+    found = slowdown(_series(times))
+    assert found is not None
+    assert (found["baseline_ms"], found["current_ms"], found["cost_ms_per_step"], found["pct_slower"]) == \
+        (100.0, 130.0, 30.0, 30.0)
+    assert 44 <= found["since_step"] <= 47
+
+
+def test_no_slowdown_within_noise_or_from_recurring_evaluation() -> None:
+    rng = random.Random(1)
+    noisy = [0.1 * (1 + rng.uniform(-0.1, 0.1)) for _ in range(100)]
+    assert slowdown(_series(noisy)) is None
+    with_eval = [1.0 if s % 10 == 0 else 0.1 for s in range(1, 101)]
+    assert slowdown(_series(with_eval)) is None
+
+
+def test_stall_found_evaluation_and_recurring_steps_are_not() -> None:
+    times = [0.1] * 100
+    phases = [{"forward": 0.1} for _ in range(100)]
+    times[29] = 2.0  # step 30: a stall in data loading
+    phases[29] = {"data": 1.9, "forward": 0.1}
+    times[56] = 1.5  # step 57: evaluation (forward with gradients off)
+    phases[56] = {"eval": 1.4, "forward": 0.1}
+    for s in (70, 80, 90):  # an unlabelled periodic step every 10 steps
+        times[s - 1] = 1.0
+        phases[s - 1] = {"data": 0.9, "forward": 0.1}
+    found = {o["step"]: o["kind"] for o in outliers(_series(times, phases))}
+    assert found == {30: "stall", 57: "periodic", 70: "stall", 80: "stall", 90: "periodic"}
+    # At the end of the run 70 and 80 are seen to be part of the pattern.
+    assert recurring_after_all([{"step": s} for s in found]) >= {70, 80, 90}
+    assert 30 not in recurring_after_all([{"step": s} for s in found])
