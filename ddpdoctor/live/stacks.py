@@ -6,21 +6,11 @@ from __future__ import annotations
 import re
 from typing import Any
 
+from ddpdoctor.job.grouping import rank_ranges, stack_key
+
+__all__ = ["group_stacks", "main_thread", "rank_ranges", "stacks_text"]
+
 _THREAD = re.compile(r"^Thread (0x[0-9a-fA-F]+|\d+)", re.M)
-
-
-def rank_ranges(ranks: list[int]) -> str:
-    """[0, 1, 2, 5, 7, 8] -> "0-2,5,7-8"."""
-    out: list[str] = []
-    rs = sorted(set(ranks))
-    i = 0
-    while i < len(rs):
-        j = i
-        while j + 1 < len(rs) and rs[j + 1] == rs[j] + 1:
-            j += 1
-        out.append(str(rs[i]) if i == j else f"{rs[i]}-{rs[j]}")
-        i = j + 1
-    return ",".join(out)
 
 
 def main_thread(stack: str) -> str:
@@ -38,7 +28,7 @@ def group_stacks(stacks: dict[int, str | None], beats: dict[int, dict[str, Any]]
     """Classes of ranks sharing a main-thread stack and phase: count, ranks (ranges), one representative stack."""
     classes: dict[tuple[str, str], list[int]] = {}
     for r, s in stacks.items():
-        key = (main_thread(s) if s else "(no stack could be taken)", str((beats.get(r) or {}).get("phase")))
+        key = (stack_key(main_thread(s)) if s else "(no stack could be taken)", str((beats.get(r) or {}).get("phase")))
         classes.setdefault(key, []).append(r)
     groups = [{"count": len(rs), "ranks": rank_ranges(rs), "phase": phase, "steps": sorted(
         {int(s) for r in rs if isinstance(s := (beats.get(r) or {}).get("step"), int)})[:5],
