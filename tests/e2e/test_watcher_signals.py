@@ -98,7 +98,7 @@ LONG = pytest.mark.skipif(not os.environ.get("DDPDOCTOR_LONG_TESTS"), reason="mo
 ])
 def test_a_signal_stops_the_job_and_is_reported_as_what_it_is(tmp_path: Path, command: str, sig: int,
                                                                 status: str) -> None:
-    extra = ("--steps", "0") if command == "check-sync" else ("--wait", "0", "--warmup", "0", "--active", "2") \
+    extra = ("--steps", "0") if command == "check-sync" else ("--wait", "0", "--warmup", "0", "--active", "2", "--run-to-completion") \
         if command == "profile" else ()
     code, report, stderr, out, pids = stop_with(tmp_path, command, sig, *extra)
     assert code == 128 + sig
