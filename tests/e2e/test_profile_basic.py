@@ -154,7 +154,7 @@ def test_launcher_none_reads_the_schedulers_environment(tmp_path):
         for k in ("RANK", "WORLD_SIZE", "LOCAL_RANK"):
             env.pop(k, None)
         procs.append(subprocess.Popen(
-            [sys.executable, "-m", "ddpdoctor", "profile", "--launcher", "none", "-q", "--out", str(out),
+            [sys.executable, "-m", "ddpdoctor", "profile", "--launcher", "none", "-q", "--run-to-completion", "--out", str(out),
              str(EXAMPLES / "train_mlp.py")], cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
             text=True))
     results = [p.communicate(timeout=180) for p in procs]
