@@ -51,12 +51,29 @@ def match(results: list[RankResult]) -> list[MatchedCollective]:
         first = next(iter(by_rank.values()))
         starts = {rk: c.start_us for rk, c in sorted(by_rank.items())}
         ends = {rk: c.end_us for rk, c in sorted(by_rank.items())}
-        last = max(starts, key=lambda rk: (starts[rk], rk))
+        late = _own_lateness(out[-1] if out else None, starts)
+        last = max(late, key=lambda rk: (late[rk], rk))
         out.append(MatchedCollective(
             key=key, op=first.op, group=first.group, seq=first.seq, bytes=first.bytes, starts_us=starts,
-            ends_us=ends, arrival_skew_us=max(starts.values()) - min(starts.values()), last_rank=last,
+            ends_us=ends, arrival_skew_us=late[last], last_rank=last, lateness_us=late,
         ))
     return out
+
+
+def _own_lateness(prev: MatchedCollective | None, starts: dict[int, float]) -> dict[int, float]:
+    """How late each rank arrives at a collective by its own work. A collective does not end at the same instant
+    everywhere (in a ring, one rank receives the last chunk a message later), and a rank that leaves it later
+    arrives later at the next one without being slower; blaming that rank would name the collective's own
+    completion order as a straggler (on 2-rank gloo: the same rank last in most collectives of a healthy job).
+    So when the previous matched collective ran on the same ranks and ended on each before this one started there,
+    a rank's lateness is its time between the two (start - previous end) minus the shortest such time; otherwise
+    (the first one, overlapping launches such as DDP's buckets, other groups) its start minus the earliest start."""
+    if prev is not None and set(prev.ends_us) == set(starts) and all(prev.ends_us[r] <= t for r, t in starts.items()):
+        gaps = {r: t - prev.ends_us[r] for r, t in starts.items()}
+    else:
+        gaps = dict(starts)
+    low = min(gaps.values())
+    return {r: g - low for r, g in gaps.items()}
 
 
 def clock_offsets(results: list[RankResult], matched: list[MatchedCollective]) -> tuple[dict[int, float], str | None]:
@@ -111,8 +128,8 @@ def stragglers(results: list[RankResult], matched: list[MatchedCollective]) -> S
     caused: dict[int, float] = {r.metrics.rank: 0.0 for r in results}
     last_count: dict[int, int] = {r.metrics.rank: 0 for r in results}
     for m in matched:
-        t_last = m.starts_us[m.last_rank]
-        caused[m.last_rank] += sum(t_last - t for t in m.starts_us.values())
+        late = m.lateness_us or {rk: t - min(m.starts_us.values()) for rk, t in m.starts_us.items()}
+        caused[m.last_rank] += sum(late[m.last_rank] - v for v in late.values())
         last_count[m.last_rank] += 1
     medians = {r.metrics.rank: r.metrics.step_time_us.get("median") for r in results}
     known = [v for v in medians.values() if v is not None]

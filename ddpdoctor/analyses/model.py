@@ -147,8 +147,9 @@ class MatchedCollective:
     bytes: int | None
     starts_us: dict[int, float]
     ends_us: dict[int, float]
-    arrival_skew_us: float  # latest start - earliest start
-    last_rank: int  # the rank that arrived last
+    arrival_skew_us: float  # lateness of the last rank by its own work (crossrank.match: at most latest - earliest start)
+    last_rank: int  # the rank that arrived last by its own work
+    lateness_us: dict[int, float] = field(default_factory=dict)  # each rank's own lateness (0: the earliest)
 
 
 @dataclass
@@ -209,6 +210,7 @@ class Analysis:
             d = asdict(m)
             d["starts_us"] = {str(k): v for k, v in m.starts_us.items()}
             d["ends_us"] = {str(k): v for k, v in m.ends_us.items()}
+            d["lateness_us"] = {str(k): v for k, v in m.lateness_us.items()}
             matched.append(d)
         return {
             "inputs": [asdict(i) for i in self.inputs],

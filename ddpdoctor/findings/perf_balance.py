@@ -32,6 +32,10 @@ STEP_CV_MIN_STEPS = 3
 # ... and a warning only when the slow steps cost something: the mean step above the median by 5% of the median
 # (time lost to stalls). Symmetric jitter (a shared, loaded host) varies as much but loses nothing: info.
 STEP_VARIANCE_MIN_COST_PCT = 5.0
+# ... and only for variation outside communication: when most (over half) of the slow steps' excess over the median
+# step is exposed communication (a collective that took longer, as on a shared host or network), the variation is
+# communication's, carried by exposed-comm-high's interval, and the "periodic work" advice would be wrong.
+STEP_VARIANCE_MAX_COMM_SHARE = 0.5
 # Across ranks: median step times differing by more than 10% of the median step.
 RANK_STEP_SKEW_WARN_PCT = 10.0
 # Waiting for the next batch at the start of steps: 10% of step time is a GPU idle a tenth of the time.
@@ -162,6 +166,18 @@ def _cv(values: Sequence[float]) -> float:
     return statistics.pstdev(values) / mean if mean > 0 else 0.0
 
 
+def excess_in_comm_share(r: RankMetrics) -> float:
+    """Of the time by which this rank's slower-than-median steps exceed the median step, the share that is exposed
+    communication beyond the median step's (0 when no step exceeds the median)."""
+    steps = r.per_step
+    med = statistics.median(s.dur_us for s in steps)
+    med_comm = statistics.median(s.exposed_comm_us for s in steps)
+    slow = [s for s in steps if s.dur_us > med]
+    excess = sum(s.dur_us - med for s in slow)
+    in_comm = sum(max(0.0, s.exposed_comm_us - med_comm) for s in slow)
+    return min(1.0, in_comm / excess) if excess > 0 else 0.0
+
+
 def rule_step_variance(a: Analysis, w: WhatIf | None) -> list[Finding]:
     out: list[Finding] = []
     noisy: dict[int, dict[str, Any]] = {}
@@ -171,6 +187,8 @@ def rule_step_variance(a: Analysis, w: WhatIf | None) -> list[Finding]:
         durs = [s.dur_us for s in r.per_step]
         if len(durs) < STEP_CV_MIN_STEPS or statistics.fmean(durs) <= 0:
             continue
+        if excess_in_comm_share(r) > STEP_VARIANCE_MAX_COMM_SHARE:
+            continue  # the slow steps are slow in communication: exposed-comm-high's business
         iv = bootstrap(durs, _cv)
         if iv is None:
             continue
@@ -202,34 +220,35 @@ def rule_step_variance(a: Analysis, w: WhatIf | None) -> list[Finding]:
 
 
 def _rank_skew(a: Analysis) -> list[Finding]:
-    """Ranks whose step times differ by more than RANK_STEP_SKEW_WARN_PCT, counted only for the part of the gap that
-    lies outside both ranks' intervals (two noisy ranks of one speed are not skewed)."""
-    ivs = {r.rank: iv for r in a.ranks if (iv := bootstrap([s.dur_us for s in r.per_step], statistics.median))}
-    if len(ivs) < 2:
+    """Ranks whose step times differ by more than RANK_STEP_SKEW_WARN_PCT, over the steps every rank recorded: the
+    slowest and fastest rank's durations are paired step by step and the mean of their differences must clear the
+    threshold across its interval. Ranks that synchronise every step share the time between the same step
+    boundaries, so per-step noise cancels in the pairs; comparing each rank's median instead reports noise."""
+    per_rank = {r.rank: {s.step: s.dur_us for s in r.per_step} for r in a.ranks if r.per_step}
+    if len(per_rank) < 2:
         return []
-    mid = statistics.median(iv.value for iv in ivs.values())
-    slow = max(ivs, key=lambda k: ivs[k].value)
-    fast = min(ivs, key=lambda k: ivs[k].value)
-    if mid <= 0:
+    common = sorted(set.intersection(*(set(d) for d in per_rank.values())))
+    if len(common) < STEP_CV_MIN_STEPS:
+        return []  # the ranks recorded different steps: nothing to pair
+    means = {k: statistics.fmean(d[s] for s in common) for k, d in per_rank.items()}
+    slow, fast = max(means, key=lambda k: means[k]), min(means, key=lambda k: means[k])
+    mid = statistics.median(means.values())
+    diff = bootstrap([per_rank[slow][s] - per_rank[fast][s] for s in common])
+    if mid <= 0 or diff is None:
         return []
-    spread = ivs[slow].value - ivs[fast].value
-    gap = ivs[slow].lo - ivs[fast].hi
-    pct, sure_pct = 100.0 * spread / mid, 100.0 * gap / mid
-    if pct <= RANK_STEP_SKEW_WARN_PCT:
+    iv = Interval(100.0 * diff.value / mid, 100.0 * diff.lo / mid, 100.0 * diff.hi / mid, diff.n)
+    if iv.value <= RANK_STEP_SKEW_WARN_PCT:
         return []
-    if sure_pct <= RANK_STEP_SKEW_WARN_PCT or not (ivs[slow].measurable and ivs[fast].measurable):
-        shown = Interval(pct, max(0.0, sure_pct), 100.0 * (ivs[slow].hi - ivs[fast].lo) / mid,
-                         min(ivs[slow].n, ivs[fast].n))
-        return [undecided("step-time-rank-skew", "step-time spread across ranks, % of step", shown,
+    if not iv.above(RANK_STEP_SKEW_WARN_PCT):
+        return [undecided("step-time-rank-skew", "step-time difference across ranks, % of step", iv,
                           RANK_STEP_SKEW_WARN_PCT, a)]
     return [Finding(
         "step-time-rank-skew", Severity.WARNING,
-        f"Median step time differs by {pct:.0f}% across ranks (slowest: rank {slow})",
-        ranks=[slow], evidence={**cost(spread, mid),
-                                "step_time_ms_by_rank": {str(k): ms(iv.value) for k, iv in sorted(ivs.items())},
-                                "step_time_ms_interval_by_rank": {str(k): iv.to_json(0.001, 3)
-                                                                  for k, iv in sorted(ivs.items())},
-                                "spread_ms": ms(spread), "threshold_pct": RANK_STEP_SKEW_WARN_PCT},
+        f"Step time differs by {iv.value:.0f}% across ranks (slowest: rank {slow})",
+        ranks=[slow], evidence={**cost(diff.value, mid),
+                                "step_time_ms_by_rank": {str(k): ms(v) for k, v in sorted(means.items())},
+                                "difference_pct_of_step": iv.to_json(), "steps_compared": len(common),
+                                "spread_ms": ms(diff.value), "threshold_pct": RANK_STEP_SKEW_WARN_PCT},
         advice="Ranks of a DDP job should step together; compare the slow rank's host, data and "
         "profiler window (all ranks must record the same steps).",
     )]

@@ -2,12 +2,58 @@
 
 from __future__ import annotations
 
+import os
+import threading
+import time
 from pathlib import Path
 from typing import Any
 
 import torch
 
 from ddpdoctor.probes.config import Schedule
+
+# How long a stop waits at most for the communication threads to go idle (see settle_comm_threads).
+SETTLE_MAX_S = 0.2
+
+
+def _busy_threads(me: int) -> int:
+    """Threads of this process, other than ``me``, that are running or runnable (state R in /proc)."""
+    busy = 0
+    try:
+        tasks = os.listdir("/proc/self/task")
+    except OSError:
+        return 0
+    for tid in tasks:
+        if tid == str(me):
+            continue
+        try:
+            with open(f"/proc/self/task/{tid}/stat", "rb") as fh:
+                stat = fh.read()
+        except OSError:
+            continue  # the thread ended
+        fields = stat.rsplit(b")", 1)[-1].split()
+        if fields and fields[0] == b"R":
+            busy += 1
+    return busy
+
+
+def settle_comm_threads(max_s: float = SETTLE_MAX_S) -> float:
+    """Wait (at most ``max_s``) until no other thread of this rank is running; return the seconds waited.
+
+    Why: gloo completes a collective's future *before* its worker thread ends the collective's profiler event
+    (``AsyncWork::finishWorkGloo``: ``markCompleted`` then ``finish()``, which runs the RecordFunction end callback).
+    DDP's backward returns on the future, so the iteration can end, and the profiler be stopped, while a worker
+    thread still writes that event into the profiler's per-thread buffers, which the stop is reading and freeing: a
+    heap corruption that aborts the rank (seen as ``malloc(): unsorted double linked list corrupted`` in
+    ``_trace_ready``, rarely, on a loaded machine). The window between the two is microseconds, unless the worker is
+    preempted; waiting for the rank's threads to go idle (gloo's workers then sleep on their queue) closes it.
+    Costs one /proc scan (~0.1 ms) when idle, at most ``max_s`` once per profile window."""
+    me = threading.get_native_id()
+    start = time.perf_counter()
+    time.sleep(0)  # let a runnable worker take the GIL-free CPU first
+    while _busy_threads(me) and time.perf_counter() - start < max_s:
+        time.sleep(0.001)
+    return time.perf_counter() - start
 
 
 class ProfileWindowDone(SystemExit):
@@ -32,6 +78,7 @@ class ProfilerProbe:
         self.rank = rank
         self.schedule = schedule
         self.written: list[Path] = []
+        self.settled_s = 0.0  # time spent letting communication threads finish before a stop
         self._done = False
         activities = [torch.profiler.ProfilerActivity.CPU]
         if torch.cuda.is_available():
@@ -67,10 +114,23 @@ class ProfilerProbe:
             elif step > self._first_recorded and self._adaptive.should_stop(step):
                 self._stop(step)
                 return
+        if self._stops_recording():
+            self.settled_s += settle_comm_threads()
         self._prof.step()
         if step > self._last_step:
             # The schedule is over: stop the profiler so later steps pay nothing for it.
             self._stop(step)
+
+    def _stops_recording(self) -> bool:
+        """Will the next profiler step end a recording (and so read and free its event buffers)?"""
+        try:
+            action = torch.profiler.ProfilerAction
+            prof: Any = self._prof
+            now, nxt = prof.current_action, prof.schedule(prof.step_num + 1)
+            return bool(now == action.RECORD_AND_SAVE or (now == action.RECORD and nxt != action.RECORD
+                                                               and nxt != action.RECORD_AND_SAVE))
+        except Exception:  # noqa: BLE001 - another torch's profiler internals: settle every step of the window
+            return True
 
     def _stop(self, step: int) -> None:
         self.finish()
@@ -99,6 +159,7 @@ class ProfilerProbe:
             return
         self._done = True
         try:
+            self.settled_s += settle_comm_threads()
             self._prof.stop()
         except Exception:  # noqa: BLE001 - never let the probe hide the user's own exit status
             pass

@@ -16,7 +16,7 @@ from ddpdoctor.report import SCHEMA_VERSION, Report
 ROOT = Path(__file__).resolve().parents[2]
 RUN = ROOT / "tests" / "fixtures" / "analyze" / "gloo_2rank_mlp"
 # Maps whose keys are data (ranks, op names, finding ids' evidence), not contract names.
-DATA_KEYED = ("by_op", "evidence", "starts_us", "ends_us", "caused_wait_us", "last_arrival_count",
+DATA_KEYED = ("by_op", "evidence", "starts_us", "ends_us", "lateness_us", "caused_wait_us", "last_arrival_count",
               "step_time_us_by_rank", "clock_offsets_us")
 
 

@@ -8,7 +8,7 @@ import pytest
 
 from ddpdoctor.analyses.whatif import MIB, bucket_whatif
 from ddpdoctor.findings import perf
-from ddpdoctor.findings.model import Severity
+from ddpdoctor.findings.model import Finding, Severity
 from ddpdoctor.findings.perf import perf_findings
 from ddpdoctor.report import Report
 from tests.unit.analysis_builders import analysis, bucket, fit, grads, rank, step, stragglers
@@ -158,8 +158,39 @@ def test_step_time_variance_and_rank_skew():
     slow = rank(1, [step(0, dur=1200), step(1, dur=1200), step(2, dur=1200)])
     f = ids(perf_findings(analysis([steady, slow])))
     assert "step-time-variance" not in f
-    # medians 1000 and 1200: spread 200 over the median of medians 1100 -> 18%.
-    assert f["step-time-rank-skew"].ranks == [1] and f["step-time-rank-skew"].evidence["spread_ms"] == 0.2
+    # docs/findings.md's worked example: paired differences 200, 150, 200 (mean 183.3) over the median of the
+    # means 1108.3 -> 16.5%; bootstrap interval of the mean difference [166.7, 200] = [15.0%, 18.0%] (three resampled
+    # 150s, 1/27 = 3.7% likely, fall in the 5% tail), above 10%.
+    skew = f["step-time-rank-skew"]
+    assert skew.ranks == [1] and skew.evidence["spread_ms"] == 0.183
+    assert skew.evidence["difference_pct_of_step"] == {"value": 16.5, "interval": [15.0, 18.0], "n": 3}
+    # Two ranks of one speed whose steps jitter together (a shared host): differences cancel step by step.
+    jit = [1000, 3000, 1200, 900, 2600, 1000, 1100, 4000]
+    same = [rank(0, [step(i, dur=d) for i, d in enumerate(jit)]),
+            rank(1, [step(i, dur=d + (30 if i % 2 else -30)) for i, d in enumerate(jit)])]
+    assert "step-time-rank-skew" not in ids(perf_findings(analysis(same)))
+    # ... while their medians (1050 vs 1130, 7.3% of 1090) could drift past the threshold on another noisy run.
+
+
+def test_step_time_variance_in_communication_is_not_periodic_work():
+    from ddpdoctor.findings.perf_balance import excess_in_comm_share
+
+    # docs/findings.md's worked example: 2, 2, 2, 8 ms steps whose 6 ms excess is all exposed communication.
+    r = rank(0, [step(i, dur=2000 if i < 3 else 8000, comm=500 if i < 3 else 6500, exposed=500 if i < 3 else 6500)
+                 for i in range(4)])
+    assert excess_in_comm_share(r) == 1.0
+    # The stalls of test_step_time_variance_and_rank_skew, but slow in their collective (as on a loaded host):
+    # communication's variation, not the script's periodic work, so no step-time-variance nor its undecided form.
+    comm_slow = rank(0, [step(i, dur=3000 if i % 4 == 3 else 1000, comm=2500 if i % 4 == 3 else 500,
+                              exposed=2500 if i % 4 == 3 else 500) for i in range(16)])
+    f = ids(perf_findings(analysis([comm_slow])))
+    assert "step-time-variance" not in f
+    assert "step-time-variance" not in f.get("not-measurable", Finding("x", Severity.INFO, "")).evidence.get("rules", {})
+    # Half the excess in communication, half in compute: not over the 50% share, still the script's variation.
+    half = rank(0, [step(i, dur=3000 if i % 4 == 3 else 1000, comm=1500 if i % 4 == 3 else 500,
+                         exposed=1500 if i % 4 == 3 else 500) for i in range(16)])
+    assert excess_in_comm_share(half) == 0.5
+    assert "step-time-variance" in ids(perf_findings(analysis([half])))
 
 
 @pytest.mark.parametrize("wait,expected", [(50, None), (150, Severity.WARNING), (350, Severity.WARNING)])

@@ -114,3 +114,51 @@ def test_adaptive_window_converges_on_steady_steps_only():
     assert not converged([0.05, 0.15, 0.05, 0.15, 0.05, 0.15], min_steps=5)
     assert Schedule.parse_active("auto").auto and Schedule.parse_active("auto").needed() == 2 + 1 + 5
     assert Schedule.parse_active("7") == Schedule(active=7)
+
+
+def test_adaptive_window_every_rank_acts_one_iteration_later_without_waiting(monkeypatch):
+    """Rank 0 publishes its decision for iteration i; every rank acts on it at i+1. A rank that ends iteration i
+    before rank 0 does must not wait for rank 0's i (it would start every step a store round trip late and arrive
+    last at every collective: a straggler made by the probe). Real TCPStore, one process."""
+    from datetime import timedelta
+
+    import torch.distributed as dist
+
+    from ddpdoctor.probes import window
+
+    real = dist.TCPStore("127.0.0.1", 0, 2, True, timeout=timedelta(seconds=5), wait_for_workers=False)
+    writes = []
+
+    class Counted:  # the real store, its writes counted
+        def set(self, key, value):
+            writes.append(key)
+            real.set(key, value)
+
+        def __getattr__(self, name):
+            return getattr(real, name)
+
+    monkeypatch.setattr(window, "_store", lambda: Counted())
+    monkeypatch.setattr(window, "DECISION_TIMEOUT_S", 2.0)
+    # Converged from the 4th recorded step on: deterministic, the protocol is what is tested here.
+    monkeypatch.setattr(window, "converged", lambda durations, min_steps: len(durations) >= 4)
+    r0, r1 = window.AdaptiveWindow(0, 3), window.AdaptiveWindow(1, 3)
+    r0.tick()
+    r1.tick()
+    seen = []
+    for it in range(4, 30):
+        a = r0.should_stop(it)
+        # rank 1 reads rank 0's decision of the previous iteration: present, so this returns at once
+        b = r1.should_stop(it)
+        seen.append((it, a, b))
+        if a:
+            break
+    assert all(a == b for _, a, b in seen), seen
+    # checks every CHECK_EVERY (5) recorded steps: the 5th duration ends at iteration 8, where rank 0 (converged
+    # since the 4th) writes its decision, and every rank stops at iteration 9; one write, no other store traffic
+    assert window.CHECK_EVERY == 5
+    assert seen[-1] == (9, True, True) and not any(a for _, a, _ in seen[:-1])
+    assert writes == ["ddpdoctor/window/8"]
+    # a decision rank 0 never wrote (rank 0 gone): after the timeout the rank keeps recording, never stops alone
+    late = window.AdaptiveWindow(1, 3)
+    late._decided = (40, False)
+    assert late.should_stop(41) is False
