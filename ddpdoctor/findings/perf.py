@@ -230,8 +230,8 @@ def rule_comm_tail(a: Analysis, w: WhatIf | None) -> list[Finding]:
         evidence={**cost(tail_us, _step_us(a)), "tail_pct_of_step": iv.to_json(), "tail_ms_median": evidence_ms,
                   "tail_pct_of_step_by_rank": shares,
                   "last_bucket_mb": None if lb is None else round(lb / MIB, 2), "threshold_pct": TAIL_WARN_PCT},
-        advice=_cap_advice(w, _smaller_cap_advice((ddp_config(a) or {}).get("bucket_cap_mb"), tail=True),
-                           _exposed_noise_us(a)),
+        advice=_cap_advice(w, _smaller_cap_advice((ddp_config(a) or {}).get("bucket_cap_mb"), tail=True,
+                                                  sizes_known=_bucket_sizes_known(a)), _exposed_noise_us(a)),
     )]
 
 
@@ -309,12 +309,31 @@ def rule_first_bucket_late(a: Analysis, w: WhatIf | None) -> list[Finding]:
         evidence={**cost(exposed, _step_us(a)), "first_allreduce_at_backward_pct": iv.to_json(),
                   "by_rank_pct": {str(k): round(100 * v, 1) for k, v in sorted(late.items())},
                   "bucket_cap_mb": cfg.get("bucket_cap_mb"), "threshold_pct": threshold},
-        advice=_cap_advice(w, _smaller_cap_advice(cfg.get("bucket_cap_mb")), _exposed_noise_us(a)),
+        advice=_cap_advice(w, _smaller_cap_advice(cfg.get("bucket_cap_mb"), sizes_known=_bucket_sizes_known(a)),
+                           _exposed_noise_us(a)),
     )]
 
 
-def _smaller_cap_advice(cap: Any, tail: bool = False) -> str:
-    """A smaller cap than the current one, or, at 1 MiB already, the reason a smaller cap will not help."""
+# Said instead of a bucket size when neither the trace nor a DDP description gives the buckets' bytes.
+SIZES_UNKNOWN_ADVICE = (
+    "How large the gradient buckets are is not in these traces (no DDP description, no tensor shapes), so whether a "
+    "smaller `bucket_cap_mb` would split them, or leave one small bucket as it is, cannot be told from them: "
+    "`ddpdoctor profile` records the bucket layout and runs the bucket what-if (or record with "
+    "`record_shapes=True`)."
+)
+
+
+def _bucket_sizes_known(a: Analysis) -> bool:
+    """The buckets' bytes come from the trace (shapes) or from a DDP description (RUN/ranks/*/info.json)."""
+    cfg = ddp_config(a) or {}
+    return bool(cfg.get("parameter_bytes") or cfg.get("buckets") or any(b.bytes for b in a.buckets))
+
+
+def _smaller_cap_advice(cap: Any, tail: bool = False, sizes_known: bool = True) -> str:
+    """A smaller cap than the current one, or, at 1 MiB already, the reason a smaller cap will not help; without the
+    buckets' sizes, that no cap can be advised and what would tell."""
+    if not sizes_known:
+        return SIZES_UNKNOWN_ADVICE
     if isinstance(cap, (int, float)) and cap <= 1:
         if tail:
             return ("Buckets are already 1 MiB: the tail is the queue of all_reduces still waiting when backward "

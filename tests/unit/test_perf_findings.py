@@ -58,6 +58,18 @@ def test_comm_tail_in_ms():
     assert "comm-tail-after-backward" not in ids(perf_findings(one_rank(20, buckets=tail)))
 
 
+def test_comm_tail_without_bucket_sizes_advises_no_cap():
+    # Raw traces recorded elsewhere without shapes, no DDP description: the buckets' bytes are unknown, so no
+    # bucket_cap_mb is advised (a few-KiB model stays in one bucket at any cap); the advice says what would tell.
+    tail = [bucket(0, i, 1, None, i * 1000 + 450, i * 1000 + 650, True, 150) for i in range(3)]
+    f = ids(perf_findings(one_rank(150, buckets=tail)))["comm-tail-after-backward"]
+    assert "bucket_cap_mb=" not in f.advice and "ddpdoctor profile" in f.advice
+    assert f.evidence["last_bucket_mb"] is None
+    # With the sizes known, the smaller cap is advised as before.
+    sized = [bucket(0, i, 1, 2 * MIB, i * 1000 + 450, i * 1000 + 650, True, 150) for i in range(3)]
+    assert "bucket_cap_mb=5" in ids(perf_findings(one_rank(150, buckets=sized)))["comm-tail-after-backward"].advice
+
+
 def test_latency_bound_small_buckets():
     small = [bucket(0, s, i, 100 * 1024, s * 1000 + 100 + 60 * i, s * 1000 + 160 + 60 * i) for s in range(3) for i in range(6)]
     f = ids(perf_findings(one_rank(150, buckets=small, bandwidth=fit(50, 1000))))["buckets-latency-bound"]

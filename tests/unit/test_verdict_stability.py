@@ -25,13 +25,14 @@ def test_the_same_recording_gives_the_same_verdict(run):
     assert first["findings"] == again["findings"] and first["status"] == again["status"]
 
 
-def test_recorded_runs_of_one_healthy_script_are_never_errors():
-    # These runs were recorded on 2 cores shared by 8 concurrent jobs: step times there truly vary (cv 0.5-0.9) and
-    # one run has a real 29%-of-a-step straggler, so only what holds whatever the host did is asserted.
-    assert len(RUNS) >= 3
+def test_recorded_runs_of_one_healthy_script_give_one_verdict():
+    # Five runs: three on 2 cores shared by 8 concurrent jobs (step times vary with cv 0.5-0.9, and a rank often
+    # leaves a collective last and so starts the next later), two on an idle machine with the default window.
+    # The same status and the same set of findings in every one: noise of the host is not a finding.
+    assert len(RUNS) >= 5
     verdicts = [_verdict(r) for r in RUNS]
-    statuses = {status for status, _ in verdicts}
-    assert "error" not in statuses, verdicts
+    assert len(set(verdicts)) == 1, verdicts
+    assert verdicts[0] == ("ok", ("exposed-comm-high",)), verdicts
     for run in RUNS:
         for f in report_for(analyze_paths([run])).findings:
             assert f.severity.value != "error"
