@@ -108,3 +108,10 @@ def set_parent_death_signal(sig: int = signal.SIGKILL) -> bool:
         return libc.prctl(_PR_SET_PDEATHSIG, int(sig), 0, 0, 0) == 0
     except (OSError, AttributeError):
         return False
+
+
+def die_with_parent() -> None:
+    """SIGKILL this process when the one that started it (torchrun, or ddpdoctor under --launcher none) dies: a rank
+    or a preflight worker never outlives its watcher, whatever killed it."""
+    if set_parent_death_signal(signal.SIGKILL) and os.getppid() == 1:
+        os._exit(1)  # already orphaned before the line above took effect

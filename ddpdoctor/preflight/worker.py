@@ -221,6 +221,9 @@ class Worker:
 
 
 def main() -> int:
+    from ddpdoctor.launch.proctree import die_with_parent
+
+    die_with_parent()  # torchrun (or ddpdoctor) gone: the worker goes too, wherever it waits
     config = ProbeConfig.from_env()
     if config is None:
         print("ddpdoctor preflight worker: $DDPDOCTOR_CONFIG is not set (start it through `ddpdoctor preflight`)",

@@ -167,17 +167,10 @@ def _on_sigterm(signum: int, frame: Any) -> None:
     raise SystemExit(128 + signum)
 
 
-def _die_with_parent() -> None:
-    """SIGKILL this rank when the process that started it (torchrun, or ddpdoctor under --launcher none) dies:
-    a rank never outlives its watcher, whatever killed it."""
-    from ddpdoctor.launch.proctree import set_parent_death_signal
-
-    if set_parent_death_signal(signal.SIGKILL) and os.getppid() == 1:
-        os._exit(1)  # already orphaned before the line above took effect
-
-
 def main() -> None:
-    _die_with_parent()
+    from ddpdoctor.launch.proctree import die_with_parent
+
+    die_with_parent()
     config = ProbeConfig.from_env()
     if config is None:
         sys.stderr.write("ddpdoctor bootstrap: $DDPDOCTOR_CONFIG is not set; run the script through `ddpdoctor`.\n")

@@ -5,6 +5,7 @@ from __future__ import annotations
 import html
 import json
 import math
+import os
 from importlib import resources
 from pathlib import Path
 from typing import Any
@@ -308,6 +309,15 @@ per step. The dot is the current bucket_cap_mb; the dashed line what was measure
 
 
 def write_html(report: Report, path: Path) -> Path:
+    """Write the report atomically (a temporary file beside it, then a rename): a full disk or a crash leaves the
+    previous report or none, never half a page. Raises OSError; the caller names the file."""
+    text = render_html(report)
     path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(render_html(report), encoding="utf-8")
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    try:
+        tmp.write_text(text, encoding="utf-8")
+        os.replace(tmp, path)
+    except OSError:
+        tmp.unlink(missing_ok=True)
+        raise
     return path

@@ -147,3 +147,34 @@ def test_no_orphans_whatever_ends_ddpdoctor(tmp_path: Path, sig: int) -> None:
     else:
         assert manifest["ended"] == {"how": "signal", "signal": signal.Signals(sig).name, "signum": sig,
                                      "exit_code": 128 + sig}
+
+
+def test_preflight_workers_do_not_outlive_a_killed_ddpdoctor(tmp_path: Path) -> None:
+    # A 1 GiB all_reduce sweep over gloo keeps the workers busy for many seconds; SIGKILL gives ddpdoctor no chance
+    # to clean up, torchrun dies of its parent-death signal, and the workers must die of their own.
+    args = [sys.executable, "-m", "ddpdoctor", "preflight", "--nproc-per-node", "2", "--backend", "gloo",
+            "--max-size", "1G", "--out", str(tmp_path / "pf")]
+    proc = subprocess.Popen(args, cwd=REPO, env=dict(os.environ, PYTHONUNBUFFERED="1"), stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, start_new_session=True)
+    deadline, pids = time.time() + 90, set()
+    while time.time() < deadline:
+        assert proc.poll() is None, proc.communicate()[1][-3000:]
+        pids = descendants(proc.pid)
+        workers = [p for p in pids if "preflight/worker.py" in _cmdline(p)]
+        if len(workers) >= 2 and (tmp_path / "pf" / "ranks" / "rank1" / "preflight.json").exists():
+            break
+        time.sleep(0.2)
+    else:
+        pytest.fail("the preflight workers never started")
+    proc.kill()
+    proc.communicate(timeout=60)
+    # The kernel's parent-death signals act at once; a worker without one lives on in the sweep until its next store
+    # call fails (measured: 7 s and more), so 3 s tells the two apart.
+    assert not gone_within(pids, 3), "preflight workers outlived ddpdoctor"
+
+
+def _cmdline(pid: int) -> str:
+    try:
+        return Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+    except OSError:
+        return ""

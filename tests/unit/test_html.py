@@ -119,3 +119,20 @@ def test_empty_report_renders():
     doc = _parse(text)
     assert "No findings." in " ".join(doc.text)
     assert json.loads(doc.scripts[1])["ranks"] == []
+
+
+def test_a_failed_write_keeps_the_previous_report_whole(tmp_path):
+    import os
+
+    import pytest
+
+    from ddpdoctor.renderers.html import write_html
+
+    target = tmp_path / "report.html"
+    write_html(evil_report(), target)
+    before = target.read_text()
+    # The temporary file cannot be created (a directory is in its place): a real OSError mid-write.
+    (tmp_path / f".report.html.{os.getpid()}.tmp").mkdir()
+    with pytest.raises(OSError):
+        write_html(Report(command="analyze"), target)
+    assert target.read_text() == before  # not truncated, not half a page
