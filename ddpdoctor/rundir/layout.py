@@ -14,7 +14,9 @@
 
 from __future__ import annotations
 
+import os
 import re
+import socket
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -98,9 +100,11 @@ class RunDir:
         try:
             for d in (self.root, self.traces, self.root / "ranks", self.scalars):
                 d.mkdir(parents=True, exist_ok=True)
-            probe = self.root / ".write-test"
+            # One probe file per launcher: the launchers of a multi-node job share this directory, and with one
+            # name a launcher's unlink found the file already gone (ENOENT, "cannot write the run directory").
+            probe = self.root / f".write-test.{socket.gethostname()}.{os.getpid()}"
             probe.write_text("")
-            probe.unlink()
+            probe.unlink(missing_ok=True)
         except OSError as exc:
             raise BadInput(f"cannot write the run directory ({exc.strerror or exc})", self.root) from exc
 

@@ -39,9 +39,21 @@ def _serious(report) -> list[str]:
     return sorted(f["id"] for f in report["findings"] if f["severity"] in ("warning", "error"))
 
 
+def _plain_torchrun(script) -> subprocess.CompletedProcess[str]:
+    """The reference run, without ddpdoctor. torch 2.13's gloo itself sometimes aborts a rank at teardown
+    ("terminate called without an active exception", SIGABRT; once in 5 suite runs on a fresh clone, no ddpdoctor
+    involved; cf. pytorch/pytorch#179291 on gloo worker threads at exit): the reference is then taken again, at most
+    three times. What is tested is ddpdoctor's runs below, which are never retried."""
+    for _ in range(3):
+        plain = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node",
+                                "2", script], cwd=REPO, capture_output=True, text=True, timeout=240)
+        if plain.returncode == 0 or "(SIGABRT)" not in plain.stderr:
+            return plain
+    return plain
+
+
 def test_any_model_output_leaves_the_job_as_plain_torchrun_runs_it(tmp_path):
-    plain = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
-                            OUTPUTS], cwd=REPO, capture_output=True, text=True, timeout=240)
+    plain = _plain_torchrun(OUTPUTS)
     assert plain.returncode == 0, plain.stderr[-3000:]
     expected = _hashes(plain.stdout)
     assert set(expected) == {"0", "1"}
