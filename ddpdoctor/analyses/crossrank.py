@@ -128,7 +128,7 @@ def stragglers(results: list[RankResult], matched: list[MatchedCollective]) -> S
     caused: dict[int, float] = {r.metrics.rank: 0.0 for r in results}
     last_count: dict[int, int] = {r.metrics.rank: 0 for r in results}
     for m in matched:
-        late = m.lateness_us or {rk: t - min(m.starts_us.values()) for rk, t in m.starts_us.items()}
+        late = m.lateness_us or _own_lateness(None, m.starts_us)  # built without match(): start order
         caused[m.last_rank] += sum(late[m.last_rank] - v for v in late.values())
         last_count[m.last_rank] += 1
     medians = {r.metrics.rank: r.metrics.step_time_us.get("median") for r in results}

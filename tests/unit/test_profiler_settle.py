@@ -5,35 +5,39 @@ from __future__ import annotations
 
 import threading
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 
 from ddpdoctor.probes.profiler import SETTLE_MAX_S, settle_comm_threads
 
 
-def _spin(seconds: float, done: threading.Event) -> None:
-    end = time.perf_counter() + seconds
-    while time.perf_counter() < end:
-        pass  # runnable the whole time: state R in /proc
-    done.set()
+@contextmanager
+def spinning(seconds: float) -> Iterator[threading.Event]:
+    """Another thread runnable the whole time (state R in /proc) for ``seconds``; the event is set when it ends."""
+    done = threading.Event()
+
+    def spin() -> None:
+        end = time.perf_counter() + seconds
+        while time.perf_counter() < end:
+            pass
+        done.set()
+
+    worker = threading.Thread(target=spin)
+    worker.start()
+    try:
+        yield done
+    finally:
+        worker.join()
 
 
 def test_waits_while_another_thread_runs_then_returns():
-    done = threading.Event()
-    worker = threading.Thread(target=_spin, args=(0.08, done))
-    worker.start()
-    try:
+    with spinning(0.08) as done:
         waited = settle_comm_threads()
         # It returned because the spinning thread ended, or because the cap was reached: never before either.
         assert done.is_set() or waited >= SETTLE_MAX_S
-    finally:
-        worker.join()
 
 
 def test_never_waits_past_its_cap():
-    done = threading.Event()
-    worker = threading.Thread(target=_spin, args=(2.0, done))
-    worker.start()
-    try:
+    with spinning(2.0) as done:
         waited = settle_comm_threads(max_s=0.1)
         assert 0.1 <= waited < 1.5 and not done.is_set()
-    finally:
-        worker.join()
