@@ -301,9 +301,6 @@ class HangMonitor:
             link.beat = msg
         elif kind == "enter":
             link.beat = dict(link.beat or {"rank": rank, "step": 0}, collective=msg.get("collective"))
-        elif kind == "backward":  # entered backward(): DDP's bucket all-reduces; the next beat has the rest
-            link.beat = dict(link.beat or {"rank": rank, "step": msg.get("step", 0)}, phase="backward", collective=None,
-                             backward=msg.get("backward"))
         elif kind == "dump":
             link.dump = msg
             for stall in self.stalls.values():

@@ -113,15 +113,6 @@ def _enter_line(state: dict[str, Any]) -> bytes:
     ).encode()
 
 
-def _backward_line(call_site: str | None, since: float, step: int) -> bytes:
-    """The "backward" message (the rank entered backward(), where DDP all-reduces its buckets), formatted by hand."""
-    name, seq = _group_info(None)
-    return (
-        f'{{"type":"backward","step":{int(step)},"backward":{{"call_site":{json.dumps(call_site)},"since":{since!r},'
-        f'"group":{json.dumps(name)},"seq":{"null" if seq is None else int(seq)}}}}}\n'
-    ).encode()
-
-
 class HeartbeatProbe:
     """Publishes this rank's state; installed by RankSession when the launcher runs a monitor."""
 
@@ -265,9 +256,6 @@ class HeartbeatProbe:
                 probe.backward_site = user_call_site()
                 probe.backward_since = time.time()
                 probe.tracker.phase = "backward"
-                # Told at once, as a collective's "enter" is: DDP's bucket all-reduces run in here, and a peer's
-                # mismatch can abort this rank within milliseconds, before the next beat says where it was.
-                probe._send_raw(_backward_line(probe.backward_site, probe.backward_since, probe.tracker.step))
             try:
                 return orig(*args, **kwargs)
             except BaseException as exc:
