@@ -75,6 +75,33 @@ def rank_side_us(iterations: int, rounds: int = 5) -> tuple[float, float, float]
     return min(old), min(new), beat
 
 
+def messages_us(n: int = 20000, rounds: int = 5) -> tuple[float, float]:
+    """(µs to build and send the "backward" line a rank sends on entering backward() once per iteration, and the
+    "enter" line of a blocking collective), over a local socket whose other end a thread drains; best of ``rounds``."""
+    import socket
+    import threading
+    from types import SimpleNamespace
+
+    from ddpdoctor.probes.heartbeat import _backward_line, _enter_line
+
+    a, b = socket.socketpair()
+    threading.Thread(target=lambda: [None for _ in iter(lambda: b.recv(1 << 16), b"")], daemon=True).start()
+    tracker = SimpleNamespace(step=1234, step_started=time.time())
+    state = {"op": "all_reduce", "group": "default_pg", "seq": 17, "sizes": [[1024]], "call_site": "/job/train.py:88",
+             "since": time.time(), "step": 1234}
+
+    def timed(make: Any) -> float:
+        t0 = time.perf_counter()
+        for _ in range(n):
+            a.sendall(make())
+        return (time.perf_counter() - t0) / n * 1e6
+
+    bwd = min(timed(lambda: _backward_line("/job/train.py:91", time.time(), tracker)) for _ in range(rounds))
+    enter = min(timed(lambda: _enter_line(state)) for _ in range(rounds))
+    a.close()
+    return bwd, enter
+
+
 def monitor_side(ranks: int, steps: int) -> tuple[float, float]:
     """(seconds of monitor CPU per job step for ``ranks`` ranks: ingest + one tick per step, bytes of a beat)."""
     import json
@@ -105,6 +132,9 @@ def main() -> None:
           f"(+{main_thread:.2f} us = {main_thread / 100:.3f}% of a 10 ms step, {main_thread / 1000:.4f}% of 100 ms)")
     print(f"rank side, heartbeat thread: {beat:.2f} us/iteration to serialise its record into a beat "
           f"({beat / 100:.3f}% of a 10 ms step)")
+    bwd, enter = messages_us()
+    print(f"rank side, main thread: the backward() message {bwd:.2f} us/iteration ({bwd / 100:.3f}% of a 10 ms step); "
+          f"a blocking collective's enter message, the peer it copies, {enter:.2f} us each")
     for n in (int(x) for x in a.ranks.split(",")):
         steps = 60 if n <= 64 else 40
         cpu, size = monitor_side(n, steps)

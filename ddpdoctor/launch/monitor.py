@@ -70,6 +70,7 @@ class RankLink:
     last_seen: float | None = None
     heartbeat_tid: int | None = None  # the heartbeat thread's own CPU and I/O do not count as the rank's
     active_at: float | None = None  # last time its CPU, I/O or Python position changed
+    moved_at: float | None = None  # last time its messages showed a new position (step, phase, collective)
     activity: tuple[int, int] | None = None
     exit_at: float | None = None
 
@@ -149,7 +150,7 @@ class HangMonitor:
             self._activity_at = now
             self._sample_activity(now)
         stalled = self.stalled_ranks(now, job.started)
-        if not stalled or self._crash_being_torn_down(now):
+        if not stalled or self._crash_being_torn_down(now) or self._just_moved(stalled, now):
             return
         busy = [] if self.hang_timeout is not None else self.busy_laggards(stalled, now)
         if busy:
@@ -234,6 +235,16 @@ class HangMonitor:
                 out.append(r)
         return out
 
+    def _just_moved(self, stalled: list[int], now: float) -> bool:
+        """Under the default timeout, a stalled rank whose position changed less than STUCK_S ago is moving, not
+        stuck: a rank back from a long checkpoint enters backward() with its step's start still 10 s old, and is
+        in DDP's all-reduce for milliseconds before the step ends. A hang waits until every stalled rank stays put."""
+        if self.hang_timeout is not None:
+            return False
+        with self._lock:
+            moved = [self.links[r].moved_at for r in stalled if r in self.links]
+        return any(m is not None and now - m < STUCK_S for m in moved)
+
     def _crash_being_torn_down(self, now: float) -> bool:
         """A rank reported its exception moments ago: torchrun is about to stop the job (the crash is the report's
         root cause); a process that takes a few seconds to exit is not a hang. After CRASH_GRACE_S it is."""
@@ -293,6 +304,7 @@ class HangMonitor:
         link = self.links[rank]
         link.last_seen = time.time()
         kind = msg.get("type")
+        before = _place(link.beat)
         if kind == "beat":
             if link.beat is None or link.beat.get("where") != msg.get("where"):
                 link.active_at = link.last_seen  # its Python position moved
@@ -301,6 +313,9 @@ class HangMonitor:
             link.beat = msg
         elif kind == "enter":
             link.beat = dict(link.beat or {"rank": rank, "step": 0}, collective=msg.get("collective"))
+        elif kind == "backward":  # entered backward() (DDP's bucket all-reduces), with its step: the beat's rest follows
+            link.beat = dict(link.beat or {"rank": rank}, step=msg.get("step", 0), step_started=msg.get("step_started"),
+                             phase="backward", collective=None, backward=msg.get("backward"))
         elif kind == "dump":
             link.dump = msg
             for stall in self.stalls.values():
@@ -309,6 +324,8 @@ class HangMonitor:
         elif kind == "exit":
             link.exit = msg.get("status") if isinstance(msg.get("status"), dict) else {}
             link.exit_at = link.last_seen
+        if _place(link.beat) != before:
+            link.moved_at = link.last_seen
         self._call("on_message", self, rank, msg)
 
     def _on_close(self, rank: int) -> None:
@@ -395,6 +412,14 @@ class HangMonitor:
         for lk in self.links.values():
             if lk.exit is None:
                 signal_own(lk.pid, self.root_pid, sig)
+
+
+def _place(beat: dict[str, Any] | None) -> tuple[Any, ...]:
+    """Where a rank is, as far as hangs go: its step, phase, collective and backward() entry."""
+    b = beat or {}
+    coll, bw = b.get("collective"), b.get("backward")
+    return (b.get("step"), b.get("phase"), repr(coll.get("since") if isinstance(coll, dict) else coll),
+            repr(bw.get("since") if isinstance(bw, dict) else bw))
 
 
 def _num(value: Any, default: float = 0.0) -> float:

@@ -113,6 +113,17 @@ def _enter_line(state: dict[str, Any]) -> bytes:
     ).encode()
 
 
+def _backward_line(call_site: str | None, since: float, tracker: Any) -> bytes:
+    """The "backward" message (the rank entered backward(), where DDP all-reduces its buckets), formatted by hand.
+    It carries the step and its start, so the monitor never lays "in backward" over an older step's beat."""
+    name, seq = _group_info(None)
+    return (
+        f'{{"type":"backward","step":{int(tracker.step)},"step_started":{float(tracker.step_started)!r},'
+        f'"backward":{{"call_site":{json.dumps(call_site)},"since":{since!r},"group":{json.dumps(name)},'
+        f'"seq":{"null" if seq is None else int(seq)}}}}}\n'
+    ).encode()
+
+
 class HeartbeatProbe:
     """Publishes this rank's state; installed by RankSession when the launcher runs a monitor."""
 
@@ -256,6 +267,9 @@ class HeartbeatProbe:
                 probe.backward_site = user_call_site()
                 probe.backward_since = time.time()
                 probe.tracker.phase = "backward"
+                # Told at once, as a collective's "enter" is: DDP's bucket all-reduces run in here, and a peer's
+                # mismatch can abort this rank within milliseconds, before the next beat says where it was.
+                probe._send_raw(_backward_line(probe.backward_site, probe.backward_since, probe.tracker))
             try:
                 return orig(*args, **kwargs)
             except BaseException as exc:

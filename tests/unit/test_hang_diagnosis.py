@@ -142,3 +142,35 @@ def test_ranks_that_never_reported_are_stalled_after_startup() -> None:
     assert mon.stalled_ranks(now=105.0, job_started=100.0) == []
     assert mon.stalled_ranks(now=111.0, job_started=100.0) == [2]
     assert mon.effective_hang_timeout() == 60.0
+
+
+def test_a_rank_back_from_a_long_checkpoint_entering_backward_is_moving_not_hung() -> None:
+    import json
+    import time
+    from types import SimpleNamespace
+
+    from ddpdoctor.launch.monitor import STUCK_S
+    from ddpdoctor.probes.heartbeat import _backward_line
+
+    now = time.time()
+    started = now - 70.0  # step 4 ended 70 s ago; rank 0 then wrote a checkpoint for 70 s
+    mon = HangMonitor(hang_timeout=None, startup_timeout=20.0)
+    mon.world_size = 2
+    mon.links = {0: RankLink(0, beat=beat(4, "checkpoint", where="train.py:40", step_started=started)),
+                 1: RankLink(1, beat=beat(4, "backward", step_started=started,
+                                          backward={"call_site": "train.py:31", "since": started, "seq": 9}))}
+    tracker = SimpleNamespace(step=4, step_started=started)
+    mon._on_message(0, json.loads(_backward_line("train.py:31", now, tracker)))
+    b0 = mon.links[0].beat
+    assert b0["step"] == 4 and b0["step_started"] == started and b0["where"] == "train.py:40"
+    assert position(0, b0, None).op == DDP_BUCKETS and position(0, b0, None).call_site == "train.py:31"
+    assert mon.effective_hang_timeout() == 60.0
+    assert mon.stalled_ranks(now + 0.05, job_started=now - 99) == [0, 1]  # 70 s > 60 s: both look stalled ...
+    assert mon._just_moved([0, 1], now + 0.05)  # ... but rank 0 has just moved: not a hang yet
+    assert not mon._just_moved([0, 1], mon.links[0].moved_at + STUCK_S + 0.01)  # still there after 15 s: stuck
+    mon.hang_timeout = 5.0  # an explicit --hang-timeout is a plain deadline
+    assert not mon._just_moved([0, 1], now + 0.05)
+    mon.hang_timeout = None
+    moved = mon.links[0].moved_at
+    mon._on_message(0, dict(b0, type="beat"))  # the next beat, same place: no move
+    assert mon.links[0].moved_at == moved
