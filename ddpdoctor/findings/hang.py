@@ -273,6 +273,12 @@ def _is_user_file(path: str) -> bool:
     return "site-packages" in path or "/lib/python3" not in path
 
 
+def _beat_collective(rank: int, last_beats: dict[int, dict[str, Any] | None] | None) -> dict[str, Any]:
+    """The collective (DDP's bucket all-reduce for a rank in backward()) the rank's last heartbeat shows it in."""
+    p = position(rank, (last_beats or {}).get(rank), None)
+    return {"op": p.op, "group": p.group, "seq": p.seq, "sizes": p.sizes, "call_site": p.call_site} if p.op else {}
+
+
 def crash_findings(statuses: dict[int, dict[str, Any] | None], debug: bool = False,
                    param_names: dict[int, list[str]] | None = None,
                    stderr: dict[int, str] | None = None,
@@ -286,7 +292,7 @@ def crash_findings(statuses: dict[int, dict[str, Any] | None], debug: bool = Fal
     for r, s in statuses.items():
         if s is None and stderr and r in stderr and (fatal := fatal_error(stderr[r])):
             p = position(r, (last_beats or {}).get(r), None)
-            coll = {"op": p.op, "group": p.group, "seq": p.seq, "sizes": p.sizes} if p.op else {"op": fatal["op"]}
+            coll = _beat_collective(r, last_beats) or {"op": fatal["op"]}
             failed[r] = {"exception": fatal["exception"], "traceback": fatal["traceback"], "died": True,
                          "failed_collective": dict(coll, call_site=fatal["call_site"] or p.call_site)}
     if not failed:
@@ -310,7 +316,8 @@ def crash_findings(statuses: dict[int, dict[str, Any] | None], debug: bool = Fal
         exc = s["exception"]
         fc = s.get("failed_collective") or {}
         if any(p in exc for p in MISMATCH_PATTERNS):
-            colls = {rr: (ss.get("failed_collective") or ss.get("last_collective") or {})
+            # A status cut short (the rank killed before its last write) leaves the last heartbeat to say where it was.
+            colls = {rr: (ss.get("failed_collective") or ss.get("last_collective") or _beat_collective(rr, last_beats))
                      for rr, ss in failed.items()}
             ps = [c for c in colls.values() if c.get("op")]
             differs = [f for f in ("op", "group", "sizes") if len({repr(c.get(f)) for c in ps}) > 1]

@@ -35,7 +35,7 @@ class RankSession:
         self.tracker = StepTracker()
         self.ddp = DDPRecorder()
         self.profiler: Any = None
-        self.extra: list[Any] = []  # other probes: each has finish(status: dict) -> None
+        self.extra: list[Any] = []  # other probes: finish(status: dict) -> None, and annotate(status) if they add to it
         self.started = time.time()
         if config.options.get("nccl_debug"):
             from ddpdoctor.topo.capture import rank_env
@@ -100,6 +100,11 @@ class RankSession:
             duration_s=round(time.time() - self.started, 3),
             ddp_modules=self.ddp.count,
         )
+        for probe in self.extra:  # what the probes know of how the rank ended, in the first write already
+            try:
+                getattr(probe, "annotate", lambda status: None)(status)
+            except Exception:  # noqa: BLE001
+                pass
         _write_quietly(self.run.rank_file(self.rank, "status.json"), status)
         if self.profiler is not None:
             self.profiler.finish()

@@ -171,13 +171,18 @@ class HeartbeatProbe:
         self._thread = threading.Thread(target=self._loop, name="ddpdoctor-heartbeat", daemon=True)
         self._thread.start()
 
-    def finish(self, status: dict[str, Any]) -> None:
+    def annotate(self, status: dict[str, Any]) -> None:
+        """Add the collective this rank failed in and its last one to its status. RankSession calls it before the
+        first write of status.json: a rank that torchrun kills while its profiler exports (a peer aborted) keeps it."""
         if self.failed_collective is not None:
             status["failed_collective"] = self.failed_collective
         if self.last_collective is not None:
             status["last_collective"] = self.last_collective
         elif self.backward_site is not None:  # DDP's all-reduces run inside backward(): its call site stands for them
             status["last_collective"] = {"op": "backward (DDP gradient all-reduce)", "call_site": self.backward_site}
+
+    def finish(self, status: dict[str, Any]) -> None:
+        self.annotate(status)
         status["ended_at"] = time.time()
         self._send({"type": "exit", "status": {k: status.get(k) for k in ("exit_code", "exception", "steps_completed", "exit_site")}})
         self._stop.set()

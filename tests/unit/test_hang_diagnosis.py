@@ -109,6 +109,23 @@ def test_died_rank_is_explained_from_its_stderr() -> None:
     assert mm["call_sites"] == {"0": "/job/train.py:17", "1": "/job/train.py:17"}
 
 
+def test_a_victims_status_cut_short_takes_its_backward_site_from_its_last_heartbeat() -> None:
+    # Seen in a loaded suite run: rank 1 was killed while its profiler exported, after the first write of its
+    # status (no collective in it); its last heartbeat still showed it in backward() at train.py:13.
+    stderr = ("terminate called after throwing an instance of 'gloo::EnforceNotMet'\n"
+              "  what():  [enforce fail at pair.cc:456] op.preamble.length <= op.nbytes. 676 vs 4. Received data "
+              "size doesn't match expected size.\nFatal Python error: Aborted\n\n"
+              "Current thread 0x0002 (most recent call first):\n"
+              '  File "/job/train.py", line 16 in <module>\n')
+    statuses = {0: None, 1: {"exception": "RuntimeError: Connection reset by peer", "ended_at": 3.0}}
+    beats = {0: beat(3, "other", coll("all_reduce", 10, [[]], "/job/train.py:16")),
+             1: beat(4, "backward", backward={"call_site": "/job/train.py:13", "since": 1.0, "group": "default_pg",
+                                              "seq": 9})}
+    (mm,) = [f for f in crash_findings(statuses, stderr={0: stderr}, last_beats=beats) if f.id == "collective-mismatch"]
+    assert mm.evidence["call_sites"] == {"0": "/job/train.py:16", "1": "/job/train.py:13"}
+    assert mm.evidence["collectives"]["1"]["op"] == DDP_BUCKETS
+
+
 def test_unused_parameter_indices_are_named() -> None:
     exc = ("RuntimeError: Expected to have finished reduction in the prior iteration...\n"
            "Parameter indices which did not receive grad for rank {r}: 2 3\n")
