@@ -20,6 +20,7 @@ from ddpdoctor.commands._common import (
 from ddpdoctor.findings.watched import render_hang_section, watched_report
 from ddpdoctor.launch.launcher import launch
 from ddpdoctor.launch.monitor import pop_watcher, watch_options
+from ddpdoctor.live.capture import auto_capture_notes
 from ddpdoctor.live.findings import live_findings
 from ddpdoctor.live.options import live_options, node_name, pop_live
 from ddpdoctor.renderers import progress
@@ -55,6 +56,7 @@ def command(debug: bool, verbose: bool, nccl_debug: bool, as_json: bool, fail_on
         finish_quietly(result)
     report = watched_report(spec.run_dir, "run", debug=debug)
     report.findings.extend(live_findings(spec.run_dir))
+    report.notes.extend(auto_capture_notes(spec.run_dir.root))
     if nccl_debug:
         from ddpdoctor.topo.capture import add_to_report
 

@@ -171,3 +171,73 @@ def _refusals(out: Path) -> dict[int, str]:
         if not rec.get("accepted"):
             refused[int(rec.get("rank", -1))] = str(rec.get("reason"))
     return refused
+
+
+def auto_capture_notes(run_root: Path) -> list[str]:
+    """What became of each automatic profile window (`--capture-on-slowdown`, RUN/captures/auto-*): where to
+    analyse it, or why nothing was recorded (the job ended first, a rank refused or failed). One note per window."""
+    root = captures_dir(run_root)
+    try:
+        windows = sorted(p for p in root.iterdir() if p.name.startswith("auto-") and p.is_dir())
+    except OSError:
+        return []
+    last = _last_iteration(run_root)
+    notes = []
+    for out in windows:
+        records = []
+        for rec in sorted(out.glob("capture-*.json")):
+            try:
+                data = json.loads(rec.read_text())
+            except (OSError, ValueError):
+                continue
+            if isinstance(data, dict):
+                records.append(data)
+        ranks = sorted({int(r) for d in records for r in d.get("ranks") or [] if isinstance(r, int)})
+        at = max((d["at_step"] for d in records if isinstance(d.get("at_step"), int)), default=None)
+        why = next((str(d["reason"]) for d in records if d.get("reason")), "an alert")
+        done: dict[int, dict[str, Any]] = {}
+        for r in ranks:
+            try:
+                done[r] = json.loads((out / "ranks" / f"rank{r}" / "done.json").read_text())
+            except (OSError, ValueError):
+                continue
+        failed = {r: d["error"] for r, d in done.items() if isinstance(d, dict) and d.get("error")}
+        refused = _refusals(out)
+        head = f"the automatic profile window asked when {why} fired ({out})"
+        if failed:
+            r, err = next(iter(failed.items()))
+            notes.append(f"{head} failed on rank {r} ({str(err)[:200]}); the job itself was not affected")
+        elif refused:
+            r, reason = next(iter(refused.items()))
+            notes.append(f"{head} was refused by rank {r}: {reason}")
+        elif ranks and len(done) == len(ranks):
+            steps = sorted({(d.get("first_step"), d.get("last_step")) for d in done.values()}, key=str)
+            span = f"iterations {steps[0][0]}-{steps[0][1]}" if len(steps) == 1 else f"windows {steps}"
+            notes.append(f"ddpdoctor profiled {span} on every rank automatically when {why} fired: "
+                         f"`ddpdoctor analyze {out}`")
+        elif at is not None and isinstance(last, int) and last <= at and not done:
+            notes.append(f"{head} was to start after iteration {at}, but the job ended at iteration {last}: nothing "
+                         "was recorded (on a job this short, `ddpdoctor profile` records a window from the start)")
+        else:
+            missing = [r for r in ranks if r not in done]
+            notes.append(f"{head} is incomplete: ranks {missing or ranks} did not finish it")
+    return notes
+
+
+def _last_iteration(run_root: Path) -> int | None:
+    """The furthest iteration any rank finished: its exit status (steps_completed), else the live snapshot."""
+    steps = []
+    for path in run_root.glob("ranks/rank*/status.json"):
+        try:
+            n = json.loads(path.read_text()).get("steps_completed")
+        except (OSError, ValueError, AttributeError):
+            continue
+        if isinstance(n, int):
+            steps.append(n)
+    if steps:
+        return max(steps)
+    try:
+        step = (load_status(run_root).get("health") or {}).get("step")
+    except BadInput:
+        return None
+    return step if isinstance(step, int) else None

@@ -1,7 +1,8 @@
 """A small DDP job for the live-watch tests: optional slow rank (in forward) from a step on, optional recurring
-evaluation, optional run-until-a-file-appears (for captures on a running job)."""
+evaluation, optional run-until-files-appear (for captures on a running job, manual or automatic)."""
 
 import argparse
+import glob
 import os
 import time
 
@@ -16,6 +17,7 @@ p.add_argument("--slow-from", type=int, default=30)
 p.add_argument("--slow-s", type=float, default=0.03)
 p.add_argument("--eval-every", type=int, default=0)
 p.add_argument("--until-file", default=None)
+p.add_argument("--until-glob", default=None, help="past --steps, go on until this matches one file per rank")
 p.add_argument("--data-s", type=float, default=0.02)
 a = p.parse_args()
 dist.init_process_group("gloo")
@@ -38,7 +40,23 @@ net = Net()
 model = DDP(net)
 opt = torch.optim.SGD(model.parameters(), lr=0.01)
 step = 0
-while step < a.steps or (a.until_file and not os.path.exists(a.until_file) and step < 5000):
+
+
+def go_on(step: int) -> bool:
+    """Past --steps, every rank stops on the same iteration: each looks, and one all_reduce(MAX) decides for all
+    (a rank that left alone would leave the others in a collective it never enters)."""
+    if step < a.steps:
+        return True
+    if not (a.until_file or a.until_glob) or step >= 5000:
+        return False
+    seen = (a.until_file is not None and os.path.exists(a.until_file)) or \
+        (a.until_glob is not None and len(glob.glob(a.until_glob)) >= dist.get_world_size())
+    flag = torch.tensor([int(seen)])
+    dist.all_reduce(flag, op=dist.ReduceOp.MAX)
+    return not flag.item()
+
+
+while go_on(step):
     net.step = step
     x = torch.randn(32, 64)
     time.sleep(a.data_s)  # data loading
