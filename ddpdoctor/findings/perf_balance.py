@@ -11,7 +11,7 @@ from typing import Any, overload
 
 from ddpdoctor.analyses.crossrank import STRAGGLER_MAJORITY
 from ddpdoctor.analyses.intervals import Interval, bootstrap
-from ddpdoctor.analyses.model import Analysis, RankMetrics
+from ddpdoctor.analyses.model import Analysis, MatchedCollective, RankMetrics
 from ddpdoctor.analyses.whatif import MIB, WhatIf, ddp_config
 from ddpdoctor.findings.model import Finding, Severity
 from ddpdoctor.findings.perf_verdict import cost, undecided
@@ -25,6 +25,9 @@ GRAD_VIEW_MIN_BYTES = 25 * MIB
 STRAGGLER_SKEW_WARN_PCT = 5.0
 # ... and being last that often must be unlikely by chance (binomial tail under 5%, each rank last with 1/world).
 STRAGGLER_CHANCE = 0.05
+# ... and its skew must exceed the skew of the other ranks when they arrive last (their median), measured where
+# there are at least this many such collectives (background_lateness_pct).
+BACKGROUND_MIN = 3
 # Step time variation within a rank: coefficient of variation (stdev / mean) above 0.15 over at least 3 steps,
 # i.e. steps commonly differ by more than 15%: a periodic stall (checkpoint, GC, logging, data) is likely.
 STEP_CV_WARN = 0.15
@@ -130,16 +133,20 @@ def rule_stragglers(a: Analysis, w: WhatIf | None) -> list[Finding]:
     pct = 100.0 * s.arrival_skew_median_us / step
     if iv is None:  # no matched collectives kept (hand-built analyses): the median skew alone
         iv = Interval(pct, pct, pct, total)
-    if not iv.above(STRAGGLER_SKEW_WARN_PCT):
-        return [undecided("straggler-rank", "arrival skew at collectives, % of step", iv, STRAGGLER_SKEW_WARN_PCT,
-                          a)] if iv.undecided(STRAGGLER_SKEW_WARN_PCT) else []
+    noise = background_lateness_pct(matched, majority, step)
+    threshold = max(STRAGGLER_SKEW_WARN_PCT, noise or 0.0)
+    if not iv.above(threshold):
+        return [undecided("straggler-rank", "arrival skew at collectives, % of step", iv, threshold,
+                          a)] if iv.undecided(threshold) else []
     steps = max((r.steps for r in a.ranks), default=0) or 1
     waited = sum(v for k, v in s.caused_wait_us.items() if k in majority) / steps
+    c = cost(waited / max(1, len(a.ranks) - 1), step)
     return [Finding(
         "straggler-rank", Severity.WARNING,
-        f"Rank(s) {majority} arrive last at collectives; the others wait {iv.value:.0f}% of a step",
+        f"Rank(s) {majority} arrive last at collectives, by {iv.value:.0f}% of a step; the others wait "
+        f"{c['cost_ms_per_step']} ms per step for them",
         ranks=majority,
-        evidence={**cost(waited / max(1, len(a.ranks) - 1), step), "skew_pct_of_step": iv.to_json(),
+        evidence={**c, "skew_pct_of_step": iv.to_json(), "background_skew_pct_of_step": noise,
                   "arrival_skew_median_ms": ms(s.arrival_skew_median_us),
                   "last_in": {str(k): f"{s.last_arrival_count.get(k, 0)} of {total}" for k in majority},
                   "others_waited_ms": {str(k): ms(v) for k, v in s.caused_wait_us.items() if k in majority},
@@ -149,6 +156,19 @@ def rule_stragglers(a: Analysis, w: WhatIf | None) -> list[Finding]:
         advice="Find what the slow rank does differently: its host (`ddpdoctor topo`), its data shard (uneven "
         "batches, slow storage), CPU contention (pin threads, set OMP_NUM_THREADS), thermal throttling.",
     )]
+
+
+def background_lateness_pct(matched: Sequence[MatchedCollective], candidates: list[int],
+                            step_us: float) -> float | None:
+    """The noise a straggler must rise above: how late the other ranks are, as % of a step (median), at the
+    collectives where one of them arrives last. A rank that is last more often than the others, but by no more than
+    they are when it is their turn, is what a shared host's scheduling does to any rank (seen on 2-rank gloo: the
+    same healthy job named rank 0 in one profile of six). None with fewer than BACKGROUND_MIN such collectives (a
+    rank last almost everywhere: nothing to compare with, the threshold alone decides)."""
+    others = [m.arrival_skew_us for m in matched if m.last_rank not in candidates]
+    if len(others) < BACKGROUND_MIN or step_us <= 0:
+        return None
+    return round(100.0 * statistics.median(others) / step_us, 1)
 
 
 def clear_majority(k: int, n: int, world: int) -> bool:

@@ -162,3 +162,38 @@ def test_adaptive_window_every_rank_acts_one_iteration_later_without_waiting(mon
     late = window.AdaptiveWindow(1, 3)
     late._decided = (40, False)
     assert late.should_stop(41) is False
+
+
+def _matched(lates: list[tuple[int, float]]):
+    from ddpdoctor.analyses.model import MatchedCollective
+
+    return [MatchedCollective(key=f"g:seq{i}", op="all_reduce", group="g", seq=i, bytes=4, starts_us={0: 0.0, 1: 0.0},
+                              ends_us={0: 1.0, 1: 1.0}, arrival_skew_us=late, last_rank=last,
+                              lateness_us={last: late, 1 - last: 0.0}) for i, (last, late) in enumerate(lates)]
+
+
+def _straggler_findings(lates: list[tuple[int, float]]):
+    from ddpdoctor.findings.perf_balance import rule_stragglers
+    from tests.unit.analysis_builders import analysis, rank, step, stragglers
+
+    steps = [step(n, dur=2000.0) for n in range(20)]  # 2 ms steps: 5% of a step is 100 us
+    s = stragglers([0], skew=200.0, waited={0: sum(v for r, v in lates if r == 0)}, steps_by_rank={0: 2000.0, 1: 2000.0})
+    s.last_arrival_count = {0: sum(1 for r, _ in lates if r == 0), 1: sum(1 for r, _ in lates if r == 1)}
+    return rule_stragglers(analysis([rank(0, steps), rank(1, steps)], stragglers=s, matched=_matched(lates)), None)
+
+
+def test_a_straggler_must_be_later_than_the_others_are_when_they_are_last():
+    # Rank 0 last at 31 of 40 collectives by 200 us (10% of a 2 ms step: over the 5% threshold on its own), but
+    # rank 1, last at the other 9, is late by 240 us (12%): no rank is later than a shared host makes any rank.
+    noisy = [(0, 200.0)] * 31 + [(1, 240.0)] * 9
+    assert _straggler_findings(noisy) == []
+    # The same rank 0 when the others are late by 40 us (2%) at their turn: a straggler, with both figures shown.
+    [f] = _straggler_findings([(0, 200.0)] * 31 + [(1, 40.0)] * 9)
+    assert f.id == "straggler-rank" and f.ranks == [0]
+    assert f.evidence["skew_pct_of_step"]["value"] == 10.0 and f.evidence["background_skew_pct_of_step"] == 2.0
+    # 31 x 200 us over 20 steps, waited by the one other rank: 310 us per step, 15.5% of the step.
+    assert (f.evidence["cost_ms_per_step"], f.evidence["cost_pct_of_step"]) == (0.31, 15.5)
+    assert "0.31 ms per step" in f.title
+    # Last nearly everywhere (2 others' turns, fewer than BACKGROUND_MIN): the 5% threshold alone decides.
+    [f] = _straggler_findings([(0, 200.0)] * 38 + [(1, 400.0)] * 2)
+    assert f.evidence["background_skew_pct_of_step"] is None
