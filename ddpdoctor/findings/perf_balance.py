@@ -205,6 +205,7 @@ def rule_step_variance(a: Analysis, w: WhatIf | None) -> list[Finding]:
     costs: list[float] = []
     for r in a.ranks:
         durs = [s.dur_us for s in r.per_step]
+        durs = durs[warmup_prefix(durs):]
         if len(durs) < STEP_CV_MIN_STEPS or statistics.fmean(durs) <= 0:
             continue
         if excess_in_comm_share(r) > STEP_VARIANCE_MAX_COMM_SHARE:
@@ -217,8 +218,9 @@ def rule_step_variance(a: Analysis, w: WhatIf | None) -> list[Finding]:
             costs.append(statistics.fmean(durs) - statistics.median(durs))
             noisy[r.rank] = {"cv": iv.to_json(digits=3), "slowest_step": slow.step, "slowest_ms": ms(slow.dur_us),
                              "median_ms": ms(statistics.median(durs))}
-        elif iv.undecided(STEP_CV_WARN) and (undecided_iv is None or iv.value > undecided_iv.value):
-            undecided_iv = iv
+        elif (iv.undecided(STEP_CV_WARN) and (undecided_iv is None or iv.value > undecided_iv.value)
+              and _slow_steps_cost_pct(durs) >= STEP_VARIANCE_MIN_COST_PCT):
+            undecided_iv = iv  # a cv that, decided, would still cost too little is not worth more steps
     if noisy:  # said only when the slow steps cost something (below: symmetric jitter, nothing to fix)
         step_us = median_or_none([v for r in a.ranks if (v := median_step_us(r))])
         lost = max(0.0, max(costs))
@@ -237,6 +239,24 @@ def rule_step_variance(a: Analysis, w: WhatIf | None) -> list[Finding]:
                              a, unit="cv"))
     out.extend(_rank_skew(a))
     return out
+
+
+def _slow_steps_cost_pct(durs: Sequence[float]) -> float:
+    """What the slow steps cost, % of the median step: mean minus median (0 without a positive median)."""
+    med = statistics.median(durs)
+    return 100.0 * (statistics.fmean(durs) - med) / med if med > 0 else 0.0
+
+
+def warmup_prefix(durs: Sequence[float]) -> int:
+    """How many leading recorded steps are still warm-up: each one slower than the median of the steps after the
+    prefix by more than STEP_CV_WARN, at most a third of the window. A job is slow in its first iterations
+    (caches, allocator, thread pools; on a GPU autotuning), and the default window starts 3 iterations in: on a
+    healthy 2-rank gloo job the first 1-2 recorded steps took twice the median in most profiles, a variance that
+    comes and goes with where the window starts, with nothing periodic to fix."""
+    k = 0
+    while k < len(durs) // 3 and durs[k] > (1.0 + STEP_CV_WARN) * statistics.median(durs[k + 1:]):
+        k += 1
+    return k
 
 
 def _rank_skew(a: Analysis) -> list[Finding]:

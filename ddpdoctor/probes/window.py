@@ -26,6 +26,10 @@ Z90 = 1.645
 # optimizer step; checked every step, that delay on the same ranks made them last at most of those collectives, a
 # straggler the probe made (seen on a healthy 2-rank job). At most 4 more steps are recorded than needed.
 CHECK_EVERY = 5
+# Recording stops early only from 10 recorded steps on, whatever the minimum a script must reach (AUTO_MIN, 5): a
+# window that stopped at 5-6 steps left the step-time rules of a healthy 2-rank job undecided (a cv of 0.3 with
+# an interval from 0.0 to 0.4), where the 16-20 steps of the other profiles decided them.
+EARLY_STOP_MIN = 10
 
 
 def converged(durations: list[float], min_steps: int, tolerance: float = TOLERANCE) -> bool:
@@ -75,7 +79,7 @@ class AdaptiveWindow:
             if previous is not None:
                 return self._decision(previous)
             if len(self.durations) % CHECK_EVERY == 0:
-                self._decided = (iteration, converged(self.durations, self.min_steps))
+                self._decided = (iteration, converged(self.durations, max(self.min_steps, EARLY_STOP_MIN)))
                 if self.rank == 0 and (store := _store()) is not None:
                     store.set(_key(iteration), b"1" if self._decided[1] else b"0")
             return False

@@ -164,6 +164,21 @@ def test_adaptive_window_every_rank_acts_one_iteration_later_without_waiting(mon
     assert late.should_stop(41) is False
 
 
+def test_adaptive_window_never_stops_before_10_recorded_steps(monkeypatch):
+    """Perfectly steady steps converge at the first check (5 recorded), but a window of 5-6 steps leaves the
+    step-time rules undecided: the first check that may stop is the one at 10 recorded steps."""
+    from ddpdoctor.probes import window
+
+    clock = iter(i * 0.1 for i in range(1000))  # every step 0.1 s exactly
+    monkeypatch.setattr(window.time, "perf_counter", lambda: next(clock))
+    monkeypatch.setattr(window, "_store", lambda: None)
+    assert window.EARLY_STOP_MIN == 10
+    w = window.AdaptiveWindow(0, 5)
+    w.tick()
+    stopped = next(it for it in range(1, 100) if w.should_stop(it))
+    assert stopped == 11 and len(w.durations) == 11  # decided at 10 recorded steps, acted on one iteration later
+
+
 def _matched(lates: list[tuple[int, float]]):
     from ddpdoctor.analyses.model import MatchedCollective
 
@@ -197,3 +212,26 @@ def test_a_straggler_must_be_later_than_the_others_are_when_they_are_last():
     # Last nearly everywhere (2 others' turns, fewer than BACKGROUND_MIN): the 5% threshold alone decides.
     [f] = _straggler_findings([(0, 200.0)] * 38 + [(1, 400.0)] * 2)
     assert f.evidence["background_skew_pct_of_step"] is None
+
+
+# One rank's recorded step times (ms) from a healthy 2-rank gloo profile: the first two recorded steps still warm up.
+WARMING = [3.98, 4.01, 2.36, 1.73, 2.37, 2.01, 2.20, 1.82, 1.77, 3.14, 2.15, 2.70, 1.97, 2.16, 2.29, 1.77, 2.44, 1.82,
+           1.89, 2.45]
+
+
+def test_warm_up_steps_at_the_window_start_are_not_step_time_variance():
+    from ddpdoctor.findings.perf_balance import rule_step_variance, warmup_prefix
+    from tests.unit.analysis_builders import analysis, rank, step
+
+    # 3.98 and 4.01 are over 1.15 x the median of what follows them (2.16, 2.15); 2.36 is not (1.15 x 2.10 = 2.42).
+    assert warmup_prefix(WARMING) == 2
+    assert warmup_prefix([2.0] * 9) == 0 and warmup_prefix([9.0] * 3 + [1.0] * 3) == 2  # at most a third
+
+    def ids(durs):
+        steps = [step(n, dur=1000.0 * d) for n, d in enumerate(durs)]
+        return [f.id for f in rule_step_variance(analysis([rank(0, steps), rank(1, steps)]), None)]
+
+    assert ids(WARMING) == []  # counted, the two warm-up steps made it not-measurable here, a warning in the profile
+    # The same two slow steps in the middle of the window are what the rule is for.
+    periodic = WARMING[2:10] + WARMING[:2] + WARMING[10:]
+    assert ids(periodic) == ["step-time-variance"]
