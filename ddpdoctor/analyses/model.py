@@ -191,6 +191,8 @@ class Analysis:
     clock_offsets_us: dict[int, float] = field(default_factory=dict)
     ddp: list[dict[str, Any]] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
+    # rank -> (cores it could run on, ranks on its host), from a ddpdoctor run's manifest; absent for bare traces
+    host_cpus: dict[int, tuple[int, int]] = field(default_factory=dict)
 
     def by_op(self) -> dict[str, dict[str, Any]]:
         """count, bytes (null when no call of the op has a known size) and total time per op."""

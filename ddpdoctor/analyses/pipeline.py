@@ -232,6 +232,8 @@ def analyze_paths(paths: list[Path], options: AnalyzeOptions | None = None) -> A
         clock_offsets_us=offsets,
         ddp=ddp_section(manifest),
         notes=notes,
+        host_cpus={e.rank: (e.host_cpus, e.local_world_size) for e in (manifest.ranks if manifest else [])
+                   if e.host_cpus and e.local_world_size},
     )
 
 

@@ -58,6 +58,24 @@ def basic(rank: int, world_size: int, local_rank: int) -> dict[str, Any]:
         "local_rank": local_rank,
         "host": socket.gethostname(),
         "pid": os.getpid(),
+        # how many cores this rank may run on, and how many ranks share its host: a host with fewer cores than
+        # ranks (plus their launcher) delays whichever rank the OS puts aside (findings/perf_balance.py)
+        "host_cpus": _usable_cpus(),
+        "local_world_size": _int_env("LOCAL_WORLD_SIZE"),
         "versions": versions(),
         "env": launch_env(),
     }
+
+
+def _usable_cpus() -> int | None:
+    try:
+        return len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):  # not Linux
+        return os.cpu_count()
+
+
+def _int_env(name: str) -> int | None:
+    try:
+        return int(os.environ[name])
+    except (KeyError, ValueError):
+        return None

@@ -67,6 +67,8 @@ def finalize(run: RunDir, exit_code: int | None, duration_s: float, killed_by: s
             "local_rank": info.get("local_rank"),
             "host": info.get("host"),
             "pid": info.get("pid"),
+            "host_cpus": info.get("host_cpus"),
+            "local_world_size": info.get("local_world_size"),
             "exit_code": status.get("exit_code") if status else None,
             "exception": status.get("exception") if status else None,
             "steps_completed": status.get("steps_completed") if status else None,

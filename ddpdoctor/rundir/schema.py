@@ -84,6 +84,8 @@ class RankEnd(msgspec.Struct, kw_only=True):
     exception: str | None = None
     steps_completed: int | None = None
     status: str | None = None
+    host_cpus: int | None = None  # cores the rank could run on
+    local_world_size: int | None = None  # ranks on its host
 
 
 class Schedule(msgspec.Struct, kw_only=True):
@@ -130,6 +132,8 @@ class RankInfo(Artefact, kw_only=True):
     local_rank: int | None = None
     host: str | None = None
     pid: int | None = None
+    host_cpus: int | None = None
+    local_world_size: int | None = None
     versions: dict[str, Json] | None = None
     env: dict[str, str | None] | None = None
     process_group: ProcessGroupInfo | None = None

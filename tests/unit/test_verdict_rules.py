@@ -187,14 +187,31 @@ def _matched(lates: list[tuple[int, float]]):
                               lateness_us={last: late, 1 - last: 0.0}) for i, (last, late) in enumerate(lates)]
 
 
-def _straggler_findings(lates: list[tuple[int, float]]):
+def _straggler_findings(lates: list[tuple[int, float]], host_cpus: dict | None = None, notes: list | None = None):
     from ddpdoctor.findings.perf_balance import rule_stragglers
     from tests.unit.analysis_builders import analysis, rank, step, stragglers
 
     steps = [step(n, dur=2000.0) for n in range(20)]  # 2 ms steps: 5% of a step is 100 us
     s = stragglers([0], skew=200.0, waited={0: sum(v for r, v in lates if r == 0)}, steps_by_rank={0: 2000.0, 1: 2000.0})
     s.last_arrival_count = {0: sum(1 for r, _ in lates if r == 0), 1: sum(1 for r, _ in lates if r == 1)}
-    return rule_stragglers(analysis([rank(0, steps), rank(1, steps)], stragglers=s, matched=_matched(lates)), None)
+    a = analysis([rank(0, steps), rank(1, steps)], stragglers=s, matched=_matched(lates), host_cpus=host_cpus or {})
+    found = rule_stragglers(a, None)
+    if notes is not None:
+        notes.extend(a.notes)
+    return found
+
+
+def test_a_straggler_under_one_scheduler_slice_on_a_crowded_host_is_the_hosts():
+    # Rank 0 late by 200 us at 31 of 40 (others 40 us at their turn): a straggler on a host with a core to spare...
+    lates = [(0, 200.0)] * 31 + [(1, 40.0)] * 9
+    assert [f.id for f in _straggler_findings(lates, host_cpus={0: (96, 8), 1: (96, 8)})] == ["straggler-rank"]
+    # ... but 2 ranks on 2 cores (no core for the launcher): 0.20 ms is under the 0.75 ms slice, the OS's choice.
+    notes: list = []
+    assert _straggler_findings(lates, host_cpus={0: (2, 2), 1: (2, 2)}, notes=notes) == []
+    assert len(notes) == 1 and "31 of 40" in notes[0] and "by 0.20 ms" in notes[0] and "2 ranks on 2 cores" in notes[0]
+    # A late rank by more than a slice (1 ms of 2 ms steps) is named there too.
+    [f] = _straggler_findings([(0, 1000.0)] * 31 + [(1, 40.0)] * 9, host_cpus={0: (2, 2), 1: (2, 2)})
+    assert f.ranks == [0]
 
 
 def test_a_straggler_must_be_later_than_the_others_are_when_they_are_last():
@@ -223,9 +240,11 @@ def test_warm_up_steps_at_the_window_start_are_not_step_time_variance():
     from ddpdoctor.findings.perf_balance import rule_step_variance, warmup_prefix
     from tests.unit.analysis_builders import analysis, rank, step
 
-    # 3.98 and 4.01 are over 1.15 x the median of what follows them (2.16, 2.15); 2.36 is not (1.15 x 2.10 = 2.42).
+    # The fastest of 3.98, 4.01 is over 1.15 x the upper quartile of what follows (2.3675: 2.723); adding 2.36, the
+    # fastest of the three is not (2.36 < 1.15 x 2.37 = 2.725). Longer prefixes hold faster steps still.
     assert warmup_prefix(WARMING) == 2
     assert warmup_prefix([2.0] * 9) == 0 and warmup_prefix([9.0] * 3 + [1.0] * 3) == 2  # at most a third
+    assert warmup_prefix([2000.0, 1000.0] * 4) == 0  # slow steps that recur after it are no warm-up
 
     def ids(durs):
         steps = [step(n, dur=1000.0 * d) for n, d in enumerate(durs)]
