@@ -242,11 +242,12 @@ def rule_step_variance(a: Analysis, w: WhatIf | None) -> list[Finding]:
             continue
         if iv.above(STEP_CV_WARN):
             slow = max(r.per_step, key=lambda s: s.dur_us)
-            costs.append(statistics.fmean(durs) - statistics.median(durs))
+            costs.append(_slow_steps_excess_us(durs))
             noisy[r.rank] = {"cv": iv.to_json(digits=3), "slowest_step": slow.step, "slowest_ms": ms(slow.dur_us),
                              "median_ms": ms(statistics.median(durs))}
         elif (iv.undecided(STEP_CV_WARN) and (undecided_iv is None or iv.value > undecided_iv.value)
-              and _slow_steps_cost_pct(durs) >= STEP_VARIANCE_MIN_COST_PCT):
+              and (med := statistics.median(durs)) > 0
+              and 100.0 * _slow_steps_excess_us(durs) / med >= STEP_VARIANCE_MIN_COST_PCT):
             undecided_iv = iv  # a cv that, decided, would still cost too little is not worth more steps
     if noisy:  # said only when the slow steps cost something (below: symmetric jitter, nothing to fix)
         step_us = median_or_none([v for r in a.ranks if (v := median_step_us(r))])
@@ -268,10 +269,9 @@ def rule_step_variance(a: Analysis, w: WhatIf | None) -> list[Finding]:
     return out
 
 
-def _slow_steps_cost_pct(durs: Sequence[float]) -> float:
-    """What the slow steps cost, % of the median step: mean minus median (0 without a positive median)."""
-    med = statistics.median(durs)
-    return 100.0 * (statistics.fmean(durs) - med) / med if med > 0 else 0.0
+def _slow_steps_excess_us(durs: Sequence[float]) -> float:
+    """What the slow steps cost per step: the mean step minus the median step."""
+    return statistics.fmean(durs) - statistics.median(durs)
 
 
 def warmup_prefix(durs: Sequence[float]) -> int:
