@@ -16,6 +16,9 @@ from ddpdoctor.live.health import node_names
 from ddpdoctor.live.stacks import group_stacks, stacks_text
 from ddpdoctor.live.status import load_status
 from ddpdoctor.live.watch import captures_dir, control_dir
+from ddpdoctor.rundir import artefacts
+from ddpdoctor.rundir.layout import read_json
+from ddpdoctor.rundir.schema import RankStatus
 
 PICKUP_S = 15.0  # monitors poll every 0.5 s; more than this means no monitor is running
 
@@ -94,7 +97,7 @@ def wait_window(run_root: Path, cid: str, state: dict[str, Any], timeout_s: floa
         raise CaptureFailed("no rank of the job is connected to its monitor")
     deadline = time.time() + timeout_s
     while True:
-        missing = [r for r in ranks if not (out / "ranks" / f"rank{r}" / "done.json").is_file()]
+        missing = [r for r in ranks if not _done_path(out, r).is_file()]
         if not missing:
             return out
         refused = _refusals(out)
@@ -106,7 +109,7 @@ def wait_window(run_root: Path, cid: str, state: dict[str, Any], timeout_s: floa
                                 f"(fewer iterations left than asked for, or the job is stuck: try --stacks)")
         if load_status(run_root)["state"] == "finished":
             time.sleep(1.0)  # the last ranks' files land just before the manifest says finished
-            missing = [r for r in ranks if not (out / "ranks" / f"rank{r}" / "done.json").is_file()]
+            missing = [r for r in ranks if not _done_path(out, r).is_file()]
             if missing:
                 raise CaptureFailed(f"the job ended before ranks {missing} finished the window")
             return out
@@ -145,16 +148,25 @@ def wait_stacks(run_root: Path, cid: str, nodes: list[str], timeout_s: float) ->
 
 def misaligned_note(window: Path, ranks: list[int]) -> str | None:
     """A note when the ranks' windows did not start on the same iteration (a request that reached a rank late)."""
-    firsts: dict[int, Any] = {}
-    for r in ranks:
-        try:
-            firsts[r] = json.loads((window / "ranks" / f"rank{r}" / "done.json").read_text()).get("first_step")
-        except (OSError, ValueError):
-            continue
+    firsts = {r: d.get("first_step") for r in ranks if (d := _window_done(window, r)) is not None}
     if len(set(firsts.values())) <= 1:
         return None
     return (f"the ranks' windows started on different iterations ({firsts}): a request reached some ranks late; "
             "cross-rank comparisons of this window pair different iterations")
+
+
+def _done_path(window: Path, rank: int) -> Path:
+    """What a rank writes when its part of a window is over (probes/live.py): its iterations, or its error."""
+    return window / "ranks" / f"rank{rank}" / "done.json"
+
+
+def _window_done(window: Path, rank: int) -> dict[str, Any] | None:
+    """That rank's done.json as an object; None while it has not written one (or wrote something else)."""
+    try:
+        data = read_json(_done_path(window, rank))
+    except BadInput:
+        return None
+    return data if isinstance(data, dict) else None
 
 
 def _refusals(out: Path) -> dict[int, str]:
@@ -195,13 +207,8 @@ def auto_capture_notes(run_root: Path) -> list[str]:
         ranks = sorted({int(r) for d in records for r in d.get("ranks") or [] if isinstance(r, int)})
         at = max((d["at_step"] for d in records if isinstance(d.get("at_step"), int)), default=None)
         why = next((str(d["reason"]) for d in records if d.get("reason")), "an alert")
-        done: dict[int, dict[str, Any]] = {}
-        for r in ranks:
-            try:
-                done[r] = json.loads((out / "ranks" / f"rank{r}" / "done.json").read_text())
-            except (OSError, ValueError):
-                continue
-        failed = {r: d["error"] for r, d in done.items() if isinstance(d, dict) and d.get("error")}
+        done = {r: d for r in ranks if (d := _window_done(out, r)) is not None}
+        failed = {r: d["error"] for r, d in done.items() if d.get("error")}
         refused = _refusals(out)
         head = f"the automatic profile window asked when {why} fired ({out})"
         if failed:
@@ -229,10 +236,10 @@ def _last_iteration(run_root: Path) -> int | None:
     steps = []
     for path in run_root.glob("ranks/rank*/status.json"):
         try:
-            n = json.loads(path.read_text()).get("steps_completed")
-        except (OSError, ValueError, AttributeError):
+            n = artefacts.load(path, RankStatus).steps_completed
+        except BadInput:
             continue
-        if isinstance(n, int):
+        if n is not None:
             steps.append(n)
     if steps:
         return max(steps)
