@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import itertools
 import re
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 
 # Prefixes that name a rank, applied repeatedly because they stack: torchrun --tee writes "[default1]:" and torch's
@@ -86,13 +88,38 @@ def _uses_srun_labels(raw_lines: list[str]) -> bool:
     return labelled >= 2 and labelled >= 0.3 * len(nonempty)
 
 
-def split_lines(source: str, text: str, default_rank: int | None = None) -> list[LogLine]:
-    """Every line of ``text`` with the rank that wrote it (from its prefix, else ``default_rank``)."""
-    raw_lines = text.splitlines()
-    srun = _uses_srun_labels(raw_lines)
-    out: list[LogLine] = []
+_SRUN_SAMPLE = 5000  # srun --label is decided on the first lines: a whole-file scan would hold every line twice
+
+
+def raw_lines(text: str) -> Iterator[str]:
+    """The lines of ``text`` one at a time, split at "\n", "\r\n" or "\r" (no list of millions of strings, and no
+    io.StringIO: it keeps a 4-byte-per-character copy of the whole text)."""
+    pos, end = 0, len(text)
+    while pos < end:
+        nl = text.find("\n", pos)
+        if nl < 0:
+            nl = end
+        piece = text[pos:nl]
+        pos = nl + 1
+        if "\r" in piece:
+            parts = piece.split("\r")
+            if parts[-1] == "":
+                parts.pop()  # "\r\n"
+            yield from parts
+        else:
+            yield piece
+
+
+def iter_lines(source: str, text: str, default_rank: int | None = None, work: list[int] | None = None
+               ) -> Iterator[LogLine]:
+    """Every line of ``text`` with the rank that wrote it (from its prefix, else ``default_rank``), one at a time.
+    ``work``, when given, has its first item raised by one per line: the deterministic count the linearity tests
+    compare."""
+    srun = _uses_srun_labels(list(itertools.islice(raw_lines(text), _SRUN_SAMPLE)))
     ts: float | None = None
-    for i, raw in enumerate(raw_lines, start=1):
+    for i, raw in enumerate(raw_lines(text), start=1):
+        if work is not None:
+            work[0] += 1
         line = raw.rstrip("\r\n")
         rank = default_rank
         if srun:
@@ -123,8 +150,30 @@ def split_lines(source: str, text: str, default_rank: int | None = None) -> list
             m = _ISO.match(line)
             if m:
                 ts = _iso_ts(m)
-        out.append(LogLine(source, i, rank, line, logger, ts))
-    return out
+        yield LogLine(source, i, rank, line, logger, ts)
+
+
+def split_lines(source: str, text: str, default_rank: int | None = None) -> list[LogLine]:
+    """Every line of ``text`` with the rank that wrote it (from its prefix, else ``default_rank``)."""
+    return list(iter_lines(source, text, default_rank))
+
+
+def windows(lines: Iterable[LogLine], size: int, margin: int) -> Iterator[tuple[list[LogLine], int, float]]:
+    """Overlapping windows over a long log, so that only one window's lines are held at a time: each window is
+    (lines, lo, hi) where the events that start on lines lo <= lineno < hi belong to it. Its lines reach ``margin``
+    lines before lo (a traceback that started there is read from its start, not as a headless piece) and ``margin``
+    after hi (one that starts before hi is read to its end); every line is read at most (size + 2 margin) / size
+    times."""
+    buf: list[LogLine] = []
+    start = 0  # index in buf of the window's first line of its own
+    for line in lines:
+        buf.append(line)
+        if len(buf) >= start + size + margin:
+            yield buf, buf[start].lineno, float(buf[start + size].lineno)
+            buf = buf[start + size - margin:]
+            start = margin
+    if len(buf) > start or not buf:
+        yield buf, buf[start].lineno if len(buf) > start else 0, float("inf")
 
 
 def streams(lines: list[LogLine]) -> dict[tuple[str, int | None], list[LogLine]]:
