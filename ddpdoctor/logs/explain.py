@@ -31,7 +31,7 @@ _TORCHISH = re.compile(r"torch|NCCL|gloo|c10d|ProcessGroup|srun|slurm|Traceback 
 _MAYBE_FAILURE = re.compile(
     r"error|exception|memory|ddp|param|watchdog|heartbeat|monitor|nccl|cuda|remote|abort|address|clients"
     r"|rendezvous|broken pipe|recvvalue|sendbytes|tcpstore|socket|stop_waiting|refused|gloo|reset|closing signal"
-    r"|signal|killed|segmentation|bus error|exit|core dumped|terminate|fatal|oom|traceback|interrupt|timed out")
+    r"|signal|killed|segmentation|bus error|exit|core dumped|terminate|fatal|oom|traceback|interrupt|timed out|libfabric|undeliverable|err:")
 _TRAILING_NUMBER = re.compile(r"(\d+)(?:\.\w+)?$")
 
 
@@ -194,7 +194,7 @@ def _analyse(events: list[Event], known: set[int], fr: dict[int, dict[str, Any]]
     hang = rules.hang_findings(ev, excs, crashed_text, notes)
     findings += hang
     signals = {f.rank: f.signal for f in failures if f.rank is not None and f.signal}
-    findings += crashes.crash_findings(crashed, signals)
+    findings += crashes.crash_findings(crashed, signals, failures)
     culprits = {r for r in crashed if r is not None}
     for h in hang:
         if h.id == "hang":

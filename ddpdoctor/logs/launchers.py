@@ -67,7 +67,7 @@ def torchrun_failures(lines: list[LogLine]) -> tuple[list[ChildFailure], list[Ra
                 tracebacks.append(exc)
         fields = None
 
-    for line in lines:
+    for i, line in enumerate(lines):
         text = line.text
         m = _SECTION.match(text)
         if m:
@@ -76,7 +76,11 @@ def torchrun_failures(lines: list[LogLine]) -> tuple[list[ChildFailure], list[Ra
             root = m.group(1).startswith("Root")
             continue
         if not in_table:
-            continue
+            # A table pasted from its middle has no "Failures:" header: a "[N]:" record line followed by a field
+            # line starts it (the records are read the same; none of them can be marked the root cause).
+            if not (_RECORD.match(text) and i + 1 < len(lines) and _FIELD.match(lines[i + 1].text)):
+                continue
+            in_table, root = True, False
         if _RULE.match(text):
             flush()
             if text.strip().startswith("="):
