@@ -239,6 +239,9 @@ def _explain(texts: dict[str, str], dumps: dict[str, dict[str, Any]],
         fr[rank] = flight_recorder.group_states(dump)
         inputs.append(InputSummary(clean_text(name), "flight-recorder", 0, [rank], sum(len(s.collectives) for s in fr[rank].values())))
     events = _dedupe(events)
+    cut = sorted({e.where.source for e in events if isinstance(e, ChildFailure) and e.reporter == "torchrun-cut"})
+    notes += [f"{name}: torchrun's failure table starts in its middle (no 'Failures:' header): the records above the "
+              "cut: ddpdoctor could not read them; give the whole table for every failed rank" for name in cut]
     findings = _analyse(events, known, fr, notes, ts_of)
     return Explanation(findings, inputs, notes, events)
 
