@@ -19,6 +19,7 @@ from typing import Any, Protocol
 
 from ddpdoctor.job import grouping, state
 from ddpdoctor.job.record import RankRecord
+from ddpdoctor.job.relay import HeadRelay, NodeRelay
 from ddpdoctor.job.role import JobRole
 from ddpdoctor.job.rules import Limits, StallDecision, auto_hang_timeout, decide
 from ddpdoctor.job.store import JobStore, JobStoreError, job_port, shared_token
@@ -42,6 +43,8 @@ class NodePort(Protocol):
     def note_stalls(self, ranks: list[int], now: float) -> None: ...
 
     def act(self, hang: dict[str, Any], line: str, extra_text: str = "") -> None: ...
+
+    def replay(self, rank: int, msg: dict[str, Any]) -> None: ...
 
     def say(self, line: str) -> None: ...
 
@@ -80,6 +83,8 @@ class JobAgent:
         self._peers: list[int] = []
         self._head_host: str | None = self.host if role.is_head else None
         self._head_lost = False
+        self._relay, self._head_relay = NodeRelay(), HeadRelay()  # live health job-wide (job/relay.py)
+        self._relay_lock = threading.Lock()
         self._thread: threading.Thread | None = None
         self._job_started = time.time()
         self._read_at = 0.0
@@ -114,6 +119,11 @@ class JobAgent:
         self.seq += 1
         env = state.envelope(self.role.node_rank, self.host, self.seq, self._records(), self.end)
         self.store.put(f"node/{self.role.node_rank}", env)
+        if not self.is_head:
+            with self._relay_lock:
+                live = self._relay.payload(self.seq)
+            if live is not None:
+                self.store.put(f"live/{self.role.node_rank}", live)
 
     def _connect(self) -> None:
         while self.store is None and not self._stop.is_set():
@@ -143,7 +153,9 @@ class JobAgent:
 
     def _poll_head(self) -> None:
         assert self.store is not None
-        got = self.store.get_many(["req", "verdict", "busy"])
+        got = self.store.get_many(["req", "verdict", "busy", f"live-ack/{self.role.node_rank}"])
+        with self._relay_lock:
+            self._relay.acked(got.get(f"live-ack/{self.role.node_rank}"))
         busy = got.get("busy")
         if isinstance(busy, dict) and isinstance(busy.get("ranks"), list):
             # The head's long stalls, as (rank, step): this node notes its own ranks still in that step.
@@ -161,6 +173,13 @@ class JobAgent:
     # -- the monitor's hooks ---------------------------------------------------------------------------
     def on_start(self, monitor: Any) -> None:
         self.start(time.time())
+
+    def on_message(self, monitor: Any, rank: int, msg: dict[str, Any]) -> None:
+        """A node relays its ranks' iteration records to the head (whose live watch judges the whole job); the
+        node's own live watch (after this plugin) then sees none of them."""
+        if not self.is_head and msg.get("type") == "beat":
+            with self._relay_lock:
+                self._relay.add(rank, msg.pop("steps", None), msg.get("phase"))
 
     def decide(self, monitor: Any, job: Any, now: float) -> None:
         """HangMonitor.decider: the head decides for the job; another node acts on the head's verdict."""
@@ -187,6 +206,19 @@ class JobAgent:
         sizes = [self.monitor.world_size] if self.monitor.world_size else []
         return max(sizes) if sizes else None
 
+    def _take_live(self) -> None:
+        """The head: the other nodes' relayed iteration records into this node's plugins (its live watch), once."""
+        assert self.store is not None
+        others = [n for n in self.nodes if n != self.role.node_rank]
+        got = self.store.get_many([f"live/{n}" for n in others])
+        for name, payload in got.items():
+            node = int(name.split("/")[1])
+            before = self._head_relay.taken.get(node, 0)
+            for rank, steps, phase in self._head_relay.take(node, payload):
+                self.monitor.replay(rank, {"type": "beat", "steps": steps, "phase": phase})
+            if self._head_relay.taken.get(node, 0) != before:
+                self.store.put(f"live-ack/{node}", self._head_relay.taken[node])
+
     def judge(self, now: float, job_started: float) -> StallDecision:
         """The one stall rule (job/rules.py) on every node's records, as on one node. A record's step age grows by
         how long ago its envelope arrived; its training thread's idle time and last move are as its node measured
@@ -201,6 +233,7 @@ class JobAgent:
         self._read_at = time.time()
         try:
             self.read_nodes()
+            self._take_live()
         except (RuntimeError, OSError, ValueError):
             return
         now = time.time()
@@ -505,13 +538,13 @@ def attach_agent(role: JobRole, watcher: Any, run_root: Path) -> JobAgent | None
     from ddpdoctor.errors import BadInput
 
     watcher = getattr(watcher, "inner", watcher)  # the progress display wraps the monitor on a terminal
-    if not all(hasattr(watcher, name) for name in ("records", "collect_stacks", "act", "plugins")):
+    if not all(hasattr(watcher, name) for name in ("records", "collect_stacks", "act", "replay", "plugins")):
         return None
     try:
         agent = JobAgent(role, watcher, run_root)
     except JobStoreError as exc:
         raise BadInput(str(exc), run_root) from exc
-    watcher.plugins.append(agent)
+    watcher.plugins.insert(0, agent)  # before the live watch: a node relays its ranks' steps (on_message)
     watcher.decider = agent.decide
     watcher.writes_run_files = role.is_head
     return agent

@@ -172,8 +172,12 @@ class HangMonitor:
 
     def act(self, hang: dict[str, Any], line: str, extra_text: str = "") -> None:
         """The job's verdict is a hang: declare it on this node (its files, its console, its ranks)."""
-        if self._job is not None and self.hang is None:
+        if self.hang is None:
             self.declare(self._job, hang, line, extra_text)
+
+    def replay(self, rank: int, msg: dict[str, Any]) -> None:
+        """A message of a rank on another node (relayed by the job layer) to this node's plugins (its live watch)."""
+        self._call("on_message", self, rank, msg)
 
     def say(self, line: str) -> None:
         click.echo(f"ddpdoctor: {line}", err=True)
@@ -372,7 +376,7 @@ class HangMonitor:
         self.hang["reported_after_s"] = round(time.time() - last_progress, 2)
         self.declare(job, self.hang, f"hang detected ({diagnosis.reason}); report in {self.run_root}/hang.txt")
 
-    def declare(self, job: RunningJob, hang: dict[str, Any], line: str, extra_text: str = "") -> None:
+    def declare(self, job: RunningJob | None, hang: dict[str, Any], line: str, extra_text: str = "") -> None:
         """The job hung: write RUN/hang.json and hang.txt (``extra_text`` after the summary), say ``line``, and
         stop the job unless --on-hang report. The job layer calls it with the head's verdict on every node."""
         self.hang = hang
@@ -380,7 +384,7 @@ class HangMonitor:
             write_json(self.run_root / "hang.json", hang)
             write_private_text(self.run_root / "hang.txt", hang_text(hang, extra_text))
         click.echo(f"ddpdoctor: {line}", err=True)
-        if self.on_hang == "kill":
+        if self.on_hang == "kill" and job is not None:
             self._kill_all(job, signal.SIGTERM)
             self._kill_at = time.time() + KILL_GRACE_S
 

@@ -142,6 +142,8 @@ class HeartbeatProbe:
         self.failed_collective: dict[str, Any] | None = None  # the one that raised, if any
         self.backward_site: str | None = None
         self.backward_since: float | None = None
+        # Other probes' per-step numbers (name -> number, a few), sent with each beat: job/record.RankRecord.summary.
+        self.summary: dict[str, float] = {}
         self._originals: dict[tuple[Any, str], Any] = {}
         self._sock: socket.socket | None = None
         self._stop = threading.Event()
@@ -306,6 +308,8 @@ class HeartbeatProbe:
             "where": main_thread_site(), "tid": threading.get_native_id(), "main_tid": _main_tid(),
             "steps": live.recent_steps(t),  # per-iteration times and phases, for the live health watch (h18)
         }
+        if self.summary:  # the last step's small numbers (e.g. probes/ledger.py's): RankRecord.summary
+            out["summary"] = dict(self.summary)
         if self.backward_since is not None:
             # DDP's reducer all-reduces buckets during backward: where the default group's count stands.
             name, seq = _group_info(None)
