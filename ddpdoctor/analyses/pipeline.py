@@ -238,24 +238,14 @@ def analyze_paths(paths: list[Path], options: AnalyzeOptions | None = None) -> A
 
 
 def report_for(analysis: Analysis, command: str = "analyze") -> Report:
-    """The analysis as a Report: its JSON sections, the bucket what-if section and the performance findings."""
-    from ddpdoctor.findings.perf import perf_report_parts
+    """Moved to ddpdoctor/reports/analyze.py (``assemble``); kept for callers that have not moved yet."""
+    from ddpdoctor.reports.analyze import assemble
 
-    extra, findings = perf_report_parts(analysis)
-    steps = max((len(r.per_step) for r in analysis.ranks), default=0)
-    notes = list(analysis.notes)
-    if steps:
-        # What every verdict rests on: a reader weighs "warning" from 3 steps differently from 30.
-        notes.append(f"verdicts rest on {steps} recorded step(s) per rank, {len(analysis.ranks)} rank(s); "
-                     "figures carry 90% intervals over them (docs/findings.md)")
-    return Report(command=command, sections={**analysis.to_sections(), **extra}, findings=list(findings),
-                  notes=notes)
+    return assemble(analysis, command)
 
 
 def analyze_run(run: RunDir) -> Report:
-    """Used by `profile` after the ranks exit: merge the per-rank summaries of the run directory. Unusable traces
-    (a rank killed while writing) leave a note: the job's own findings still matter more than exit code 2."""
-    try:
-        return report_for(analyze_paths([run.root]))
-    except BadInput as exc:
-        return Report(command="analyze", notes=[f"traces not analysed: {exc}"])
+    """Moved to ddpdoctor/reports/analyze.py (``assemble_run_dir``); kept for callers that have not moved yet."""
+    from ddpdoctor.reports.analyze import assemble_run_dir
+
+    return assemble_run_dir(run)

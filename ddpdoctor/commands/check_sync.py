@@ -18,7 +18,8 @@ from ddpdoctor.commands._common import (
 )
 from ddpdoctor.launch.monitor import pop_watcher, watch_options
 from ddpdoctor.renderers import progress
-from ddpdoctor.sync_api import render_sync_sections, run_check_sync
+from ddpdoctor.renderers.console_sync import render_sync_sections
+from ddpdoctor.sync_api import run_check_sync
 
 
 @click.command(context_settings=LAUNCH_CONTEXT, help=__doc__, epilog=examples(

@@ -45,8 +45,7 @@ def _sections(report: Report, out: Any, verbose: bool) -> None:
 @fail_on_option
 @cli_errors
 def command(files: tuple[str, ...], verbose: bool, as_json: bool, fail_on: str) -> None:
-    from ddpdoctor.logs.explain import explain_paths
-    from ddpdoctor.logs.sanitize import clean_report
+    from ddpdoctor.reports.logs import assemble
 
-    report = clean_report(explain_paths(files))
+    report = assemble(files)
     emit(report, as_json=as_json, verbose=verbose, fail_on=fail_on, sections=_sections)

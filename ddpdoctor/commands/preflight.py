@@ -32,13 +32,11 @@ from ddpdoctor.launch.launcher import LaunchSpec, RunningJob, launch
 from ddpdoctor.preflight.merge import (
     ADVICE,
     MergeOptions,
-    bandwidth_rows,
     load_records,
     merge,
     topology_input,
 )
 from ddpdoctor.preflight.model import CHECKS, FAIL, SKIPPED, CheckResult, exit_code
-from ddpdoctor.preflight.nccltable import format_table
 from ddpdoctor.preflight.netprobe import probe_tcp
 from ddpdoctor.report import Report
 from ddpdoctor.rundir.layout import RunDir
@@ -227,16 +225,7 @@ def torchrun_rendezvous_failure(torchrun: dict[str, Any], code: int | None, kill
 
 
 def build_report(checks: list[CheckResult], run: RunDir, duration_s: float, killed_by: str | None) -> Report:
-    bandwidth = next((c for c in checks if c.id == "allreduce_bandwidth"), None)
-    rows = bandwidth_rows(bandwidth.evidence) if bandwidth is not None else []
-    sections: dict[str, Any] = {
-        "checks": [c.to_json() for c in checks],
-        "bandwidth_table": format_table(rows, f"all_reduce, {bandwidth.evidence.get('world_size')} ranks, "
-                                              "time = slowest rank's mean") if rows and bandwidth else None,
-        "run_dir": str(run.root),
-        "duration_s": round(duration_s, 2),
-    }
-    report = Report("preflight", sections=sections, findings=[f for c in checks if (f := c.finding())])
-    if killed_by:
-        report.notes.append(f"the job was killed: {killed_by}")
-    return report
+    """Moved to ddpdoctor/reports/preflight.py (``assemble``); kept for callers that have not moved yet."""
+    from ddpdoctor.reports.preflight import assemble
+
+    return assemble(checks, run, duration_s, killed_by)

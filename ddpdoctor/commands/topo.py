@@ -8,8 +8,6 @@ from typing import Any
 import click
 
 from ddpdoctor.commands._common import cli_errors, emit, examples, fail_on_option, json_option
-from ddpdoctor.errors import BadInput
-from ddpdoctor.logs.sanitize import clean_report
 from ddpdoctor.report import Report
 
 
@@ -81,34 +79,10 @@ def _ranks(ranks: list[int]) -> str:
 
 
 def build_report(logs: list[Path], xmls: list[Path]) -> Report:
-    """Everything `topo` prints, as a Report; BadInput when no file given was usable."""
-    from ddpdoctor.topo.capture import analyze_run_dir, is_run_dir, run_backend
-    from ddpdoctor.topo.diagnose import diagnose, read_inputs
+    """Moved to ddpdoctor/reports/topo.py (``assemble``); kept for callers that have not moved yet."""
+    from ddpdoctor.reports.topo import assemble
 
-    run_dirs = [p for p in logs if p.is_dir() and is_run_dir(p)]
-    files: list[Path] = []
-    for p in logs:
-        if p in run_dirs:
-            continue
-        if p.is_dir():  # a folder of logs (e.g. one SLURM output per node): its visible files, not recursive
-            inside = sorted(q for q in p.iterdir() if q.is_file() and not q.name.startswith("."))
-            files += inside or [p]
-        else:
-            files.append(p)
-    if run_dirs and not files and not xmls and len(run_dirs) == 1:
-        section, findings = analyze_run_dir(run_dirs[0], run_backend(run_dirs[0]))
-        return Report(command="topo", sections={"run_dir": str(run_dirs[0]), **section}, findings=findings)
-    for d in run_dirs:
-        files += sorted((d / "ranks").glob("rank*/std*.log")) + sorted((d / "ranks").glob("rank*/nccl_topo.xml"))
-    inputs = read_inputs(files, xmls)
-    if not inputs.used:
-        if not inputs.problems:
-            raise BadInput("give at least one NCCL log or topology XML file")
-        extra = f" (and {len(inputs.problems) - 1} more unusable file(s))" if len(inputs.problems) > 1 else ""
-        raise BadInput(inputs.problems[0] + extra)
-    sections, findings = diagnose(inputs.log, inputs.systems, inputs.extra)
-    notes = [f"skipped {p}" for p in inputs.problems]
-    return Report(command="topo", sections=sections, findings=findings, notes=notes)
+    return assemble(logs, xmls)
 
 
 @click.command(help=__doc__ + "\n\nFILES: NCCL logs (SLURM/torchrun output), topology XML, or a ddpdoctor run directory.",
@@ -125,7 +99,9 @@ def build_report(logs: list[Path], xmls: list[Path]) -> Report:
 @fail_on_option
 @cli_errors
 def command(files: tuple[Path, ...], xmls: tuple[Path, ...], verbose: bool, as_json: bool, fail_on: str) -> None:
-    report = clean_report(build_report(list(files), list(xmls)))
+    from ddpdoctor.reports.topo import assemble
+
+    report = assemble(list(files), list(xmls))
     for problem in report.notes:
         click.echo(f"ddpdoctor: warning: {problem}", err=True)
     emit(report, as_json=as_json, verbose=verbose, fail_on=fail_on, sections=render_sections)

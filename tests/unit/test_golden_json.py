@@ -62,70 +62,52 @@ def _emit_code(report: Any, fail_on: str = "error", job_exit: int | None = None)
 
 
 def _profile(run_root: Path) -> Result:
-    from ddpdoctor.findings.perf_verdict import apply_outcome, run_status_of
-    from ddpdoctor.findings.watched import watched_report
-    from ddpdoctor.findings.window import window_verdict
     from ddpdoctor.probes.config import Schedule
+    from ddpdoctor.reports.profile import assemble
     from ddpdoctor.rundir import manifest as manifest_mod
     from ddpdoctor.rundir.layout import RunDir
 
     run = RunDir(run_root)
     manifest = manifest_mod.load(run)
-    report = watched_report(run, "profile", analyse_traces=True)
-    report.findings = apply_outcome(report.findings, run_status_of(manifest))
-    window_verdict(report, run, Schedule(**manifest["schedule"]))
+    report = assemble(run, Schedule(**manifest["schedule"]))
     return _emit_code(report, job_exit=manifest.get("exit_code")), report.to_json()
 
 
 def _run(run_root: Path) -> Result:
-    from ddpdoctor.findings.watched import watched_report
-    from ddpdoctor.live.capture import auto_capture_notes
-    from ddpdoctor.live.findings import live_findings
+    from ddpdoctor.reports.run import assemble
     from ddpdoctor.rundir import manifest as manifest_mod
     from ddpdoctor.rundir.layout import RunDir
 
     run = RunDir(run_root)
     manifest = manifest_mod.load(run)
-    report = watched_report(run, "run", debug=bool((manifest.get("options") or {}).get("debug")))
-    report.findings.extend(live_findings(run))
-    report.notes.extend(auto_capture_notes(run.root))
+    report = assemble(run, debug=bool((manifest.get("options") or {}).get("debug")))
     return _emit_code(report, job_exit=1 if manifest.get("exit_code") else None), report.to_json()
 
 
 def _check_sync(run_root: Path) -> Result:
-    from ddpdoctor.findings.watched import watched_report
+    from ddpdoctor.reports.check_sync import assemble
     from ddpdoctor.rundir import manifest as manifest_mod
     from ddpdoctor.rundir.layout import RunDir
-    from ddpdoctor.sync_api import sync_report
 
     run = RunDir(run_root)
     exit_code = manifest_mod.load(run).get("exit_code")
-    report = watched_report(run, "check-sync")
-    sync_report(run, report)
-    if exit_code:
-        report.notes.append(f"the script failed (exit code {exit_code}); its ranks' output is in "
-                            f"{run.root}/ranks/rankR/stderr.log")
+    report = assemble(run, exit_code)
     return _emit_code(report, job_exit=exit_code), report.to_json()
 
 
 def _capture_profile(window: Path) -> Result:
-    from ddpdoctor.analyses.pipeline import analyze_run
+    from ddpdoctor.reports.capture import assemble_profile
     from ddpdoctor.rundir.layout import RunDir
 
-    report = analyze_run(RunDir(window))
-    report.command = "capture"
-    report.sections["run_dir"] = str(window)
+    report = assemble_profile(RunDir(window), None)
     return _emit_code(report), report.to_json()
 
 
 def _capture_sync(window: Path) -> Result:
-    from ddpdoctor.report import Report
+    from ddpdoctor.reports.capture import assemble_check_sync
     from ddpdoctor.rundir.layout import RunDir
-    from ddpdoctor.sync_api import sync_report
 
-    report = Report(command="capture")
-    report.sections["run_dir"] = str(window)
-    sync_report(RunDir(window), report)
+    report = assemble_check_sync(RunDir(window), None)
     return _emit_code(report), report.to_json()
 
 
