@@ -38,7 +38,6 @@ def command(paths: tuple[Path, ...], window: str, reread: bool, workers: int | N
             fail_on: str) -> None:
     from ddpdoctor.analyses.pipeline import AnalyzeOptions, analyze_paths
     from ddpdoctor.renderers import progress
-    from ddpdoctor.renderers.console_perf import render_perf_sections
     from ddpdoctor.renderers.merge import trace_paths
     from ddpdoctor.renderers.outputs import write_outputs
     from ddpdoctor.reports.analyze import assemble
@@ -54,4 +53,4 @@ def command(paths: tuple[Path, ...], window: str, reread: bool, workers: int | N
     # archived or read-only run must stay analysable. --html/--merge write where the user asks.
     write_outputs(report, None, html_path, merge_path, trace_paths(list(paths)) if merge_path else [],
                   show_progress=show)
-    emit(report, as_json=as_json, verbose=verbose, fail_on=fail_on, sections=render_perf_sections)
+    emit(report, as_json=as_json, verbose=verbose, fail_on=fail_on)

@@ -18,7 +18,6 @@ from ddpdoctor.commands._common import (
 )
 from ddpdoctor.launch.monitor import pop_watcher, watch_options
 from ddpdoctor.renderers import progress
-from ddpdoctor.renderers.console_sync import render_sync_sections
 from ddpdoctor.sync_api import run_check_sync
 
 
@@ -44,5 +43,5 @@ def command(steps: int, data_steps: int, equivalence: bool, verbose: bool, as_js
     spec = pop_launch_spec("check-sync", kwargs, as_json=as_json,
                            options={"steps": steps, "equivalence": equivalence, "data_steps": data_steps})
     report, job_exit = run_check_sync(spec, progress.with_progress(watcher, spec.torchrun, as_json))
-    emit(report, as_json=as_json, verbose=verbose, fail_on=fail_on, sections=render_sync_sections,
+    emit(report, as_json=as_json, verbose=verbose, fail_on=fail_on,
          exit_code=job_exit or None)

@@ -11,9 +11,6 @@ from pathlib import Path
 from typing import Any
 
 import click
-from rich.console import Console
-from rich.markup import escape
-from rich.table import Table
 
 from ddpdoctor.commands._common import (
     cli_errors,
@@ -43,7 +40,6 @@ from ddpdoctor.rundir.layout import RunDir
 
 WORKER = Path(__file__).resolve().parents[1] / "preflight" / "worker.py"
 _SIZE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([KMG]?)(?:i?B)?\s*$", re.IGNORECASE)
-STATUS_STYLE = {"pass": "green", "warn": "yellow", "fail": "bold red", "skipped": "dim"}
 
 
 def parse_size(text: str) -> int:
@@ -110,19 +106,11 @@ def _nccl_env(run: RunDir) -> dict[str, str]:
         return {"NCCL_DEBUG": "INFO", "NCCL_DEBUG_SUBSYS": "INIT,ENV,NET,GRAPH"}
 
 
-def render_checks(report: Report, out: Console, verbose: bool) -> None:
-    table = Table(title="Preflight checks", expand=False)
-    table.add_column("status")
-    table.add_column("check")
-    table.add_column("evidence", overflow="fold")
-    for c in report.sections["checks"]:
-        style = STATUS_STYLE.get(c["status"], "")
-        table.add_row(f"[{style}]{c['status']}[/]", escape(c["id"]), escape(c["summary"]))
-    out.print(table)
-    if report.sections.get("bandwidth_table"):
-        out.print(escape(report.sections["bandwidth_table"]), markup=True, highlight=False)
-    out.print(f"[dim]run directory: {escape(str(report.sections.get('run_dir')))}; "
-              f"{report.sections.get('duration_s')} s[/dim]")
+def render_checks(report: Report, out: Any, verbose: bool) -> None:
+    """Moved to ddpdoctor/renderers/console_preflight.py; kept for callers that have not moved yet."""
+    from ddpdoctor.renderers.console_preflight import render_checks as render
+
+    render(report, out, verbose)
 
 
 @click.command(help=__doc__, context_settings={"ignore_unknown_options": False}, epilog=examples(
@@ -185,7 +173,7 @@ def command(out: Path | None, name: str | None, overwrite: bool, launcher: str, 
         checks = [torchrun_rendezvous_failure(torchrun, result.exit_code, result.killed_by, check_timeout)]
         checks += [CheckResult(cid, SKIPPED, "no rank started", {}) for cid in CHECKS if cid != "rendezvous"]
         emit(build_report(checks, run, result.duration_s, result.killed_by), as_json=as_json, verbose=verbose,
-             sections=render_checks, exit_code=exit_code(checks), fail_on=fail_on)
+             exit_code=exit_code(checks), fail_on=fail_on)
     if not records:
         raise BadInput(f"no rank wrote a preflight result (job exit code {result.exit_code}"
                        f"{', ' + result.killed_by if result.killed_by else ''}); see ranks/*/stderr.log", run.root)
@@ -199,7 +187,7 @@ def command(out: Path | None, name: str | None, overwrite: bool, launcher: str, 
                         local_view=local_view)
     checks = merge(records, opts, _topology(run, records))
     emit(build_report(checks, run, result.duration_s, result.killed_by), as_json=as_json, verbose=verbose,
-         sections=render_checks, exit_code=exit_code(checks), fail_on=fail_on)
+         exit_code=exit_code(checks), fail_on=fail_on)
 
 
 def torchrun_rendezvous_failure(torchrun: dict[str, Any], code: int | None, killed_by: str | None,

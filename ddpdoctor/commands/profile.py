@@ -23,7 +23,6 @@ from ddpdoctor.launch.launcher import launch
 from ddpdoctor.launch.monitor import pop_watcher, watch_options
 from ddpdoctor.probes.config import Schedule
 from ddpdoctor.renderers import progress
-from ddpdoctor.renderers.console_perf import render_perf_sections
 from ddpdoctor.renderers.outputs import write_outputs
 from ddpdoctor.reports.profile import assemble
 from ddpdoctor.rundir.report import save_report
@@ -91,8 +90,7 @@ def command(
         )
     # The run directory is also the HTML report's home and a TensorBoard log dir (RUN/scalars/rankR).
     write_outputs(report, spec.run_dir.root, html_path, merge_path, spec.run_dir.trace_files(), show_progress=show)
-    emit(report, as_json=as_json, verbose=verbose, fail_on=fail_on, exit_code=result.exit_code or None,
-         sections=render_perf_sections)
+    emit(report, as_json=as_json, verbose=verbose, fail_on=fail_on, exit_code=result.exit_code or None)
 
 
 def _schedule(wait: int, warmup: int, active: str, repeat: int) -> Schedule:

@@ -17,7 +17,6 @@ from ddpdoctor.commands._common import (
     launch_options,
     pop_launch_spec,
 )
-from ddpdoctor.findings.watched import render_hang_section
 from ddpdoctor.launch.launcher import launch
 from ddpdoctor.launch.monitor import pop_watcher, watch_options
 from ddpdoctor.live.options import live_options, node_name, pop_live
@@ -56,13 +55,12 @@ def command(debug: bool, verbose: bool, nccl_debug: bool, as_json: bool, fail_on
     report = assemble(spec.run_dir, debug=debug, nccl_debug=nccl_debug)
     save_report(spec.run_dir, report)
     # The contract is 0/1/2: a job that failed (or was killed for hanging) is a problem found.
-    emit(report, as_json=as_json, verbose=verbose, fail_on=fail_on, sections=_sections,
+    emit(report, as_json=as_json, verbose=verbose, fail_on=fail_on,
          exit_code=1 if result.exit_code else None)
 
 
 def _sections(report: Any, out: Any, verbose: bool) -> None:
-    """The hang section, then where the run directory is (as profile and check-sync end)."""
-    from ddpdoctor.renderers.console_sync import print_run_dir
+    """Moved to ddpdoctor/renderers/views.py (the view a report with a hang section gets)."""
+    from ddpdoctor.renderers.views import BY_COMMAND
 
-    render_hang_section(report, out, verbose)
-    print_run_dir(report, out)
+    BY_COMMAND["run"](report, out, verbose)
