@@ -1,5 +1,6 @@
 """The analyze pipeline: find the inputs (run dirs, trace folders, trace files), reduce each rank (per-rank
-summaries, or traces read in parallel processes), then the cross-rank analyses, findings and the Report."""
+summaries, or traces read in parallel processes), then the cross-rank analyses. Findings and the Report are
+ddpdoctor/reports/analyze.py's (analyses never start rules)."""
 
 from __future__ import annotations
 
@@ -15,7 +16,6 @@ from ddpdoctor.analyses import crossrank
 from ddpdoctor.analyses.model import Analysis
 from ddpdoctor.analyses.rank import RankResult
 from ddpdoctor.errors import BadInput
-from ddpdoctor.report import Report
 from ddpdoctor.rundir import artefacts
 from ddpdoctor.rundir.layout import RunDir
 from ddpdoctor.rundir.schema import Manifest, RankSummary
@@ -235,17 +235,3 @@ def analyze_paths(paths: list[Path], options: AnalyzeOptions | None = None) -> A
         host_cpus={e.rank: (e.host_cpus, e.local_world_size) for e in (manifest.ranks if manifest else [])
                    if e.host_cpus and e.local_world_size},
     )
-
-
-def report_for(analysis: Analysis, command: str = "analyze") -> Report:
-    """Moved to ddpdoctor/reports/analyze.py (``assemble``); kept for callers that have not moved yet."""
-    from ddpdoctor.reports.analyze import assemble
-
-    return assemble(analysis, command)
-
-
-def analyze_run(run: RunDir) -> Report:
-    """Moved to ddpdoctor/reports/analyze.py (``assemble_run_dir``); kept for callers that have not moved yet."""
-    from ddpdoctor.reports.analyze import assemble_run_dir
-
-    return assemble_run_dir(run)

@@ -2,23 +2,27 @@
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Protocol
 
-from ddpdoctor.report import Report
 from ddpdoctor.rundir.layout import RunDir, write_json
 from ddpdoctor.rundir.loaders import rank_statuses
 
 __all__ = ["job_report", "rank_statuses", "save_report"]
 
 
-def job_report(run: RunDir, command: str, analyse_traces: bool) -> Report:
+class JsonDocument(Protocol):
+    """What the run directory saves: anything that gives its JSON (a Report); rundir knows nothing above it."""
+
+    def to_json(self) -> dict[str, Any]: ...
+
+
+def job_report(run: RunDir, command: str, analyse_traces: bool) -> Any:
     """Moved to ddpdoctor/reports/job.py; kept for callers that have not moved yet (findings/watched.py)."""
     from ddpdoctor.reports.job import job_report as build
 
     return build(run, command, analyse_traces)
 
 
-def save_report(run: RunDir, report: Report) -> None:
+def save_report(run: RunDir, report: JsonDocument) -> None:
     """RUN/report.json: the final report of a launch, written once, by the command that prints it."""
-    data: dict[str, Any] = report.to_json()
-    write_json(run.root / "report.json", data)
+    write_json(run.root / "report.json", report.to_json())
