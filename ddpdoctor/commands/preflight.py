@@ -26,6 +26,7 @@ from ddpdoctor.errors import BadInput
 from ddpdoctor.findings.model import Finding
 from ddpdoctor.launch.flags import pop_torchrun_values, torchrun_options_without_script
 from ddpdoctor.launch.launcher import LaunchSpec, RunningJob, launch
+from ddpdoctor.preflight.checks import CHECKS, FAIL, SKIPPED, CheckResult, exit_code
 from ddpdoctor.preflight.merge import (
     ADVICE,
     MergeOptions,
@@ -33,7 +34,6 @@ from ddpdoctor.preflight.merge import (
     merge,
     topology_input,
 )
-from ddpdoctor.preflight.model import CHECKS, FAIL, SKIPPED, CheckResult, exit_code
 from ddpdoctor.preflight.netprobe import probe_tcp
 from ddpdoctor.report import Report
 from ddpdoctor.rundir.layout import RunDir

@@ -3,7 +3,7 @@ finding per failed or warning check."""
 
 from __future__ import annotations
 
-from ddpdoctor.preflight.model import CheckResult
+from ddpdoctor.preflight.checks import CheckResult
 from ddpdoctor.report import Report
 from ddpdoctor.reports.sections import PreflightSection
 from ddpdoctor.rundir.layout import RunDir

@@ -88,7 +88,9 @@ class RankEnd(msgspec.Struct, kw_only=True):
     local_world_size: int | None = None  # ranks on its host
 
 
-class Schedule(msgspec.Struct, kw_only=True):
+class ScheduleRecord(msgspec.Struct, kw_only=True):
+    """The profiler schedule as the manifest records it (probes/config.py Schedule is the live one)."""
+
     wait: int | None = None
     warmup: int | None = None
     active: int | None = None
@@ -105,7 +107,7 @@ class Manifest(Artefact, kw_only=True):
     launcher: str | None = None
     launcher_host: str | None = None
     torchrun_flags: dict[str, Json] = {}
-    schedule: Schedule | None = None
+    schedule: ScheduleRecord | None = None
     options: dict[str, Json] = {}
     started_at: str | None = None
     finished: bool = False
@@ -222,7 +224,9 @@ class Position(msgspec.Struct, kw_only=True):
     exit_code: int | None = None
 
 
-class HangDiagnosis(msgspec.Struct, kw_only=True):
+class HangFileDiagnosis(msgspec.Struct, kw_only=True):
+    """hang.json's "diagnosis" as written (findings/hang.py HangDiagnosis is the verdict it came from)."""
+
     # Required: the hang findings read them directly.
     culprit_ranks: list[int]
     stalled_ranks: list[int]
@@ -240,7 +244,7 @@ class Hang(Artefact, kw_only=True):
     startup_timeout_s: Number | None = None
     in_startup: bool | None = None
     on_hang: str | None = None
-    diagnosis: HangDiagnosis
+    diagnosis: HangFileDiagnosis
     stacks: dict[int, str | None] = {}
     heartbeats: dict[int, Beat | None] = {}
     flight_recorder: dict[int, Json] = {}

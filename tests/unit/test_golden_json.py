@@ -113,8 +113,8 @@ def _capture_sync(window: Path) -> Result:
 
 def _preflight(run_root: Path) -> Result:
     from ddpdoctor.commands.preflight import build_report
+    from ddpdoctor.preflight.checks import exit_code
     from ddpdoctor.preflight.merge import MergeOptions, load_records, merge
-    from ddpdoctor.preflight.model import exit_code
     from ddpdoctor.rundir import manifest as manifest_mod
     from ddpdoctor.rundir.layout import RunDir
 
