@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import tempfile
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -32,9 +33,11 @@ def sync_report(run: RunDir, report: Report | None = None) -> Report:
     return report
 
 
-def run_check_sync(spec: Any, watcher: Any = None) -> tuple[Report, int]:
+def run_check_sync(spec: Any, watcher: Any = None,
+                   not_reporting: Callable[[Any], None] | None = None) -> tuple[Report, int]:
     """Launch ``spec`` (mode "check-sync"), check, analyse: (report, the job's exit code). The report is also
-    saved as RUN/report.json."""
+    saved as RUN/report.json. ``not_reporting`` is called with the launch's result when this process does not
+    report (another node's launcher, or a rank under --launcher none: the command exits there)."""
     from ddpdoctor.launch.launcher import launch
     from ddpdoctor.launch.monitor import make_watcher
     from ddpdoctor.reports.check_sync import assemble
@@ -45,10 +48,8 @@ def run_check_sync(spec: Any, watcher: Any = None) -> tuple[Report, int]:
         raise BadInput(f"--steps must be >= 0, not {steps}")
     # Watched like every launch: a check-sync run that hangs is reported with its culprit, not left hanging.
     result = launch(spec, watcher if watcher is not None else make_watcher(None, 600.0, "kill"))
-    if not result.reports:
-        from ddpdoctor.commands._common import finish_quietly
-
-        finish_quietly(result)
+    if not result.reports and not_reporting is not None:
+        not_reporting(result)
     report = assemble(spec.run_dir, result.exit_code)
     save_report(spec.run_dir, report)
     return report, result.exit_code

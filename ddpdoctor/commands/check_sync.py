@@ -12,6 +12,7 @@ from ddpdoctor.commands._common import (
     emit,
     examples,
     fail_on_option,
+    finish_quietly,
     json_option,
     launch_options,
     pop_launch_spec,
@@ -42,6 +43,7 @@ def command(steps: int, data_steps: int, equivalence: bool, verbose: bool, as_js
     watcher = pop_watcher(kwargs)
     spec = pop_launch_spec("check-sync", kwargs, as_json=as_json,
                            options={"steps": steps, "equivalence": equivalence, "data_steps": data_steps})
-    report, job_exit = run_check_sync(spec, progress.with_progress(watcher, spec.torchrun, as_json))
+    report, job_exit = run_check_sync(spec, progress.with_progress(watcher, spec.torchrun, as_json),
+                                      not_reporting=finish_quietly)
     emit(report, as_json=as_json, verbose=verbose, fail_on=fail_on,
          exit_code=job_exit or None)
