@@ -41,3 +41,16 @@ def rank_sync_files(run: RunDir, name: str) -> dict[int, dict[str, Any]]:
             if int(r) not in out and isinstance(payload.get(key), dict):
                 out[int(r)] = payload[key]
     return out
+
+
+def rank_text(run: RunDir, rank: int, name: str, missing: str | None = "") -> str | None:
+    """A rank's text file (stderr.log, stdout.log), bounded and never through a link; ``missing`` when it cannot
+    be read (a rank killed before it wrote one)."""
+    from ddpdoctor import safe_io
+    from ddpdoctor.errors import BadInput
+
+    try:
+        text = safe_io.read_bytes(run.rank_file(rank, name), decompress=False).decode(errors="replace")
+    except (OSError, BadInput):
+        return missing
+    return text.replace("\r\n", "\n").replace("\r", "\n")  # as Path.read_text reads it (universal newlines)
