@@ -69,7 +69,8 @@ def _profile(run_root: Path) -> Result:
 
     run = RunDir(run_root)
     manifest = manifest_mod.load(run)
-    report = assemble(run, Schedule(**manifest["schedule"]))
+    report = assemble(run, Schedule(**manifest["schedule"]),
+                      nccl_debug=bool((manifest.get("options") or {}).get("nccl_debug")))
     return _emit_code(report, job_exit=manifest.get("exit_code")), report.to_json()
 
 
@@ -80,7 +81,8 @@ def _run(run_root: Path) -> Result:
 
     run = RunDir(run_root)
     manifest = manifest_mod.load(run)
-    report = assemble(run, debug=bool((manifest.get("options") or {}).get("debug")))
+    options = manifest.get("options") or {}
+    report = assemble(run, debug=bool(options.get("debug")), nccl_debug=bool(options.get("nccl_debug")))
     return _emit_code(report, job_exit=1 if manifest.get("exit_code") else None), report.to_json()
 
 
@@ -166,6 +168,8 @@ def _cases() -> dict[str, tuple[Path, Callable[[Path], Result], bool]]:
     for name in ("sample", "mlp", "healthy1", "healthy4"):
         cases[f"profile-{name}"] = (RUN_DIRS[name], _profile, True)
     cases["profile-one-step"] = (RUNS / "profile_one_step", _profile, True)
+    cases["profile-nccl-debug"] = (RUNS / "profile_nccl_debug", _profile, True)
+    cases["run-debug-shape"] = (RUNS / "run_debug_shape", _run, True)
     for name in ("run_hang", "run_raise"):
         cases[f"run-{name[4:]}"] = (RUNS / name, _run, True)
         cases[f"status-{name[4:]}"] = (RUNS / name, lambda q: _cli("status", str(q), "--json"), True)
