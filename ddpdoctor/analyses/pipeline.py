@@ -13,13 +13,13 @@ from pathlib import Path
 from typing import Any
 
 from ddpdoctor.analyses import crossrank
+from ddpdoctor.analyses import summary as summ
 from ddpdoctor.analyses.model import Analysis
 from ddpdoctor.analyses.rank import RankResult
 from ddpdoctor.errors import BadInput
 from ddpdoctor.rundir import artefacts
 from ddpdoctor.rundir.layout import RunDir
 from ddpdoctor.rundir.schema import Manifest, RankSummary
-from ddpdoctor.traces import summary as summ
 from ddpdoctor.traces.loader import rank_from_filename
 
 TRACE_SUFFIXES = (".json", ".json.gz")

@@ -9,15 +9,29 @@ version in VERSIONS only when an existing field changes meaning."""
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any, Literal
 
 import msgspec
 
 from ddpdoctor.analyses.model import Bucket, CollectiveCall, GradReady, InputInfo, RankMetrics, SyncCall
-from ddpdoctor.preflight.nccltable import BandwidthRow
 
 Number = float  # msgspec accepts JSON integers for float fields; booleans are refused
 Json = Any  # free-form: not read by any analysis (shown or copied only)
+
+
+@dataclass(frozen=True)
+class BandwidthRow:
+    """One all_reduce size of a bandwidth sweep, as nccl-tests prints it (preflight/nccltable.py computes it)."""
+
+    size_bytes: int
+    count: int
+    dtype: str
+    redop: str
+    time_us: float
+    algbw_gbps: float
+    busbw_gbps: float
+    wrong: int | None = None  # nccl-tests' "#wrong" (or "error") column, when there is one
 
 
 class Artefact(msgspec.Struct, kw_only=True):
@@ -159,7 +173,7 @@ class RankStatus(Artefact, kw_only=True):
 
 
 class RankSummary(Artefact, kw_only=True):
-    """One rank's trace reduced to its RankResult (traces/summary.py writes it)."""
+    """One rank's trace reduced to its RankResult (analyses/summary.py writes it)."""
 
     schema: int | None = None
     window: str = "all"

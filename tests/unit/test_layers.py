@@ -41,7 +41,7 @@ def _breaking(where: str, allowed: tuple[str, ...], prefix: str = "ddpdoctor") -
 def test_the_run_directory_imports_only_errors_and_safe_io() -> None:
     bad = _breaking("rundir", ("ddpdoctor.errors", "ddpdoctor.safe_io", "ddpdoctor.__version__"))
     known = {  # the schema borrows the analysis's record types; the manifest takes the LaunchSpec (issue 24's)
-        "ddpdoctor.rundir.schema": {"ddpdoctor.analyses.model", "ddpdoctor.preflight.nccltable"},
+        "ddpdoctor.rundir.schema": {"ddpdoctor.analyses.model"},
         "ddpdoctor.rundir.manifest": {"ddpdoctor.launch.launcher"},
         # the thin alias findings/watched.py still calls (it moves to reports/)
         "ddpdoctor.rundir.report": {"ddpdoctor.reports.job"},
