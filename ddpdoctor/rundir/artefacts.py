@@ -195,7 +195,8 @@ def write_private_text(path: Path, text: str) -> None:
     try:
         path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
         _fault_hook(path)
-        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        tmp.unlink(missing_ok=True)  # a stale one of this pid; O_EXCL|O_NOFOLLOW: never a name planted as a link
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
         with os.fdopen(fd, "w") as fh:
             fh.write(text)
         os.replace(tmp, path)
