@@ -7,13 +7,13 @@ stream with a cap, and JSON nesting is bounded before it is decoded."""
 from __future__ import annotations
 
 import os
-import re
 import stat
 import zlib
 from pathlib import Path
 from typing import Any
 
 from ddpdoctor.errors import BadInput
+from ddpdoctor.terminal_text import clean_text
 
 GZIP_MAGIC = b"\x1f\x8b"
 # Caps on what one input file may expand to in memory. A real 8-GPU trace of a few steps is 100-500 MB; logs of a
@@ -176,21 +176,6 @@ def _first_too_deep(data: bytes, max_depth: int) -> int:
         elif ch in (0x5D, 0x7D):
             depth -= 1
     return len(data)  # only unbalanced strings get here: call it too deep at the end
-
-
-# C0 and C1 control characters except tab and newline, and DEL: what makes a terminal change its title, clear
-# the screen or move the cursor. ESC sequences are dropped whole where they parse, else the ESC byte alone.
-_ANSI = re.compile(r"\x1b(?:\[[0-?]*[ -/]*[@-~]|\][^\x07\x1b]*(?:\x07|\x1b\\)?|[@-Z\\-_])")
-_CONTROL = re.compile(r"[\x00-\x08\x0b-\x1f\x7f-\x9f]")
-
-
-def clean_text(text: str) -> str:
-    """Text from an untrusted input made safe to print: escape sequences removed, other control characters shown
-    as visible escapes (``\\x1b``), tabs and newlines kept."""
-    if not _CONTROL.search(text):
-        return text
-    text = _ANSI.sub("", text)
-    return _CONTROL.sub(lambda m: f"\\x{ord(m.group()):02x}", text.replace("\r\n", "\n"))
 
 
 def clean_data(value: Any, depth: int = 0) -> Any:

@@ -17,6 +17,7 @@ from ddpdoctor.errors import EXIT_BAD_INPUT, BadInput
 from ddpdoctor.findings.model import Severity
 from ddpdoctor.launch.flags import torchrun_options
 from ddpdoctor.report import Report
+from ddpdoctor.terminal_text import one_line
 
 SectionRenderer = Callable[[Report, Any, bool], None]
 
@@ -29,7 +30,7 @@ def cli_errors(fn: Callable[..., Any]) -> Callable[..., Any]:
         try:
             return fn(*args, **kwargs)
         except BadInput as exc:
-            click.echo(f"ddpdoctor: error: {exc}", err=True)
+            click.echo(f"ddpdoctor: error: {one_line(str(exc))}", err=True)  # also a BadInput built by hand
             sys.exit(EXIT_BAD_INPUT)
         except KeyboardInterrupt:
             click.echo("ddpdoctor: interrupted", err=True)
