@@ -6,7 +6,10 @@ stream with a cap, and JSON nesting is bounded before it is decoded."""
 
 from __future__ import annotations
 
+import json
+import math
 import os
+import re
 import stat
 import zlib
 from pathlib import Path
@@ -189,3 +192,74 @@ def clean_data(value: Any, depth: int = 0) -> Any:
     if isinstance(value, list | tuple):
         return [clean_data(v, depth + 1) for v in value]
     return value
+
+
+# JSON in and out. Python's json reads NaN/Infinity (and 1e999 as inf) and writes them back: neither is JSON, and
+# a strict reader of our --json output (jq, serde, JSON.parse) fails on them. A lone surrogate ("\ud800") decodes
+# to a str that cannot be encoded (a traceback when printed or written). Both are fixed once, here.
+_SURROGATE_ESCAPE = re.compile(rb"\\[uU][dD][89a-fA-F]")
+
+
+def _finite_or_none(text: str) -> float | None:
+    value = float(text)
+    return value if math.isfinite(value) else None
+
+
+def loads_json(data: bytes | str, finite: bool = True) -> Any:
+    """``json.loads`` where a lone surrogate is U+FFFD and (``finite``) NaN, Infinity and numbers past the float
+    range are null. Raises what json.loads raises (ValueError)."""
+    value = (json.loads(data, parse_constant=lambda _c: None, parse_float=_finite_or_none) if finite
+             else json.loads(data))
+    raw = data.encode("utf-8", "surrogatepass") if isinstance(data, str) else data
+    if _SURROGATE_ESCAPE.search(raw):
+        value = _fix_surrogates(value)
+    return value
+
+
+def _fix_text(text: str) -> str:
+    try:
+        text.encode("utf-8")
+        return text
+    except UnicodeEncodeError:  # pairs become their character; a lone surrogate becomes U+FFFD
+        return text.encode("utf-16", "surrogatepass").decode("utf-16", "replace")
+
+
+def _fix_surrogates(value: Any, depth: int = 0) -> Any:
+    if isinstance(value, str):
+        return _fix_text(value)
+    if depth > 2 * MAX_JSON_DEPTH:
+        return value
+    if isinstance(value, dict):
+        return {_fix_text(k) if isinstance(k, str) else k: _fix_surrogates(v, depth + 1) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_fix_surrogates(v, depth + 1) for v in value]
+    return value
+
+
+def json_safe(value: Any, depth: int = 0) -> Any:
+    """``value`` with every NaN/Infinity as None and every string encodable as UTF-8 (lone surrogates U+FFFD)."""
+    if isinstance(value, float):
+        return value if math.isfinite(value) else None
+    if isinstance(value, str):
+        return _fix_text(value)
+    if depth > 2 * MAX_JSON_DEPTH:
+        return None
+    if isinstance(value, dict):
+        return {json_safe(k, depth + 1) if isinstance(k, str) else k: json_safe(v, depth + 1)
+                for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [json_safe(v, depth + 1) for v in value]
+    return value
+
+
+def dumps_json(value: Any, **kwargs: Any) -> str:
+    """JSON text that any strict reader accepts (what every --json prints): no NaN/Infinity (null instead), no
+    lone surrogate. The fast path is plain json.dumps; only data that holds one of them is walked."""
+    kwargs.setdefault("default", str)
+    try:
+        text = json.dumps(value, allow_nan=False, **kwargs)
+    except ValueError:
+        return json.dumps(json_safe(value), allow_nan=False, **kwargs)
+    if "\\ud" in text or "\\uD" in text:
+        return json.dumps(json_safe(value), allow_nan=False, **kwargs)
+    return text

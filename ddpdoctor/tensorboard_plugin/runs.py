@@ -3,13 +3,12 @@ and the timeline of every rank's trace on one clock. No TensorBoard import here,
 
 from __future__ import annotations
 
-import json
 import os
 from pathlib import Path
 from typing import Any
 
 from ddpdoctor.report import Report
-from ddpdoctor.safe_io import read_bytes
+from ddpdoctor.safe_io import loads_json, read_bytes
 
 MAX_DEPTH = 4  # logdir/a/b/c/RUN: deeper folders are not searched (a log dir may hold a whole home directory)
 MAX_RUNS = 500
@@ -44,7 +43,7 @@ def find_runs(logdir: Path) -> dict[str, Path]:
 
 
 def load_report(run: Path) -> Report:
-    data = json.loads(read_bytes(run / "report.json", MAX_REPORT_BYTES))
+    data = loads_json(read_bytes(run / "report.json", MAX_REPORT_BYTES))
     if not isinstance(data, dict):
         raise ValueError("report.json is not an object")
     return Report.from_json(data)
