@@ -116,7 +116,7 @@ def decode_json(path: Path, limit: int = MAX_ARTEFACT_BYTES) -> Any:
     if deep is not None:
         raise BadInput(f"JSON nested deeper than {safe_io.MAX_JSON_DEPTH} levels (at byte {deep})", label)
     try:
-        return json.loads(data)
+        return safe_io.loads_json(data)  # NaN/Infinity (not JSON) read as null, a lone surrogate as U+FFFD
     except UnicodeDecodeError as exc:
         raise BadInput(f"not UTF-8 text (byte {exc.start})", label) from exc
     except json.JSONDecodeError as exc:
