@@ -43,14 +43,17 @@ def max_input_bytes(default: int | None = None) -> int:
     return int(max(mb, 1) * (1 << 20))
 
 
-def check_regular(path: Path) -> os.stat_result:
-    """stat() the path and insist on a regular file; BadInput naming it otherwise (never blocks on a FIFO)."""
+def check_regular(path: Path, follow_links: bool = True) -> os.stat_result:
+    """stat() the path and insist on a regular file; BadInput naming it otherwise (never blocks on a FIFO).
+    ``follow_links=False``: a link is refused too (what a server reads on others' behalf)."""
     try:
-        st = os.stat(path)
+        st = os.stat(path) if follow_links else os.lstat(path)
     except FileNotFoundError as exc:
         raise BadInput("file not found", path) from exc
     except OSError as exc:
         raise BadInput(f"cannot read ({exc.strerror or exc})", path) from exc
+    if stat.S_ISLNK(st.st_mode):
+        raise BadInput("is a symbolic link; not followed", path)
     if stat.S_ISDIR(st.st_mode):
         raise BadInput("is a directory, not a file", path)
     if not stat.S_ISREG(st.st_mode):
@@ -59,14 +62,14 @@ def check_regular(path: Path) -> os.stat_result:
     return st
 
 
-def read_bytes(path: Path, limit: int | None = None, decompress: bool = True) -> bytes:
+def read_bytes(path: Path, limit: int | None = None, decompress: bool = True, follow_links: bool = True) -> bytes:
     """A regular file's bytes, gzip (by magic bytes) decompressed as a stream; BadInput past ``limit`` bytes,
     on a corrupt or truncated stream (naming the byte offset), or when the file cannot be read."""
     path = Path(path)
     limit = max_input_bytes() if limit is None else limit
-    st = check_regular(path)
+    st = check_regular(path, follow_links)
     try:
-        fd = os.open(path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0))
+        fd = os.open(path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0) | (0 if follow_links else os.O_NOFOLLOW))
     except OSError as exc:
         raise BadInput(f"cannot read ({exc.strerror or exc})", path) from exc
     with os.fdopen(fd, "rb") as fh:

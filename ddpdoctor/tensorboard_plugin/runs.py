@@ -4,6 +4,7 @@ and the timeline of every rank's trace on one clock. No TensorBoard import here,
 from __future__ import annotations
 
 import os
+import stat
 from pathlib import Path
 from typing import Any
 
@@ -18,7 +19,11 @@ MAX_TIMELINE_EVENTS = 300_000
 
 
 def is_run_dir(path: Path) -> bool:
-    return (path / "report.json").is_file()
+    """A real folder holding a regular report.json (lstat: a link named report.json is not a run)."""
+    try:
+        return stat.S_ISDIR(os.lstat(path).st_mode) and stat.S_ISREG(os.lstat(path / "report.json").st_mode)
+    except OSError:
+        return False
 
 
 def find_runs(logdir: Path) -> dict[str, Path]:
@@ -42,8 +47,13 @@ def find_runs(logdir: Path) -> dict[str, Path]:
     return dict(sorted(runs.items()))
 
 
+def read_report_bytes(run: Path, decompress: bool = False) -> bytes:
+    """report.json as it is on disk: a regular file, never through a link, bounded."""
+    return read_bytes(run / "report.json", MAX_REPORT_BYTES, decompress=decompress, follow_links=False)
+
+
 def load_report(run: Path) -> Report:
-    data = loads_json(read_bytes(run / "report.json", MAX_REPORT_BYTES))
+    data = loads_json(read_report_bytes(run, decompress=True))
     if not isinstance(data, dict):
         raise ValueError("report.json is not an object")
     return Report.from_json(data)
@@ -67,12 +77,16 @@ def run_summary(name: str, run: Path) -> dict[str, Any]:
         "run": name, "command": report.command, "status": report.status, "findings": counts,
         "why": lead.title if lead else "no findings",
         "ranks": len(s.get("ranks") or []) or job.get("world_size"), "exit_code": job.get("exit_code"),
-        "has_traces": bool(trace_files(run)), "mtime": (run / "report.json").stat().st_mtime,
+        "has_traces": bool(trace_files(run)), "mtime": (run / "report.json").lstat().st_mtime,
     }
 
 
 def trace_files(run: Path) -> list[Path]:
-    return sorted((run / "traces").glob("*.pt.trace.json*")) if (run / "traces").is_dir() else []
+    """The run's traces: regular files in its own traces/ folder (never a link, to a file or a folder)."""
+    folder = run / "traces"
+    if folder.is_symlink() or not folder.is_dir():
+        return []
+    return sorted(p for p in folder.glob("*.pt.trace.json*") if not p.is_symlink() and p.is_file())
 
 
 def _depths(events: list[tuple[float, float, int]]) -> list[int]:
