@@ -14,9 +14,11 @@ from ddpdoctor.commands._common import (
     examples,
     fail_on_option,
     finish_quietly,
+    job_report_elsewhere,
     json_option,
     launch_options,
     pop_launch_spec,
+    share_job_report,
 )
 from ddpdoctor.errors import BadInput
 from ddpdoctor.findings.perf_verdict import apply_outcome, run_status_of
@@ -80,6 +82,7 @@ def command(
     show = progress.enabled(as_json)
     result = launch(spec, progress.with_progress(watcher, spec.torchrun, as_json, spec.schedule))
     if not result.reports:
+        job_report_elsewhere(result, as_json=as_json, verbose=verbose, fail_on=fail_on, sections=render_perf_sections)
         finish_quietly(result)
     traces = spec.run_dir.trace_files()
     progress.say(f"analysing {len(traces)} trace(s), {sum(p.stat().st_size for p in traces) / 1e6:.1f} MB", show)
@@ -90,6 +93,7 @@ def command(
         from ddpdoctor.topo.capture import add_to_report
 
         add_to_report(report, spec.run_dir)
+    share_job_report(result, report)  # a job of several nodes: every node prints this report
     save_report(spec.run_dir, report)
     if result.exit_code == 0 and not spec.run_dir.trace_files() and any(f.id == "no-steps-seen" for f in report.findings):
         raise BadInput(

@@ -13,9 +13,11 @@ from ddpdoctor.commands._common import (
     examples,
     fail_on_option,
     finish_quietly,
+    job_report_elsewhere,
     json_option,
     launch_options,
     pop_launch_spec,
+    share_job_report,
 )
 from ddpdoctor.findings.watched import render_hang_section, watched_report
 from ddpdoctor.launch.launcher import launch
@@ -53,6 +55,7 @@ def command(debug: bool, verbose: bool, nccl_debug: bool, as_json: bool, fail_on
     live.node = node_name(spec)
     result = launch(spec, progress.with_progress(watcher, spec.torchrun, as_json))
     if not result.reports:
+        job_report_elsewhere(result, as_json=as_json, verbose=verbose, fail_on=fail_on, sections=_sections)
         finish_quietly(result)
     report = watched_report(spec.run_dir, "run", debug=debug)
     report.findings.extend(live_findings(spec.run_dir))
@@ -61,6 +64,7 @@ def command(debug: bool, verbose: bool, nccl_debug: bool, as_json: bool, fail_on
         from ddpdoctor.topo.capture import add_to_report
 
         add_to_report(report, spec.run_dir)
+    share_job_report(result, report)  # a job of several nodes: every node prints this report
     save_report(spec.run_dir, report)
     # The contract is 0/1/2: a job that failed (or was killed for hanging) is a problem found.
     emit(report, as_json=as_json, verbose=verbose, fail_on=fail_on, sections=_sections,
