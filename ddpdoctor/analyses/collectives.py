@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import bisect
+import functools
 import math
 import re
 from collections import defaultdict, deque
@@ -41,6 +42,7 @@ BUS_FACTOR = {
 _KERNEL_OP = re.compile(r"^(?:nccl|rccl)(?:Dev)?Kernel_([A-Za-z]+)", re.IGNORECASE)
 
 
+@functools.lru_cache(maxsize=4096)  # a few names, repeated at every call of every step
 def op_name(text: str) -> str:
     """all_reduce for gloo:all_reduce, c10d::allreduce_, allreduce, ncclDevKernel_AllReduce_Sum_f32_RING_LL."""
     m = _KERNEL_OP.match(text)
