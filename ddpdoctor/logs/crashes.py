@@ -3,6 +3,7 @@ victim (misleading-root-cause), and a failed job the logs cannot explain (job-fa
 
 from __future__ import annotations
 
+from ddpdoctor.findings.failure import rank_crashed_finding
 from ddpdoctor.findings.model import Finding, Severity
 from ddpdoctor.logs.events import ChildFailure, RankException
 from ddpdoctor.logs.rules import STACK_LIMIT, classify
@@ -83,16 +84,14 @@ def crash_findings(crashed: dict[int | None, tuple[str, str, str, str | None]],
     grouped: set[int] = set()
     for sig, time, ranks, host in _same_moment(crashed, signals, failures or []):
         grouped |= set(ranks)
-        findings.append(Finding(
-            "rank-crashed", Severity.ERROR,
+        findings.append(rank_crashed_finding(
+            None,
             f"Ranks {', '.join(map(str, ranks))} all died of {sig} at {time}" + (f" on {host}" if host else "")
             + ": one cause shared by the host, not one rank's fault",
-            ranks=ranks,
-            evidence={"rank": None, "culprit_ranks": ranks, "signal": sig, "time": time, "host": host,
-                      "exception": f"Signal {sig}", "traceback": crashed[ranks[0]][1], "call_site": None,
-                      "why": _HOST_WIDE.get(sig, "several ranks dying of one signal in the same second share "
-                                                    "one cause")},
-            advice=_SIGNAL_ADVICE.get(sig, "Look at what the host did at that second (dmesg, the scheduler)."),
+            _SIGNAL_ADVICE.get(sig, "Look at what the host did at that second (dmesg, the scheduler)."),
+            ranks=ranks, culprit_ranks=ranks, signal=sig, time=time, host=host,
+            exception=f"Signal {sig}", traceback=crashed[ranks[0]][1], call_site=None,
+            why=_HOST_WIDE.get(sig, "several ranks dying of one signal in the same second share one cause"),
         ))
     for rank, (exception, traceback, site, signal) in crashed.items():
         if rank in grouped:
@@ -104,12 +103,9 @@ def crash_findings(crashed: dict[int | None, tuple[str, str, str, str | None]],
             advice = ("The rank ran out of memory: a bigger batch or sequence on this rank than on the others (uneven "
                       "data), a leak across steps, or too little memory for the model; check the batch shapes here.")
         first_line = exception.splitlines()[0] if exception else "?"
-        findings.append(Finding(
-            "rank-crashed", Severity.ERROR,
-            f"Rank {rank if rank is not None else '?'} crashed: {first_line[:200]}",
-            ranks=[rank] if rank is not None else [],
-            evidence={"rank": rank, "exception": exception, "traceback": traceback, "call_site": site or None},
-            advice=advice,
+        findings.append(rank_crashed_finding(
+            rank, f"Rank {rank if rank is not None else '?'} crashed: {first_line[:200]}",
+            exception=exception, traceback=traceback, call_site=site or None, advice=advice,
         ))
     return findings
 
