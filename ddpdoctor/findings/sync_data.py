@@ -27,6 +27,12 @@ _CAUSE_ADVICE = {
     "no-distributed-sampler": "Use sampler=DistributedSampler(dataset) so each rank reads a disjoint shard.",
     "hand-made-shards": "The per-rank Subsets overlap or leave samples out: split the index range into world_size "
                         "disjoint parts that cover it, or use DistributedSampler on the whole dataset.",
+    "shard-order-differs": "The framework splits the batches across ranks (accelerate's prepare() wraps the loader's "
+                           "batch sampler in BatchSamplerShard) from a permutation that each rank draws itself, so every "
+                           "rank must draw the same one: seed every rank the same before accelerator.prepare(loader) "
+                           "(accelerate.utils.set_seed(seed), not seed + rank; seed per-rank randomness such as "
+                           "augmentation after prepare), or give the sampler its own seed "
+                           "(Accelerator(dataloader_config=DataLoaderConfiguration(data_seed=seed))).",
     "iterable-not-split": "Split the stream by rank (and by worker, torch.utils.data.get_worker_info()): e.g. keep item i "
                           "when i % world_size == rank.",
 }

@@ -1,4 +1,4 @@
-"""check-sync under the frameworks that hide DDP (issue 27): a Lightning Trainer on CPU/gloo in the spirit of
+"""check-sync under the frameworks that hide DDP (issue 27): a Lightning Trainer and an accelerate loop on CPU/gloo in the spirit of
 Lightning's examples, and any script whose optimizer steps with a closure. Real launches, 2 ranks, few steps;
 the Lightning test skips when Lightning is not installed (the `frameworks` extra)."""
 
@@ -40,3 +40,18 @@ def test_lightning_trainer_runs_under_check_sync_and_its_gradients_are_compared(
     assert report["checks"]["grads"]["comparisons"] > 0 and report["checks"]["grads"]["diverged"] == 0
     (loader,) = report["checks"]["data"]
     assert loader["samples_per_rank"] == {"0": 256, "1": 256} and loader["shared"] == 0
+
+
+@pytest.mark.skipif(importlib.util.find_spec("accelerate") is None, reason="accelerate not installed (extra: frameworks)")
+def test_accelerate_per_rank_seed_is_a_different_shuffle_order_not_a_missing_sampler(tmp_path) -> None:
+    # Before: "no DistributedSampler: every rank reads the whole dataset", while the table showed half per rank.
+    code, report = _check_sync(tmp_path, "bug", str(SCENARIOS / "accelerate_seed.py"), "--seed-per-rank")
+    assert code == 1
+    (loader,) = report["checks"]["data"]
+    assert loader["samples_per_rank"] == {"0": 128, "1": 128} and loader["shared"] > 0
+    overlap = next(f for f in report["findings"] if f["id"] == "sampler-overlap")
+    assert overlap["evidence"]["cause"] == "shard-order-differs"
+    assert "own order" in overlap["title"] and "whole dataset" not in overlap["title"].split(":")[0]
+    assert "set_seed(seed)" in overlap["advice"] and "prepare" in overlap["advice"]
+    code, report = _check_sync(tmp_path, "ok", str(SCENARIOS / "accelerate_seed.py"))
+    assert code == 0 and report["checks"]["data"][0]["shared"] == 0, report
