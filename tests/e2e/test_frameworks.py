@@ -1,6 +1,7 @@
-"""check-sync under the frameworks that hide DDP (issue 27): a Lightning Trainer and an accelerate loop on CPU/gloo in the spirit of
-Lightning's examples, and any script whose optimizer steps with a closure. Real launches, 2 ranks, few steps;
-the Lightning test skips when Lightning is not installed (the `frameworks` extra)."""
+"""ddpdoctor under the frameworks that hide DDP (issue 27): a Lightning Trainer, an accelerate loop and an HF
+Trainer (a tiny model built from a config) on CPU/gloo in the spirit of their own examples, and any script whose
+optimizer steps with a closure. Real launches, 2 ranks, few steps; each framework's test skips when it is not
+installed (the `frameworks` extra)."""
 
 from __future__ import annotations
 
@@ -55,3 +56,16 @@ def test_accelerate_per_rank_seed_is_a_different_shuffle_order_not_a_missing_sam
     assert "set_seed(seed)" in overlap["advice"] and "prepare" in overlap["advice"]
     code, report = _check_sync(tmp_path, "ok", str(SCENARIOS / "accelerate_seed.py"))
     assert code == 0 and report["checks"]["data"][0]["shared"] == 0, report
+
+
+@pytest.mark.skipif(importlib.util.find_spec("transformers") is None,
+                    reason="transformers not installed (extra: frameworks)")
+def test_hf_trainer_advice_is_in_training_arguments_terms(tmp_path) -> None:
+    # The HF Trainer builds DDP with find_unused_parameters=True; the user sets it through TrainingArguments.
+    proc = run_cli("profile", "--nproc-per-node", "2", "--json", "--out", str(tmp_path / "hf"),
+                   str(SCENARIOS / "hf_trainer.py"), "--steps", "30")
+    assert proc.stdout.strip(), proc.stderr[-3000:]
+    report = json.loads(proc.stdout)
+    (flag,) = [f for f in report["findings"] if f["id"] == "find-unused-parameters-unneeded"]
+    assert flag["advice"].startswith("`TrainingArguments(ddp_find_unused_parameters=False)`"), flag["advice"]
+    assert "DDP(model" not in flag["advice"]
