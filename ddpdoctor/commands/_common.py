@@ -13,9 +13,9 @@ from typing import Any, NoReturn
 
 import click
 
+from ddpdoctor.commands._torchrun_options import torchrun_options
 from ddpdoctor.errors import EXIT_BAD_INPUT, BadInput
 from ddpdoctor.findings.model import Severity
-from ddpdoctor.launch.flags import torchrun_options
 from ddpdoctor.report import Report
 
 SectionRenderer = Callable[[Report, Any, bool], None]

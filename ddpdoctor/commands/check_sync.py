@@ -16,7 +16,7 @@ from ddpdoctor.commands._common import (
     launch_options,
     pop_launch_spec,
 )
-from ddpdoctor.launch.monitor import pop_watcher, watch_options
+from ddpdoctor.commands._watch import pop_watcher, watch_options
 from ddpdoctor.renderers import progress
 from ddpdoctor.sync_api import render_sync_sections, run_check_sync
 

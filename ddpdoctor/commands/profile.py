@@ -20,12 +20,12 @@ from ddpdoctor.commands._common import (
     pop_launch_spec,
     share_job_report,
 )
+from ddpdoctor.commands._watch import pop_watcher, watch_options
 from ddpdoctor.errors import BadInput
 from ddpdoctor.findings.perf_verdict import apply_outcome, run_status_of
 from ddpdoctor.findings.watched import watched_report
 from ddpdoctor.findings.window import window_verdict
 from ddpdoctor.launch.launcher import launch
-from ddpdoctor.launch.monitor import pop_watcher, watch_options
 from ddpdoctor.probes.config import Schedule
 from ddpdoctor.renderers import progress
 from ddpdoctor.renderers.console_perf import render_perf_sections
