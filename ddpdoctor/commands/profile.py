@@ -20,9 +20,9 @@ from ddpdoctor.commands._common import (
     pop_launch_spec,
     share_job_report,
 )
+from ddpdoctor.commands._watch import pop_watcher, watch_options
 from ddpdoctor.errors import BadInput
 from ddpdoctor.launch.launcher import launch
-from ddpdoctor.launch.monitor import pop_watcher, watch_options
 from ddpdoctor.probes.config import Schedule
 from ddpdoctor.renderers import progress
 from ddpdoctor.renderers.outputs import write_outputs
