@@ -69,7 +69,7 @@ def _profile(run_root: Path) -> Result:
 
     run = RunDir(run_root)
     manifest = manifest_mod.load(run)
-    report = assemble(run, Schedule(**manifest["schedule"]),
+    report = assemble(run, Schedule(**manifest["schedule"]), locked=False,
                       nccl_debug=bool((manifest.get("options") or {}).get("nccl_debug")))
     return _emit_code(report, job_exit=manifest.get("exit_code")), report.to_json()
 
@@ -82,7 +82,7 @@ def _run(run_root: Path) -> Result:
     run = RunDir(run_root)
     manifest = manifest_mod.load(run)
     options = manifest.get("options") or {}
-    report = assemble(run, debug=bool(options.get("debug")), nccl_debug=bool(options.get("nccl_debug")))
+    report = assemble(run, locked=False, debug=bool(options.get("debug")), nccl_debug=bool(options.get("nccl_debug")))
     return _emit_code(report, job_exit=1 if manifest.get("exit_code") else None), report.to_json()
 
 
@@ -93,7 +93,7 @@ def _check_sync(run_root: Path) -> Result:
 
     run = RunDir(run_root)
     exit_code = manifest_mod.load(run).get("exit_code")
-    report = assemble(run, exit_code)
+    report = assemble(run, exit_code, locked=False)
     return _emit_code(report, job_exit=exit_code), report.to_json()
 
 
