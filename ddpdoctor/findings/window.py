@@ -3,8 +3,21 @@ which flags would fit; docs/profile.md). reports/profile.py applies it to the ra
 
 from __future__ import annotations
 
+from typing import Protocol
+
 from ddpdoctor.findings.model import Finding, Severity
-from ddpdoctor.probes.config import Schedule
+
+
+class WindowSchedule(Protocol):
+    """The profiler schedule the rule judges (probes/config.py's Schedule; the rule needs only these)."""
+
+    wait: int
+    warmup: int
+    active: int
+    auto: bool
+    min_active: int
+
+    def needed(self) -> int: ...
 
 
 def fitting_flags(seen: int) -> str:
@@ -14,7 +27,7 @@ def fitting_flags(seen: int) -> str:
     return f"--wait 0 --warmup 0 --active {max(1, seen)}"
 
 
-def window_finding(seen: int, schedule: Schedule, ranks: list[int], traced: bool) -> Finding | None:
+def window_finding(seen: int, schedule: WindowSchedule, ranks: list[int], traced: bool) -> Finding | None:
     """A warning when the script ran fewer iterations than wait + warmup + active."""
     need = schedule.needed()
     if seen >= need or seen <= 0:
