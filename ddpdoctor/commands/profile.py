@@ -23,6 +23,7 @@ from ddpdoctor.commands._common import (
 from ddpdoctor.commands._watch import pop_watcher, watch_options
 from ddpdoctor.errors import BadInput
 from ddpdoctor.launch.launcher import launch
+from ddpdoctor.launch.runlock import is_locked
 from ddpdoctor.probes.config import Schedule
 from ddpdoctor.renderers import progress
 from ddpdoctor.renderers.outputs import write_outputs
@@ -83,7 +84,7 @@ def command(
         finish_quietly(result)
     traces = spec.run_dir.trace_files()
     progress.say(f"analysing {len(traces)} trace(s), {sum(p.stat().st_size for p in traces) / 1e6:.1f} MB", show)
-    report = assemble(spec.run_dir, spec.schedule, nccl_debug=nccl_debug)
+    report = assemble(spec.run_dir, spec.schedule, locked=is_locked(spec.run_dir.root), nccl_debug=nccl_debug)
     share_job_report(result, report)  # a job of several nodes: every node prints this report
     save_report(spec.run_dir, report)
     if result.exit_code == 0 and not spec.run_dir.trace_files() and any(f.id == "no-steps-seen" for f in report.findings):

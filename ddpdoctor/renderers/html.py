@@ -247,7 +247,7 @@ def render_html(report: Report) -> str:
     s = report.sections
     ranks = s.get("ranks") or []
     stragglers = list((s.get("stragglers") or {}).get("ranks") or [])
-    from ddpdoctor import __version__
+    from ddpdoctor.version import __version__
 
     meta = [f"ddpdoctor {__version__}", f"{len(ranks)} rank(s)"]
     if s.get("run_dir"):

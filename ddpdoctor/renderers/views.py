@@ -25,7 +25,7 @@ def _sync(report: Report, out: Any, verbose: bool) -> None:
 
 def _run(report: Report, out: Any, verbose: bool) -> None:
     """The hang section, then where the run directory is (as profile and check-sync end)."""
-    from ddpdoctor.findings.watched import render_hang_section
+    from ddpdoctor.renderers.console_hang import render_hang_section
     from ddpdoctor.renderers.console_sync import print_run_dir
 
     render_hang_section(report, out, verbose)

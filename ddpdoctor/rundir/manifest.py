@@ -18,7 +18,7 @@ SCHEMA = 1
 def write_initial(run: RunDir, mode: str, script: str | None, script_args: list[str], launcher: str,
                   torchrun_flags: dict[str, Any], schedule: dict[str, Any] | None, options: dict[str, Any]) -> None:
     """The launch as plain data (the launcher passes its spec's parts: the run directory knows nothing of it)."""
-    from ddpdoctor import __version__
+    from ddpdoctor.version import __version__
 
     data = {
         "schema": SCHEMA,
