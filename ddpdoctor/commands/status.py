@@ -49,6 +49,6 @@ def exit_code(st: dict[str, Any], fail_on: str) -> int:
     """1 for a finished job that failed (an error), or any live alert (warnings) with --fail-on warning."""
     if fail_on == "none":
         return 0
-    failed = st["state"] == "finished" and st.get("exit_code") not in (0, None)
+    failed = (st["state"] == "finished" and st.get("exit_code") not in (0, None)) or st["state"] == "unfinished"
     alerted = bool((st.get("health") or {}).get("alerts_total"))
     return 1 if failed or (fail_on == "warning" and alerted) else 0
