@@ -77,8 +77,9 @@ def emit(
         click.echo(dumps_json(report.to_json(), indent=2))  # never NaN/Infinity or a lone surrogate (docs/json.md)
     else:
         from ddpdoctor.renderers.console import render
+        from ddpdoctor.renderers.views import view_for
 
-        render(report, sections=sections, verbose=verbose)
+        render(report, sections=sections or view_for(report), verbose=verbose)
     code = 0 if fail_on == "none" else report.exit_code(Severity(fail_on))
     if exit_code:
         code = max(code, exit_code if exit_code in (1, 2) else 1)  # never a child's exit code (137, 143 ...)

@@ -167,7 +167,7 @@ def _summarise(win: dict[str, Any]) -> None:
     written = win["probe"].written
     if not written:
         return
-    from ddpdoctor.traces.summary import summarize_trace_files
+    from ddpdoctor.analyses.summary import summarize_trace_files
 
     summary = summarize_trace_files(written, rank=_state["rank"])
     write_json(win["dir"] / "ranks" / f"rank{_state['rank']}" / "summary.json", summary)
