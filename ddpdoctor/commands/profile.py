@@ -93,8 +93,15 @@ def command(
             "was profiled; call ddpdoctor.step() at the end of each iteration",
             spec.script,
         )
-    # The run directory is also the HTML report's home and a TensorBoard log dir (RUN/scalars/rankR).
-    write_outputs(report, spec.run_dir.root, html_path, merge_path, spec.run_dir.trace_files(), show_progress=show)
+    # The run directory is also the HTML report's home and a TensorBoard log dir (RUN/scalars/rankR). When only
+    # those cannot be written (a full disk), the job's verdict still decides the exit code: report.json holds the
+    # report, and one line says what is missing. What the user asked for (--html, --merge) must be written.
+    try:
+        write_outputs(report, spec.run_dir.root, None, None, [], show_progress=show)
+    except BadInput as exc:
+        click.echo(f"ddpdoctor: warning: {exc}; the report is complete in report.json and below", err=True)
+    if html_path or merge_path:
+        write_outputs(report, None, html_path, merge_path, spec.run_dir.trace_files(), show_progress=show)
     emit(report, as_json=as_json, verbose=verbose, fail_on=fail_on, exit_code=result.exit_code or None)
 
 

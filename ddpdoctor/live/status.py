@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import Any
 
 from ddpdoctor.errors import BadInput
+from ddpdoctor.launch.runlock import is_locked
 from ddpdoctor.live.health import node_dir, node_names
 from ddpdoctor.safe_io import clean_text, json_depth_ok, loads_json, read_bytes
 
@@ -35,7 +36,8 @@ def _json(path: Path, limit: int) -> dict[str, Any] | None:
 
 
 def load_status(run_root: Path, now: float | None = None) -> dict[str, Any]:
-    """{"state": "running"|"finished"|"stale"|"starting", "run_dir", "command", "exit_code", "health": snapshot}."""
+    """{"state": "running"|"finished"|"unfinished"|"stale"|"starting", "run_dir", "command", "exit_code",
+    "health": snapshot}. "unfinished": the manifest says running but no live ddpdoctor holds the run's lock."""
     now = time.time() if now is None else now
     if not run_root.is_dir():
         raise BadInput("not a directory", run_root)
@@ -48,6 +50,8 @@ def load_status(run_root: Path, now: float | None = None) -> dict[str, Any]:
     finished = bool(manifest.get("finished")) or bool((health or {}).get("finished"))
     if finished:
         state = "finished"
+    elif not is_locked(run_root):
+        state = "unfinished"  # no live ddpdoctor holds the run: it was killed (SIGKILL) or crashed mid-run
     elif health is None:
         state = "starting"
     elif now - (_num(health.get("updated")) or 0.0) > STALE_S:  # a field of any type from a file: never a traceback
@@ -103,6 +107,8 @@ def status_text(st: dict[str, Any], max_ranks: int = 16) -> str:
     h = st.get("health") or {}
     head = {"finished": f"finished (exit code {st.get('exit_code')})",
             "running": "running", "starting": "starting (no iteration reported yet)",
+            "unfinished": "unfinished: ddpdoctor ended without finishing this run (killed with SIGKILL, or it "
+                          "crashed); what was recorded until then is kept",
             "stale": f"no live update for {st.get('age_s')} s: is its ddpdoctor still running?"}[st["state"]]
     lines = [f"{clean_text(st['run_dir'])}: {head}"]
     if not st.get("live"):
