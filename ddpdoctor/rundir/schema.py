@@ -301,6 +301,7 @@ class SyncRecord(Artefact, kw_only=True):
     check_seconds: Number | None = None
     modules: list[SyncModule] = []
     optimizer_params_outside_ddp: list[dict[str, Json]] = []
+    closure_steps: int | None = None  # optimizer.step(closure) calls seen (grads read when the closure returns)
     grads: list[SyncRow] = []
     params: list[SyncRow] = []
     buffers: list[SyncRow] = []
