@@ -219,7 +219,13 @@ class LiveHealth:
 
     def _ledger(self, per_rank: dict[int, list[StepRecord]]) -> list[dict[str, Any]]:
         """The collective ledger's verdict (analyses/ledger.py): who the others wait for, kept for the snapshot."""
-        verdict = caused_wait({r: [(x.step, x.seconds, x.phases) for x in recs] for r, recs in per_rank.items()})
+        # This monitor runs on its ranks' host: with fewer usable cores than ranks plus launcher, a wait of a few
+        # scheduler slices is the OS's choice of which rank runs (a note, not a slow rank).
+        cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+        local = self.local_ranks or len(per_rank)
+        crowded = {r: f"{local} ranks on {cpus} cores" for r in per_rank} if cpus < local + 1 else None
+        verdict = caused_wait({r: [(x.step, x.seconds, x.phases) for x in recs] for r, recs in per_rank.items()},
+                              crowded=crowded)
         self.caused_s = verdict.caused_s
         self.waited_for = [c.to_json() for c in verdict.waited_for]
         self.ledger_notes = verdict.notes

@@ -2,6 +2,7 @@
 forward, data (before the batch reaches the model), optimizer (an optimizer pre-step hook), or none (healthy)."""
 
 import argparse
+import os
 import time
 
 import torch
@@ -9,9 +10,11 @@ import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel as DDP
 
 p = argparse.ArgumentParser()
-p.add_argument("--steps", type=int, default=60)
-p.add_argument("--slow-rank", type=int, default=-1)
-p.add_argument("--phase", choices=("backward", "forward", "data", "optimizer", "none"), default="none")
+# Defaults from the environment too: the multi-node tests' launcher helper passes no script arguments.
+p.add_argument("--steps", type=int, default=int(os.environ.get("SLOW_STEPS", "60")))
+p.add_argument("--slow-rank", type=int, default=int(os.environ.get("SLOW_RANK", "-1")))
+p.add_argument("--phase", choices=("backward", "forward", "data", "optimizer", "none"),
+               default=os.environ.get("SLOW_PHASE", "none"))
 p.add_argument("--slow-s", type=float, default=0.03)
 p.add_argument("--data-s", type=float, default=0.01)
 a = p.parse_args()
