@@ -162,6 +162,11 @@ def rule_stragglers(a: Analysis, w: WhatIf | None) -> list[Finding]:
                           a)] if iv.undecided(threshold) else []
     steps = max((r.steps for r in a.ranks), default=0) or 1
     waited = sum(v for k, v in s.caused_wait_us.items() if k in majority) / steps
+    # What the wait costs the others is the part no compute of theirs hid: the exposed wait charged to these ranks
+    # (docs/metrics.md#exposed-split), when the analysis split exposed communication.
+    exposed_wait = {k: sum(c.waiting_for_us.get(k, 0.0) for c in a.comm_split) / steps for k in majority}
+    if a.comm_split:
+        waited = sum(exposed_wait.values())
     c = cost(waited / max(1, len(a.ranks) - 1), step)
     return [Finding(
         "straggler-rank", Severity.WARNING,
@@ -173,6 +178,8 @@ def rule_stragglers(a: Analysis, w: WhatIf | None) -> list[Finding]:
                   "last_in": {str(k): f"{last_in[k][0]} of {last_in[k][1]}" for k in majority},
                   "collective_kind": {str(k): s.last_in_kind[k][0] for k in majority if k in s.last_in_kind},
                   "others_waited_ms": {str(k): ms(v) for k, v in s.caused_wait_us.items() if k in majority},
+                  "others_exposed_wait_ms_per_step": {str(k): ms(v / max(1, len(a.ranks) - 1))
+                                                      for k, v in exposed_wait.items()} if a.comm_split else None,
                   "others_waited_ms_per_step": {str(k): ms(v / steps) for k, v in s.caused_wait_us.items()
                                                 if k in majority},
                   "step_time_ms_by_rank": {str(k): ms(v) for k, v in s.step_time_us_by_rank.items()}},
