@@ -79,3 +79,20 @@ def test_healthy_job_is_quiet_run_after_run(tmp_path: Path) -> None:
         code, report, stderr = _run(tmp_path / f"ok{k}", 4)
         assert code == 0 and not _slow(report), report["findings"]
         assert "slow-rank" not in stderr
+
+
+def test_profile_splits_exposed_communication_into_waiting_for_the_straggler_and_transfer(tmp_path: Path) -> None:
+    # The issue's profile: rank 3 named, and the others' "exposed communication" is mostly waiting for it, not
+    # transfer to tune buckets for.
+    proc = run_cli("profile", "--nproc-per-node", "4", "-q", "--json", "--out", str(tmp_path / "p"), JOB,
+                   "--steps", "20", "--slow-rank", "3", "--phase", "backward", timeout=300)
+    report = json.loads(proc.stdout)
+    ids = {f["id"] for f in report["findings"]}
+    assert "straggler-rank" in ids and not ids & {"exposed-comm-high", "bucket-cap-whatif"}, report["findings"]
+    (f,) = [f for f in report["findings"] if f["id"] == "straggler-rank"]
+    assert f["ranks"] == [3] and 20 < f["evidence"]["cost_ms_per_step"] < 45
+    split = {c["rank"]: c for c in report["exposed_split"]}
+    for r in (0, 1, 2):
+        assert split[r]["wait_ms_per_step"] > 0.6 * split[r]["exposed_ms_per_step"]
+        assert set(split[r]["waiting_for_ms_per_step"]) == {"3"}
+    assert split[3]["wait_ms_per_step"] < 2
