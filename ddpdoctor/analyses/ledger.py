@@ -106,8 +106,11 @@ def caused_wait(per_rank: Mapping[int, Sequence[Record]], cfg: LedgerConfig = DE
     blocked = np.zeros((len(ranks), len(steps)))
     own = np.zeros((len(ranks), len(steps), max(1, len(phases))))
     total = np.zeros((len(ranks), len(steps)))
+    first = steps[0]
     for i, r in enumerate(ranks):
-        for step, secs, ph in per_rank[r]:
+        for step, secs, ph in reversed(per_rank[r]):  # newest first: stop at the window's start
+            if step < first:
+                break
             j = index.get(step)
             if j is None:
                 continue
