@@ -69,6 +69,7 @@ class RankSession:
             heartbeat = HeartbeatProbe(self.config.monitor, self.rank, self.world_size, self.tracker,
                                        self.run.rank_file(self.rank, "stacks.txt"))
             heartbeat.install()
+            ledger.summary = heartbeat.summary  # the last step's blocked time rides in the job's rank record
             self.extra.append(heartbeat)
             from ddpdoctor.probes import live  # phase times for the live watch, captures on demand (h18)
 

@@ -48,6 +48,9 @@ class LedgerProbe:
         self._blocked = False  # inside backward, past the engine's final callback: waiting for DDP's buckets
         self._engine: Any = None
         self.source = "autograd final callback + collective wrappers"
+        # The heartbeat's per-beat numbers (job/record.RankRecord.summary), when a monitor watches the job. The full
+        # per-step records (phases, with "collective" = blocked) travel in the beats' ``steps``.
+        self.summary: dict[str, float] | None = None
 
     def install(self) -> None:
         try:
@@ -116,6 +119,8 @@ class LedgerProbe:
         rec = self.tracker.last_record
         if rec is not None:
             self.history.append([rec[0], round(rec[1], 6), {k: round(v, 6) for k, v in rec[2].items()}])
+            if self.summary is not None:
+                self.summary["blocked_s"] = round(rec[2].get("collective", 0.0), 6)
 
     # -- the end ------------------------------------------------------------------------------------------
     def finish(self, status: dict[str, Any]) -> None:
