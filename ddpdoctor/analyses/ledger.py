@@ -14,7 +14,7 @@ its phase is the one where its own work exceeds the others' most. No cross-host 
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from statistics import median
 from typing import Any
 
@@ -77,6 +77,10 @@ class LedgerVerdict:
     waited_for: list[CausedWait]
     caused_s: dict[int, float]  # every rank's median deficit over the window (>= 0): the per-rank export
     notes: list[str]
+    # rank -> (blocked, waiting, transfer) seconds per step (medians): the last rank to arrive at a step's
+    # collectives spends only the transfer blocked, so per step transfer = the least blocked time of any rank and
+    # waiting = a rank's blocked time less that (docs/metrics.md#caused-wait). Host dispatch is not seen live.
+    split_s: dict[int, tuple[float, float, float]] = field(default_factory=dict)
 
 
 Record = tuple[int, float, Mapping[str, float]]  # (step, seconds, {phase: seconds}) as the tracker keeps it
@@ -141,6 +145,12 @@ def judge(ranks: list[int], steps: list[int], blocked: np.ndarray, own: np.ndarr
         if med_deficit[i] > threshold:
             deficits[i] = d
     caused = {ranks[i]: round(max(0.0, float(med_deficit[i])), 6) for i in range(n)}
+    least = blocked.min(axis=0)
+    transfer = float(np.median(least))
+    waiting = np.median(blocked - least, axis=1)
+    blocked_med = np.median(blocked, axis=1)
+    split = {ranks[i]: (round(float(blocked_med[i]), 6), round(float(waiting[i]), 6), round(transfer, 6))
+             for i in range(n)}
     out: list[CausedWait] = []
     notes: list[str] = []
     for i, d in deficits.items():
@@ -168,4 +178,4 @@ def judge(ranks: list[int], steps: list[int], blocked: np.ndarray, own: np.ndarr
             persist_frac=persist, steps=(steps[0], steps[-1]), ranks_compared=n,
         ))
     out.sort(key=lambda c: -c.cost_s)
-    return LedgerVerdict(out, caused, notes)
+    return LedgerVerdict(out, caused, notes, split)

@@ -178,11 +178,15 @@ def rule_exposed_comm(a: Analysis, w: WhatIf | None) -> list[Finding]:
     hot = [r for r in comm_ranks if pct.get(r.rank, 0.0) > EXPOSED_WARN_PCT] or comm_ranks
     exposed_us = statistics.median(tr[(r.rank, s.step)] for r in comm_ranks for s in r.per_step)
     single = _single_bucket(a)
+    whole = bootstrap([100.0 * s.exposed_comm_us / s.dur_us for r in comm_ranks for s in r.per_step
+                       if s.dur_us > 0]) or iv
+    # The wait for a late rank is straggler-rank's: said beside the transfer, so the two figures add up.
+    waiting = f" in transfer (and {whole.value - iv.value:.0f}% waiting for a late rank)" \
+        if whole.value - iv.value >= 1.0 else ""
     evidence: dict[str, Any] = {
         **cost(exposed_us, _step_us(a)),
         "exposed_transfer_pct_of_step": iv.to_json(),
-        "exposed_comm_pct_of_step": (bootstrap([100.0 * s.exposed_comm_us / s.dur_us for r in comm_ranks
-                                                for s in r.per_step if s.dur_us > 0]) or iv).to_json(),
+        "exposed_comm_pct_of_step": whole.to_json(),
         "exposed_split": [c.to_json() for c in a.comm_split if c.rank in {r.rank for r in hot}],
         "exposed_comm_pct": {str(r.rank): round(r.exposed_comm_pct or 0.0, 1) for r in hot},
         "exposed_comm_ms_per_step": {str(r.rank): ms(r.exposed_comm_us / max(1, r.steps)) for r in hot},
@@ -196,7 +200,7 @@ def rule_exposed_comm(a: Analysis, w: WhatIf | None) -> list[Finding]:
         evidence["single_bucket_bytes"] = single
         return [Finding(
             "exposed-comm-high", Severity.INFO,
-            f"Communication not hidden by compute takes {iv.value:.0f}% of step time: the model's gradients fit "
+            f"Communication not hidden by compute takes {iv.value:.0f}% of step time{waiting}: the model's gradients fit "
             "in one bucket, which DDP can only send after backward",
             ranks=[r.rank for r in hot], evidence=evidence,
             advice=(f"All {single / 1024:.1f} KiB of gradients fit in one bucket, so DDP starts their all_reduce when "
@@ -207,7 +211,7 @@ def rule_exposed_comm(a: Analysis, w: WhatIf | None) -> list[Finding]:
         )]
     return [Finding(
         "exposed-comm-high", Severity.WARNING,
-        f"Communication not hidden by compute takes {iv.value:.0f}% of step time",
+        f"Communication not hidden by compute takes {iv.value:.0f}% of step time{waiting}",
         ranks=[r.rank for r in hot], evidence=evidence,
         advice=_cap_advice(w, "See the overlap findings for the cause; larger per-rank batches (more compute per "
                            "byte) or fp16 gradient compression (`model.register_comm_hook(None, "

@@ -83,6 +83,7 @@ class LiveHealth:
         self.series: deque[JobPoint] = deque(maxlen=JOB_HISTORY)
         self.alerts: list[dict[str, Any]] = []
         self.caused_s: dict[int, float] = {}  # per rank: how long the others wait for it per step (the ledger)
+        self.split_s: dict[int, tuple[float, float, float]] = {}  # per rank: blocked, waiting, transfer per step
         self.waited_for: list[dict[str, Any]] = []  # the ranks the others persistently wait for, now
         self.ledger_notes: list[str] = []
         self.started = time.time()
@@ -227,6 +228,7 @@ class LiveHealth:
         verdict = caused_wait({r: [(x.step, x.seconds, x.phases) for x in recs] for r, recs in per_rank.items()},
                               crowded=crowded)
         self.caused_s = verdict.caused_s
+        self.split_s = verdict.split_s
         self.waited_for = [c.to_json() for c in verdict.waited_for]
         self.ledger_notes = verdict.notes
         return self.waited_for
@@ -250,7 +252,8 @@ class LiveHealth:
             ranks[str(r)] = {"step": tail[-1].step, "step_ms": round(med * 1e3, 3), "busy_ms": round(busy * 1e3, 3),
                              "phase_share": {p: round(v / total, 4) for p, v in phases.items()},
                              "phase_now": self.phase_now.get(r),
-                             "caused_wait_ms": round(self.caused_s.get(r, 0.0) * 1e3, 3)}
+                             "caused_wait_ms": round(self.caused_s.get(r, 0.0) * 1e3, 3),
+                             **_split_ms(self.split_s.get(r))}
         slowest = sorted(ranks, key=lambda r: -ranks[r]["busy_ms"])[:5]
         return {
             "version": VERSION, "node": self.node, "updated": round(now, 3), "started": round(self.started, 3), "finished": finished,
@@ -289,6 +292,13 @@ class LiveHealth:
             kept = path.read_text().splitlines(keepends=True)[-SERIES_LINES // 2:]
             write_private_text(path, "".join(kept))
             self._series_lines = len(kept)
+
+
+def _split_ms(split: tuple[float, float, float] | None) -> dict[str, float]:
+    if split is None:
+        return {}
+    return {"blocked_ms": round(split[0] * 1e3, 3), "waiting_ms": round(split[1] * 1e3, 3),
+            "transfer_ms": round(split[2] * 1e3, 3)}
 
 
 def _with_caused_wait(slow: list[dict[str, Any]], waited: list[dict[str, Any]]) -> list[dict[str, Any]]:

@@ -10,10 +10,11 @@ from ddpdoctor.rundir.layout import RunDir
 def assemble(run: RunDir, debug: bool = False, nccl_debug: bool = False) -> Report:
     from ddpdoctor.findings.watched import watched_report
     from ddpdoctor.live.capture import auto_capture_notes
-    from ddpdoctor.live.findings import live_findings
+    from ddpdoctor.live.findings import ledger_notes, live_findings
 
     report = watched_report(run, "run", debug=debug)
     report.findings.extend(live_findings(run))
+    report.notes.extend(ledger_notes(run))
     report.notes.extend(auto_capture_notes(run.root))
     if nccl_debug:
         from ddpdoctor.reports.topo import add_run_topology

@@ -52,6 +52,8 @@ def test_worked_example_by_hand() -> None:
     assert c.others_blocked_s == pytest.approx(0.039) and c.own_blocked_s == pytest.approx(0.005)
     assert v.caused_s == {0: 0.0, 1: 0.0, 2: pytest.approx(0.034)}  # rank 0: 39 - 40 < 0 -> 0
     assert c.steps == (6, 30)  # the first 5 steps are warm-up
+    # live split of blocked time: transfer = the least blocked (rank 2's 5 ms), waiting = the rest
+    assert v.split_s == {0: (0.040, 0.035, 0.005), 1: (0.038, 0.033, 0.005), 2: (0.005, 0.0, 0.005)}
 
 
 @pytest.mark.parametrize("phase", ["backward", "forward", "data", "optimizer"])
@@ -124,3 +126,52 @@ def test_probe_counts_ddps_bucket_wait_as_blocked_and_leaves_gradients_alone(tmp
         probe.uninstall()
         tracker.uninstall()
         dist.destroy_process_group()
+
+
+def test_live_health_names_the_waited_for_rank_in_alert_status_prometheus_and_tensorboard(tmp_path) -> None:
+    import json
+    import urllib.request
+
+    from ddpdoctor.live.export import PrometheusExporter, TensorBoardExporter
+    from ddpdoctor.live.health import LiveHealth
+    from ddpdoctor.live.status import load_status, status_text
+
+    (tmp_path / "manifest.json").write_text(json.dumps({"mode": "run", "finished": False}))
+    health = LiveHealth(tmp_path, world_size=3)
+    health.local_ranks = 3
+    # rank 2 is 35 ms slower inside backward: its backward phase is as long as theirs (DDP's wait is inside it), but
+    # the ledger separates the wait ("collective"): they sit 39 ms blocked, it 4 ms.
+    for s in range(1, 41):
+        for r in range(3):
+            own_bwd, blocked = (0.065, 0.004) if r == 2 else (0.030, 0.039)
+            health.ingest(r, [[s, 0.109, {"data": 0.010, "forward": 0.020, "backward": own_bwd, "collective": blocked,
+                                          "optimizer": 0.005}]], "forward")
+    (alert,) = health.tick(now=1000.0)
+    ev = alert["evidence"]
+    assert alert["id"] == "slow-rank" and alert["ranks"] == [2] and ev["measured_by"] == "ledger"
+    assert (ev["phase"], ev["lost_ms_per_step"], ev["caused_wait_ms_per_step"]) == ("backward", 35.0, 35.0)
+    assert "makes the others wait 35.0 ms per step" in alert["title"]
+    snap = health.last_snapshot or {}
+    assert snap["waited_for"][0]["rank"] == 2
+    assert {r: v["caused_wait_ms"] for r, v in snap["ranks"].items()} == {"0": 0.0, "1": 0.0, "2": 35.0}
+    assert (snap["ranks"]["0"]["waiting_ms"], snap["ranks"]["0"]["transfer_ms"]) == (35.0, 4.0)
+    text = status_text(load_status(tmp_path, now=1000.0))
+    assert "waited for: rank 2 in backward, 35.0 ms per step" in text
+    exporter = PrometheusExporter("127.0.0.1", 0)
+    try:
+        exporter.update(health)
+        body = urllib.request.urlopen(f"http://127.0.0.1:{exporter.port}/metrics", timeout=10).read().decode()
+    finally:
+        exporter.close()
+    assert 'ddpdoctor_rank_caused_wait_seconds{rank="2"} 0.035' in body
+    tb = TensorBoardExporter(tmp_path / "scalars" / "live")
+    tb.update(health)
+    tb.close()
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    from tensorboard.util import tensor_util
+
+    acc = EventAccumulator(str(tmp_path / "scalars" / "live"))
+    acc.Reload()
+    (last, *_) = reversed(acc.Tensors("live/caused_wait_ms/rank2"))  # tensorboard's own writer: tensor summaries
+    assert float(tensor_util.make_ndarray(last.tensor_proto)) == pytest.approx(35.0)
