@@ -15,8 +15,10 @@ Blocked time is counted on the StepTracker's phase clock as the "collective" pha
   return.
 
 Each collective's own record (group, sequence number, op, sizes, enqueue time) comes from torch's Flight Recorder
-(``torch._C._distributed_c10d._dump_fr_trace_json``, on by default on gloo and NCCL since torch 2.5), read once at
-the end into RUN/ranks/rankR/ledger.json with the per-step summaries. On gloo the Flight Recorder keeps no completion
+(``torch._C._distributed_c10d._dump_fr_trace_json``: NCCL's since torch 2.5, gloo's natively in recent releases,
+on by default in 2.13), read once at the end into RUN/ranks/rankR/ledger.json with the per-step summaries; where a
+build has none, the file says why and the per-step summaries (which need only the autograd engine's
+``queue_callback``, present long before 2.4) stand alone. On gloo the Flight Recorder keeps no completion
 times (``time_discovered_completed_ns`` is 0): completion is what the training thread's blocked time measures."""
 
 from __future__ import annotations
