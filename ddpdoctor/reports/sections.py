@@ -92,8 +92,8 @@ class PerfSection(Section):
     """The performance analysis of profiler traces (`analyze`, `profile`, `capture --profile`; docs/json.md)."""
 
     KEYS: ClassVar[tuple[str, ...]] = ("inputs", "window", "ranks", "collectives", "syncs", "stragglers",
-                                       "clock_offsets_us", "ddp", "whatif")
-    OPTIONAL: ClassVar[tuple[str, ...]] = ("whatif",)
+                                       "exposed_split", "clock_offsets_us", "ddp", "whatif")
+    OPTIONAL: ClassVar[tuple[str, ...]] = ("whatif", "exposed_split")
     inputs: list[dict[str, JSON]]
     window: str
     ranks: list[dict[str, JSON]]
@@ -103,6 +103,9 @@ class PerfSection(Section):
     clock_offsets_us: dict[str, float]
     ddp: list[dict[str, JSON]]
     whatif: dict[str, JSON] | None = None
+    # docs/metrics.md#exposed-split: per rank, exposed communication as waiting / transfer / dispatch (None in
+    # reports saved before it existed)
+    exposed_split: list[dict[str, JSON]] | None = None
 
     @classmethod
     def present_in(cls, doc: Mapping[str, object]) -> bool:
