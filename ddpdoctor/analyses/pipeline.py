@@ -176,13 +176,14 @@ NO_STEPS_ADVICE = ("record with `ddpdoctor profile`, or call prof.step() once pe
 
 
 def _check_steps(results: list[RankResult]) -> list[str]:
-    """Nothing per step is measurable without ProfilerStep#N events: bad input when no trace has one (never an
-    "ok" with no findings), a note naming each rank that has none."""
+    """Nothing per step is measurable without ProfilerStep#N events. A trace without any (the profiler used without
+    a schedule, serving frameworks) is still a trace: its figures hold over the whole trace, and the findings say so
+    (no-profiler-steps) while the per-step rules stay quiet; a note names each rank without steps among ranks with."""
     without = [r for r in results if r.metrics.steps == 0]
     if len(without) == len(results):
-        where = results[0].input.path if len(results) == 1 else None
-        raise BadInput(f"no ProfilerStep in {'the trace' if where else 'any trace'}: step time, overlap and "
-                       f"stragglers cannot be measured; {NO_STEPS_ADVICE}", where)
+        return [f"no ProfilerStep in {'the trace' if len(results) == 1 else 'any trace'}: overlap, exposed "
+                "communication and collectives are over the whole trace; step time and every per-step figure "
+                f"need steps: {NO_STEPS_ADVICE}"]
     return [f"rank {r.metrics.rank}: no ProfilerStep in its trace, so its step times are unknown; {NO_STEPS_ADVICE}"
             for r in without]
 

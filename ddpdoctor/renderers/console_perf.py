@@ -101,7 +101,10 @@ OVERLAP_DEFINITION = ("overlap: share of communication time hidden behind comput
 
 
 def rank_table(ranks: list[dict[str, Any]], stragglers: list[int], verbose: bool = False) -> Table:
-    """Fits 80 columns; every figure is per step (the step time a median, the others a mean per step)."""
+    """Fits 80 columns; every figure is per step (the step time a median, the others a mean per step), or over the
+    whole trace when no rank recorded a ProfilerStep."""
+    if ranks and not any(step_count(r) for r in ranks):
+        return _whole_trace_table(ranks, stragglers)
     counts = {_steps(r) for r in ranks}
     steps = f"{counts.pop()} recorded steps" if len(counts) == 1 else "the recorded steps"
     names = ["rank", *(["steps"] if verbose else []), "step", *(["p90", "max"] if verbose else []), "compute",
@@ -126,6 +129,19 @@ def rank_table(ranks: list[dict[str, Any]], stragglers: list[int], verbose: bool
     if len(shown) < len(ranks):
         captions.append(f"{len(ranks) - len(shown)} more ranks not shown (--json or the HTML report has all)")
     return _table("Per rank (ms per step)", names, rows, "\n".join(captions))
+
+
+def _whole_trace_table(ranks: list[dict[str, Any]], stragglers: list[int]) -> Table:
+    """Traces without ProfilerStep: each rank's totals over its whole trace (no step to divide by)."""
+    shown = _ranks_shown(ranks, stragglers)
+    rows = [[f"{r.get('rank')}{'[yellow]*[/]' if r.get('rank') in stragglers else ''}", ms(r.get("compute_us")),
+             ms(r.get("comm_us")), _overlap(r), ms(r.get("exposed_comm_us")), ms(r.get("idle_us")),
+             ms(r.get("data_wait_us"))] for r in shown]
+    captions = ["no ProfilerStep: totals over the whole trace"]
+    if len(shown) < len(ranks):
+        captions.append(f"{len(ranks) - len(shown)} more ranks not shown (--json or the HTML report has all)")
+    return _table("Per rank (ms, whole trace)", ["rank", "compute", "comm", "overlap", "exposed", "idle",
+                                                "data wait"], rows, "\n".join(captions))
 
 
 def step_table(ranks: list[dict[str, Any]]) -> Table:
