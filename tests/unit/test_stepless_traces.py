@@ -11,7 +11,8 @@ from typing import Any
 
 import pytest
 
-from ddpdoctor.analyses.pipeline import AnalyzeOptions, analyze_paths, report_for
+from ddpdoctor.analyses.pipeline import AnalyzeOptions, analyze_paths
+from ddpdoctor.reports.analyze import assemble as report_for
 from ddpdoctor.traces import synthetic
 from tests.conftest import SAMPLE_RUN, run_cli, shared_path
 
