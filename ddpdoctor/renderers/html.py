@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Any
 
 from ddpdoctor.findings.model import Finding, ordered
+from ddpdoctor.renderers.rank_classes import ranges_text
 from ddpdoctor.report import Report
 
 # The embedded data is capped so a 1,000-rank report stays a file a browser opens; tables say what was left out.
@@ -81,7 +82,7 @@ def _findings_html(findings: list[Finding]) -> str:
     out = []
     for f in ordered(findings):
         sev = f.severity.value
-        ranks = ", ".join(str(r) for r in f.ranks[:32]) + (" …" if len(f.ranks) > 32 else "")
+        ranks = ranges_text(f.ranks, 120)
         evidence = json.dumps(f.evidence, indent=1, default=str) if f.evidence else ""
         out.append(
             f'<div class="finding {esc(sev)}"><span class="sev sev-{esc(sev)}">{esc(sev)}</span> '

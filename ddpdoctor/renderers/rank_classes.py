@@ -37,13 +37,18 @@ class RankRow:
         return rank_ranges(self.ranks)
 
     def short_ranges(self, width: int = 20) -> str:
-        """The ranks as ranges, cut to ``width`` characters with the count: "0-76,78-1023 (1023)"."""
-        text = self.ranges
-        if len(self.ranks) == 1:
-            return text
-        if len(text) > width:
-            text = text[: max(1, width - 1)].rsplit(",", 1)[0] + ",…"
-        return f"{text} ({len(self.ranks)})"
+        return ranges_text(self.ranks, width)
+
+
+def ranges_text(ranks: list[int], width: int = 20) -> str:
+    """Ranks as ranges, cut to ``width`` characters, with the count when more than one: "0-76,78-1023 (1023)"."""
+    text = rank_ranges(ranks)
+    n = len(set(ranks))
+    if n <= 1:
+        return text
+    if len(text) > width:
+        text = text[: max(1, width - 1)].rsplit(",", 1)[0] + ",…"
+    return f"{text} ({n})"
 
 
 def _step_us(r: dict[str, Any]) -> float | None:
