@@ -29,7 +29,7 @@ TRACE_SUFFIXES = (".json", ".json.gz")
 class AnalyzeOptions:
     window: str = "all"  # "all": every recorded step; "hta": work launched before the last ProfilerStep begins
     reread: bool = False  # re-read traces even where per-rank summaries exist
-    workers: int | None = None  # parallel processes for traces (default: one per core, at most one per unit)
+    workers: int | None = None  # parallel processes for traces (default: one per usable core, at most one per unit)
     on_bytes: Callable[[int], None] | None = None  # progress hook: input bytes of each finished unit (views)
 
 
@@ -124,10 +124,18 @@ def _unit_bytes(unit: _Unit) -> int:
         return 0
 
 
+def usable_cores() -> int:
+    """The cores this process may run on (its CPU affinity: a SLURM or container allotment), not the machine's."""
+    try:
+        return max(1, len(os.sched_getaffinity(0)))
+    except (AttributeError, OSError):
+        return os.cpu_count() or 1
+
+
 def reduce_all(units: list[_Unit], opts: AnalyzeOptions) -> tuple[list[RankResult], list[str]]:
     """Each unit in its own process when there are several and more than one core; bad files become warnings
     as long as one file is usable."""
-    workers = opts.workers or min(len(units), os.cpu_count() or 1)
+    workers = opts.workers or min(len(units), usable_cores())
     tick = opts.on_bytes or (lambda n: None)
     if workers > 1 and sum(1 for u in units if u.summary is None) > 1:
         with ProcessPoolExecutor(max_workers=workers) as pool:
