@@ -64,6 +64,7 @@ CATALOG: tuple[FindingKind, ...] = (
     K("no-communication", "perf", "I", "ddpdoctor.findings.perf"),
     K("single-rank-ddp", "perf", "I", "ddpdoctor.findings.perf"),
     K("rank-no-communication", "perf", "W", "ddpdoctor.findings.perf"),
+    K("no-profiler-steps", "perf", "I", "ddpdoctor.findings.perf_wholetrace"),
     K("bucket-cap-whatif", "perf", "WI", "ddpdoctor.findings.perf"),
     K("job-stopped", "job", "W", "ddpdoctor.findings.job"),
     K("run-unfinished", "job", "EW", "ddpdoctor.findings.job"),

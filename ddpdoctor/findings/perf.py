@@ -31,6 +31,7 @@ from ddpdoctor.findings.perf_verdict import (
     step_samples,
     undecided,
 )
+from ddpdoctor.findings.perf_wholetrace import rule_no_steps
 
 # Exposed communication (|comm \ compute|) as a share of step time. Under 20% the step is dominated by compute and
 # tuning DDP buys little. Above it, a warning: a performance problem is never an error (the job computes right).
@@ -495,6 +496,7 @@ def rule_whatif(a: Analysis, w: WhatIf | None) -> list[Finding]:
 RULES: tuple[Callable[[Analysis, WhatIf | None], list[Finding]], ...] = (
     rule_no_communication, rule_exposed_comm, rule_comm_tail, rule_small_buckets, rule_first_bucket_late,
     rule_sync_in_backward, rule_ddp_flags, rule_stragglers, rule_step_variance, rule_data_wait, rule_whatif,
+    rule_no_steps,
 )
 
 
