@@ -1,0 +1,85 @@
+"""`ddpdoctor diff`: why is this run slower than that one? The step-time change, where in the step it happened, on
+which rank, in which collective or bucket, whether it is more than noise, and what else changed (docs/diff.md)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import click
+
+from ddpdoctor.commands._common import cli_errors, emit, examples, fail_on_option, json_option
+from ddpdoctor.errors import BadInput
+from ddpdoctor.report import Report
+
+
+@click.command(help=__doc__ + "\n\nBASE, NEW: each a run directory of `ddpdoctor profile`, a folder of profiler traces, "
+               "or one trace file (anything `analyze` takes). Both runs must have the same world size.",
+               epilog=examples(
+                   "ddpdoctor diff ddpdoctor-runs/yesterday ddpdoctor-runs/today",
+                   "ddpdoctor diff base_traces/ new_traces/ --json > diff.json",
+                   "ddpdoctor diff ddpdoctor-runs/main ddpdoctor-runs/pr-123 --fail-on warning   # a CI gate",
+               ))
+@click.argument("base", type=click.Path(path_type=Path))
+@click.argument("new", type=click.Path(path_type=Path))
+@click.option("--html", "html_path", type=click.Path(path_type=Path), default=None,
+              help="Write the HTML diff (side-by-side step composition) here.")
+@click.option("--verbose", "-v", is_flag=True, help="Every part, rank, collective class and bucket.")
+@json_option
+@fail_on_option
+@cli_errors
+def command(base: Path, new: Path, html_path: Path | None, verbose: bool, as_json: bool, fail_on: str) -> None:
+    from ddpdoctor.renderers.diff_console import render_diff_section
+
+    report = diff_report(base, new)
+    if html_path is not None:
+        from ddpdoctor.renderers.diff_html import write_diff_html
+
+        try:
+            write_diff_html(report, html_path)
+        except OSError as exc:
+            raise BadInput(f"cannot write the HTML diff ({exc.strerror or exc})", html_path) from exc
+    emit(report, as_json=as_json, verbose=verbose, fail_on=fail_on, sections=render_diff_section)
+
+
+def _side(path: Path, which: str) -> tuple[Any, Any]:
+    """(Analysis, Manifest or None) of one side, through analyze's own entry point; a run that failed is bad input."""
+    from ddpdoctor.analyses.pipeline import analyze_paths
+    from ddpdoctor.rundir import artefacts
+    from ddpdoctor.rundir.layout import RunDir
+    from ddpdoctor.rundir.schema import Manifest
+
+    manifest = None
+    run = RunDir(path)
+    if path.is_dir() and run.is_run_dir():
+        manifest = artefacts.load(run.manifest, Manifest)
+        ended = manifest.ended or {}
+        how = ended.get("how")
+        if manifest.exit_code not in (0, None) or how not in (None, "exited") or not manifest.finished:
+            what = f"exit code {manifest.exit_code}" if manifest.exit_code not in (0, None) else \
+                f"it ended by {how}" if how not in (None, "exited") else "it never finished"
+            raise BadInput(f"the {which} run failed ({what}): its steps are not comparable; diff two runs that "
+                           "completed", path)
+    return analyze_paths([path]), manifest
+
+
+def diff_report(base_path: Path, new_path: Path, command: str = "diff") -> Report:
+    """The diff of two runs as a Report: the "diff" section and its findings."""
+    from ddpdoctor.analyses.diff import diff
+    from ddpdoctor.analyses.diff_changes import config_changes, facts
+    from ddpdoctor.findings.diff import diff_findings
+
+    base, bman = _side(base_path, "base")
+    new, nman = _side(new_path, "new")
+    bw, nw = len(base.ranks), len(new.ranks)
+    if bw != nw:
+        raise BadInput(f"the runs have different world sizes (base {bw} rank(s), new {nw}): per-rank and per-bucket "
+                       "figures do not compare; diff runs of the same world size", new_path)
+    if not any(r.per_step for r in base.ranks) or not any(r.per_step for r in new.ranks):
+        raise BadInput("a run has no recorded steps to compare", base_path if not base.ranks else new_path)
+    d = diff(base, new, config_changes(facts(bman), facts(nman)), labels=(str(base_path), str(new_path)))
+    notes = list(d.notes)
+    if bman is None or nman is None:
+        notes.append("traces without a run directory record no environment or configuration: "
+                     "'what else changed' covers only what both runs recorded")
+    return Report(command=command, sections={"diff": d.to_json()}, findings=diff_findings(d), notes=notes)
