@@ -53,6 +53,8 @@ from ddpdoctor.rundir.report import save_report
               help="Write all ranks' traces as one Perfetto/Chrome trace (e.g. merged.json.gz).")
 @click.option("--nccl-debug", is_flag=True,
               help="Capture NCCL_DEBUG=INFO output and a topology dump; add the fabric checks of `ddpdoctor topo`.")
+@click.option("--baseline", type=click.Path(path_type=Path, exists=True), default=None,
+              help="A run directory to compare with: the report adds `ddpdoctor diff BASELINE RUN` (docs/diff.md).")
 @json_option
 @fail_on_option
 @cli_errors
@@ -67,6 +69,7 @@ def command(
     html_path: Path | None,
     merge_path: Path | None,
     nccl_debug: bool,
+    baseline: Path | None,
     as_json: bool,
     fail_on: str,
     **kwargs: Any,
@@ -90,6 +93,8 @@ def command(
         from ddpdoctor.topo.capture import add_to_report
 
         add_to_report(report, spec.run_dir)
+    if baseline is not None:
+        _add_baseline_diff(report, baseline, spec.run_dir.root)
     save_report(spec.run_dir, report)
     if result.exit_code == 0 and not spec.run_dir.trace_files() and any(f.id == "no-steps-seen" for f in report.findings):
         raise BadInput(
@@ -100,7 +105,29 @@ def command(
     # The run directory is also the HTML report's home and a TensorBoard log dir (RUN/scalars/rankR).
     write_outputs(report, spec.run_dir.root, html_path, merge_path, spec.run_dir.trace_files(), show_progress=show)
     emit(report, as_json=as_json, verbose=verbose, fail_on=fail_on, exit_code=result.exit_code or None,
-         sections=render_perf_sections)
+         sections=_sections_with_diff)
+
+
+def _sections_with_diff(report: Any, out: Any, verbose: bool) -> None:
+    from ddpdoctor.renderers.diff_console import render_diff_section
+
+    render_perf_sections(report, out, verbose)
+    render_diff_section(report, out, verbose)
+
+
+def _add_baseline_diff(report: Any, baseline: Path, run_root: Path) -> None:
+    """The diff against --baseline as the report's "diff" section and findings; when the two cannot be compared
+    (a failed run, another world size) a note says why: the job's own report still stands."""
+    from ddpdoctor.commands.diff import diff_report
+
+    try:
+        d = diff_report(baseline, run_root, command="profile")
+    except BadInput as exc:
+        report.notes.append(f"not compared with the baseline: {exc}")
+        return
+    report.sections["diff"] = d.sections["diff"]
+    report.findings.extend(d.findings)
+    report.notes.extend(f"baseline: {n}" for n in d.notes)
 
 
 def _manifest(run: Any) -> dict[str, Any] | None:

@@ -21,7 +21,7 @@ def _delta(d: dict[str, Any]) -> str:
     lo, hi = (dm.get("interval") or [None, None])[:2]
     pct = d.get("pct_of_step")
     pct_s = f" ({pct:+.1f}%)" if isinstance(pct, (int, float)) else ""
-    return f"{dm.get('value', 0):+.2f} ms{pct_s} [{lo:+.2f}, {hi:+.2f}]"
+    return f"{dm.get('value', 0):+.2f} ms [{lo:+.2f}, {hi:+.2f}]{pct_s}"
 
 
 def _ranks(ranks: list[int]) -> str:
@@ -46,16 +46,14 @@ def render_diff_section(report: Report, out: Console, verbose: bool) -> None:
     changes = d.get("changes") or []
     contributors = d.get("contributors") or []
     if contributors:
-        t = Table(title="where the step changed", title_justify="left", show_edge=False)
-        for col in ("part", "ranks", "base ms", "new ms", "change", "plausibly related"):
-            t.add_column(col)
+        out.print("[bold]where the step changed[/bold] (per step, 90% interval, % of the base step)")
         for c in contributors[: 5 if not verbose else len(contributors)]:
             related = [ch["key"] for ch in changes if c["component"] in ch.get("explains", [])]
-            wait = f" waiting for rank {_ranks(c['waiting_for'])}" if c.get("waiting_for") else ""
-            t.add_row(f"{LABEL.get(c['component'], c['component'])} ({c['kind']})", _ranks(c["ranks"]),
-                      f"{c['base_ms']:.2f}", f"{c['new_ms']:.2f}", _delta(c) + wait,
-                      escape(", ".join(related[:4]) + (" …" if len(related) > 4 else "")))
-        out.print(t)
+            wait = f", waiting for rank {_ranks(c['waiting_for'])}" if c.get("waiting_for") else ""
+            rel = f"\n      [dim]plausibly related: {escape(', '.join(related[:5]))}" \
+                f"{' …' if len(related) > 5 else ''}[/dim]" if related else ""
+            out.print(f"  {_delta(c)}  {LABEL.get(c['component'], c['component'])} ({c['kind']}) on rank(s) "
+                      f"{_ranks(c['ranks'])}: {c['base_ms']:.2f} -> {c['new_ms']:.2f} ms{wait}{rel}")
     if changes:
         t = Table(title="what else changed (recorded; a lead, not a cause)", title_justify="left", show_edge=False)
         for col in ("fact", "base", "new"):
