@@ -22,10 +22,14 @@ PHASES = ("data", "forward", "backward", "optimizer")
 # when the analysis carries it (StepMetrics.exposed_wait_us / exposed_transfer_us); until then absent, never 0.
 COMM_SPLIT = ("comm_wait", "comm_transfer")
 # Noise is not a regression: a change is reported only when its 90% interval excludes zero AND its size is at least
-# MIN_EFFECT_PCT of the base step and MIN_EFFECT_US. Profiles of one unchanged 2-rank job on the loaded 2-core test
-# machine differed by up to 3.2% of the step in the mean step (docs/diff.md, "Noise").
+# the minimum effect: MIN_EFFECT_PCT of the base step, MIN_EFFECT_US, and NOISE_SD times the pooled standard deviation
+# of the figure's steps within each run. The last term is the shared host's doing: profiles of one unchanged 2-rank
+# job on the loaded 2-core test machine differed in mean step by up to 1.34 pooled standard deviations (8.1 ms against
+# 16.3 ms, the host's load having changed between them), while a 15 ms sleep in one rank's data loading moved it by
+# 2.1 to 4.1 (docs/diff.md, "Noise").
 MIN_EFFECT_PCT = 5.0
 MIN_EFFECT_US = 200.0
+NOISE_SD = 1.5
 # Collective size classes (bytes per call): latency-bound, middle, bandwidth-bound.
 SIZE_CLASSES = ((4 << 10, "<4KiB"), (256 << 10, "4KiB-256KiB"), (16 << 20, "256KiB-16MiB"), (None, ">=16MiB"))
 
@@ -41,7 +45,8 @@ def size_class(nbytes: int | None) -> str:
 
 @dataclass(frozen=True)
 class StepParts:
-    """One step of one rank, µs. Resources: compute = dur - exposed_comm - data_wait - idle (at least 0). Phases
+    """One step of one rank, µs. Resources: data_wait; idle = idle - data_wait (at least 0); exposed_comm; compute =
+    dur - exposed_comm - data_wait - idle (at least 0): every other busy moment, compute and memory work. Phases
     (CPU clock): data; forward = from the step start to backward, less data; backward = the synced backward window;
     optimizer = after backward to the step end (the optimizer and the communication tail). None: no backward."""
 
@@ -53,7 +58,9 @@ class StepParts:
 def step_parts(s: StepMetrics) -> StepParts:
     data = max(0.0, min(s.data_wait_us, s.dur_us))
     exposed = max(0.0, s.exposed_comm_us)
-    idle = max(0.0, s.idle_us)
+    # Waiting for a batch is mostly idle in the trace (nothing runs on the training thread while the loader waits):
+    # it is counted once, as data wait, and idle is what is left outside it.
+    idle = max(0.0, s.idle_us - data)
     parts: dict[str, float | None] = {
         "compute": max(0.0, s.dur_us - exposed - data - idle), "exposed_comm": exposed, "data_wait": data,
         "idle": idle}
@@ -82,21 +89,30 @@ class Delta:
     change: Interval
     significant: bool
     pct_of_step: float | None  # change / base step (job mean), %
+    min_effect_us: float  # the smallest change counted for this figure (MIN_EFFECT_*, NOISE_SD)
 
     def to_json(self) -> dict[str, Any]:
         return {"base_ms": round(self.base_us / 1e3, 3), "new_ms": round(self.new_us / 1e3, 3),
                 "delta_ms": self.change.to_json(scale=1e-3, digits=3), "pct_of_step": self.pct_of_step,
-                "significant": self.significant}
+                "significant": self.significant, "min_effect_ms": round(self.min_effect_us / 1e3, 3)}
 
 
-def delta(base: list[float], new: list[float], base_step_us: float, min_effect_us: float) -> Delta | None:
+def pooled_sd(base: list[float], new: list[float]) -> float:
+    """sqrt of the mean of the two sides' sample variances (0 where a side has fewer than 2 values)."""
+    var = [statistics.variance(v) if len(v) >= 2 else 0.0 for v in (base, new)]
+    return float((sum(var) / 2.0) ** 0.5)
+
+
+def delta(base: list[float], new: list[float], base_step_us: float, floor_us: float) -> Delta | None:
+    """The change of one figure; ``floor_us``: the minimum effect from the step's size (MIN_EFFECT_*)."""
     iv = bootstrap_mean_diff(base, new)
     if iv is None:
         return None
     excludes_zero = iv.n >= MIN_SAMPLES and (iv.lo > 0 or iv.hi < 0)
     pct = round(100.0 * iv.value / base_step_us, 1) if base_step_us > 0 else None
-    return Delta(statistics.fmean(base), statistics.fmean(new), iv,
-                 excludes_zero and abs(iv.value) >= min_effect_us, pct)
+    minimum = max(floor_us, NOISE_SD * pooled_sd(base, new))
+    return Delta(statistics.fmean(base), statistics.fmean(new), iv, excludes_zero and abs(iv.value) >= minimum,
+                 pct, minimum)
 
 
 @dataclass(frozen=True)
@@ -338,7 +354,8 @@ def _contributors(components: list[ComponentDelta], waits: dict[str, dict[int, f
                   floor: float) -> list[Contributor]:
     by_comp: dict[tuple[str, str], list[ComponentDelta]] = defaultdict(list)
     for c in components:
-        if c.rank is not None and c.delta.significant:
+        # the "data" phase is the data_wait resource again: named once
+        if c.rank is not None and c.delta.significant and c.component != "data":
             by_comp[(c.component, c.kind)].append(c)
     grown_wait = sorted(r for r, w in waits["new"].items() if w - waits["base"].get(r, 0.0) >= floor)
     out = []
@@ -348,7 +365,10 @@ def _contributors(components: list[ComponentDelta], waits: dict[str, dict[int, f
                      (c.delta.change.value > 0) == (top.delta.change.value > 0)]
         waiting = [r for r in grown_wait if r not in same_sign] if comp in ("exposed_comm", "comm_wait") else []
         out.append(Contributor(comp, kind, sorted(same_sign), int(top.rank or 0), top.delta, waiting))
-    return sorted(out, key=lambda c: -abs(c.delta.change.value))
+    # What ran differently comes before the phases it happened in (the same time seen again); on each, the ranks the
+    # others now wait for come first (the cause before the waiting it makes), then the largest change.
+    return sorted(out, key=lambda c: (c.kind != "resource", not set(c.ranks) & set(grown_wait),
+                                      -abs(c.delta.change.value)))
 
 
 def diff(base: Analysis, new: Analysis, changes: list[ConfigChange] | None = None,

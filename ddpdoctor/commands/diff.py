@@ -57,7 +57,8 @@ def _side(path: Path, which: str) -> tuple[Any, Any]:
         how = ended.get("how")
         if manifest.exit_code not in (0, None) or how not in (None, "exited") or not manifest.finished:
             what = f"exit code {manifest.exit_code}" if manifest.exit_code not in (0, None) else \
-                f"it ended by {how}" if how not in (None, "exited") else "it never finished"
+                "it has not finished: still running, or ddpdoctor was killed" if how == "running" or \
+                not manifest.finished else f"it ended by {how}"
             raise BadInput(f"the {which} run failed ({what}): its steps are not comparable; diff two runs that "
                            "completed", path)
     return analyze_paths([path]), manifest

@@ -7,8 +7,7 @@ from ddpdoctor.analyses.diff import Contributor, RunDiff
 from ddpdoctor.findings.model import Finding, Severity
 from ddpdoctor.findings.perf_verdict import cost
 
-DIFF_IDS = ("diff-step-slower", "diff-step-faster", "diff-parts-shifted", "diff-not-measurable",
-            "diff-bucket-layout")
+DIFF_IDS = ("diff-step-slower", "diff-step-faster", "diff-not-measurable", "diff-bucket-layout")
 # Contributors a finding names (the terminal shows the same few).
 TOP = 5
 
@@ -48,25 +47,26 @@ def diff_findings(d: RunDiff) -> list[Finding]:
         out.append(Finding(
             "diff-step-slower", Severity.WARNING,
             f"Step time {iv.value / 1e3:+.1f} ms ({step.pct_of_step:+.1f}%) against {d.base}{because}",
-            ranks=ranks, evidence={**cost(iv.value, step.base_us), **evidence},
+            ranks=ranks, evidence={**cost(iv.value, step.base_us), "cost_pct_of_step": step.pct_of_step, **evidence},
             advice="Look at the contributors first, then at what else changed between the runs "
             "(`ddpdoctor diff BASE NEW -v`); a change listed there is a lead, not a proof."))
     elif step.significant:
         out.append(Finding(
             "diff-step-faster", Severity.INFO,
             f"Step time {iv.value / 1e3:+.1f} ms ({step.pct_of_step:+.1f}%) against {d.base}{because}",
-            ranks=ranks, evidence={**cost(iv.value, step.base_us), **evidence}))
+            ranks=ranks, evidence={**cost(iv.value, step.base_us), "cost_pct_of_step": step.pct_of_step,
+                                   **evidence}))
     elif abs(iv.value) >= d.min_effect_us:
+        # Over the size floor but not a change: the interval reaches 0, or the runs' own step-to-step spread is as
+        # large (the host's load between two runs moves a whole run's steps together).
+        why = "its interval includes no change" if iv.lo <= 0 <= iv.hi else \
+            f"within the runs' own spread (a change counts from {step.min_effect_us / 1e3:.2f} ms)"
         out.append(Finding(
             "diff-not-measurable", Severity.INFO,
-            f"Step time {iv.value / 1e3:+.1f} ms against {d.base}, but its interval includes no change",
-            evidence=evidence,
-            advice="Record more steps on both sides (`ddpdoctor profile --active 20 ...`) to decide."))
-    elif top:
-        out.append(Finding(
-            "diff-parts-shifted", Severity.INFO,
-            f"The step time did not change beyond noise, but its parts did{because}", ranks=ranks,
-            evidence=evidence))
+            f"Step time {iv.value / 1e3:+.1f} ms against {d.base}, but {why}",
+            evidence={**evidence, "min_effect_ms": round(step.min_effect_us / 1e3, 3)},
+            advice="Profile both on an otherwise idle host, or record more steps on both sides "
+            "(`ddpdoctor profile --active 20 ...`)."))
     b = d.buckets
     if b is not None and b.layout_changed:
         out.append(Finding(

@@ -42,10 +42,12 @@ def render_diff_section(report: Report, out: Console, verbose: bool) -> None:
     out.print(f"[bold]step time[/bold] {step['base_ms']:.2f} ms -> {step['new_ms']:.2f} ms: {_delta(step)} {word}")
     out.print(f"[dim]base {escape(d['base'])} ({d['steps']['base']} steps), new {escape(d['new'])} "
               f"({d['steps']['new']} steps), {d['world_size']} ranks; 90% intervals; a change counts from "
-              f"{d['min_effect_ms']:.2f} ms[/dim]")
+              f"{step['min_effect_ms']:.2f} ms (the step; each part has its own)[/dim]")
     changes = d.get("changes") or []
     contributors = d.get("contributors") or []
-    if contributors:
+    if contributors and not (step["significant"] or verbose):
+        out.print(f"[dim]{len(contributors)} part(s) moved on single ranks while the step did not (-v)[/dim]")
+    elif contributors:
         out.print("[bold]where the step changed[/bold] (per step, 90% interval, % of the base step)")
         for c in contributors[: 5 if not verbose else len(contributors)]:
             related = [ch["key"] for ch in changes if c["component"] in ch.get("explains", [])]
