@@ -58,7 +58,7 @@ def facts(m: Manifest | None) -> dict[str, Any]:
     out["nodes"] = len(m.hosts) if m.hosts else None
     out["backend"] = m.backend
     out["script.path"] = m.script
-    out["script.sha256"] = getattr(m, "script_sha256", None)
+    out["script.sha256"] = m.script_sha256
     out["script.args"] = " ".join(m.script_args)
     for k, v in (m.torchrun_flags or {}).items():
         if k not in VOLATILE_FLAGS:
@@ -67,9 +67,7 @@ def facts(m: Manifest | None) -> dict[str, Any]:
         out["schedule.active"] = m.schedule.active
     cpus = [r.host_cpus for r in m.ranks if r.host_cpus]
     out["host.cores_per_rank_host"] = min(cpus) if cpus else None
-    load = getattr(m, "host_load", None)
-    if load is not None:
-        out["host.load_1min"] = load
+    out["host.load_1min"] = m.host_load
     mods = {r: ms for r, ms in m.ddp_modules.items() if ms}
     if mods:
         first = mods[min(mods)][0]

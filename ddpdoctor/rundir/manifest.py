@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import os
 import socket
 import sys
 import time
 from dataclasses import asdict
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from ddpdoctor.errors import BadInput
@@ -28,6 +30,9 @@ def write_initial(spec: LaunchSpec) -> None:
         "mode": spec.mode,
         "command_line": list(sys.argv),
         "script": spec.script,
+        # what `diff` names when two runs differ (analyses/diff_changes.py): the script's content and the host's load
+        "script_sha256": script_sha256(spec.script),
+        "host_load": _load_1min(),
         "script_args": list(spec.script_args),
         "launcher": spec.launcher,
         "launcher_host": socket.gethostname(),
@@ -41,6 +46,25 @@ def write_initial(spec: LaunchSpec) -> None:
         "ended": {"how": "running"},
     }
     write_json(spec.run_dir.manifest, data)
+
+
+def script_sha256(script: str) -> str | None:
+    """The script file's SHA-256 (None for a module or a file that cannot be read: the hash is only a hint)."""
+    import hashlib
+
+    from ddpdoctor.safe_io import read_bytes
+
+    try:
+        return hashlib.sha256(read_bytes(Path(script), 64 << 20, decompress=False)).hexdigest()
+    except (OSError, BadInput):
+        return None
+
+
+def _load_1min() -> float | None:
+    try:
+        return round(os.getloadavg()[0], 2)
+    except (AttributeError, OSError):  # not on this platform
+        return None
 
 
 def _read_optional(path: Any) -> dict[str, Any] | None:
