@@ -157,3 +157,16 @@ def test_a_failed_run_is_bad_input(tmp_path):
     (failed / "manifest.json").write_text(json.dumps(m))
     code, out = _cli(str(FIXTURE), str(failed))
     assert code == 2 and "the new run failed (exit code 1)" in out and len(out.strip().splitlines()) == 1
+
+
+def test_every_key_of_diff_json_is_documented():
+    from tests.unit.test_json_doc import _documented, _keys
+
+    sample = ROOT / "sample_traces" / "mlp_gloo_2rank"
+    code, out = _cli(str(sample), str(FIXTURE), "--json")
+    assert code in (0, 1), out
+    report = json.loads(out)
+    assert report["findings"] and report["diff"]["buckets"]["rows"] and report["diff"]["changes"]
+    printed = {k for k in _keys(report) if not k.isdigit()} - {"evidence"}
+    missing = printed - _documented()
+    assert not missing, f"keys printed by diff --json but not in docs/json.md: {sorted(missing)}"
