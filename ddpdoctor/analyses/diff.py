@@ -7,13 +7,16 @@ import statistics
 from collections import defaultdict
 from collections.abc import Iterable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ddpdoctor.analyses.collectives import BUS_FACTOR
 from ddpdoctor.analyses.diff_changes import ConfigChange
 from ddpdoctor.analyses.intervals import MIN_SAMPLES, Interval, bootstrap_mean_diff
 from ddpdoctor.analyses.model import Analysis, StepMetrics
 from ddpdoctor.analyses.whatif import ddp_config
+
+if TYPE_CHECKING:
+    from ddpdoctor.analyses.diff_ops import OpDelta
 
 # The step's wall time split two ways (each sums to the step): by what ran, and by phase of the step.
 RESOURCES = ("compute", "exposed_comm", "data_wait", "idle")
@@ -192,6 +195,7 @@ class RunDiff:
     caused_wait_us: dict[str, dict[int, float]]  # side -> rank -> wait it caused the others, per step
     comm_split: bool  # whether exposed communication could be split into wait and transfer
     notes: list[str] = field(default_factory=list)
+    operators: list[OpDelta] = field(default_factory=list)  # analyses/diff_ops.py, on the contributors' ranks
 
     def to_json(self) -> dict[str, Any]:
         def r(v: float | None) -> float | None:
@@ -226,6 +230,7 @@ class RunDiff:
             "caused_wait_ms_per_step": {side: {str(k): round(v / 1e3, 3) for k, v in sorted(w.items())}
                                         for side, w in self.caused_wait_us.items()},
             "comm_split": self.comm_split,
+            "operators": [o.to_json() for o in self.operators],
             "notes": list(self.notes),
         }
 

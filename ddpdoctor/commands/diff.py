@@ -64,6 +64,37 @@ def _side(path: Path, which: str) -> tuple[Any, Any]:
     return analyze_paths([path]), manifest
 
 
+# Ranks whose traces are re-read for operator times: the contributors' and the lowest (bounded at any world size).
+OPS_RANKS = 4
+
+
+def _operators(base: Any, new: Any, d: Any) -> tuple[list[Any], str | None]:
+    """Operators whose time changed, on the ranks where the step's parts did: their traces read with the one loader."""
+    from ddpdoctor.analyses.diff_ops import op_deltas, op_steps
+    from ddpdoctor.traces.loader import load_raw
+
+    ranks = list(dict.fromkeys([c.rank for c in d.contributors] + [min(r.rank for r in base.ranks)]))[:OPS_RANKS]
+
+    def side(a: Any) -> list[Any]:
+        out = []
+        for inp in a.inputs:
+            if inp.rank not in ranks:
+                continue
+            files = [Path(p) for p in inp.path.split(",") if p.endswith((".json", ".json.gz"))
+                     and not p.endswith("summary.json")]
+            for f in files:
+                out.append(op_steps(load_raw(f), inp.rank))
+        return out
+
+    try:
+        b, n = side(base), side(new)
+    except BadInput as exc:
+        return [], f"operators not compared: {exc}"
+    if not b or not n:
+        return [], "operators not compared: no trace files on one side"
+    return op_deltas(b, n, d.step.base_us, d.min_effect_us), None
+
+
 def diff_report(base_path: Path, new_path: Path, command: str = "diff") -> Report:
     """The diff of two runs as a Report: the "diff" section and its findings."""
     from ddpdoctor.analyses.diff import diff
@@ -79,6 +110,10 @@ def diff_report(base_path: Path, new_path: Path, command: str = "diff") -> Repor
     if not any(r.per_step for r in base.ranks) or not any(r.per_step for r in new.ranks):
         raise BadInput("a run has no recorded steps to compare", base_path if not base.ranks else new_path)
     d = diff(base, new, config_changes(facts(bman), facts(nman)), labels=(str(base_path), str(new_path)))
+    if d.contributors:
+        d.operators, note = _operators(base, new, d)
+        if note:
+            d.notes.append(note)
     notes = list(d.notes)
     if bman is None or nman is None:
         notes.append("traces without a run directory record no environment or configuration: "

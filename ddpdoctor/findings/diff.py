@@ -40,6 +40,7 @@ def diff_findings(d: RunDiff) -> list[Finding]:
         "new_step_ms": round(step.new_us / 1e3, 3), "min_effect_ms": round(d.min_effect_us / 1e3, 3),
         "steps": {"base": d.base_steps, "new": d.new_steps},
         "contributors": [c.to_json() for c in top], "related_changes": related_changes(d, top),
+        "operators": [o.to_json() for o in d.operators[:3]],
     }
     ranks = sorted({r for c in top for r in c.ranks})
     because = f": {'; '.join(phrase(c) for c in top[:3])}" if top else ""

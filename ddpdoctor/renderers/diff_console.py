@@ -56,6 +56,12 @@ def render_diff_section(report: Report, out: Console, verbose: bool) -> None:
                 f"{' …' if len(related) > 5 else ''}[/dim]" if related else ""
             out.print(f"  {_delta(c)}  {LABEL.get(c['component'], c['component'])} ({c['kind']}) on rank(s) "
                       f"{_ranks(c['ranks'])}: {c['base_ms']:.2f} -> {c['new_ms']:.2f} ms{wait}{rel}")
+    ops = d.get("operators") or []
+    if ops:
+        out.print("[bold]operators whose time changed[/bold] (self time per step)")
+        for o in ops[: 3 if not verbose else len(ops)]:
+            out.print(f"  {_delta(o)}  {escape(o['name'])} ({o['kind']}) on rank {o['rank']}: "
+                      f"{o['base_ms']:.2f} -> {o['new_ms']:.2f} ms")
     if changes:
         t = Table(title="what else changed (recorded; a lead, not a cause)", title_justify="left", show_edge=False)
         for col in ("fact", "base", "new"):

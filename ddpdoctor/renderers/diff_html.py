@@ -58,6 +58,9 @@ def diff_section_html(d: dict[str, Any]) -> str:
         for c in d.get("contributors") or [])
     changes = "".join(f"<tr><td>{esc(c['key'])}</td><td>{esc(c['base'])}</td><td>{esc(c['new'])}</td>"
                       f"<td>{esc(', '.join(c['explains']))}</td></tr>" for c in d.get("changes") or [])
+    ops = "".join(f"<tr><td>{esc(o['name'])}</td><td>{esc(o['kind'])}</td><td>{esc(o['rank'])}</td>"
+                  f"<td>{o['base_ms']:.2f}</td><td>{o['new_ms']:.2f}</td><td>{esc(_delta(o))}</td></tr>"
+                  for o in d.get("operators") or [])
     charts = "".join(_bars(comp, parts, f"Step composition {title} (mean ms per step)") for title, parts in GROUPS)
     return (f'<section id="diff"><h2>Against the baseline</h2>'
             f"<p>base {esc(d.get('base'))} → new {esc(d.get('new'))}: step {step.get('base_ms', 0):.2f} → "
@@ -66,6 +69,8 @@ def diff_section_html(d: dict[str, Any]) -> str:
             "<h3>Where the step changed</h3>"
             + (f"<table><tr><th>part</th><th>ranks</th><th>base ms</th><th>new ms</th><th>change (90%)</th></tr>"
                f"{rows}</table>" if rows else "<p>No part changed beyond noise.</p>")
+            + (f"<h3>Operators whose time changed</h3><table><tr><th>operator</th><th>kind</th><th>rank</th>"
+               f"<th>base ms</th><th>new ms</th><th>change (90%)</th></tr>{ops}</table>" if ops else "")
             + "<h3>What else changed (recorded; a lead, not a cause)</h3>"
             + (f"<table><tr><th>fact</th><th>base</th><th>new</th><th>could move</th></tr>{changes}</table>"
                if changes else "<p>Nothing recorded differs.</p>") + "</section>")

@@ -170,3 +170,32 @@ def test_every_key_of_diff_json_is_documented():
     printed = {k for k in _keys(report) if not k.isdigit()} - {"evidence"}
     missing = printed - _documented()
     assert not missing, f"keys printed by diff --json but not in docs/json.md: {sorted(missing)}"
+
+
+def _raw(events: list[tuple[str, str, float, float]]):
+    from ddpdoctor.traces.loader import Event, RawTrace
+
+    return RawTrace("t.json", [Event(ph="X", name=n, cat=c, pid=1, tid=1 if c != "kernel" else 7, ts=ts, dur=dur)
+                               for n, c, ts, dur in events], None, None)
+
+
+def test_operator_self_time_per_step_by_hand():
+    from ddpdoctor.analyses.diff_ops import op_steps
+
+    ops = op_steps(_raw([("ProfilerStep#1", "user_annotation", 0, 100), ("A", "cpu_op", 10, 50),
+                         ("B", "cpu_op", 20, 20), ("K", "kernel", 50, 30), ("ProfilerStep#2", "user_annotation", 100, 100),
+                         ("A", "cpu_op", 110, 20)]), rank=0)
+    assert ops.steps == [1, 2]
+    assert ops.per_step == {"cpu:A": {1: 30.0, 2: 20.0}, "cpu:B": {1: 20.0}, "gpu:K": {1: 30.0}}
+
+
+def test_operators_that_matter_to_the_step():
+    from ddpdoctor.analyses.diff_ops import OpSteps, op_deltas
+
+    steps = [1, 2, 3, 4]
+    base = [OpSteps(0, steps, {"cpu:slow": {s: 1000.0 + 10 * (s % 2) for s in steps},
+                               "cpu:tiny": {s: 50.0 for s in steps}})]
+    new = [OpSteps(0, steps, {"cpu:slow": {s: 4000.0 + 10 * (s % 2) for s in steps},
+                              "cpu:tiny": {s: 150.0 for s in steps}})]  # tripled, but 0.1 ms: under the 0.5 ms floor
+    [o] = op_deltas(base, new, base_step_us=10 * MS, floor_us=0.5 * MS)
+    assert (o.name, o.kind, o.rank) == ("slow", "cpu", 0) and o.delta.change.value == pytest.approx(3 * MS)
