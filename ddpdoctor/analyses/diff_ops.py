@@ -84,7 +84,7 @@ class OpDelta:
 
 def op_deltas(base: list[OpSteps], new: list[OpSteps], base_step_us: float, floor_us: float) -> list[OpDelta]:
     """Per rank present on both sides, every operator's self time per step compared like a part of the step; the
-    TOP_OPS largest that are significant (interval off zero, at least the step's minimum effect and 1.5 standard
+    TOP_OPS largest that are significant (interval off zero, at least the step's minimum effect and 2 standard
     deviations of the operator's own steps)."""
     out = []
     new_by_rank = {o.rank: o for o in new}

@@ -58,7 +58,7 @@ def test_worked_example_by_hand():
     assert d.step.base_us == pytest.approx(10 * MS) and d.step.new_us == pytest.approx(13 * MS)
     assert d.step.change.value == pytest.approx(3 * MS)
     assert d.step.pct_of_step == 30.0
-    # minimum effect: 5% of the 10 ms base step (1.5 pooled sd = 1.5 * 0.1155 ms is smaller)
+    # minimum effect: 5% of the 10 ms base step (2 pooled sd = 2 * 0.1155 ms is smaller)
     assert d.step.min_effect_us == pytest.approx(MIN_EFFECT_PCT / 100 * 10 * MS)
     assert d.step.significant
     comp = {(c.component, c.rank): c.delta for c in d.components}
@@ -94,7 +94,7 @@ def test_identical_runs_are_quiet():
 
 
 def test_a_change_within_the_runs_spread_is_not_a_regression():
-    """+1 ms on a 10 ms step whose steps spread ±2 ms: over the 5% floor, interval above 0, but under 1.5 sd."""
+    """+1 ms on a 10 ms step whose steps spread ±2 ms: over the 5% floor, interval above 0, but under 2 sd."""
     wide = (-2.0, 2.0, -2.0, 2.0, -2.0, 2.0, -2.0, 2.0)
     b = analysis([rank(r, [st(i, dur=10 + j, data=1, idle=1, exposed=2, bwd=(4, 8)) for i, j in enumerate(wide)])
                   for r in (0, 1)])
