@@ -8,7 +8,7 @@ from collections import defaultdict
 from dataclasses import dataclass
 from typing import Any
 
-from ddpdoctor.analyses.diff import Delta, delta
+from ddpdoctor.analyses.diff_stats import Delta, delta
 from ddpdoctor.traces.loader import RawTrace
 
 # Operators named in a diff: the largest changes among those that count.
