@@ -199,3 +199,24 @@ def test_operators_that_matter_to_the_step():
                               "cpu:tiny": {s: 150.0 for s in steps}})]  # tripled, but 0.1 ms: under the 0.5 ms floor
     [o] = op_deltas(base, new, base_step_us=10 * MS, floor_us=0.5 * MS)
     assert (o.name, o.kind, o.rank) == ("slow", "cpu", 0) and o.delta.change.value == pytest.approx(3 * MS)
+
+
+def test_terminal_view_is_one_screen():
+    from rich.console import Console
+
+    from ddpdoctor.renderers.console import render
+    from ddpdoctor.renderers.diff_console import render_diff_section
+    from ddpdoctor.report import Report
+
+    d = diff(base_run(), new_run(), config_changes(facts(_manifest(25.0, [])), facts(_manifest(1.0, []))),
+             labels=("runs/base", "runs/new"))
+    report = Report(command="diff", sections={"diff": d.to_json()}, findings=diff_findings(d))
+    out = Console(record=True, width=120, highlight=False)
+    render(report, sections=render_diff_section, out=out)
+    text = out.export_text()
+    lines = text.splitlines()
+    assert len(lines) <= 40, text
+    assert "step time 10.00 ms -> 13.00 ms: +3.00 ms" in lines[1]
+    assert "data wait (resource) on rank(s) 1" in text and "waiting for rank 1" in text
+    assert "ddp.bucket_cap_mb" in text and "plausibly related: ddp.bucket_cap_mb" in text
+    assert text.index("data wait (resource)") < text.index("exposed comm (resource)") < text.index("what else changed")
