@@ -42,11 +42,23 @@ class ConfigChange:
         return {"key": self.key, "base": self.base, "new": self.new, "explains": list(self.explains)}
 
 
-def facts(m: Manifest | None) -> dict[str, Any]:
-    """A run's manifest as flat facts (key -> JSON value). Empty for bare traces (nothing recorded)."""
-    if m is None:
-        return {}
+# The fabric facts of a run profiled with --nccl-debug (its report's topology.summary, docs/topo.md) compared by diff.
+TOPOLOGY_FACTS = ("nodes", "gpus_per_node", "intra_node_transport", "inter_node_transport", "network", "gdr",
+                  "nvlink", "nccl_versions", "coll_channels", "rings", "nvls_channels")
+
+
+def facts(m: Manifest | None, topology: Mapping[str, Any] | None = None) -> dict[str, Any]:
+    """A run's manifest (and, when recorded, its NCCL topology summary) as flat facts (key -> JSON value). Empty for
+    bare traces (nothing recorded)."""
     out: dict[str, Any] = {}
+    for k in TOPOLOGY_FACTS:
+        v = (topology or {}).get(k)
+        if isinstance(v, list) and all(isinstance(x, (str, int, float, bool)) for x in v):
+            v = ", ".join(map(str, v))
+        if isinstance(v, (str, int, float, bool)):
+            out[f"topology.{k}"] = v
+    if m is None:
+        return out
     for k, v in (m.versions or {}).items():
         if k in ("torch", "cuda", "nccl"):
             out[f"versions.{k}"] = v
@@ -65,6 +77,9 @@ def facts(m: Manifest | None) -> dict[str, Any]:
             out[f"torchrun.{k}"] = v
     if m.schedule is not None:
         out["schedule.active"] = m.schedule.active
+    per_node = [r.local_world_size for r in m.ranks if r.local_world_size]
+    out["topology.ranks_per_node"] = max(per_node) if per_node else None
+    out["topology.gpus_per_host"] = (m.versions or {}).get("device_count") or None
     cpus = [r.host_cpus for r in m.ranks if r.host_cpus]
     out["host.cores_per_rank_host"] = min(cpus) if cpus else None
     out["host.load_1min"] = m.host_load

@@ -42,14 +42,32 @@ def command(base: Path, new: Path, html_path: Path | None, verbose: bool, as_jso
     emit(report, as_json=as_json, verbose=verbose, fail_on=fail_on, sections=render_diff_section)
 
 
-def _side(path: Path, which: str) -> tuple[Any, Any]:
-    """(Analysis, Manifest or None) of one side, through analyze's own entry point; a run that failed is bad input."""
+def _topology(run: Any) -> dict[str, Any] | None:
+    """The NCCL topology summary a `profile --nccl-debug` run's report.json holds (docs/topo.md), or None."""
+    import json
+
+    from ddpdoctor.safe_io import read_bytes
+
+    path = run.root / "report.json"
+    if not path.is_file():
+        return None
+    try:
+        data = json.loads(read_bytes(path, 64 << 20, decompress=False))
+    except (BadInput, ValueError):
+        return None  # the report is a hint here; the traces are what is compared
+    summary = (data.get("topology") or {}).get("summary") if isinstance(data, dict) else None
+    return summary if isinstance(summary, dict) else None
+
+
+def _side(path: Path, which: str) -> tuple[Any, Any, dict[str, Any] | None]:
+    """(Analysis, Manifest or None, topology summary or None) of one side, through analyze's own entry point; a run
+    that failed is bad input."""
     from ddpdoctor.analyses.pipeline import analyze_paths
     from ddpdoctor.rundir import artefacts
     from ddpdoctor.rundir.layout import RunDir
     from ddpdoctor.rundir.schema import Manifest
 
-    manifest = None
+    manifest, topology = None, None
     run = RunDir(path)
     if path.is_dir() and run.is_run_dir():
         manifest = artefacts.load(run.manifest, Manifest)
@@ -61,7 +79,8 @@ def _side(path: Path, which: str) -> tuple[Any, Any]:
                 not manifest.finished else f"it ended by {how}"
             raise BadInput(f"the {which} run failed ({what}): its steps are not comparable; diff two runs that "
                            "completed", path)
-    return analyze_paths([path]), manifest
+        topology = _topology(run)
+    return analyze_paths([path]), manifest, topology
 
 
 # Ranks whose traces are re-read for operator times: the contributors' and the lowest (bounded at any world size).
@@ -101,15 +120,15 @@ def diff_report(base_path: Path, new_path: Path, command: str = "diff") -> Repor
     from ddpdoctor.analyses.diff_changes import config_changes, facts
     from ddpdoctor.findings.diff import diff_findings
 
-    base, bman = _side(base_path, "base")
-    new, nman = _side(new_path, "new")
+    base, bman, btopo = _side(base_path, "base")
+    new, nman, ntopo = _side(new_path, "new")
     bw, nw = len(base.ranks), len(new.ranks)
     if bw != nw:
         raise BadInput(f"the runs have different world sizes (base {bw} rank(s), new {nw}): per-rank and per-bucket "
                        "figures do not compare; diff runs of the same world size", new_path)
     if not any(r.per_step for r in base.ranks) or not any(r.per_step for r in new.ranks):
         raise BadInput("a run has no recorded steps to compare", base_path if not base.ranks else new_path)
-    d = diff(base, new, config_changes(facts(bman), facts(nman)), labels=(str(base_path), str(new_path)))
+    d = diff(base, new, config_changes(facts(bman, btopo), facts(nman, ntopo)), labels=(str(base_path), str(new_path)))
     if d.contributors:
         d.operators, note = _operators(base, new, d)
         if note:

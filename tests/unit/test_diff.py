@@ -220,3 +220,12 @@ def test_terminal_view_is_one_screen():
     assert "data wait (resource) on rank(s) 1" in text and "waiting for rank 1" in text
     assert "ddp.bucket_cap_mb" in text and "plausibly related: ddp.bucket_cap_mb" in text
     assert text.index("data wait (resource)") < text.index("exposed comm (resource)") < text.index("what else changed")
+
+
+def test_topology_facts_are_compared_where_recorded():
+    b = facts(_manifest(25.0, []), {"inter_node_transport": ["NET/IB"], "gdr": True, "gdr_evidence": "x"})
+    n = facts(_manifest(25.0, []), {"inter_node_transport": ["NET/Socket"], "gdr": False, "gdr_evidence": "y"})
+    changes = {c.key: c for c in config_changes(b, n)}
+    assert set(changes) == {"topology.inter_node_transport", "topology.gdr"}
+    assert changes["topology.inter_node_transport"].new == "NET/Socket"
+    assert "exposed_comm" in changes["topology.gdr"].explains
