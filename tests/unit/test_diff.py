@@ -229,3 +229,20 @@ def test_topology_facts_are_compared_where_recorded():
     assert set(changes) == {"topology.inter_node_transport", "topology.gdr"}
     assert changes["topology.inter_node_transport"].new == "NET/Socket"
     assert "exposed_comm" in changes["topology.gdr"].explains
+
+
+def test_exposed_comm_split_is_used_where_the_analysis_carries_it():
+    """Issue 28's ledger split (exposed_wait_us / exposed_transfer_us per step): the diff adds comm_wait and
+    comm_transfer; the worked example's +3 ms on rank 0 is all waiting."""
+    base, new = base_run(), new_run()
+    for a, wait in ((base, {0: 0.0, 1: 0.0}), (new, {0: 3.0, 1: 0.0})):
+        for r in a.ranks:
+            for s in r.per_step:
+                s.exposed_wait_us = wait[r.rank] * MS  # type: ignore[attr-defined]
+                s.exposed_transfer_us = s.exposed_comm_us - wait[r.rank] * MS  # type: ignore[attr-defined]
+    d = diff(base, new)
+    assert d.comm_split
+    comp = {(c.component, c.rank): c.delta for c in d.components}
+    assert comp[("comm_wait", 0)].change.value == pytest.approx(3 * MS) and comp[("comm_wait", 0)].significant
+    assert comp[("comm_transfer", 0)].change.value == pytest.approx(0.0)
+    assert any(c.component == "comm_wait" and c.waiting_for == [1] for c in d.contributors)
