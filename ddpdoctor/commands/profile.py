@@ -14,20 +14,19 @@ from ddpdoctor.commands._common import (
     examples,
     fail_on_option,
     finish_quietly,
+    job_report_elsewhere,
     json_option,
     launch_options,
     pop_launch_spec,
+    share_job_report,
 )
 from ddpdoctor.errors import BadInput
-from ddpdoctor.findings.perf_verdict import apply_outcome, run_status_of
-from ddpdoctor.findings.watched import watched_report
-from ddpdoctor.findings.window import window_verdict
 from ddpdoctor.launch.launcher import launch
 from ddpdoctor.launch.monitor import pop_watcher, watch_options
 from ddpdoctor.probes.config import Schedule
 from ddpdoctor.renderers import progress
-from ddpdoctor.renderers.console_perf import render_perf_sections
 from ddpdoctor.renderers.outputs import write_outputs
+from ddpdoctor.reports.profile import assemble
 from ddpdoctor.rundir.report import save_report
 
 
@@ -83,18 +82,12 @@ def command(
     show = progress.enabled(as_json)
     result = launch(spec, progress.with_progress(watcher, spec.torchrun, as_json, spec.schedule))
     if not result.reports:
+        job_report_elsewhere(result, as_json=as_json, verbose=verbose, fail_on=fail_on)
         finish_quietly(result)
     traces = spec.run_dir.trace_files()
     progress.say(f"analysing {len(traces)} trace(s), {sum(p.stat().st_size for p in traces) / 1e6:.1f} MB", show)
-    report = watched_report(spec.run_dir, "profile", analyse_traces=True)
-    report.findings = apply_outcome(report.findings, run_status_of(_manifest(spec.run_dir)))
-    window_verdict(report, spec.run_dir, spec.schedule)
-    if nccl_debug:
-        from ddpdoctor.topo.capture import add_to_report
-
-        add_to_report(report, spec.run_dir)
-    if baseline is not None:
-        _add_baseline_diff(report, baseline, spec.run_dir.root)
+    report = assemble(spec.run_dir, spec.schedule, nccl_debug=nccl_debug, baseline=baseline)
+    share_job_report(result, report)  # a job of several nodes: every node prints this report
     save_report(spec.run_dir, report)
     if result.exit_code == 0 and not spec.run_dir.trace_files() and any(f.id == "no-steps-seen" for f in report.findings):
         raise BadInput(
@@ -104,39 +97,7 @@ def command(
         )
     # The run directory is also the HTML report's home and a TensorBoard log dir (RUN/scalars/rankR).
     write_outputs(report, spec.run_dir.root, html_path, merge_path, spec.run_dir.trace_files(), show_progress=show)
-    emit(report, as_json=as_json, verbose=verbose, fail_on=fail_on, exit_code=result.exit_code or None,
-         sections=_sections_with_diff)
-
-
-def _sections_with_diff(report: Any, out: Any, verbose: bool) -> None:
-    from ddpdoctor.renderers.diff_console import render_diff_section
-
-    render_perf_sections(report, out, verbose)
-    render_diff_section(report, out, verbose)
-
-
-def _add_baseline_diff(report: Any, baseline: Path, run_root: Path) -> None:
-    """The diff against --baseline as the report's "diff" section and findings; when the two cannot be compared
-    (a failed run, another world size) a note says why: the job's own report still stands."""
-    from ddpdoctor.commands.diff import diff_report
-
-    try:
-        d = diff_report(baseline, run_root, command="profile")
-    except BadInput as exc:
-        report.notes.append(f"not compared with the baseline: {exc}")
-        return
-    report.sections["diff"] = d.sections["diff"]
-    report.findings.extend(d.findings)
-    report.notes.extend(f"baseline: {n}" for n in d.notes)
-
-
-def _manifest(run: Any) -> dict[str, Any] | None:
-    from ddpdoctor.rundir import manifest as manifest_mod
-
-    try:
-        return manifest_mod.load(run)
-    except (OSError, ValueError, BadInput):
-        return None
+    emit(report, as_json=as_json, verbose=verbose, fail_on=fail_on, exit_code=result.exit_code or None)
 
 
 def _schedule(wait: int, warmup: int, active: str, repeat: int) -> Schedule:

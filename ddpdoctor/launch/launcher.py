@@ -16,7 +16,7 @@ import threading
 import time
 import uuid
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -96,6 +96,7 @@ class LaunchResult:
     reports: bool = True  # False for ranks other than 0 under --launcher none: rank 0 reports for the job
     signum: int | None = None  # the signal that stopped ddpdoctor (and so the job); the command exits 128+signum
     note: str | None = None  # a node that does not report: the head's verdict, printed instead of a report
+    job: Any = None  # a job of several nodes: its agent (job/agent.JobAgent: node_info, publish_report, job_report)
 
 
 def validate(spec: LaunchSpec) -> None:
@@ -278,7 +279,8 @@ def launch(spec: LaunchSpec, watcher: JobWatcher | None = None) -> LaunchResult:
             spec.run_dir.ensure_writable(spec.overwrite)
         _make_private(spec.run_dir, root_too=ours)
         if (in_place_rank in (None, 0) and (role is None or role.is_head)) or spec.program is not None:
-            manifest_mod.write_initial(spec)
+            manifest_mod.write_initial(spec.run_dir, spec.mode, spec.script, list(spec.script_args), spec.launcher,
+                                       spec.torchrun, asdict(spec.schedule), spec.options)
         return _launch_locked(spec, watcher, in_place_rank, scheduler_env, role)
     finally:
         lock.release()
@@ -352,7 +354,7 @@ def _launch_locked(spec: LaunchSpec, watcher: JobWatcher | None, in_place_rank: 
     else:
         ended = {"how": "exited", "exit_code": code}
     if spec.launcher == "torchrun":
-        collect_torchrun_logs(spec.run_dir, node_logs(spec), set(agent.monitor.links) if agent is not None else None)
+        collect_torchrun_logs(spec.run_dir, node_logs(spec), set(agent.monitor.rank_ids()) if agent is not None else None)
         if code and not spec.run_dir.ranks_present():
             _echo_torchrun_failure(spec.run_dir, node_logs(spec))
     if agent is not None:
@@ -360,7 +362,8 @@ def _launch_locked(spec: LaunchSpec, watcher: JobWatcher | None, in_place_rank: 
         outcome = agent.finish(spec.run_dir.root, code or 0)
         if not outcome.reports:
             return LaunchResult(exit_code=outcome.code, run_dir=spec.run_dir, duration_s=time.time() - started,
-                                killed_by=job.killed_by, reports=False, signum=stopper.signum, note=outcome.line)
+                                killed_by=job.killed_by, reports=False, signum=stopper.signum, note=outcome.line,
+                                job=agent)
         code = outcome.code
         if ended.get("how") == "exited":
             ended["exit_code"] = code
@@ -374,7 +377,7 @@ def _launch_locked(spec: LaunchSpec, watcher: JobWatcher | None, in_place_rank: 
                             killed_by=job.killed_by, reports=False, signum=stopper.signum)
     _finalize(spec, code, started, job, ended)
     return LaunchResult(exit_code=code, run_dir=spec.run_dir, duration_s=time.time() - started,
-                        killed_by=job.killed_by, signum=stopper.signum)
+                        killed_by=job.killed_by, signum=stopper.signum, job=agent)
 
 
 def _finalize(spec: LaunchSpec, code: int | None, started: float, job: RunningJob, ended: dict[str, Any]) -> None:

@@ -3,6 +3,7 @@ victim (misleading-root-cause), and a failed job the logs cannot explain (job-fa
 
 from __future__ import annotations
 
+from ddpdoctor.findings.failure import rank_crashed_finding
 from ddpdoctor.findings.model import Finding, Severity
 from ddpdoctor.logs.events import ChildFailure, RankException
 from ddpdoctor.logs.rules import STACK_LIMIT, classify
@@ -67,12 +68,9 @@ def crash_findings(crashed: dict[int | None, tuple[str, str, str, str | None]],
             advice = ("The rank ran out of memory: a bigger batch or sequence on this rank than on the others (uneven "
                       "data), a leak across steps, or too little memory for the model; check the batch shapes here.")
         first_line = exception.splitlines()[0] if exception else "?"
-        findings.append(Finding(
-            "rank-crashed", Severity.ERROR,
-            f"Rank {rank if rank is not None else '?'} crashed: {first_line[:200]}",
-            ranks=[rank] if rank is not None else [],
-            evidence={"rank": rank, "exception": exception, "traceback": traceback, "call_site": site or None},
-            advice=advice,
+        findings.append(rank_crashed_finding(
+            rank, f"Rank {rank if rank is not None else '?'} crashed: {first_line[:200]}",
+            exception=exception, traceback=traceback, call_site=site or None, advice=advice,
         ))
     return findings
 

@@ -7,6 +7,7 @@ import re
 from dataclasses import dataclass, field
 from typing import Any
 
+from ddpdoctor.findings.failure import hang_finding
 from ddpdoctor.findings.model import Finding, Severity
 from ddpdoctor.logs import hangs
 from ddpdoctor.logs.events import (
@@ -195,13 +196,13 @@ def _hang_finding(h: hangs.HangAnalysis, stalled_all: set[int], excs: dict[int, 
     title = (f"Hang: rank(s) {stalled} stuck in {op}" + (f" #{h.seq}" if h.seq is not None else "")
              + (f"; culprit rank(s) {culprits}" if culprits else "; culprit not in these logs")
              + (" (crashed: see rank-crashed)" if culprits and set(culprits) <= set(crashed) else ""))
-    return Finding(
-        "hang", Severity.ERROR, title, ranks=sorted(set(stalled) | set(culprits)),
-        evidence={"stalled_ranks": stalled, "culprit_ranks": culprits,
-                  "collective": {"op": h.op, "seq": h.seq, "group": h.group}, "why": h.why,
-                  "call_sites": {str(r): s for r, s in sorted(call_sites.items())},
-                  "detected_after_s": h.detected_after_s, "source": h.source, "sources": sources,
-                  "per_rank": {str(r): v for r, v in sorted(h.per_rank.items())}, "stacks": stacks},
+    return hang_finding(
+        title, sorted(set(stalled) | set(culprits)),
+        stalled_ranks=stalled, culprit_ranks=culprits,
+        collective={"op": h.op, "seq": h.seq, "group": h.group}, why=h.why,
+        call_sites={str(r): s for r, s in sorted(call_sites.items())},
+        detected_after_s=h.detected_after_s, source=h.source, sources=sources,
+        per_rank={str(r): v for r, v in sorted(h.per_rank.items())}, stacks=stacks,
         advice=("Look at what the culprit rank(s) did instead of entering the collective: a rank-dependent branch, "
                 "uneven data per rank (use DistributedSampler(drop_last=True) or DDP's join()), or a stall outside "
                 "torch.distributed. Run under `ddpdoctor run` to get every rank's stack at the moment of the hang."),

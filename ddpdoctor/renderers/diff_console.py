@@ -10,6 +10,7 @@ from rich.markup import escape
 from rich.table import Table
 
 from ddpdoctor.report import Report
+from ddpdoctor.reports.sections import DiffSection
 
 LABEL = {"compute": "compute", "exposed_comm": "exposed comm", "data_wait": "data wait", "idle": "idle",
          "data": "data loading", "forward": "forward", "backward": "backward", "optimizer": "optimizer+tail",
@@ -33,9 +34,10 @@ def _value(v: Any) -> str:
 
 
 def render_diff_section(report: Report, out: Console, verbose: bool) -> None:
-    d = report.sections.get("diff")
-    if not isinstance(d, dict):
+    section = report.section(DiffSection)
+    if section is None:
         return
+    d = section.diff
     step = d["step"]
     word = "[yellow]slower[/yellow]" if step["significant"] and step["delta_ms"]["value"] > 0 else \
         "[green]faster[/green]" if step["significant"] else "[dim]no change beyond noise[/dim]"

@@ -8,6 +8,7 @@ from typing import Any
 
 from ddpdoctor.renderers.html import _asset, _findings_html, esc, render_html, write_page
 from ddpdoctor.report import Report
+from ddpdoctor.reports.sections import DiffSection
 
 COLOURS = {"compute": "#3b82f6", "exposed_comm": "#dc2626", "data_wait": "#f59e0b", "idle": "#9ca3af",
            "data": "#f59e0b", "forward": "#60a5fa", "backward": "#1d4ed8", "optimizer": "#16a34a"}
@@ -46,6 +47,12 @@ def _delta(d: dict[str, Any]) -> str:
     return f"{dm.get('value', 0):+.2f} ms [{lo:+.2f}, {hi:+.2f}]"
 
 
+def diff_of(report: Report) -> dict[str, Any]:
+    """The report's "diff" object ({} when it has none)."""
+    section = report.section(DiffSection)
+    return section.diff if section is not None else {}
+
+
 def diff_section_html(d: dict[str, Any]) -> str:
     """The <section id="diff"> of a report that carries a "diff" section."""
     comp = d.get("composition_ms") or {}
@@ -78,11 +85,11 @@ def diff_section_html(d: dict[str, Any]) -> str:
 
 def render_report_html(report: Report) -> str:
     """A run's report page (report.html, the TensorBoard tab) with its diff against a baseline where it has one."""
-    return render_html(report, diff_section_html(report.sections.get("diff") or {}))
+    return render_html(report, diff_section_html(diff_of(report)))
 
 
 def render_diff_html(report: Report) -> str:
-    d = report.sections.get("diff") or {}
+    d = diff_of(report)
     notes = "".join(f'<p class="note">note: {esc(n)}</p>' for n in report.notes)
     return f"""<!DOCTYPE html>
 <html lang="en"><head><meta charset="utf-8">

@@ -6,54 +6,54 @@ import os
 import socket
 import sys
 import time
-from dataclasses import asdict
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from ddpdoctor.errors import BadInput
 from ddpdoctor.rundir import artefacts
 from ddpdoctor.rundir.layout import RunDir, write_json
 from ddpdoctor.rundir.schema import Manifest
 
-if TYPE_CHECKING:
-    from ddpdoctor.launch.launcher import LaunchSpec
-
 SCHEMA = 1
 
 
-def write_initial(spec: LaunchSpec) -> None:
+def write_initial(run: RunDir, mode: str, script: str | None, script_args: list[str], launcher: str,
+                  torchrun_flags: dict[str, Any], schedule: dict[str, Any] | None, options: dict[str, Any]) -> None:
+    """The launch as plain data (the launcher passes its spec's parts: the run directory knows nothing of it)."""
     from ddpdoctor import __version__
 
     data = {
         "schema": SCHEMA,
         "ddpdoctor_version": __version__,
-        "mode": spec.mode,
+        "mode": mode,
         "command_line": list(sys.argv),
-        "script": spec.script,
+        "script": script,
         # what `diff` names when two runs differ (analyses/diff_changes.py): the script's content and the host's load
-        "script_sha256": script_sha256(spec.script),
+        "script_sha256": script_sha256(script),
         "host_load": _load_1min(),
-        "script_args": list(spec.script_args),
-        "launcher": spec.launcher,
+        "script_args": list(script_args),
+        "launcher": launcher,
         "launcher_host": socket.gethostname(),
-        "torchrun_flags": {k: v for k, v in spec.torchrun.items()},
-        "schedule": asdict(spec.schedule) if spec.mode == "profile" else None,
-        "options": spec.options,
+        "torchrun_flags": dict(torchrun_flags),
+        "schedule": schedule if mode == "profile" else None,
+        "options": options,
         "started_at": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
         "finished": False,
         # How the run ended; "running" until the launcher says otherwise. A manifest still "running" whose run
         # directory is not locked (launch/runlock.py) belongs to a ddpdoctor that was killed (SIGKILL) or crashed.
         "ended": {"how": "running"},
     }
-    write_json(spec.run_dir.manifest, data)
+    write_json(run.manifest, data)
 
 
-def script_sha256(script: str) -> str | None:
+def script_sha256(script: str | None) -> str | None:
     """The script file's SHA-256 (None for a module or a file that cannot be read: the hash is only a hint)."""
     import hashlib
 
     from ddpdoctor.safe_io import read_bytes
 
+    if not script:
+        return None
     try:
         return hashlib.sha256(read_bytes(Path(script), 64 << 20, decompress=False)).hexdigest()
     except (OSError, BadInput):

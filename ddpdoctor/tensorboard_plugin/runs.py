@@ -47,7 +47,9 @@ def load_report(run: Path) -> Report:
     data = json.loads(read_bytes(run / "report.json", MAX_REPORT_BYTES))
     if not isinstance(data, dict):
         raise ValueError("report.json is not an object")
-    return Report.from_json(data)
+    from ddpdoctor.reports.sections import load_report as load_typed
+
+    return load_typed(data)  # typed sections, as the command assembled them
 
 
 def run_summary(name: str, run: Path) -> dict[str, Any]:
@@ -56,18 +58,20 @@ def run_summary(name: str, run: Path) -> dict[str, Any]:
         report = load_report(run)
     except (OSError, ValueError) as exc:
         return {"run": name, "error": f"report.json unreadable: {exc}"}
-    s = report.sections
+    from ddpdoctor.reports.sections import JobSection, PerfSection
+
     counts: dict[str, int] = {}
     for f in report.findings:
         counts[f.severity.value] = counts.get(f.severity.value, 0) + 1
-    job: dict[str, Any] = s["job"] if isinstance(s.get("job"), dict) else {}
+    perf, job = report.section(PerfSection), report.section(JobSection)
     from ddpdoctor.renderers.html import lead_finding
 
     lead = lead_finding(report.findings)
     return {
         "run": name, "command": report.command, "status": report.status, "findings": counts,
         "why": lead.title if lead else "no findings",
-        "ranks": len(s.get("ranks") or []) or job.get("world_size"), "exit_code": job.get("exit_code"),
+        "ranks": len(perf.ranks if perf and isinstance(perf.ranks, list) else []) or (job.job.world_size if job else None),
+        "exit_code": job.job.exit_code if job else None,
         "has_traces": bool(trace_files(run)), "mtime": (run / "report.json").stat().st_mtime,
     }
 

@@ -210,7 +210,9 @@ def test_terminal_view_is_one_screen():
 
     d = diff(base_run(), new_run(), config_changes(facts(_manifest(25.0, [])), facts(_manifest(1.0, []))),
              labels=("runs/base", "runs/new"))
-    report = Report(command="diff", sections={"diff": d.to_json()}, findings=diff_findings(d))
+    from ddpdoctor.reports.sections import DiffSection
+
+    report = Report("diff", parts=[DiffSection(d.to_json())], findings=diff_findings(d))
     out = Console(record=True, width=120, highlight=False)
     render(report, sections=render_diff_section, out=out)
     text = out.export_text()
