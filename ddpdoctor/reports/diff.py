@@ -9,7 +9,7 @@ from typing import Any
 
 from ddpdoctor.errors import BadInput
 from ddpdoctor.report import Report
-from ddpdoctor.reports.sections import DiffSection
+from ddpdoctor.reports.sections import DiffSection, TopologySection
 
 
 def _topology(run: Any) -> dict[str, Any] | None:
@@ -29,15 +29,15 @@ def _topology(run: Any) -> dict[str, Any] | None:
     return summary if isinstance(summary, dict) else None
 
 
-def _side(path: Path, which: str) -> tuple[Any, Any, dict[str, Any] | None]:
+def _side(path: Path, which: str, topology: dict[str, Any] | None = None) -> tuple[Any, Any, dict[str, Any] | None]:
     """(Analysis, Manifest or None, topology summary or None) of one side, through analyze's own entry point; a run
-    that failed is bad input."""
+    that failed is bad input. ``topology``: the side's summary when its report is still being assembled."""
     from ddpdoctor.analyses.pipeline import analyze_paths
     from ddpdoctor.rundir import artefacts
     from ddpdoctor.rundir.layout import RunDir
     from ddpdoctor.rundir.schema import Manifest
 
-    manifest, topology = None, None
+    manifest = None
     run = RunDir(path)
     if path.is_dir() and run.is_run_dir():
         manifest = artefacts.load(run.manifest, Manifest)
@@ -49,7 +49,7 @@ def _side(path: Path, which: str) -> tuple[Any, Any, dict[str, Any] | None]:
                 not manifest.finished else f"it ended by {how}"
             raise BadInput(f"the {which} run failed ({what}): its steps are not comparable; diff two runs that "
                            "completed", path)
-        topology = _topology(run)
+        topology = topology if topology is not None else _topology(run)
     return analyze_paths([path]), manifest, topology
 
 
@@ -84,14 +84,15 @@ def _operators(base: Any, new: Any, d: Any) -> tuple[list[Any], str | None]:
     return op_deltas(b, n, d.step.base_us, d.min_effect_us), None
 
 
-def assemble(base_path: Path, new_path: Path, command: str = "diff") -> Report:
+def assemble(base_path: Path, new_path: Path, command: str = "diff",
+             new_topology: dict[str, Any] | None = None) -> Report:
     """The diff of two runs as a Report: the "diff" section and its findings."""
     from ddpdoctor.analyses.diff import diff
     from ddpdoctor.analyses.diff_changes import config_changes, facts
     from ddpdoctor.findings.diff import diff_findings
 
     base, bman, btopo = _side(base_path, "base")
-    new, nman, ntopo = _side(new_path, "new")
+    new, nman, ntopo = _side(new_path, "new", new_topology)
     bw, nw = len(base.ranks), len(new.ranks)
     if bw != nw:
         raise BadInput(f"the runs have different world sizes (base {bw} rank(s), new {nw}): per-rank and per-bucket "
@@ -113,8 +114,11 @@ def assemble(base_path: Path, new_path: Path, command: str = "diff") -> Report:
 def add_baseline(report: Report, baseline: Path, run_root: Path) -> Report:
     """``report`` (a profile's) with its diff against ``baseline``: the "diff" section and its findings. When the two
     cannot be compared (a failed run, another world size) a note says why: the job's own report still stands."""
+    topo = report.section(TopologySection)
+    summary = (topo.topology.get("summary") if topo is not None else None) or None
     try:
-        d = assemble(baseline, run_root, command=report.command)
+        d = assemble(baseline, run_root, command=report.command,
+                     new_topology=summary if isinstance(summary, dict) else None)
     except BadInput as exc:
         return Report(report.command, parts=report.parts, findings=report.findings,
                       notes=[*report.notes, f"not compared with the baseline: {exc}"], stopped=report.stopped)
