@@ -20,8 +20,9 @@ from ddpdoctor.analyses.whatif import ddp_config
 # The step's wall time split two ways (each sums to the step): by what ran, and by phase of the step.
 RESOURCES = ("compute", "exposed_comm", "data_wait", "idle")
 PHASES = ("data", "forward", "backward", "optimizer")
-# Exposed communication split into waiting for a late peer and transfer (issue 28's ledger split). Filled only
-# when the analysis carries it (StepMetrics.exposed_wait_us / exposed_transfer_us); until then absent, never 0.
+# Exposed communication split into waiting for a late peer and transfer (issue 28's ledger split,
+# docs/metrics.md#exposed-split): comm_wait = the rank's exposed wait in the step (Analysis.comm_split[].wait_by_step),
+# comm_transfer = exposed_comm - comm_wait. Filled only when the analysis carries the split; absent otherwise, never 0.
 COMM_SPLIT = ("comm_wait", "comm_transfer")
 # Collective size classes (bytes per call): latency-bound, middle, bandwidth-bound.
 SIZE_CLASSES = ((4 << 10, "<4KiB"), (256 << 10, "4KiB-256KiB"), (16 << 20, "256KiB-16MiB"), (None, ">=16MiB"))
@@ -48,7 +49,8 @@ class StepParts:
     parts: dict[str, float | None]
 
 
-def step_parts(s: StepMetrics) -> StepParts:
+def step_parts(s: StepMetrics, wait_us: float | None = None) -> StepParts:
+    """``wait_us``: the step's exposed wait for a late peer where the analysis split exposed communication."""
     data = max(0.0, min(s.data_wait_us, s.dur_us))
     exposed = max(0.0, s.exposed_comm_us)
     # Waiting for a batch is mostly idle in the trace (nothing runs on the training thread while the loader waits):
@@ -66,9 +68,9 @@ def step_parts(s: StepMetrics) -> StepParts:
                      optimizer=optimizer)
     else:
         parts.update(data=data, forward=None, backward=None, optimizer=None)
-    for name, attr in zip(COMM_SPLIT, ("exposed_wait_us", "exposed_transfer_us"), strict=True):
-        value = getattr(s, attr, None)
-        parts[name] = float(value) if isinstance(value, (int, float)) else None
+    wait = None if wait_us is None else min(max(0.0, float(wait_us)), exposed)
+    parts["comm_wait"] = wait
+    parts["comm_transfer"] = None if wait is None else exposed - wait
     return StepParts(s.step, s.dur_us, parts)
 
 
@@ -194,8 +196,16 @@ class RunDiff:
 Samples = dict[int, list[StepParts]]  # rank -> its steps
 
 
+def _waits(a: Analysis) -> dict[int, dict[int, float]]:
+    """rank -> step -> exposed wait, from the analysis's exposed-communication split where it has one (issue 28)."""
+    split = getattr(a, "comm_split", None) or []
+    return {int(c.rank): {int(k): float(v) for k, v in (c.wait_by_step or {}).items()} for c in split}
+
+
 def _samples(a: Analysis) -> Samples:
-    return {r.rank: [step_parts(s) for s in r.per_step] for r in a.ranks if r.per_step}
+    waits = _waits(a)
+    return {r.rank: [step_parts(s, waits[r.rank].get(s.step, 0.0) if r.rank in waits else None) for s in r.per_step]
+            for r in a.ranks if r.per_step}
 
 
 def _job_steps(s: Samples) -> list[StepParts]:

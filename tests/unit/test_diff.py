@@ -234,17 +234,19 @@ def test_topology_facts_are_compared_where_recorded():
 
 
 def test_exposed_comm_split_is_used_where_the_analysis_carries_it():
-    """Issue 28's ledger split (exposed_wait_us / exposed_transfer_us per step): the diff adds comm_wait and
-    comm_transfer; the worked example's +3 ms on rank 0 is all waiting."""
+    """Issue 28's split (Analysis.comm_split: per rank, the exposed wait for a late peer per step): the diff adds
+    comm_wait and comm_transfer (= exposed - wait); the worked example's +3 ms on rank 0 is all waiting."""
+    from types import SimpleNamespace
+
     base, new = base_run(), new_run()
-    for a, wait in ((base, {0: 0.0, 1: 0.0}), (new, {0: 3.0, 1: 0.0})):
-        for r in a.ranks:
-            for s in r.per_step:
-                s.exposed_wait_us = wait[r.rank] * MS  # type: ignore[attr-defined]
-                s.exposed_transfer_us = s.exposed_comm_us - wait[r.rank] * MS  # type: ignore[attr-defined]
+    base.comm_split = [SimpleNamespace(rank=r, wait_by_step={}) for r in (0, 1)]  # type: ignore[attr-defined]
+    new.comm_split = [SimpleNamespace(rank=0, wait_by_step={i: 3 * MS for i in range(4)}),  # type: ignore[attr-defined]
+                      SimpleNamespace(rank=1, wait_by_step={})]
     d = diff(base, new)
     assert d.comm_split
     comp = {(c.component, c.rank): c.delta for c in d.components}
     assert comp[("comm_wait", 0)].change.value == pytest.approx(3 * MS) and comp[("comm_wait", 0)].significant
     assert comp[("comm_transfer", 0)].change.value == pytest.approx(0.0)
+    assert comp[("comm_transfer", 0)].base_us == pytest.approx(2 * MS)
     assert any(c.component == "comm_wait" and c.waiting_for == [1] for c in d.contributors)
+    assert not diff(base_run(), new_run()).comm_split  # without the split: no such parts
