@@ -334,9 +334,10 @@ def _contributors(components: list[ComponentDelta], waits: dict[str, dict[int, f
                      (c.delta.change.value > 0) == (top.delta.change.value > 0)]
         waiting = [r for r in grown_wait if r not in same_sign] if comp in ("exposed_comm", "comm_wait") else []
         out.append(Contributor(comp, kind, sorted(same_sign), int(top.rank or 0), top.delta, waiting))
-    # What ran differently comes before the phases it happened in (the same time seen again); on each, the ranks the
+    # What ran differently comes before the phases it happened in (the same time seen again); in each, the ranks the
     # others now wait for come first (the cause before the waiting it makes), then the largest change.
-    return sorted(out, key=lambda c: (c.kind != "resource", not set(c.ranks) & set(grown_wait),
+    order = {"resource": 0, "comm_split": 1, "phase": 2}  # the split refines exposed_comm; phases repeat the time
+    return sorted(out, key=lambda c: (order.get(c.kind, 3), not set(c.ranks) & set(grown_wait),
                                       -abs(c.delta.change.value)))
 
 
