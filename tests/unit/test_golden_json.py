@@ -192,7 +192,8 @@ CASES = _cases()
 def normalise(value: Any, subst: list[tuple[str, str]]) -> Any:
     """The document with what differs between two runs of the same input replaced (see the module docstring)."""
     if isinstance(value, dict):
-        return {k: (None if k == "age_s" else normalise(v, subst)) for k, v in value.items()}
+        # Keys too: a log's path can be a key (the places a finding was seen in).
+        return {normalise(k, subst): (None if k == "age_s" else normalise(v, subst)) for k, v in value.items()}
     if isinstance(value, list):
         return [normalise(v, subst) for v in value]
     if isinstance(value, str):
