@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from ddpdoctor.findings.model import Finding, Severity
 
 # The docs/findings.md sections, in their order.
-AREAS = ("job", "perf", "hangs", "live", "logs", "sync", "topo", "preflight")
+AREAS = ("job", "perf", "diff", "hangs", "live", "logs", "sync", "topo", "preflight")
 _LETTERS = {"E": Severity.ERROR, "W": Severity.WARNING, "I": Severity.INFO}
 
 
@@ -66,6 +66,10 @@ CATALOG: tuple[FindingKind, ...] = (
     K("rank-no-communication", "perf", "W", "ddpdoctor.findings.perf"),
     K("no-profiler-steps", "perf", "I", "ddpdoctor.findings.perf_wholetrace"),
     K("bucket-cap-whatif", "perf", "WI", "ddpdoctor.findings.perf"),
+    K("diff-step-slower", "diff", "W", "ddpdoctor.findings.diff"),
+    K("diff-step-faster", "diff", "I", "ddpdoctor.findings.diff"),
+    K("diff-not-measurable", "diff", "I", "ddpdoctor.findings.diff"),
+    K("diff-bucket-layout", "diff", "I", "ddpdoctor.findings.diff"),
     K("job-stopped", "job", "W", "ddpdoctor.findings.job"),
     K("run-unfinished", "job", "EW", "ddpdoctor.findings.job"),
     K("hang", "hangs", "E", "ddpdoctor.findings.failure"),

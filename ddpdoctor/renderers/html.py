@@ -260,8 +260,9 @@ def _ddp_html(ddp: Any) -> str:
          "buckets"], rows, left=2) + "</section>"
 
 
-def render_html(report: Report) -> str:
-    """The whole report as one HTML document string."""
+def render_html(report: Report, extra: str = "") -> str:
+    """The whole report as one HTML document string; ``extra``: sections of other views placed after the findings
+    (already escaped HTML, e.g. the diff against a baseline)."""
     s = report.sections
     ranks = s.get("ranks") or []
     stragglers = list((s.get("stragglers") or {}).get("ranks") or [])
@@ -291,6 +292,7 @@ def render_html(report: Report) -> str:
 {_summary_html(report, ranks)}
 <noscript><p class="noscript">Charts need JavaScript; the tables below do not.</p></noscript>
 <section id="findings"><h2>Findings</h2>{_findings_html(report.findings)}{notes}</section>
+{extra}
 <section id="ranks"><h2>Per rank, per step</h2>
 <p class="note">Every figure is per step: step time as the median (and p90) over the recorded steps, the others as a
 mean per step (report.json has the totals).</p>
@@ -326,10 +328,14 @@ per step. The dot is the current bucket_cap_mb; the dashed line what was measure
 """
 
 
-def write_html(report: Report, path: Path) -> Path:
+def write_html(report: Report, path: Path, extra: str = "") -> Path:
     """Write the report atomically (a temporary file beside it, then a rename): a full disk or a crash leaves the
     previous report or none, never half a page. Raises OSError; the caller names the file."""
-    text = render_html(report)
+    return write_page(render_html(report, extra), path)
+
+
+def write_page(text: str, path: Path) -> Path:
+    """``text`` to ``path`` atomically (see write_html). Raises OSError."""
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
     try:
