@@ -1,0 +1,86 @@
+"""`ddpdoctor tune`'s Report: the measured variants (the `variants` section, docs/json.md), the plan with the reason
+for each variant chosen or skipped, the experiment's design, and the findings."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from ddpdoctor.analyses.intervals import Interval
+from ddpdoctor.analyses.tune import TuneResult, VariantResult, gpu_hours_per_day
+from ddpdoctor.findings.model import Finding
+from ddpdoctor.findings.tune import Plan, code_line
+from ddpdoctor.report import Report
+
+
+def _iv(iv: Interval | None) -> list[float] | None:
+    return None if iv is None else [round(iv.lo, 3), round(iv.hi, 3)]
+
+
+def _val(iv: Interval | None) -> float | None:
+    return None if iv is None else round(iv.value, 3)
+
+
+def variant_json(v: VariantResult, base: VariantResult, predicted_ms: float | None, setting: dict[str, Any],
+                 gpus_total: int | None) -> dict[str, Any]:
+    """One row of ``variants`` (docs/json.md): ms throughout, intervals [lo, hi] at 90%."""
+    gph = None
+    if gpus_total and v.diff is not None and base.step is not None and base.step.value > 0:
+        gph = {"value": round(gpu_hours_per_day(v.diff.value, base.step.value, gpus_total), 2),
+               "interval": sorted(round(gpu_hours_per_day(x, base.step.value, gpus_total), 2)
+                                  for x in (v.diff.lo, v.diff.hi)),
+               "gpus_total": gpus_total}
+    return {
+        "setting": v.label,
+        "options": setting,
+        "step_ms": _val(v.step),
+        "interval": _iv(v.step),
+        "n": v.step.n if v.step else 0,
+        "baseline": {"step_ms": _val(base.step), "interval": _iv(base.step)},
+        "diff_ms": _val(v.diff),
+        "diff_interval": _iv(v.diff),
+        "predicted_ms": predicted_ms,
+        "winner": v.winner,
+        "verdict": v.verdict,
+        "why": v.why,
+        "launches": v.launches,
+        "launch_medians_ms": [round(x, 3) for x in v.launch_medians],
+        "in_effect": v.in_effect,
+        "effect": v.effect,
+        "numerics": v.numerics.to_json() if v.numerics else None,
+        "change": code_line(setting),
+        "gpu_hours_per_day": gph,
+    }
+
+
+def tune_report(result: TuneResult, plan: Plan, prep: Any, findings: list[Finding], design: dict[str, Any],
+                script: dict[str, Any], gpus_total: int | None = None) -> Report:
+    by_label = {c.label: c for c in plan.candidates}
+    base = result.baseline
+    variants = []
+    for v in result.variants:
+        cand = by_label.get(v.label)
+        variants.append(variant_json(v, base, cand.predicted_ms if cand else None, cand.setting if cand else {},
+                                     gpus_total))
+    cfg = prep.cfg or {}
+    w = prep.whatif
+    unchanged = script.get("sha256_before") is not None and script.get("sha256_before") == script.get("sha256_after")
+    section: dict[str, Any] = {
+        "baseline": {"setting": "baseline", "step_ms": _val(base.step), "interval": _iv(base.step),
+                     "n": base.step.n if base.step else 0, "launch_medians_ms": [round(x, 3) for x in base.launch_medians],
+                     "launch_spread_ms": None if result.launch_spread_ms is None else round(result.launch_spread_ms, 3),
+                     "effect": base.effect,
+                     "options": {k: cfg.get(k) for k in ("bucket_cap_mb", "gradient_as_bucket_view", "static_graph",
+                                                         "find_unused_parameters")}},
+        "candidates": [c.to_json() for c in plan.candidates],
+        "design": design,
+        "whatif": {"available": w.available, "reason": w.reason, "current_bucket_cap_mb": w.current_bucket_cap_mb,
+                   "best_bucket_cap_mb": w.best_bucket_cap_mb,
+                   "saving_ms_per_step": None if w.saving_us_per_step is None else round(w.saving_us_per_step / 1000, 3)},
+        "script": {**script, "unchanged": unchanged},
+    }
+    notes = [f"{design['launches']} trial launches of {design['warmup']} + {design['steps']} iterations "
+             f"({design['rounds']} rounds, order {' '.join(result.order)}); the first {design['warmup']} of each "
+             "are left out; figures are medians with 90% intervals (docs/tune.md)"]
+    if unchanged:
+        notes.append(f"the script was not changed (sha256 {str(script['sha256_before'])[:12]} before and after)")
+    return Report(command="tune", sections={"tune": section, "variants": variants}, findings=findings, notes=notes)

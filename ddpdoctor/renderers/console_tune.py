@@ -1,0 +1,83 @@
+"""The terminal view of `ddpdoctor tune`: the variants against the baseline (prediction beside measurement), and
+why each variant was chosen or skipped."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from rich.console import Console
+from rich.markup import escape
+from rich.table import Table
+
+
+def _ms(v: Any, sign: bool = False) -> str:
+    if not isinstance(v, (int, float)):
+        return "-"
+    return f"{v:+.3f}" if sign else f"{v:.3f}"
+
+
+def _interval(iv: Any) -> str:
+    if not (isinstance(iv, list) and len(iv) == 2):
+        return ""
+    return f"[{_ms(iv[0])}, {_ms(iv[1])}]"
+
+
+def measured(row: dict[str, Any]) -> str:
+    """"measured -3.1 ± 1.2 ms" from the paired difference and its interval."""
+    d, iv = row.get("diff_ms"), row.get("diff_interval")
+    if not isinstance(d, (int, float)) or not isinstance(iv, list):
+        return "not measured"
+    return f"measured {d:+.3f} ± {(iv[1] - iv[0]) / 2:.3f} ms"
+
+
+def _numerics(n: Any) -> str:
+    if not isinstance(n, dict) or n.get("loss_rel_diff") is None:
+        return "loss not compared"
+    if n.get("nonfinite"):
+        return "[red]loss not finite[/red]"
+    pct = 100 * float(n["loss_rel_diff"])
+    if n.get("changed") is None:
+        return f"loss {pct:.4f}% off (undecided: the baseline's own launches differ)"
+    if n.get("changed"):
+        return f"[yellow]loss changes: {pct:.4f}%[/yellow]"
+    return "loss identical" if pct == 0 else f"loss within {pct:.4f}%"
+
+
+def render_tune_section(report: Any, out: Console, verbose: bool) -> None:
+    s = report.sections
+    tune = s.get("tune") or {}
+    base = tune.get("baseline") or {}
+    rows: list[dict[str, Any]] = s.get("variants") or []
+    table = Table(title="Step time per setting (median ms, 90% interval; warm-up left out)", title_justify="left")
+    for col in ("setting", "step ms", "interval", "vs baseline", "predicted", "verdict", "numerics"):
+        table.add_column(col, justify="right" if col in ("step ms", "predicted") else "left")
+    table.add_row("baseline", _ms(base.get("step_ms")), _interval(base.get("interval")), "", "", "", "")
+    for r in rows:
+        verdict = escape(str(r.get("verdict")))
+        if r.get("winner"):
+            verdict = f"[green]{verdict}[/green]"
+        pred = r.get("predicted_ms")
+        table.add_row(escape(str(r.get("setting"))), _ms(r.get("step_ms")), _interval(r.get("interval")),
+                      measured(r), f"{_ms(pred, True)} ms" if isinstance(pred, (int, float)) else "no model",
+                      verdict, _numerics(r.get("numerics")))
+    out.print(table)
+    for r in rows:
+        line = f"  {escape(str(r.get('setting')))}: {escape(str(r.get('why')))}"
+        if r.get("effect"):
+            line += f"; in effect: {escape(str(r.get('effect')))}" if r.get("in_effect") else ""
+        gph = r.get("gpu_hours_per_day")
+        if isinstance(gph, dict) and r.get("winner"):
+            line += f"; {gph['value']:+.1f} GPU-hours/day saved at {gph['gpus_total']} GPUs"
+        out.print(line)
+    spread = base.get("launch_spread_ms")
+    if spread is not None:
+        out.print(f"[dim]baseline launches: {', '.join(_ms(x) for x in base.get('launch_medians_ms') or [])} ms "
+                  f"(spread {_ms(spread)} ms, the noise between launches)[/dim]")
+    out.print("[bold]Variants considered[/bold]")
+    for c in tune.get("candidates") or []:
+        mark = "[green]measured[/green]" if c.get("chosen") else "[dim]skipped[/dim]"
+        out.print(f"  {mark} {escape(str(c.get('setting')))} ({escape(str(c.get('source')))}): "
+                  f"{escape(str(c.get('why')))}")
+    design = tune.get("design") or {}
+    if design.get("trials_dir"):
+        out.print(f"[dim]trial run directories: {escape(str(design['trials_dir']))}[/dim]")
