@@ -56,8 +56,19 @@ class Numerics:
     changed: bool | None
     nonfinite: bool = False
 
+    @property
+    def state(self) -> str:
+        """"identical" (bit for bit), "within tolerance", "changed", "not finite" or "undecided"."""
+        if self.nonfinite:
+            return "not finite"
+        if self.changed is None:
+            return "undecided"
+        if self.changed:
+            return "changed"
+        return "identical" if self.rel_diff == 0 else "within tolerance"
+
     def to_json(self) -> dict[str, Any]:
-        return {"loss_rel_diff": self.rel_diff, "baseline_rel_spread": self.baseline_rel_spread,
+        return {"state": self.state, "loss_rel_diff": self.rel_diff, "baseline_rel_spread": self.baseline_rel_spread,
                 "tolerance": self.tolerance, "iterations": self.iterations, "changed": self.changed,
                 "nonfinite": self.nonfinite}
 
@@ -74,6 +85,7 @@ class VariantResult:
     effect: str = ""
     numerics: Numerics | None = None
     failed: list[int] = field(default_factory=list)  # exit codes of its launches that failed
+    buckets: int | None = None  # DDP's buckets as its first launch recorded them (after the rebuild)
     verdict: str = "not measured"  # faster, slower, no measurable difference, not measured, not applied, failed
     why: str = ""
     winner: bool = False
@@ -156,7 +168,8 @@ def _measure(label: str, trials: Sequence[Trial]) -> VariantResult:
     return VariantResult(label, len(trials), bootstrap(pooled, statistics.median) if pooled else None, None,
                          medians, in_effect=all(t.in_effect for t in trials),
                          effect="; ".join(dict.fromkeys(t.effect for t in trials if t.effect)),
-                         failed=[t.exit_code for t in trials if t.exit_code])
+                         failed=[t.exit_code for t in trials if t.exit_code],
+                         buckets=next((t.buckets for t in trials if t.buckets is not None), None))
 
 
 def judge(v: VariantResult, base: VariantResult, spread: float | None) -> None:

@@ -21,7 +21,7 @@ def _val(iv: Interval | None) -> float | None:
 
 
 def variant_json(v: VariantResult, base: VariantResult, predicted_ms: float | None, setting: dict[str, Any],
-                 gpus_total: int | None) -> dict[str, Any]:
+                 gpus_total: int | None, expected_buckets: float | None = None) -> dict[str, Any]:
     """One row of ``variants`` (docs/json.md): ms throughout, intervals [lo, hi] at 90%."""
     gph = None
     if gpus_total and v.diff is not None and base.step is not None and base.step.value > 0:
@@ -46,6 +46,9 @@ def variant_json(v: VariantResult, base: VariantResult, predicted_ms: float | No
         "launch_medians_ms": [round(x, 3) for x in v.launch_medians],
         "in_effect": v.in_effect,
         "effect": v.effect,
+        "buckets": v.buckets,
+        "baseline_buckets": base.buckets,
+        "expected_buckets": expected_buckets,
         "numerics": v.numerics.to_json() if v.numerics else None,
         "change": code_line(setting),
         "gpu_hours_per_day": gph,
@@ -60,7 +63,7 @@ def tune_report(result: TuneResult, plan: Plan, prep: Any, findings: list[Findin
     for v in result.variants:
         cand = by_label.get(v.label)
         variants.append(variant_json(v, base, cand.predicted_ms if cand else None, cand.setting if cand else {},
-                                     gpus_total))
+                                     gpus_total, cand.expected_buckets if cand else None))
     cfg = prep.cfg or {}
     w = prep.whatif
     unchanged = script.get("sha256_before") is not None and script.get("sha256_before") == script.get("sha256_after")

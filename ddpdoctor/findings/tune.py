@@ -242,13 +242,19 @@ def tune_findings(result: TuneResult, candidates: list[Candidate], gpus_total: i
                                "supports the option (bf16 compression needs NCCL 2.10+)."))
         n = v.numerics
         if n is not None and n.changed:
-            diff = "a loss that is not finite" if n.nonfinite else f"{100 * (n.rel_diff or 0):.4f}% of the loss"
+            diff = "a loss that is not finite" if n.nonfinite else f"{n.rel_diff or 0:.2e} of the loss (relative)"
             out.append(Finding("tune-numerics-changed", Severity.WARNING,
-                               f"{v.label} changes the loss: up to {diff} over {n.iterations} iterations "
-                               f"(tolerance {100 * n.tolerance:.4f}%)",
+                               f"{v.label} changes the loss: up to {diff} over {n.iterations} iterations, beyond "
+                               f"the tolerance of {n.tolerance:.0e}",
                                evidence={"setting": v.label, **n.to_json()},
-                               advice="Check convergence over a full run before adopting it; its speed is measured "
-                               "below."))
+                               advice="Check convergence over a full run before adopting it."))
+        elif n is not None and n.state == "within tolerance" and n.baseline_rel_spread == 0:
+            # The baseline repeats itself bit for bit, so any difference is the variant's own arithmetic.
+            out.append(Finding("tune-numerics-differ", Severity.INFO,
+                               f"{v.label} changes the loss slightly: up to {n.rel_diff:.2e} (relative) over "
+                               f"{n.iterations} iterations, within the tolerance of {n.tolerance:.0e}; the "
+                               "baseline's own launches agree bit for bit",
+                               evidence={"setting": v.label, **n.to_json()}))
     winners = sorted((v for v in result.variants if v.winner and v.diff is not None),
                      key=lambda v: v.diff.value if v.diff else 0.0)
     keep = [v for v in winners if not (v.numerics and v.numerics.changed)]

@@ -33,14 +33,14 @@ def measured(row: dict[str, Any]) -> str:
 def _numerics(n: Any) -> str:
     if not isinstance(n, dict) or n.get("loss_rel_diff") is None:
         return "loss not compared"
-    if n.get("nonfinite"):
+    state, d = n.get("state"), float(n["loss_rel_diff"])
+    if state == "not finite":
         return "[red]loss not finite[/red]"
-    pct = 100 * float(n["loss_rel_diff"])
-    if n.get("changed") is None:
-        return f"loss {pct:.4f}% off (undecided: the baseline's own launches differ)"
-    if n.get("changed"):
-        return f"[yellow]loss changes: {pct:.4f}%[/yellow]"
-    return "loss identical" if pct == 0 else f"loss within {pct:.4f}%"
+    if state == "undecided":
+        return f"loss {d:.1e} off, undecided (the baseline's own launches differ by {n.get('baseline_rel_spread'):.1e})"
+    if state == "changed":
+        return f"[yellow]loss changes by {d:.1e} (tolerance {n.get('tolerance'):.0e})[/yellow]"
+    return "loss bit-identical" if state == "identical" else f"loss within {d:.1e} (tolerance {n.get('tolerance'):.0e})"
 
 
 def render_tune_section(report: Any, out: Console, verbose: bool) -> None:
@@ -48,21 +48,21 @@ def render_tune_section(report: Any, out: Console, verbose: bool) -> None:
     tune = s.get("tune") or {}
     base = tune.get("baseline") or {}
     rows: list[dict[str, Any]] = s.get("variants") or []
-    table = Table(title="Step time per setting (median ms, 90% interval; warm-up left out)", title_justify="left")
-    for col in ("setting", "step ms", "interval", "vs baseline", "predicted", "verdict", "numerics"):
-        table.add_column(col, justify="right" if col in ("step ms", "predicted") else "left")
-    table.add_row("baseline", _ms(base.get("step_ms")), _interval(base.get("interval")), "", "", "", "")
+    table = Table(title="Step time per setting (median ms [90% interval], warm-up left out)", title_justify="left")
+    for col in ("setting", "step ms", "predicted", "vs baseline", "verdict"):
+        table.add_column(col, overflow="fold")
+    table.add_row("baseline", f"{_ms(base.get('step_ms'))} {_interval(base.get('interval'))}", "", "", "")
     for r in rows:
         verdict = escape(str(r.get("verdict")))
         if r.get("winner"):
             verdict = f"[green]{verdict}[/green]"
         pred = r.get("predicted_ms")
-        table.add_row(escape(str(r.get("setting"))), _ms(r.get("step_ms")), _interval(r.get("interval")),
-                      measured(r), f"{_ms(pred, True)} ms" if isinstance(pred, (int, float)) else "no model",
-                      verdict, _numerics(r.get("numerics")))
+        table.add_row(escape(str(r.get("setting"))), f"{_ms(r.get('step_ms'))} {_interval(r.get('interval'))}",
+                      f"predicted {_ms(pred, True)} ms" if isinstance(pred, (int, float)) else "no model",
+                      measured(r), verdict)
     out.print(table)
     for r in rows:
-        line = f"  {escape(str(r.get('setting')))}: {escape(str(r.get('why')))}"
+        line = f"  {escape(str(r.get('setting')))}: {escape(str(r.get('why')))}; {_numerics(r.get('numerics'))}"
         if r.get("effect"):
             line += f"; in effect: {escape(str(r.get('effect')))}" if r.get("in_effect") else ""
         gph = r.get("gpu_hours_per_day")
