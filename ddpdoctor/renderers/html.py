@@ -248,6 +248,7 @@ def render_html(report: Report) -> str:
     ranks = s.get("ranks") or []
     stragglers = list((s.get("stragglers") or {}).get("ranks") or [])
     from ddpdoctor import __version__
+    from ddpdoctor.renderers.html_tune import tune_html
 
     meta = [f"ddpdoctor {__version__}", f"{len(ranks)} rank(s)"]
     if s.get("run_dir"):
@@ -271,6 +272,7 @@ def render_html(report: Report) -> str:
 <div class="meta">{esc(" · ".join(meta))}</div></header>
 <main>
 {_summary_html(report, ranks)}
+{tune_html(s)}
 <noscript><p class="noscript">Charts need JavaScript; the tables below do not.</p></noscript>
 <section id="findings"><h2>Findings</h2>{_findings_html(report.findings)}{notes}</section>
 <section id="ranks"><h2>Per rank, per step</h2>
