@@ -178,4 +178,4 @@ def _loss(x: Any) -> float | None:
 
 
 def _safe(label: str) -> str:
-    return "".join(c if c.isalnum() or c in "._-" else "_" for c in label)[:60]
+    return "".join(c if c.isalnum() or c in "._=-" else "_" for c in label)[:60]

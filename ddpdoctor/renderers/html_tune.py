@@ -51,7 +51,7 @@ def tune_html(sections: dict[str, Any]) -> str:
             "<td class='l'>the script's own settings</td><td></td><td></td></tr>"]
     for r in rows:
         pred = r.get("predicted_ms")
-        num = r.get("numerics") if isinstance(r.get("numerics"), dict) else {}
+        num: dict[str, Any] = r["numerics"] if isinstance(r.get("numerics"), dict) else {}
         body.append(
             f"<tr><td class='l'>{_esc(r.get('setting'))}</td><td>{_num(r.get('step_ms'))}</td>"
             f"<td>{_esc(_iv(r.get('interval')))}</td>"
