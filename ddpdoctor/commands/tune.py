@@ -109,6 +109,10 @@ def command(tries: tuple[str, ...], rounds: int, warmup: int, steps: int, max_va
         "warmup": warmup, "steps": steps, "rounds": rounds, "launches": len(trials),
         "order": result.order, "profile_run": str(root / "profile"), "trials_dir": str(root / "trials"),
     }, script={"path": spec.script, "sha256_before": before, "sha256_after": after}, gpus_total=gpus_total)
+    short = sorted({len(t.step_ms) for t in trials if len(t.step_ms) < steps})
+    if short:
+        report.notes.append(f"some launches measured only {', '.join(map(str, short))} of the {steps} iterations "
+                            f"asked: the script ended before --warmup + --steps = {warmup + steps} iterations")
     run = RunDir(root)
     save_report(run, report)
     write_outputs(report, root, html_path, None, [], show_progress=False)

@@ -95,8 +95,8 @@ class Experiment:
 
         run = RunDir(self.root / "profile")
         progress.say("tune: profiling the script's own settings to plan the variants", self.show)
-        result = self._launch(run.root, mode="profile", schedule=Schedule.parse_active("auto"),
-                              options={"run_to_completion": False})
+        schedule = Schedule.parse_active("auto")
+        result = self._launch(run.root, mode="profile", schedule=schedule, options={"run_to_completion": False})
         statuses = self._statuses(run)
         if not any(s.ddp_modules for s in statuses):
             if result.exit_code:
@@ -107,6 +107,12 @@ class Experiment:
         if not any(s.steps_completed for s in statuses):
             raise BadInput("no training iteration was seen on any rank (no optimizer step and no ddpdoctor.step()); "
                            "call ddpdoctor.step() at the end of each iteration", self.base.script)
+        done = max(s.steps_completed or 0 for s in statuses)
+        if not run.trace_files() and not result.exit_code and done < schedule.needed():
+            raise BadInput(f"the script ran only {done} iteration(s); tune needs {schedule.needed()} for its profiled "
+                           f"launch and --warmup + --steps = {self.warmup + self.steps} for each trial: give the "
+                           "script more iterations (an argument of the script, e.g. --steps-per-epoch)",
+                           self.base.script)
         if not run.trace_files():
             raise JobFailed(f"the profiled launch wrote no trace (exit {result.exit_code}); see {run.root}")
         analysis = analyze_paths([run.root])

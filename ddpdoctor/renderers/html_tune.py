@@ -4,15 +4,15 @@ Every string is escaped."""
 
 from __future__ import annotations
 
+import html
 from typing import Any
 
 from ddpdoctor.renderers.console_tune import measured
 
 
 def _esc(value: Any) -> str:
-    from ddpdoctor.renderers.html import esc
-
-    return esc(value)
+    # As renderers/html.esc (this module is imported by it, so it does not import it back).
+    return html.escape("" if value is None else str(value), quote=True)
 
 
 def _num(v: Any) -> str:
