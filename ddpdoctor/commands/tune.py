@@ -102,6 +102,9 @@ def command(tries: tuple[str, ...], rounds: int, warmup: int, steps: int, max_va
     except tune_trials.JobFailed as exc:
         click.echo(f"ddpdoctor: {exc}", err=True)
         raise SystemExit(1) from None
+    except tune_trials.Stopped as exc:
+        click.echo(f"ddpdoctor: stopped by signal {exc.signum}; the launches so far are in {root}", err=True)
+        raise SystemExit(128 + exc.signum) from None
     result = compare(trials, tolerance)
     after = tune_trials.file_sha256(script) if not spec.as_module else None
     findings = tune_findings(result, the_plan.candidates, gpus_total)

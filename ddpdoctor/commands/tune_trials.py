@@ -85,7 +85,11 @@ class Experiment:
 
         spec = dataclasses.replace(self.base, run_dir=RunDir(run_dir), overwrite=True, **fields)
         self.launched.append(str(run_dir))
-        return launch(spec, make_watcher(*self.watch))
+        result = launch(spec, make_watcher(*self.watch))
+        if result.signum:
+            # Ctrl-C or a scheduler's SIGTERM stopped the launch (launch/ stopped the job): no further launches.
+            raise Stopped(result.signum)
+        return result
 
     # -- 1. the profiled launch: what can matter for this model -------------------------------------------------
     def profile(self, extra_caps: list[float]) -> Preparation:
@@ -171,6 +175,14 @@ class Experiment:
         losses = tuple(_loss(x) for x in (tune.loss_per_iteration if tune else []))
         return Trial(label, rnd, order, tuple(step_ms), losses, ok if setting else bool(modules), seen, exit_code,
                      buckets)
+
+
+class Stopped(Exception):
+    """ddpdoctor was stopped by a signal during a launch: the command exits 128+signal."""
+
+    def __init__(self, signum: int) -> None:
+        super().__init__(signum)
+        self.signum = signum
 
 
 class JobFailed(Exception):
