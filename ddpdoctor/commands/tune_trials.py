@@ -167,11 +167,11 @@ class Experiment:
         info = artefacts.load_optional(run.rank_file(rank0, "info.json"), RankInfo) if rank0 is not None else None
         tune = artefacts.load_optional(run.rank_file(rank0, "tune.json"), RankTune) if rank0 is not None else None
         modules = [artefacts.to_dict(m) for m in (info.ddp_modules if info else [])]
-        errors: list[str] = []
+        errors: dict[str, None] = {}  # distinct texts, in rank order (1,024 ranks usually say the same thing)
         for rank in run.ranks_present():
             t = artefacts.load_optional(run.rank_file(rank, "tune.json"), RankTune)
-            errors.extend(e for e in (t.errors if t else []) if e not in errors)
-        ok, seen, buckets = in_effect(setting, modules, tune.applied if tune else [], errors[:3])
+            errors.update(dict.fromkeys(t.errors if t else []))
+        ok, seen, buckets = in_effect(setting, modules, tune.applied if tune else [], list(errors)[:3])
         losses = tuple(_loss(x) for x in (tune.loss_per_iteration if tune else []))
         return Trial(label, rnd, order, tuple(step_ms), losses, ok if setting else bool(modules), seen, exit_code,
                      buckets)
