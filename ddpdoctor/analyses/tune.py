@@ -80,7 +80,7 @@ class VariantResult:
     step: Interval | None  # median step time (ms) over the pooled measured iterations of its launches
     diff: Interval | None  # median of paired (variant - baseline) iteration times, same round, same iteration (ms)
     launch_medians: list[float] = field(default_factory=list)
-    faster_every_round: bool = False
+    faster_every_round: bool = False  # every launch faster than its neighbouring baseline launches
     in_effect: bool = True
     effect: str = ""
     numerics: Numerics | None = None
@@ -95,7 +95,7 @@ class VariantResult:
 class TuneResult:
     baseline: VariantResult
     variants: list[VariantResult]
-    launch_spread_ms: float | None  # max - min of the baseline's launch medians: the noise between launches
+    launch_spread_ms: float | None  # launch noise: the largest difference of consecutive baseline launches
     order: list[str]  # the labels in launch order
 
 
@@ -121,25 +121,34 @@ def _rel_diff(a: Sequence[float | None], b: Sequence[float | None]) -> tuple[flo
     return worst, n, nonfinite
 
 
+def neighbours(t: Trial, baseline: Sequence[Trial]) -> list[Trial]:
+    """The baseline launches just before and just after ``t`` in the launch order (one at an edge): the launches
+    that shared the machine's state with it."""
+    before = [b for b in baseline if b.order < t.order]
+    after = [b for b in baseline if b.order > t.order]
+    out = ([max(before, key=lambda b: b.order)] if before else []) + ([min(after, key=lambda b: b.order)] if after
+                                                                      else [])
+    return out
+
+
 def numerics(variant: Sequence[Trial], baseline: Sequence[Trial], tolerance: float = LOSS_REL_TOL) -> Numerics:
-    """The variant's loss against the baseline's of the same round (the first baseline launch when a round has
-    none); the baseline's own spread (its launches against its first) decides whether the comparison can."""
+    """The variant's loss against its neighbouring baseline launches'; the baseline's own spread (its launches
+    against its first) decides whether the comparison can."""
     if not baseline or not baseline[0].losses:
         return Numerics(None, None, tolerance, 0, None)
     first = baseline[0]
     spreads = [_rel_diff(b.losses, first.losses)[0] for b in baseline[1:]]
     spread = max((s for s in spreads if s is not None), default=None)
-    by_round = {b.round: b for b in baseline}
     worst: float | None = None
     n = 0
     nonfinite = False
     for t in variant:
-        ref = by_round.get(t.round, first)
-        d, k, bad = _rel_diff(t.losses, ref.losses)
-        nonfinite = nonfinite or bad
-        n = max(n, k)
-        if d is not None:
-            worst = d if worst is None else max(worst, d)
+        for ref in neighbours(t, baseline) or [first]:
+            d, k, bad = _rel_diff(t.losses, ref.losses)
+            nonfinite = nonfinite or bad
+            n = max(n, k)
+            if d is not None:
+                worst = d if worst is None else max(worst, d)
     if nonfinite:
         return Numerics(worst, spread, tolerance, n, True, True)
     if worst is None:
@@ -149,17 +158,30 @@ def numerics(variant: Sequence[Trial], baseline: Sequence[Trial], tolerance: flo
     return Numerics(worst, spread, tolerance, n, worst > tolerance)
 
 
-def _paired_diffs(variant: Sequence[Trial], baseline: Sequence[Trial]) -> list[float]:
-    """Iteration j of a variant launch minus iteration j of the baseline launch of the same round: launches next
-    to each other share the machine's state, so the pairs cancel drift between rounds."""
-    by_round = {b.round: b for b in baseline}
-    out: list[float] = []
+def _paired(variant: Sequence[Trial], baseline: Sequence[Trial]) -> tuple[list[float], list[int]]:
+    """Iteration j of a variant launch minus the mean of iteration j of its neighbouring baseline launches (a
+    linear drift cancels in the mean of the launch before and after); and per variant launch the side its median
+    fell on against the mean of its neighbours' medians (-1 faster, +1 slower, 0 equal)."""
+    diffs: list[float] = []
+    sides: list[int] = []
     for t in variant:
-        ref = by_round.get(t.round)
-        if ref is None:
+        refs = [b for b in neighbours(t, baseline) if b.step_ms]
+        if not refs or not t.step_ms:
             continue
-        out.extend(v - b for v, b in zip(t.step_ms, ref.step_ms, strict=False))
-    return out
+        for j, x in enumerate(t.step_ms):
+            at = [b.step_ms[j] for b in refs if j < len(b.step_ms)]
+            if at:
+                diffs.append(x - sum(at) / len(at))
+        mine, theirs = statistics.median(t.step_ms), statistics.fmean(statistics.median(b.step_ms) for b in refs)
+        sides.append((mine > theirs) - (mine < theirs))
+    return diffs, sides
+
+
+def launch_noise(baseline: Sequence[Trial]) -> float | None:
+    """The largest difference between the medians of two consecutive baseline launches: what relaunching the
+    same setting changes over the distance between a variant's neighbours (None with fewer than 2 launches)."""
+    meds = [statistics.median(b.step_ms) for b in sorted(baseline, key=lambda b: b.order) if b.step_ms]
+    return max((abs(a - b) for a, b in zip(meds, meds[1:], strict=False)), default=None)
 
 
 def _measure(label: str, trials: Sequence[Trial]) -> VariantResult:
@@ -172,11 +194,11 @@ def _measure(label: str, trials: Sequence[Trial]) -> VariantResult:
                          buckets=next((t.buckets for t in trials if t.buckets is not None), None))
 
 
-def judge(v: VariantResult, base: VariantResult, spread: float | None) -> None:
+def judge(v: VariantResult, base: VariantResult, noise_ms: float | None, sides: Sequence[int]) -> None:
     """The honesty rule: a variant is faster (a winner) only when its step-time interval lies wholly below the
-    baseline's, the interval of the paired difference lies below 0, it was faster in every round, and the gain
-    exceeds the baseline's own spread between launches. Otherwise it is slower by the mirror rule, or no
-    measurable difference, with the reason."""
+    baseline's, the interval of the paired difference lies below 0, each of its launches was faster than its
+    neighbouring baseline launches, and the gain exceeds the launch noise (two consecutive baseline launches'
+    largest difference). Slower is the mirror rule; anything else is no measurable difference, with the reason."""
     if v.failed or base.failed:
         which = "its" if v.failed else "the baseline's"
         v.verdict, v.why = "failed", f"{which} launch(es) failed (exit {', '.join(map(str, v.failed or base.failed))})"
@@ -188,26 +210,24 @@ def judge(v: VariantResult, base: VariantResult, spread: float | None) -> None:
         v.verdict, v.why = "not measured", "fewer than 3 measured iterations in a variant or the baseline"
         return
     gain = -v.diff.value
-    noise = spread if spread is not None else 0.0
-    pairs = list(zip(v.launch_medians, base.launch_medians, strict=False))
-    v.faster_every_round = bool(pairs) and all(a < b for a, b in pairs)
-    slower_every_round = bool(pairs) and all(a > b for a, b in pairs)
+    noise = noise_ms if noise_ms is not None else 0.0
+    v.faster_every_round = bool(sides) and all(x < 0 for x in sides)
+    slower_every_launch = bool(sides) and all(x > 0 for x in sides)
     if v.step.hi < base.step.lo and v.diff.hi < 0 and v.faster_every_round and gain > noise:
         v.verdict, v.winner = "faster", True
-        v.why = "its interval clears the baseline's, in every round, by more than the launches' own spread"
-    elif v.step.lo > base.step.hi and v.diff.lo > 0 and slower_every_round and -gain > noise:
-        v.verdict, v.why = "slower", "its interval lies above the baseline's, in every round"
+        v.why = "its interval clears the baseline's, in every launch, by more than the launch noise"
+    elif v.step.lo > base.step.hi and v.diff.lo > 0 and slower_every_launch and -gain > noise:
+        v.verdict, v.why = "slower", "its interval lies above the baseline's, in every launch, beyond the launch noise"
     else:
         v.verdict = "no measurable difference"
         if not (v.step.hi < base.step.lo or v.step.lo > base.step.hi):
             v.why = "its interval overlaps the baseline's"
         elif v.diff.lo <= 0 <= v.diff.hi:
             v.why = "the interval of the paired difference contains 0"
-        elif not (v.faster_every_round or slower_every_round):
-            v.why = "it was not on the same side of the baseline in every round"
+        elif not (v.faster_every_round or slower_every_launch):
+            v.why = "its launches were not all on the same side of their neighbouring baseline launches"
         else:
-            v.why = f"the difference ({abs(gain):.3f} ms) is within the baseline's spread between launches " \
-                    f"({noise:.3f} ms)"
+            v.why = f"the difference ({abs(gain):.3f} ms) is within the launch noise ({noise:.3f} ms)"
 
 
 def compare(trials: Sequence[Trial], tolerance: float = LOSS_REL_TOL) -> TuneResult:
@@ -218,17 +238,16 @@ def compare(trials: Sequence[Trial], tolerance: float = LOSS_REL_TOL) -> TuneRes
     base_trials = by_label.pop(BASELINE, [])
     base = _measure(BASELINE, base_trials)
     base.verdict, base.why = "baseline", "the script's own settings"
-    meds = base.launch_medians
-    spread = (max(meds) - min(meds)) if len(meds) >= 2 else None
+    noise = launch_noise(base_trials)
     out = []
     for label, ts in by_label.items():
         v = _measure(label, ts)
-        diffs = _paired_diffs(ts, base_trials)
+        diffs, sides = _paired(ts, base_trials)
         v.diff = bootstrap(diffs, statistics.median) if diffs else None
         v.numerics = numerics(ts, base_trials, tolerance)
-        judge(v, base, spread)
+        judge(v, base, noise, sides)
         out.append(v)
-    return TuneResult(base, out, spread, [t.label for t in sorted(trials, key=lambda t: t.order)])
+    return TuneResult(base, out, noise, [t.label for t in sorted(trials, key=lambda t: t.order)])
 
 
 def gpu_hours_per_day(diff_ms: float, baseline_ms: float, gpus_total: int) -> float:

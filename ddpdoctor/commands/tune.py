@@ -33,11 +33,12 @@ from ddpdoctor.launch.monitor import watch_options
               help="Also measure these settings, one variant per value: bucket_cap_mb, gradient_as_bucket_view, "
               "static_graph, find_unused_parameters, comm_hook (fp16, bf16). Repeatable.")
 @click.option("--rounds", default=2, show_default=True,
-              help="Launches of each setting; rounds alternate their order (A B C, C B A) to cancel drift.")
+              help="Launches of each variant, each between two baseline launches (A B A C A | C A B A).")
 @click.option("--warmup", default=5, show_default=True,
               help="Iterations of each launch left out (DDP rebuilds its buckets after iteration 1).")
 @click.option("--steps", default=20, show_default=True, help="Iterations measured in each launch, after --warmup.")
-@click.option("--max-variants", default=4, show_default=True, help="At most this many variants (--try first).")
+@click.option("--max-variants", default=4, show_default=True,
+              help="At most this many variants (--try first); 2 x rounds x variants + 1 launches in all.")
 @click.option("--no-auto", is_flag=True, help="Measure only the --try settings, none chosen by the rules.")
 @click.option("--gpus-total", type=int, default=None,
               help="GPUs of the real job: the report gives a gain in GPU-hours per day at that size.")

@@ -82,8 +82,9 @@ def tune_report(result: TuneResult, plan: Plan, prep: Any, findings: list[Findin
         "script": {**script, "unchanged": unchanged},
     }
     notes = [f"{design['launches']} trial launches of {design['warmup']} + {design['steps']} iterations "
-             f"({design['rounds']} rounds, order {' '.join(result.order)}); the first {design['warmup']} of each "
-             "are left out; figures are medians with 90% intervals (docs/tune.md)"]
+             f"({design['rounds']} round(s), each variant between two baseline launches: {' '.join(result.order)}); "
+             f"the first {design['warmup']} iterations of each are left out; figures are medians with 90% "
+             "intervals (docs/tune.md)"]
     if unchanged:
         notes.append(f"the script was not changed (sha256 {str(script['sha256_before'])[:12]} before and after)")
     return Report(command="tune", sections={"tune": section, "variants": variants}, findings=findings, notes=notes)

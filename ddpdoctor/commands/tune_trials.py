@@ -128,12 +128,13 @@ class Experiment:
     # -- 2. the trials ----------------------------------------------------------------------------------------
     @staticmethod
     def sequence(labels: list[str], rounds: int) -> list[tuple[int, str]]:
-        """(round, label) in launch order: odd rounds baseline first, even rounds reversed (A B C, C B A, ...), so
-        that a drift over the experiment is paid equally by every setting."""
-        out: list[tuple[int, str]] = []
+        """(round, label) in launch order: the baseline between every two variant launches, variants in reverse
+        order in even rounds: A B A C A | C A B A. Each variant launch is compared with the baseline launches
+        just before and after it, so a drift (or a burst of other load) is shared by the pair."""
+        out = [(0, BASELINE)]
         for r in range(rounds):
-            order = [BASELINE, *labels]
-            out.extend((r, label) for label in (order if r % 2 == 0 else order[::-1]))
+            for label in (labels if r % 2 == 0 else labels[::-1]):
+                out += [(r, label), (r, BASELINE)]
         return out
 
     def run(self, settings: dict[str, dict[str, Any]], rounds: int) -> list[Trial]:

@@ -72,7 +72,7 @@ def render_tune_section(report: Any, out: Console, verbose: bool) -> None:
     spread = base.get("launch_spread_ms")
     if spread is not None:
         out.print(f"[dim]baseline launches: {', '.join(_ms(x) for x in base.get('launch_medians_ms') or [])} ms "
-                  f"(spread {_ms(spread)} ms, the noise between launches)[/dim]")
+                  f"(launch noise {_ms(spread)} ms: the largest difference of two consecutive ones)[/dim]")
     out.print("[bold]Variants considered[/bold]")
     for c in tune.get("candidates") or []:
         mark = "[green]measured[/green]" if c.get("chosen") else "[dim]skipped[/dim]"

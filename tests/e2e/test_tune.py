@@ -1,4 +1,4 @@
-"""`ddpdoctor tune` for real: 2 gloo ranks, the baseline and a bucket_cap_mb variant in 2 counterbalanced rounds.
+"""`ddpdoctor tune` for real: 2 gloo ranks, the baseline and a bucket_cap_mb variant interleaved (A B A B A).
 
 The suite's machine is noisy, so the tests assert the honesty rule (a winner only where intervals clear), never a
 speed-up; and that the variant was in effect, from the bucket layout its ranks recorded."""
@@ -46,12 +46,14 @@ def test_variants_are_measured_with_intervals(tuned):
     for key in ("setting", "step_ms", "interval", "baseline", "winner", "predicted_ms"):
         assert key in v
     lo, hi = v["interval"]
-    assert lo <= v["step_ms"] <= hi and v["n"] == 12  # 6 measured iterations in each of 2 launches
+    assert lo <= v["step_ms"] <= hi and v["n"] == 12  # 6 measured iterations in each of its 2 launches
+    assert v["baseline"]["interval"] and data["tune"]["baseline"]["n"] == 18  # 3 baseline launches
     blo, bhi = v["baseline"]["interval"]
     assert blo <= v["baseline"]["step_ms"] <= bhi
     assert isinstance(v["predicted_ms"], float)  # the what-if's prediction for this cap
-    assert data["tune"]["design"]["order"] == ["baseline", v["setting"], v["setting"], "baseline"]
-    assert len(list((run / "trials").iterdir())) == 4
+    # A B A B A: every variant launch between two baseline launches.
+    assert data["tune"]["design"]["order"] == ["baseline", v["setting"], "baseline", v["setting"], "baseline"]
+    assert len(list((run / "trials").iterdir())) == 5
 
 
 def test_no_winner_is_claimed_inside_the_noise(tuned):

@@ -16,8 +16,9 @@ from ddpdoctor.analyses.tune import (
 )
 
 
-def _trials(label: str, per_round: list[list[float]], start_order: int = 0, losses=()) -> list[Trial]:
-    return [Trial(label, r, start_order + 10 * r, tuple(ms), tuple(losses)) for r, ms in enumerate(per_round)]
+def _trials(label: str, per_launch: list[list[float]], start_order: int = 0, losses=()) -> list[Trial]:
+    """Launches in the order tune makes them: baseline launch i at order 2i, variant launch i at 2i + 1."""
+    return [Trial(label, i, start_order + 2 * i, tuple(ms), tuple(losses)) for i, ms in enumerate(per_launch)]
 
 
 def _jitter(center: float, n: int = 12, spread: float = 0.2) -> list[float]:
@@ -26,15 +27,16 @@ def _jitter(center: float, n: int = 12, spread: float = 0.2) -> list[float]:
 
 
 def test_a_clearly_faster_variant_is_the_winner_with_a_paired_difference_worked_by_hand():
-    base = _trials(BASELINE, [_jitter(20.0), _jitter(20.1)])
-    fast = _trials("bucket_cap_mb=1", [_jitter(15.0), _jitter(15.1)], start_order=1)
+    # A B A B A: baseline launches at 20.0, 20.2, 20.0 ms; each variant launch at 15.1 sits between two baseline
+    # launches whose mean is 20.1, so every paired iteration differs by exactly -5.0 ms.
+    base = _trials(BASELINE, [_jitter(20.0), _jitter(20.2), _jitter(20.0)])
+    fast = _trials("bucket_cap_mb=1", [_jitter(15.1), _jitter(15.1)], start_order=1)
     r = compare(base + fast)
     v = r.variants[0]
     assert v.winner and v.verdict == "faster"
-    # Paired iteration by iteration, same round: every difference is exactly -5.0 ms.
     assert v.diff is not None and v.diff.value == pytest.approx(-5.0) and v.diff.lo == pytest.approx(-5.0)
     assert v.step is not None and r.baseline.step is not None and v.step.hi < r.baseline.step.lo
-    assert r.launch_spread_ms == pytest.approx(0.1)
+    assert r.launch_spread_ms == pytest.approx(0.2)  # consecutive baseline launches differ by 0.2 ms at most
 
 
 def test_no_winner_inside_the_noise_overlapping_intervals():
@@ -44,18 +46,19 @@ def test_no_winner_inside_the_noise_overlapping_intervals():
     assert not v.winner and v.verdict == "no measurable difference" and "overlaps" in v.why
 
 
-def test_a_gain_smaller_than_the_baseline_launches_own_spread_is_not_a_winner():
-    # Within each launch the steps are steady (narrow intervals), but the baseline's two launches differ by 4 ms:
-    # a 1 ms gain is inside what relaunching alone does.
-    base = _trials(BASELINE, [_jitter(20.0, spread=0.01), _jitter(24.0, spread=0.01)])
-    var = _trials("gradient_as_bucket_view=True", [_jitter(19.0, spread=0.01), _jitter(23.0, spread=0.01)], 1)
+def test_a_gain_smaller_than_the_launch_noise_is_not_a_winner():
+    # Within each launch the steps are steady (narrow intervals), but consecutive baseline launches differ by
+    # 4 ms: a 1 ms gain is inside what relaunching alone does.
+    base = _trials(BASELINE, [_jitter(20.0, spread=0.01), _jitter(24.0, spread=0.01), _jitter(20.0, spread=0.01)])
+    var = _trials("gradient_as_bucket_view=True", [_jitter(21.0, spread=0.01), _jitter(21.0, spread=0.01)], 1)
     r = compare(base + var)
     v = r.variants[0]
     assert r.launch_spread_ms == pytest.approx(4.0)
+    assert v.diff is not None and v.diff.value == pytest.approx(-1.0)
     assert not v.winner and v.verdict == "no measurable difference"
 
 
-def test_faster_in_one_round_only_is_not_a_winner():
+def test_faster_in_one_launch_only_is_not_a_winner():
     base = _trials(BASELINE, [_jitter(20.0), _jitter(20.0)])
     var = _trials("x", [_jitter(10.0), _jitter(25.0)], 1)
     v = compare(base + var).variants[0]
@@ -128,5 +131,5 @@ def test_trial_order_is_counterbalanced():
     from ddpdoctor.commands.tune_trials import Experiment
 
     seq = Experiment.sequence(["a", "b"], 2)
-    assert [label for _, label in seq] == [BASELINE, "a", "b", "b", "a", BASELINE]
-    assert [r for r, _ in seq] == [0, 0, 0, 1, 1, 1]
+    assert [label for _, label in seq] == [BASELINE, "a", BASELINE, "b", BASELINE, "b", BASELINE, "a", BASELINE]
+    assert [r for r, _ in seq] == [0, 0, 0, 0, 0, 1, 1, 1, 1]
