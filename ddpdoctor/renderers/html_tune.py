@@ -70,5 +70,5 @@ def tune_html(sections: dict[str, Any]) -> str:
             f'<div class="scroll"><table><thead>{head}</thead><tbody>{"".join(body)}</tbody></table></div>'
             f'<p class="note">{_esc(design.get("launches"))} launches in the order {_esc(" ".join(design.get("order") or []))};'
             f' {_esc(design.get("warmup"))} warm-up iterations left out of each, {_esc(design.get("steps"))} measured. '
-            "A winner's interval lies wholly below the baseline's, in every round, by more than the baseline "
-            "launches' own spread (docs/tune.md).</p><h3>Variants considered</h3><ul>" + cands + "</ul></section>")
+            "A winner's interval lies wholly below the baseline's, each of its launches beat its neighbouring "
+            "baseline launches, by more than the launch noise (docs/tune.md).</p><h3>Variants considered</h3><ul>" + cands + "</ul></section>")
