@@ -234,7 +234,19 @@ def tune_findings(result: TuneResult, candidates: list[Candidate], gpus_total: i
     out: list[Finding] = []
     base = result.baseline
     base_ms = base.step.value if base.step else None
+    if base.failed:
+        out.append(Finding("tune-trial-failed", Severity.ERROR,
+                           f"The script's own settings failed in {len(base.failed)} of {base.launches} trial "
+                           f"launch(es) (exit {', '.join(map(str, base.failed))}): no variant can be compared",
+                           evidence={"setting": BASELINE, "exit_codes": base.failed},
+                           advice="See each trial's logs under RUN/trials/ (ranks/rankR/, torchrun/)."))
     for v in result.variants:
+        if v.failed:
+            out.append(Finding("tune-trial-failed", Severity.WARNING,
+                               f"{v.label}: {len(v.failed)} of {v.launches} launch(es) failed "
+                               f"(exit {', '.join(map(str, v.failed))})",
+                               evidence={"setting": v.label, "exit_codes": v.failed},
+                               advice="See the launch's logs under RUN/trials/; the variant is not measured."))
         if v.verdict == "not applied":
             out.append(Finding("tune-not-applied", Severity.WARNING, f"{v.label}: {v.why}",
                                evidence={"setting": v.label, "seen": v.effect},

@@ -100,6 +100,13 @@ def test_html_and_tensorboard_views(tuned):
     page = (run / "report.html").read_text()
     assert 'id="tune"' in page and f"bucket_cap_mb={CAP}" in page
     assert (run / "scalars" / "tune-baseline").is_dir() and any((run / "scalars").glob("tune-bucket_cap_mb=*"))
+    # The TensorBoard tab lists the run directory and serves the same page.
+    from ddpdoctor.renderers.html import render_html
+    from ddpdoctor.tensorboard_plugin import runs
+
+    found = runs.find_runs(run.parent)
+    assert found.get("run") == run and runs.run_summary("run", run)["command"] == "tune"
+    assert 'id="tune"' in render_html(runs.load_report(run))
 
 
 def test_a_script_that_never_builds_ddp_gets_one_clear_line(tmp_path):

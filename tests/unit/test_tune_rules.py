@@ -108,3 +108,14 @@ def test_findings_no_winner_and_numerics():
     found = {f.id: f for f in tune_findings(compare(trials), p.candidates)}
     assert "tune-winner" not in found and "tune-no-winner" in found
     assert found["tune-numerics-changed"].evidence["loss_rel_diff"] == pytest.approx(0.2)
+
+
+def test_a_failed_trial_is_a_finding_error_for_the_baseline():
+    p = plan(CFG, _whatif(), set(), [12], [], max_variants=1)
+    trials = [Trial(BASELINE, 0, 0, _jit(20.0)), Trial("bucket_cap_mb=1", 0, 1, _jit(10.0), exit_code=1),
+              Trial(BASELINE, 0, 2, _jit(20.0))]
+    f = {x.id: x for x in tune_findings(compare(trials), p.candidates)}
+    assert f["tune-trial-failed"].severity.value == "warning" and f["tune-trial-failed"].evidence["exit_codes"] == [1]
+    trials[0] = Trial(BASELINE, 0, 0, (), exit_code=1)
+    failed = [x for x in tune_findings(compare(trials), p.candidates) if x.id == "tune-trial-failed"]
+    assert [x.severity.value for x in failed] == ["error", "warning"]  # the baseline's, then the variant's
