@@ -287,10 +287,11 @@ def tune_findings(result: TuneResult, candidates: list[Candidate], gpus_total: i
                            f"{best.label} is faster than the script's settings: {measured_text(best)}{pred}{changed}",
                            evidence=ev, advice=f"Change the script: {code_line(by_label[best.label].setting) if cand else best.label}."))
     elif result.variants:
-        noise = base.step.half_width if base.step else None  # the baseline's own interval, for the title
+        noise = result.launch_spread_ms
         out.append(Finding("tune-no-winner", Severity.INFO,
                            "No variant was measurably faster than the script's settings"
-                           + (f" (the baseline's interval is ± {noise:.3f} ms)" if noise is not None else ""),
+                           + (f" (two consecutive launches of the script's own settings differed by up to "
+                              f"{noise:.3f} ms)" if noise is not None else ""),
                            evidence={"variants": {v.label: v.verdict for v in result.variants},
                                      "launch_spread_ms": result.launch_spread_ms},
                            advice="Keep the current settings; more rounds (--rounds) or iterations (--steps) would "
