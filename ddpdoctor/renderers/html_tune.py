@@ -45,12 +45,16 @@ def tune_html(sections: dict[str, Any]) -> str:
     lo, hi = (min(ends), max(ends)) if ends else (0.0, 1.0)
     head = ("<tr><th class='l'>setting</th><th>step ms</th><th>90% interval</th><th class='l'></th>"
             "<th class='l'>predicted</th><th class='l'>measured vs baseline</th><th class='l'>verdict</th>"
-            "<th class='l'>numerics</th><th class='l'>change</th></tr>")
+            "<th class='l'>numerics</th><th class='l'>GPU-hours/day saved</th><th class='l'>change</th></tr>")
     body = [f"<tr><td class='l'>baseline</td><td>{_num(base.get('step_ms'))}</td><td>{_esc(_iv(base.get('interval')))}"
             f"</td><td class='l'>{_bar(base.get('interval'), lo, hi, '#9ca3af')}</td><td></td><td></td>"
-            "<td class='l'>the script's own settings</td><td></td><td></td></tr>"]
+            "<td class='l'>the script's own settings</td><td></td><td></td><td></td></tr>"]
     for r in rows:
         pred = r.get("predicted_ms")
+        gph = r.get("gpu_hours_per_day")
+        saved = (f"{gph['value']:+.1f} {_iv(gph.get('interval'))} at {gph.get('gpus_total')} GPUs"
+                 if isinstance(gph, dict) and isinstance(gph.get("value"), (int, float))
+                 and r.get("verdict") in ("faster", "slower") else "-")  # inside the noise, no cost is claimed
         num: dict[str, Any] = r["numerics"] if isinstance(r.get("numerics"), dict) else {}
         body.append(
             f"<tr><td class='l'>{_esc(r.get('setting'))}</td><td>{_num(r.get('step_ms'))}</td>"
@@ -60,7 +64,8 @@ def tune_html(sections: dict[str, Any]) -> str:
             f"<td class='l'>{_esc(measured(r))}</td>"
             f"<td class='l'>{'<b>' if r.get('winner') else ''}{_esc(r.get('verdict'))}{'</b>' if r.get('winner') else ''}: "
             f"{_esc(r.get('why'))}</td><td class='l'>{_esc(num.get('state', '-'))} "
-            f"({_esc(num.get('loss_rel_diff'))})</td><td class='l'><code>{_esc(r.get('change'))}</code></td></tr>")
+            f"({_esc(num.get('loss_rel_diff'))})</td><td class='l'>{_esc(saved)}</td>"
+            f"<td class='l'><code>{_esc(str(r.get('change') or '').replace('`', ''))}</code></td></tr>")
     cands = "".join(
         f"<li>{'measured' if c.get('chosen') else 'skipped'}: <code>{_esc(c.get('setting'))}</code> "
         f"({_esc(c.get('source'))}): {_esc(c.get('why'))}</li>" for c in tune.get("candidates") or []
