@@ -1,29 +1,148 @@
-"""The Report every command returns: the JSON contract's envelope around command-specific sections."""
+"""The Report every command returns: the JSON contract's envelope around typed sections (docs/json.md).
+
+A section is a typed object (a ``Section``) that serialises to some of the report's top-level JSON keys and loads
+back from them; the concrete sections and the one assembly per command live in ``ddpdoctor/reports/``. A section
+not yet typed travels as a ``RawSection`` (JSON-ready data, the boundary this file keeps for older builders)."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
-from typing import Any
+import dataclasses
+from collections.abc import Iterable, Mapping
+from typing import Any, ClassVar, TypeVar
 
 from ddpdoctor.findings.model import Finding, Severity, exit_code, ordered, status_word
 
 # The JSON contract's version (docs/json.md): raised when a key is renamed or removed or changes meaning, not when
 # one is added.
 SCHEMA_VERSION = 1
+ENVELOPE = ("tool", "schema_version", "version", "command", "status", "stopped", "findings", "notes")
+
+S = TypeVar("S", bound="Section")
 
 
-@dataclass
+class Section:
+    """A typed part of a Report. Subclasses are dataclasses whose fields are their top-level JSON keys (``KEYS``,
+    in output order); ``OPTIONAL`` keys are left out of the JSON while None. Override ``to_json``/``from_json``
+    where a field's JSON is not the field itself."""
+
+    KEYS: ClassVar[tuple[str, ...]] = ()
+    OPTIONAL: ClassVar[tuple[str, ...]] = ()
+
+    def to_json(self) -> dict[str, object]:
+        out: dict[str, object] = {}
+        for key in self.KEYS:
+            value = getattr(self, key)
+            if value is None and key in self.OPTIONAL:
+                continue
+            out[key] = value.to_json() if hasattr(value, "to_json") else value
+        return out
+
+    @classmethod
+    def present_in(cls, doc: Mapping[str, object]) -> bool:
+        """Whether a saved report holds this section (its first key)."""
+        return bool(cls.KEYS) and cls.KEYS[0] in doc
+
+    @classmethod
+    def from_json(cls: type[S], doc: Mapping[str, object]) -> S:
+        """The section a saved report holds (keys it lacks take their field's default, or None)."""
+        kwargs = {}
+        for f in dataclasses.fields(cls):  # type: ignore[arg-type]
+            if f.name in doc:
+                kwargs[f.name] = doc[f.name]
+            elif f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING:
+                kwargs[f.name] = None
+        return cls(**kwargs)
+
+
+@dataclasses.dataclass(frozen=True)
+class RawSection(Section):
+    """Sections not typed yet: top-level keys with JSON-ready values, kept in their order."""
+
+    data: Mapping[str, Any]
+
+    def to_json(self) -> dict[str, object]:
+        return dict(self.data)
+
+    @classmethod
+    def present_in(cls, doc: Mapping[str, object]) -> bool:
+        return True
+
+
+def split_sections(data: Mapping[str, Any], kinds: Iterable[type[Section]]) -> list[Section]:
+    """``data``'s top-level keys as sections: each of ``kinds`` present, typed; the keys none claims (one a newer
+    builder added) kept as one RawSection, so nothing is lost on the way."""
+    parts: list[Section] = []
+    claimed: set[str] = set()
+    for kind in kinds:
+        if kind.present_in(data):
+            parts.append(kind.from_json(data))
+            claimed.update(kind.KEYS)
+    rest = {k: v for k, v in data.items() if k not in claimed}
+    if rest:
+        parts.append(RawSection(rest))
+    return parts
+
+
+class _SectionsView(dict[str, Any]):
+    """Report.sections: the merged JSON of the sections; item assignment goes to the Report's RawSection."""
+
+    def __init__(self, report: Report) -> None:
+        merged: dict[str, Any] = {}
+        for part in report.parts:
+            merged.update(part.to_json())
+        super().__init__(merged)
+        self._report = report
+
+    def __setitem__(self, key: str, value: Any) -> None:
+        super().__setitem__(key, value)
+        self._report._set_raw(key, value)
+
+
 class Report:
-    """What a command found. ``sections`` holds the command's own JSON-ready data (e.g. "ranks",
-    "collectives", "checks"); renderers read it, commands fill it."""
+    """What a command found: typed ``parts`` (sections), findings and notes, plus ``stopped`` when ddpdoctor was
+    stopped by a signal: {"status": "interrupted" or "stopped", "signal", "exit_code": 128+signal, "message"}
+    (findings/job.py ended_findings); it sets the status word and the exit code."""
 
-    command: str
-    sections: dict[str, Any] = field(default_factory=dict)
-    findings: list[Finding] = field(default_factory=list)
-    notes: list[str] = field(default_factory=list)
-    # Set when ddpdoctor was stopped by a signal (findings/job.py ended_findings): {"status": "interrupted" or
-    # "stopped", "signal", "exit_code": 128+signal, "message"}. It sets the status word and the exit code.
-    stopped: dict[str, Any] | None = None
+    def __init__(self, command: str, sections: Mapping[str, Any] | None = None,
+                 findings: Iterable[Finding] = (), notes: Iterable[str] = (),
+                 stopped: Mapping[str, Any] | None = None, parts: Iterable[Section] = ()) -> None:
+        self.command = command
+        self.parts: list[Section] = list(parts)
+        if sections:
+            self.parts.append(RawSection(dict(sections)))
+        self.findings: list[Finding] = list(findings)
+        self.notes: list[str] = list(notes)
+        self.stopped: dict[str, Any] | None = dict(stopped) if stopped else None
+
+    def __repr__(self) -> str:
+        return (f"Report(command={self.command!r}, parts={[type(p).__name__ for p in self.parts]}, "
+                f"findings={[f.id for f in self.findings]}, status={self.status!r})")
+
+    @property
+    def sections(self) -> dict[str, Any]:
+        """Every section's JSON, merged in the order of ``parts``. Kept for readers of the JSON shape, such as the
+        public ``ddpdoctor.check_sync(...).sections["job"]``. Setting a key adds it as a RawSection: the older
+        builders not moved to ddpdoctor/reports yet still write this way."""
+        return _SectionsView(self)
+
+    @sections.setter
+    def sections(self, value: Mapping[str, Any]) -> None:
+        self.parts = [RawSection(dict(value))]
+
+    def _set_raw(self, key: str, value: Any) -> None:
+        raw = next((p for p in reversed(self.parts) if isinstance(p, RawSection) and isinstance(p.data, dict)), None)
+        if raw is None:
+            self.parts.append(RawSection({key: value}))
+        else:
+            raw.data[key] = value  # type: ignore[index]
+
+    def section(self, kind: type[S]) -> S | None:
+        """The first section of type ``kind`` (renderers choose sections by type)."""
+        return next((p for p in self.parts if isinstance(p, kind)), None)
+
+    def add(self, *parts: Section) -> None:
+        """Add sections (the assembly of a command, in ddpdoctor/reports/, is the only caller)."""
+        self.parts.extend(parts)
 
     @property
     def status(self) -> str:
@@ -53,9 +172,10 @@ class Report:
         return out
 
     @classmethod
-    def from_json(cls, data: dict[str, Any]) -> Report:
-        """The Report a saved report.json describes (the views re-render it; unknown severities become info)."""
-        envelope = {"tool", "schema_version", "version", "command", "status", "findings", "notes"}
+    def from_json(cls, data: Mapping[str, Any], kinds: Iterable[type[Section]] = ()) -> Report:
+        """The Report a saved report.json describes (the views re-render it; unknown severities become info).
+        Each of ``kinds`` present in ``data`` is loaded typed (ddpdoctor/reports picks them by command); the keys
+        none of them claims are kept as one RawSection."""
         findings = []
         for f in data.get("findings") or []:
             if not isinstance(f, dict):
@@ -69,5 +189,7 @@ class Report:
                                     f["evidence"] if isinstance(f.get("evidence"), dict) else {},
                                     str(f.get("advice") or "")))
         notes = [str(n) for n in data.get("notes") or []]
-        sections = {k: v for k, v in data.items() if k not in envelope}
-        return cls(command=str(data.get("command", "")), sections=sections, findings=findings, notes=notes)
+        parts = split_sections({k: v for k, v in data.items() if k not in ENVELOPE}, kinds)
+        stopped = data.get("stopped") if isinstance(data.get("stopped"), dict) else None
+        return cls(command=str(data.get("command", "")), findings=findings, notes=notes, stopped=stopped,
+                   parts=parts)

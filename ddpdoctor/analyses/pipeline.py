@@ -1,5 +1,6 @@
 """The analyze pipeline: find the inputs (run dirs, trace folders, trace files), reduce each rank (per-rank
-summaries, or traces read in parallel processes), then the cross-rank analyses, findings and the Report."""
+summaries, or traces read in parallel processes), then the cross-rank analyses. Findings and the Report are
+ddpdoctor/reports/analyze.py's (analyses never start rules)."""
 
 from __future__ import annotations
 
@@ -12,14 +13,13 @@ from pathlib import Path
 from typing import Any
 
 from ddpdoctor.analyses import crossrank
+from ddpdoctor.analyses import summary as summ
 from ddpdoctor.analyses.model import Analysis
 from ddpdoctor.analyses.rank import RankResult
 from ddpdoctor.errors import BadInput
-from ddpdoctor.report import Report
 from ddpdoctor.rundir import artefacts
 from ddpdoctor.rundir.layout import RunDir
 from ddpdoctor.rundir.schema import Manifest, RankSummary
-from ddpdoctor.traces import summary as summ
 from ddpdoctor.traces.loader import rank_from_filename
 
 TRACE_SUFFIXES = (".json", ".json.gz")
@@ -235,27 +235,3 @@ def analyze_paths(paths: list[Path], options: AnalyzeOptions | None = None) -> A
         host_cpus={e.rank: (e.host_cpus, e.local_world_size) for e in (manifest.ranks if manifest else [])
                    if e.host_cpus and e.local_world_size},
     )
-
-
-def report_for(analysis: Analysis, command: str = "analyze") -> Report:
-    """The analysis as a Report: its JSON sections, the bucket what-if section and the performance findings."""
-    from ddpdoctor.findings.perf import perf_report_parts
-
-    extra, findings = perf_report_parts(analysis)
-    steps = max((len(r.per_step) for r in analysis.ranks), default=0)
-    notes = list(analysis.notes)
-    if steps:
-        # What every verdict rests on: a reader weighs "warning" from 3 steps differently from 30.
-        notes.append(f"verdicts rest on {steps} recorded step(s) per rank, {len(analysis.ranks)} rank(s); "
-                     "figures carry 90% intervals over them (docs/findings.md)")
-    return Report(command=command, sections={**analysis.to_sections(), **extra}, findings=list(findings),
-                  notes=notes)
-
-
-def analyze_run(run: RunDir) -> Report:
-    """Used by `profile` after the ranks exit: merge the per-rank summaries of the run directory. Unusable traces
-    (a rank killed while writing) leave a note: the job's own findings still matter more than exit code 2."""
-    try:
-        return report_for(analyze_paths([run.root]))
-    except BadInput as exc:
-        return Report(command="analyze", notes=[f"traces not analysed: {exc}"])

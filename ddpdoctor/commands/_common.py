@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import functools
-import json
 import os
 import sys
 import time
@@ -17,6 +16,8 @@ from ddpdoctor.errors import EXIT_BAD_INPUT, BadInput
 from ddpdoctor.findings.model import Severity
 from ddpdoctor.launch.flags import torchrun_options
 from ddpdoctor.report import Report
+from ddpdoctor.safe_io import dumps_json
+from ddpdoctor.terminal_text import one_line
 
 SectionRenderer = Callable[[Report, Any, bool], None]
 
@@ -29,7 +30,7 @@ def cli_errors(fn: Callable[..., Any]) -> Callable[..., Any]:
         try:
             return fn(*args, **kwargs)
         except BadInput as exc:
-            click.echo(f"ddpdoctor: error: {exc}", err=True)
+            click.echo(f"ddpdoctor: error: {one_line(str(exc))}", err=True)  # also a BadInput built by hand
             sys.exit(EXIT_BAD_INPUT)
         except KeyboardInterrupt:
             click.echo("ddpdoctor: interrupted", err=True)
@@ -73,17 +74,46 @@ def emit(
 ) -> NoReturn:
     """Print the report and exit with the code its findings imply (or ``exit_code`` when it is worse)."""
     if as_json:
-        click.echo(json.dumps(report.to_json(), indent=2, default=str))
+        click.echo(dumps_json(report.to_json(), indent=2))  # never NaN/Infinity or a lone surrogate (docs/json.md)
     else:
         from ddpdoctor.renderers.console import render
+        from ddpdoctor.renderers.views import view_for
 
-        render(report, sections=sections, verbose=verbose)
+        render(report, sections=sections or view_for(report), verbose=verbose)
     code = 0 if fail_on == "none" else report.exit_code(Severity(fail_on))
     if exit_code:
         code = max(code, exit_code if exit_code in (1, 2) else 1)  # never a child's exit code (137, 143 ...)
     if report.stopped:
         code = int(report.stopped["exit_code"])  # ddpdoctor itself was stopped by a signal: 128+signal
     sys.exit(code)
+
+
+def job_report_elsewhere(result: Any, *, as_json: bool, verbose: bool = False, fail_on: str = "error",
+                         sections: SectionRenderer | None = None) -> None:
+    """A node of a multi-node job that is not the head: print the head's report of the whole job (the same
+    document, plus which node this is) and exit with the job's code. Returns only when there is no such report
+    (the head was lost): the caller then finishes quietly with what this node knows."""
+    job = getattr(result, "job", None)
+    if job is None:
+        return
+    doc = job.job_report()
+    if not isinstance(doc, dict):
+        return
+    if result.note:
+        click.echo(f"ddpdoctor: {result.note}", err=True)
+    report = Report.from_json(doc)
+    report.sections["node"] = job.node_info()
+    emit(report, as_json=as_json, verbose=verbose, fail_on=fail_on, sections=sections,
+         exit_code=1 if result.exit_code else None)
+
+
+def share_job_report(result: Any, report: Report) -> None:
+    """The head of a multi-node job: say which node this is in the report, and hand the report to every node."""
+    job = getattr(result, "job", None)
+    if job is None:
+        return
+    report.sections["node"] = job.node_info()
+    job.publish_report(report.to_json())
 
 
 def finish_quietly(result: Any) -> NoReturn:

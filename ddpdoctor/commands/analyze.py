@@ -36,11 +36,11 @@ from ddpdoctor.commands._common import cli_errors, emit, examples, fail_on_optio
 def command(paths: tuple[Path, ...], window: str, reread: bool, workers: int | None, verbose: bool,
             html_path: Path | None, merge_path: Path | None, max_input_mb: float | None, as_json: bool,
             fail_on: str) -> None:
-    from ddpdoctor.analyses.pipeline import AnalyzeOptions, analyze_paths, report_for
+    from ddpdoctor.analyses.pipeline import AnalyzeOptions, analyze_paths
     from ddpdoctor.renderers import progress
-    from ddpdoctor.renderers.console_perf import render_perf_sections
     from ddpdoctor.renderers.merge import trace_paths
     from ddpdoctor.renderers.outputs import write_outputs
+    from ddpdoctor.reports.analyze import assemble
 
     if max_input_mb is not None:
         os.environ["DDPDOCTOR_MAX_INPUT_MB"] = str(max_input_mb)  # the trace-reading worker processes inherit it
@@ -48,9 +48,9 @@ def command(paths: tuple[Path, ...], window: str, reread: bool, workers: int | N
     with progress.bar("analysing", None, show, unit="MB") as advance:
         analysis = analyze_paths(list(paths), AnalyzeOptions(window=window, reread=reread, workers=workers,
                                                              on_bytes=advance))
-    report = report_for(analysis)
+    report = assemble(analysis)
     # A run directory is read, never rewritten: `profile` already wrote its report.html and scalars, and an
     # archived or read-only run must stay analysable. --html/--merge write where the user asks.
     write_outputs(report, None, html_path, merge_path, trace_paths(list(paths)) if merge_path else [],
                   show_progress=show)
-    emit(report, as_json=as_json, verbose=verbose, fail_on=fail_on, sections=render_perf_sections)
+    emit(report, as_json=as_json, verbose=verbose, fail_on=fail_on)

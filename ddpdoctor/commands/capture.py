@@ -62,25 +62,19 @@ def command(run_dir: Path, profile_steps: int | None, stacks: bool, sync_steps: 
         sys.exit(1)
     click.echo(f"ddpdoctor: window of {steps} iteration(s) in {window}", err=True)
     note = capture.misaligned_note(window, state["ranks"])
-    if what == "check-sync":
-        from ddpdoctor.report import Report
-        from ddpdoctor.sync_api import render_sync_sections, sync_report
+    from ddpdoctor.reports import capture as capture_report
 
-        report = Report(command="capture")
-        report.sections["run_dir"] = str(window)
-        report.notes += [note] if note else []
-        sync_report(RunDir(window), report)
+    if what == "check-sync":
+        from ddpdoctor.renderers.console_sync import render_sync_sections
+
+        report = capture_report.assemble_check_sync(RunDir(window), note)
         save_report(RunDir(window), report)
         emit(report, as_json=as_json, verbose=verbose, fail_on=fail_on, sections=render_sync_sections)
-    from ddpdoctor.analyses.pipeline import analyze_run
     from ddpdoctor.renderers.console_perf import render_perf_sections
     from ddpdoctor.renderers.outputs import write_outputs
 
     run = RunDir(window)
-    report = analyze_run(run)
-    report.command = "capture"
-    report.sections["run_dir"] = str(window)
-    report.notes += [note] if note else []
+    report = capture_report.assemble_profile(run, note)
     save_report(run, report)
     write_outputs(report, window, None, None, run.trace_files())
     emit(report, as_json=as_json, verbose=verbose, fail_on=fail_on, sections=render_perf_sections)

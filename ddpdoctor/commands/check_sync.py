@@ -12,13 +12,14 @@ from ddpdoctor.commands._common import (
     emit,
     examples,
     fail_on_option,
+    finish_quietly,
     json_option,
     launch_options,
     pop_launch_spec,
 )
 from ddpdoctor.launch.monitor import pop_watcher, watch_options
 from ddpdoctor.renderers import progress
-from ddpdoctor.sync_api import render_sync_sections, run_check_sync
+from ddpdoctor.sync_api import run_check_sync
 
 
 @click.command(context_settings=LAUNCH_CONTEXT, help=__doc__, epilog=examples(
@@ -42,6 +43,7 @@ def command(steps: int, data_steps: int, equivalence: bool, verbose: bool, as_js
     watcher = pop_watcher(kwargs)
     spec = pop_launch_spec("check-sync", kwargs, as_json=as_json,
                            options={"steps": steps, "equivalence": equivalence, "data_steps": data_steps})
-    report, job_exit = run_check_sync(spec, progress.with_progress(watcher, spec.torchrun, as_json))
-    emit(report, as_json=as_json, verbose=verbose, fail_on=fail_on, sections=render_sync_sections,
+    report, job_exit = run_check_sync(spec, progress.with_progress(watcher, spec.torchrun, as_json),
+                                      not_reporting=finish_quietly)
+    emit(report, as_json=as_json, verbose=verbose, fail_on=fail_on,
          exit_code=job_exit or None)

@@ -11,9 +11,6 @@ from pathlib import Path
 from typing import Any
 
 import click
-from rich.console import Console
-from rich.markup import escape
-from rich.table import Table
 
 from ddpdoctor.commands._common import (
     cli_errors,
@@ -29,23 +26,20 @@ from ddpdoctor.errors import BadInput
 from ddpdoctor.findings.model import Finding
 from ddpdoctor.launch.flags import pop_torchrun_values, torchrun_options_without_script
 from ddpdoctor.launch.launcher import LaunchSpec, RunningJob, launch
+from ddpdoctor.preflight.checks import CHECKS, FAIL, SKIPPED, CheckResult, exit_code
 from ddpdoctor.preflight.merge import (
     ADVICE,
     MergeOptions,
-    bandwidth_rows,
     load_records,
     merge,
     topology_input,
 )
-from ddpdoctor.preflight.model import CHECKS, FAIL, SKIPPED, CheckResult, exit_code
-from ddpdoctor.preflight.nccltable import format_table
 from ddpdoctor.preflight.netprobe import probe_tcp
 from ddpdoctor.report import Report
 from ddpdoctor.rundir.layout import RunDir
 
 WORKER = Path(__file__).resolve().parents[1] / "preflight" / "worker.py"
 _SIZE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([KMG]?)(?:i?B)?\s*$", re.IGNORECASE)
-STATUS_STYLE = {"pass": "green", "warn": "yellow", "fail": "bold red", "skipped": "dim"}
 
 
 def parse_size(text: str) -> int:
@@ -112,19 +106,11 @@ def _nccl_env(run: RunDir) -> dict[str, str]:
         return {"NCCL_DEBUG": "INFO", "NCCL_DEBUG_SUBSYS": "INIT,ENV,NET,GRAPH"}
 
 
-def render_checks(report: Report, out: Console, verbose: bool) -> None:
-    table = Table(title="Preflight checks", expand=False)
-    table.add_column("status")
-    table.add_column("check")
-    table.add_column("evidence", overflow="fold")
-    for c in report.sections["checks"]:
-        style = STATUS_STYLE.get(c["status"], "")
-        table.add_row(f"[{style}]{c['status']}[/]", escape(c["id"]), escape(c["summary"]))
-    out.print(table)
-    if report.sections.get("bandwidth_table"):
-        out.print(escape(report.sections["bandwidth_table"]), markup=True, highlight=False)
-    out.print(f"[dim]run directory: {escape(str(report.sections.get('run_dir')))}; "
-              f"{report.sections.get('duration_s')} s[/dim]")
+def render_checks(report: Report, out: Any, verbose: bool) -> None:
+    """Moved to ddpdoctor/renderers/console_preflight.py; kept for callers that have not moved yet."""
+    from ddpdoctor.renderers.console_preflight import render_checks as render
+
+    render(report, out, verbose)
 
 
 @click.command(help=__doc__, context_settings={"ignore_unknown_options": False}, epilog=examples(
@@ -187,7 +173,7 @@ def command(out: Path | None, name: str | None, overwrite: bool, launcher: str, 
         checks = [torchrun_rendezvous_failure(torchrun, result.exit_code, result.killed_by, check_timeout)]
         checks += [CheckResult(cid, SKIPPED, "no rank started", {}) for cid in CHECKS if cid != "rendezvous"]
         emit(build_report(checks, run, result.duration_s, result.killed_by), as_json=as_json, verbose=verbose,
-             sections=render_checks, exit_code=exit_code(checks), fail_on=fail_on)
+             exit_code=exit_code(checks), fail_on=fail_on)
     if not records:
         raise BadInput(f"no rank wrote a preflight result (job exit code {result.exit_code}"
                        f"{', ' + result.killed_by if result.killed_by else ''}); see ranks/*/stderr.log", run.root)
@@ -201,7 +187,7 @@ def command(out: Path | None, name: str | None, overwrite: bool, launcher: str, 
                         local_view=local_view)
     checks = merge(records, opts, _topology(run, records))
     emit(build_report(checks, run, result.duration_s, result.killed_by), as_json=as_json, verbose=verbose,
-         sections=render_checks, exit_code=exit_code(checks), fail_on=fail_on)
+         exit_code=exit_code(checks), fail_on=fail_on)
 
 
 def torchrun_rendezvous_failure(torchrun: dict[str, Any], code: int | None, killed_by: str | None,
@@ -227,16 +213,7 @@ def torchrun_rendezvous_failure(torchrun: dict[str, Any], code: int | None, kill
 
 
 def build_report(checks: list[CheckResult], run: RunDir, duration_s: float, killed_by: str | None) -> Report:
-    bandwidth = next((c for c in checks if c.id == "allreduce_bandwidth"), None)
-    rows = bandwidth_rows(bandwidth.evidence) if bandwidth is not None else []
-    sections: dict[str, Any] = {
-        "checks": [c.to_json() for c in checks],
-        "bandwidth_table": format_table(rows, f"all_reduce, {bandwidth.evidence.get('world_size')} ranks, "
-                                              "time = slowest rank's mean") if rows and bandwidth else None,
-        "run_dir": str(run.root),
-        "duration_s": round(duration_s, 2),
-    }
-    report = Report("preflight", sections=sections, findings=[f for c in checks if (f := c.finding())])
-    if killed_by:
-        report.notes.append(f"the job was killed: {killed_by}")
-    return report
+    """Moved to ddpdoctor/reports/preflight.py (``assemble``); kept for callers that have not moved yet."""
+    from ddpdoctor.reports.preflight import assemble
+
+    return assemble(checks, run, duration_s, killed_by)

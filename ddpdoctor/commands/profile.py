@@ -14,20 +14,19 @@ from ddpdoctor.commands._common import (
     examples,
     fail_on_option,
     finish_quietly,
+    job_report_elsewhere,
     json_option,
     launch_options,
     pop_launch_spec,
+    share_job_report,
 )
 from ddpdoctor.errors import BadInput
-from ddpdoctor.findings.perf_verdict import apply_outcome, run_status_of
-from ddpdoctor.findings.watched import watched_report
-from ddpdoctor.findings.window import window_verdict
 from ddpdoctor.launch.launcher import launch
 from ddpdoctor.launch.monitor import pop_watcher, watch_options
 from ddpdoctor.probes.config import Schedule
 from ddpdoctor.renderers import progress
-from ddpdoctor.renderers.console_perf import render_perf_sections
 from ddpdoctor.renderers.outputs import write_outputs
+from ddpdoctor.reports.profile import assemble
 from ddpdoctor.rundir.report import save_report
 
 
@@ -80,16 +79,12 @@ def command(
     show = progress.enabled(as_json)
     result = launch(spec, progress.with_progress(watcher, spec.torchrun, as_json, spec.schedule))
     if not result.reports:
+        job_report_elsewhere(result, as_json=as_json, verbose=verbose, fail_on=fail_on)
         finish_quietly(result)
     traces = spec.run_dir.trace_files()
     progress.say(f"analysing {len(traces)} trace(s), {sum(p.stat().st_size for p in traces) / 1e6:.1f} MB", show)
-    report = watched_report(spec.run_dir, "profile", analyse_traces=True)
-    report.findings = apply_outcome(report.findings, run_status_of(_manifest(spec.run_dir)))
-    window_verdict(report, spec.run_dir, spec.schedule)
-    if nccl_debug:
-        from ddpdoctor.topo.capture import add_to_report
-
-        add_to_report(report, spec.run_dir)
+    report = assemble(spec.run_dir, spec.schedule, nccl_debug=nccl_debug)
+    share_job_report(result, report)  # a job of several nodes: every node prints this report
     save_report(spec.run_dir, report)
     if result.exit_code == 0 and not spec.run_dir.trace_files() and any(f.id == "no-steps-seen" for f in report.findings):
         raise BadInput(
@@ -99,17 +94,7 @@ def command(
         )
     # The run directory is also the HTML report's home and a TensorBoard log dir (RUN/scalars/rankR).
     write_outputs(report, spec.run_dir.root, html_path, merge_path, spec.run_dir.trace_files(), show_progress=show)
-    emit(report, as_json=as_json, verbose=verbose, fail_on=fail_on, exit_code=result.exit_code or None,
-         sections=render_perf_sections)
-
-
-def _manifest(run: Any) -> dict[str, Any] | None:
-    from ddpdoctor.rundir import manifest as manifest_mod
-
-    try:
-        return manifest_mod.load(run)
-    except (OSError, ValueError, BadInput):
-        return None
+    emit(report, as_json=as_json, verbose=verbose, fail_on=fail_on, exit_code=result.exit_code or None)
 
 
 def _schedule(wait: int, warmup: int, active: str, repeat: int) -> Schedule:

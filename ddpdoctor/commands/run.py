@@ -13,17 +13,17 @@ from ddpdoctor.commands._common import (
     examples,
     fail_on_option,
     finish_quietly,
+    job_report_elsewhere,
     json_option,
     launch_options,
     pop_launch_spec,
+    share_job_report,
 )
-from ddpdoctor.findings.watched import render_hang_section, watched_report
 from ddpdoctor.launch.launcher import launch
 from ddpdoctor.launch.monitor import pop_watcher, watch_options
-from ddpdoctor.live.capture import auto_capture_notes
-from ddpdoctor.live.findings import live_findings
 from ddpdoctor.live.options import live_options, node_name, pop_live
 from ddpdoctor.renderers import progress
+from ddpdoctor.reports.run import assemble
 from ddpdoctor.rundir.report import save_report
 
 DEBUG_ENV = {"TORCH_DISTRIBUTED_DEBUG": "DETAIL", "TORCH_CPP_LOG_LEVEL": "INFO"}
@@ -53,23 +53,18 @@ def command(debug: bool, verbose: bool, nccl_debug: bool, as_json: bool, fail_on
     live.node = node_name(spec)
     result = launch(spec, progress.with_progress(watcher, spec.torchrun, as_json))
     if not result.reports:
+        job_report_elsewhere(result, as_json=as_json, verbose=verbose, fail_on=fail_on)
         finish_quietly(result)
-    report = watched_report(spec.run_dir, "run", debug=debug)
-    report.findings.extend(live_findings(spec.run_dir))
-    report.notes.extend(auto_capture_notes(spec.run_dir.root))
-    if nccl_debug:
-        from ddpdoctor.topo.capture import add_to_report
-
-        add_to_report(report, spec.run_dir)
+    report = assemble(spec.run_dir, debug=debug, nccl_debug=nccl_debug)
+    share_job_report(result, report)  # a job of several nodes: every node prints this report
     save_report(spec.run_dir, report)
     # The contract is 0/1/2: a job that failed (or was killed for hanging) is a problem found.
-    emit(report, as_json=as_json, verbose=verbose, fail_on=fail_on, sections=_sections,
+    emit(report, as_json=as_json, verbose=verbose, fail_on=fail_on,
          exit_code=1 if result.exit_code else None)
 
 
 def _sections(report: Any, out: Any, verbose: bool) -> None:
-    """The hang section, then where the run directory is (as profile and check-sync end)."""
-    from ddpdoctor.sync_api import _print_run_dir
+    """Moved to ddpdoctor/renderers/views.py (the view a report with a hang section gets)."""
+    from ddpdoctor.renderers.views import BY_COMMAND
 
-    render_hang_section(report, out, verbose)
-    _print_run_dir(report, out)
+    BY_COMMAND["run"](report, out, verbose)

@@ -3,7 +3,6 @@ ranks, phase, alerts), read from its run directory; --watch refreshes it in plac
 
 from __future__ import annotations
 
-import json
 import sys
 import time
 from pathlib import Path
@@ -12,7 +11,9 @@ from typing import Any
 import click
 
 from ddpdoctor.commands._common import cli_errors
-from ddpdoctor.live.status import load_status, status_text
+from ddpdoctor.live.status import status_text
+from ddpdoctor.reports.status import LiveStatus, assemble
+from ddpdoctor.safe_io import dumps_json
 
 EXAMPLES = ("\b\nExamples:\n  ddpdoctor status ddpdoctor-runs/job42\n"
             "  ddpdoctor status /shared/runs/job42 --watch\n  ddpdoctor status ddpdoctor-runs/job42 --json")
@@ -33,22 +34,19 @@ def command(run_dir: Path, as_json: bool, watch: bool, interval: float, fail_on:
         raise BadInput(f"--interval must be a positive number of seconds, not {interval}")
     tty = sys.stdout.isatty()
     while True:
-        st = load_status(run_dir)
+        status = assemble(run_dir)
+        st = status.to_json()
         if as_json:
-            click.echo(json.dumps(st, default=str))
+            click.echo(dumps_json(st))
         else:
             text = status_text(st)
             # In place on a terminal (cursor home, clear below); a pipe gets one snapshot after another.
             click.echo(("\x1b[H\x1b[J" if watch and tty else "") + text, nl=False)
-        if not watch or st["state"] == "finished":
-            sys.exit(exit_code(st, fail_on))
+        if not watch or status.state == "finished":
+            sys.exit(status.exit_code_for(fail_on))
         time.sleep(interval)
 
 
 def exit_code(st: dict[str, Any], fail_on: str) -> int:
     """1 for a finished job that failed (an error), or any live alert (warnings) with --fail-on warning."""
-    if fail_on == "none":
-        return 0
-    failed = st["state"] == "finished" and st.get("exit_code") not in (0, None)
-    alerted = bool((st.get("health") or {}).get("alerts_total"))
-    return 1 if failed or (fail_on == "warning" and alerted) else 0
+    return LiveStatus.from_json(st).exit_code_for(fail_on)

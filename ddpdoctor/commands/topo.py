@@ -8,107 +8,21 @@ from typing import Any
 import click
 
 from ddpdoctor.commands._common import cli_errors, emit, examples, fail_on_option, json_option
-from ddpdoctor.errors import BadInput
-from ddpdoctor.logs.sanitize import clean_report
 from ddpdoctor.report import Report
 
 
 def render_sections(report: Report, out: Any, verbose: bool) -> None:
-    """Terminal view of the topo sections (the renderer only formats what the analysis put in the report)."""
-    from rich.markup import escape
-    from rich.table import Table
+    """Moved to ddpdoctor/renderers/console_topo.py; kept for callers that have not moved yet."""
+    from ddpdoctor.renderers.console_topo import render_sections as render
 
-    sections = report.sections
-    nested = sections.get("topology")
-    if sections.get("nccl_used") is False:
-        out.print(f"NCCL: not used ({escape(str(sections.get('reason')))})")
-        return
-    if isinstance(nested, dict):  # a profile/run report: the topo sections sit under "topology"
-        if not nested.get("nccl_used", True):
-            out.print(f"NCCL: not used ({escape(str(nested.get('reason')))})")
-            return
-        sections = nested
-    s = sections.get("summary") or {}
-    if s:
-        gdr = {True: "yes", False: "no", None: "unknown"}[s.get("gdr")]
-        out.print(
-            f"[bold]{s.get('nodes') or '?'} node(s) x {s.get('gpus_per_node') or '?'} GPU(s)[/bold]"
-            f"  world size {s.get('world_size') or '?'}  network {escape(','.join(s.get('network') or []) or '?')}"
-        )
-        out.print(f"  inside a node: {escape(', '.join(s.get('intra_node_transport') or []) or 'not seen')}")
-        out.print(f"  between nodes: {escape(', '.join(s.get('inter_node_transport') or []) or 'not seen')}")
-        out.print(f"  GPUDirect RDMA: {gdr}" + (f"  [dim]({escape(str(s['gdr_evidence']))})[/dim]"
-                                              if verbose and s.get("gdr_evidence") else ""))
-        if s.get("nccl_versions"):
-            out.print(f"  NCCL: {escape(', '.join(s['nccl_versions']))}")
-    hosts = sections.get("hosts") or []
-    if hosts:
-        table = Table(title="Hosts", expand=False)
-        for col in ("host", "NCCL", "ranks", "bootstrap", "network", "NICs", "NCCL_* set"):
-            table.add_column(col, overflow="fold")
-        limit = len(hosts) if verbose else 16
-        for h in hosts[:limit]:
-            ranks = h["ranks"]
-            table.add_row(
-                escape(h["host"]), escape(", ".join(h["nccl_version"] or []) or (f"{h['nccl_version_range']} (from wording)"
-                                                              if h["nccl_version_range"] else "?")),
-                escape(_ranks(ranks)), escape(",".join(h["bootstrap_ifaces"]) or "-"),
-                escape(",".join(h["network"] + h["plugins"]) or "-"),
-                escape(",".join(f"{k}/{v}" for k, v in h["ib_devices"].items()) or "-"),
-                escape(" ".join(f"{k}={v}" for k, v in h["env"].items()) or "-"),
-            )
-        out.print(table)
-        if len(hosts) > limit:
-            out.print(f"[dim]… {len(hosts) - limit} more hosts (--verbose)[/dim]")
-    for topo in sections.get("topology") or []:
-        gpus, nics = topo["gpus"], topo["nics"]
-        ng = len(gpus) if isinstance(gpus, list) else gpus
-        nn = len(nics) if isinstance(nics, list) else nics
-        out.print(f"topology {escape(topo['file'])}: {topo['kind']}, {ng} GPU(s), {nn} NIC port(s), NUMA "
-                  f"{escape(','.join(topo['numa_nodes']) or '?')}" + (" [yellow](truncated)[/yellow]" if topo["truncated"] else ""))
-        if verbose and isinstance(gpus, list):
-            for g in gpus:
-                out.print(f"  GPU {escape(str(g['busid']))} sm={g['sm']} numa={g['numa']} pcie={escape(g['pcie'])} "
-                          f"nvlinks={g['nvlinks']} nearest NIC={escape(str(g['nearest_nic']))} ({g['nic_distance']})")
-
-
-def _ranks(ranks: list[int]) -> str:
-    if not ranks:
-        return "-"
-    if ranks == list(range(ranks[0], ranks[-1] + 1)) and len(ranks) > 2:
-        return f"{ranks[0]}-{ranks[-1]}"
-    return ",".join(str(r) for r in ranks[:8]) + ("…" if len(ranks) > 8 else "")
+    render(report, out, verbose)
 
 
 def build_report(logs: list[Path], xmls: list[Path]) -> Report:
-    """Everything `topo` prints, as a Report; BadInput when no file given was usable."""
-    from ddpdoctor.topo.capture import analyze_run_dir, is_run_dir, run_backend
-    from ddpdoctor.topo.diagnose import diagnose, read_inputs
+    """Moved to ddpdoctor/reports/topo.py (``assemble``); kept for callers that have not moved yet."""
+    from ddpdoctor.reports.topo import assemble
 
-    run_dirs = [p for p in logs if p.is_dir() and is_run_dir(p)]
-    files: list[Path] = []
-    for p in logs:
-        if p in run_dirs:
-            continue
-        if p.is_dir():  # a folder of logs (e.g. one SLURM output per node): its visible files, not recursive
-            inside = sorted(q for q in p.iterdir() if q.is_file() and not q.name.startswith("."))
-            files += inside or [p]
-        else:
-            files.append(p)
-    if run_dirs and not files and not xmls and len(run_dirs) == 1:
-        section, findings = analyze_run_dir(run_dirs[0], run_backend(run_dirs[0]))
-        return Report(command="topo", sections={"run_dir": str(run_dirs[0]), **section}, findings=findings)
-    for d in run_dirs:
-        files += sorted((d / "ranks").glob("rank*/std*.log")) + sorted((d / "ranks").glob("rank*/nccl_topo.xml"))
-    inputs = read_inputs(files, xmls)
-    if not inputs.used:
-        if not inputs.problems:
-            raise BadInput("give at least one NCCL log or topology XML file")
-        extra = f" (and {len(inputs.problems) - 1} more unusable file(s))" if len(inputs.problems) > 1 else ""
-        raise BadInput(inputs.problems[0] + extra)
-    sections, findings = diagnose(inputs.log, inputs.systems, inputs.extra)
-    notes = [f"skipped {p}" for p in inputs.problems]
-    return Report(command="topo", sections=sections, findings=findings, notes=notes)
+    return assemble(logs, xmls)
 
 
 @click.command(help=__doc__ + "\n\nFILES: NCCL logs (SLURM/torchrun output), topology XML, or a ddpdoctor run directory.",
@@ -125,7 +39,9 @@ def build_report(logs: list[Path], xmls: list[Path]) -> Report:
 @fail_on_option
 @cli_errors
 def command(files: tuple[Path, ...], xmls: tuple[Path, ...], verbose: bool, as_json: bool, fail_on: str) -> None:
-    report = clean_report(build_report(list(files), list(xmls)))
+    from ddpdoctor.reports.topo import assemble
+
+    report = assemble(list(files), list(xmls))
     for problem in report.notes:
         click.echo(f"ddpdoctor: warning: {problem}", err=True)
-    emit(report, as_json=as_json, verbose=verbose, fail_on=fail_on, sections=render_sections)
+    emit(report, as_json=as_json, verbose=verbose, fail_on=fail_on)

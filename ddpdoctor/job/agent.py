@@ -1,35 +1,60 @@
-"""One node's part in watching the whole job: publish this node's ranks through the job store; on the head, read every
-node's state and decide (hang, culprit, lost node, crash root) with job/state.py's rules; at the end, gather the
-ranks' files and hand every node the head's one verdict.
+"""One node's part in watching the whole job: publish this node's ranks' records through the job store; on the head,
+read every node's records and decide with the one stall rule (job/rules.py: busy is not hung, just moved) and the
+job-wide rules of job/state.py (culprit, lost node, crash root); at the end, gather the ranks' files and hand every
+node the head's one verdict.
 
-The node's HangMonitor calls check() from the launcher's poll loop and finish() once the job ended; everything
-else runs on one publishing thread."""
+The agent sees its node only through a NodePort (the node's monitor implements it: its ranks' typed records, their
+stacks, acting on a verdict); the monitor calls decide() from the launcher's poll loop and finish() once the job
+ended; everything else runs on one publishing thread."""
 
 from __future__ import annotations
 
+import json
 import socket
 import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
-
-import click
+from typing import Any, Protocol
 
 from ddpdoctor.job import grouping, state
+from ddpdoctor.job.record import RankRecord
+from ddpdoctor.job.relay import HeadRelay, NodeRelay
 from ddpdoctor.job.role import JobRole
+from ddpdoctor.job.rules import Limits, StallDecision, auto_hang_timeout, decide
 from ddpdoctor.job.store import JobStore, JobStoreError, job_port, shared_token
 
-if TYPE_CHECKING:
-    from ddpdoctor.launch.launcher import RunningJob
-    from ddpdoctor.launch.monitor import HangMonitor
+
+class NodePort(Protocol):
+    """What the job layer needs of a node's monitor (launch/monitor.HangMonitor implements it)."""
+
+    hang_timeout: float | None
+    startup_timeout: float
+    on_hang: str
+    world_size: int | None
+    stalls: dict[tuple[int, int], dict[str, Any]]
+
+    def records(self, now: float, job_started: float, ended: bool = False) -> list[RankRecord]: ...
+
+    def rank_ids(self) -> list[int]: ...
+
+    def collect_stacks(self) -> tuple[dict[int, str | None], dict[int, Any]]: ...
+
+    def note_stalls(self, ranks: list[int], now: float) -> None: ...
+
+    def act(self, hang: dict[str, Any], line: str, extra_text: str = "") -> None: ...
+
+    def replay(self, rank: int, msg: dict[str, Any]) -> None: ...
+
+    def say(self, line: str) -> None: ...
 
 PUBLISH_S = 1.0  # a beat about once a second, at once on a change that matters
 TICK_S = 0.1
 POLL_S = 0.5
 STACKS_WAIT_S = 12.0  # for the other nodes' stacks after a hang (py-spy may take seconds per rank)
 READ_EVERY_S = 0.5  # the head reads every node's state this often (each read parses the whole job's records)
-END_WAIT_S = 60.0  # the head waits this long for every node to finish; the others for the head's verdict
+END_WAIT_S = 60.0
+REPORT_WAIT_S = 20.0  # the head waits this long for every node to take the job's report  # the head waits this long for every node to finish; the others for the head's verdict
 RANK_FILES = ("status.json", "info.json", "summary.json")
 STDERR_TAIL = 16 << 10
 
@@ -44,7 +69,7 @@ class Outcome:
 
 
 class JobAgent:
-    def __init__(self, role: JobRole, monitor: HangMonitor, run_root: Path) -> None:
+    def __init__(self, role: JobRole, monitor: NodePort, run_root: Path) -> None:
         self.role, self.monitor, self.run_root = role, monitor, run_root
         self.host = socket.gethostname()
         self.store: JobStore | None = None
@@ -54,6 +79,12 @@ class JobAgent:
         self.end: int | None = None
         self._stop = threading.Event()
         self._answered: set[int] = set()
+        self._busy_said: set[int] = set()
+        self._peers: list[int] = []
+        self._head_host: str | None = self.host if role.is_head else None
+        self._head_lost = False
+        self._relay, self._head_relay = NodeRelay(), HeadRelay()  # live health job-wide (job/relay.py)
+        self._relay_lock = threading.Lock()
         self._thread: threading.Thread | None = None
         self._job_started = time.time()
         self._read_at = 0.0
@@ -74,18 +105,13 @@ class JobAgent:
         self._thread.start()
 
     # -- every node: publish -------------------------------------------------------------------------
-    def _records(self) -> list[dict[str, Any]]:
-        now = time.time()
-        links = dict(self.monitor.links)
+    def _records(self) -> list[RankRecord]:
         # Once this node's job ended, a rank that never said how it ended died (a signal, an abort in C++).
-        died = {"exit_code": None, "exception": "died without a status (killed by a signal, or aborted)"}
-        return [state.record(r, lk.beat, lk.exit or (died if self.end is not None else None), now, self._job_started)
-                for r, lk in sorted(links.items())]
+        return self.monitor.records(time.time(), self._job_started, ended=self.end is not None)
 
     def _signature(self) -> tuple[Any, ...]:
-        return tuple((r, (lk.beat or {}).get("step"), (lk.beat or {}).get("phase"),
-                      ((lk.beat or {}).get("collective") or {}).get("seq"), lk.exit is not None)
-                     for r, lk in sorted(dict(self.monitor.links).items()))
+        return tuple((r.rank, r.step, r.phase, (r.coll or [None, None, None])[2], r.exit is not None,
+                      r.idle_s is not None and r.idle_s < 1.0) for r in self._records())
 
     def publish(self) -> None:
         if self.store is None:
@@ -93,6 +119,11 @@ class JobAgent:
         self.seq += 1
         env = state.envelope(self.role.node_rank, self.host, self.seq, self._records(), self.end)
         self.store.put(f"node/{self.role.node_rank}", env)
+        if not self.is_head:
+            with self._relay_lock:
+                live = self._relay.payload(self.seq)
+            if live is not None:
+                self.store.put(f"live/{self.role.node_rank}", live)
 
     def _connect(self) -> None:
         while self.store is None and not self._stop.is_set():
@@ -122,25 +153,40 @@ class JobAgent:
 
     def _poll_head(self) -> None:
         assert self.store is not None
-        got = self.store.get_many(["req", "verdict"])
+        got = self.store.get_many(["req", "verdict", "busy", f"live-ack/{self.role.node_rank}"])
+        with self._relay_lock:
+            self._relay.acked(got.get(f"live-ack/{self.role.node_rank}"))
+        busy = got.get("busy")
+        if isinstance(busy, dict) and isinstance(busy.get("ranks"), list):
+            # The head's long stalls, as (rank, step): this node notes its own ranks still in that step.
+            now_steps = {r.rank: r.step for r in self._records()}
+            self.monitor.note_stalls([p[0] for p in busy["ranks"] if isinstance(p, list) and len(p) == 2
+                                      and p[0] in now_steps and now_steps[p[0]] == p[1]], time.time())
         req = got.get("req")
         if isinstance(req, dict) and isinstance(req.get("id"), int) and req["id"] not in self._answered:
             self._answered.add(req["id"])
-            stacks, _ = self.monitor.collect(dict(self.monitor.links))
+            stacks, _ = self.monitor.collect_stacks()
             self.store.put(f"stacks/{self.role.node_rank}", {str(r): _tail(s) for r, s in stacks.items()})
         if isinstance(got.get("verdict"), dict) and self.verdict is None:
             self.verdict = got["verdict"]
 
     # -- the monitor's hooks ---------------------------------------------------------------------------
-    def on_start(self, monitor: HangMonitor) -> None:
+    def on_start(self, monitor: Any) -> None:
         self.start(time.time())
 
-    def decide(self, monitor: HangMonitor, job: RunningJob, now: float) -> None:
+    def on_message(self, monitor: Any, rank: int, msg: dict[str, Any]) -> None:
+        """A node relays its ranks' iteration records to the head (whose live watch judges the whole job); the
+        node's own live watch (after this plugin) then sees none of them."""
+        if not self.is_head and msg.get("type") == "beat":
+            with self._relay_lock:
+                self._relay.add(rank, msg.pop("steps", None), msg.get("phase"))
+
+    def decide(self, monitor: Any, job: Any, now: float) -> None:
         """HangMonitor.decider: the head decides for the job; another node acts on the head's verdict."""
         if self.is_head:
-            self._decide(job)
-        elif self.verdict is not None and monitor.hang is None:
-            monitor.declare(job, {"remote": True, **self.verdict}, str(self.verdict.get("line")))
+            self._decide(job.started)
+        elif self.verdict is not None:
+            self.monitor.act({"remote": True, **self.verdict}, str(self.verdict.get("line")))
 
     def read_nodes(self) -> None:
         """Refresh every node's state from the store (the head's view of the job)."""
@@ -153,8 +199,6 @@ class JobAgent:
                 self.nodes[int(name.split("/")[1])].update(env, now)
 
     def hang_timeout(self) -> float:
-        from ddpdoctor.launch.monitor import auto_hang_timeout
-
         t = self.monitor.hang_timeout
         return t if t is not None else auto_hang_timeout(state.slowest_step(self.nodes))
 
@@ -162,12 +206,34 @@ class JobAgent:
         sizes = [self.monitor.world_size] if self.monitor.world_size else []
         return max(sizes) if sizes else None
 
-    def _decide(self, job: RunningJob) -> None:
+    def _take_live(self) -> None:
+        """The head: the other nodes' relayed iteration records into this node's plugins (its live watch), once."""
+        assert self.store is not None
+        others = [n for n in self.nodes if n != self.role.node_rank]
+        got = self.store.get_many([f"live/{n}" for n in others])
+        for name, payload in got.items():
+            node = int(name.split("/")[1])
+            before = self._head_relay.taken.get(node, 0)
+            for rank, steps, phase in self._head_relay.take(node, payload):
+                self.monitor.replay(rank, {"type": "beat", "steps": steps, "phase": phase})
+            if self._head_relay.taken.get(node, 0) != before:
+                self.store.put(f"live-ack/{node}", self._head_relay.taken[node])
+
+    def judge(self, now: float, job_started: float) -> StallDecision:
+        """The one stall rule (job/rules.py) on every node's records, as on one node. A record's step age grows by
+        how long ago its envelope arrived; its training thread's idle time and last move are as its node measured
+        them when it published (a node that stops publishing is a lost node, not a busy one)."""
+        recs, extra = state.live_records(self.nodes, now)
+        return decide(recs, Limits(self.monitor.hang_timeout, self.monitor.startup_timeout), now - job_started,
+                      None, extra)
+
+    def _decide(self, job_started: float) -> None:
         if time.time() - self._read_at < READ_EVERY_S:
             return
         self._read_at = time.time()
         try:
             self.read_nodes()
+            self._take_live()
         except (RuntimeError, OSError, ValueError):
             return
         now = time.time()
@@ -176,21 +242,41 @@ class JobAgent:
             self.nodes[n].lost = True
         lost = [n for n, st in self.nodes.items() if st.lost]
         never = [n for n, st in self.nodes.items() if st.seq < 0]
-        stalled = state.stalled_ranks(self.nodes, now, timeout, self.monitor.startup_timeout)
-        if never and now - job.started > self.monitor.startup_timeout:
+        if never and now - job_started > self.monitor.startup_timeout:
             for n in never:
                 self.nodes[n].lost = True
             lost += never
-        if stalled or lost:
-            self._on_hang(job, stalled, now, timeout)
+        d = self.judge(now, job_started)
+        if lost:
+            self._on_hang(d.stalled, now, d.timeout_s, job_started)
+        elif d.busy and not d.moving and not d.tearing_down:
+            self._note_busy(d.busy, now)
+        elif d.hung:
+            self._on_hang(d.stalled, now, d.timeout_s, job_started)
 
-    def _on_hang(self, job: RunningJob, stalled: list[int], now: float, timeout: float) -> None:
+    def _note_busy(self, ranks: list[int], now: float) -> None:
+        """A long stall, not a hang: each node notes its own busy ranks (with their stacks); the head says so once."""
+        mine = set(self.monitor.rank_ids())
+        self.monitor.note_stalls([r for r in ranks if r in mine], now)
+        new = [r for r in ranks if r not in mine and r not in self._busy_said]
+        if new:
+            self._busy_said.update(new)
+            self.monitor.say(f"rank(s) {grouping.rank_ranges(new)} on another node are busy outside any collective "
+                             "past the hang timeout; still working, not a hang: watching on")
+        if self.store is not None:
+            steps = {r.rank: r.step for st in self.nodes.values() for r in st.ranks if r.rank in ranks}
+            try:
+                self.store.put("busy", {"ranks": [[r, steps.get(r)] for r in sorted(ranks)]})
+            except (RuntimeError, OSError):
+                pass
+
+    def _on_hang(self, stalled: list[int], now: float, timeout: float, job_started: float) -> None:
         assert self.store is not None
         d = state.diagnose(self.nodes, self._world_size(), stalled)
         pos, node_of = state.positions(self.nodes, self._world_size())
         live = [n for n, st in self.nodes.items() if not st.lost and st.end is None and n != self.role.node_rank]
         self.store.put("req", {"id": 1, "what": "stacks"})
-        stacks, dumps = self.monitor.collect(dict(self.monitor.links))
+        stacks, dumps = self.monitor.collect_stacks()
         deadline = time.time() + STACKS_WAIT_S
         remote: dict[str, Any] = {}
         while time.time() < deadline and len(remote) < len(live):
@@ -207,16 +293,16 @@ class JobAgent:
         line = f"job hung: {d.reason}"
         if d.culprit_ranks:
             line = f"job hung: culprit rank(s) {grouping.rank_ranges(d.culprit_ranks)}: {d.reason}"
-        ages = [state.rank_age(r, st, now) for st in self.nodes.values() for r in st.ranks if r["r"] in stalled]
+        ages = [state.rank_age(r, st, now) for st in self.nodes.values() for r in st.ranks if r.rank in stalled]
         detected = round(max(ages), 2) if ages else round(timeout, 2)
         hang: dict[str, Any] = {
             "detected_after_s": detected,
             "hang_timeout_s": timeout, "startup_timeout_s": self.monitor.startup_timeout,
-            "in_startup": all(not r.get("s") for st in self.nodes.values() for r in st.ranks),
+            "in_startup": all(not r.step for st in self.nodes.values() for r in st.ranks),
             "on_hang": self.monitor.on_hang, "diagnosis": d.to_json(),
             "stacks": {str(r): s for r, s in all_stacks.items()},
             "classes": [c.to_json() for c in classes],
-            "nodes": {str(n): {"host": st.host, "lost": st.lost, "ranks": grouping.rank_ranges(r["r"] for r in st.ranks)}
+            "nodes": {str(n): {"host": st.host, "lost": st.lost, "ranks": grouping.rank_ranges(r.rank for r in st.ranks)}
                       for n, st in self.nodes.items()},
             "flight_recorder": {str(r): v for r, v in dumps.items()},
         }
@@ -225,8 +311,7 @@ class JobAgent:
                    "report": str(self.run_root / "hang.txt")}
         self.verdict = verdict
         self.store.put("verdict", verdict)
-        self.monitor.declare(job, hang, f"{line}; report in {self.run_root}/hang.txt",
-                             extra_text=grouping.render(classes))
+        self.monitor.act(hang, f"{line}; report in {self.run_root}/hang.txt", extra_text=grouping.render(classes))
 
     # -- the end ---------------------------------------------------------------------------------------
     def finish(self, run_root: Path, code: int) -> Outcome:
@@ -244,6 +329,7 @@ class JobAgent:
         try:
             self.publish()
             self.store.put(f"files/{self.role.node_rank}", self._rank_files(run_root))
+            self.store.put(f"stalls/{self.role.node_rank}", list(self.monitor.stalls.values()))
         except (RuntimeError, OSError):
             pass
         return self._finish_head(run_root, code) if self.is_head else self._finish_node(code)
@@ -256,7 +342,7 @@ class JobAgent:
 
     def _rank_files(self, run_root: Path) -> dict[str, dict[str, str]]:
         out: dict[str, dict[str, str]] = {}
-        for r in self.monitor.links:
+        for r in self.monitor.rank_ids():
             rdir = run_root / "ranks" / f"rank{r}"
             files = {}
             for name in RANK_FILES:
@@ -284,10 +370,13 @@ class JobAgent:
                     self.store.put(f"ack/{self.role.node_rank}", 1)
                 except (RuntimeError, OSError):
                     pass
+                self._head_host = str(final.get("head"))
                 return Outcome(final["code"], False, f"{final.get('line')}; the job's report is on the head node "
                                f"({final.get('head')}) in {final.get('report')}")
             time.sleep(0.3)
-        return Outcome(1 if code else 0, False, f"the head node did not answer; this node's ranks ended with {code}")
+        self._head_lost = True
+        return Outcome(1 if code else 0, False, f"the head node ({self.role.master_addr}) was lost: it did not answer; "
+                       f"this node's ranks ended with {code}")
 
     def _finish_head(self, run_root: Path, code: int) -> Outcome:
         assert self.store is not None
@@ -303,23 +392,69 @@ class JobAgent:
             if all(st.end is not None or st.lost for st in self.nodes.values()):
                 break
             time.sleep(0.3)
-        files = self.store.get_many([f"files/{n}" for n in self.nodes if n != self.role.node_rank])
+        others = [n for n in self.nodes if n != self.role.node_rank]
+        files = self.store.get_many([f"files/{n}" for n in others])
         write_missing(run_root, files)
+        merge_stalls(run_root, self.store.get_many([f"stalls/{n}" for n in others]))
         codes = [st.end for st in self.nodes.values() if st.end is not None]
         lost = [n for n, st in self.nodes.items() if st.lost or st.end is None]
         job_code = code or next((c for c in codes if c), 0) or (1 if lost else 0)
         line = self._summary(job_code, lost)
         self.store.put("final", {"code": 1 if job_code else 0, "line": line, "head": self.host,
                                  "report": str(run_root / "report.txt")})
-        waiting = [n for n in self.nodes if n != self.role.node_rank and n not in lost]
-        ack_deadline = time.time() + 15
-        while waiting and time.time() < ack_deadline:
-            got = self.store.get_many([f"ack/{n}" for n in waiting])
-            waiting = [n for n in waiting if f"ack/{n}" not in got]
-            time.sleep(0.2)
+        self._peers = [n for n in self.nodes if n != self.role.node_rank and n not in lost]
+        self._wait_acks("ack", 15.0)
         if self.verdict is None:  # a hang verdict was said when it was declared
-            click.echo(f"ddpdoctor: {line}", err=True)
+            self.monitor.say(line)
         return Outcome(job_code, True, line)
+
+    def _wait_acks(self, kind: str, wait_s: float) -> None:
+        """Until every live node acknowledged ``kind`` (the job store lives as long as this process)."""
+        assert self.store is not None
+        waiting = list(self._peers)
+        deadline = time.time() + wait_s
+        while waiting and time.time() < deadline:
+            try:
+                got = self.store.get_many([f"{kind}/{n}" for n in waiting])
+            except (RuntimeError, OSError):
+                return
+            waiting = [n for n in waiting if f"{kind}/{n}" not in got]
+            time.sleep(0.2)
+
+    # -- the job's report on every node ------------------------------------------------------------------
+    def node_info(self) -> dict[str, Any]:
+        """Which node this is, for the report every node prints."""
+        return {"node_rank": self.role.node_rank, "nnodes": self.role.nnodes, "host": self.host,
+                "is_head": self.is_head, "head": self._head_host}
+
+    def publish_report(self, doc: dict[str, Any]) -> None:
+        """The head: hand the job's report (report.json's document) to every node, and wait until each has it."""
+        if self.store is None or not self.is_head:
+            return
+        try:
+            self.store.put("report", doc)
+        except (RuntimeError, OSError, ValueError):
+            return
+        self._wait_acks("report-ack", REPORT_WAIT_S)
+
+    def job_report(self) -> dict[str, Any] | None:
+        """Another node: the head's report of the whole job; None when the head is lost (it did not answer)."""
+        if self.store is None or self.is_head or self._head_lost:
+            return None
+        deadline = time.time() + END_WAIT_S
+        while time.time() < deadline:
+            try:
+                doc = self.store.get("report")
+            except (RuntimeError, OSError):
+                return None
+            if isinstance(doc, dict):
+                try:
+                    self.store.put(f"report-ack/{self.role.node_rank}", 1)
+                except (RuntimeError, OSError):
+                    pass
+                return doc
+            time.sleep(0.3)
+        return None
 
     def _summary(self, code: int, lost: list[int]) -> str:
         """The job's one line: the head's hang verdict, else a lost node, else the crash's root cause."""
@@ -332,7 +467,7 @@ class JobAgent:
                  if not (lost and is_victim(str((st.get(r) or {}).get("exception"))))]
         if lost:
             hosts = ", ".join(f"node {n} ({self.nodes[n].host})" for n in lost)
-            ranks = grouping.rank_ranges(r["r"] for n in lost for r in self.nodes[n].ranks)
+            ranks = grouping.rank_ranges(r.rank for n in lost for r in self.nodes[n].ranks)
             line = f"job failed: {hosts} stopped publishing (its launcher or host died): rank(s) {ranks} lost"
             return line + (f"; rank(s) {grouping.rank_ranges(roots)} failed" if roots else "")
         if roots:
@@ -366,20 +501,50 @@ def write_missing(run_root: Path, files: dict[str, Any]) -> None:
                     path.write_text(text)
 
 
+def merge_stalls(run_root: Path, remote: dict[str, Any]) -> None:
+    """Add the other nodes' long stalls (their busy ranks, with stacks) to RUN/heartbeats.json's, which the head's
+    monitor wrote with its own: the report's long-stall findings are the job's."""
+    from ddpdoctor.rundir.layout import write_json
+
+    extra = [s for per in remote.values() if isinstance(per, list) for s in per
+             if isinstance(s, dict) and isinstance(s.get("rank"), int)]
+    if not extra:
+        return
+    path = run_root / "heartbeats.json"
+    try:
+        doc = json.loads(path.read_text())
+    except (OSError, ValueError):
+        doc = {}
+    if not isinstance(doc, dict):
+        doc = {}
+    monitor = doc.setdefault("monitor", {})
+    if not isinstance(monitor, dict):
+        monitor = doc["monitor"] = {}
+    got = monitor.get("stalls")
+    stalls: list[Any] = got if isinstance(got, list) else []
+    seen = {(s.get("rank"), s.get("step")) for s in stalls if isinstance(s, dict)}
+    stalls.extend(s for s in extra if (s["rank"], s.get("step")) not in seen)
+    monitor["stalls"] = stalls
+    try:
+        write_json(path, doc)
+    except OSError:
+        pass
+
+
 def attach_agent(role: JobRole, watcher: Any, run_root: Path) -> JobAgent | None:
-    """Hook the job layer into this node's monitor (HangMonitor.plugins and .decider); None without a monitor.
-    A job store that cannot be hosted or a foreign token file is bad input (one line, exit 2)."""
+    """Hook the job layer into this node's monitor (its plugins and decider); None without a monitor (an object
+    with the NodePort's methods). A job store that cannot be hosted or a foreign token file is bad input (one
+    line, exit 2)."""
     from ddpdoctor.errors import BadInput
-    from ddpdoctor.launch.monitor import HangMonitor
 
     watcher = getattr(watcher, "inner", watcher)  # the progress display wraps the monitor on a terminal
-    if not isinstance(watcher, HangMonitor):
+    if not all(hasattr(watcher, name) for name in ("records", "collect_stacks", "act", "replay", "plugins")):
         return None
     try:
         agent = JobAgent(role, watcher, run_root)
     except JobStoreError as exc:
         raise BadInput(str(exc), run_root) from exc
-    watcher.plugins.append(agent)
+    watcher.plugins.insert(0, agent)  # before the live watch: a node relays its ranks' steps (on_message)
     watcher.decider = agent.decide
     watcher.writes_run_files = role.is_head
     return agent

@@ -7,12 +7,14 @@ client can neither read names it does not know nor forge values: what fails the 
 from __future__ import annotations
 
 import datetime
+import errno
 import hashlib
 import hmac
 import json
 import os
 import secrets
 import socket
+import stat
 import threading
 import time
 import zlib
@@ -37,23 +39,22 @@ def job_port(master_port: int) -> int:
 
 
 def shared_token(run_root: Path, job_key: str, wait_s: float = 15.0) -> str:
-    """The job's token: $DDPDOCTOR_JOB_TOKEN when set (needed without a shared --out), else RUN/.job-token-<job>,
-    created 0600 by the first node of the job that gets there and read by the others (the file name follows the
-    job's identity, so another job's token in the same directory is never reused)."""
+    """The job's token: $DDPDOCTOR_JOB_TOKEN when set (the environment of the job's own processes: needed without a
+    shared --out), else RUN/.job-token-<job>, created 0600 by the first node of the job that gets there and read by
+    the others (the file name follows the job's identity, so another job's token is never reused). A token file is
+    used only when it is a regular file (no link) that this user owns and nobody else can read: a file another user
+    planted in a shared --out would let them read the store and forge the verdict, so it is refused (bad input)."""
     env = os.environ.get(TOKEN_ENV)
     if env:
         return env
     run_root.mkdir(parents=True, exist_ok=True)
     path = run_root / f"{TOKEN_FILE}-{hashlib.sha256(job_key.encode()).hexdigest()[:12]}"
     try:
-        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
     except FileExistsError:
         deadline = time.time() + wait_s
         while time.time() < deadline:
-            try:
-                tok = path.read_text().strip()
-            except OSError:
-                tok = ""
+            tok = _read_own_token(path)
             if len(tok) == 32:
                 return tok
             time.sleep(0.1)
@@ -62,6 +63,24 @@ def shared_token(run_root: Path, job_key: str, wait_s: float = 15.0) -> str:
     with os.fdopen(fd, "w") as f:
         f.write(tok)
     return tok
+
+
+def _read_own_token(path: Path) -> str:
+    """The token in ``path`` if this user created it (see shared_token); JobStoreError for a file it did not."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
+    except OSError as exc:
+        if exc.errno == errno.ELOOP:
+            raise JobStoreError(f"{path} is a symbolic link: refusing a job token another user could have "
+                                "planted; remove it or set DDPDOCTOR_JOB_TOKEN") from None
+        return ""
+    with os.fdopen(fd, "rb") as f:
+        st = os.fstat(f.fileno())
+        if not stat.S_ISREG(st.st_mode) or st.st_uid != os.geteuid() or st.st_mode & 0o077:
+            raise JobStoreError(
+                f"{path} is not this user's private job token (owner uid {st.st_uid}, mode {st.st_mode & 0o777:o}): "
+                "another user may have planted it; remove it, or set DDPDOCTOR_JOB_TOKEN on every node")
+        return f.read(256).decode("ascii", "replace").strip()
 
 
 class JobStore:

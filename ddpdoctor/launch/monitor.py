@@ -16,7 +16,6 @@ poll loop, ~10/s) and ``on_stop(monitor)``; ``snapshot()`` gives every rank's st
 from __future__ import annotations
 
 import json
-import os
 import secrets
 import signal
 import threading
@@ -28,6 +27,19 @@ from typing import TYPE_CHECKING, Any
 import click
 
 from ddpdoctor.findings.hang import diagnose_hang, position
+from ddpdoctor.job.record import RankRecord, record
+from ddpdoctor.job.rules import (
+    CRASH_GRACE_S,
+    MIN_HANG_TIMEOUT_S,
+    STEP_MULTIPLE,
+    STUCK_S,
+    Limits,
+    StallDecision,
+    auto_hang_timeout,
+    decide,
+    is_busy,
+    just_moved,
+)
 from ddpdoctor.launch.proctree import activity, in_tree, signal_own
 from ddpdoctor.launch.stacks import faulthandler_dump, py_spy_dump
 from ddpdoctor.launch.transport import TOKEN_ENV, Listener
@@ -36,28 +48,10 @@ from ddpdoctor.rundir.layout import RunDir, write_json, write_private_text
 if TYPE_CHECKING:
     from ddpdoctor.launch.launcher import LaunchSpec, RunningJob
 
-def _floor_from_env() -> float:
-    """The default timeout's floor: 60 s, or $DDPDOCTOR_DEFAULT_HANG_TIMEOUT (still a default: busy ranks are stalls)."""
-    try:
-        value = float(os.environ.get("DDPDOCTOR_DEFAULT_HANG_TIMEOUT", "60"))
-    except ValueError:
-        return 60.0
-    return value if value > 0 else 60.0
-
-
-MIN_HANG_TIMEOUT_S = _floor_from_env()
-STEP_MULTIPLE = 10.0
 KILL_GRACE_S = 3.0
 MAX_WORLD = 1 << 20
-# A laggard with no CPU, no I/O and no move of its Python position for this long is stuck (15 s by default).
-STUCK_S = MIN_HANG_TIMEOUT_S / 4
 ACTIVITY_EVERY_S = 1.0
-CRASH_GRACE_S = 10.0
-
-
-def auto_hang_timeout(slowest_step_s: float | None) -> float:
-    """The default --hang-timeout: max(60 s, 10x the slowest step seen so far)."""
-    return max(MIN_HANG_TIMEOUT_S, STEP_MULTIPLE * (slowest_step_s or 0.0))
+__all__ = ["CRASH_GRACE_S", "MIN_HANG_TIMEOUT_S", "STEP_MULTIPLE", "STUCK_S", "auto_hang_timeout"]
 
 
 @dataclass
@@ -69,6 +63,7 @@ class RankLink:
     dump: dict[str, Any] | None = None
     last_seen: float | None = None
     heartbeat_tid: int | None = None  # the heartbeat thread's own CPU and I/O do not count as the rank's
+    main_tid: int | None = None  # the training thread: its own CPU and I/O are what "busy" means
     active_at: float | None = None  # last time its CPU, I/O or Python position changed
     moved_at: float | None = None  # last time its messages showed a new position (step, phase, collective)
     activity: tuple[int, int] | None = None
@@ -108,6 +103,7 @@ class HangMonitor:
         self._lock = threading.Lock()
         self._kill_at: float | None = None
         self._activity_at = 0.0
+        self._job: RunningJob | None = None
         # Multi-node (ddpdoctor/job): decider(monitor, job, now) decides hangs for the whole job instead of this
         # node's rules; writes_run_files is False on the job's other nodes (the head writes hang and heartbeats).
         self.decider: Callable[[HangMonitor, RunningJob, float], None] | None = None
@@ -137,26 +133,66 @@ class HangMonitor:
     def check(self, job: RunningJob) -> None:
         now = time.time()
         self.root_pid = job.proc.pid
+        self._job = job
         self._call("on_tick", self, now)
         if self.hang is not None:
             if self._kill_at is not None and now >= self._kill_at:
                 self._kill_at = None
                 self._kill_all(job, signal.SIGKILL)
             return
-        if self.decider is not None:
-            self.decider(self, job, now)
-            return
         if now - self._activity_at >= ACTIVITY_EVERY_S:
             self._activity_at = now
             self._sample_activity(now)
-        stalled = self.stalled_ranks(now, job.started)
-        if not stalled or self._crash_being_torn_down(now) or self._just_moved(stalled, now):
+        if self.decider is not None:  # the job spans nodes: the job layer judges every node's records
+            self.decider(self, job, now)
             return
-        busy = [] if self.hang_timeout is not None else self.busy_laggards(stalled, now)
-        if busy:
-            self._note_stalls(busy, now)
-        else:
-            self._on_hang(job, stalled, now)
+        # A job of one node: the same rule (job/rules.py) on this node's records.
+        d = self.judge(now, job.started)
+        if d.busy and not d.moving and not d.tearing_down:
+            self._note_stalls(d.busy, now)
+        elif d.hung:
+            self._on_hang(job, d.stalled, now)
+
+    def limits(self) -> Limits:
+        return Limits(self.hang_timeout, self.startup_timeout)
+
+    def judge(self, now: float, job_started: float) -> StallDecision:
+        """job/rules.decide on this node's records."""
+        return decide(self.records(now, job_started), self.limits(), now - job_started, self.world_size)
+
+    # -- the node's port to the job layer --------------------------------------------------------------
+    def records(self, now: float, job_started: float, ended: bool = False) -> list[RankRecord]:
+        """Every rank's typed record as of ``now`` (``ended``: this node's job is over, so a rank that never said
+        how it ended died: a signal, an abort in C++)."""
+        with self._lock:
+            links = sorted(self.links.items())
+        died = {"exit_code": None, "exception": "died without a status (killed by a signal, or aborted)"}
+        return [record(r, lk.beat, lk.exit or (died if ended else None), now, job_started, lk.active_at,
+                       lk.moved_at, lk.exit_at) for r, lk in links]
+
+    def act(self, hang: dict[str, Any], line: str, extra_text: str = "") -> None:
+        """The job's verdict is a hang: declare it on this node (its files, its console, its ranks)."""
+        if self.hang is None:
+            self.declare(self._job, hang, line, extra_text)
+
+    def replay(self, rank: int, msg: dict[str, Any]) -> None:
+        """A message of a rank on another node (relayed by the job layer) to this node's plugins (its live watch)."""
+        self._call("on_message", self, rank, msg)
+
+    def say(self, line: str) -> None:
+        click.echo(f"ddpdoctor: {line}", err=True)
+
+    def rank_ids(self) -> list[int]:
+        with self._lock:
+            return sorted(self.links)
+
+    def collect_stacks(self) -> tuple[dict[int, str | None], dict[int, Any]]:
+        with self._lock:
+            links = dict(self.links)
+        return self.collect(links)
+
+    def note_stalls(self, ranks: list[int], now: float) -> None:
+        self._note_stalls([r for r in ranks if r in self.links], now)
 
     def stop(self, job: RunningJob) -> None:
         self._call("on_stop", self)
@@ -198,60 +234,26 @@ class HangMonitor:
 
     # -- detection -----------------------------------------------------------------------------------
     def effective_hang_timeout(self) -> float:
-        if self.hang_timeout is not None:
-            return self.hang_timeout
-        slowest = max(_num((lk.beat or {}).get("max_step_s")) for lk in self.links.values()) if self.links else 0.0
-        return auto_hang_timeout(slowest)
+        from ddpdoctor.job.rules import effective_timeout
+
+        return effective_timeout(self.records(time.time(), time.time()), self.limits())
 
     def stalled_ranks(self, now: float, job_started: float) -> list[int]:
         """Ranks still running whose step has not advanced within the timeout (start-up: --startup-timeout)."""
-        with self._lock:
-            links = dict(self.links)
-        live = {r: lk for r, lk in links.items() if lk.exit is None}
-        if not links:
-            return [-1] if now - job_started > self.startup_timeout else []
-        if self.world_size and len(links) < self.world_size and now - job_started > self.startup_timeout:
-            return sorted(set(range(self.world_size)) - set(links))
-        timeout = self.effective_hang_timeout()
-        stalled = []
-        for r, lk in live.items():
-            beat = lk.beat or {}
-            step = beat.get("step", 0)
-            since = job_started if not step else _num(beat.get("step_started"), now)
-            if now - since > (self.startup_timeout if not step else timeout):
-                stalled.append(r)
-        return sorted(stalled)
+        return self.judge(now, job_started).stalled
 
     def busy_laggards(self, stalled: list[int], now: float) -> list[int]:
-        """Stalled ranks outside any collective that are still doing something (CPU, I/O, a moving stack)."""
-        with self._lock:
-            links = dict(self.links)
-        out = []
-        for r in stalled:
-            lk = links.get(r)
-            if lk is None or position(r, lk.beat, lk.exit).state != "outside-collective":
-                continue
-            if lk.active_at is not None and now - lk.active_at < STUCK_S:
-                out.append(r)
-        return out
+        """Stalled ranks outside any collective whose training thread is still doing something."""
+        by_rank = {r.rank: r for r in self.records(now, now)}
+        return [r for r in stalled if r in by_rank and is_busy(by_rank[r], STUCK_S)]
 
     def _just_moved(self, stalled: list[int], now: float) -> bool:
         """Under the default timeout, a stalled rank whose position changed less than STUCK_S ago is moving, not
-        stuck: a rank back from a long checkpoint enters backward() with its step's start still 10 s old, and is
-        in DDP's all-reduce for milliseconds before the step ends. A hang waits until every stalled rank stays put."""
+        stuck (job/rules.py). A hang waits until every stalled rank stays put."""
         if self.hang_timeout is not None:
             return False
-        with self._lock:
-            moved = [self.links[r].moved_at for r in stalled if r in self.links]
-        return any(m is not None and now - m < STUCK_S for m in moved)
-
-    def _crash_being_torn_down(self, now: float) -> bool:
-        """A rank reported its exception moments ago: torchrun is about to stop the job (the crash is the report's
-        root cause); a process that takes a few seconds to exit is not a hang. After CRASH_GRACE_S it is."""
-        with self._lock:
-            links = list(self.links.values())
-        return any(lk.exit and lk.exit.get("exception") and lk.exit_at and now - lk.exit_at < CRASH_GRACE_S
-                   for lk in links)
+        by_rank = {r.rank: r for r in self.records(now, now)}
+        return any(r in by_rank and just_moved(by_rank[r], STUCK_S) for r in stalled)
 
     def _sample_activity(self, now: float) -> None:
         with self._lock:
@@ -259,8 +261,14 @@ class HangMonitor:
         for lk in links:
             if not in_tree(lk.pid, self.root_pid):
                 continue
-            skip = frozenset({lk.heartbeat_tid} if lk.heartbeat_tid else ())
-            sample = activity(lk.pid, skip)  # type: ignore[arg-type]  # filtered on lk.pid above
+            # The training thread's own CPU and I/O: gloo's I/O threads, NCCL's watchdog and data-loader threads
+            # keep spinning while it is blocked forever. Without its thread id (an older rank), every thread but
+            # the heartbeat's.
+            if lk.main_tid:
+                sample = activity(lk.pid, only=frozenset({lk.main_tid}))  # type: ignore[arg-type]
+            else:
+                skip = frozenset({lk.heartbeat_tid} if lk.heartbeat_tid else ())
+                sample = activity(lk.pid, skip)  # type: ignore[arg-type]  # filtered on lk.pid above
             if sample is not None and sample != lk.activity:
                 if lk.activity is not None:
                     lk.active_at = now
@@ -292,12 +300,13 @@ class HangMonitor:
             return None, "bad-world-size"
         if not 0 <= rank < world or pid <= 1:
             return None, "bad-rank"
-        tid = msg.get("tid")
+        tid, main_tid = msg.get("tid"), msg.get("main_tid")
         with self._lock:
             self.world_size = world
             link = self.links.setdefault(rank, RankLink(rank))
             link.pid, link.last_seen = pid, time.time()
             link.heartbeat_tid = tid if isinstance(tid, int) else link.heartbeat_tid
+            link.main_tid = main_tid if isinstance(main_tid, int) else link.main_tid
         return rank, None
 
     def _on_message(self, rank: int, msg: dict[str, Any]) -> None:
@@ -310,6 +319,8 @@ class HangMonitor:
                 link.active_at = link.last_seen  # its Python position moved
             if isinstance(msg.get("tid"), int):
                 link.heartbeat_tid = msg["tid"]
+            if isinstance(msg.get("main_tid"), int):
+                link.main_tid = msg["main_tid"]
             link.beat = msg
         elif kind == "enter":
             link.beat = dict(link.beat or {"rank": rank, "step": 0}, collective=msg.get("collective"))
@@ -365,7 +376,7 @@ class HangMonitor:
         self.hang["reported_after_s"] = round(time.time() - last_progress, 2)
         self.declare(job, self.hang, f"hang detected ({diagnosis.reason}); report in {self.run_root}/hang.txt")
 
-    def declare(self, job: RunningJob, hang: dict[str, Any], line: str, extra_text: str = "") -> None:
+    def declare(self, job: RunningJob | None, hang: dict[str, Any], line: str, extra_text: str = "") -> None:
         """The job hung: write RUN/hang.json and hang.txt (``extra_text`` after the summary), say ``line``, and
         stop the job unless --on-hang report. The job layer calls it with the head's verdict on every node."""
         self.hang = hang
@@ -373,7 +384,7 @@ class HangMonitor:
             write_json(self.run_root / "hang.json", hang)
             write_private_text(self.run_root / "hang.txt", hang_text(hang, extra_text))
         click.echo(f"ddpdoctor: {line}", err=True)
-        if self.on_hang == "kill":
+        if self.on_hang == "kill" and job is not None:
             self._kill_all(job, signal.SIGTERM)
             self._kill_at = time.time() + KILL_GRACE_S
 

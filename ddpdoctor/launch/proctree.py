@@ -60,14 +60,20 @@ def signal_own(pid: int | None, root: int | None, sig: int) -> bool:
         return False
 
 
-def activity(pid: int, skip_tids: frozenset[int] = frozenset()) -> tuple[int, int] | None:
+def activity(pid: int, skip_tids: frozenset[int] = frozenset(),
+             only: frozenset[int] | None = None) -> tuple[int, int] | None:
     """(CPU ticks, I/O bytes) summed over ``pid``'s threads except ``skip_tids`` (the heartbeat thread, whose
-    own beats would make every rank look busy); None when the process is gone."""
+    own beats would make every rank look busy), or over the threads ``only`` (the training thread: busy is judged
+    on it, not on gloo's spinning I/O threads); None when the process (or every thread of ``only``) is gone."""
     task_dir = PROC / str(pid) / "task"
     try:
         tids = [int(t) for t in os.listdir(task_dir) if t.isdigit()]
     except OSError:
         return None
+    if only is not None:
+        tids = [t for t in tids if t in only]
+        if not tids:
+            return None
     cpu = io = 0
     for tid in tids:
         if tid in skip_tids:

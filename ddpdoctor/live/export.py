@@ -60,28 +60,32 @@ class TensorBoardExporter:
 
 
 class PrometheusExporter:
-    """ddpdoctor_* gauges on http://HOST:PORT/metrics, from the latest snapshot (a registry of its own)."""
+    """ddpdoctor_* gauges on http://HOST:PORT/metrics, from the latest snapshot (a registry of its own), served by
+    one thread whatever the number of connections, to requests whose Host names this server (live/metrics_http.py)."""
 
     def __init__(self, host: str, port: int) -> None:
-        from prometheus_client import CollectorRegistry, start_http_server
+        from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
+
+        from ddpdoctor.live.metrics_http import MetricsServer
 
         self.registry = CollectorRegistry()
         self.snapshot: dict[str, Any] = {}
         self.registry.register(_Collector(self))
         try:
-            started = start_http_server(port, addr=host, registry=self.registry)
-        except OSError as exc:
-            raise BadInput(f"--metrics-addr {host}:{port}: cannot listen ({exc.strerror or exc})") from exc
-        self._server = started[0] if isinstance(started, tuple) else None
-        self.port = self._server.server_port if self._server is not None else port
+            self._server: MetricsServer | None = MetricsServer(
+                host, port, lambda: (generate_latest(self.registry), CONTENT_TYPE_LATEST))
+        except (OSError, ValueError) as exc:
+            raise BadInput(f"--metrics-addr {host}:{port}: cannot listen ({getattr(exc, 'strerror', None) or exc})") \
+                from exc
+        self.port = self._server.port
 
     def update(self, health: LiveHealth) -> None:
         self.snapshot = health.last_snapshot or {}
 
     def close(self) -> None:
         if self._server is not None:
-            self._server.shutdown()
-            self._server.server_close()
+            self._server.close()
+            self._server = None
 
 
 class _Collector:

@@ -3,6 +3,7 @@ victim (misleading-root-cause), and a failed job the logs cannot explain (job-fa
 
 from __future__ import annotations
 
+from ddpdoctor.findings.failure import rank_crashed_finding
 from ddpdoctor.findings.model import Finding, Severity
 from ddpdoctor.logs.events import ChildFailure, RankException
 from ddpdoctor.logs.rules import STACK_LIMIT, classify
@@ -56,10 +57,47 @@ def crashed_ranks(exceptions: list[RankException], failures: list[ChildFailure],
     return crashed
 
 
+_HOST_WIDE = {
+    "SIGBUS": "several ranks of one host dying of SIGBUS at once is the host's shared memory running out (/dev/shm: "
+              "docker --shm-size, or fewer DataLoader workers), not one rank's fault",
+    "SIGKILL": "several ranks killed in the same second is the kernel's OOM killer or the scheduler acting on the "
+               "whole host or job (dmesg, sacct), not one rank's fault",
+}  # (a SIGSEGV or SIGABRT of several ranks keeps one finding per rank: each has its own stack to show)
+
+
+def _same_moment(crashed: dict[int | None, tuple[str, str, str, str | None]], signals: dict[int, str],
+                 failures: list[ChildFailure]) -> list[tuple[str, str, list[int], str | None]]:
+    """Groups of 2+ ranks the launcher saw die of one signal in the same second: (signal, time, ranks, host)."""
+    when = {f.rank: (f.time, f.host) for f in failures if f.rank is not None and f.time}
+    groups: dict[tuple[str, str], list[int]] = {}
+    for rank, (_, _, _, signal) in crashed.items():
+        signal = signal or (signals.get(rank) if rank is not None else None)
+        if rank is None or signal not in _HOST_WIDE or rank not in when:
+            continue
+        groups.setdefault((signal, when[rank][0] or ""), []).append(rank)
+    return [(sig, t, sorted(ranks), when[ranks[0]][1]) for (sig, t), ranks in groups.items() if len(ranks) > 1]
+
+
 def crash_findings(crashed: dict[int | None, tuple[str, str, str, str | None]],
-                   signals: dict[int, str]) -> list[Finding]:
+                   signals: dict[int, str], failures: list[ChildFailure] | None = None) -> list[Finding]:
     findings = []
+    grouped: set[int] = set()
+    for sig, time, ranks, host in _same_moment(crashed, signals, failures or []):
+        grouped |= set(ranks)
+        findings.append(Finding(
+            "rank-crashed", Severity.ERROR,
+            f"Ranks {', '.join(map(str, ranks))} all died of {sig} at {time}" + (f" on {host}" if host else "")
+            + ": one cause shared by the host, not one rank's fault",
+            ranks=ranks,
+            evidence={"rank": None, "culprit_ranks": ranks, "signal": sig, "time": time, "host": host,
+                      "exception": f"Signal {sig}", "traceback": crashed[ranks[0]][1], "call_site": None,
+                      "why": _HOST_WIDE.get(sig, "several ranks dying of one signal in the same second share "
+                                                    "one cause")},
+            advice=_SIGNAL_ADVICE.get(sig, "Look at what the host did at that second (dmesg, the scheduler)."),
+        ))
     for rank, (exception, traceback, site, signal) in crashed.items():
+        if rank in grouped:
+            continue
         signal = signal or (signals.get(rank) if rank is not None else None)
         advice = _SIGNAL_ADVICE.get(signal or "", "Fix this rank's error first: the other ranks' errors (Connection "
                                     "closed/reset by peer, timeouts, watchdog aborts) are consequences of it.")
@@ -67,12 +105,9 @@ def crash_findings(crashed: dict[int | None, tuple[str, str, str, str | None]],
             advice = ("The rank ran out of memory: a bigger batch or sequence on this rank than on the others (uneven "
                       "data), a leak across steps, or too little memory for the model; check the batch shapes here.")
         first_line = exception.splitlines()[0] if exception else "?"
-        findings.append(Finding(
-            "rank-crashed", Severity.ERROR,
-            f"Rank {rank if rank is not None else '?'} crashed: {first_line[:200]}",
-            ranks=[rank] if rank is not None else [],
-            evidence={"rank": rank, "exception": exception, "traceback": traceback, "call_site": site or None},
-            advice=advice,
+        findings.append(rank_crashed_finding(
+            rank, f"Rank {rank if rank is not None else '?'} crashed: {first_line[:200]}",
+            exception=exception, traceback=traceback, call_site=site or None, advice=advice,
         ))
     return findings
 

@@ -10,7 +10,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from ddpdoctor.preflight.model import FAIL, PASS, SKIPPED
+from ddpdoctor.preflight.checks import FAIL, PASS, SKIPPED
 from ddpdoctor.preflight.nccltable import make_row, sweep_sizes
 
 ELEMENTS = 1031  # an odd length, so a bug that drops a tail or a chunk shows up

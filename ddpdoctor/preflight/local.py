@@ -13,7 +13,7 @@ import uuid
 from pathlib import Path
 from typing import Any
 
-from ddpdoctor.preflight.model import FAIL, PASS, SKIPPED, WARN
+from ddpdoctor.preflight.checks import FAIL, PASS, SKIPPED, WARN
 
 LAUNCHER_VARS = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")
 DIST_ENV_PREFIXES = ("NCCL_", "TORCH_")

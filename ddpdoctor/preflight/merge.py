@@ -14,7 +14,7 @@ from statistics import median
 from typing import Any
 
 from ddpdoctor.findings.model import Finding
-from ddpdoctor.preflight.model import CHECKS, FAIL, PASS, SKIPPED, WARN, CheckResult
+from ddpdoctor.preflight.checks import CHECKS, FAIL, PASS, SKIPPED, WARN, CheckResult
 from ddpdoctor.preflight.nccltable import BandwidthRow, plateau_busbw
 
 # Expected busbw floor across nodes: this share of the slowest node's summed ACTIVE IB/RoCE port rate (GB/s).

@@ -13,19 +13,9 @@ import re
 from dataclasses import dataclass
 from statistics import mean
 
+from ddpdoctor.rundir.schema import BandwidthRow  # the record a preflight.json carries
+
 DTYPE_BYTES = {"float": 4, "half": 2, "bfloat16": 2, "double": 8, "int32": 4, "int64": 8, "int8": 1, "uint8": 1}
-
-
-@dataclass(frozen=True)
-class BandwidthRow:
-    size_bytes: int
-    count: int
-    dtype: str
-    redop: str
-    time_us: float
-    algbw_gbps: float
-    busbw_gbps: float
-    wrong: int | None = None  # nccl-tests' "#wrong" (or "error") column, when there is one
 
 
 def busbw_factor(world_size: int) -> float:

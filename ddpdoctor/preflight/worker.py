@@ -23,6 +23,7 @@ if __package__ in (None, ""):
     sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 from ddpdoctor.preflight import local  # noqa: E402
+from ddpdoctor.preflight.checks import FAIL, SKIPPED  # noqa: E402
 from ddpdoctor.preflight.comm_checks import (  # noqa: E402
     allreduce_latency,
     bandwidth_sweep,
@@ -30,7 +31,6 @@ from ddpdoctor.preflight.comm_checks import (  # noqa: E402
     collectives,
     compute,
 )
-from ddpdoctor.preflight.model import FAIL, SKIPPED  # noqa: E402
 from ddpdoctor.preflight.netprobe import probe_tcp  # noqa: E402
 from ddpdoctor.probes.config import ProbeConfig, rank_from_env  # noqa: E402
 from ddpdoctor.rundir.layout import RunDir, write_json  # noqa: E402

@@ -137,7 +137,7 @@ class RankSession:
         if self.profiler is None or not self.profiler.written:
             return
         try:
-            from ddpdoctor.traces.summary import summarize_trace_files
+            from ddpdoctor.analyses.summary import summarize_trace_files
 
             summary = summarize_trace_files(self.profiler.written, rank=self.rank)
             write_json(self.run.rank_file(self.rank, "summary.json"), summary)

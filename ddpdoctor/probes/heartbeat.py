@@ -22,7 +22,6 @@ import sys
 import threading
 import time
 import traceback
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -30,6 +29,9 @@ import torch
 import torch.distributed as dist
 
 from ddpdoctor.probes import live
+from ddpdoctor.probes.requests import REQUEST_HANDLERS, RequestHandler, register_request
+
+__all__ = ["REQUEST_HANDLERS", "HeartbeatProbe", "RequestHandler", "register_request"]
 
 # Collective functions wrapped; async_op calls are recorded at launch only (their wait is elsewhere).
 COLLECTIVES = (
@@ -41,13 +43,6 @@ COLLECTIVES = (
 DUMP_SIGNAL = signal.SIGUSR2
 TOKEN_ENV = "DDPDOCTOR_MONITOR_TOKEN"  # launch/transport.py's; not imported: a rank loads no launcher code
 REQUEST_MAX = 1 << 20  # bytes of one request line from the monitor
-RequestHandler = Callable[["HeartbeatProbe", dict[str, Any]], "dict[str, Any] | None"]
-REQUEST_HANDLERS: dict[str, RequestHandler] = {}
-
-
-def register_request(kind: str, handler: RequestHandler) -> None:
-    """Answer the monitor's requests of type ``kind`` with ``handler(probe, request)`` (a dict to send, or None)."""
-    REQUEST_HANDLERS[kind] = handler
 TICK_S = 0.2
 _TORCH_DIR = os.path.dirname(torch.__file__) + os.sep
 _OUR_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__))) + os.sep
@@ -79,6 +74,12 @@ def main_thread_site() -> str | None:
             return f"{fname}:{frame.f_lineno}"
         frame = frame.f_back
     return None
+
+
+def _main_tid() -> int | None:
+    """The training thread's kernel id: busy is judged on its own CPU and I/O (/proc/PID/task/TID), not on the
+    process, whose gloo I/O threads (NCCL's watchdog, data-loader threads) keep spinning while it is stuck."""
+    return threading.main_thread().native_id
 
 
 def _sizes(args: tuple[Any, ...], kwargs: dict[str, Any]) -> list[list[int]]:
@@ -141,6 +142,8 @@ class HeartbeatProbe:
         self.failed_collective: dict[str, Any] | None = None  # the one that raised, if any
         self.backward_site: str | None = None
         self.backward_since: float | None = None
+        # Other probes' per-step numbers (name -> number, a few), sent with each beat: job/record.RankRecord.summary.
+        self.summary: dict[str, float] = {}
         self._originals: dict[tuple[Any, str], Any] = {}
         self._sock: socket.socket | None = None
         self._stop = threading.Event()
@@ -158,7 +161,7 @@ class HeartbeatProbe:
         self._wrap_collectives()
         self._wrap_backward()
         try:
-            self.stacks_file.parent.mkdir(parents=True, exist_ok=True)
+            self.stacks_file.parent.mkdir(mode=0o700, parents=True, exist_ok=True)  # ranks/rankR/ is private
             fd = os.open(self.stacks_file, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)  # stacks are private
             self._stacks_fh = os.fdopen(fd, "w")
             faulthandler.register(DUMP_SIGNAL, file=self._stacks_fh, all_threads=True, chain=False)
@@ -302,9 +305,11 @@ class HeartbeatProbe:
             "phase": t.phase, "step_started": t.step_started, "last_step_s": t.step_times[-1] if t.step_times else None,
             "max_step_s": max(t.step_times[1:], default=None) if len(t.step_times) > 1 else None,
             "collective": self.collective, "last_collective": self.last_collective,
-            "where": main_thread_site(), "tid": threading.get_native_id(),
+            "where": main_thread_site(), "tid": threading.get_native_id(), "main_tid": _main_tid(),
             "steps": live.recent_steps(t),  # per-iteration times and phases, for the live health watch (h18)
         }
+        if self.summary:  # the last step's small numbers (e.g. probes/ledger.py's): RankRecord.summary
+            out["summary"] = dict(self.summary)
         if self.backward_since is not None:
             # DDP's reducer all-reduces buckets during backward: where the default group's count stands.
             name, seq = _group_info(None)
@@ -335,7 +340,7 @@ class HeartbeatProbe:
             sock.settimeout(2.0)
             self._sock = sock
             self._send({"type": "hello", "token": self._token, "rank": self.rank, "pid": os.getpid(),
-                        "world_size": self.world_size})
+                        "world_size": self.world_size, "main_tid": _main_tid()})
         except OSError:
             self._sock = None
 

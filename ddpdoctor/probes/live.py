@@ -35,7 +35,7 @@ def install(run_dir: Path, rank: int, world_size: int, tracker: Any, options: di
     _state.update(run_dir=run_dir, rank=rank, world_size=world_size, tracker=tracker, options=options,
                   pending=None, window=None, lock=threading.Lock(), ddp_modules=ddp_modules)
     tracker.add_listener(_on_step)
-    from ddpdoctor.probes.heartbeat import register_request
+    from ddpdoctor.probes.requests import register_request
 
     register_request("capture", on_capture_request)
     orig = torch.save
@@ -122,7 +122,7 @@ def _open(cid: str, what: str, steps: int, step: int) -> dict[str, Any]:
     out = window_dir(_state["run_dir"], cid)
     win: dict[str, Any] = {"id": cid, "what": what, "steps": steps, "base": step, "dir": out}
     rank_dir = out / "ranks" / f"rank{_state['rank']}"
-    rank_dir.mkdir(parents=True, exist_ok=True)
+    rank_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
     info = _state["run_dir"] / "ranks" / f"rank{_state['rank']}" / "info.json"
     if info.is_file():
         shutil.copyfile(info, rank_dir / "info.json")
@@ -167,7 +167,7 @@ def _summarise(win: dict[str, Any]) -> None:
     written = win["probe"].written
     if not written:
         return
-    from ddpdoctor.traces.summary import summarize_trace_files
+    from ddpdoctor.analyses.summary import summarize_trace_files
 
     summary = summarize_trace_files(written, rank=_state["rank"])
     write_json(win["dir"] / "ranks" / f"rank{_state['rank']}" / "summary.json", summary)

@@ -5,42 +5,40 @@ from __future__ import annotations
 import socket
 import sys
 import time
-from dataclasses import asdict
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from ddpdoctor.errors import BadInput
 from ddpdoctor.rundir import artefacts
 from ddpdoctor.rundir.layout import RunDir, write_json
 from ddpdoctor.rundir.schema import Manifest
 
-if TYPE_CHECKING:
-    from ddpdoctor.launch.launcher import LaunchSpec
-
 SCHEMA = 1
 
 
-def write_initial(spec: LaunchSpec) -> None:
+def write_initial(run: RunDir, mode: str, script: str | None, script_args: list[str], launcher: str,
+                  torchrun_flags: dict[str, Any], schedule: dict[str, Any] | None, options: dict[str, Any]) -> None:
+    """The launch as plain data (the launcher passes its spec's parts: the run directory knows nothing of it)."""
     from ddpdoctor import __version__
 
     data = {
         "schema": SCHEMA,
         "ddpdoctor_version": __version__,
-        "mode": spec.mode,
+        "mode": mode,
         "command_line": list(sys.argv),
-        "script": spec.script,
-        "script_args": list(spec.script_args),
-        "launcher": spec.launcher,
+        "script": script,
+        "script_args": list(script_args),
+        "launcher": launcher,
         "launcher_host": socket.gethostname(),
-        "torchrun_flags": {k: v for k, v in spec.torchrun.items()},
-        "schedule": asdict(spec.schedule) if spec.mode == "profile" else None,
-        "options": spec.options,
+        "torchrun_flags": dict(torchrun_flags),
+        "schedule": schedule if mode == "profile" else None,
+        "options": options,
         "started_at": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
         "finished": False,
         # How the run ended; "running" until the launcher says otherwise. A manifest still "running" whose run
         # directory is not locked (launch/runlock.py) belongs to a ddpdoctor that was killed (SIGKILL) or crashed.
         "ended": {"how": "running"},
     }
-    write_json(spec.run_dir.manifest, data)
+    write_json(run.manifest, data)
 
 
 def _read_optional(path: Any) -> dict[str, Any] | None:

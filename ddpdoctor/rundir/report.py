@@ -1,47 +1,28 @@
-"""Builds the report of a finished launch from its run directory: the job's own findings plus the analyses."""
+"""Saving a launch's final report into its run directory (RUN/report.json). Building it is ddpdoctor/reports/."""
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Protocol
 
-from ddpdoctor.findings.job import job_findings
-from ddpdoctor.report import Report
-from ddpdoctor.rundir import artefacts
-from ddpdoctor.rundir import manifest as manifest_mod
 from ddpdoctor.rundir.layout import RunDir, write_json
+from ddpdoctor.rundir.loaders import rank_statuses
+
+__all__ = ["job_report", "rank_statuses", "save_report"]
 
 
-def rank_statuses(run: RunDir) -> dict[int, dict[str, Any] | None]:
-    """Each rank's status.json (validated), or None for a rank that wrote none (killed by a signal). A status file
-    that is there but damaged is bad input naming the file and field."""
-    statuses: dict[int, dict[str, Any] | None] = {}
-    for rank in run.ranks_present():
-        path = run.rank_file(rank, "status.json")
-        statuses[rank] = artefacts.load_dict(path) if path.exists() else None
-    return statuses
+class JsonDocument(Protocol):
+    """What the run directory saves: anything that gives its JSON (a Report); rundir knows nothing above it."""
+
+    def to_json(self) -> dict[str, Any]: ...
 
 
-def job_report(run: RunDir, command: str, analyse_traces: bool) -> Report:
-    manifest = manifest_mod.load(run)
-    statuses = rank_statuses(run)
-    if analyse_traces and run.trace_files():
-        from ddpdoctor.analyses.pipeline import analyze_run
+def job_report(run: RunDir, command: str, analyse_traces: bool) -> Any:
+    """Moved to ddpdoctor/reports/job.py; kept for callers that have not moved yet (findings/watched.py)."""
+    from ddpdoctor.reports.job import job_report as build
 
-        report = analyze_run(run)
-        report.command = command
-    else:
-        report = Report(command=command)
-    report.sections["run_dir"] = str(run.root)
-    report.sections["job"] = {
-        "exit_code": manifest.get("exit_code"),
-        "world_size": manifest.get("world_size"),
-        "duration_s": manifest.get("duration_s"),
-        "killed_by": manifest.get("killed_by"),
-    }
-    report.findings.extend(job_findings(manifest, statuses))
-    return report
+    return build(run, command, analyse_traces)
 
 
-def save_report(run: RunDir, report: Report) -> None:
+def save_report(run: RunDir, report: JsonDocument) -> None:
     """RUN/report.json: the final report of a launch, written once, by the command that prints it."""
     write_json(run.root / "report.json", report.to_json())

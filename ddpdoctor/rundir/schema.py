@@ -9,15 +9,29 @@ version in VERSIONS only when an existing field changes meaning."""
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any, Literal
 
 import msgspec
 
 from ddpdoctor.analyses.model import Bucket, CollectiveCall, GradReady, InputInfo, RankMetrics, SyncCall
-from ddpdoctor.preflight.nccltable import BandwidthRow
 
 Number = float  # msgspec accepts JSON integers for float fields; booleans are refused
 Json = Any  # free-form: not read by any analysis (shown or copied only)
+
+
+@dataclass(frozen=True)
+class BandwidthRow:
+    """One all_reduce size of a bandwidth sweep, as nccl-tests prints it (preflight/nccltable.py computes it)."""
+
+    size_bytes: int
+    count: int
+    dtype: str
+    redop: str
+    time_us: float
+    algbw_gbps: float
+    busbw_gbps: float
+    wrong: int | None = None  # nccl-tests' "#wrong" (or "error") column, when there is one
 
 
 class Artefact(msgspec.Struct, kw_only=True):
@@ -88,7 +102,9 @@ class RankEnd(msgspec.Struct, kw_only=True):
     local_world_size: int | None = None  # ranks on its host
 
 
-class Schedule(msgspec.Struct, kw_only=True):
+class ScheduleRecord(msgspec.Struct, kw_only=True):
+    """The profiler schedule as the manifest records it (probes/config.py Schedule is the live one)."""
+
     wait: int | None = None
     warmup: int | None = None
     active: int | None = None
@@ -105,7 +121,7 @@ class Manifest(Artefact, kw_only=True):
     launcher: str | None = None
     launcher_host: str | None = None
     torchrun_flags: dict[str, Json] = {}
-    schedule: Schedule | None = None
+    schedule: ScheduleRecord | None = None
     options: dict[str, Json] = {}
     started_at: str | None = None
     finished: bool = False
@@ -157,7 +173,7 @@ class RankStatus(Artefact, kw_only=True):
 
 
 class RankSummary(Artefact, kw_only=True):
-    """One rank's trace reduced to its RankResult (traces/summary.py writes it)."""
+    """One rank's trace reduced to its RankResult (analyses/summary.py writes it)."""
 
     schema: int | None = None
     window: str = "all"
@@ -222,7 +238,9 @@ class Position(msgspec.Struct, kw_only=True):
     exit_code: int | None = None
 
 
-class HangDiagnosis(msgspec.Struct, kw_only=True):
+class HangFileDiagnosis(msgspec.Struct, kw_only=True):
+    """hang.json's "diagnosis" as written (findings/hang.py HangDiagnosis is the verdict it came from)."""
+
     # Required: the hang findings read them directly.
     culprit_ranks: list[int]
     stalled_ranks: list[int]
@@ -240,7 +258,7 @@ class Hang(Artefact, kw_only=True):
     startup_timeout_s: Number | None = None
     in_startup: bool | None = None
     on_hang: str | None = None
-    diagnosis: HangDiagnosis
+    diagnosis: HangFileDiagnosis
     stacks: dict[int, str | None] = {}
     heartbeats: dict[int, Beat | None] = {}
     flight_recorder: dict[int, Json] = {}

@@ -14,8 +14,9 @@ SEEDS = Path(__file__).parent / "seeds"
 
 
 def _profile(run: Path) -> Any:
-    from ddpdoctor.analyses.pipeline import analyze_paths, report_for
+    from ddpdoctor.analyses.pipeline import analyze_paths
     from ddpdoctor.findings.watched import watched_report
+    from ddpdoctor.reports.analyze import assemble as report_for
     from ddpdoctor.rundir.layout import RunDir
 
     report = report_for(analyze_paths([run]))

@@ -7,8 +7,9 @@ import json
 from hypothesis import given
 from hypothesis import strategies as st
 
-from ddpdoctor.analyses.pipeline import analyze_paths, report_for
+from ddpdoctor.analyses.pipeline import analyze_paths
 from ddpdoctor.renderers.merge import merge_traces
+from ddpdoctor.reports.analyze import assemble as report_for
 from tests.fuzz.common import result_or_bad_input
 from tests.fuzz.mutate import FUZZ, damage, dumps, mutate
 from tests.unit.tracebuild import cpu_trace, gpu_trace

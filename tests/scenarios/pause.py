@@ -2,7 +2,8 @@
 other waits for it in a collective; a marker file says when the job is under way (for tests that signal it).
 
 PAUSE_RANK, PAUSE_STEP, PAUSE_KIND (checkpoint | eval | checkpoint+eval (eval 3 steps after the checkpoint) |
-sleep | lock | read | exit0 | return), PAUSE_S, STEPS, STEP_SLEEP, MARK_FILE (written by rank 0 at step 3)."""
+sleep | spin-sleep (asleep forever while another of its threads keeps burning CPU and doing I/O, as gloo's I/O
+threads, NCCL's watchdog or a data-loader thread do) | lock | read | exit0 | return), PAUSE_S, STEPS, STEP_SLEEP, MARK_FILE (written by rank 0 at step 3)."""
 
 import os
 import threading
@@ -38,6 +39,15 @@ def evaluate(seconds):
         a = torch.tanh(a @ a)
 
 
+def spin():
+    """Another thread of the rank, never idle: CPU and I/O of the process keep moving."""
+    r, w = os.pipe()
+    while True:
+        os.write(w, b"x" * 512)
+        os.read(r, 512)
+        sum(range(2000))
+
+
 def pause(kind):
     if kind == "checkpoint":
         checkpoint(pause_s)
@@ -45,6 +55,9 @@ def pause(kind):
         evaluate(pause_s)
     elif kind == "sleep":
         time.sleep(3600)  # BUG: stuck
+    elif kind == "spin-sleep":
+        threading.Thread(target=spin, daemon=True).start()
+        time.sleep(3600)  # BUG: stuck, while the spinning thread keeps the process busy
     elif kind == "lock":
         lock = threading.Lock()
         lock.acquire()

@@ -6,6 +6,8 @@ import json
 import time
 from typing import Any
 
+import msgspec
+
 from ddpdoctor.findings.hang import DDP_BUCKETS
 from ddpdoctor.job.grouping import parse_ranges
 from ddpdoctor.job.state import (
@@ -49,11 +51,12 @@ def job(nodes: int, per_node: int, special: dict[int, dict[str, Any] | None] | N
 
 def test_record_is_compact_and_carries_what_the_rules_need() -> None:
     rec = record(3, beat(6, phase="data", where="stall.py:11", bw_seq=None), None, now=T0 + 12, job_started=T0 - 50)
-    assert rec == {"r": 3, "s": 6, "p": "data", "w": "stall.py:11", "a": 12.0, "l": 11.0, "m": 0.5}
+    assert msgspec.to_builtins(rec) == {"r": 3, "s": 6, "p": "data", "w": "stall.py:11", "a": 12.0, "l": 11.0,
+                                        "m": 0.5}
     coll = {"op": "all_reduce", "group": "default_pg", "seq": 7, "sizes": [[4, 4]], "call_site": "t.py:9"}
-    rec = record(0, beat(6, phase="other", coll=coll), None, now=T0 + 1, job_started=T0)
-    assert rec["c"] == ["all_reduce", "default_pg", 7, "t.py:9"] and rec["z"] == [[4, 4]]
-    assert len(json.dumps(rec, separators=(",", ":"))) < 160
+    rec = record(0, beat(6, phase="other", coll=coll), None, now=T0 + 1, job_started=T0, active_at=T0 + 0.5)
+    assert rec.coll == ["all_reduce", "default_pg", 7, "t.py:9"] and rec.sizes == [[4, 4]] and rec.idle_s == 0.5
+    assert len(msgspec.json.encode(rec)) < 160
 
 
 def test_rank_outside_collective_on_other_node_is_the_culprit_job_wide() -> None:
@@ -105,7 +108,7 @@ def test_crash_root_job_wide_victims_not_blamed() -> None:
 def test_junk_records_are_dropped_not_fatal() -> None:
     st = NodeState(0)
     st.update({"seq": 1, "ranks": [{"r": "x"}, 5, None, {"r": 1, "s": 2}], "end": "no"}, T0)
-    assert [r["r"] for r in st.ranks] == [1] and st.end is None
+    assert [r.rank for r in st.ranks] == [1] and st.end is None
 
 
 def test_compact_reason_uses_ranges() -> None:

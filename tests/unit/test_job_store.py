@@ -14,12 +14,11 @@ import torch.distributed as dist
 
 from ddpdoctor.job.role import job_role
 from ddpdoctor.job.store import JobStore, JobStoreError, shared_token
+from tests.ports import reserve_port
 
 
 def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
+    return reserve_port()  # reserved until the store binds it (tests/ports.py)
 
 
 @pytest.fixture
@@ -90,6 +89,67 @@ def test_shared_token_first_node_creates_it_private_the_others_read_it(tmp_path:
     assert shared_token(tmp_path, "127.0.0.1:29600/2/") != a  # another job never reuses it
     monkeypatch.setenv("DDPDOCTOR_JOB_TOKEN", "from-env")
     assert shared_token(tmp_path, "127.0.0.1:29500/2/") == "from-env"
+
+
+def _plant_as_nobody(shared: Path, name: str, token: str) -> Path:
+    """Another user (uid 65534, through setpriv) plants a token file in a shared, world-writable --out."""
+    import shutil
+    import subprocess
+    import sys
+
+    if os.geteuid() != 0 or not shutil.which("setpriv"):
+        pytest.skip("needs root and setpriv to act as another user")
+    os.chmod(shared, 0o1777)  # like /tmp: anyone may create files
+    path = shared / name
+    code = f"import os; fd = os.open({str(path)!r}, os.O_WRONLY | os.O_CREAT, 0o600); os.write(fd, {token!r}.encode())"
+    proc = subprocess.run(["setpriv", "--reuid", "65534", "--regid", "65534", "--clear-groups", sys.executable, "-c",
+                           code], capture_output=True, text=True)
+    if proc.returncode != 0:
+        pytest.skip(f"the sandbox refuses setpriv: {proc.stderr.strip()[-200:]}")
+    assert path.stat().st_uid == 65534
+    return path
+
+
+def request_cleanup(path: Path) -> None:
+    import atexit
+    import shutil
+
+    atexit.register(shutil.rmtree, path, True)
+
+
+def test_a_token_file_another_user_planted_is_refused(monkeypatch: pytest.MonkeyPatch) -> None:
+    # Issue 26 1(a): whoever planted it would know the token: read the store, forge the verdict. Refused, named.
+    import tempfile
+
+    monkeypatch.delenv("DDPDOCTOR_JOB_TOKEN", raising=False)
+    shared = Path(tempfile.mkdtemp(prefix="ddpdoctor-shared-", dir="/tmp"))  # pytest's own folders are 0700
+    request_cleanup(shared)
+    key = "127.0.0.1:29500/2/"
+    import hashlib
+
+    name = f".job-token-{hashlib.sha256(key.encode()).hexdigest()[:12]}"
+    planted = _plant_as_nobody(shared, name, "p" * 32)
+    with pytest.raises(JobStoreError, match=r"not this user's private job token \(owner uid 65534"):
+        shared_token(shared, key, wait_s=1)
+    # A link to somebody's file is refused too; the environment's token is always the job's own.
+    planted.rename(shared / "elsewhere")
+    (shared / name).symlink_to(shared / "elsewhere")
+    with pytest.raises(JobStoreError, match="symbolic link"):
+        shared_token(shared, key, wait_s=1)
+    monkeypatch.setenv("DDPDOCTOR_JOB_TOKEN", "e" * 32)
+    assert shared_token(shared, key) == "e" * 32
+
+
+def test_a_token_file_others_can_read_is_refused(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("DDPDOCTOR_JOB_TOKEN", raising=False)
+    key = "127.0.0.1:29500/2/"
+    tok = shared_token(tmp_path, key)
+    (path,) = tmp_path.glob(".job-token-*")
+    os.chmod(path, 0o644)
+    with pytest.raises(JobStoreError, match="mode 644"):
+        shared_token(tmp_path, key, wait_s=1)
+    os.chmod(path, 0o600)
+    assert shared_token(tmp_path, key) == tok
 
 
 def test_job_role_from_torchrun_flags(monkeypatch: pytest.MonkeyPatch) -> None:

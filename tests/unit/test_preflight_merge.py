@@ -6,8 +6,8 @@ import copy
 
 import pytest
 
+from ddpdoctor.preflight.checks import CHECKS, exit_code
 from ddpdoctor.preflight.merge import MergeOptions, check_topology, merge, slow_ranks
-from ddpdoctor.preflight.model import CHECKS, exit_code
 from ddpdoctor.preflight.nccltable import make_row
 
 

@@ -126,7 +126,7 @@ def test_peeks_are_not_epochs_and_the_epoch_length_is_estimated():
 
 def test_one_epoch_note_says_how_many_steps_it_would_take():
     from ddpdoctor.analyses.data_shards import LoaderFacts
-    from ddpdoctor.sync_api import _one_epoch_note
+    from ddpdoctor.reports.check_sync import _one_epoch_note
 
     facts = LoaderFacts(loader=0, sampler={}, epochs_seen={0: 1}, same_order_epochs={}, sampler_epochs={},
                         steps_per_epoch=1250)
@@ -140,8 +140,8 @@ def test_check_sync_and_run_print_the_run_directory():
     from rich.console import Console
 
     from ddpdoctor.commands.run import _sections
+    from ddpdoctor.renderers.console_sync import render_sync_sections
     from ddpdoctor.report import Report
-    from ddpdoctor.sync_api import render_sync_sections
 
     for render, command in ((render_sync_sections, "check-sync"), (_sections, "run")):
         out = Console(width=200, record=True)

@@ -7,7 +7,8 @@ import json
 import shutil
 from pathlib import Path
 
-from ddpdoctor.analyses.pipeline import analyze_paths, report_for
+from ddpdoctor.analyses.pipeline import analyze_paths
+from ddpdoctor.reports.analyze import assemble as report_for
 from ddpdoctor.tensorboard_plugin.runs import find_runs, run_summary, timeline
 
 FIXTURE = Path(__file__).resolve().parents[1] / "fixtures" / "analyze" / "gloo_2rank_mlp"

@@ -138,7 +138,7 @@ def test_fuzz_analysis_of_arbitrary_events(tmp_path, events):
 
 
 def test_profile_report_survives_unusable_traces(tmp_path):
-    from ddpdoctor.analyses.pipeline import analyze_run
+    from ddpdoctor.reports.analyze import assemble_run_dir as analyze_run
     from ddpdoctor.rundir.layout import RunDir
 
     run = RunDir(tmp_path)

@@ -8,7 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from ddpdoctor.analyses.pipeline import analyze_paths, report_for
+from ddpdoctor.analyses.pipeline import analyze_paths
+from ddpdoctor.reports.analyze import assemble as report_for
 
 RUNS = sorted((Path(__file__).resolve().parents[1] / "fixtures" / "verdicts").glob("healthy_run*"))
 

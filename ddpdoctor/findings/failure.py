@@ -1,0 +1,35 @@
+"""The one builder of each job-failure finding that two sources see: `hang` and `rank-crashed` come from a watched
+run (findings/hang.py: heartbeats, status files) and from the logs of a job that ran without ddpdoctor
+(logs/rules.py, logs/crashes.py). Both build them here: the id, the severity and the evidence keys every source
+must give are written once (docs/findings.md: hangs-hang and logs-hang, hangs-rank-crashed and logs-rank-crashed).
+The evidence keeps the order the caller gives it (the terminal shows the first few)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from ddpdoctor.findings.model import Finding, Severity
+
+HANG_EVIDENCE = ("stalled_ranks", "culprit_ranks", "collective", "call_sites", "stacks", "detected_after_s")
+CRASH_EVIDENCE = ("rank", "exception", "traceback", "call_site")
+
+
+def _checked(fid: str, evidence: dict[str, Any], required: tuple[str, ...]) -> dict[str, Any]:
+    missing = [k for k in required if k not in evidence]
+    if missing:  # a programming error in a rule, caught by the tests that build every finding
+        raise TypeError(f"{fid} evidence lacks {missing}")
+    return evidence
+
+
+def hang_finding(title: str, ranks: list[int], advice: str, **evidence: Any) -> Finding:
+    """A hang: the ranks stuck in a collective (``stalled_ranks``), the ranks they wait for (``culprit_ranks``),
+    the collective, each rank's call site and stack, when it was seen; plus what the source knows beyond that."""
+    return Finding("hang", Severity.ERROR, title, ranks=list(ranks),
+                   evidence=_checked("hang", evidence, HANG_EVIDENCE), advice=advice)
+
+
+def rank_crashed_finding(rank: int | None, title: str, advice: str, **evidence: Any) -> Finding:
+    """A rank that failed: its exception, traceback and the user's call site; plus what the source knows beyond
+    that (a watched run's victims)."""
+    return Finding("rank-crashed", Severity.ERROR, title, ranks=[rank] if rank is not None else [],
+                   evidence=_checked("rank-crashed", {"rank": rank, **evidence}, CRASH_EVIDENCE), advice=advice)

@@ -1,0 +1,15 @@
+"""The table of requests a rank's heartbeat thread answers (``{"type": T, ...}`` lines from the monitor): probes
+register a handler per type here, and the heartbeat probe looks them up, so neither imports the other."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+RequestHandler = Callable[[Any, dict[str, Any]], "dict[str, Any] | None"]
+REQUEST_HANDLERS: dict[str, RequestHandler] = {}
+
+
+def register_request(kind: str, handler: RequestHandler) -> None:
+    """Answer the monitor's requests of type ``kind`` with ``handler(probe, request)`` (a dict to send, or None)."""
+    REQUEST_HANDLERS[kind] = handler

@@ -1,0 +1,106 @@
+"""`check-sync`'s report (and `capture --check-sync`'s): what the ranks' fingerprints and data records say about
+cross-rank agreement and data sharding, as a SyncChecksSection with its findings and notes."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from ddpdoctor.findings.model import Finding
+from ddpdoctor.report import Report
+from ddpdoctor.reports.sections import RunDirSection, SyncChecksSection
+from ddpdoctor.rundir.layout import RunDir
+from ddpdoctor.rundir.loaders import rank_sync_files
+
+
+def sync_parts(run: RunDir) -> tuple[SyncChecksSection | None, list[Finding], list[str]]:
+    """The check-sync analysis of ``run``: its section (None when no rank recorded anything), findings, notes."""
+    from ddpdoctor.analyses.data_shards import analyze_data
+    from ddpdoctor.analyses.sync import analyze_sync
+    from ddpdoctor.findings.sync import sync_findings
+    from ddpdoctor.findings.sync_data import data_findings
+    from ddpdoctor.probes.guard import read_probe_notes
+
+    records = rank_sync_files(run, "sync.json")
+    data = rank_sync_files(run, "data.json")
+    present = run.ranks_present()
+    if not records:
+        return None, [], ["no rank wrote sync.json: the script ended before check-sync could record anything"]
+    notes: list[str] = []
+    missing = sorted(set(present) - set(records))
+    if missing:
+        notes.append(f"ranks {missing} wrote no sync.json; they are not compared")
+    analysis = analyze_sync(records)
+    world = max(int(r.get("world_size", 1)) for r in records.values())
+    shards = analyze_data(data, world)
+    notes.extend(read_probe_notes({r: run.rank_dir(r) for r in present}))
+    findings = [*sync_findings(analysis), *data_findings(shards, world)]
+    notes.extend(shards.notes)
+    stop_after = max(int(r.get("stop_after", 0) or 0) for r in records.values())
+    if stop_after and analysis.steps_run < stop_after:
+        notes.append(f"the script ended after {analysis.steps_run} of the {stop_after} steps asked for")
+    if not analysis.modules:
+        notes.append("no DistributedDataParallel module was built: gradients, parameters and buffers were not compared")
+    elif all(m.get("ddp") is False for m in analysis.modules):
+        notes.append("no DistributedDataParallel module was built: the parameters the optimizer updates were "
+                     "compared across ranks")
+    data_steps = max(int(r.get("data_steps", 0) or 0) for r in records.values())
+    for facts in shards.loaders:
+        sampler = next((s for s in facts.sampler.values() if s), None) or {}
+        if sampler.get("shuffle") and not sampler.get("replacement") and min(facts.epochs_seen.values()) < 2:
+            notes.append(_one_epoch_note(facts, analysis.steps_run, stop_after, data_steps))
+    return SyncChecksSection(_checks(analysis, shards)), findings, notes
+
+
+def assemble(run: RunDir, job_exit: int | None) -> Report:
+    """`check-sync` once its job ended: the watched run's report (job, hang, crashes) plus the sync checks."""
+    from ddpdoctor.findings.watched import watched_report
+
+    base = watched_report(run, "check-sync")
+    section, findings, notes = sync_parts(run)
+    if job_exit:
+        notes.append(f"the script failed (exit code {job_exit}); its ranks' output is in "
+                     f"{run.root}/ranks/rankR/stderr.log")
+    return Report("check-sync", parts=[*base.parts, *([section] if section else [])],
+                  findings=[*base.findings, *findings], notes=[*base.notes, *notes], stopped=base.stopped)
+
+
+def assemble_capture(window: RunDir, misaligned: str | None) -> Report:
+    """`capture --check-sync`: the window folder's sync checks."""
+    section, findings, notes = sync_parts(window)
+    return Report("capture", parts=[RunDirSection(str(window.root)), *([section] if section else [])],
+                  findings=findings, notes=[*([misaligned] if misaligned else []), *notes])
+
+
+def _one_epoch_note(facts: Any, steps: int, stop_after: int, data_steps: int) -> str:
+    """Why set_epoch was not judged for a shuffling loader, and how many steps it would take."""
+    per_epoch = facts.steps_per_epoch
+    text = (f"DataLoader #{facts.loader} shuffles but did not reach a second epoch in the {steps} step(s) the script "
+            "ran, so whether each epoch gets a new order (sampler.set_epoch) was not checked")
+    if per_epoch:
+        text += f"; an epoch is {per_epoch} steps here"
+        if stop_after and per_epoch + 1 > stop_after + data_steps:
+            text += f": run with --data-steps {per_epoch + 1 - stop_after} (or --steps 0) to reach the second one"
+    return text
+
+
+def _checks(analysis: Any, shards: Any) -> dict[str, Any]:
+    def tensor(check: Any) -> dict[str, Any]:
+        return {"comparisons": check.comparisons, "steps": sorted(set(check.steps)), "diverged": len(check.diverged),
+                "within_tolerance": len(check.within_tolerance), "first_step": check.first_step}
+
+    return {
+        "ranks": analysis.ranks,
+        "steps_checked": analysis.steps_checked,
+        "steps_run": analysis.steps_run,
+        "modules": [{"index": m["index"], "class": m.get("module_class"), "parameters": len(m.get("params", [])),
+                     "buffers": len(m.get("buffers", [])), "broadcast_buffers": m.get("broadcast_buffers")}
+                    for m in analysis.modules],
+        "grads": tensor(analysis.grads),
+        "params": tensor(analysis.params),
+        "buffers": tensor(analysis.buffers),
+        "data": [{"loader": e.loader, "epoch": e.epoch, "by": e.kind,
+                  "samples_per_rank": {str(r): n for r, n in e.samples_per_rank.items()},
+                  "batches_per_rank": {str(r): n for r, n in e.batches_per_rank.items()}, "shared": e.overlap,
+                  "missing": e.missing} for e in shards.epochs],
+        "equivalence": analysis.equivalence,
+    }

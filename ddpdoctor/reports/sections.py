@@ -1,0 +1,196 @@
+"""The typed sections of a Report, one class per section of docs/json.md, and which sections each command's
+report may hold (so a saved report.json loads back typed: ``load_report``).
+
+Each section's fields are its top-level JSON keys, in output order; values nested inside a section (a rank's
+per-step rows, a finding's evidence) stay plain JSON: they are the contract's data, not code's."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any, ClassVar
+
+from ddpdoctor.report import Report, Section
+
+JSON = Any  # a plain JSON value (docs/json.md says its shape)
+
+
+@dataclass(frozen=True)
+class RunDirSection(Section):
+    """Where a launch (or a capture window) wrote its run directory."""
+
+    KEYS: ClassVar[tuple[str, ...]] = ("run_dir",)
+    run_dir: str
+
+
+@dataclass(frozen=True)
+class JobOutcome:
+    """The "job" object: how the launched job ended, from the run directory's manifest."""
+
+    exit_code: int | None = None
+    world_size: int | None = None
+    duration_s: float | None = None
+    killed_by: str | None = None
+
+    def to_json(self) -> dict[str, JSON]:
+        return {"exit_code": self.exit_code, "world_size": self.world_size, "duration_s": self.duration_s,
+                "killed_by": self.killed_by}
+
+
+@dataclass(frozen=True)
+class JobSection(Section):
+    KEYS: ClassVar[tuple[str, ...]] = ("job",)
+    job: JobOutcome
+
+    @classmethod
+    def from_json(cls, doc: Mapping[str, object]) -> JobSection:
+        raw = doc.get("job")
+        job = raw if isinstance(raw, dict) else {}
+        return cls(JobOutcome(**{k: job.get(k) for k in ("exit_code", "world_size", "duration_s", "killed_by")}))
+
+
+@dataclass(frozen=True)
+class HangVerdict:
+    """The "hang" object (docs/hangs.md): when and why the watch declared a hang, and where each rank stood."""
+
+    detected_after_s: float | None
+    hang_timeout_s: float | None
+    on_hang: str | None
+    kind: str | None
+    culprit_ranks: list[int] | None
+    report: str
+    ranks: dict[str, str] = field(default_factory=dict)  # rank -> one line: where it stood
+    classes: list[dict[str, JSON]] | None = None  # multi-node: ranks grouped by state and stack
+
+    def to_json(self) -> dict[str, JSON]:
+        out: dict[str, JSON] = {"detected_after_s": self.detected_after_s, "hang_timeout_s": self.hang_timeout_s,
+                                "on_hang": self.on_hang, "kind": self.kind, "culprit_ranks": self.culprit_ranks,
+                                "report": self.report, "ranks": dict(self.ranks)}
+        if self.classes is not None:
+            out["classes"] = self.classes
+        return out
+
+
+@dataclass(frozen=True)
+class HangSection(Section):
+    KEYS: ClassVar[tuple[str, ...]] = ("hang",)
+    hang: HangVerdict
+
+    @classmethod
+    def from_json(cls, doc: Mapping[str, object]) -> HangSection:
+        raw = doc.get("hang")
+        h: dict[str, Any] = raw if isinstance(raw, dict) else {}
+        return cls(HangVerdict(
+            detected_after_s=h.get("detected_after_s"), hang_timeout_s=h.get("hang_timeout_s"),
+            on_hang=h.get("on_hang"), kind=h.get("kind"), culprit_ranks=h.get("culprit_ranks"),
+            report=str(h.get("report") or ""), ranks={str(k): str(v) for k, v in (h.get("ranks") or {}).items()},
+            classes=h.get("classes")))
+
+
+@dataclass(frozen=True)
+class PerfSection(Section):
+    """The performance analysis of profiler traces (`analyze`, `profile`, `capture --profile`; docs/json.md)."""
+
+    KEYS: ClassVar[tuple[str, ...]] = ("inputs", "window", "ranks", "collectives", "syncs", "stragglers",
+                                       "clock_offsets_us", "ddp", "whatif")
+    OPTIONAL: ClassVar[tuple[str, ...]] = ("whatif",)
+    inputs: list[dict[str, JSON]]
+    window: str
+    ranks: list[dict[str, JSON]]
+    collectives: dict[str, JSON]
+    syncs: list[dict[str, JSON]]
+    stragglers: dict[str, JSON]
+    clock_offsets_us: dict[str, float]
+    ddp: list[dict[str, JSON]]
+    whatif: dict[str, JSON] | None = None
+
+    @classmethod
+    def present_in(cls, doc: Mapping[str, object]) -> bool:
+        return "ranks" in doc and "collectives" in doc
+
+
+@dataclass(frozen=True)
+class SyncChecksSection(Section):
+    """What check-sync compared across ranks (docs/check-sync.md): the "checks" object."""
+
+    KEYS: ClassVar[tuple[str, ...]] = ("checks",)
+    checks: dict[str, JSON]
+
+
+@dataclass(frozen=True)
+class PreflightSection(Section):
+    """The preflight checks table (docs/preflight.md)."""
+
+    KEYS: ClassVar[tuple[str, ...]] = ("checks", "bandwidth_table", "run_dir", "duration_s")
+    checks: list[dict[str, JSON]]
+    bandwidth_table: str | None
+    run_dir: str
+    duration_s: float
+
+
+@dataclass(frozen=True)
+class LogsSection(Section):
+    """What `ddpdoctor logs` read (docs/logs.md): each input, the ranks seen, event counts, the failure timeline."""
+
+    KEYS: ClassVar[tuple[str, ...]] = ("inputs", "ranks_seen", "events", "timeline")
+    inputs: list[dict[str, JSON]]
+    ranks_seen: list[int]
+    events: dict[str, int]
+    timeline: list[dict[str, JSON]]
+
+
+@dataclass(frozen=True)
+class TopoSection(Section):
+    """The fabric as `ddpdoctor topo` read it from NCCL logs and topology XML (docs/topo.md)."""
+
+    KEYS: ClassVar[tuple[str, ...]] = ("summary", "hosts", "ranks", "transports", "channels", "topology",
+                                       "warnings", "inputs")
+    summary: dict[str, JSON]
+    hosts: list[dict[str, JSON]]
+    ranks: JSON
+    transports: JSON
+    channels: JSON
+    topology: list[dict[str, JSON]]
+    warnings: JSON
+    inputs: JSON
+
+
+@dataclass(frozen=True)
+class NcclUseSection(Section):
+    """`topo` on a run directory: whether its job used NCCL, its backend, and (when not) why there is no fabric."""
+
+    KEYS: ClassVar[tuple[str, ...]] = ("nccl_used", "backend", "reason")
+    OPTIONAL: ClassVar[tuple[str, ...]] = ("reason",)
+    nccl_used: bool
+    backend: str | None
+    reason: str | None = None
+
+
+@dataclass(frozen=True)
+class TopologySection(Section):
+    """A launch's `--nccl-debug` fabric checks: the topo sections nested under "topology"."""
+
+    KEYS: ClassVar[tuple[str, ...]] = ("topology",)
+    topology: dict[str, JSON]
+
+    @classmethod
+    def present_in(cls, doc: Mapping[str, object]) -> bool:
+        return isinstance(doc.get("topology"), dict)
+
+
+# Which sections each command's report may hold, in output order (Report.from_json picks the ones present).
+COMMAND_SECTIONS: dict[str, tuple[type[Section], ...]] = {
+    "analyze": (PerfSection,),
+    "profile": (PerfSection, RunDirSection, JobSection, HangSection, TopologySection),
+    "run": (RunDirSection, JobSection, HangSection, TopologySection),
+    "check-sync": (RunDirSection, JobSection, HangSection, SyncChecksSection),
+    "capture": (RunDirSection, PerfSection, SyncChecksSection),
+    "logs": (LogsSection,),
+    "topo": (RunDirSection, NcclUseSection, TopoSection),
+    "preflight": (PreflightSection,),
+}
+
+
+def load_report(doc: Mapping[str, Any]) -> Report:
+    """A saved report.json (or a command's --json) as a Report with typed sections, ready to render again."""
+    return Report.from_json(doc, COMMAND_SECTIONS.get(str(doc.get("command", "")), ()))

@@ -1,0 +1,43 @@
+"""`status`'s view of a job under `ddpdoctor run`: its live state read from the run directory, typed. Its JSON is
+the state object of docs/live.md (no report envelope: `status` reports a job in flight, not findings)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+
+@dataclass(frozen=True)
+class LiveStatus:
+    state: str  # "running" | "finished" | "stale" | "starting"
+    run_dir: str
+    command: str | None
+    exit_code: int | None
+    live: bool
+    health: dict[str, Any] | None  # the merged live/nodeN/health.json snapshots (docs/live.md)
+    age_s: float | None
+
+    def to_json(self) -> dict[str, Any]:
+        return {"state": self.state, "run_dir": self.run_dir, "command": self.command, "exit_code": self.exit_code,
+                "live": self.live, "health": self.health, "age_s": self.age_s}
+
+    @classmethod
+    def from_json(cls, doc: dict[str, Any]) -> LiveStatus:
+        return cls(state=str(doc.get("state")), run_dir=str(doc.get("run_dir")), command=doc.get("command"),
+                   exit_code=doc.get("exit_code"), live=bool(doc.get("live")), health=doc.get("health"),
+                   age_s=doc.get("age_s"))
+
+    def exit_code_for(self, fail_on: str) -> int:
+        """1 for a finished job that failed (an error), or any live alert (warnings) with --fail-on warning."""
+        if fail_on == "none":
+            return 0
+        failed = self.state == "finished" and self.exit_code not in (0, None)
+        alerted = bool((self.health or {}).get("alerts_total"))
+        return 1 if failed or (fail_on == "warning" and alerted) else 0
+
+
+def assemble(run_root: Path, now: float | None = None) -> LiveStatus:
+    from ddpdoctor.live.status import load_status
+
+    return LiveStatus.from_json(load_status(run_root, now))

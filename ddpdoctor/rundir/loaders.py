@@ -1,0 +1,56 @@
+"""Typed loaders of the ranks' run-directory files that every report reads (status.json, sync.json, data.json):
+each validated against rundir/schema.py; a damaged file is bad input naming the file and field."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from ddpdoctor.rundir import artefacts
+from ddpdoctor.rundir.layout import RunDir
+from ddpdoctor.rundir.schema import GatheredSync
+
+
+def rank_statuses(run: RunDir) -> dict[int, dict[str, Any] | None]:
+    """Each rank's status.json (validated), or None for a rank that wrote none (killed by a signal)."""
+    statuses: dict[int, dict[str, Any] | None] = {}
+    for rank in run.ranks_present():
+        path = run.rank_file(rank, "status.json")
+        statuses[rank] = artefacts.load_dict(path) if path.exists() else None
+    return statuses
+
+
+def rank_sync_files(run: RunDir, name: str) -> dict[int, dict[str, Any]]:
+    """rank -> the rank's NAME (sync.json or data.json), validated against its schema. Ranks that wrote none here
+    (another node's run directory) come from the copy rank 0 gathered (ranks/rank0/sync-all.json), when there is
+    one."""
+    out: dict[int, dict[str, Any]] = {}
+    for rank in run.ranks_present():
+        path = run.rank_file(rank, name)
+        if path.exists():
+            out[rank] = artefacts.load_dict(path)
+    key = {"sync.json": "sync", "data.json": "data"}[name]
+    for rank in run.ranks_present():
+        path = run.rank_file(rank, "sync-all.json")
+        if not path.exists():
+            continue
+        gathered = artefacts.decode_json(path)
+        if isinstance(gathered, dict):
+            gathered.pop("schema_version", None)
+        artefacts.validate(gathered, dict[int, GatheredSync], path)
+        for r, payload in gathered.items():
+            if int(r) not in out and isinstance(payload.get(key), dict):
+                out[int(r)] = payload[key]
+    return out
+
+
+def rank_text(run: RunDir, rank: int, name: str, missing: str | None = "") -> str | None:
+    """A rank's text file (stderr.log, stdout.log), bounded and never through a link; ``missing`` when it cannot
+    be read (a rank killed before it wrote one)."""
+    from ddpdoctor import safe_io
+    from ddpdoctor.errors import BadInput
+
+    try:
+        text = safe_io.read_bytes(run.rank_file(rank, name), decompress=False).decode(errors="replace")
+    except (OSError, BadInput):
+        return missing
+    return text.replace("\r\n", "\n").replace("\r", "\n")  # as Path.read_text reads it (universal newlines)
