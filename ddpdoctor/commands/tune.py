@@ -52,15 +52,14 @@ from ddpdoctor.launch.monitor import watch_options
 def command(tries: tuple[str, ...], rounds: int, warmup: int, steps: int, max_variants: int, no_auto: bool,
             gpus_total: int | None, loss_tolerance: float | None, html_path: Path | None, as_json: bool,
             fail_on: str, **kwargs: Any) -> None:
-    from ddpdoctor.analyses.tune import LOSS_REL_TOL, compare
+    from ddpdoctor.analyses.tune import LOSS_REL_TOL
     from ddpdoctor.commands import tune_trials
-    from ddpdoctor.commands.tune_report import tune_report
-    from ddpdoctor.findings.tune import parse_try, plan, tune_findings
+    from ddpdoctor.findings.tune import parse_try, plan
     from ddpdoctor.launch.monitor import make_watcher
     from ddpdoctor.renderers import progress
-    from ddpdoctor.renderers.console_tune import render_tune_section
     from ddpdoctor.renderers.outputs import write_outputs
     from ddpdoctor.renderers.tensorboard_tune import write_tune_scalars
+    from ddpdoctor.reports.tune import assemble
     from ddpdoctor.rundir.layout import RunDir
     from ddpdoctor.rundir.report import save_report
 
@@ -106,19 +105,14 @@ def command(tries: tuple[str, ...], rounds: int, warmup: int, steps: int, max_va
     except tune_trials.Stopped as exc:
         click.echo(f"ddpdoctor: stopped by signal {exc.signum}; the launches so far are in {root}", err=True)
         raise SystemExit(128 + exc.signum) from None
-    result = compare(trials, tolerance)
     after = tune_trials.file_sha256(script) if not spec.as_module else None
-    findings = tune_findings(result, the_plan.candidates, gpus_total)
-    report = tune_report(result, the_plan, prep, findings, design={
-        "warmup": warmup, "steps": steps, "rounds": rounds, "launches": len(trials),
-        "order": result.order, "profile_run": str(root / "profile"), "trials_dir": str(root / "trials"),
-    }, script={"path": spec.script, "sha256_before": before, "sha256_after": after}, gpus_total=gpus_total)
-    short = sorted({len(t.step_ms) for t in trials if len(t.step_ms) < steps})
-    if short:
-        report.notes.append(f"some launches measured only {', '.join(map(str, short))} of the {steps} iterations "
-                            f"asked: the script ended before --warmup + --steps = {warmup + steps} iterations")
+    report = assemble(trials, the_plan, prep, design={
+        "warmup": warmup, "steps": steps, "rounds": rounds, "profile_run": str(root / "profile"),
+        "trials_dir": str(root / "trials"),
+    }, script={"path": spec.script, "sha256_before": before, "sha256_after": after}, tolerance=tolerance,
+        gpus_total=gpus_total)
     run = RunDir(root)
     save_report(run, report)
     write_outputs(report, root, html_path, None, [], show_progress=False)
     write_tune_scalars(trials, root / "scalars")
-    emit(report, as_json=as_json, fail_on=fail_on, sections=render_tune_section)
+    emit(report, as_json=as_json, fail_on=fail_on)

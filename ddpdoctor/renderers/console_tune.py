@@ -44,10 +44,14 @@ def _numerics(n: Any) -> str:
 
 
 def render_tune_section(report: Any, out: Console, verbose: bool) -> None:
-    s = report.sections
-    tune = s.get("tune") or {}
+    from ddpdoctor.reports.sections import TuneSection
+
+    section = report.section(TuneSection)
+    if section is None:
+        return
+    tune = section.tune or {}
     base = tune.get("baseline") or {}
-    rows: list[dict[str, Any]] = s.get("variants") or []
+    rows: list[dict[str, Any]] = section.variants or []
     table = Table(title="Step time per setting (median ms [90% interval], warm-up left out)", title_justify="left")
     for col in ("setting", "step ms", "predicted", "vs baseline", "verdict"):
         table.add_column(col, overflow="fold")

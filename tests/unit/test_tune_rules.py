@@ -119,3 +119,36 @@ def test_a_failed_trial_is_a_finding_error_for_the_baseline():
     trials[0] = Trial(BASELINE, 0, 0, (), exit_code=1)
     failed = [x for x in tune_findings(compare(trials), p.candidates) if x.id == "tune-trial-failed"]
     assert [x.severity.value for x in failed] == ["error", "warning"]  # the baseline's, then the variant's
+
+
+def test_the_report_round_trips_typed_and_renders():
+    import io
+    import json
+    from types import SimpleNamespace
+
+    from rich.console import Console
+
+    from ddpdoctor.renderers.html import render_html
+    from ddpdoctor.renderers.views import view_for
+    from ddpdoctor.reports.sections import TuneSection, load_report
+    from ddpdoctor.reports.tune import assemble
+
+    p = plan(CFG, _whatif(), set(), [12], [], max_variants=1)
+    trials = [Trial(BASELINE, 0, 0, _jit(20.0), (1.0,)), Trial("bucket_cap_mb=1", 0, 1, _jit(17.0), (1.0,)),
+              Trial(BASELINE, 0, 2, _jit(20.0), (1.0,))]
+    report = assemble(trials, p, SimpleNamespace(cfg=CFG, whatif=_whatif()),
+                      design={"warmup": 5, "steps": 10, "rounds": 1}, script={"path": "t.py", "sha256_before": "a",
+                                                                              "sha256_after": "a"}, tolerance=1e-4)
+    doc = json.loads(json.dumps(report.to_json()))
+    (row,) = doc["variants"]
+    assert row["setting"] == "bucket_cap_mb=1" and row["diff_ms"] == -3.0 and row["predicted_ms"] == -7.0
+    assert doc["tune"]["design"]["order"] == [BASELINE, "bucket_cap_mb=1", BASELINE]
+    again = load_report(doc)
+    assert again.section(TuneSection) is not None and again.to_json() == doc
+    out = Console(file=io.StringIO(), width=200)
+    view = view_for(again)
+    assert view is not None
+    view(again, out, False)
+    text = out.file.getvalue()
+    assert "measured -3.000 ± 0.000 ms" in text and "predicted -7.000 ms" in text
+    assert 'id="tune"' in render_html(again)

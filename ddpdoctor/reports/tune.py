@@ -1,4 +1,4 @@
-"""`ddpdoctor tune`'s Report: the measured variants (the `variants` section, docs/json.md), the plan with the reason
+"""`tune`'s report: the measured variants (the `variants` section, docs/json.md), the plan with the reason
 for each variant chosen or skipped, the experiment's design, and the findings."""
 
 from __future__ import annotations
@@ -6,10 +6,10 @@ from __future__ import annotations
 from typing import Any
 
 from ddpdoctor.analyses.intervals import Interval
-from ddpdoctor.analyses.tune import TuneResult, VariantResult, gpu_hours_per_day
-from ddpdoctor.findings.model import Finding
-from ddpdoctor.findings.tune import Plan, code_line
+from ddpdoctor.analyses.tune import Trial, TuneResult, VariantResult, compare, gpu_hours_per_day
+from ddpdoctor.findings.tune import Plan, code_line, tune_findings
 from ddpdoctor.report import Report
+from ddpdoctor.reports.sections import TuneSection
 
 
 def _iv(iv: Interval | None) -> list[float] | None:
@@ -55,8 +55,18 @@ def variant_json(v: VariantResult, base: VariantResult, predicted_ms: float | No
     }
 
 
-def tune_report(result: TuneResult, plan: Plan, prep: Any, findings: list[Finding], design: dict[str, Any],
-                script: dict[str, Any], gpus_total: int | None = None) -> Report:
+def assemble(trials: list[Trial], plan: Plan, prep: Any, design: dict[str, Any], script: dict[str, Any],
+             tolerance: float, gpus_total: int | None = None) -> Report:
+    """The tune report from the trials as read back (commands/tune_trials.py), the plan and the profiled launch's
+    preparation: the comparison (analyses/tune.py), its findings (findings/tune.py), the sections and notes."""
+    result = compare(trials, tolerance)
+    findings = tune_findings(result, plan.candidates, gpus_total)
+    design = {**design, "launches": len(trials), "order": result.order}
+    return _report(result, plan, prep, findings, design, script, trials, gpus_total)
+
+
+def _report(result: TuneResult, plan: Plan, prep: Any, findings: list[Any], design: dict[str, Any],
+            script: dict[str, Any], trials: list[Trial], gpus_total: int | None) -> Report:
     by_label = {c.label: c for c in plan.candidates}
     base = result.baseline
     variants = []
@@ -87,4 +97,9 @@ def tune_report(result: TuneResult, plan: Plan, prep: Any, findings: list[Findin
              "intervals (docs/tune.md)"]
     if unchanged:
         notes.append(f"the script was not changed (sha256 {str(script['sha256_before'])[:12]} before and after)")
-    return Report(command="tune", sections={"tune": section, "variants": variants}, findings=findings, notes=notes)
+    steps = int(design["steps"])
+    short = sorted({len(t.step_ms) for t in trials if len(t.step_ms) < steps})
+    if short:
+        notes.append(f"some launches measured only {', '.join(map(str, short))} of the {steps} iterations asked: the "
+                     f"script ended before --warmup + --steps = {int(design['warmup']) + steps} iterations")
+    return Report("tune", parts=[TuneSection(variants=variants, tune=section)], findings=findings, notes=notes)
