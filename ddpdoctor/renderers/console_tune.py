@@ -69,6 +69,10 @@ def render_tune_section(report: Any, out: Console, verbose: bool) -> None:
         line = f"  {escape(str(r.get('setting')))}: {escape(str(r.get('why')))}; {_numerics(r.get('numerics'))}"
         if r.get("effect"):
             line += f"; in effect: {escape(str(r.get('effect')))}" if r.get("in_effect") else ""
+        if isinstance(r.get("buckets"), int) and r.get("buckets") != r.get("baseline_buckets"):
+            replay = r.get("expected_buckets")
+            line += (f" (baseline {r.get('baseline_buckets')}"
+                     + (f"; the what-if's replay: {replay:g}" if isinstance(replay, (int, float)) else "") + ")")
         gph = r.get("gpu_hours_per_day")
         if isinstance(gph, dict) and r.get("winner"):
             line += f"; {gph['value']:+.1f} GPU-hours/day saved at {gph['gpus_total']} GPUs"
