@@ -13,9 +13,10 @@ from pathlib import Path
 
 import pytest
 
-from ddpdoctor.analyses.pipeline import analyze_paths, report_for
+from ddpdoctor.analyses.pipeline import analyze_paths
 from ddpdoctor.commands.topo import build_report
 from ddpdoctor.logs.explain import explain_paths
+from ddpdoctor.reports.analyze import assemble as report_for
 from tests.conftest import REPO
 from tests.fuzz.common import result_or_bad_input
 from tests.fuzz.growth import assert_near_linear, size
