@@ -294,6 +294,7 @@ def tune_findings(result: TuneResult, candidates: list[Candidate], gpus_total: i
                               f"{noise:.3f} ms)" if noise is not None else ""),
                            evidence={"variants": {v.label: v.verdict for v in result.variants},
                                      "launch_spread_ms": result.launch_spread_ms},
-                           advice="Keep the current settings; more rounds (--rounds) or iterations (--steps) would "
-                           "narrow the intervals if a small gain matters."))
+                           advice="Keep the current settings. If a smaller gain matters: more iterations per launch "
+                           "(--steps) narrow the intervals, and a machine free of other jobs lowers the launch "
+                           "noise."))
     return out
