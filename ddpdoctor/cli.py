@@ -21,6 +21,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "status": ("ddpdoctor.commands.status", "Live state of a job under `ddpdoctor run`: steps/s, slowest ranks, alerts."),
     "capture": ("ddpdoctor.commands.capture", "Profile N iterations of a running job, or dump its stacks, without a restart."),
     "preflight": ("ddpdoctor.commands.preflight", "Check the cluster and the job's environment before a big run."),
+    "tune": ("ddpdoctor.commands.tune", "Try variants of DDP's options for real (A/B launches) and report the measured gain."),
 }
 
 

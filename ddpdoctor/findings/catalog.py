@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from ddpdoctor.findings.model import Finding, Severity
 
 # The docs/findings.md sections, in their order.
-AREAS = ("job", "perf", "diff", "hangs", "live", "logs", "sync", "topo", "preflight")
+AREAS = ("job", "perf", "diff", "hangs", "live", "logs", "sync", "topo", "preflight", "tune")
 _LETTERS = {"E": Severity.ERROR, "W": Severity.WARNING, "I": Severity.INFO}
 
 
@@ -153,6 +153,12 @@ CATALOG: tuple[FindingKind, ...] = (
     K("preflight.checkpoint_dir", "preflight", "EW", "ddpdoctor.preflight.checks"),
     K("preflight.clock_skew", "preflight", "EW", "ddpdoctor.preflight.checks"),
     K("preflight.nccl_topology", "preflight", "EW", "ddpdoctor.preflight.checks"),
+    K("tune-winner", "tune", "WI", "ddpdoctor.findings.tune"),
+    K("tune-no-winner", "tune", "I", "ddpdoctor.findings.tune"),
+    K("tune-numerics-changed", "tune", "W", "ddpdoctor.findings.tune"),
+    K("tune-numerics-differ", "tune", "I", "ddpdoctor.findings.tune"),
+    K("tune-not-applied", "tune", "W", "ddpdoctor.findings.tune"),
+    K("tune-trial-failed", "tune", "EW", "ddpdoctor.findings.tune"),
 )
 
 _BY_ID: dict[str, tuple[FindingKind, ...]] = {}

@@ -266,6 +266,7 @@ def render_html(report: Report, extra: str = "") -> str:
     s = report.sections
     ranks = s.get("ranks") or []
     stragglers = list((s.get("stragglers") or {}).get("ranks") or [])
+    from ddpdoctor.renderers.html_tune import tune_html
     from ddpdoctor.version import __version__
 
     meta = [f"ddpdoctor {__version__}", f"{len(ranks)} rank(s)"]
@@ -290,6 +291,7 @@ def render_html(report: Report, extra: str = "") -> str:
 <div class="meta">{esc(" · ".join(meta))}</div></header>
 <main>
 {_summary_html(report, ranks)}
+{tune_html(s)}
 <noscript><p class="noscript">Charts need JavaScript; the tables below do not.</p></noscript>
 <section id="findings"><h2>Findings</h2>{_findings_html(report.findings)}{notes}</section>
 {extra}

@@ -194,6 +194,16 @@ class DiffSection(Section):
 
 
 # Which sections each command's report may hold, in output order (Report.from_json picks the ones present).
+@dataclass(frozen=True)
+class TuneSection(Section):
+    """`ddpdoctor tune` (docs/tune.md): each measured variant against the baseline ("variants"), and the baseline,
+    every variant considered and why, the experiment's design, the what-if and the script's hash ("tune")."""
+
+    KEYS: ClassVar[tuple[str, ...]] = ("variants", "tune")
+    variants: list[dict[str, JSON]]
+    tune: dict[str, JSON]
+
+
 COMMAND_SECTIONS: dict[str, tuple[type[Section], ...]] = {
     "analyze": (PerfSection,),
     "profile": (PerfSection, RunDirSection, JobSection, HangSection, TopologySection, DiffSection),
@@ -204,6 +214,7 @@ COMMAND_SECTIONS: dict[str, tuple[type[Section], ...]] = {
     "topo": (RunDirSection, NcclUseSection, TopoSection),
     "preflight": (PreflightSection,),
     "diff": (DiffSection,),
+    "tune": (TuneSection,),
 }
 
 
