@@ -56,11 +56,12 @@ def sync_parts(run: RunDir) -> tuple[SyncChecksSection | None, list[Finding], li
     return SyncChecksSection(_checks(analysis, shards)), findings, notes
 
 
-def assemble(run: RunDir, job_exit: int | None) -> Report:
-    """`check-sync` once its job ended: the watched run's report (job, hang, crashes) plus the sync checks."""
-    from ddpdoctor.findings.watched import watched_report
+def assemble(run: RunDir, job_exit: int | None, *, locked: bool) -> Report:
+    """`check-sync` once its job ended: the watched run's report (job, hang, crashes) plus the sync checks.
+    ``locked``: a live ddpdoctor still holds the run directory (see reports/watched.py)."""
+    from ddpdoctor.reports.watched import watched_report
 
-    base = watched_report(run, "check-sync")
+    base = watched_report(run, "check-sync", locked=locked)
     section, findings, notes = sync_parts(run)
     if job_exit:
         notes.append(f"the script failed (exit code {job_exit}); its ranks' output is in "
