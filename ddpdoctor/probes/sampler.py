@@ -63,6 +63,14 @@ def _base_sampler(loader: Any) -> Any:
     return getattr(loader, "sampler", None)
 
 
+def _framework_facts() -> dict[str, Any]:
+    """Lightning, when loaded: it adds the DistributedSampler itself (use_distributed_sampler), so advice about a
+    loader's sampler is given in its terms."""
+    if "lightning" in sys.modules or "pytorch_lightning" in sys.modules:
+        return {"framework": "lightning"}
+    return {}
+
+
 def _shard_facts(loader: Any) -> dict[str, Any]:
     """A batch sampler that hands each rank its share of the batches (accelerate's BatchSamplerShard: each rank
     draws the batches of the whole dataset, then keeps every num_processes-th)."""
@@ -343,7 +351,8 @@ class SamplerProbe:
             "sampler_arg": kwargs.get("sampler") is not None,
             "batch_sampler_arg": kwargs.get("batch_sampler") is not None,
             "num_workers": int(loader.num_workers),
-            "sampler": None if iterable else {**_sampler_facts(_base_sampler(loader)), **_shard_facts(loader)},
+            "sampler": None if iterable else {**_sampler_facts(_base_sampler(loader)), **_shard_facts(loader),
+                                              **_framework_facts()},
             "epochs": [],
             "_loader": loader,
         })

@@ -69,3 +69,13 @@ def test_hf_trainer_advice_is_in_training_arguments_terms(tmp_path) -> None:
     (flag,) = [f for f in report["findings"] if f["id"] == "find-unused-parameters-unneeded"]
     assert flag["advice"].startswith("`TrainingArguments(ddp_find_unused_parameters=False)`"), flag["advice"]
     assert "DDP(model" not in flag["advice"]
+
+
+@pytest.mark.skipif(importlib.util.find_spec("lightning") is None, reason="Lightning not installed (extra: frameworks)")
+def test_lightning_without_its_sampler_is_advised_in_lightnings_terms(tmp_path) -> None:
+    code, report = _check_sync(tmp_path, "nosampler", str(SCENARIOS / "lightning_ddp.py"), "--steps", "8",
+                               "--no-lightning-sampler")
+    assert code == 1
+    overlap = next(f for f in report["findings"] if f["id"] == "sampler-overlap")
+    assert overlap["evidence"]["cause"] == "lightning-sampler-off"
+    assert "use_distributed_sampler" in overlap["advice"]
