@@ -21,7 +21,7 @@ from ddpdoctor.analyses.model import (
     SyncCall,
 )
 from ddpdoctor.traces import intervals as iv
-from ddpdoctor.traces.model import Spans, Trace
+from ddpdoctor.traces.trace import Spans, Trace
 
 Pair = tuple[np.ndarray, np.ndarray]
 

@@ -15,7 +15,7 @@ from ddpdoctor.analyses.rank import RankResult, analyze_trace
 from ddpdoctor.errors import BadInput
 from ddpdoctor.rundir.schema import RankSummary
 from ddpdoctor.traces.loader import load_raw
-from ddpdoctor.traces.model import Spans, Trace, build_trace
+from ddpdoctor.traces.trace import Spans, Trace, build_trace
 
 SCHEMA = 1
 
