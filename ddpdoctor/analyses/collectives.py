@@ -9,7 +9,7 @@ import re
 from collections import defaultdict, deque
 from typing import Any
 
-from ddpdoctor.analyses.model import Bucket, CollectiveCall, GradReady
+from ddpdoctor.analyses.results import Bucket, CollectiveCall, GradReady
 from ddpdoctor.traces.loader import EventArgs
 from ddpdoctor.traces.trace import CommEvent, CpuCall, Trace
 

@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from ddpdoctor.analyses import collectives as coll
-from ddpdoctor.analyses.model import (
+from ddpdoctor.analyses.results import (
     Bucket,
     CollectiveCall,
     GradReady,
