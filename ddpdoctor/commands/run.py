@@ -19,10 +19,10 @@ from ddpdoctor.commands._common import (
     pop_launch_spec,
     share_job_report,
 )
+from ddpdoctor.commands._live_options import live_options, node_name, pop_live
+from ddpdoctor.commands._watch import pop_watcher, watch_options
 from ddpdoctor.launch.launcher import launch
-from ddpdoctor.launch.monitor import pop_watcher, watch_options
 from ddpdoctor.launch.runlock import is_locked
-from ddpdoctor.live.options import live_options, node_name, pop_live
 from ddpdoctor.renderers import progress
 from ddpdoctor.reports.run import assemble
 from ddpdoctor.rundir.report import save_report

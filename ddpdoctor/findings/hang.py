@@ -303,6 +303,10 @@ def crash_findings(statuses: dict[int, dict[str, Any] | None], debug: bool = Fal
         # A rank killed outright (SIGKILL, the OOM killer) writes nothing; its peers' connection errors follow from it.
         roots = {r: {"exception": "killed by a signal, leaving no status or message (SIGKILL or the OOM killer?)",
                      "died": True} for r in silent}
+    elif not roots and (signalled := _signalled(statuses, failed)):
+        # A rank killed by a signal it did not catch (SIGTERM, SIGINT by hand or a scheduler) writes its status and
+        # no exception; its peers' connection errors follow from it (it used to be the peer that was blamed).
+        roots = {signalled: dict(failed.get(signalled) or {}, **_signal_root(statuses[signalled] or {}))}
     elif not roots:  # everyone is a victim: the first to fail is the best guess
         first = min(failed, key=lambda r: failed[r].get("ended_at") or 0)
         roots = {first: failed[first]}
@@ -335,6 +339,23 @@ def crash_findings(statuses: dict[int, dict[str, Any] | None], debug: bool = Fal
             exception=exc, traceback=s.get("traceback", ""), call_site=fc.get("call_site"), victims=victims,
         ))
     return _dedupe(out)
+
+
+def _signalled(statuses: dict[int, dict[str, Any] | None], failed: dict[int, dict[str, Any]]) -> int | None:
+    """The first rank (by when it ended) that a signal ended without an exception of its own, if any. Ranks that
+    torchrun stopped after it (SIGTERM too) ended later."""
+    hit = [(s.get("ended_at") if isinstance(s.get("ended_at"), (int, float)) else float("inf"), r)
+           for r, s in statuses.items() if s and s.get("signal") and not s.get("exception")]
+    return min(hit)[1] if hit else None
+
+
+def _signal_root(status: dict[str, Any]) -> dict[str, Any]:
+    site = status.get("exit_site")
+    where = f" at {site}" if isinstance(site, str) and site else ""
+    step = status.get("steps_completed")
+    after = f" after {step} iteration(s)" if isinstance(step, int) else ""
+    return {"exception": f"killed by {status.get('signal')} (exit code {status.get('exit_code')}){where}{after}",
+            "died": True, "failed_collective": status.get("last_collective") or {}}
 
 
 def left_early(statuses: dict[int, dict[str, Any] | None], failed: dict[int, dict[str, Any]]) -> list[int]:

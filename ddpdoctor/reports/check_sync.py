@@ -43,6 +43,11 @@ def sync_parts(run: RunDir) -> tuple[SyncChecksSection | None, list[Finding], li
     elif all(m.get("ddp") is False for m in analysis.modules):
         notes.append("no DistributedDataParallel module was built: the parameters the optimizer updates were "
                      "compared across ranks")
+    elif analysis.grads.comparisons == 0 and analysis.params.comparisons > 0:
+        closures = max(int(r.get("closure_steps", 0) or 0) for r in records.values())
+        notes.append("gradients were not compared: no DDP module had run a forward and backward when the optimizer "
+                     "stepped" + (f" ({closures} step(s) took a closure)" if closures else "")
+                     + "; the parameters after each step were compared")
     data_steps = max(int(r.get("data_steps", 0) or 0) for r in records.values())
     for facts in shards.loaders:
         sampler = next((s for s in facts.sampler.values() if s), None) or {}

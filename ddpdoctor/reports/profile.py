@@ -1,8 +1,10 @@
 """`profile`'s report once its job ended: the watched run (job, hang, crashes), the performance analysis of its
-traces judged against how the run ended, what became of the profiled window, and `--nccl-debug`'s fabric checks."""
+traces judged against how the run ended, what became of the profiled window, `--nccl-debug`'s fabric checks, and
+the diff against `--baseline`."""
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 from ddpdoctor.errors import BadInput
@@ -12,8 +14,10 @@ from ddpdoctor.report import Report
 from ddpdoctor.rundir.layout import RunDir
 
 
-def assemble(run: RunDir, schedule: Schedule, *, locked: bool, nccl_debug: bool = False) -> Report:
-    """``locked``: a live ddpdoctor still holds the run directory (see reports/watched.py)."""
+def assemble(run: RunDir, schedule: Schedule, *, locked: bool, nccl_debug: bool = False,
+             baseline: Path | None = None) -> Report:
+    """``locked``: a live ddpdoctor still holds the run directory (see reports/watched.py); ``baseline``: a run
+    to diff this one against (reports/diff.py)."""
     from ddpdoctor.findings.perf_verdict import apply_outcome, run_status_of
     from ddpdoctor.reports.watched import watched_report
     from ddpdoctor.rundir.loaders import rank_statuses
@@ -27,6 +31,10 @@ def assemble(run: RunDir, schedule: Schedule, *, locked: bool, nccl_debug: bool 
         from ddpdoctor.reports.topo import add_run_topology
 
         report = add_run_topology(report, run)
+    if baseline is not None:
+        from ddpdoctor.reports.diff import add_baseline
+
+        report = add_baseline(report, baseline, run.root)
     return report
 
 

@@ -183,6 +183,10 @@ def _cases() -> dict[str, tuple[Path, Callable[[Path], Result], bool]]:
     cases["capture-profile"] = (RUN_DIRS["mlp"], _capture_profile, True)
     cases["capture-check-sync"] = (RUNS / "sync_ok", _capture_sync, True)
     cases["preflight"] = (RUNS / "preflight", _preflight, True)
+    # diff: two recorded runs of the same world size (paths under the repository, so <IN> in any checkout)
+    cases["diff-sample-mlp"] = (REPO, lambda q: _cli("diff", str(q / "sample_traces" / "mlp_gloo_2rank"),
+                                                     str(q / "tests" / "fixtures" / "analyze" / "gloo_2rank_mlp"),
+                                                     "--json"), False)
     return cases
 
 
