@@ -9,6 +9,7 @@ from collections import Counter
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+from ddpdoctor.findings.failure import hang_finding, rank_crashed_finding
 from ddpdoctor.findings.model import Finding, Severity
 
 DDP_BUCKETS = "allreduce (DDP gradient buckets)"
@@ -176,18 +177,13 @@ def hang_findings(hang: dict[str, Any], debug: bool = False) -> list[Finding]:
     advice = HANG_ADVICE.get(d["kind"], HANG_ADVICE["unknown"])
     if not debug:
         advice += " Rerun with `ddpdoctor run --debug` for TORCH_DISTRIBUTED_DEBUG=DETAIL's collective checks."
-    out = [Finding(
-        "hang", Severity.ERROR,
+    out = [hang_finding(
         ("No first step within the start-up timeout: " if hang.get("in_startup") else "Job hung: ") + d["reason"],
-        ranks=d["culprit_ranks"] or d["stalled_ranks"],
-        evidence={
-            "stalled_ranks": d["stalled_ranks"], "culprit_ranks": d["culprit_ranks"],
-            "collective": d.get("collective"), "call_sites": call_sites, "stacks": stacks,
-            "detected_after_s": hang.get("detected_after_s"), "reported_after_s": hang.get("reported_after_s"),
-            "hang_timeout_s": hang.get("hang_timeout_s"),
-            "kind": d["kind"],
-        },
-        advice=advice,
+        d["culprit_ranks"] or d["stalled_ranks"], advice,
+        stalled_ranks=d["stalled_ranks"], culprit_ranks=d["culprit_ranks"],
+        collective=d.get("collective"), call_sites=call_sites, stacks=stacks,
+        detected_after_s=hang.get("detected_after_s"), reported_after_s=hang.get("reported_after_s"),
+        hang_timeout_s=hang.get("hang_timeout_s"), kind=d["kind"],
     )]
     if d["kind"] == "mismatch":
         out.append(_mismatch_finding(
@@ -336,13 +332,11 @@ def crash_findings(statuses: dict[int, dict[str, Any] | None], debug: bool = Fal
             out.append(unused)
         died = " (the process died)" if s.get("died") else ""
         first_note = " first" if len(roots) == 1 and victims else ""
-        out.append(Finding(
-            "rank-crashed", Severity.ERROR, f"Rank {r} failed{first_note}{died}: {exc.splitlines()[0][:300]}",
-            ranks=[r],
-            evidence={"rank": r, "exception": exc, "traceback": s.get("traceback", ""),
-                      "call_site": fc.get("call_site"), "victims": victims},
-            advice="This rank's exception is the root cause; the other ranks' errors (connection closed, "
-                   "timeouts) follow from it." if victims else "Fix the exception in this rank's traceback.",
+        out.append(rank_crashed_finding(
+            r, f"Rank {r} failed{first_note}{died}: {exc.splitlines()[0][:300]}",
+            "This rank's exception is the root cause; the other ranks' errors (connection closed, "
+            "timeouts) follow from it." if victims else "Fix the exception in this rank's traceback.",
+            exception=exc, traceback=s.get("traceback", ""), call_site=fc.get("call_site"), victims=victims,
         ))
     return _dedupe(out)
 

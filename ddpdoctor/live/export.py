@@ -48,6 +48,8 @@ class TensorBoardExporter:
                 self._writer.add_scalar("live/step_time_ms", p.seconds * 1e3, p.step)
                 for phase, secs in p.phases.items():
                     self._writer.add_scalar(f"live/phase_ms/{phase}", secs * 1e3, p.step)
+            for r, secs in sorted(health.caused_s.items())[:MAX_RANK_SERIES]:  # the ledger's window figure, now
+                self._writer.add_scalar(f"live/caused_wait_ms/rank{r}", secs * 1e3, points[-1].step)
             if len(health.ranks) <= MAX_RANK_SERIES:
                 for r, hist in list(health.ranks.items()):
                     for rec in list(hist):
@@ -148,7 +150,11 @@ class _Collector:
         busy = GaugeMetricFamily("ddpdoctor_rank_busy_seconds", "Each rank's time outside waiting phases per step.",
                                  labels=["rank"])
         share = GaugeMetricFamily("ddpdoctor_rank_phase_share", "Share of the step per phase.", labels=["rank", "phase"])
+        caused = GaugeMetricFamily("ddpdoctor_rank_caused_wait_seconds", "How long the other ranks wait for this "
+                                   "one per step (collective ledger, docs/metrics.md#caused-wait).", labels=["rank"])
         for r, v in (snap.get("ranks") or {}).items():
+            if isinstance(v.get("caused_wait_ms"), (int, float)):
+                caused.add_metric([r], v["caused_wait_ms"] / 1e3)
             step.add_metric([r], v["step_ms"] / 1e3)
             busy.add_metric([r], v["busy_ms"] / 1e3)
             for phase, x in (v.get("phase_share") or {}).items():
@@ -156,3 +162,4 @@ class _Collector:
         yield step
         yield busy
         yield share
+        yield caused

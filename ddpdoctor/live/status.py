@@ -99,6 +99,8 @@ def merge_nodes(snaps: list[dict[str, Any]]) -> dict[str, Any]:
         "steps_per_s": round(1e3 / max(step_ms), 3) if step_ms and max(step_ms) > 0 else None,
         "slowest_ranks": [int(r) for r in sorted(busy, key=lambda r: -busy[r]) if r.isdigit()][:5], "ranks": ranks,
         "alerts": alerts[-50:], "alerts_total": sum(int(_num(h.get("alerts_total")) or 0) for h in snaps),
+        "waited_for": sorted((w for h in snaps for w in (h.get("waited_for") or []) if isinstance(w, dict)),
+                             key=lambda w: -(_num(w.get("cost_ms_per_step")) or 0.0))[:5],
     }
 
 
@@ -134,6 +136,11 @@ def status_text(st: dict[str, Any], max_ranks: int = 16) -> str:
                          f"{_cell(v.get('busy_ms')):>9}   {clean_text(str(v.get('phase_now')))[:10]:<10} {shares}")
         if len(shown) > max_ranks:
             lines.append(f"  ... {len(shown) - max_ranks} more ranks (--json for all)")
+    waited = h.get("waited_for")
+    for w in (waited if isinstance(waited, list) else [])[:5]:  # the collective ledger: who the others wait for
+        if isinstance(w, dict):
+            lines.append(f"  waited for: rank {clean_text(str(w.get('rank')))} in {clean_text(str(w.get('phase')))}, "
+                         f"{_cell(w.get('cost_ms_per_step'))} ms per step ({_cell(w.get('cost_pct_of_step'))}% of the step)")
     alerts = [a for a in h.get("alerts") or [] if isinstance(a, dict)] if isinstance(h.get("alerts"), list) else []
     lines.append(f"  alerts: {_cell(h.get('alerts_total', len(alerts)))}" + ("" if alerts else " (none)"))
     for a in alerts[-10:]:
