@@ -11,6 +11,8 @@ from typing import Any
 
 import msgspec
 
+from ddpdoctor.findings.hang import DDP_BUCKETS
+
 VERSION = 2
 MAX_SIZES = 4  # tensor shapes kept per collective: enough to tell a mismatch, bounded at any scale
 MAX_TEXT = 300  # characters of an exception or call site kept per record
@@ -61,8 +63,6 @@ def record(rank: int, beat: dict[str, Any] | None, exit_info: dict[str, Any] | N
            exit_at: float | None = None) -> RankRecord:
     """One rank's record from its last heartbeat and exit message (as the node's monitor holds them) and the
     monitor's own observations (``active_at``: its training thread's last CPU, I/O or position change)."""
-    from ddpdoctor.findings.hang import DDP_BUCKETS
-
     rec = RankRecord(rank, idle_s=_age(now, active_at), moved_s=_age(now, moved_at), exit_age_s=_age(now, exit_at))
     b = beat or {}
     if beat is not None:

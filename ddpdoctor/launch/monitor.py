@@ -39,6 +39,7 @@ from ddpdoctor.job.rules import (
     is_busy,
     just_moved,
 )
+from ddpdoctor.job.verdict import HangVerdict
 from ddpdoctor.launch.proctree import activity, in_tree, signal_own
 from ddpdoctor.launch.stacks import faulthandler_dump, py_spy_dump
 from ddpdoctor.launch.transport import TOKEN_ENV, Listener
@@ -363,20 +364,15 @@ class HangMonitor:
         positions = {r: position(r, links[r].beat if r in links else None, links[r].exit if r in links else None)
                      for r in ranks}
         diagnosis = diagnose_hang(positions, [r for r in stalled if r >= 0])
-        self.hang = {
-            "detected_after_s": round(now - last_progress, 2),
-            "hang_timeout_s": timeout,
-            "hang_timeout_set": self.hang_timeout is not None,
-            "startup_timeout_s": self.startup_timeout,
-            "in_startup": all(not (lk.beat or {}).get("step") for lk in links.values()),
-            "on_hang": self.on_hang,
-            "diagnosis": diagnosis.to_json(),
-            "stacks": {str(r): s for r, s in stacks.items()},
-            "heartbeats": {str(r): lk.beat for r, lk in links.items()},
-            "flight_recorder": {str(r): d for r, d in dumps.items()},
-        }
+        verdict = HangVerdict(
+            detected_after_s=round(now - last_progress, 2), hang_timeout_s=timeout,
+            hang_timeout_set=self.hang_timeout is not None, startup_timeout_s=self.startup_timeout,
+            in_startup=all(not (lk.beat or {}).get("step") for lk in links.values()), on_hang=self.on_hang,
+            diagnosis=diagnosis, stacks=stacks, flight_recorder=dumps,
+            heartbeats={r: lk.beat for r, lk in links.items()})
         # Detection plus collecting stacks and dumps: what the "within hang-timeout + 5 s" bounds.
-        self.hang["reported_after_s"] = round(time.time() - last_progress, 2)
+        verdict.reported_after_s = round(time.time() - last_progress, 2)
+        self.hang = verdict.to_json()
         self.declare(job, self.hang, f"hang detected ({diagnosis.reason}); report in {self.run_root}/hang.txt")
 
     def declare(self, job: RunningJob | None, hang: dict[str, Any], line: str, extra_text: str = "") -> None:
