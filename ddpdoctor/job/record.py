@@ -99,14 +99,23 @@ def record(rank: int, beat: dict[str, Any] | None, exit_info: dict[str, Any] | N
     return rec
 
 
+_DECODER = msgspec.json.Decoder(list[RankRecord])
+_ENCODER = msgspec.json.Encoder()
+
+
 def decode(raw: Any) -> list[RankRecord]:
-    """Records from a node's envelope (plain data off the store): what is not a valid record is dropped."""
+    """Records from a node's envelope (off the store): one JSON text parsed straight into records (the usual case,
+    ~10x faster than plain data converted); what is not a valid record is dropped."""
+    if isinstance(raw, str):
+        try:
+            return _DECODER.decode(raw)
+        except msgspec.DecodeError:
+            try:
+                raw = msgspec.json.decode(raw)
+            except msgspec.DecodeError:
+                return []
     if not isinstance(raw, list):
         return []
-    try:
-        return msgspec.convert(raw, list[RankRecord])  # all valid (the usual case): one pass in C
-    except (msgspec.ValidationError, TypeError):
-        pass
     out = []
     for item in raw:
         try:
@@ -116,6 +125,6 @@ def decode(raw: Any) -> list[RankRecord]:
     return out
 
 
-def encode(records: list[RankRecord]) -> list[Any]:
-    """Plain data for the store (the envelope is JSON, sealed by the store)."""
-    return msgspec.to_builtins(records)  # type: ignore[no-any-return]
+def encode(records: list[RankRecord]) -> str:
+    """The records as one JSON text for the envelope (the store seals and compresses the envelope)."""
+    return _ENCODER.encode(records).decode()
