@@ -1,8 +1,11 @@
 """The heartbeat monitor (a JobWatcher): receives every rank's heartbeat on 127.0.0.1, detects a hang, diagnoses it.
 
-Transport: launch/transport.py (one event loop, a per-job token, bounded sizes). A rank that stops advancing is
-hung only when it is stuck: a laggard outside any collective whose threads keep using CPU or doing I/O, or whose
-Python position keeps moving, is a long stall (reported, watched on) unless the user set --hang-timeout.
+Transport: launch/transport.py (one event loop, a per-job token, bounded sizes). The monitor turns what it knows of
+each rank (its messages, its training thread's CPU and I/O from /proc) into one typed record (job/record.py) and
+judges them with the job's one stall rule (job/rules.py): a laggard outside any collective whose training thread
+keeps working is a long stall (reported, watched on), a stuck one is a hang. A job of several nodes gives the
+judging to the job layer (``decider``, job/agent.py), which sees this node only through its port: ``records``,
+``collect_stacks``, ``note_stalls``, ``act``, ``replay``, ``say``.
 
 On a hang it collects each rank's Python stack (launch/stacks.py), the heartbeat state and each rank's Flight
 Recorder dump, names the culprit (ddpdoctor.findings.hang), writes RUN/hang.json and RUN/hang.txt (owner-only),
