@@ -14,7 +14,7 @@ from typing import Any, Literal
 
 import msgspec
 
-from ddpdoctor.analyses.model import Bucket, CollectiveCall, GradReady, InputInfo, RankMetrics, SyncCall
+from ddpdoctor.analyses.results import Bucket, CollectiveCall, GradReady, InputInfo, RankMetrics, SyncCall
 
 Number = float  # msgspec accepts JSON integers for float fields; booleans are refused
 Json = Any  # free-form: not read by any analysis (shown or copied only)
@@ -63,6 +63,7 @@ class DDPModule(msgspec.Struct, kw_only=True, omit_defaults=True):
     static_graph: bool | None = None
     gradient_as_bucket_view: bool | None = None
     broadcast_buffers: bool | None = None
+    built_by: str | None = None  # a framework that built the DDP module itself (transformers, lightning, accelerate)
     parameter_count: int | None = None
     parameter_bytes: int | None = None
     parameter_tensors: int | None = None
