@@ -1,6 +1,7 @@
 """The job-wide watch at scale: a real head (JobAgent on a real TCPStore) against simulated node monitors.
 
     python benchmarks/job_scale.py [--ranks 1024 4096 32768] [--nodes 8] [--hang-timeout 10] [--run-s 6]
+    python benchmarks/job_scale.py --head-only --ranks 1024 4096 32768   # the head's work alone, per read
 
 Each simulated node is a process running the real node agent (ddpdoctor/job/agent.py) over a HangMonitor whose rank
 links it fills with heartbeats as ranks would send them: every rank steps every --step-s, in DDP's all-reduce at
@@ -169,6 +170,43 @@ def head_run(world: int, nodes: int, hang_timeout: float, run_s: float, step_s: 
     }
 
 
+def head_only(world: int, nodes: int, hang_timeout: float) -> dict[str, Any]:
+    """The head's own work per read at ``world`` ranks, without simulated nodes competing for the same cores: decode
+    every node's envelope (as read off the store), the stall rule, the diagnosis. What the head adds to a verdict."""
+    from ddpdoctor.job import state
+    from ddpdoctor.job.record import record
+    from ddpdoctor.job.rules import Limits, decide
+
+    now = time.time()
+    per, hung = world // nodes, world // 2 + 1
+    envs = []
+    for n in range(nodes):
+        recs = []
+        for r in range(n * per, (n + 1) * per):
+            coll = None if r == hung else {"op": "allreduce", "group": "default_pg", "seq": 24, "sizes": [[1024]],
+                                           "call_site": "train.py:41"}
+            beat = {"step": 12, "phase": "data" if r == hung else "backward", "step_started": now - 12, "time": now,
+                    "max_step_s": 0.5, "collective": coll, "where": "loader.py:77" if r == hung else "train.py:41"}
+            recs.append(record(r, beat, None, now, now - 100, active_at=now - 12, moved_at=now - 12))
+        envs.append(json.dumps(state.envelope(n + 1, "sim", 1, recs)))
+    rss0 = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    t0 = time.perf_counter()
+    nodes_st = {n + 1: state.NodeState(n + 1) for n in range(nodes)}
+    for n, text in enumerate(envs):
+        nodes_st[n + 1].update(json.loads(text), now)
+    t1 = time.perf_counter()
+    recs_all, extra = state.live_records(nodes_st, now)
+    d = decide(recs_all, Limits(hang_timeout, 600.0), 100.0, world, extra)
+    t2 = time.perf_counter()
+    diag = state.diagnose(nodes_st, world, d.stalled)
+    t3 = time.perf_counter()
+    return {"ranks": world, "mode": "head-only", "decode_ms": round(1e3 * (t1 - t0), 1),
+            "rule_ms": round(1e3 * (t2 - t1), 1), "diagnose_ms": round(1e3 * (t3 - t2), 1),
+            "culprit_right": diag.culprit_ranks == [hung],
+            "peak_rss_mib": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, 1),
+            "rss_growth_for_the_job_state_mib": round((resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - rss0) / 1024, 1)}
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--ranks", type=int, nargs="+", default=[1024, 4096])
@@ -176,6 +214,8 @@ def main() -> None:
     ap.add_argument("--hang-timeout", type=float, default=10.0)
     ap.add_argument("--run-s", type=float, default=6.0)
     ap.add_argument("--step-s", type=float, default=0.5)
+    ap.add_argument("--head-only", action="store_true",
+                    help="measure the head's own work per read (decode, rule, diagnosis), no simulated nodes")
     # a simulated node (started by the benchmark itself)
     ap.add_argument("--node", type=int)
     ap.add_argument("--first", type=int)
@@ -190,6 +230,9 @@ def main() -> None:
         node_main(args)
         return
     for world in args.ranks:
+        if args.head_only:
+            print(json.dumps(head_only(world, args.nodes, args.hang_timeout)), flush=True)
+            continue
         res = head_run(world, args.nodes, args.hang_timeout, args.run_s, args.step_s)
         print(json.dumps(res), flush=True)
 

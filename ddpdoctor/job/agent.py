@@ -23,6 +23,7 @@ from ddpdoctor.job.relay import HeadRelay, NodeRelay
 from ddpdoctor.job.role import JobRole
 from ddpdoctor.job.rules import Limits, StallDecision, auto_hang_timeout, decide
 from ddpdoctor.job.store import JobStore, JobStoreError, job_port, shared_token
+from ddpdoctor.job.verdict import HangVerdict
 
 
 class NodePort(Protocol):
@@ -295,23 +296,19 @@ class JobAgent:
             line = f"job hung: culprit rank(s) {grouping.rank_ranges(d.culprit_ranks)}: {d.reason}"
         ages = [state.rank_age(r, st, now) for st in self.nodes.values() for r in st.ranks if r.rank in stalled]
         detected = round(max(ages), 2) if ages else round(timeout, 2)
-        hang: dict[str, Any] = {
-            "detected_after_s": detected,
-            "hang_timeout_s": timeout, "startup_timeout_s": self.monitor.startup_timeout,
-            "in_startup": all(not r.step for st in self.nodes.values() for r in st.ranks),
-            "on_hang": self.monitor.on_hang, "diagnosis": d.to_json(),
-            "stacks": {str(r): s for r, s in all_stacks.items()},
-            "classes": [c.to_json() for c in classes],
-            "nodes": {str(n): {"host": st.host, "lost": st.lost, "ranks": grouping.rank_ranges(r.rank for r in st.ranks)}
-                      for n, st in self.nodes.items()},
-            "flight_recorder": {str(r): v for r, v in dumps.items()},
-        }
-        hang["reported_after_s"] = round(detected + time.time() - now, 2)
+        hang = HangVerdict(
+            detected_after_s=detected, hang_timeout_s=timeout, hang_timeout_set=self.monitor.hang_timeout is not None,
+            startup_timeout_s=self.monitor.startup_timeout,
+            in_startup=all(not r.step for st in self.nodes.values() for r in st.ranks), on_hang=self.monitor.on_hang,
+            diagnosis=d, stacks=all_stacks, flight_recorder=dumps, classes=[c.to_json() for c in classes],
+            nodes={n: {"host": st.host, "lost": st.lost, "ranks": grouping.rank_ranges(r.rank for r in st.ranks)}
+                   for n, st in self.nodes.items()})
+        hang.reported_after_s = round(detected + time.time() - now, 2)
         verdict = {"line": line, "code": 1, "on_hang": self.monitor.on_hang, "head": self.host,
                    "report": str(self.run_root / "hang.txt")}
         self.verdict = verdict
         self.store.put("verdict", verdict)
-        self.monitor.act(hang, f"{line}; report in {self.run_root}/hang.txt", extra_text=grouping.render(classes))
+        self.monitor.act(hang.to_json(), f"{line}; report in {self.run_root}/hang.txt", extra_text=grouping.render(classes))
 
     # -- the end ---------------------------------------------------------------------------------------
     def finish(self, run_root: Path, code: int) -> Outcome:

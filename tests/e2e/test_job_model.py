@@ -118,3 +118,19 @@ def test_live_health_is_job_wide_without_a_shared_filesystem(tmp_path: Path) -> 
         assert 25 < slow[0]["evidence"]["lost_ms_per_step"] < 60  # 40 ms of sleep per step
     assert not (outs[1] / "live" / "node1" / "alerts.jsonl").exists() or \
         "slow-rank" not in (outs[1] / "live" / "node1" / "alerts.jsonl").read_text()  # one judge: the head
+
+
+def test_a_lost_head_is_said_by_the_other_nodes(tmp_path: Path) -> None:
+    import signal
+
+    out, mark = tmp_path / "job", tmp_path / "training"
+    procs = start_nodes("run", "mn_healthy_slow.py", out, 2, 1, "--hang-timeout", "30", "--startup-timeout", "300",
+                        env={"MN_STEPS": "400", "MN_SLOW_S": "0", "MN_STEP_SLEEP_S": "0.1", "MN_MARK": str(mark)})
+    deadline = time.time() + 300
+    while time.time() < deadline and not (Path(f"{mark}.0").exists() and Path(f"{mark}.1").exists()):
+        time.sleep(0.3)
+    procs[0].send_signal(signal.SIGKILL)  # the head's launcher, its host gone
+    (code0, _, _), (code1, _, err1) = finish(procs, timeout=300)
+    assert code0 == -signal.SIGKILL
+    assert code1 == 1, err1[-3000:]
+    assert "the head node (127.0.0.1) was lost" in err1, err1[-3000:]
