@@ -122,6 +122,8 @@ def test_probe_counts_ddps_bucket_wait_as_blocked_and_leaves_gradients_alone(tmp
         assert [s[0] for s in data["steps"]] == [1, 2, 3]
         assert data["collectives_source"] == "flight-recorder" and data["collectives"]
         assert {c["op"] for c in data["collectives"]} >= {"gloo:all_reduce"}
+        grads = [c for c in data["collectives"] if c["op"] == "gloo:all_reduce"]
+        assert grads[-1]["bytes"] == 4 * (8 * 8 + 8) and grads[-1]["enqueued_ns"] > 0  # one bucket: weight + bias
     finally:
         probe.uninstall()
         tracker.uninstall()
@@ -168,7 +170,6 @@ def test_live_health_names_the_waited_for_rank_in_alert_status_prometheus_and_te
     tb.update(health)
     tb.close()
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
-
     from tensorboard.util import tensor_util
 
     acc = EventAccumulator(str(tmp_path / "scalars" / "live"))
