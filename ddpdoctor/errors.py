@@ -4,17 +4,20 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from ddpdoctor.terminal_text import one_line
+
 
 class BadInput(Exception):
     """Bad input: a missing or unreadable file, a truncated trace, a bad flag value.
 
-    The CLI prints ``str(exc)`` as one line and exits 2. ``path`` names the file when there is one.
+    The CLI prints ``str(exc)`` as one line and exits 2. ``path`` names the file when there is one. Both may come
+    from an attacker (a file name, a pickle's global name): the message is made one line without escape sequences.
     """
 
     def __init__(self, problem: str, path: str | Path | None = None) -> None:
         self.problem = problem
         self.path = str(path) if path is not None else None
-        super().__init__(f"{self.path}: {problem}" if self.path else problem)
+        super().__init__(one_line(f"{self.path}: {problem}" if self.path else problem))
 
 
 EXIT_OK = 0

@@ -6,6 +6,8 @@ stream with a cap, and JSON nesting is bounded before it is decoded."""
 
 from __future__ import annotations
 
+import json
+import math
 import os
 import re
 import stat
@@ -14,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from ddpdoctor.errors import BadInput
+from ddpdoctor.terminal_text import clean_text
 
 GZIP_MAGIC = b"\x1f\x8b"
 # Caps on what one input file may expand to in memory. A real 8-GPU trace of a few steps is 100-500 MB; logs of a
@@ -40,14 +43,17 @@ def max_input_bytes(default: int | None = None) -> int:
     return int(max(mb, 1) * (1 << 20))
 
 
-def check_regular(path: Path) -> os.stat_result:
-    """stat() the path and insist on a regular file; BadInput naming it otherwise (never blocks on a FIFO)."""
+def check_regular(path: Path, follow_links: bool = True) -> os.stat_result:
+    """stat() the path and insist on a regular file; BadInput naming it otherwise (never blocks on a FIFO).
+    ``follow_links=False``: a link is refused too (what a server reads on others' behalf)."""
     try:
-        st = os.stat(path)
+        st = os.stat(path) if follow_links else os.lstat(path)
     except FileNotFoundError as exc:
         raise BadInput("file not found", path) from exc
     except OSError as exc:
         raise BadInput(f"cannot read ({exc.strerror or exc})", path) from exc
+    if stat.S_ISLNK(st.st_mode):
+        raise BadInput("is a symbolic link; not followed", path)
     if stat.S_ISDIR(st.st_mode):
         raise BadInput("is a directory, not a file", path)
     if not stat.S_ISREG(st.st_mode):
@@ -56,14 +62,14 @@ def check_regular(path: Path) -> os.stat_result:
     return st
 
 
-def read_bytes(path: Path, limit: int | None = None, decompress: bool = True) -> bytes:
+def read_bytes(path: Path, limit: int | None = None, decompress: bool = True, follow_links: bool = True) -> bytes:
     """A regular file's bytes, gzip (by magic bytes) decompressed as a stream; BadInput past ``limit`` bytes,
     on a corrupt or truncated stream (naming the byte offset), or when the file cannot be read."""
     path = Path(path)
     limit = max_input_bytes() if limit is None else limit
-    st = check_regular(path)
+    st = check_regular(path, follow_links)
     try:
-        fd = os.open(path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0))
+        fd = os.open(path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0) | (0 if follow_links else os.O_NOFOLLOW))
     except OSError as exc:
         raise BadInput(f"cannot read ({exc.strerror or exc})", path) from exc
     with os.fdopen(fd, "rb") as fh:
@@ -178,21 +184,6 @@ def _first_too_deep(data: bytes, max_depth: int) -> int:
     return len(data)  # only unbalanced strings get here: call it too deep at the end
 
 
-# C0 and C1 control characters except tab and newline, and DEL: what makes a terminal change its title, clear
-# the screen or move the cursor. ESC sequences are dropped whole where they parse, else the ESC byte alone.
-_ANSI = re.compile(r"\x1b(?:\[[0-?]*[ -/]*[@-~]|\][^\x07\x1b]*(?:\x07|\x1b\\)?|[@-Z\\-_])")
-_CONTROL = re.compile(r"[\x00-\x08\x0b-\x1f\x7f-\x9f]")
-
-
-def clean_text(text: str) -> str:
-    """Text from an untrusted input made safe to print: escape sequences removed, other control characters shown
-    as visible escapes (``\\x1b``), tabs and newlines kept."""
-    if not _CONTROL.search(text):
-        return text
-    text = _ANSI.sub("", text)
-    return _CONTROL.sub(lambda m: f"\\x{ord(m.group()):02x}", text.replace("\r\n", "\n"))
-
-
 def clean_data(value: Any, depth: int = 0) -> Any:
     """``clean_text`` applied to every string (keys too) of JSON-like data; deeper than 64 levels is left as is."""
     if isinstance(value, str):
@@ -204,3 +195,74 @@ def clean_data(value: Any, depth: int = 0) -> Any:
     if isinstance(value, list | tuple):
         return [clean_data(v, depth + 1) for v in value]
     return value
+
+
+# JSON in and out. Python's json reads NaN/Infinity (and 1e999 as inf) and writes them back: neither is JSON, and
+# a strict reader of our --json output (jq, serde, JSON.parse) fails on them. A lone surrogate ("\ud800") decodes
+# to a str that cannot be encoded (a traceback when printed or written). Both are fixed once, here.
+_SURROGATE_ESCAPE = re.compile(rb"\\[uU][dD][89a-fA-F]")
+
+
+def _finite_or_none(text: str) -> float | None:
+    value = float(text)
+    return value if math.isfinite(value) else None
+
+
+def loads_json(data: bytes | str, finite: bool = True) -> Any:
+    """``json.loads`` where a lone surrogate is U+FFFD and (``finite``) NaN, Infinity and numbers past the float
+    range are null. Raises what json.loads raises (ValueError)."""
+    value = (json.loads(data, parse_constant=lambda _c: None, parse_float=_finite_or_none) if finite
+             else json.loads(data))
+    raw = data.encode("utf-8", "surrogatepass") if isinstance(data, str) else data
+    if _SURROGATE_ESCAPE.search(raw):
+        value = _fix_surrogates(value)
+    return value
+
+
+def _fix_text(text: str) -> str:
+    try:
+        text.encode("utf-8")
+        return text
+    except UnicodeEncodeError:  # pairs become their character; a lone surrogate becomes U+FFFD
+        return text.encode("utf-16", "surrogatepass").decode("utf-16", "replace")
+
+
+def _fix_surrogates(value: Any, depth: int = 0) -> Any:
+    if isinstance(value, str):
+        return _fix_text(value)
+    if depth > 2 * MAX_JSON_DEPTH:
+        return value
+    if isinstance(value, dict):
+        return {_fix_text(k) if isinstance(k, str) else k: _fix_surrogates(v, depth + 1) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_fix_surrogates(v, depth + 1) for v in value]
+    return value
+
+
+def json_safe(value: Any, depth: int = 0) -> Any:
+    """``value`` with every NaN/Infinity as None and every string encodable as UTF-8 (lone surrogates U+FFFD)."""
+    if isinstance(value, float):
+        return value if math.isfinite(value) else None
+    if isinstance(value, str):
+        return _fix_text(value)
+    if depth > 2 * MAX_JSON_DEPTH:
+        return None
+    if isinstance(value, dict):
+        return {json_safe(k, depth + 1) if isinstance(k, str) else k: json_safe(v, depth + 1)
+                for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [json_safe(v, depth + 1) for v in value]
+    return value
+
+
+def dumps_json(value: Any, **kwargs: Any) -> str:
+    """JSON text that any strict reader accepts (what every --json prints): no NaN/Infinity (null instead), no
+    lone surrogate. The fast path is plain json.dumps; only data that holds one of them is walked."""
+    kwargs.setdefault("default", str)
+    try:
+        text = json.dumps(value, allow_nan=False, **kwargs)
+    except ValueError:
+        return json.dumps(json_safe(value), allow_nan=False, **kwargs)
+    if "\\ud" in text or "\\uD" in text:
+        return json.dumps(json_safe(value), allow_nan=False, **kwargs)
+    return text

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import bisect
+import functools
 import math
 import re
 from collections import defaultdict, deque
@@ -41,6 +42,7 @@ BUS_FACTOR = {
 _KERNEL_OP = re.compile(r"^(?:nccl|rccl)(?:Dev)?Kernel_([A-Za-z]+)", re.IGNORECASE)
 
 
+@functools.lru_cache(maxsize=4096)  # a few names, repeated at every call of every step
 def op_name(text: str) -> str:
     """all_reduce for gloo:all_reduce, c10d::allreduce_, allreduce, ncclDevKernel_AllReduce_Sum_f32_RING_LL."""
     m = _KERNEL_OP.match(text)
@@ -159,9 +161,12 @@ def buckets(
 ) -> list[Bucket]:
     """DDP buckets = the all_reduce calls launched (enqueued on the CPU) during the step's backward pass."""
     out: list[Bucket] = []
+    by_step: dict[int | None, list[tuple[CollectiveCall, float]]] = defaultdict(list)
+    for c, t in zip(calls, launches, strict=True):  # one pass: each step then looks at its own calls only
+        if c.op == "all_reduce":
+            by_step[c.step].append((c, t if t is not None else c.start_us))
     for step, (cs, ce, _bs, be) in sorted(bwd.items()):
-        mine = [c for c, t in zip(calls, launches, strict=True) if c.step == step and c.op == "all_reduce"
-                and cs <= (t if t is not None else c.start_us) <= ce]
+        mine = [c for c, t in by_step.get(step, ()) if cs <= t <= ce]
         for k, c in enumerate(mine):
             out.append(Bucket(
                 rank=trace.rank, step=step, index=k, bytes=c.bytes, start_us=c.start_us, end_us=c.end_us,

@@ -12,6 +12,8 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+import numpy as np
+
 # 90% percentile interval from 400 resamples: narrow enough to decide on 6-10 steps, and fixed-seed so that the same
 # recorded run always gives the same verdict.
 RESAMPLES = 400
@@ -19,6 +21,9 @@ LEVEL = 0.90
 SEED = 0
 # Fewer values than this and no interval means anything: the figure is "not measurable".
 MIN_SAMPLES = 3
+# Above this many values the resampling runs in numpy (another generator: same seed, other draws); below it, the
+# per-value Python loop, whose intervals the recorded verdicts were checked against.
+VECTOR_FROM = 2000
 # --active is never suggested above this (traces grow with every step).
 MAX_SUGGESTED_ACTIVE = 50
 
@@ -62,13 +67,36 @@ def bootstrap(values: Sequence[float], stat: Callable[[Sequence[float]], float] 
     point = float(stat(vals))
     if len(vals) == 1:
         return Interval(point, point, point, 1)
-    rng = random.Random(seed)
     n = len(vals)
-    stats = sorted(float(stat([vals[rng.randrange(n)] for _ in range(n)])) for _ in range(resamples))
+    if n > VECTOR_FROM:
+        stats = _resampled_np(np.asarray(vals), stat, resamples, seed)
+    else:
+        rng = random.Random(seed)
+        stats = sorted(float(stat([vals[rng.randrange(n)] for _ in range(n)])) for _ in range(resamples))
     tail = (1.0 - level) / 2.0
     lo = stats[int(math.floor(tail * (resamples - 1)))]
     hi = stats[int(math.ceil((1.0 - tail) * (resamples - 1)))]
     return Interval(point, min(lo, point), max(hi, point), n)
+
+
+def _resampled_np(arr: np.ndarray, stat: Callable[[Sequence[float]], float], resamples: int, seed: int
+                  ) -> list[float]:
+    """The sorted resampled statistics for many values (thousands of steps x ranks): numpy draws and, for the
+    statistics it has, numpy reductions, so that 200,000 steps cost a second, not minutes of Python loops. Fixed
+    seed: the same values give the same interval. A statistic numpy does not know is called on the resample."""
+    rng = np.random.default_rng(seed)
+    fast = _NUMPY_STATS.get(stat)
+    out = []
+    for _ in range(resamples):
+        sample = arr[rng.integers(0, len(arr), size=len(arr))]
+        out.append(float(fast(sample)) if fast is not None else float(stat(sample)))  # type: ignore[arg-type]
+    return sorted(out)
+
+
+_NUMPY_STATS: dict[Callable[..., float], Callable[[np.ndarray], float]] = {
+    statistics.fmean: lambda a: float(a.mean()), statistics.mean: lambda a: float(a.mean()),
+    statistics.median: lambda a: float(np.median(a)),
+}
 
 
 def suggested_active(iv: Interval, threshold: float, steps: int) -> int:
@@ -78,3 +106,26 @@ def suggested_active(iv: Interval, threshold: float, steps: int) -> int:
         return min(MAX_SUGGESTED_ACTIVE, max(10, 3 * max(1, steps)))
     need = math.ceil(steps * (iv.half_width / gap) ** 2 * 1.2)
     return int(min(MAX_SUGGESTED_ACTIVE, max(steps + 2, need)))
+
+
+def bootstrap_mean_diff(base: Sequence[float], new: Sequence[float], resamples: int = RESAMPLES,
+                        level: float = LEVEL, seed: int = SEED) -> Interval | None:
+    """mean(new) - mean(base) and its percentile bootstrap interval, each side resampled on its own (two runs' steps
+    are not paired). Deterministic like ``bootstrap``; ``n`` is the smaller side. None when a side has no value."""
+    import numpy as np
+
+    b = np.asarray([float(v) for v in base if v is not None and math.isfinite(v)], dtype=float)
+    x = np.asarray([float(v) for v in new if v is not None and math.isfinite(v)], dtype=float)
+    if not len(b) or not len(x):
+        return None
+    point = float(x.mean() - b.mean())
+    n = min(len(b), len(x))
+    if n == 1:
+        return Interval(point, point, point, 1)
+    rng = np.random.default_rng(seed)
+    diffs = np.sort(x[rng.integers(0, len(x), (resamples, len(x)))].mean(axis=1)
+                    - b[rng.integers(0, len(b), (resamples, len(b)))].mean(axis=1))
+    tail = (1.0 - level) / 2.0
+    lo = float(diffs[int(math.floor(tail * (resamples - 1)))])
+    hi = float(diffs[int(math.ceil((1.0 - tail) * (resamples - 1)))])
+    return Interval(point, min(lo, point), max(hi, point), n)

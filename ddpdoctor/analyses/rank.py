@@ -136,24 +136,35 @@ def backward_windows(trace: Trace, steps: list[tuple[int, float, float]],
     return out
 
 
-StepPart = Callable[[float, float, "float | None", "float | None"], tuple[float, ...]]
+Bounds = list[tuple[float, float, "float | None", "float | None"]]  # per step: start, end, backward start, end
+StepParts = Callable[[Bounds], list[tuple[float, ...]]]
 
 
-def _step_parts_cpu(C: Pair, M: Pair, Mem: Pair, data: Pair) -> StepPart:
-    """CPU work clipped to each step, on unions merged once (two binary searches per step and metric)."""
+def _step_parts_cpu(C: Pair, M: Pair, Mem: Pair, data: Pair) -> StepParts:
+    """CPU work clipped to each step, on unions merged once, every step at once (covered length by cumulative sums:
+    two binary searches per step and metric, in numpy)."""
     mC, mM, mCM = iv.merge(*C), iv.merge(*M), iv.merge(*iv.cat(C, M))
     mBusy, mData = iv.merge(*iv.cat(C, M, Mem)), iv.merge(*data)
 
-    def part(s: float, e: float, bs: float | None, be: float | None) -> tuple[float, ...]:
-        comp, comm = iv.clipped_len(*mC, s, e), iv.clipped_len(*mM, s, e)
-        ov = max(0.0, comp + comm - iv.clipped_len(*mCM, s, e))
-        cib = iv.clipped_len(*mM, bs, be) if bs is not None and be is not None else 0.0
-        return comp, comm, ov, iv.clipped_len(*mBusy, s, e), cib, iv.clipped_len(*mData, s, e)
+    def parts(bounds: Bounds) -> list[tuple[float, ...]]:
+        if not bounds:
+            return []
+        s = np.array([b[0] for b in bounds], dtype=np.float64)
+        e = np.array([b[1] for b in bounds], dtype=np.float64)
+        has_bwd = np.array([b[2] is not None and b[3] is not None for b in bounds])
+        bs = np.array([b[2] if h else 0.0 for b, h in zip(bounds, has_bwd, strict=True)], dtype=np.float64)
+        be = np.array([b[3] if h else 0.0 for b, h in zip(bounds, has_bwd, strict=True)], dtype=np.float64)
+        comp, comm = iv.clipped_lens(*mC, s, e), iv.clipped_lens(*mM, s, e)
+        ov = np.maximum(0.0, comp + comm - iv.clipped_lens(*mCM, s, e))
+        cib = np.where(has_bwd, iv.clipped_lens(*mM, bs, be), 0.0)
+        busy, dw = iv.clipped_lens(*mBusy, s, e), iv.clipped_lens(*mData, s, e)
+        return list(zip(comp.tolist(), comm.tolist(), ov.tolist(), busy.tolist(), cib.tolist(), dw.tolist(),
+                        strict=True))
 
-    return part
+    return parts
 
 
-def _step_parts_gpu(comp: Spans, comm: Spans, mem: Spans, data: Pair) -> StepPart:
+def _step_parts_gpu(comp: Spans, comm: Spans, mem: Spans, data: Pair) -> StepParts:
     """Kernels run after the CPU step that launched them: a step's GPU work is what it launched, not clipped."""
     kc, km, kmem, mData = _ByLaunch(comp), _ByLaunch(comm), _ByLaunch(mem), iv.merge(*data)
 
@@ -164,7 +175,7 @@ def _step_parts_gpu(comp: Spans, comm: Spans, mem: Spans, data: Pair) -> StepPar
         cib = iv.union_len(*iv.clip(sm[0], sm[1], bs, be)) if bs is not None and be is not None else 0.0
         return c, m, ov, iv.union_len(*iv.cat(sc, sm, smem)), cib, iv.clipped_len(*mData, s, e)
 
-    return part
+    return lambda bounds: [part(*b) for b in bounds]
 
 
 def analyze_trace(trace: Trace, window: str = "all") -> RankResult:
@@ -185,11 +196,13 @@ def analyze_trace(trace: Trace, window: str = "all") -> RankResult:
         steps = steps[:-1]
     data = trace.data_wait.pair()
 
-    part = _step_parts_gpu(comp, comm, mem, data) if gpu else _step_parts_cpu(C, M, Mem, data)
+    parts = _step_parts_gpu(comp, comm, mem, data) if gpu else _step_parts_cpu(C, M, Mem, data)
+    none4: tuple[float | None, float | None, float | None, float | None] = (None, None, None, None)
+    windows = [bwd.get(sid, none4) for sid, _, _ in steps]
     per_step: list[StepMetrics] = []
-    for sid, s, e in steps:
-        cbs, cbe, bs, be = bwd.get(sid, (None, None, None, None))
-        s_comp, s_comm, s_ov, busy, cib, s_data = part(s, e, bs, be)
+    for (sid, s, e), (cbs, cbe, bs, be), (s_comp, s_comm, s_ov, busy, cib, s_data) in zip(
+            steps, windows, parts([(s, e, w[2], w[3]) for (_, s, e), w in zip(steps, windows, strict=True)]),
+            strict=True):
         per_step.append(StepMetrics(
             step=sid, start_us=s, dur_us=e - s, compute_us=s_comp, comm_us=s_comm, overlap_us=s_ov,
             overlap_pct=_pct(s_ov, s_comm), exposed_comm_us=s_comm - s_ov, idle_us=max(0.0, (e - s) - busy),

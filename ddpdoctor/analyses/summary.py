@@ -5,12 +5,12 @@ files instead of re-reading 1,000 traces on one machine."""
 
 from __future__ import annotations
 
-from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
+from ddpdoctor.analyses.model import asdict
 from ddpdoctor.analyses.rank import RankResult, analyze_trace
 from ddpdoctor.errors import BadInput
 from ddpdoctor.rundir.schema import RankSummary

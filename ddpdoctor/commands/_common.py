@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import functools
-import json
 import os
 import sys
 import time
@@ -13,10 +12,12 @@ from typing import Any, NoReturn
 
 import click
 
+from ddpdoctor.commands._torchrun_options import torchrun_options
 from ddpdoctor.errors import EXIT_BAD_INPUT, BadInput
 from ddpdoctor.findings.model import Severity
-from ddpdoctor.launch.flags import torchrun_options
 from ddpdoctor.report import Report
+from ddpdoctor.safe_io import dumps_json
+from ddpdoctor.terminal_text import one_line
 
 SectionRenderer = Callable[[Report, Any, bool], None]
 
@@ -29,7 +30,7 @@ def cli_errors(fn: Callable[..., Any]) -> Callable[..., Any]:
         try:
             return fn(*args, **kwargs)
         except BadInput as exc:
-            click.echo(f"ddpdoctor: error: {exc}", err=True)
+            click.echo(f"ddpdoctor: error: {one_line(str(exc))}", err=True)  # also a BadInput built by hand
             sys.exit(EXIT_BAD_INPUT)
         except KeyboardInterrupt:
             click.echo("ddpdoctor: interrupted", err=True)
@@ -73,7 +74,7 @@ def emit(
 ) -> NoReturn:
     """Print the report and exit with the code its findings imply (or ``exit_code`` when it is worse)."""
     if as_json:
-        click.echo(json.dumps(report.to_json(), indent=2, default=str))
+        click.echo(dumps_json(report.to_json(), indent=2))  # never NaN/Infinity or a lone surrogate (docs/json.md)
     else:
         from ddpdoctor.renderers.console import render
         from ddpdoctor.renderers.views import view_for
@@ -100,7 +101,9 @@ def job_report_elsewhere(result: Any, *, as_json: bool, verbose: bool = False, f
         return
     if result.note:
         click.echo(f"ddpdoctor: {result.note}", err=True)
-    report = Report.from_json(doc)
+    from ddpdoctor.reports.sections import load_report
+
+    report = load_report(doc)  # typed again, so this node renders the head's view of it
     report.sections["node"] = job.node_info()
     emit(report, as_json=as_json, verbose=verbose, fail_on=fail_on, sections=sections,
          exit_code=1 if result.exit_code else None)

@@ -3,7 +3,6 @@ ranks, phase, alerts), read from its run directory; --watch refreshes it in plac
 
 from __future__ import annotations
 
-import json
 import sys
 import time
 from pathlib import Path
@@ -14,6 +13,7 @@ import click
 from ddpdoctor.commands._common import cli_errors
 from ddpdoctor.live.status import status_text
 from ddpdoctor.reports.status import LiveStatus, assemble
+from ddpdoctor.safe_io import dumps_json
 
 EXAMPLES = ("\b\nExamples:\n  ddpdoctor status ddpdoctor-runs/job42\n"
             "  ddpdoctor status /shared/runs/job42 --watch\n  ddpdoctor status ddpdoctor-runs/job42 --json")
@@ -37,7 +37,7 @@ def command(run_dir: Path, as_json: bool, watch: bool, interval: float, fail_on:
         status = assemble(run_dir)
         st = status.to_json()
         if as_json:
-            click.echo(json.dumps(st, default=str))
+            click.echo(dumps_json(st))
         else:
             text = status_text(st)
             # In place on a terminal (cursor home, clear below); a pipe gets one snapshot after another.

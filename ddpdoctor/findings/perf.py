@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import bisect
+import itertools
 import statistics
 from collections import defaultdict
 from collections.abc import Callable
@@ -29,6 +31,7 @@ from ddpdoctor.findings.perf_verdict import (
     step_samples,
     undecided,
 )
+from ddpdoctor.findings.perf_wholetrace import rule_no_steps
 
 # Exposed communication (|comm \ compute|) as a share of step time. Under 20% the step is dominated by compute and
 # tuning DDP buys little. Above it, a warning: a performance problem is never an error (the job computes right).
@@ -272,8 +275,10 @@ def rule_small_buckets(a: Analysis, w: WhatIf | None) -> list[Finding]:
     if not _exposed_worth_it(a):
         return []
     by_step: dict[tuple[int, int], list[int]] = defaultdict(list)
+    step_comm: dict[tuple[int, int], float] = defaultdict(float)
     for b in a.buckets:
         by_step[(b.rank, b.step)].append(b.bytes or 0)
+        step_comm[(b.rank, b.step)] += b.dur_us
     small_counts, totals, sizes = [], [], []
     for sizes_in_step in by_step.values():
         small = [x for x in sizes_in_step if 0 < x < SMALL_BUCKET_BYTES]
@@ -285,7 +290,7 @@ def rule_small_buckets(a: Analysis, w: WhatIf | None) -> list[Finding]:
     n_small, n_all = statistics.median(small_counts), statistics.median(totals)
     if n_small < SMALL_BUCKET_MIN_COUNT or n_small < SMALL_BUCKET_MIN_SHARE * n_all:
         return []
-    comm = median_or_none([sum(b.dur_us for b in a.buckets if (b.rank, b.step) == k) for k in by_step])
+    comm = median_or_none(list(step_comm.values()))
     lat = a.bandwidth.latency_us
     share = (n_all * lat / comm) if (lat and comm) else None
     sev = Severity.WARNING if share is not None and share >= LATENCY_SHARE_WARN else Severity.INFO
@@ -390,6 +395,34 @@ def _sync_name(ev: Any) -> str | None:
     return None
 
 
+def _inside_item(syncs: list[Any]) -> Callable[[Any], bool]:
+    """Whether a call lies inside one of its rank's ``aten::item`` calls (.item() records aten::item with
+    aten::_local_scalar_dense inside it: only the outer call counts). Per rank, the items are sorted by start with
+    the running maximum of their ends, so each question is one binary search: linear in calls, not calls x items
+    (which at 128 ranks was most of analyze's time)."""
+    spans: dict[Any, list[tuple[float, float]]] = defaultdict(list)
+    for e in syncs:
+        if str(getattr(e, "name", "")) == "aten::item":
+            t = float(getattr(e, "t_us", 0.0))
+            spans[getattr(e, "rank", None)].append((t, t + float(getattr(e, "dur_us", 0.0))))
+    index: dict[Any, tuple[list[float], list[float]]] = {}
+    for rk, v in spans.items():
+        v.sort()
+        starts = [s for s, _ in v]
+        reach = list(itertools.accumulate((e for _, e in v), max))
+        index[rk] = (starts, reach)
+
+    def inside(ev: Any) -> bool:
+        got = index.get(getattr(ev, "rank", None))
+        if got is None:
+            return False
+        t = float(getattr(ev, "t_us", -1.0))
+        i = bisect.bisect_right(got[0], t)  # items starting at or before t; one of them reaches t if the furthest does
+        return i > 0 and got[1][i - 1] >= t
+
+    return inside
+
+
 def rule_sync_in_backward(a: Analysis, w: WhatIf | None) -> list[Finding]:
     """Reads ``analysis.syncs`` (SyncCall: rank, step, name, t_us, dur_us, detail)."""
     syncs = getattr(a, "syncs", None) or []
@@ -401,13 +434,9 @@ def rule_sync_in_backward(a: Analysis, w: WhatIf | None) -> list[Finding]:
                                   getattr(s, "cpu_backward_end_us", None) or s.backward_end_us)
                for r in a.ranks for s in r.per_step}
     hits: dict[str, list[Any]] = defaultdict(list)
-    # .item() records aten::item with aten::_local_scalar_dense inside it: count the outer call only.
-    items = [(getattr(e, "rank", None), float(getattr(e, "t_us", 0.0)), float(getattr(e, "dur_us", 0.0)))
-             for e in syncs if str(getattr(e, "name", "")) == "aten::item"]
+    inside_item = _inside_item(syncs)
     for ev in syncs:
-        if str(getattr(ev, "name", "")) == "aten::_local_scalar_dense" and any(
-                rk == getattr(ev, "rank", None) and t <= float(getattr(ev, "t_us", -1.0)) <= t + d
-                for rk, t, d in items):
+        if str(getattr(ev, "name", "")) == "aten::_local_scalar_dense" and inside_item(ev):
             continue
         name = _sync_name(ev)
         ev_rank, ev_step = getattr(ev, "rank", None), getattr(ev, "step", None)
@@ -467,6 +496,7 @@ def rule_whatif(a: Analysis, w: WhatIf | None) -> list[Finding]:
 RULES: tuple[Callable[[Analysis, WhatIf | None], list[Finding]], ...] = (
     rule_no_communication, rule_exposed_comm, rule_comm_tail, rule_small_buckets, rule_first_bucket_late,
     rule_sync_in_backward, rule_ddp_flags, rule_stragglers, rule_step_variance, rule_data_wait, rule_whatif,
+    rule_no_steps,
 )
 
 

@@ -30,6 +30,7 @@ from ddpdoctor.launch.torchrun_shim import BIND_ENV as STORE_BIND_ENV
 from ddpdoctor.probes.config import ENV_VAR, ProbeConfig, Schedule, rank_from_env
 from ddpdoctor.rundir import manifest as manifest_mod
 from ddpdoctor.rundir.layout import RunDir
+from ddpdoctor.rundir.private import claim_run_root, open_private, private_dir
 
 BOOTSTRAP = Path(__file__).resolve().parents[1] / "probes" / "bootstrap.py"
 PACKAGE_PARENT = Path(__file__).resolve().parents[2]
@@ -110,6 +111,11 @@ def validate(spec: LaunchSpec) -> None:
             raise BadInput("not a file", spec.script)
         if not os.access(path, os.R_OK):
             raise BadInput("script is not readable", spec.script)
+        from ddpdoctor.launch.spawn_check import spawn_problem
+
+        problem = spawn_problem(path)  # mp.spawn: found now, not after the 600 s start-up timeout
+        if problem:
+            raise BadInput(problem, spec.script)
     if spec.launcher not in ("torchrun", "none"):
         raise BadInput(f"--launcher must be torchrun or none, not {spec.launcher!r}")
     s = spec.schedule
@@ -200,7 +206,7 @@ def _tee(stream: Any, path: Path, echo: Any, keep: Callable[[bytes], bool] | Non
 
     def pump(echo: Any = echo) -> None:
         path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
-        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        fd = open_private(path)  # never through a link planted in its place (docs/trust.md)
         with os.fdopen(fd, "wb") as f:
             for line in iter(stream.readline, b""):
                 f.write(line)
@@ -265,7 +271,12 @@ def launch(spec: LaunchSpec, watcher: JobWatcher | None = None) -> LaunchResult:
     if role is not None:
         spec.job_id = spec.job_id or role.key
     ours = not spec.run_dir.root.exists() or spec.run_dir.is_run_dir()
+    # Before anything is written there: a folder another user made or may write could hold planted links.
+    claim_run_root(spec.run_dir.root)
     lock = runlock.acquire(spec.run_dir.root, _job_id(spec, scheduler_env))
+    # What ddpdoctor itself writes is owner-only (TensorBoard's event files, folders made by libraries); the job
+    # keeps the user's umask (Popen(umask=...)).
+    user_umask = os.umask(0o077)
     try:
         if scheduler_env is not None:
             in_place_rank = int(scheduler_env["RANK"])
@@ -281,13 +292,15 @@ def launch(spec: LaunchSpec, watcher: JobWatcher | None = None) -> LaunchResult:
         if (in_place_rank in (None, 0) and (role is None or role.is_head)) or spec.program is not None:
             manifest_mod.write_initial(spec.run_dir, spec.mode, spec.script, list(spec.script_args), spec.launcher,
                                        spec.torchrun, asdict(spec.schedule), spec.options)
-        return _launch_locked(spec, watcher, in_place_rank, scheduler_env, role)
+        return _launch_locked(spec, watcher, in_place_rank, scheduler_env, role, user_umask)
     finally:
+        os.umask(user_umask)
         lock.release()
 
 
 def _launch_locked(spec: LaunchSpec, watcher: JobWatcher | None, in_place_rank: int | None,
-                   scheduler_env: dict[str, str] | None, role: JobRole | None = None) -> LaunchResult:
+                   scheduler_env: dict[str, str] | None, role: JobRole | None = None,
+                   user_umask: int = -1) -> LaunchResult:
     agent = attach_agent(role, watcher, spec.run_dir.root) if role is not None else None
     monitor = watcher.start(spec) if watcher is not None else None
     env = _rank_env(spec, monitor)
@@ -303,7 +316,7 @@ def _launch_locked(spec: LaunchSpec, watcher: JobWatcher | None, in_place_rank: 
             env[STORE_BIND_ENV] = bind
         proc = subprocess.Popen(
             cmd, env=env, start_new_session=True, stdout=sys.stderr if spec.output_to_stderr else None,
-            stderr=subprocess.PIPE, preexec_fn=_parent_death_preexec(),
+            stderr=subprocess.PIPE, preexec_fn=_parent_death_preexec(), umask=user_umask,
         )
         node_logs(spec).mkdir(mode=0o700, parents=True, exist_ok=True)
         tees = [_tee(proc.stderr, node_logs(spec) / "torchrun.log", sys.stderr.buffer, _is_rank_line)]
@@ -315,7 +328,7 @@ def _launch_locked(spec: LaunchSpec, watcher: JobWatcher | None, in_place_rank: 
         rdir.mkdir(mode=0o700, parents=True, exist_ok=True)
         proc = subprocess.Popen(
             [sys.executable, str(spec.program or BOOTSTRAP)], env=env, start_new_session=True,
-            stdout=subprocess.PIPE, stderr=subprocess.PIPE, preexec_fn=_parent_death_preexec(),
+            stdout=subprocess.PIPE, stderr=subprocess.PIPE, preexec_fn=_parent_death_preexec(), umask=user_umask,
         )
         out = None if spec.quiet else (sys.stderr.buffer if spec.output_to_stderr else sys.stdout.buffer)
         tees = [_tee(proc.stdout, rdir / "stdout.log", out), _tee(proc.stderr, rdir / "stderr.log", console_err)]
@@ -390,9 +403,8 @@ def _make_private(run: RunDir, root_too: bool) -> None:
     too when ddpdoctor made it (a folder the user pointed --out at keeps its mode; its ddpdoctor parts do not)."""
     for d in (run.traces, run.root / "ranks", run.scalars, run.torchrun_logs, *((run.root,) if root_too else ())):
         try:
-            d.mkdir(mode=0o700, parents=True, exist_ok=True)
-            os.chmod(d, 0o700)
-        except OSError:
+            private_dir(d)
+        except (OSError, BadInput):
             pass
 
 
@@ -507,8 +519,9 @@ def collect_torchrun_logs(run: RunDir, logs: Path | None = None, ranks: set[int]
             if src.exists():
                 dst = run.rank_file(rank, f"{stream}.log")
                 try:
-                    dst.parent.mkdir(parents=True, exist_ok=True)
-                    shutil.copyfile(src, dst)
+                    private_dir(dst.parent)
+                    with open(src, "rb") as fsrc, os.fdopen(open_private(dst), "wb") as fdst:
+                        shutil.copyfileobj(fsrc, fdst)
                 except OSError as exc:  # a full disk: one line naming the file (the logs stay under torchrun/)
                     from ddpdoctor.rundir.artefacts import write_error
 

@@ -17,6 +17,7 @@ import time
 from pathlib import Path
 
 from ddpdoctor.errors import BadInput
+from ddpdoctor.rundir.private import open_private
 
 LOCK_NAME = ".ddpdoctor.lock"
 JOB_NAME = ".ddpdoctor.job"
@@ -49,7 +50,7 @@ def holder(root: Path) -> str:
 def is_locked(root: Path) -> bool:
     """True while a live run holds the directory (for readers such as `analyze` telling "running" from "killed")."""
     try:
-        fd = os.open(root / LOCK_NAME, os.O_RDONLY)
+        fd = os.open(root / LOCK_NAME, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
     except OSError:
         return False
     try:
@@ -65,7 +66,8 @@ def acquire(root: Path, job_id: str | None = None) -> RunLock:
     """Lock ``root`` for this launch, or raise BadInput naming the live run that holds it."""
     try:
         root.mkdir(mode=0o700, parents=True, exist_ok=True)
-        fd = os.open(root / LOCK_NAME, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+        # Never through a link: a lock name planted as a link would have its target truncated (docs/trust.md).
+        fd = os.open(root / LOCK_NAME, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC | os.O_NOFOLLOW, 0o600)
     except OSError as exc:
         raise BadInput(f"cannot write the run directory ({exc.strerror or exc})", root) from exc
     deadline = time.time() + (JOIN_WAIT_S if job_id is not None else 0.0)
@@ -76,10 +78,11 @@ def acquire(root: Path, job_id: str | None = None) -> RunLock:
         except OSError:
             pass
         else:
-            _write_holder(fd)
+            _write_holder(fd, root)
             if job_id is None:
                 return RunLock(root, fd, shared=False)
-            (root / JOB_NAME).write_text(job_id)
+            with os.fdopen(open_private(root / JOB_NAME), "w") as jf:
+                jf.write(job_id)
             fcntl.flock(fd, fcntl.LOCK_SH)  # let the job's other launchers in
             return RunLock(root, fd, shared=True)
         if job_id is not None:
@@ -103,7 +106,13 @@ def acquire(root: Path, job_id: str | None = None) -> RunLock:
         time.sleep(0.1)
 
 
-def _write_holder(fd: int) -> None:
+def _write_holder(fd: int, root: Path | None = None) -> None:
     data = json.dumps({"pid": os.getpid(), "host": socket.gethostname(), "since": time.time()}).encode()
-    os.ftruncate(fd, 0)
-    os.pwrite(fd, data, 0)
+    try:
+        os.ftruncate(fd, 0)
+        os.pwrite(fd, data, 0)
+    except OSError as exc:  # a full disk (0 bytes free): one line, not a traceback
+        from ddpdoctor.rundir.artefacts import write_error
+
+        os.close(fd)
+        raise write_error(exc, (root or Path(".")) / LOCK_NAME) from exc

@@ -29,8 +29,11 @@ class TensorBoardExporter:
         self.logdir = logdir
         self._writer: Any = None
         self._written = 0
+        self.failed: str | None = None  # why the live scalars stopped (a full disk); the job goes on
 
     def update(self, health: LiveHealth) -> None:
+        if self.failed is not None:
+            return
         points = [p for p in list(health.series) if p.step > self._written]
         if not points:
             return
@@ -39,6 +42,7 @@ class TensorBoardExporter:
                 from ddpdoctor.renderers.tensorboard import _writer
 
                 self.logdir.mkdir(parents=True, exist_ok=True)
+                _quiet_writer_thread_errors()
                 self._writer = _writer(self.logdir)
             for p in points:
                 self._writer.add_scalar("live/step_time_ms", p.seconds * 1e3, p.step)
@@ -52,38 +56,69 @@ class TensorBoardExporter:
                         if rec.step > self._written:
                             self._writer.add_scalar(f"live/rank{r}/step_time_ms", rec.seconds * 1e3, rec.step)
             self._writer.flush()
-        except OSError:
+        except (OSError, RuntimeError) as exc:  # a full disk (the writer then says "closed"): stop, keep watching
+            self.failed = f"live TensorBoard scalars stopped: {getattr(exc, 'strerror', None) or exc}"
             return
         self._written = points[-1].step
 
     def close(self) -> None:
         if self._writer is not None:
-            self._writer.close()
+            try:
+                self._writer.close()
+            except (OSError, RuntimeError) as exc:
+                self.failed = self.failed or f"live TensorBoard scalars stopped: {getattr(exc, 'strerror', None) or exc}"
+            self._writer = None
+
+
+_previous_hook: Any = None
+
+
+def _quiet_writer_thread_errors() -> None:
+    """tensorboard's event writer writes in a thread of its own, which re-raises a failed write (ENOSPC) and so
+    printed a traceback over the job's output; the same error reaches update() or close() on the next call, where
+    it is handled. Only that thread's OSErrors are silenced; every other thread's errors go to the usual hook."""
+    import threading
+
+    global _previous_hook
+    if _previous_hook is not None:
+        return
+    _previous_hook = threading.excepthook
+
+    def hook(args: Any) -> None:
+        if type(args.thread).__name__ == "_AsyncWriterThread" and isinstance(args.exc_value, OSError):
+            return
+        _previous_hook(args)
+
+    threading.excepthook = hook
 
 
 class PrometheusExporter:
-    """ddpdoctor_* gauges on http://HOST:PORT/metrics, from the latest snapshot (a registry of its own)."""
+    """ddpdoctor_* gauges on http://HOST:PORT/metrics, from the latest snapshot (a registry of its own), served by
+    one thread whatever the number of connections, to requests whose Host names this server (live/metrics_http.py)."""
 
     def __init__(self, host: str, port: int) -> None:
-        from prometheus_client import CollectorRegistry, start_http_server
+        from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
+
+        from ddpdoctor.live.metrics_http import MetricsServer
 
         self.registry = CollectorRegistry()
         self.snapshot: dict[str, Any] = {}
         self.registry.register(_Collector(self))
         try:
-            started = start_http_server(port, addr=host, registry=self.registry)
-        except OSError as exc:
-            raise BadInput(f"--metrics-addr {host}:{port}: cannot listen ({exc.strerror or exc})") from exc
-        self._server = started[0] if isinstance(started, tuple) else None
-        self.port = self._server.server_port if self._server is not None else port
+            self._server: MetricsServer | None = MetricsServer(
+                host, port, lambda: (generate_latest(self.registry), CONTENT_TYPE_LATEST))
+        except (OSError, ValueError) as exc:
+            raise BadInput(f"--metrics-addr {host}:{port}: cannot listen ({getattr(exc, 'strerror', None) or exc})") \
+                from exc
+        self.port = self._server.port
 
     def update(self, health: LiveHealth) -> None:
         self.snapshot = health.last_snapshot or {}
 
     def close(self) -> None:
         if self._server is not None:
-            self._server.shutdown()
-            self._server.server_close()
+            self._server.close()
+            self._server = None
 
 
 class _Collector:

@@ -3,14 +3,15 @@ data and as text. Reads only; everything it reads is bounded and treated as untr
 
 from __future__ import annotations
 
-import json
+import math
 import time
 from pathlib import Path
 from typing import Any
 
 from ddpdoctor.errors import BadInput
+from ddpdoctor.launch.runlock import is_locked
 from ddpdoctor.live.health import node_dir, node_names
-from ddpdoctor.safe_io import clean_text, json_depth_ok, read_bytes
+from ddpdoctor.safe_io import clean_text, json_depth_ok, loads_json, read_bytes
 
 MAX_STATE_BYTES = 32 << 20
 STALE_S = 30.0  # no snapshot for this long while the manifest says running: the watcher may be gone
@@ -26,7 +27,7 @@ def _json(path: Path, limit: int) -> dict[str, Any] | None:
     if json_depth_ok(raw) is not None:
         raise BadInput("JSON nested too deeply", path)
     try:
-        data = json.loads(raw)
+        data = loads_json(raw)  # NaN/Infinity as null, a lone surrogate as U+FFFD
     except ValueError as exc:
         raise BadInput(f"not valid JSON ({exc})", path) from exc
     if not isinstance(data, dict):
@@ -35,7 +36,8 @@ def _json(path: Path, limit: int) -> dict[str, Any] | None:
 
 
 def load_status(run_root: Path, now: float | None = None) -> dict[str, Any]:
-    """{"state": "running"|"finished"|"stale"|"starting", "run_dir", "command", "exit_code", "health": snapshot}."""
+    """{"state": "running"|"finished"|"unfinished"|"stale"|"starting", "run_dir", "command", "exit_code",
+    "health": snapshot}. "unfinished": the manifest says running but no live ddpdoctor holds the run's lock."""
     now = time.time() if now is None else now
     if not run_root.is_dir():
         raise BadInput("not a directory", run_root)
@@ -48,19 +50,29 @@ def load_status(run_root: Path, now: float | None = None) -> dict[str, Any]:
     finished = bool(manifest.get("finished")) or bool((health or {}).get("finished"))
     if finished:
         state = "finished"
+    elif not is_locked(run_root):
+        state = "unfinished"  # no live ddpdoctor holds the run: it was killed (SIGKILL) or crashed mid-run
     elif health is None:
         state = "starting"
-    elif now - float(health.get("updated") or 0) > STALE_S:
+    elif now - (_num(health.get("updated")) or 0.0) > STALE_S:  # a field of any type from a file: never a traceback
         state = "stale"
     else:
         state = "running"
     return {"state": state, "run_dir": str(run_root), "command": manifest.get("mode") or manifest.get("command"),
             "exit_code": manifest.get("exit_code"), "live": health is not None, "health": health,
-            "age_s": round(now - float(health["updated"]), 1) if health and health.get("updated") else None}
+            "age_s": round(now - updated, 1) if health and (updated := _num(health.get("updated"))) else None}
 
 
 def _num(v: Any) -> float | None:
-    return float(v) if isinstance(v, (int, float)) and not isinstance(v, bool) else None
+    """A finite number from an untrusted file, else None (a string, a list, NaN: never a traceback)."""
+    if isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v):
+        return float(v)
+    return None
+
+
+def _cell(v: Any, missing: str = "-") -> str:
+    """A number as the file gave it (an int stays an int), or ``missing``."""
+    return missing if _num(v) is None else str(v)
 
 
 def merge_nodes(snaps: list[dict[str, Any]]) -> dict[str, Any]:
@@ -97,35 +109,40 @@ def status_text(st: dict[str, Any], max_ranks: int = 16) -> str:
     h = st.get("health") or {}
     head = {"finished": f"finished (exit code {st.get('exit_code')})",
             "running": "running", "starting": "starting (no iteration reported yet)",
+            "unfinished": "unfinished: ddpdoctor ended without finishing this run (killed with SIGKILL, or it "
+                          "crashed); what was recorded until then is kept",
             "stale": f"no live update for {st.get('age_s')} s: is its ddpdoctor still running?"}[st["state"]]
     lines = [f"{clean_text(st['run_dir'])}: {head}"]
     if not st.get("live"):
         if st["state"] == "finished":
             lines.append("  no live state in this run (recorded without `ddpdoctor run`'s live watch)")
         return "\n".join(lines) + "\n"
-    sps, ms = h.get("steps_per_s"), h.get("step_ms")
-    lines.append(f"  step {h.get('step')}  ·  {sps if sps is not None else '-'} steps/s  ·  step time "
-                 f"{ms if ms is not None else '-'} ms  ·  {h.get('ranks_reporting')}/{h.get('world_size') or '?'} "
+    lines.append(f"  step {_cell(h.get('step'))}  ·  {_cell(h.get('steps_per_s'))} steps/s  ·  step time "
+                 f"{_cell(h.get('step_ms'))} ms  ·  {_cell(h.get('ranks_reporting'))}/{_cell(h.get('world_size'), '?')} "
                  "ranks reporting")
-    ranks = h.get("ranks") or {}
-    slowest = [str(r) for r in h.get("slowest_ranks") or []]
+    ranks = h.get("ranks") if isinstance(h.get("ranks"), dict) else {}
+    slow = h.get("slowest_ranks")
+    slowest = [str(r) for r in slow] if isinstance(slow, list) else []
     if ranks:
         lines.append("  rank   step   step ms   busy ms   now        phase shares (busy = outside backward/collective)")
         shown = slowest + [r for r in sorted(ranks, key=lambda x: int(x) if x.isdigit() else 0) if r not in slowest]
         for r in shown[:max_ranks]:
-            v = ranks.get(r) or {}
-            shares = "  ".join(f"{clean_text(str(p))} {100 * float(x):.0f}%"
-                               for p, x in sorted((v.get("phase_share") or {}).items(), key=lambda kv: -kv[1])[:4])
-            lines.append(f"  {clean_text(r):>4} {v.get('step', '-'):>6} {v.get('step_ms', '-'):>9} "
-                         f"{v.get('busy_ms', '-'):>9}   {clean_text(str(v.get('phase_now')))[:10]:<10} {shares}")
+            v: dict[str, Any] = ranks[r] if isinstance(ranks.get(r), dict) else {}
+            share = v["phase_share"] if isinstance(v.get("phase_share"), dict) else {}
+            numeric = [(p, n) for p, x in share.items() if (n := _num(x)) is not None]
+            shares = "  ".join(f"{clean_text(str(p))} {100 * n:.0f}%"
+                               for p, n in sorted(numeric, key=lambda kv: -kv[1])[:4])
+            lines.append(f"  {clean_text(r):>4} {_cell(v.get('step')):>6} {_cell(v.get('step_ms')):>9} "
+                         f"{_cell(v.get('busy_ms')):>9}   {clean_text(str(v.get('phase_now')))[:10]:<10} {shares}")
         if len(shown) > max_ranks:
             lines.append(f"  ... {len(shown) - max_ranks} more ranks (--json for all)")
-    for w in (h.get("waited_for") or [])[:5]:  # the collective ledger: who the others wait for now
+    waited = h.get("waited_for")
+    for w in (waited if isinstance(waited, list) else [])[:5]:  # the collective ledger: who the others wait for
         if isinstance(w, dict):
             lines.append(f"  waited for: rank {clean_text(str(w.get('rank')))} in {clean_text(str(w.get('phase')))}, "
-                         f"{w.get('cost_ms_per_step')} ms per step ({w.get('cost_pct_of_step')}% of the step)")
-    alerts = h.get("alerts") or []
-    lines.append(f"  alerts: {h.get('alerts_total', len(alerts))}" + ("" if alerts else " (none)"))
+                         f"{_cell(w.get('cost_ms_per_step'))} ms per step ({_cell(w.get('cost_pct_of_step'))}% of the step)")
+    alerts = [a for a in h.get("alerts") or [] if isinstance(a, dict)] if isinstance(h.get("alerts"), list) else []
+    lines.append(f"  alerts: {_cell(h.get('alerts_total', len(alerts)))}" + ("" if alerts else " (none)"))
     for a in alerts[-10:]:
         lines.append(f"    step {a.get('step')}: {clean_text(str(a.get('id')))}: {clean_text(str(a.get('title')))}")
     return "\n".join(lines) + "\n"

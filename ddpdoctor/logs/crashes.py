@@ -57,10 +57,45 @@ def crashed_ranks(exceptions: list[RankException], failures: list[ChildFailure],
     return crashed
 
 
+_HOST_WIDE = {
+    "SIGBUS": "several ranks of one host dying of SIGBUS at once is the host's shared memory running out (/dev/shm: "
+              "docker --shm-size, or fewer DataLoader workers), not one rank's fault",
+    "SIGKILL": "several ranks killed in the same second is the kernel's OOM killer or the scheduler acting on the "
+               "whole host or job (dmesg, sacct), not one rank's fault",
+}  # (a SIGSEGV or SIGABRT of several ranks keeps one finding per rank: each has its own stack to show)
+
+
+def _same_moment(crashed: dict[int | None, tuple[str, str, str, str | None]], signals: dict[int, str],
+                 failures: list[ChildFailure]) -> list[tuple[str, str, list[int], str | None]]:
+    """Groups of 2+ ranks the launcher saw die of one signal in the same second: (signal, time, ranks, host)."""
+    when = {f.rank: (f.time, f.host) for f in failures if f.rank is not None and f.time}
+    groups: dict[tuple[str, str], list[int]] = {}
+    for rank, (_, _, _, signal) in crashed.items():
+        signal = signal or (signals.get(rank) if rank is not None else None)
+        if rank is None or signal not in _HOST_WIDE or rank not in when:
+            continue
+        groups.setdefault((signal, when[rank][0] or ""), []).append(rank)
+    return [(sig, t, sorted(ranks), when[ranks[0]][1]) for (sig, t), ranks in groups.items() if len(ranks) > 1]
+
+
 def crash_findings(crashed: dict[int | None, tuple[str, str, str, str | None]],
-                   signals: dict[int, str]) -> list[Finding]:
+                   signals: dict[int, str], failures: list[ChildFailure] | None = None) -> list[Finding]:
     findings = []
+    grouped: set[int] = set()
+    for sig, time, ranks, host in _same_moment(crashed, signals, failures or []):
+        grouped |= set(ranks)
+        findings.append(rank_crashed_finding(
+            None,
+            f"Ranks {', '.join(map(str, ranks))} all died of {sig} at {time}" + (f" on {host}" if host else "")
+            + ": one cause shared by the host, not one rank's fault",
+            _SIGNAL_ADVICE.get(sig, "Look at what the host did at that second (dmesg, the scheduler)."),
+            ranks=ranks, culprit_ranks=ranks, signal=sig, time=time, host=host,
+            exception=f"Signal {sig}", traceback=crashed[ranks[0]][1], call_site=None,
+            why=_HOST_WIDE.get(sig, "several ranks dying of one signal in the same second share one cause"),
+        ))
     for rank, (exception, traceback, site, signal) in crashed.items():
+        if rank in grouped:
+            continue
         signal = signal or (signals.get(rank) if rank is not None else None)
         advice = _SIGNAL_ADVICE.get(signal or "", "Fix this rank's error first: the other ranks' errors (Connection "
                                     "closed/reset by peer, timeouts, watchdog aborts) are consequences of it.")

@@ -7,7 +7,7 @@ import json
 import re
 import sys
 from collections.abc import Iterable
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
@@ -17,7 +17,7 @@ from ddpdoctor.logs import crashes, flight_recorder, rules, triage
 from ddpdoctor.logs.events import ChildFailure, Event, RankException, event_json
 from ddpdoctor.logs.failures import parse_failure
 from ddpdoctor.logs.launchers import srun_failures, torchrun_failures
-from ddpdoctor.logs.lines import rank_from_name, split_lines, streams
+from ddpdoctor.logs.lines import LogLine, iter_lines, rank_from_name, streams, windows
 from ddpdoctor.logs.messages import parse_line
 from ddpdoctor.logs.tracebacks import collective_stacks, exceptions_in
 from ddpdoctor.report import Report
@@ -31,7 +31,7 @@ _TORCHISH = re.compile(r"torch|NCCL|gloo|c10d|ProcessGroup|srun|slurm|Traceback 
 _MAYBE_FAILURE = re.compile(
     r"error|exception|memory|ddp|param|watchdog|heartbeat|monitor|nccl|cuda|remote|abort|address|clients"
     r"|rendezvous|broken pipe|recvvalue|sendbytes|tcpstore|socket|stop_waiting|refused|gloo|reset|closing signal"
-    r"|signal|killed|segmentation|bus error|exit|core dumped|terminate|fatal|oom|traceback|interrupt|timed out")
+    r"|signal|killed|segmentation|bus error|exit|core dumped|terminate|fatal|oom|traceback|interrupt|timed out|libfabric|undeliverable|err:")
 _TRAILING_NUMBER = re.compile(r"(\d+)(?:\.\w+)?$")
 
 
@@ -54,24 +54,39 @@ class Explanation:
     events: list[Event]
 
 
+_NOT_IN_KEY = frozenset(("where", "traceback", "frames", "chained", "reporter"))
+_KEY_FIELDS: dict[type, tuple[str, ...]] = {}
+
+
+def _key(e: Event) -> tuple[Any, ...]:
+    """What makes two events the same report: every field but where it was printed (one repr per field, no deep
+    copies: asdict of a million events took most of `logs`' time on a long log)."""
+    names = _KEY_FIELDS.get(type(e))
+    if names is None:
+        names = _KEY_FIELDS[type(e)] = tuple(f.name for f in fields(e) if f.name not in _NOT_IN_KEY)
+    return (type(e).__name__, *(repr(getattr(e, n)) for n in names))
+
+
 def _dedupe(events: list[Event]) -> list[Event]:
     """The same error is often printed twice (the script's own log and torch's excepthook; --tee duplicates)."""
-    seen: set[str] = set()
+    seen: set[tuple[Any, ...]] = set()
     out: list[Event] = []
     for e in events:
-        d = asdict(e)
-        for key in ("where", "traceback", "frames", "chained", "reporter"):
-            d.pop(key, None)
-        key = type(e).__name__ + json.dumps(d, sort_keys=True, default=str)
+        key = _key(e)
         if key not in seen:
             seen.add(key)
             out.append(e)
     return out
 
 
-def _text_events(name: str, text: str, ts_of: dict[tuple[str, int], float]) -> tuple[list[Event], set[int],
-                                                                                    InputSummary]:
-    lines = split_lines(name, text, default_rank=rank_from_name(name))
+# Lines held at once, and how far a window reaches past its own lines on each side (a traceback of 400 frame lines
+# and 40 message lines interleaved with a few other ranks' output fits in the margin).
+WINDOW_LINES = 1 << 16
+WINDOW_MARGIN = 4096
+
+
+def _window_events(lines: list[LogLine], work: list[int] | None) -> list[Event]:
+    """Every event in one window of a log's lines, with each traceback's first-line time recorded."""
     events: list[Event] = []
     for line in lines:
         events.extend(parse_line(line))
@@ -80,19 +95,51 @@ def _text_events(name: str, text: str, ts_of: dict[tuple[str, int], float]) -> t
             if failure is not None:
                 events.append(failure)
     for stream in streams(lines).values():
-        events.extend(exceptions_in(stream))
+        events.extend(exceptions_in(stream, work))
     events += collective_stacks(lines)
     failures, table_tracebacks = torchrun_failures(lines)
     events += [*failures, *table_tracebacks, *srun_failures(lines)]
-    for e in events:  # tracebacks carry no time of their own: the time of their first line, for ordering
-        if isinstance(e, RankException) and 0 < e.where.lineno <= len(lines) and lines[e.where.lineno - 1].ts:
-            ts_of[(e.where.source, e.where.lineno)] = lines[e.where.lineno - 1].ts or 0.0
-    ranks = {ln.rank for ln in lines if ln.rank is not None}
+    return events
+
+
+def _text_events(name: str, text: str, ts_of: dict[tuple[str, int], float],
+                 work: list[int] | None = None) -> tuple[list[Event], set[int], InputSummary]:
+    """Events of one text, read in windows of WINDOW_LINES lines: memory stays bounded on a log of millions of
+    lines, and the events (deduplicated as they come) grow with what the log says, not with its length. ``work``'s
+    first item counts the lines read and the traceback reader's steps (deterministic, for the linearity tests)."""
+    events: list[Event] = []
+    seen: set[tuple[Any, ...]] = set()
+    ranks: set[int] = set()
+    count = 0
+    torchish = nccl_debug = False
+    for lines, lo, hi in windows(iter_lines(name, text, rank_from_name(name), work), WINDOW_LINES, WINDOW_MARGIN):
+        first = lines[0].lineno if lines else 0
+        for line in lines:
+            if lo <= line.lineno < hi:
+                count = line.lineno
+                if line.rank is not None:
+                    ranks.add(line.rank)
+                if line.lineno <= 5000 and not torchish and _TORCHISH.search(line.text):
+                    torchish = True
+                if line.lineno <= 20000 and not nccl_debug and " NCCL INFO " in line.text:
+                    nccl_debug = True
+        for e in _window_events(lines, work):
+            if not lo <= e.where.lineno < hi:
+                continue  # the window before or after reads it whole
+            key = _key(e)
+            if key in seen:
+                continue
+            seen.add(key)
+            events.append(e)
+            # tracebacks carry no time of their own: the time of their first line, for ordering
+            if isinstance(e, RankException) and 0 <= e.where.lineno - first < len(lines):
+                ts = lines[e.where.lineno - first].ts
+                if ts:
+                    ts_of[(e.where.source, e.where.lineno)] = ts
     ranks |= {e.rank for e in events if isinstance(e, ChildFailure) and e.rank is not None}
-    recognised = bool(events) or bool(ranks) or any(_TORCHISH.search(ln.text) for ln in lines[:5000])
-    summary = InputSummary(name, "text", len(lines), sorted(ranks), len(events),
-                           nccl_debug=any(" NCCL INFO " in ln.text for ln in lines[:20000]))
-    if not text.strip():
+    recognised = bool(events) or bool(ranks) or torchish
+    summary = InputSummary(name, "text", count, sorted(ranks), len(events), nccl_debug=nccl_debug)
+    if not text or text.isspace():  # (not text.strip(): a copy of a 100 MB text)
         summary.kind, summary.problem = "unusable", "empty"
     elif not recognised:
         summary.kind, summary.problem = "unusable", "nothing recognisable (no torch.distributed, torchrun or " \
@@ -147,7 +194,7 @@ def _analyse(events: list[Event], known: set[int], fr: dict[int, dict[str, Any]]
     hang = rules.hang_findings(ev, excs, crashed_text, notes)
     findings += hang
     signals = {f.rank: f.signal for f in failures if f.rank is not None and f.signal}
-    findings += crashes.crash_findings(crashed, signals)
+    findings += crashes.crash_findings(crashed, signals, failures)
     culprits = {r for r in crashed if r is not None}
     for h in hang:
         if h.id == "hang":
@@ -174,9 +221,9 @@ def _explain(texts: dict[str, str], dumps: dict[str, dict[str, Any]],
         # Escape sequences and control characters from an untrusted log never reach the terminal (or the JSON).
         # A bare CR (progress bars) ends a line, as splitlines() would have it.
         name = clean_text(raw_name)
-        text = clean_text(raw_text.replace("\r\n", "\n").replace("\r", "\n"))
-        stripped = text.lstrip()
-        if stripped.startswith("{"):
+        text = clean_text(raw_text.replace("\r\n", "\n").replace("\r", "\n") if "\r" in raw_text else raw_text)
+        if text[:65536].lstrip().startswith("{"):  # (a whole lstrip() copies a 100 MB log)
+            stripped = text.lstrip()
             try:
                 dumps[name] = flight_recorder.loads_json(stripped, name)
                 continue
@@ -191,8 +238,12 @@ def _explain(texts: dict[str, str], dumps: dict[str, dict[str, Any]],
         rank = _fr_rank(name, i, notes)
         fr[rank] = flight_recorder.group_states(dump)
         inputs.append(InputSummary(clean_text(name), "flight-recorder", 0, [rank], sum(len(s.collectives) for s in fr[rank].values())))
+    events = _dedupe(events)
+    cut = sorted({e.where.source for e in events if isinstance(e, ChildFailure) and e.reporter == "torchrun-cut"})
+    notes += [f"{name}: torchrun's failure table starts in its middle (no 'Failures:' header): the records above the "
+              "cut: ddpdoctor could not read them; give the whole table for every failed rank" for name in cut]
     findings = _analyse(events, known, fr, notes, ts_of)
-    return Explanation(findings, inputs, notes, _dedupe(events))
+    return Explanation(findings, inputs, notes, events)
 
 
 def _read_input(path: str) -> bytes:

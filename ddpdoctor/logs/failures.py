@@ -42,6 +42,14 @@ def parse_failure(line: LogLine) -> Event | None:
                 if rule.pattern.search(msg):
                     return FailureLine(rule.kind, rule.role, line.rank, host, gpu, text.strip(), line.ts, where)
         return FailureLine("nccl-error", "cause", line.rank, host, gpu, text.strip(), line.ts, where)
+    m = grammar.DS_EXITS.search(text) or grammar.OLD_LAUNCH.search(text)
+    if m:
+        lr = grammar.LOCAL_RANK_ARG.search(text)
+        groups = m.groupdict()
+        code = int(groups["code"]) if groups.get("code") else -int(groups["num"]) if groups.get("num") else None
+        reporter = "deepspeed" if m.re is grammar.DS_EXITS else "launch"
+        return ChildFailure(int(lr.group(1)) if lr else line.rank, code, signal_name(code, text), text.strip()[:1000],
+                            None, None, False, reporter, where)
     m = grammar.AGENT_FAILED.search(text)
     if m:
         code = int(m.group("code"))

@@ -35,7 +35,10 @@ BENIGN_NCCL_WARN = re.compile(
     r"library|NVLS multicast support is not available|Missing \"iommu=pt\"|GDR is disabled|Failed to open libibverbs"
     r"|No IB device found|NET/IB : No device found|Could not get CUDA|Unable to set CPU affinity"
     r"|bootstrap.*Connection closed by remote peer.*abort|cudaDriverGetVersion|Got async event"
-    r"|TUNER/Plugin|PROFILER/Plugin",
+    r"|TUNER/Plugin|PROFILER/Plugin"
+    # The proxy service thread at teardown (proxy.cc, NCCL 2.12-2.30): a peer that closed its connection before
+    # saying who it is has localRank -1; after the job's last collective this is shutdown order, not a failure.
+    r"|\[Service thread\] (?:Unknown command \d+|Could not receive type|Connection closed) (?:from|by) localRank -1",
     re.IGNORECASE)
 
 RULES: tuple[Rule, ...] = (
@@ -70,10 +73,21 @@ RULES: tuple[Rule, ...] = (
        r"|ncclInvalidUsage|ncclInvalidArgument|NCCL error in:|Got completion (?:from peer \S+ )?with (?:error|status)"
        r"|NET/IB ?: .*(?:failed|error)|Call to ibv_\w+ failed|Error: failed to extend \S+ to \d+ bytes",
        "NCCL 2.8-2.30; 'NCCL error in:' torch 1.12-2.13"),
+    # libfabric providers' own warnings (efa, cxi, verbs: "libfabric:PID:TIME::efa:cq:fn():LINE<warn> err: 5,
+    # message: Invalid address", cxi "RC_UNDELIVERABLE") and aws-ofi-nccl's "NET/OFI Request ... completed with
+    # error": a completion error on the network, like an IB completion error.
+    _r("nccl-error", "cause", r"libfabric:\d+:\d+:+\w+:\w+:\S+<(?:warn|error)>.*(?:err: ?\d+|prov_err|UNDELIVERABLE"
+       r"|UNREACH|UNRESP|unreachable|Invalid address)|\bRC_UNDELIVERABLE\b|\bUNDELIVERABLE\b.*(?:cxi|fabric|OFI)"
+       r"|NET/OFI .*completed with error", "libfabric 1.x providers; aws-ofi-nccl 1.x"),
     # --- CUDA errors outside NCCL (a rank's own fault: the others wait for it) -----------------------------------
     _r("cuda-error", "cause", r"CUDA error: (?!out of memory)[A-Za-z]|an illegal memory access was encountered"
        r"|device-side assert triggered|uncorrectable ECC error", "torch 1.x-2.13 (CUDA runtime messages)"),
     # --- TCPStore / rendezvous --------------------------------------------------------------------------------------
+    # Connecting is what a process does at start-up; mid-job the connection exists and breaks (recvValue, reset).
+    _r("store-cause", "cause", r"connect\(\) timed out|client socket has timed out after \S+ while trying to connect"
+       r"|client socket has failed to connect to any network address|Connection refused.*(?:TCPStore|connect)"
+       r"|failed to connect/validate", "'connect() timed out' 1.9-1.13; 'The client socket has timed out after Ns while "
+       "trying to connect to (host, port)' 2.0-2.13"),
     _r("store-cause", "cause", r"Address already in use|Timed out after \d+ seconds waiting for clients\. (?P<joined>\d+)"
        r"/(?P<expected>\d+) clients joined|RendezvousTimeoutError|The server socket has failed to (?:listen|bind)",
        "'waiting for clients' 2.0-2.13; RendezvousTimeoutError 1.9-2.13"),
@@ -110,6 +124,15 @@ FAILURE_LINE = re.compile(
 # elastic.multiprocessing.api: [ERROR]" in 2.1, glog "E1122 ... api.py:NNN]" from 2.2).
 AGENT_FAILED = re.compile(r"failed \(exitcode: (?P<code>-?\d+)\) local_rank: (?P<local>\d+) \(pid: (?P<pid>\d+)\)"
                           r"(?: of (?:binary|fn): ?(?P<binary>\S*))?")
+# DeepSpeed's launcher (deepspeed/launcher/launch.py sigkill_handler, 0.3-0.16): "[launch.py:NNN:sigkill_handler]
+# ['python', '-u', 'x.py', '--local_rank=1', ...] exits with return code = -11" (after "Killing subprocess PID");
+# the rank is only in the command when the launcher passes --local_rank (not with --no_local_rank).
+DS_EXITS = re.compile(r"\] exits with return code = (?P<code>-?\d+)")
+# torch.distributed.launch of torch 1.0-1.8 (before it became a torchrun wrapper): "subprocess.CalledProcessError:
+# Command '[..., '--local_rank=7', ...]' died with <Signals.SIGSEGV: 11>." or "... returned non-zero exit status 1."
+OLD_LAUNCH = re.compile(r"CalledProcessError: Command .*?(?:died with <Signals\.(?P<sig>SIG\w+): (?P<num>\d+)>"
+                        r"|returned non-zero exit status (?P<code>\d+))")
+LOCAL_RANK_ARG = re.compile(r"--local[_-]rank[= ]'?(\d+)")
 # The shell's report of a killed or crashed child: "Killed", "bash: line 1: 123 Killed  python ...",
 # "Aborted (core dumped)", "Segmentation fault (core dumped)".
 SHELL_DEATH = re.compile(r"^(?:\S+: line \d+: +)?(?:\d+ +)?(?P<what>Killed|Aborted|Segmentation fault|Bus error)"

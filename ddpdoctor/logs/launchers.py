@@ -32,7 +32,7 @@ def signal_name(exitcode: int | None, text: str) -> str | None:
     return None
 
 
-def _record(fields: dict[str, list[str]], root: bool, where: Where) -> ChildFailure:
+def _record(fields: dict[str, list[str]], root: bool, where: Where, reporter: str = "torchrun") -> ChildFailure:
     rank_m = re.match(r"\s*(-?\d+)", fields.get("rank", [""])[0])
     exit_text = fields.get("exitcode", [""])[0]
     exit_m = re.match(r"\s*(-?\d+)", exit_text)
@@ -43,7 +43,7 @@ def _record(fields: dict[str, list[str]], root: bool, where: Where) -> ChildFail
         signal=signal_name(exitcode, exit_text + " " + error), error=error,
         host=fields["host"][0] if fields.get("host") else None,
         time=fields["time"][0] if fields.get("time") else None,
-        is_root_cause=root, reporter="torchrun", where=where,
+        is_root_cause=root, reporter=reporter, where=where,
     )
 
 
@@ -53,6 +53,7 @@ def torchrun_failures(lines: list[LogLine]) -> tuple[list[ChildFailure], list[Ra
     tracebacks: list[RankException] = []
     root = False
     in_table = False
+    cut = False  # a table pasted from its middle: its records say reporter "torchrun-cut"
     fields: dict[str, list[str]] | None = None
     current_key = ""
     start: Where | None = None
@@ -60,23 +61,32 @@ def torchrun_failures(lines: list[LogLine]) -> tuple[list[ChildFailure], list[Ra
     def flush() -> None:
         nonlocal fields
         if fields is not None and start is not None and "rank" in fields:
-            record = _record(fields, root, start)
+            record = _record(fields, root, start, "torchrun-cut" if cut else "torchrun")
             failures.append(record)
             exc = _traceback_field(record, fields.get("traceback", []))
             if exc is not None:
                 tracebacks.append(exc)
         fields = None
 
-    for line in lines:
+    for i, line in enumerate(lines):
         text = line.text
         m = _SECTION.match(text)
         if m:
             flush()
-            in_table = True
+            in_table, cut = True, False
             root = m.group(1).startswith("Root")
             continue
         if not in_table:
-            continue
+            # A table pasted from its middle has no "Failures:" header: a "[N]:" record line followed by a field
+            # line starts it (the records are read the same; none of them can be marked the root cause).
+            # A paste that starts inside a record begins with its field lines: that record is read from them.
+            nxt = lines[i + 1].text if i + 1 < len(lines) else ""
+            orphan = bool(_FIELD.match(text)) and bool(_FIELD.match(nxt) or _RECORD.match(nxt) or _RULE.match(nxt))
+            if not (orphan or (_RECORD.match(text) and _FIELD.match(nxt))):
+                continue
+            in_table, root, cut = True, False, True
+            if orphan:
+                fields, current_key, start = {}, "", Where(line.source, line.lineno)
         if _RULE.match(text):
             flush()
             if text.strip().startswith("="):
@@ -90,7 +100,11 @@ def torchrun_failures(lines: list[LogLine]) -> tuple[list[ChildFailure], list[Ra
         if fields is None:
             continue
         m = _FIELD.match(text)
-        if m and (m.group(1) != current_key or current_key != "traceback"):
+        if m and m.group(1) in fields and m.group(1) != "traceback":
+            # A field seen twice: the "[N]:" line of the next record was lost (a cut paste); a new record starts.
+            flush()
+            fields, current_key, start, cut = {}, "", Where(line.source, line.lineno), True
+        if m and fields is not None and (m.group(1) != current_key or current_key != "traceback"):
             current_key = m.group(1)
             fields[current_key] = [m.group(2).strip()]
         elif current_key == "traceback" and text.strip():

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import itertools
 import re
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 
 # Prefixes that name a rank, applied repeatedly because they stack: torchrun --tee writes "[default1]:" and torch's
@@ -21,12 +23,19 @@ _PID_PREFIX = re.compile(r"\[\d{2,8}\] (?=\[)")
 # known prefix follows, so prose with a colon stays as it is.
 _HOST_PREFIX = re.compile(r"^([\w.-]+): (?=\[(?:default|rank)\d+\]:|[IWEF]\d{4} |\[[IWEF]|[\w.-]+:\d+:\d+ \[\d)")
 _TAG_PREFIX = re.compile(r"^[\w./-]+ (?=\[(?:default|rank)\d+\]:)")
+# Log collectors put their own prefix before whatever the process wrote: containerd/CRI-O files
+# ("2024-11-28T07:42:11.527Z stderr F "), a CloudWatch console paste ("  | 2024-11-28T07:42:11.527Z | "), Ray's
+# worker prefix ("(RayTrainWorker pid=552, ip=10.1.2.3) "). Removed first (its time kept), then the line is read as
+# the process wrote it.
+_COLLECTOR = re.compile(r"^\s*(?:\|\s*)?(\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d(?:[.,]\d+)?(?:Z|[+-]\d\d:?\d\d)?)(?:\s*\|)?\s+"
+                        r"(?:(?:stdout|stderr)\s+[FP]\s)?|^\((?:[\w.-]+ )?pid=\d+(?:, ip=[\d.]+)?\)\s")
 # srun --label: "3: text" (the SLURM task id, which is the rank when one task runs per rank).
 _SRUN_LABEL = re.compile(r"^\s*(\d{1,6}): ")
 # glog-style headers of torch's C++ ("[E321 02:07:08.408 ProcessGroupNCCL.cpp:607] ", "[E ProcessGroupNCCL.cpp:737] ")
 # and Python ("E1122 10:23:15.599000 8860 torch/distributed/.../api.py:1002] ") loggers.
 _GLOG_CPP = re.compile(r"^\[([IWEF])(?:(\d{3,4}) ([\d:.]+))?\s*[\w./-]+:\d+\] ")
 _GLOG_LEADS = frozenset("[IWEF")
+_COLLECTOR_LEADS = frozenset(" (0123456789")
 _GLOG_PY = re.compile(r"^([IWEF])(\d{3,4}) ([\d:.]+) \d+ [\w./-]+:\d+\] ")
 # Python logging / torchrun >= 2.1 / most collectors: "[2024-03-01 10:00:00,123] ..." or "2024-03-01T10:00:00.1 ...".
 _ISO = re.compile(r"^\[?(\d{4})-(\d\d)-(\d\d)[ T](\d\d):(\d\d):(\d\d)(?:[.,](\d{1,9}))?")
@@ -86,15 +95,44 @@ def _uses_srun_labels(raw_lines: list[str]) -> bool:
     return labelled >= 2 and labelled >= 0.3 * len(nonempty)
 
 
-def split_lines(source: str, text: str, default_rank: int | None = None) -> list[LogLine]:
-    """Every line of ``text`` with the rank that wrote it (from its prefix, else ``default_rank``)."""
-    raw_lines = text.splitlines()
-    srun = _uses_srun_labels(raw_lines)
-    out: list[LogLine] = []
+_SRUN_SAMPLE = 5000  # srun --label is decided on the first lines: a whole-file scan would hold every line twice
+
+
+def raw_lines(text: str) -> Iterator[str]:
+    """The lines of ``text`` one at a time, split at "\n", "\r\n" or "\r" (no list of millions of strings, and no
+    io.StringIO: it keeps a 4-byte-per-character copy of the whole text)."""
+    pos, end = 0, len(text)
+    while pos < end:
+        nl = text.find("\n", pos)
+        if nl < 0:
+            nl = end
+        piece = text[pos:nl]
+        pos = nl + 1
+        if "\r" in piece:
+            parts = piece.split("\r")
+            if parts[-1] == "":
+                parts.pop()  # "\r\n"
+            yield from parts
+        else:
+            yield piece
+
+
+def iter_lines(source: str, text: str, default_rank: int | None = None, work: list[int] | None = None
+               ) -> Iterator[LogLine]:
+    """Every line of ``text`` with the rank that wrote it (from its prefix, else ``default_rank``), one at a time.
+    ``work``, when given, has its first item raised by one per line: the deterministic count the linearity tests
+    compare."""
+    srun = _uses_srun_labels([_COLLECTOR.sub("", ln, count=1) for ln in itertools.islice(raw_lines(text), _SRUN_SAMPLE)])
     ts: float | None = None
-    for i, raw in enumerate(raw_lines, start=1):
+    for i, raw in enumerate(raw_lines(text), start=1):
+        if work is not None:
+            work[0] += 1
         line = raw.rstrip("\r\n")
         rank = default_rank
+        if line[:1] in _COLLECTOR_LEADS and (m := _COLLECTOR.match(line)) and m.end() < len(line):
+            if m.group(1) and (t := _ISO.match(m.group(1))):
+                ts = _iso_ts(t)
+            line = line[m.end():]
         if srun:
             m = _SRUN_LABEL.match(line)
             if m:
@@ -123,8 +161,30 @@ def split_lines(source: str, text: str, default_rank: int | None = None) -> list
             m = _ISO.match(line)
             if m:
                 ts = _iso_ts(m)
-        out.append(LogLine(source, i, rank, line, logger, ts))
-    return out
+        yield LogLine(source, i, rank, line, logger, ts)
+
+
+def split_lines(source: str, text: str, default_rank: int | None = None) -> list[LogLine]:
+    """Every line of ``text`` with the rank that wrote it (from its prefix, else ``default_rank``)."""
+    return list(iter_lines(source, text, default_rank))
+
+
+def windows(lines: Iterable[LogLine], size: int, margin: int) -> Iterator[tuple[list[LogLine], int, float]]:
+    """Overlapping windows over a long log, so that only one window's lines are held at a time: each window is
+    (lines, lo, hi) where the events that start on lines lo <= lineno < hi belong to it. Its lines reach ``margin``
+    lines before lo (a traceback that started there is read from its start, not as a headless piece) and ``margin``
+    after hi (one that starts before hi is read to its end); every line is read at most (size + 2 margin) / size
+    times."""
+    buf: list[LogLine] = []
+    start = 0  # index in buf of the window's first line of its own
+    for line in lines:
+        buf.append(line)
+        if len(buf) >= start + size + margin:
+            yield buf, buf[start].lineno, float(buf[start + size].lineno)
+            buf = buf[start + size - margin:]
+            start = margin
+    if len(buf) > start or not buf:
+        yield buf, buf[start].lineno if len(buf) > start else 0, float("inf")
 
 
 def streams(lines: list[LogLine]) -> dict[tuple[str, int | None], list[LogLine]]:

@@ -36,7 +36,7 @@ _REPORTER = re.compile(r"\[(?:PG[^\]]*?)?Rank (\d+)\]")
 # --- NCCL watchdog -------------------------------------------------------------------------------------------------
 _WORKNCCL = re.compile(r"Watchdog caught collective operation timeout: WorkNCCL\(((?:[^()]|\([^()]*\))*)\)")
 _RAN_FOR = re.compile(r"ran for (\d+) milliseconds")
-_KV = re.compile(r"(\w+(?:\(ms\))?)=([^,]+)")
+_KV = re.compile(r"(?<!\w)(\w+(?:\(ms\))?)=([^,]+)")
 # torch 2.2-2.5: "... detected by watchdog at work: S, last enqueued NCCL work: E, last completed NCCL work: C.";
 # torch >= 2.6: "failure detected by watchdog at work sequence id: S PG status: last enqueued work: E, last completed
 # work: C"; dump/desync messages: "Last enqueued NCCL work: E, last completed NCCL work: C."
@@ -46,7 +46,7 @@ _FAILED_AT = re.compile(r"(?:at work|work sequence id|at NCCL work):?\s*(\d+)")
 _PG = re.compile(r"\[PG(?: ID)? (\d+)(?: PG GUID [^\s(]*\(([^)]*)\))?")
 
 # --- gloo and DDP ------------------------------------------------------------------------------------------------
-_GLOO_SIZE = re.compile(r"(?:(\d+) vs (\d+)\. )?Received data size doesn't match expected size")
+_GLOO_SIZE = re.compile(r"(?:(?<!\d)(\d+) vs (\d+)\. )?Received data size doesn't match expected size")
 _GLOO_TIMEOUT = re.compile(r"Timed out waiting (\d+)ms for (recv|send) operation to complete")
 _UNUSED_NAMES = re.compile(r"Parameters which did not receive grad for rank (\d+): (.*)$")
 _UNUSED_INDICES = re.compile(r"Parameter indices which did not receive grad for rank (\d+): ([\d\s]*)")

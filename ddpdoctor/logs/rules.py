@@ -43,8 +43,10 @@ EXPLAINED = re.compile(
     r"|out of memory|OutOfMemoryError|DDP expects same model|appears not to match (?:sizes|strides)"
     r"|NCCL error in:(?!.*remote process exited)|ncclUnhandledCudaError|ncclSystemError|ncclInternalError"
     r"|ncclInvalidUsage|watchdog got stuck|Heartbeat monitor timed out|CUDA error: |illegal memory access"
-    r"|device-side assert")
-LAUNCHER_TYPES = ("ChildFailedError",)
+    r"|device-side assert"
+    # a rendezvous that was never reached (store-failure explains it: address, port, firewall, start order)
+    r"|connect\(\) timed out|while trying to connect|failed to connect to any network address")
+LAUNCHER_TYPES = ("ChildFailedError", "CalledProcessError")
 STACK_LIMIT = 8000
 
 
@@ -218,6 +220,36 @@ def _mismatch_differs(by_rank: dict[int, dict[str, Any]]) -> list[str]:
     return out
 
 
+def _watchdogs_disagree(timeouts: list[WatchdogTimeout]) -> list[Finding]:
+    """Watchdogs that time out at the same sequence number of one group in different ops (REDUCE in one node's log,
+    ALLREDUCE in another's): the ranks ran different collectives; the hang is the consequence. Compared per input
+    as well as per rank, since each node's log may number its ranks from 0."""
+    by_seq: dict[tuple[str | None, int], dict[tuple[str, int | None], set[tuple[str, int | None]]]] = {}
+    for t in timeouts:
+        if t.seq is not None:
+            by_seq.setdefault((t.group, t.seq), {}).setdefault((t.op, t.numel_in), set()).add((t.where.source, t.rank))
+    for (group, seq), ops in sorted(by_seq.items(), key=lambda kv: kv[0][1]):
+        if len(ops) < 2:
+            continue
+        sides = {f"{op}" + (f" ({numel} elements)" if numel is not None else ""): sorted(who, key=str)
+                 for (op, numel), who in ops.items()}
+        text = "; ".join(f"{op} on " + ", ".join(f"{src} rank {r}" for src, r in who[:4])
+                         + (f" and {len(who) - 4} more" if len(who) > 4 else "") for op, who in sorted(sides.items()))
+        ranks = sorted({r for who in sides.values() for _, r in who if r is not None})
+        return [Finding(
+            "collective-mismatch", Severity.ERROR,
+            f"Watchdogs disagree on collective #{seq}: {text}: the ranks ran different collectives (the hang follows "
+            "from it)", ranks=ranks,
+            evidence={"ranks": ranks, "sequence_number": seq, "group": group,
+                      "collectives": {op: [f"{src}: rank {r}" for src, r in who] for op, who in sorted(sides.items())},
+                      "differs": [f"op at #{seq}: " + " vs ".join(sorted(sides))], "source": "nccl-watchdog"},
+            advice="Every rank must call the same collectives in the same order: the code took a different path on "
+                   "one node (a branch on the node, hostname, local rank or data, or a different version of the code "
+                   "or config on that node).",
+        )]
+    return []
+
+
 def hang_findings(ev: Evidence, excs: dict[int, list[RankException]], crashed: dict[int, str],
                   notes: list[str]) -> list[Finding]:
     fr, fr_notes = hangs.from_flight_recorder(ev.flight_recorder)
@@ -234,6 +266,8 @@ def hang_findings(ev: Evidence, excs: dict[int, list[RankException]], crashed: d
     stalled = set().union(*(a.stalled for a in analyses))
     nccl_stacks = {s.rank: s for s in ev.of(CollectiveStack) if s.rank is not None}
     findings = [_hang_finding(best, stalled, excs, nccl_stacks, [a.source for a in analyses], crashed)]
+    if not best.mismatch:
+        findings += _watchdogs_disagree(ev.of(WatchdogTimeout))
     if best.mismatch:
         ranks = sorted(best.mismatch)
         findings.append(Finding(

@@ -14,6 +14,10 @@ _EXC_LINE = re.compile(r"^([A-Za-z_][\w.]*)(?::\s?(.*))?$")
 _TERMINATE = re.compile(r"terminate called after throwing an instance of '([^']+)'")
 _WHAT = re.compile(r"^\s*what\(\):\s*(.*)$")
 _FATAL = re.compile(r"^Fatal Python error: (.+)$")
+_CARETS = re.compile(r"^\s*[~^]+\s*$")
+# An exception's name as Python prints it: the line after a dedented frame is the exception only if it looks like one.
+_EXC_NAME = re.compile(r"^(?:[A-Za-z_][\w]*\.)*[A-Za-z_]\w*(?:Error|Exception|Interrupt|Exit|Warning|Failure|Timeout"
+                       r"|Iteration)(?::|$)")
 _LOGGER_LINE = re.compile(r"^[IWEF]\d{4} ")
 _MAX_MESSAGE_LINES = 40
 _MAX_FRAMES_LINES = 400
@@ -21,6 +25,45 @@ _MAX_FRAMES_LINES = 400
 
 def _is_indented(text: str) -> bool:
     return text[:1] in (" ", "\t")
+
+
+def _is_code_line(lines: list[LogLine], j: int) -> bool:
+    """Whether lines[j], right after a frame line that lost its indentation, is that frame's source line rather than
+    the exception: it is when a frame or caret line follows, or when it cannot be an exception line and the next
+    one can."""
+    text = lines[j].text.strip()
+    if not text or _FRAME.match(text):
+        return False
+    nxt = lines[j + 1].text.strip() if j + 1 < len(lines) else ""
+    if _FRAME.match(nxt) or _CARETS.match(nxt):
+        return True
+    if not _EXC_LINE.match(text):
+        return True
+    return bool(_EXC_NAME.match(nxt)) and not _EXC_NAME.match(text)
+
+
+def _read_frames(lines: list[LogLine], j: int, stop: int, body: list[str], frames: list[Frame],
+                 work: list[int]) -> int:
+    """The frame lines of one traceback from lines[j], indented or not (pastes and log collectors strip the
+    indentation); returns the index of the first line after them. Each step advances j: linear in the lines read."""
+    while j < len(lines) and j < stop:
+        work[0] += 1
+        t = lines[j].text
+        m = _FRAME.match(t)
+        if m:
+            frames.append(Frame(m.group(1), int(m.group(2)), m.group(3)))
+            body.append(t)
+            j += 1
+            if j < len(lines) and not _is_indented(lines[j].text) and _is_code_line(lines, j):
+                body.append(lines[j].text)
+                j += 1
+            continue
+        if _is_indented(t) or t.strip() in ("...", "[...]") or _CARETS.match(t):
+            body.append(t)
+            j += 1
+            continue
+        break
+    return j
 
 
 def _message_continues(line: LogLine) -> bool:
@@ -31,11 +74,12 @@ def _message_continues(line: LogLine) -> bool:
     return not text.startswith(("torch.distributed.elastic", "===", "---", "[", "#", "Fatal Python error"))
 
 
-def _python_tracebacks(lines: list[LogLine]) -> list[RankException]:
+def _python_tracebacks(lines: list[LogLine], work: list[int]) -> list[RankException]:
     found: list[RankException] = []
     i = 0
     chained = False
     while i < len(lines):
+        work[0] += 1
         text = lines[i].text
         if text.startswith(_CHAIN):
             chained = True
@@ -50,28 +94,19 @@ def _python_tracebacks(lines: list[LogLine]) -> list[RankException]:
         start = lines[i]
         body = [] if headless else [text]
         frames: list[Frame] = []
-        j = i if headless else i + 1
-        while j < len(lines) and j - i < _MAX_FRAMES_LINES:
-            t = lines[j].text
-            if _is_indented(t) or t.strip() in ("...", "[...]"):
-                m = _FRAME.match(t)
-                if m:
-                    frames.append(Frame(m.group(1), int(m.group(2)), m.group(3)))
-                body.append(t)
-                j += 1
-                continue
-            break
+        j = _read_frames(lines, i if headless else i + 1, i + _MAX_FRAMES_LINES, body, frames, work)
         if j >= len(lines):
-            i = j
+            i = max(j, i + 1)
             continue
         m = _EXC_LINE.match(lines[j].text.strip()) if lines[j].text.strip() else None
         if not m:
-            i = j
+            i = max(j, i + 1)  # always move on: a headless frame line with nothing after it must not be read again
             continue
         message = [m.group(2) or ""]
         body.append(lines[j].text)
         k = j + 1
         while k < len(lines) and k - j < _MAX_MESSAGE_LINES and _message_continues(lines[k]):
+            work[0] += 1
             message.append(lines[k].text)
             body.append(lines[k].text)
             k += 1
@@ -118,9 +153,10 @@ def _native_aborts(lines: list[LogLine]) -> list[RankException]:
     return found
 
 
-def exceptions_in(lines: list[LogLine]) -> list[RankException]:
-    """All exceptions in one (source, rank) stream, in order."""
-    found = _python_tracebacks(lines) + _native_aborts(lines)
+def exceptions_in(lines: list[LogLine], work: list[int] | None = None) -> list[RankException]:
+    """All exceptions in one (source, rank) stream, in order. ``work``'s first item is raised by the lines the
+    traceback reader visits (each at most a bounded number of times: the linearity tests count it)."""
+    found = _python_tracebacks(lines, work if work is not None else [0]) + _native_aborts(lines)
     return sorted(found, key=lambda e: e.where.lineno)
 
 

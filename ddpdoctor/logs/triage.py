@@ -20,6 +20,9 @@ _PRIORITY = {"oom": 0, "rank-crashed": 1, "model-mismatch": 1, "cuda-error": 1, 
              "watchdog-stuck": 3, "hang": 3, "job-stopped": 4, "store-failure": 4, "peer-lost": 5, "job-failed": 6,
              "unrecognised-failure": 7}
 _OOM_TEXT = re.compile(r"out of memory|OutOfMemoryError|Failed to CUDA (?:calloc|malloc)", re.IGNORECASE)
+_CONNECT = re.compile(r"connect\(\) timed out|while trying to connect|failed to connect|Connection refused")
+_ENDPOINT = re.compile(r"connect to \(?\[?([\w.:-]+?)\]?(?:, |:)(\d+)\)?")
+_NETWORK = re.compile(r"libfabric|NET/OFI|UNDELIVERABLE|NET/IB ?: .*(?:completion|failed)|Got completion|ibv_")
 _QUOTE_LINES = 3
 _QUOTE_GROUPS = 16
 
@@ -163,13 +166,18 @@ def _nccl(lines: list[FailureLine]) -> Finding | None:
     first = _first(found)
     ranks = sorted({e.rank for e in found if e.rank is not None})
     places = sorted({f"{e.host} GPU {e.gpu}" for e in found if e.host is not None and e.gpu is not None})
+    network = bool(_NETWORK.search(first.text))
     return Finding(
         "nccl-error", Severity.ERROR,
-        f"NCCL error on {', '.join(places[:4]) or _who(first)}: {first.text[:160]}", ranks=ranks,
+        ("Network error (a completion error on the fabric)" if network else "NCCL error")
+        + f" on {', '.join(places[:4]) or _who(first)}: {first.text[:160]}", ranks=ranks,
         evidence={"culprit_ranks": ranks, "where": places, "first_error": first.text[:500],
                   "per_place": {k: _lines_json(list(v)) for k, v in list(groups.items())[:_QUOTE_GROUPS]},
                   "why": "NCCL failed on this GPU or host (a CUDA, memory or network error), not because a peer left"},
-        advice="Read the NCCL WARN lines of that host (NCCL_DEBUG=INFO gives the context): a CUDA failure points at "
+        advice=("A libfabric/OFI or IB completion error is the network between the nodes: check that they reach "
+                "each other on the fabric (EFA: the security group must allow all traffic within itself; IB: link "
+                "state with ibstat, port counters), then NCCL_DEBUG=INFO for the failing peer. " if network else "")
+        + "Read the NCCL WARN lines of that host (NCCL_DEBUG=INFO gives the context): a CUDA failure points at "
                "the GPU (nvidia-smi, Xid errors in dmesg), an IB completion error or failed ibv_* call at the NIC or "
                "link, 'failed to extend /dev/shm' at the container's shared memory size.",
     )
@@ -204,17 +212,30 @@ def _store(lines: list[FailureLine], has_cause: bool) -> Finding | None:
     first = _first(found)
     ranks = sorted({e.rank for e in found if e.rank is not None})
     joined = re.search(r"(\d+)/(\d+) clients joined", first.text)
+    unreached = bool(causes) and bool(_CONNECT.search(first.text))
     why = ("the TCPStore / rendezvous could not be set up: " + first.text[:200]) if causes else (
         "the connection to the TCPStore (hosted by rank 0's agent or the rendezvous endpoint) broke; with no "
         "crashed rank in these logs, the store's host itself died, was killed, or the network dropped")
+    em = _ENDPOINT.search(first.text)
+    endpoint = f" {em.group(1)}:{em.group(2)}" if em else ""
+    if unreached:
+        why = ("the process never reached the rendezvous endpoint" + endpoint
+               + " at start-up (connecting timed out or was refused): the store was not there to reach, or not "
+               "reachable from this host; no store died mid-job")
     return Finding(
         "store-failure", Severity.ERROR,
+        ("The rendezvous endpoint" + endpoint + " was never reached at "
+         f"start-up: {first.text[:140]}") if unreached else
         ("Rendezvous/store setup failed" + (f": only {joined.group(1)} of {joined.group(2)} processes joined"
                                              if joined else f": {first.text[:140]}")) if causes
         else f"Lost the connection to the c10d store on rank(s) {_ranks_text(ranks) or '?'}",
         ranks=ranks,
         evidence={"culprit_ranks": ranks if causes else [], "lines": _lines_json(found), "why": why},
-        advice=("Check that every node reaches MASTER_ADDR:MASTER_PORT (firewall, the right interface), that the "
+        advice=("Check the endpoint's address and port (--rdzv-endpoint or MASTER_ADDR:MASTER_PORT) from this host "
+                "(`nc -zv HOST PORT`), that no firewall or security group blocks the port, and the start order: the "
+                "node that hosts the endpoint (node rank 0) must be up before the others' timeout runs out."
+                if unreached else
+                "Check that every node reaches MASTER_ADDR:MASTER_PORT (firewall, the right interface), that the "
                 "port is free, and that every node was started (nnodes, --rdzv-endpoint) within the timeout."
                 if causes else "Find the process that hosted the store (the first node's agent) and why it ended: "
                 "its own log, the scheduler's accounting, dmesg for the OOM killer."),

@@ -35,6 +35,7 @@ class RankSession:
         self.tracker = StepTracker()
         self.ddp = DDPRecorder()
         self.profiler: Any = None
+        self.tune: Any = None  # `ddpdoctor tune`'s probe (probes/tune.py) in a trial launch
         self.extra: list[Any] = []  # other probes: finish(status: dict) -> None, and annotate(status) if they add to it
         self.started = time.time()
         if config.options.get("nccl_debug"):
@@ -47,6 +48,15 @@ class RankSession:
 
     def install(self) -> None:
         self.tracker.install()
+        tune = self.config.options.get("tune")
+        if tune:
+            from ddpdoctor.probes.tune import TuneProbe
+
+            # Before the recorder's own wrapper, so that the layout it records is the variant's (h31).
+            self.tune = TuneProbe(tune["setting"], int(tune["stop_after"]), self.tracker,
+                                  self.run.rank_file(self.rank, "tune.json"))
+            self.tune.install()
+            self.extra.append(self.tune)
         self.ddp.install()
         from ddpdoctor.probes.ledger import LedgerProbe
 
@@ -81,6 +91,8 @@ class RankSession:
 
             self.extra.append(install_check_sync(self.run, self.rank, self.world_size, self.config.options, self.tracker))
         self.extra.append(ledger)
+        if self.tune is not None:
+            self.tracker.add_listener(self.tune.on_step)  # last: it ends the trial once the others have run
         _write_quietly(self.run.rank_file(self.rank, "info.json"), self.info)
 
     def _record_layout_once(self, step: int) -> None:

@@ -161,7 +161,7 @@ class HeartbeatProbe:
         self._wrap_collectives()
         self._wrap_backward()
         try:
-            self.stacks_file.parent.mkdir(parents=True, exist_ok=True)
+            self.stacks_file.parent.mkdir(mode=0o700, parents=True, exist_ok=True)  # ranks/rankR/ is private
             fd = os.open(self.stacks_file, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)  # stacks are private
             self._stacks_fh = os.fdopen(fd, "w")
             faulthandler.register(DUMP_SIGNAL, file=self._stacks_fh, all_threads=True, chain=False)

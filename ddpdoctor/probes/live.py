@@ -122,7 +122,7 @@ def _open(cid: str, what: str, steps: int, step: int) -> dict[str, Any]:
     out = window_dir(_state["run_dir"], cid)
     win: dict[str, Any] = {"id": cid, "what": what, "steps": steps, "base": step, "dir": out}
     rank_dir = out / "ranks" / f"rank{_state['rank']}"
-    rank_dir.mkdir(parents=True, exist_ok=True)
+    rank_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
     info = _state["run_dir"] / "ranks" / f"rank{_state['rank']}" / "info.json"
     if info.is_file():
         shutil.copyfile(info, rank_dir / "info.json")

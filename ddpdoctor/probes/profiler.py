@@ -138,7 +138,7 @@ class ProfilerProbe:
             raise ProfileWindowDone(step)
 
     def _trace_ready(self, prof: Any) -> None:
-        self.trace_dir.mkdir(parents=True, exist_ok=True)
+        self.trace_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
         before = set(self.trace_dir.glob(f"rank{self.rank}.*.pt.trace.json.gz"))
         handler = torch.profiler.tensorboard_trace_handler(
             str(self.trace_dir), worker_name=f"rank{self.rank}", use_gzip=True

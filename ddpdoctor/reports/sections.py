@@ -181,16 +181,40 @@ class TopologySection(Section):
         return isinstance(doc.get("topology"), dict)
 
 
+@dataclass(frozen=True)
+class DiffSection(Section):
+    """Two runs compared (`diff`, `profile --baseline`; docs/diff.md): the "diff" object of analyses/diff.RunDiff."""
+
+    KEYS: ClassVar[tuple[str, ...]] = ("diff",)
+    diff: dict[str, JSON]
+
+    @classmethod
+    def present_in(cls, doc: Mapping[str, object]) -> bool:
+        return isinstance(doc.get("diff"), dict)
+
+
 # Which sections each command's report may hold, in output order (Report.from_json picks the ones present).
+@dataclass(frozen=True)
+class TuneSection(Section):
+    """`ddpdoctor tune` (docs/tune.md): each measured variant against the baseline ("variants"), and the baseline,
+    every variant considered and why, the experiment's design, the what-if and the script's hash ("tune")."""
+
+    KEYS: ClassVar[tuple[str, ...]] = ("variants", "tune")
+    variants: list[dict[str, JSON]]
+    tune: dict[str, JSON]
+
+
 COMMAND_SECTIONS: dict[str, tuple[type[Section], ...]] = {
     "analyze": (PerfSection,),
-    "profile": (PerfSection, RunDirSection, JobSection, HangSection, TopologySection),
+    "profile": (PerfSection, RunDirSection, JobSection, HangSection, TopologySection, DiffSection),
     "run": (RunDirSection, JobSection, HangSection, TopologySection),
     "check-sync": (RunDirSection, JobSection, HangSection, SyncChecksSection),
     "capture": (RunDirSection, PerfSection, SyncChecksSection),
     "logs": (LogsSection,),
     "topo": (RunDirSection, NcclUseSection, TopoSection),
     "preflight": (PreflightSection,),
+    "diff": (DiffSection,),
+    "tune": (TuneSection,),
 }
 
 

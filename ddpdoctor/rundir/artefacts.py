@@ -116,7 +116,7 @@ def decode_json(path: Path, limit: int = MAX_ARTEFACT_BYTES) -> Any:
     if deep is not None:
         raise BadInput(f"JSON nested deeper than {safe_io.MAX_JSON_DEPTH} levels (at byte {deep})", label)
     try:
-        return json.loads(data)
+        return safe_io.loads_json(data)  # NaN/Infinity (not JSON) read as null, a lone surrogate as U+FFFD
     except UnicodeDecodeError as exc:
         raise BadInput(f"not UTF-8 text (byte {exc.start})", label) from exc
     except json.JSONDecodeError as exc:
@@ -195,7 +195,8 @@ def write_private_text(path: Path, text: str) -> None:
     try:
         path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
         _fault_hook(path)
-        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        tmp.unlink(missing_ok=True)  # a stale one of this pid; O_EXCL|O_NOFOLLOW: never a name planted as a link
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
         with os.fdopen(fd, "w") as fh:
             fh.write(text)
         os.replace(tmp, path)

@@ -86,6 +86,9 @@ class RunDir:
 
         A directory that already holds a run is refused (its traces would mix with the new ones) unless
         ``overwrite``, which first removes what the earlier launch wrote."""
+        from ddpdoctor.rundir.private import claim_run_root, private_dir
+
+        claim_run_root(self.root)  # never a link, never another user's or a folder others may write (docs/trust.md)
         if self.manifest.exists() and not keep_existing:
             if not overwrite:
                 raise BadInput("already holds a run; choose another --out/--name, or pass --overwrite", self.root)
@@ -98,12 +101,12 @@ class RunDir:
                 elif target.exists() or target.is_symlink():
                     target.unlink()
         try:
-            for d in (self.root, self.traces, self.root / "ranks", self.scalars):
-                d.mkdir(parents=True, exist_ok=True)
+            for d in (self.traces, self.root / "ranks", self.scalars):
+                private_dir(d)
             # One probe file per launcher: the launchers of a multi-node job share this directory, and with one
             # name a launcher's unlink found the file already gone (ENOENT, "cannot write the run directory").
             probe = self.root / f".write-test.{socket.gethostname()}.{os.getpid()}"
-            probe.write_text("")
+            os.close(os.open(probe, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600))
             probe.unlink(missing_ok=True)
         except OSError as exc:
             raise BadInput(f"cannot write the run directory ({exc.strerror or exc})", self.root) from exc

@@ -14,6 +14,8 @@ from tensorboard.backend import http_util
 from tensorboard.plugins import base_plugin
 from werkzeug import wrappers
 
+from ddpdoctor.errors import BadInput
+from ddpdoctor.tensorboard_plugin import access
 from ddpdoctor.tensorboard_plugin import runs as runs_mod
 
 PLUGIN_NAME = "ddpdoctor"
@@ -51,10 +53,18 @@ class DdpdoctorPlugin(base_plugin.TBPlugin):
     def _runs(self) -> dict[str, Path]:
         return runs_mod.find_runs(self._logdir) if self._logdir else {}
 
+    def _visible_runs(self, request: Any) -> dict[str, Path]:
+        """The runs this request may see: private ones only by the user who started TensorBoard, runs readable
+        by everyone by anyone (tensorboard_plugin/access.py)."""
+        if self._logdir is None:
+            return {}
+        viewer = access.peer_uid(request.environ)
+        return {n: p for n, p in self._runs().items() if access.visible(p, self._logdir, viewer)}
+
     def _run(self, request: Any) -> tuple[str, Path] | None:
-        """The run a request names, only if it is one of the discovered runs (never a path from the URL)."""
+        """The run a request names, only if it is one of the runs it may see (never a path from the URL)."""
         name = request.args.get("run", "")
-        path = self._runs().get(name)
+        path = self._visible_runs(request).get(name)
         return (name, path) if path is not None else None
 
     def _serve_js(self, request: wrappers.Request) -> wrappers.Response:
@@ -62,24 +72,28 @@ class DdpdoctorPlugin(base_plugin.TBPlugin):
 
     def _serve_runs(self, request: wrappers.Request) -> wrappers.Response:
         return _json(request, {"logdir": str(self._logdir or ""),
-                               "runs": [runs_mod.run_summary(n, p) for n, p in self._runs().items()]})
+                               "runs": [runs_mod.run_summary(n, p) for n, p in self._visible_runs(request).items()]})
 
     def _serve_report_json(self, request: wrappers.Request) -> wrappers.Response:
         found = self._run(request)
         if found is None:
             return _json(request, {"error": "no such run"}, 404)
-        return http_util.Respond(request, (found[1] / "report.json").read_bytes(), "application/json")
+        try:
+            data = runs_mod.read_report_bytes(found[1])
+        except BadInput as exc:
+            return _json(request, {"error": exc.problem}, 404)
+        return http_util.Respond(request, data, "application/json")
 
     def _serve_report(self, request: wrappers.Request) -> wrappers.Response:
         """The run's HTML report (the same page as RUN/report.html), with TensorBoard's CSP allowing its own
         inline scripts by hash and nothing else."""
-        from ddpdoctor.renderers.html import render_html
+        from ddpdoctor.renderers.diff_html import render_report_html
 
         found = self._run(request)
         if found is None:
             return http_util.Respond(request, "no such run", "text/plain", code=404)
         try:
-            page = render_html(runs_mod.load_report(found[1]))
+            page = render_report_html(runs_mod.load_report(found[1]))
         except (OSError, ValueError) as exc:
             return http_util.Respond(request, f"report.json unreadable: {exc}", "text/plain", code=422)
         hashes = [base64.b64encode(hashlib.sha256(m.group(1).encode("utf-8")).digest()).decode("ascii")
@@ -91,7 +105,7 @@ class DdpdoctorPlugin(base_plugin.TBPlugin):
         if found is None:
             return _json(request, {"error": "no such run"}, 404)
         name, path = found
-        key = (name, (path / "report.json").stat().st_mtime)
+        key = (name, (path / "report.json").lstat().st_mtime)
         if key not in self._timelines:
             try:
                 data = runs_mod.timeline(path)

@@ -3,13 +3,13 @@ and the timeline of every rank's trace on one clock. No TensorBoard import here,
 
 from __future__ import annotations
 
-import json
 import os
+import stat
 from pathlib import Path
 from typing import Any
 
 from ddpdoctor.report import Report
-from ddpdoctor.safe_io import read_bytes
+from ddpdoctor.safe_io import loads_json, read_bytes
 
 MAX_DEPTH = 4  # logdir/a/b/c/RUN: deeper folders are not searched (a log dir may hold a whole home directory)
 MAX_RUNS = 500
@@ -19,7 +19,11 @@ MAX_TIMELINE_EVENTS = 300_000
 
 
 def is_run_dir(path: Path) -> bool:
-    return (path / "report.json").is_file()
+    """A real folder holding a regular report.json (lstat: a link named report.json is not a run)."""
+    try:
+        return stat.S_ISDIR(os.lstat(path).st_mode) and stat.S_ISREG(os.lstat(path / "report.json").st_mode)
+    except OSError:
+        return False
 
 
 def find_runs(logdir: Path) -> dict[str, Path]:
@@ -43,8 +47,13 @@ def find_runs(logdir: Path) -> dict[str, Path]:
     return dict(sorted(runs.items()))
 
 
+def read_report_bytes(run: Path, decompress: bool = False) -> bytes:
+    """report.json as it is on disk: a regular file, never through a link, bounded."""
+    return read_bytes(run / "report.json", MAX_REPORT_BYTES, decompress=decompress, follow_links=False)
+
+
 def load_report(run: Path) -> Report:
-    data = json.loads(read_bytes(run / "report.json", MAX_REPORT_BYTES))
+    data = loads_json(read_report_bytes(run, decompress=True))
     if not isinstance(data, dict):
         raise ValueError("report.json is not an object")
     from ddpdoctor.reports.sections import load_report as load_typed
@@ -72,12 +81,16 @@ def run_summary(name: str, run: Path) -> dict[str, Any]:
         "why": lead.title if lead else "no findings",
         "ranks": len(perf.ranks if perf and isinstance(perf.ranks, list) else []) or (job.job.world_size if job else None),
         "exit_code": job.job.exit_code if job else None,
-        "has_traces": bool(trace_files(run)), "mtime": (run / "report.json").stat().st_mtime,
+        "has_traces": bool(trace_files(run)), "mtime": (run / "report.json").lstat().st_mtime,
     }
 
 
 def trace_files(run: Path) -> list[Path]:
-    return sorted((run / "traces").glob("*.pt.trace.json*")) if (run / "traces").is_dir() else []
+    """The run's traces: regular files in its own traces/ folder (never a link, to a file or a folder)."""
+    folder = run / "traces"
+    if folder.is_symlink() or not folder.is_dir():
+        return []
+    return sorted(p for p in folder.glob("*.pt.trace.json*") if not p.is_symlink() and p.is_file())
 
 
 def _depths(events: list[tuple[float, float, int]]) -> list[int]:

@@ -80,6 +80,11 @@ def read_inputs(logs: list[Path], xmls: list[Path]) -> Inputs:
     return inputs
 
 
+_MEANINGLESS_WITHOUT_MPI = frozenset((
+    "not-distributed", "ranks-interleaved", "net-socket-internode", "few-channels", "few-nics", "comm-per-node",
+    "mixed-link-layer", "nvlink-unused", "forced-algo-ignored", "nic-numa-mismatch"))
+
+
 def diagnose(log: NcclLog, systems: list[TopoSystem],
              extra: evidence.Evidence | None = None) -> tuple[dict[str, Any], list[Finding]]:
     """Report sections ("summary", "hosts", "ranks", "transports", "channels", "topology", "warnings", "inputs")
@@ -89,8 +94,10 @@ def diagnose(log: NcclLog, systems: list[TopoSystem],
     if extra is not None:
         known = {f.id for f in findings}
         findings += [f for f in evidence.findings(extra, facts.nodes) if f.id not in known
-                     and not (f.id == "nccl-tests-no-mpi" and "not-distributed" in known)
                      and not (f.id == "p2p-consumer-gpu" and "p2p-pcie-risk" in known)]
+        if any(f.id == "nccl-tests-no-mpi" for f in findings):
+            # Separate one-rank jobs: what would be read as the job's network, channels or rank layout is not one.
+            findings = [f for f in findings if f.id not in _MEANINGLESS_WITHOUT_MPI]
     sections: dict[str, Any] = {
         "summary": analysis.summary(facts),
         "hosts": analysis.hosts_section(facts),

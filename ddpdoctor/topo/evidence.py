@@ -13,6 +13,8 @@ from ddpdoctor.findings.model import Finding, Severity
 # as "[0000:07:00]" or "[07:00.0]" by newer builds; "Group" since nccl-tests 2.10).
 _TESTS_DEVICE = re.compile(r"#\s+Rank\s+(\d+)\s+(?:Group\s+\d+\s+)?Pid\s+(\d+)\s+on\s+(\S+)\s+device\s+(\d+)\s+"
                            r"\[([0-9a-fA-Fx:.]+)\]\s*(.*?)\s*$")
+# Open MPI's --tag-output prefix "[1,3]<stdout>:" (job, rank): which MPI rank printed the line.
+_MPI_TAG = re.compile(r"^\[\d+,(\d+)\]<std(?:out|err)>:")
 _CONSUMER = re.compile(r"GeForce|RTX \d{4}(?! ?(?:A|Ada)\d)|TITAN", re.IGNORECASE)
 # NCCL's topology print: "PCI/D000 (1000c01010000000)" (2.8-2.18: "%s/%lX (%lx)") or "PCI/0-d000 (10b5874710b58747)"
 # (2.19+: system id - local id). The 64-bit value is vendor<<48 | device<<32 | subsystem vendor<<16 | subsystem.
@@ -38,6 +40,7 @@ _MAX_QUOTE = 4
 class Evidence:
     devices: dict[tuple[str, int], tuple[str, str, str]] = field(default_factory=dict)  # (host, dev) -> (bus, model, line)
     tests_rank_hosts: dict[int, set[str]] = field(default_factory=dict)
+    tests_rank0_mpi: set[str] = field(default_factory=set)  # mpirun --tag-output ranks whose process printed "Rank 0"
     switches: dict[str, list[str]] = field(default_factory=dict)  # vendor name -> lines
     p2p_off: list[str] = field(default_factory=list)
     p2p_used: bool = False
@@ -58,6 +61,9 @@ def scan(evidence: Evidence, text: str) -> None:
                 rank, host, dev = int(m.group(1)), m.group(3), int(m.group(4))
                 evidence.devices[(host, dev)] = (m.group(5), m.group(6), line[:300])
                 evidence.tests_rank_hosts.setdefault(rank, set()).add(host)
+                tag = _MPI_TAG.match(line)
+                if rank == 0 and tag:
+                    evidence.tests_rank0_mpi.add(tag.group(1))
                 continue
         low = line.lower()
         if " nccl " not in low and "net/ofi" not in low and "libfabric" not in low and "efa" not in low:
@@ -147,14 +153,24 @@ def findings(ev: Evidence, nodes: int) -> list[Finding]:
     # Without MPI every host runs its own rank 0 (a log with two MPI runs on different hosts has hosts without one).
     tests_hosts = set().union(*ev.tests_rank_hosts.values()) if ev.tests_rank_hosts else set()
     multi = [0] if len(tests_hosts) > 1 and ev.tests_rank_hosts.get(0) == tests_hosts else []
+    # On one host: several MPI ranks each printed a device table whose only rank is 0 (mpirun -np N of a build
+    # without MPI=1: N separate one-GPU jobs).
+    if not multi and len(ev.tests_rank0_mpi) > 1 and set(ev.tests_rank_hosts) == {0}:
+        multi = [0]
     ones = {h for h, sizes in ev.comm_sizes.items() if sizes == {1}}
-    if multi or (len(ones) > 1 and len(ones) == len(ev.comm_sizes)):
+    # (one-rank communicators alone are any job whose processes each initialised alone: 'not-distributed' says that;
+    # it is nccl-tests only when nccl-tests printed its device table)
+    if multi or (ev.tests_rank_hosts and len(ones) > 1 and len(ones) == len(ev.comm_sizes)):
         hosts = sorted(set().union(*(ev.tests_rank_hosts[r] for r in multi)) if multi else ones)
         out.append(Finding(
             "nccl-tests-no-mpi", Severity.ERROR,
-            f"Every node ran its own one-node job ({len(hosts)} hosts each with "
-            + (f"rank {multi[0]}" if multi else "a communicator of 1 rank") + "): nccl-tests built without MPI",
-            evidence={"hosts": hosts[:16], "ranks_on_several_hosts": sorted(multi)[:16]},
+            (f"Every process ran its own one-GPU job ({len(ev.tests_rank0_mpi)} MPI ranks each printed 'Rank 0'"
+             f" on {', '.join(hosts[:4])}" if len(hosts) == 1 else
+             f"Every node ran its own one-node job ({len(hosts)} hosts each with "
+             + (f"rank {multi[0]}" if multi else "a communicator of 1 rank"))
+            + "): nccl-tests built without MPI; its figures measure no communication between them",
+            evidence={"hosts": hosts[:16], "ranks_on_several_hosts": sorted(multi)[:16],
+                      "mpi_ranks_printing_rank_0": sorted(ev.tests_rank0_mpi, key=int)[:16]},
             advice="Rebuild nccl-tests with MPI=1 MPI_HOME=... and launch it with mpirun/srun (one process per GPU "
                    "or per node with -g); without MPI each process is rank 0 of its own job and measures nothing "
                    "between nodes.",

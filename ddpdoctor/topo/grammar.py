@@ -7,7 +7,7 @@ import re
 # host:pid:tid [cudaDev] [file:line [(func)]] NCCL LEVEL msg ; found anywhere in the line, so launcher prefixes
 # ([rank3]:, [default0]:, [1,3]<stdout>:, "> ", CloudWatch "| ts |", WARN timestamps) need no list of their own.
 _NCCL = re.compile(
-    r"(?P<host>[^\s:\[\]|]+):(?P<pid>\d+):(?P<tid>\d+) \[(?P<dev>\d+)\] (?:[\d.]+ )?"
+    r"(?<![^\s:\[\]|])(?P<host>[^\s:\[\]|]+):(?P<pid>\d+):(?P<tid>\d+) \[(?P<dev>\d+)\] (?:[\d.]+ )?"
     r"(?:(?P<src>[\w./+-]+:\d+)(?: \(\w+\))? )?NCCL (?P<level>INFO|WARN|TRACE)\b ?(?P<msg>.*)$"
 )
 # The same line with "host:pid:tid" elided (people trim it when pasting): "[1] NCCL INFO ..." or "NCCL INFO ...".
@@ -23,7 +23,10 @@ _TESTS_RANK = re.compile(
 
 _ENV = re.compile(r"^(NCCL_\w+) set by environment to (.*?)\s*$")
 _ENV_SET = re.compile(r"^(NCCL_SOCKET_IFNAME|NCCL_IB_HCA) set to (\S+)")
+# Searched token by token (nccl_log._ifaces): the address part may hold ':' (IPv6), so one search over a long line
+# of "a:a:a:..." would rescan the rest of the line from every ':'.
 _IFACES = re.compile(r"(?:\[\d+\])?([^\s:\[\];]+):([^\s<;]+)<\d+>")
+_IFACE_TOKENS = re.compile(r"[\s;]+")
 _BOOTSTRAP = re.compile(r"^Bootstrap ?: Using(.*)$")
 _SOCKET = re.compile(r"^NET/Socket ?: Using (?!\d+ threads)(.*)$")
 _IB_USING = re.compile(r"^NET/IB ?: Using(.*?)(?:;\s*OOB .*)?$")

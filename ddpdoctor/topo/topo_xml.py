@@ -10,7 +10,7 @@ import re
 from dataclasses import dataclass, field
 
 _TAG = re.compile(r"<(/?)([A-Za-z_][\w.-]*)((?:\s+[\w:.-]+\s*=\s*\"[^\"]*\")*)\s*(/?)>")
-_ATTR = re.compile(r"([\w:.-]+)\s*=\s*\"([^\"]*)\"")
+_ATTR = re.compile(r"(?<![\w:.-])([\w:.-]+)\s*=\s*\"([^\"]*)\"")
 _COMMENT = re.compile(r"<!--.*?(?:-->|\Z)", re.DOTALL)
 
 CLASS_BRIDGE = "0x060400"

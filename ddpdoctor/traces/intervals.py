@@ -38,6 +38,23 @@ def clipped_len(ms: Arr, me: Arr, lo: float, hi: float) -> float:
     return float(np.sum(np.minimum(me[i0:i1], hi) - np.maximum(ms[i0:i1], lo)))
 
 
+def clipped_lens(ms: Arr, me: Arr, lo: Arr, hi: Arr) -> Arr:
+    """clipped_len for many windows [lo[k], hi[k]) at once (one per step: numpy calls per window cost more than the
+    arithmetic at 200,000 steps): covered length before t is F(t) = cumulative length of the merged intervals
+    before the one holding t, plus the part of that one before t; a window holds F(hi) - F(lo)."""
+    lo, hi = np.asarray(lo, dtype=np.float64), np.asarray(hi, dtype=np.float64)
+    if len(ms) == 0:
+        return np.zeros(len(lo))
+    cum = np.concatenate(([0.0], np.cumsum(me - ms)))
+
+    def before(t: Arr) -> Arr:
+        i = np.searchsorted(ms, t, side="right") - 1
+        ic = np.maximum(i, 0)
+        return np.where(i >= 0, cum[ic] + np.clip(t - ms[ic], 0.0, me[ic] - ms[ic]), 0.0)
+
+    return np.maximum(before(hi) - before(lo), 0.0)
+
+
 def clip(start: Arr, end: Arr, lo: float, hi: float) -> tuple[Arr, Arr]:
     """The parts of the intervals inside [lo, hi)."""
     s = np.maximum(start, lo)

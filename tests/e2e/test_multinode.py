@@ -17,6 +17,7 @@ import pytest
 
 from ddpdoctor.job.grouping import parse_ranges
 from tests.conftest import REPO, SCENARIOS
+from tests.ports import reserve_port_pair
 
 pytestmark = pytest.mark.slow
 
@@ -24,19 +25,8 @@ HANG_TIMEOUT = 4.0
 
 
 def _port() -> int:
-    # torchrun's store on P, ddpdoctor's job store on P+1: both must be free.
-    import socket
-
-    for _ in range(50):
-        p = random.randint(20000, 59000)
-        try:
-            for q in (p, p + 1):
-                with socket.socket() as s:
-                    s.bind(("127.0.0.1", q))
-            return p
-        except OSError:
-            continue
-    raise RuntimeError("no free port pair")
+    # torchrun's store on P, ddpdoctor's job store on P+1: both reserved (tests/ports.py), not guessed.
+    return reserve_port_pair()
 
 
 def start_nodes(command: str, script: str, out: Path | list[Path], nnodes: int = 2, nproc: int = 1, *extra: str,
@@ -246,6 +236,8 @@ def test_nodes_in_their_own_network_namespaces(tmp_path: Path) -> None:
         pytest.skip("the sandbox refuses network namespaces")
     sub = 10 + int(tag, 16) % 200
     head = f"10.77.{sub}.1"
+    # The two nodes live in network namespaces of their own, made by this test: no other process can hold a port
+    # there, so any port will do.
     out, port = tmp_path / "job", random.randint(20000, 59000)
     try:
         procs = []

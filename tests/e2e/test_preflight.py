@@ -3,20 +3,18 @@
 from __future__ import annotations
 
 import json
-import socket
 
 import pytest
 
 from ddpdoctor.preflight.nccltable import parse_table
 from tests.conftest import run_cli
+from tests.ports import reserve_port
 
 pytestmark = pytest.mark.slow
 
 
 def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+    return reserve_port()  # reserved until the server binds it (tests/ports.py), not bound and released
 
 
 def _hand_env(rank: int, world: int, port: int) -> dict[str, str]:

@@ -12,6 +12,7 @@ import sys
 import pytest
 
 from tests.conftest import EXAMPLES, REPO, SCENARIOS, run_cli
+from tests.ports import reserve_port
 
 pytestmark = pytest.mark.slow
 
@@ -148,9 +149,10 @@ def test_launcher_none_reads_the_schedulers_environment(tmp_path):
     """What `srun ddpdoctor profile --launcher none` does: each task is one rank, from SLURM_* variables."""
     out = tmp_path / "run"
     procs = []
+    port = reserve_port()  # one port for both ranks' store, reserved (tests/ports.py), not guessed
     for rank in (0, 1):
         env = dict(os.environ, SLURM_PROCID=str(rank), SLURM_NTASKS="2", SLURM_LOCALID=str(rank),
-                   MASTER_ADDR="127.0.0.1", MASTER_PORT=str(29000 + os.getpid() % 1000), PYTHONUNBUFFERED="1")
+                   MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), PYTHONUNBUFFERED="1")
         for k in ("RANK", "WORLD_SIZE", "LOCAL_RANK"):
             env.pop(k, None)
         procs.append(subprocess.Popen(

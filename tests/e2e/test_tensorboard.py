@@ -7,7 +7,6 @@ import json
 import os
 import re
 import shutil
-import socket
 import subprocess
 import sys
 import time
@@ -19,6 +18,7 @@ from pathlib import Path
 import pytest
 
 from ddpdoctor.renderers.tensorboard import write_scalars
+from tests.ports import reserve_port
 from tests.views_fixtures import profiled_run, sections
 
 # One worker runs both view e2e modules, so they share one profiled run (tests/views_fixtures.py).
@@ -26,9 +26,7 @@ pytestmark = [pytest.mark.slow, pytest.mark.xdist_group(name="views_profiled_run
 
 
 def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+    return reserve_port()  # reserved until the server binds it (tests/ports.py), not bound and released
 
 
 def _tensorboard_cmd() -> list[str]:

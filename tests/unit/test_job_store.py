@@ -14,12 +14,11 @@ import torch.distributed as dist
 
 from ddpdoctor.job.role import job_role
 from ddpdoctor.job.store import JobStore, JobStoreError, shared_token
+from tests.ports import reserve_port
 
 
 def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
+    return reserve_port()  # reserved until the store binds it (tests/ports.py)
 
 
 @pytest.fixture

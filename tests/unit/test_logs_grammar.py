@@ -73,8 +73,15 @@ WORDINGS = [
      "failed. See inner exception for details.", "store", "victim"),
     ("RuntimeError: The client socket has failed to connect to [node0]:29500 (errno: 111 - Connection refused).",
      "store", "victim"),
+    # connecting happens at start-up: a connect timeout is a rendezvous never reached, not a store lost mid-job
     ("[E socket.cpp:860] [c10d] The client socket has timed out after 60s while trying to connect to 192.0.0.1:1234",
-     "store", "victim"),
+     "store-cause", "cause"),
+    ("RuntimeError: connect() timed out. Original timeout was 60000 ms.", "store-cause", "cause"),
+    # DeepSpeed's launcher, the proxy service thread at teardown, libfabric completion errors
+    ("libfabric:451707:1708520807::efa:cq:efa_rdm_txe_handle_error():737<warn> err: 5, message: Invalid address",
+     "nccl-error", "cause"),
+    ("libfabric:9:1700000000::cxi:core:cxip_cq_eq_progress():531<warn> TXC (0x1:0:0): Send error: RC_UNDELIVERABLE",
+     "nccl-error", "cause"),
     ("[rank3]:[E ProcessGroupNCCL.cpp:1414] [PG 2 Rank 3] Process group watchdog thread terminated with exception: "
      "CUDA error: an illegal memory access was encountered", "cuda-error", "cause"),
     ("n176-080-198:2657296:2658232 [0] include/alloc.h:102 NCCL WARN Cuda failure 1 'invalid argument'", "nccl-error",

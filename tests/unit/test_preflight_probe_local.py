@@ -12,12 +12,11 @@ from ddpdoctor.commands.preflight import parse_size
 from ddpdoctor.errors import BadInput
 from ddpdoctor.preflight.local import checkpoint_dir, dist_env, judge_gpu
 from ddpdoctor.preflight.netprobe import classify, probe_tcp
+from tests.ports import reserve_port
 
 
 def _closed_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+    return reserve_port()  # nothing listens there, and nobody else can start to (tests/ports.py)
 
 
 def test_probe_closed_port_is_port():

@@ -77,3 +77,36 @@ def test_plx_switch_in_topology_xml(tmp_path: Path) -> None:
                    '<gpu dev="0" sm="70" rank="0" gdr="1"/></pci></pci></cpu></system>')
     found = {f.id: f for f in build_report([], [xml]).findings}
     assert "PLX" in found["gpus-behind-pcie-switch"].title
+
+
+def _no_mpi_process(tag: str, host: str, pid: int) -> str:
+    """One process of `mpirun -np N all_reduce_perf -g 1` built without MPI=1: its own header, 'Rank 0', a 1-rank
+    communicator, and NCCL's network lines (which then describe no job at all)."""
+    lines = [*HEADER.splitlines(), f"#  Rank  0 Group  0 Pid {pid:6d} on {host} device  0 [0x07] NVIDIA H100 80GB HBM3",
+             f"{host}:{pid}:{pid} [0] NCCL INFO Bootstrap : Using eth0:10.0.0.{pid % 200}<0>",
+             f"{host}:{pid}:{pid} [0] NCCL INFO NET/Socket : Using [0]eth0:10.0.0.{pid % 200}<0>",
+             f"{host}:{pid}:{pid} [0] NCCL INFO Using network Socket",
+             f"{host}:{pid}:{pid} [0] NCCL INFO NCCL version 2.18.1+cuda12.1",
+             f"{host}:{pid}:{pid + 5} [0] NCCL INFO comm 0x55aa{pid} rank 0 nranks 1 cudaDev 0 busId 7000 commId 0x12 - "
+             "Init COMPLETE",
+             "# Avg bus bandwidth    : 0 "]
+    return "".join(f"{tag}{ln}\n" for ln in lines)
+
+
+def test_nccl_tests_without_mpi_under_mpirun_on_one_host(tmp_path: Path) -> None:
+    # Before: 'not-distributed' (each process its own communicator) and nothing about the build.
+    text = "".join(_no_mpi_process(f"[1,{i}]<stdout>:", "node-a", 1000 + i) for i in range(4))
+    found = _ids(tmp_path, text)
+    assert list(found) == ["nccl-tests-no-mpi"], list(found)
+    assert found["nccl-tests-no-mpi"].evidence["mpi_ranks_printing_rank_0"] == ["0", "1", "2", "3"]
+
+
+def test_nccl_tests_without_mpi_on_two_hosts_hides_the_rank_layout_findings(tmp_path: Path) -> None:
+    text = "".join(_no_mpi_process(f"[1,{i}]<stdout>:", "node-a" if i < 2 else "node-b", 1000 + i) for i in range(4))
+    assert list(_ids(tmp_path, text)) == ["nccl-tests-no-mpi"]
+
+
+def test_two_single_gpu_runs_in_one_log_are_not_nccl_tests_without_mpi(tmp_path: Path) -> None:
+    # The same host, no mpirun: someone ran all_reduce_perf twice; nothing says MPI was meant.
+    text = _no_mpi_process("", "node-a", 1000) + _no_mpi_process("", "node-a", 2000)
+    assert "nccl-tests-no-mpi" not in _ids(tmp_path, text)

@@ -1,0 +1,102 @@
+"""--json never carries NaN/Infinity or a lone surrogate, and a live run's health file with a field of the wrong
+type, a NaN or a lone surrogate is shown, never a traceback (issue 26, item 13)."""
+
+from __future__ import annotations
+
+import json
+import math
+import shutil
+import time
+
+import pytest
+
+from ddpdoctor.launch import runlock
+from ddpdoctor.safe_io import dumps_json, loads_json
+from tests.conftest import SAMPLE_RUN, run_cli
+
+
+def strict(text: str) -> object:
+    """What a strict JSON reader (jq, serde, JSON.parse) accepts: no NaN/Infinity, no lone surrogate."""
+
+    def refuse(const: str) -> None:
+        raise AssertionError(f"{const} in JSON output")
+
+    value = json.loads(text, parse_constant=refuse)
+    text.encode("utf-8")  # a decoded lone surrogate would raise here
+
+    def walk(v: object) -> None:
+        if isinstance(v, str):
+            v.encode("utf-8")
+        elif isinstance(v, dict):
+            for k, x in v.items():
+                walk(k)
+                walk(x)
+        elif isinstance(v, list):
+            for x in v:
+                walk(x)
+
+    walk(value)
+    return value
+
+
+def test_dumps_json_writes_null_for_non_finite_and_fffd_for_lone_surrogates():
+    data = {"a": math.nan, "b": [math.inf, -math.inf, 1.5, {"c": "x\ud800y", "\udfff": 2}], "d": "\U0001f600"}
+    out = strict(dumps_json(data, indent=1))
+    assert out == {"a": None, "b": [None, None, 1.5, {"c": "x\ufffdy", "\ufffd": 2}], "d": "\U0001f600"}
+    assert dumps_json({"a": 1.0}) == json.dumps({"a": 1.0})  # the fast path is plain json
+
+
+def test_loads_json_reads_non_finite_as_null_and_keeps_surrogate_pairs():
+    raw = b'{"a": NaN, "b": -Infinity, "c": 1e999, "d": "\\ud800", "e": "\\ud83d\\ude00", "f": 2.5}'
+    assert loads_json(raw) == {"a": None, "b": None, "c": None, "d": "\ufffd", "e": "\U0001f600", "f": 2.5}
+    assert math.isnan(loads_json(raw, finite=False)["a"])
+
+
+def _live_run(tmp_path, health: dict) -> str:
+    run = tmp_path / "run"
+    (run / "live" / "node0").mkdir(parents=True)
+    (run / "manifest.json").write_text(json.dumps({"schema_version": 2, "mode": "run", "finished": False}))
+    (run / "live" / "node0" / "health.json").write_text(json.dumps(health))
+    return str(run)
+
+
+@pytest.mark.parametrize("bad", ['"abc"', "[1]", '{"x": 1}', "NaN", "Infinity", "1e999", '"\\ud800"', "true"])
+def test_status_of_a_live_run_with_a_bad_field_is_shown_not_a_traceback(tmp_path, bad):
+    health = {"version": 1, "node": "node0", "updated": time.time(), "finished": False, "world_size": 2,
+              "ranks_reporting": 1, "step": 5, "step_ms": 12.5, "steps_per_s": 80.0, "slowest_ranks": [0],
+              "ranks": {"0": {"step": 5, "step_ms": 12.5, "busy_ms": 3.0, "phase_now": "forward",
+                              "phase_share": {"forward": 0.5, "backward": 0.5}}},
+              "alerts": [{"id": "stall", "title": "t", "step": 3, "time": 1.0}], "alerts_total": 1}
+    run = _live_run(tmp_path, health)
+    path = tmp_path / "run" / "live" / "node0" / "health.json"
+    text = path.read_text()
+    for field in ('"updated"', '"step"', '"step_ms"', '"world_size"', '"busy_ms"', '"forward"', '"alerts_total"'):
+        text = text.replace(f"{field}: ", f"{field}: {bad}, \"was{field[1:]}: ", 1)
+    path.write_text(text.replace('"slowest_ranks": [0]', f'"slowest_ranks": [{bad}]'))
+    lock = runlock.acquire(tmp_path / "run")  # a live ddpdoctor holds its run
+    try:
+        procs = [run_cli("status", run), run_cli("status", "--json", run)]
+    finally:
+        lock.release()
+    for proc in procs:
+        assert proc.returncode == 0, proc.stderr
+        assert "Traceback" not in proc.stderr and not proc.stderr.strip(), proc.stderr
+    strict(proc.stdout)
+
+
+def test_analyze_json_of_a_run_with_nan_and_infinity_is_strict_json(tmp_path):
+    run = tmp_path / "run"
+    shutil.copytree(SAMPLE_RUN, run)
+    status = run / "ranks" / "rank0" / "status.json"
+    data = json.loads(status.read_text())
+    data["duration_s"] = math.inf
+    if isinstance(data.get("step_times_s"), list) and data["step_times_s"]:
+        data["step_times_s"][-1] = math.nan
+    status.write_text(json.dumps(data))
+    manifest = json.loads((run / "manifest.json").read_text())
+    manifest["duration_s"] = math.inf  # echoed in the report's "job"
+    manifest["ddp_modules"]["0"][0]["bucket_cap_mb"] = math.nan  # echoed in "ddp"
+    (run / "manifest.json").write_text(json.dumps(manifest))
+    proc = run_cli("analyze", "--json", str(run))
+    assert proc.returncode in (0, 1), proc.stderr
+    strict(proc.stdout)
