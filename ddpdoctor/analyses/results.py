@@ -182,7 +182,7 @@ class CommSplit:
     """One rank's exposed communication (communication no compute hides) split in three (docs/metrics.md#exposed-split),
     totals over its recorded steps: ``wait_us`` waiting for a late peer (arrival skew), ``transfer_us`` the rest of
     the exposed time (the data moving), ``dispatch_us`` host dispatch (enqueued, not yet running, nothing else of
-    this rank's communication running: outside the exposed time, shown beside it). ``waiting_for_us``: the exposed
+    this rank's communication running: outside the exposed time, shown beside it; CPU traces only). ``waiting_for_us``: the exposed
     wait by the rank whose arrival ended it. ``wait_by_step``: exposed wait per step (the rules' per-step figure)."""
 
     rank: int
@@ -190,7 +190,7 @@ class CommSplit:
     exposed_us: float
     wait_us: float
     transfer_us: float
-    dispatch_us: float
+    dispatch_us: float | None  # None on GPU traces (launch-to-start there is queueing on the stream)
     waiting_for_us: dict[int, float] = field(default_factory=dict)
     wait_by_step: dict[int, float] = field(default_factory=dict)
 
@@ -199,7 +199,7 @@ class CommSplit:
         return {"rank": self.rank, "steps": self.steps, "exposed_ms_per_step": round(self.exposed_us / n / 1e3, 3),
                 "wait_ms_per_step": round(self.wait_us / n / 1e3, 3),
                 "transfer_ms_per_step": round(self.transfer_us / n / 1e3, 3),
-                "dispatch_ms_per_step": round(self.dispatch_us / n / 1e3, 3),
+                "dispatch_ms_per_step": None if self.dispatch_us is None else round(self.dispatch_us / n / 1e3, 3),
                 "waiting_for_ms_per_step": {str(k): round(v / n / 1e3, 3) for k, v in sorted(self.waiting_for_us.items())}}
 
 

@@ -32,6 +32,9 @@ from typing import Any
 
 import torch
 
+# Flight Recorder dtype names -> bytes per element (c10's ScalarType names)
+DTYPE_BYTES = {"Float": 4, "Double": 8, "Half": 2, "BFloat16": 2, "Long": 8, "Int": 4, "Short": 2, "Char": 1,
+               "Byte": 1, "Bool": 1, "ComplexFloat": 8, "ComplexDouble": 16, "Float8_e4m3fn": 1, "Float8_e5m2": 1}
 HISTORY = 2048  # per-step summaries kept for ledger.json (a few bytes each)
 FR_KEEP = 4096  # Flight Recorder entries written at the end (its own ring is 2,000 by default)
 VERSION = 1
@@ -154,7 +157,24 @@ def flight_recorder_entries(keep: int = FR_KEEP) -> dict[str, Any]:
         out.append({
             "group": pg[1] if isinstance(pg, list) and len(pg) > 1 else None, "seq": e.get("collective_seq_id"),
             "op": e.get("profiling_name"), "sizes": e.get("input_sizes"), "dtypes": e.get("input_dtypes"),
+            "bytes": _bytes(e.get("input_sizes"), e.get("input_dtypes")),
             "enqueued_ns": e.get("time_created_ns"), "completed_ns": done, "duration_ms": e.get("duration_ms"),
             "state": e.get("state"),
         })
     return {"collectives_source": "flight-recorder", "collectives": out, "collectives_at": time.time()}
+
+
+def _bytes(sizes: Any, dtypes: Any) -> int | None:
+    """Bytes of a collective's inputs from the Flight Recorder's shapes and dtype names (None when unknown)."""
+    if not isinstance(sizes, list) or not isinstance(dtypes, list) or len(sizes) != len(dtypes):
+        return None
+    total = 0
+    for shape, dtype in zip(sizes, dtypes, strict=True):
+        size = DTYPE_BYTES.get(str(dtype))
+        if size is None or not isinstance(shape, list) or not all(isinstance(d, int) for d in shape):
+            return None
+        n = 1
+        for d in shape:
+            n *= d
+        total += n * size
+    return total

@@ -122,6 +122,8 @@ def test_probe_counts_ddps_bucket_wait_as_blocked_and_leaves_gradients_alone(tmp
         assert [s[0] for s in data["steps"]] == [1, 2, 3]
         assert data["collectives_source"] == "flight-recorder" and data["collectives"]
         assert {c["op"] for c in data["collectives"]} >= {"gloo:all_reduce"}
+        grads = [c for c in data["collectives"] if c["op"] == "gloo:all_reduce"]
+        assert grads[-1]["bytes"] == 4 * (8 * 8 + 8) and grads[-1]["enqueued_ns"] > 0  # one bucket: weight + bias
     finally:
         probe.uninstall()
         tracker.uninstall()
