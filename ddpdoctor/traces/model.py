@@ -157,7 +157,7 @@ def build_trace(raw: RawTrace, fallback_rank: int | None = None) -> Trace:
             label = decode_args(ev.args).name
             if isinstance(label, str) and "pt_gloo_runloop" in label:
                 gloo_tids.add((ev.pid, ev.tid))
-    has_gpu = any(ev.cat == "kernel" for ev in events if ev.ph == "X")
+    has_gpu = "kernel" in {ev.cat for ev in events if ev.ph == "X"}  # a comprehension: no generator per event
 
     steps: list[tuple[int, float, float]] = []
     # Columns as flat float arrays (start, end, launch-or-correlation per row): 24 bytes a row, no tuples.
