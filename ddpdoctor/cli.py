@@ -14,12 +14,14 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "profile": ("ddpdoctor.commands.profile", "Launch a DDP script like torchrun, profile a few steps on every rank, report."),
     "run": ("ddpdoctor.commands.run", "Launch a DDP script like torchrun under hang and crash watch, without profiling."),
     "analyze": ("ddpdoctor.commands.analyze", "Analyse a run directory or PyTorch profiler traces (GPU or CPU)."),
+    "diff": ("ddpdoctor.commands.diff", "Compare two runs: which part of the step changed, on which rank, beyond noise."),
     "check-sync": ("ddpdoctor.commands.check_sync", "Check that gradients, parameters, buffers and data shards agree across ranks."),
     "logs": ("ddpdoctor.commands.logs", "Explain logs of a job that ran without ddpdoctor (hangs, crashes, mismatches)."),
     "topo": ("ddpdoctor.commands.topo", "Read NCCL_DEBUG=INFO output and topology dumps; flag a misconfigured fabric."),
     "status": ("ddpdoctor.commands.status", "Live state of a job under `ddpdoctor run`: steps/s, slowest ranks, alerts."),
     "capture": ("ddpdoctor.commands.capture", "Profile N iterations of a running job, or dump its stacks, without a restart."),
     "preflight": ("ddpdoctor.commands.preflight", "Check the cluster and the job's environment before a big run."),
+    "tune": ("ddpdoctor.commands.tune", "Try variants of DDP's options for real (A/B launches) and report the measured gain."),
 }
 
 

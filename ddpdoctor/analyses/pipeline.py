@@ -238,6 +238,7 @@ def analyze_paths(paths: list[Path], options: AnalyzeOptions | None = None) -> A
         bandwidth=crossrank.bandwidth_fit(calls),
         matched=matched,
         stragglers=crossrank.stragglers(results, matched),
+        comm_split=crossrank.exposed_split(results, matched),
         clock_offsets_us=offsets,
         ddp=ddp_section(manifest),
         notes=notes,

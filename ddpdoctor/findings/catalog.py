@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from ddpdoctor.findings.model import Finding, Severity
 
 # The docs/findings.md sections, in their order.
-AREAS = ("job", "perf", "hangs", "live", "logs", "sync", "topo", "preflight")
+AREAS = ("job", "perf", "diff", "hangs", "live", "logs", "sync", "topo", "preflight", "tune")
 _LETTERS = {"E": Severity.ERROR, "W": Severity.WARNING, "I": Severity.INFO}
 
 
@@ -66,13 +66,17 @@ CATALOG: tuple[FindingKind, ...] = (
     K("rank-no-communication", "perf", "W", "ddpdoctor.findings.perf"),
     K("no-profiler-steps", "perf", "I", "ddpdoctor.findings.perf_wholetrace"),
     K("bucket-cap-whatif", "perf", "WI", "ddpdoctor.findings.perf"),
+    K("diff-step-slower", "diff", "W", "ddpdoctor.findings.diff"),
+    K("diff-step-faster", "diff", "I", "ddpdoctor.findings.diff"),
+    K("diff-not-measurable", "diff", "I", "ddpdoctor.findings.diff"),
+    K("diff-bucket-layout", "diff", "I", "ddpdoctor.findings.diff"),
     K("job-stopped", "job", "W", "ddpdoctor.findings.job"),
     K("run-unfinished", "job", "EW", "ddpdoctor.findings.job"),
-    K("hang", "hangs", "E", "ddpdoctor.findings.hang"),
+    K("hang", "hangs", "E", "ddpdoctor.findings.failure"),
     K("long-stall", "hangs", "W", "ddpdoctor.findings.hang"),
     K("rank-left-early", "hangs", "E", "ddpdoctor.findings.hang"),
     K("collective-mismatch", "hangs", "E", "ddpdoctor.findings.hang"),
-    K("rank-crashed", "hangs", "E", "ddpdoctor.findings.hang"),
+    K("rank-crashed", "hangs", "E", "ddpdoctor.findings.failure"),
     K("unused-parameters", "hangs", "EWI", "ddpdoctor.findings.hang"),
     K("slow-rank", "live", "W", "ddpdoctor.live.findings"),
     K("slowdown", "live", "W", "ddpdoctor.live.findings"),
@@ -149,6 +153,12 @@ CATALOG: tuple[FindingKind, ...] = (
     K("preflight.checkpoint_dir", "preflight", "EW", "ddpdoctor.preflight.checks"),
     K("preflight.clock_skew", "preflight", "EW", "ddpdoctor.preflight.checks"),
     K("preflight.nccl_topology", "preflight", "EW", "ddpdoctor.preflight.checks"),
+    K("tune-winner", "tune", "WI", "ddpdoctor.findings.tune"),
+    K("tune-no-winner", "tune", "I", "ddpdoctor.findings.tune"),
+    K("tune-numerics-changed", "tune", "W", "ddpdoctor.findings.tune"),
+    K("tune-numerics-differ", "tune", "I", "ddpdoctor.findings.tune"),
+    K("tune-not-applied", "tune", "W", "ddpdoctor.findings.tune"),
+    K("tune-trial-failed", "tune", "EW", "ddpdoctor.findings.tune"),
 )
 
 _BY_ID: dict[str, tuple[FindingKind, ...]] = {}

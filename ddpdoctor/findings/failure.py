@@ -28,8 +28,11 @@ def hang_finding(title: str, ranks: list[int], advice: str, **evidence: Any) -> 
                    evidence=_checked("hang", evidence, HANG_EVIDENCE), advice=advice)
 
 
-def rank_crashed_finding(rank: int | None, title: str, advice: str, **evidence: Any) -> Finding:
+def rank_crashed_finding(rank: int | None, title: str, advice: str, *, ranks: list[int] | None = None,
+                         **evidence: Any) -> Finding:
     """A rank that failed: its exception, traceback and the user's call site; plus what the source knows beyond
-    that (a watched run's victims)."""
-    return Finding("rank-crashed", Severity.ERROR, title, ranks=[rank] if rank is not None else [],
+    that (a watched run's victims). ``ranks`` names several ranks that died of one cause (``rank`` is then None)."""
+    if ranks is None:
+        ranks = [rank] if rank is not None else []
+    return Finding("rank-crashed", Severity.ERROR, title, ranks=list(ranks),
                    evidence=_checked("rank-crashed", {"rank": rank, **evidence}, CRASH_EVIDENCE), advice=advice)

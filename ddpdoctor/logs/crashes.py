@@ -84,16 +84,14 @@ def crash_findings(crashed: dict[int | None, tuple[str, str, str, str | None]],
     grouped: set[int] = set()
     for sig, time, ranks, host in _same_moment(crashed, signals, failures or []):
         grouped |= set(ranks)
-        findings.append(Finding(
-            "rank-crashed", Severity.ERROR,
+        findings.append(rank_crashed_finding(
+            None,
             f"Ranks {', '.join(map(str, ranks))} all died of {sig} at {time}" + (f" on {host}" if host else "")
             + ": one cause shared by the host, not one rank's fault",
-            ranks=ranks,
-            evidence={"rank": None, "culprit_ranks": ranks, "signal": sig, "time": time, "host": host,
-                      "exception": f"Signal {sig}", "traceback": crashed[ranks[0]][1], "call_site": None,
-                      "why": _HOST_WIDE.get(sig, "several ranks dying of one signal in the same second share "
-                                                    "one cause")},
-            advice=_SIGNAL_ADVICE.get(sig, "Look at what the host did at that second (dmesg, the scheduler)."),
+            _SIGNAL_ADVICE.get(sig, "Look at what the host did at that second (dmesg, the scheduler)."),
+            ranks=ranks, culprit_ranks=ranks, signal=sig, time=time, host=host,
+            exception=f"Signal {sig}", traceback=crashed[ranks[0]][1], call_site=None,
+            why=_HOST_WIDE.get(sig, "several ranks dying of one signal in the same second share one cause"),
         ))
     for rank, (exception, traceback, site, signal) in crashed.items():
         if rank in grouped:

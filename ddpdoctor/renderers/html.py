@@ -260,12 +260,14 @@ def _ddp_html(ddp: Any) -> str:
          "buckets"], rows, left=2) + "</section>"
 
 
-def render_html(report: Report) -> str:
-    """The whole report as one HTML document string."""
+def render_html(report: Report, extra: str = "") -> str:
+    """The whole report as one HTML document string; ``extra``: sections of other views placed after the findings
+    (already escaped HTML, e.g. the diff against a baseline)."""
     s = report.sections
     ranks = s.get("ranks") or []
     stragglers = list((s.get("stragglers") or {}).get("ranks") or [])
-    from ddpdoctor import __version__
+    from ddpdoctor.renderers.html_tune import tune_html
+    from ddpdoctor.version import __version__
 
     meta = [f"ddpdoctor {__version__}", f"{len(ranks)} rank(s)"]
     if s.get("run_dir"):
@@ -289,8 +291,10 @@ def render_html(report: Report) -> str:
 <div class="meta">{esc(" · ".join(meta))}</div></header>
 <main>
 {_summary_html(report, ranks)}
+{tune_html(s)}
 <noscript><p class="noscript">Charts need JavaScript; the tables below do not.</p></noscript>
 <section id="findings"><h2>Findings</h2>{_findings_html(report.findings)}{notes}</section>
+{extra}
 <section id="ranks"><h2>Per rank, per step</h2>
 <p class="note">Every figure is per step: step time as the median (and p90) over the recorded steps, the others as a
 mean per step (report.json has the totals).</p>
@@ -326,10 +330,14 @@ per step. The dot is the current bucket_cap_mb; the dashed line what was measure
 """
 
 
-def write_html(report: Report, path: Path) -> Path:
+def write_html(report: Report, path: Path, extra: str = "") -> Path:
     """Write the report atomically (a temporary file beside it, then a rename): a full disk or a crash leaves the
     previous report or none, never half a page. Raises OSError; the caller names the file."""
-    text = render_html(report)
+    return write_page(render_html(report, extra), path)
+
+
+def write_page(text: str, path: Path) -> Path:
+    """``text`` to ``path`` atomically (see write_html). Raises OSError."""
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
     try:

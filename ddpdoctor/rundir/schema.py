@@ -117,6 +117,8 @@ class Manifest(Artefact, kw_only=True):
     mode: str | None = None
     command_line: list[str] = []
     script: str | None = None
+    script_sha256: str | None = None  # the script file's hash at launch (diff's "what else changed")
+    host_load: Number | None = None  # the launching host's 1-minute load average at launch
     script_args: list[str] = []
     launcher: str | None = None
     launcher_host: str | None = None
@@ -301,6 +303,7 @@ class SyncRecord(Artefact, kw_only=True):
     check_seconds: Number | None = None
     modules: list[SyncModule] = []
     optimizer_params_outside_ddp: list[dict[str, Json]] = []
+    closure_steps: int | None = None  # optimizer.step(closure) calls seen (grads read when the closure returns)
     grads: list[SyncRow] = []
     params: list[SyncRow] = []
     buffers: list[SyncRow] = []
@@ -412,15 +415,26 @@ class ReportFile(Artefact, kw_only=True):
     findings: list[dict[str, Json]] = []
 
 
+class RankTune(Artefact, kw_only=True):
+    """ranks/rankR/tune.json: what `ddpdoctor tune`'s probe applied in one trial launch, and the loss of each
+    iteration (a string for a loss that was not finite)."""
+
+    setting: dict[str, Json] = {}
+    stop_after: int | None = None
+    applied: list[dict[str, Json]] = []
+    errors: list[str] = []
+    loss_per_iteration: list[Number | str | None] = []
+
+
 # The current version of each artefact (stamped on write); bump when a field changes meaning.
 VERSIONS: dict[type[Artefact], int] = {
     Manifest: 2, RankInfo: 1, RankStatus: 1, RankSummary: 2, SummaryError: 1, Heartbeats: 1, Hang: 1,
-    SyncRecord: 1, DataRecord: 1, PreflightRecord: 1, PreflightGathered: 1, ReportFile: 1,
+    SyncRecord: 1, DataRecord: 1, PreflightRecord: 1, PreflightGathered: 1, ReportFile: 1, RankTune: 1,
 }
 
 # Which schema a file name has (the writer stamps schema_version from it; the loader validates with it).
 BY_NAME: dict[str, type[Artefact]] = {
     "manifest.json": Manifest, "info.json": RankInfo, "status.json": RankStatus, "summary.json": RankSummary,
     "summary-error.json": SummaryError, "heartbeats.json": Heartbeats, "hang.json": Hang, "sync.json": SyncRecord,
-    "data.json": DataRecord, "preflight.json": PreflightRecord, "report.json": ReportFile,
+    "data.json": DataRecord, "preflight.json": PreflightRecord, "report.json": ReportFile, "tune.json": RankTune,
 }
