@@ -22,8 +22,9 @@ SEED = 0
 # Fewer values than this and no interval means anything: the figure is "not measurable".
 MIN_SAMPLES = 3
 # Above this many values the resampling runs in numpy (another generator: same seed, other draws); below it, the
-# per-value Python loop, whose intervals the recorded verdicts were checked against.
-VECTOR_FROM = 2000
+# per-value Python loop, whose intervals the recorded verdicts were checked against (a profile of a few ranks and
+# tens of steps); a 258-step, 2-rank trace spent more time resampling than reading its 110 MB.
+VECTOR_FROM = 256
 # --active is never suggested above this (traces grow with every step).
 MAX_SUGGESTED_ACTIVE = 50
 

@@ -14,7 +14,7 @@ from ddpdoctor.analyses.rank import RankResult, analyze_trace
 from ddpdoctor.analyses.results import asdict
 from ddpdoctor.errors import BadInput
 from ddpdoctor.rundir.schema import RankSummary
-from ddpdoctor.traces.loader import load_raw
+from ddpdoctor.traces.loader import load_raw, no_gc
 from ddpdoctor.traces.trace import Spans, Trace, build_trace
 
 SCHEMA = 1
@@ -51,12 +51,13 @@ def merge_traces(traces: list[Trace]) -> Trace:
 
 
 def analyze_files(paths: list[Path], rank: int | None = None, window: str = "all") -> RankResult:
-    traces = [build_trace(load_raw(Path(p)), fallback_rank=rank) for p in paths]
-    if rank is not None:
-        for t in traces:
-            if t.rank_source != "distributedInfo":
-                t.rank, t.rank_source = rank, "filename"
-    return analyze_trace(merge_traces(traces), window)
+    with no_gc():  # one rank's trace: everything built here lives until the summary is made
+        traces = [build_trace(load_raw(Path(p)), fallback_rank=rank) for p in paths]
+        if rank is not None:
+            for t in traces:
+                if t.rank_source != "distributedInfo":
+                    t.rank, t.rank_source = rank, "filename"
+        return analyze_trace(merge_traces(traces), window)
 
 
 def to_dict(r: RankResult) -> dict[str, Any]:

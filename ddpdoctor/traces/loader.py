@@ -6,9 +6,11 @@ AccumulateGrad). The garbage collector is off while decoding: it is the main cos
 
 from __future__ import annotations
 
+import contextlib
 import gc
 import re
 import sys
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -139,19 +141,27 @@ def _bare_events(data: bytes, path: Path) -> list[Event]:
         raise BadInput(f"not a PyTorch profiler trace ({exc})", path) from exc
 
 
+@contextlib.contextmanager
+def no_gc() -> Iterator[None]:
+    """The cyclic garbage collector off while a trace is decoded and reduced: its passes over the hundreds of
+    thousands of objects being built (none of them in a cycle) cost a third of building a rank's columns."""
+    enabled = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if enabled:
+            gc.enable()
+
+
 def load_raw(path: Path) -> RawTrace:
     """Decode one trace file; raise BadInput (one line naming the file) when it is not a usable trace."""
     path = Path(path)
     data = read_bytes(path)
     if not data.strip():
         raise BadInput("empty file", path)
-    enabled = gc.isenabled()
-    gc.disable()
-    try:
+    with no_gc():
         doc, notes = _decode(data, path)
-    finally:
-        if enabled:
-            gc.enable()
     if not doc.traceEvents:
         raise BadInput("trace has no events", path)
     return RawTrace(str(path), doc.traceEvents, doc.distributedInfo, doc.host_name, notes)

@@ -87,7 +87,9 @@ def as_rank(doc: dict[str, Any], rank: int, world: int, shift_us: float = 0.0, l
 
 def write(doc: dict[str, Any], path: Path, level: int = 1) -> Path:
     """``doc`` as a .json.gz (or .json) trace file."""
-    data = json.dumps(doc, separators=(",", ":")).encode()
+    # The profiler's own spacing ('"rank": 3'): HTA finds a file's rank with that regular expression, and reads
+    # every compact file as rank 0.
+    data = json.dumps(doc).encode()
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_bytes(gzip.compress(data, compresslevel=level) if path.name.endswith(".gz") else data)
     return path

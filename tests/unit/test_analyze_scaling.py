@@ -203,3 +203,12 @@ def test_warmup_prefix_linear_in_steps() -> None:
     # n log n: sorting and the Fenwick tree's walks grow with log2(n), 11 -> 14 levels here (10x measured). The rule it replaced
     # sorted the rest for every prefix length: ~64x.
     assert n_large / n_small <= 8 * 1.6, f"8x the steps took {n_large / n_small:.1f}x the operations"
+
+
+def test_warmup_prefix_at_200000_steps() -> None:
+    """Issue 26's input: 200,000 recorded steps (the rule it replaced never finished; 40,000 took 49 s)."""
+    rng = random.Random(3)
+    durs = [50.0, 40.0, 35.0] + [10.0 + rng.random() for _ in range(200_000 - 3)]
+    assert warmup_prefix(durs) == 3
+    durs[100_000] = 60.0  # a slow step later on does not move the prefix
+    assert warmup_prefix(durs) == 3
