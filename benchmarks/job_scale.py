@@ -1,6 +1,6 @@
 """The job-wide watch at scale: a real head (JobAgent on a real TCPStore) against simulated node monitors.
 
-    python benchmarks/job_scale.py [--ranks 1024 4096] [--nodes 8] [--hang-timeout 10] [--run-s 6]
+    python benchmarks/job_scale.py [--ranks 1024 4096 32768] [--nodes 8] [--hang-timeout 10] [--run-s 6]
 
 Each simulated node is a process running the real node agent (ddpdoctor/job/agent.py) over a HangMonitor whose rank
 links it fills with heartbeats as ranks would send them: every rank steps every --step-s, in DDP's all-reduce at
@@ -62,6 +62,7 @@ def node_main(args: argparse.Namespace) -> None:
         mon.links[r] = RankLink(r)
     agent.start(t0)
     stuck = False
+    last_place: tuple[int, bool] = (0, False)
     while time.time() < min(hang_at, t0 + 600) + args.hang_timeout + 40 and agent.verdict is None:
         now = time.time()
         if hang_at == float("inf") and agent.store is not None:
@@ -81,6 +82,9 @@ def node_main(args: argparse.Namespace) -> None:
             step += 1
             step_started = now
         seq += 1
+        if (step, stuck) != last_place:  # as the monitor counts a rank's new place
+            mon.changes = getattr(mon, "changes", 0) + 1
+            last_place = (step, stuck)
         for r in range(first, first + n):
             hung = stuck and r == args.hung
             coll = None if hung else {"op": "allreduce", "group": "default_pg", "seq": 2 * step,

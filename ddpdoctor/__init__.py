@@ -9,7 +9,8 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-__version__ = "0.1.0"
+from ddpdoctor.version import __version__
+
 __all__ = ["Report", "__version__", "check_sync", "iteration", "step"]
 
 if TYPE_CHECKING:  # the real signatures, for mypy, IDEs and pyright (the package ships py.typed)

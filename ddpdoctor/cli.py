@@ -14,6 +14,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "profile": ("ddpdoctor.commands.profile", "Launch a DDP script like torchrun, profile a few steps on every rank, report."),
     "run": ("ddpdoctor.commands.run", "Launch a DDP script like torchrun under hang and crash watch, without profiling."),
     "analyze": ("ddpdoctor.commands.analyze", "Analyse a run directory or PyTorch profiler traces (GPU or CPU)."),
+    "diff": ("ddpdoctor.commands.diff", "Compare two runs: which part of the step changed, on which rank, beyond noise."),
     "check-sync": ("ddpdoctor.commands.check_sync", "Check that gradients, parameters, buffers and data shards agree across ranks."),
     "logs": ("ddpdoctor.commands.logs", "Explain logs of a job that ran without ddpdoctor (hangs, crashes, mismatches)."),
     "topo": ("ddpdoctor.commands.topo", "Read NCCL_DEBUG=INFO output and topology dumps; flag a misconfigured fabric."),

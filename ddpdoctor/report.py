@@ -154,7 +154,7 @@ class Report:
         return exit_code(self.findings, fail_on)
 
     def to_json(self) -> dict[str, Any]:
-        from ddpdoctor import __version__
+        from ddpdoctor.version import __version__
 
         out: dict[str, Any] = {
             "tool": "ddpdoctor",

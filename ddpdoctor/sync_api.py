@@ -50,7 +50,9 @@ def run_check_sync(spec: Any, watcher: Any = None,
     result = launch(spec, watcher if watcher is not None else make_watcher(None, 600.0, "kill"))
     if not result.reports and not_reporting is not None:
         not_reporting(result)
-    report = assemble(spec.run_dir, result.exit_code)
+    from ddpdoctor.launch.runlock import is_locked
+
+    report = assemble(spec.run_dir, result.exit_code, locked=is_locked(spec.run_dir.root))
     save_report(spec.run_dir, report)
     return report, result.exit_code
 

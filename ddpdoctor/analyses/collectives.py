@@ -150,7 +150,7 @@ def rank_collectives(
         calls.append(CollectiveCall(
             rank=trace.rank, index=i, step=step, op=op, group=group, seq=seq, bytes=nbytes,
             start_us=c.start, dur_us=dur, end_us=c.end, start_rel_backward_us=rel,
-            algbw_gbps=algbw, busbw_gbps=busbw,
+            algbw_gbps=algbw, busbw_gbps=busbw, launch_us=launch,
         ))
     return calls, launches
 

@@ -9,8 +9,9 @@ from collections import defaultdict
 
 import numpy as np
 
-from ddpdoctor.analyses.model import BandwidthFit, CollectiveCall, MatchedCollective, Stragglers
+from ddpdoctor.analyses.model import BandwidthFit, CollectiveCall, CommSplit, MatchedCollective, Stragglers
 from ddpdoctor.analyses.rank import RankResult
+from ddpdoctor.traces import intervals as iv
 
 # A rank is a straggler when it makes the others wait at least twice as long as a typical rank does (arrival order
 # alone flips at random between healthy ranks), and the excess, per waiting rank, is at least 5% of the recorded
@@ -20,6 +21,10 @@ STRAGGLER_DOMINANCE = 2.0
 STRAGGLER_MAJORITY = 2 / 3
 STRAGGLER_WAIT_SHARE = 0.05
 
+
+# Collectives of at most this many bytes are "small" (flags, scalars, metadata: Lightning's 8-byte broadcast every
+# step), whose arrival order is chance: lateness is judged per kind (op x small/large), weighted by the wait caused.
+SMALL_BYTES = 4096
 
 # Point-to-point transfers pair with one peer each (pipeline stages), not with every rank: no arrival skew.
 P2P_OPS = {"send", "recv", "send_recv"}
@@ -106,6 +111,8 @@ def shift(results: list[RankResult], offsets: dict[int, float]) -> None:
         for c in r.calls:
             c.start_us -= d
             c.end_us -= d
+            if c.launch_us is not None:
+                c.launch_us -= d
         for b in r.buckets:
             b.start_us -= d
             b.end_us -= d
@@ -125,13 +132,114 @@ def shift(results: list[RankResult], offsets: dict[int, float]) -> None:
                 p.cpu_backward_end_us -= d
 
 
+def kind(m: MatchedCollective) -> str:
+    """all_reduce, broadcast:small, ...: the classes of collectives whose lateness is compared together."""
+    return f"{m.op}:small" if m.bytes is not None and m.bytes <= SMALL_BYTES else m.op
+
+
+def _wait_intervals(matched: list[MatchedCollective]) -> dict[int, list[tuple[float, float, int]]]:
+    """Per waiting rank: (its start, its start + how much later the last rank arrived by its own work, that rank),
+    cut at its own end. Own lateness (``_own_lateness``), not raw starts: a ring's completion order is no wait."""
+    out: dict[int, list[tuple[float, float, int]]] = defaultdict(list)
+    for m in matched:
+        late = m.lateness_us or _own_lateness(None, m.starts_us)
+        last = m.last_rank
+        for rk, t in m.starts_us.items():
+            end = min(t + late[last] - late.get(rk, 0.0), m.ends_us.get(rk, float("inf")))
+            if rk != last and end > t:
+                out[rk].append((t, end, last))
+    return out
+
+
+def _union_by_culprit(spans: list[tuple[float, float, int]]) -> tuple[float, dict[int, float]]:
+    """Length of the union of ``spans`` and each culprit's share: a moment spent waiting at several overlapping
+    collectives (DDP's buckets) counts once, for the first span that covers it (sorted sweep, linear after sort)."""
+    total = 0.0
+    by: dict[int, float] = defaultdict(float)
+    reach = float("-inf")
+    for a, b, who in sorted(spans):
+        lo = max(a, reach)
+        if b > lo:
+            total += b - lo
+            by[who] += b - lo
+        reach = max(reach, b)
+    return total, dict(by)
+
+
+def exposed_split(results: list[RankResult], matched: list[MatchedCollective]) -> list[CommSplit]:
+    """Each rank's exposed communication per step split into waiting for a late peer, transfer and host dispatch
+    (docs/metrics.md#exposed-split). A step's wait is the union of its collectives' waits ([own start, last rank's
+    start]); compute overlaps a collective's beginning (it runs while buckets are launched), so the hidden part of
+    the communication is charged to the wait first: exposed wait = clamp(wait - overlap, 0, exposed)."""
+    waits = _wait_intervals(matched)
+    out: list[CommSplit] = []
+    for r in results:
+        steps = sorted(r.metrics.per_step, key=lambda p: p.start_us)
+        starts = [p.start_us for p in steps]
+        by_step: dict[int, list[tuple[float, float, int]]] = defaultdict(list)
+        for a, b, who in waits.get(r.metrics.rank, []):
+            i = bisect.bisect_right(starts, a) - 1
+            if i >= 0 and a < steps[i].start_us + steps[i].dur_us:
+                by_step[i].append((a, b, who))
+        calls_by_step: dict[int, list[CollectiveCall]] = defaultdict(list)
+        for c in r.calls:
+            i = bisect.bisect_right(starts, c.launch_us if c.launch_us is not None else c.start_us) - 1
+            if i >= 0:
+                calls_by_step[i].append(c)
+        exposed = wait = dispatch = 0.0
+        waiting_for: dict[int, float] = defaultdict(float)
+        wait_by_step: dict[int, float] = {}
+        for i, p in enumerate(steps):
+            union, shares = _union_by_culprit(by_step.get(i, []))
+            w = min(p.exposed_comm_us, max(0.0, union - p.overlap_us))
+            if union > 0:
+                for who, v in shares.items():
+                    waiting_for[who] += w * v / union
+            wait_by_step[p.step] = w
+            exposed += p.exposed_comm_us
+            wait += w
+            dispatch += _dispatch_us(calls_by_step.get(i, []))
+        out.append(CommSplit(rank=r.metrics.rank, steps=len(steps), exposed_us=exposed, wait_us=wait,
+                             transfer_us=exposed - wait, dispatch_us=dispatch,
+                             waiting_for_us={k: v for k, v in waiting_for.items() if v > 0}, wait_by_step=wait_by_step))
+    return out
+
+
+def _dispatch_us(calls: list[CollectiveCall]) -> float:
+    """Time a step's collectives sat enqueued by the host while none of its communication ran: the union of
+    [launch, start] less its overlap with the collectives' own running time."""
+    queued = [(c.launch_us, c.start_us) for c in calls if c.launch_us is not None and c.start_us > c.launch_us]
+    if not queued:
+        return 0.0
+    q = (np.array([a for a, _ in queued]), np.array([b for _, b in queued]))
+    running = (np.array([c.start_us for c in calls]), np.array([c.end_us for c in calls]))
+    return max(0.0, iv.union_len(*q) - iv.intersect_len(q, running))
+
+
 def stragglers(results: list[RankResult], matched: list[MatchedCollective]) -> Stragglers:
+    """Who makes the others wait. Each waiting rank's wait is counted once per moment (overlapping collectives of a
+    step share it) and charged to the rank whose arrival ended it; a rank must be last in a clear majority of the
+    collectives of the kind where it causes the most wait (an 8-byte flag broadcast every step, arrival by chance,
+    does not dilute 11 of 11 gradient all-reduces)."""
     caused: dict[int, float] = {r.metrics.rank: 0.0 for r in results}
     last_count: dict[int, int] = {r.metrics.rank: 0 for r in results}
+    kind_wait: dict[int, dict[str, float]] = defaultdict(lambda: defaultdict(float))
+    kind_last: dict[str, dict[int, int]] = defaultdict(lambda: defaultdict(int))
+    kind_n: dict[str, int] = defaultdict(int)
     for m in matched:
         late = m.lateness_us or _own_lateness(None, m.starts_us)  # built without match(): start order
-        caused[m.last_rank] += sum(late[m.last_rank] - v for v in late.values())
+        k = kind(m)
+        kind_n[k] += 1
+        kind_last[k][m.last_rank] += 1
+        kind_wait[m.last_rank][k] += sum(late[m.last_rank] - v for v in late.values())
         last_count[m.last_rank] += 1
+    for spans in _wait_intervals(matched).values():
+        for who, v in _union_by_culprit(spans)[1].items():
+            caused[who] = caused.get(who, 0.0) + v
+    last_in_kind: dict[int, tuple[str, int, int]] = {}
+    for rk, waits in kind_wait.items():
+        k = max(waits, key=lambda x: (waits[x], x))
+        last_in_kind[rk] = (k, kind_last[k][rk], kind_n[k])
     medians = {r.metrics.rank: r.metrics.step_time_us.get("median") for r in results}
     known = [v for v in medians.values() if v is not None]
     step_skew = max(known) - min(known) if len(known) >= 2 else None
@@ -145,15 +253,16 @@ def stragglers(results: list[RankResult], matched: list[MatchedCollective]) -> S
         for rk, w in caused.items():
             typical = _median_without(ordered, w)
             excess = (w - typical) / (n - 1)
-            # ... and last in a clear majority of the matched collectives (a rank last now and then is noise).
+            _, k_last, k_n = last_in_kind.get(rk, ("", 0, 0))
+            # ... and last in a clear majority of the matched collectives of its kind (last now and then is noise).
             if (w >= STRAGGLER_DOMINANCE * typical and excess >= STRAGGLER_WAIT_SHARE * total_step
-                    and last_count[rk] >= STRAGGLER_MAJORITY * len(matched)):
+                    and k_n > 0 and k_last >= STRAGGLER_MAJORITY * k_n):
                 flagged.append(rk)
     skews = [m.arrival_skew_us for m in matched]
     return Stragglers(
         ranks=sorted(flagged), caused_wait_us=caused, last_arrival_count=last_count,
         arrival_skew_median_us=statistics.median(skews) if skews else None,
-        step_time_skew_us=step_skew, step_time_us_by_rank=medians,
+        step_time_skew_us=step_skew, step_time_us_by_rank=medians, last_in_kind=last_in_kind,
     )
 
 

@@ -106,3 +106,26 @@ def suggested_active(iv: Interval, threshold: float, steps: int) -> int:
         return min(MAX_SUGGESTED_ACTIVE, max(10, 3 * max(1, steps)))
     need = math.ceil(steps * (iv.half_width / gap) ** 2 * 1.2)
     return int(min(MAX_SUGGESTED_ACTIVE, max(steps + 2, need)))
+
+
+def bootstrap_mean_diff(base: Sequence[float], new: Sequence[float], resamples: int = RESAMPLES,
+                        level: float = LEVEL, seed: int = SEED) -> Interval | None:
+    """mean(new) - mean(base) and its percentile bootstrap interval, each side resampled on its own (two runs' steps
+    are not paired). Deterministic like ``bootstrap``; ``n`` is the smaller side. None when a side has no value."""
+    import numpy as np
+
+    b = np.asarray([float(v) for v in base if v is not None and math.isfinite(v)], dtype=float)
+    x = np.asarray([float(v) for v in new if v is not None and math.isfinite(v)], dtype=float)
+    if not len(b) or not len(x):
+        return None
+    point = float(x.mean() - b.mean())
+    n = min(len(b), len(x))
+    if n == 1:
+        return Interval(point, point, point, 1)
+    rng = np.random.default_rng(seed)
+    diffs = np.sort(x[rng.integers(0, len(x), (resamples, len(x)))].mean(axis=1)
+                    - b[rng.integers(0, len(b), (resamples, len(b)))].mean(axis=1))
+    tail = (1.0 - level) / 2.0
+    lo = float(diffs[int(math.floor(tail * (resamples - 1)))])
+    hi = float(diffs[int(math.ceil((1.0 - tail) * (resamples - 1)))])
+    return Interval(point, min(lo, point), max(hi, point), n)

@@ -112,6 +112,7 @@ class CollectiveCall:
     start_rel_backward_us: float | None  # start - backward start of its step
     algbw_gbps: float | None  # bytes / dur, GB/s (1e9 bytes/s)
     busbw_gbps: float | None
+    launch_us: float | None = None  # when the host enqueued it (CPU: the c10d call; GPU: the kernel launch)
 
 
 @dataclass(slots=True)
@@ -177,6 +178,32 @@ class MatchedCollective:
 
 
 @dataclass
+class CommSplit:
+    """One rank's exposed communication (communication no compute hides) split in three (docs/metrics.md#exposed-split),
+    totals over its recorded steps: ``wait_us`` waiting for a late peer (arrival skew), ``transfer_us`` the rest of
+    the exposed time (the data moving), ``dispatch_us`` host dispatch (enqueued, not yet running, nothing else of
+    this rank's communication running: outside the exposed time, shown beside it). ``waiting_for_us``: the exposed
+    wait by the rank whose arrival ended it. ``wait_by_step``: exposed wait per step (the rules' per-step figure)."""
+
+    rank: int
+    steps: int
+    exposed_us: float
+    wait_us: float
+    transfer_us: float
+    dispatch_us: float
+    waiting_for_us: dict[int, float] = field(default_factory=dict)
+    wait_by_step: dict[int, float] = field(default_factory=dict)
+
+    def to_json(self) -> dict[str, Any]:
+        n = max(1, self.steps)
+        return {"rank": self.rank, "steps": self.steps, "exposed_ms_per_step": round(self.exposed_us / n / 1e3, 3),
+                "wait_ms_per_step": round(self.wait_us / n / 1e3, 3),
+                "transfer_ms_per_step": round(self.transfer_us / n / 1e3, 3),
+                "dispatch_ms_per_step": round(self.dispatch_us / n / 1e3, 3),
+                "waiting_for_ms_per_step": {str(k): round(v / n / 1e3, 3) for k, v in sorted(self.waiting_for_us.items())}}
+
+
+@dataclass
 class Stragglers:
     ranks: list[int]
     caused_wait_us: dict[int, float]  # time the other ranks waited for this one (sum over matched collectives)
@@ -184,6 +211,9 @@ class Stragglers:
     arrival_skew_median_us: float | None
     step_time_skew_us: float | None  # max - min of per-rank median step time
     step_time_us_by_rank: dict[int, float | None]
+    # rank -> (collective kind, times it was last in that kind, collectives of that kind): the kind where the rank
+    # makes the others wait most (docs/metrics.md#caused-wait); its majority is judged there, not over every kind.
+    last_in_kind: dict[int, tuple[str, int, int]] = field(default_factory=dict)
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -217,6 +247,8 @@ class Analysis:
     notes: list[str] = field(default_factory=list)
     # rank -> (cores it could run on, ranks on its host), from a ddpdoctor run's manifest; absent for bare traces
     host_cpus: dict[int, tuple[int, int]] = field(default_factory=dict)
+    # Exposed communication per rank split into waiting for a late peer, transfer and host dispatch (crossrank.py)
+    comm_split: list[CommSplit] = field(default_factory=list)
 
     def by_op(self) -> dict[str, dict[str, Any]]:
         """count, bytes (null when no call of the op has a known size) and total time per op."""
@@ -253,6 +285,7 @@ class Analysis:
             },
             "syncs": [asdict(s) for s in self.syncs],
             "stragglers": self.stragglers.to_json() if self.stragglers else {"ranks": [], "evidence": {}},
+            "exposed_split": [c.to_json() for c in self.comm_split],
             "clock_offsets_us": {str(k): v for k, v in self.clock_offsets_us.items()},
             "ddp": self.ddp,
         }

@@ -29,7 +29,7 @@ TRACE_SUFFIXES = (".json", ".json.gz")
 class AnalyzeOptions:
     window: str = "all"  # "all": every recorded step; "hta": work launched before the last ProfilerStep begins
     reread: bool = False  # re-read traces even where per-rank summaries exist
-    workers: int | None = None  # parallel processes for traces (default: one per core, at most one per unit)
+    workers: int | None = None  # parallel processes for traces (default: one per usable core, at most one per unit)
     on_bytes: Callable[[int], None] | None = None  # progress hook: input bytes of each finished unit (views)
 
 
@@ -124,10 +124,18 @@ def _unit_bytes(unit: _Unit) -> int:
         return 0
 
 
+def usable_cores() -> int:
+    """The cores this process may run on (its CPU affinity: a SLURM or container allotment), not the machine's."""
+    try:
+        return max(1, len(os.sched_getaffinity(0)))
+    except (AttributeError, OSError):
+        return os.cpu_count() or 1
+
+
 def reduce_all(units: list[_Unit], opts: AnalyzeOptions) -> tuple[list[RankResult], list[str]]:
     """Each unit in its own process when there are several and more than one core; bad files become warnings
     as long as one file is usable."""
-    workers = opts.workers or min(len(units), os.cpu_count() or 1)
+    workers = opts.workers or min(len(units), usable_cores())
     tick = opts.on_bytes or (lambda n: None)
     if workers > 1 and sum(1 for u in units if u.summary is None) > 1:
         with ProcessPoolExecutor(max_workers=workers) as pool:
@@ -176,13 +184,14 @@ NO_STEPS_ADVICE = ("record with `ddpdoctor profile`, or call prof.step() once pe
 
 
 def _check_steps(results: list[RankResult]) -> list[str]:
-    """Nothing per step is measurable without ProfilerStep#N events: bad input when no trace has one (never an
-    "ok" with no findings), a note naming each rank that has none."""
+    """Nothing per step is measurable without ProfilerStep#N events. A trace without any (the profiler used without
+    a schedule, serving frameworks) is still a trace: its figures hold over the whole trace, and the findings say so
+    (no-profiler-steps) while the per-step rules stay quiet; a note names each rank without steps among ranks with."""
     without = [r for r in results if r.metrics.steps == 0]
     if len(without) == len(results):
-        where = results[0].input.path if len(results) == 1 else None
-        raise BadInput(f"no ProfilerStep in {'the trace' if where else 'any trace'}: step time, overlap and "
-                       f"stragglers cannot be measured; {NO_STEPS_ADVICE}", where)
+        return [f"no ProfilerStep in {'the trace' if len(results) == 1 else 'any trace'}: overlap, exposed "
+                "communication and collectives are over the whole trace; step time and every per-step figure "
+                f"need steps: {NO_STEPS_ADVICE}"]
     return [f"rank {r.metrics.rank}: no ProfilerStep in its trace, so its step times are unknown; {NO_STEPS_ADVICE}"
             for r in without]
 
@@ -229,6 +238,7 @@ def analyze_paths(paths: list[Path], options: AnalyzeOptions | None = None) -> A
         bandwidth=crossrank.bandwidth_fit(calls),
         matched=matched,
         stragglers=crossrank.stragglers(results, matched),
+        comm_split=crossrank.exposed_split(results, matched),
         clock_offsets_us=offsets,
         ddp=ddp_section(manifest),
         notes=notes,

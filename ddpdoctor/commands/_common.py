@@ -12,9 +12,9 @@ from typing import Any, NoReturn
 
 import click
 
+from ddpdoctor.commands._torchrun_options import torchrun_options
 from ddpdoctor.errors import EXIT_BAD_INPUT, BadInput
 from ddpdoctor.findings.model import Severity
-from ddpdoctor.launch.flags import torchrun_options
 from ddpdoctor.report import Report
 from ddpdoctor.safe_io import dumps_json
 from ddpdoctor.terminal_text import one_line
@@ -101,7 +101,9 @@ def job_report_elsewhere(result: Any, *, as_json: bool, verbose: bool = False, f
         return
     if result.note:
         click.echo(f"ddpdoctor: {result.note}", err=True)
-    report = Report.from_json(doc)
+    from ddpdoctor.reports.sections import load_report
+
+    report = load_report(doc)  # typed again, so this node renders the head's view of it
     report.sections["node"] = job.node_info()
     emit(report, as_json=as_json, verbose=verbose, fail_on=fail_on, sections=sections,
          exit_code=1 if result.exit_code else None)

@@ -4,10 +4,14 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import click
 
 from ddpdoctor.commands._common import cli_errors, emit, examples, fail_on_option, json_option
+
+if TYPE_CHECKING:
+    from ddpdoctor.findings.model import Finding
 
 
 @click.command(help=__doc__ + "\n\nPATH: a run directory from `ddpdoctor profile`, a folder of traces, or trace files "
@@ -49,8 +53,27 @@ def command(paths: tuple[Path, ...], window: str, reread: bool, workers: int | N
         analysis = analyze_paths(list(paths), AnalyzeOptions(window=window, reread=reread, workers=workers,
                                                              on_bytes=advance))
     report = assemble(analysis)
+    report.findings.extend(_unfinished(paths))
     # A run directory is read, never rewritten: `profile` already wrote its report.html and scalars, and an
     # archived or read-only run must stay analysable. --html/--merge write where the user asks.
     write_outputs(report, None, html_path, merge_path, trace_paths(list(paths)) if merge_path else [],
                   show_progress=show)
     emit(report, as_json=as_json, verbose=verbose, fail_on=fail_on)
+
+
+def _unfinished(paths: tuple[Path, ...]) -> list[Finding]:
+    """run-unfinished for a run directory whose ddpdoctor was killed (SIGKILL, a crash) before it finished: its
+    manifest still says running and no live ddpdoctor holds its lock. Without it, a killed run read "ok"."""
+    from ddpdoctor.findings.job import ended_findings
+    from ddpdoctor.launch import runlock
+    from ddpdoctor.rundir import manifest as manifest_mod
+    from ddpdoctor.rundir.layout import RunDir
+
+    found = []
+    for path in paths:
+        run = RunDir(Path(path))
+        if not run.is_run_dir():
+            continue
+        findings, _stopped = ended_findings(manifest_mod.load(run), runlock.is_locked(run.root))
+        found += [f for f in findings if f.id == "run-unfinished"]
+    return found

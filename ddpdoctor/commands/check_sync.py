@@ -17,7 +17,7 @@ from ddpdoctor.commands._common import (
     launch_options,
     pop_launch_spec,
 )
-from ddpdoctor.launch.monitor import pop_watcher, watch_options
+from ddpdoctor.commands._watch import pop_watcher, watch_options
 from ddpdoctor.renderers import progress
 from ddpdoctor.sync_api import run_check_sync
 

@@ -22,9 +22,10 @@ from ddpdoctor.commands._common import (
     overwrite_option,
     run_dir_options,
 )
+from ddpdoctor.commands._torchrun_options import torchrun_options_without_script
 from ddpdoctor.errors import BadInput
 from ddpdoctor.findings.model import Finding
-from ddpdoctor.launch.flags import pop_torchrun_values, torchrun_options_without_script
+from ddpdoctor.launch.flags import pop_torchrun_values
 from ddpdoctor.launch.launcher import LaunchSpec, RunningJob, launch
 from ddpdoctor.preflight.checks import CHECKS, FAIL, SKIPPED, CheckResult, exit_code
 from ddpdoctor.preflight.merge import (

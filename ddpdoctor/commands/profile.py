@@ -20,9 +20,10 @@ from ddpdoctor.commands._common import (
     pop_launch_spec,
     share_job_report,
 )
+from ddpdoctor.commands._watch import pop_watcher, watch_options
 from ddpdoctor.errors import BadInput
 from ddpdoctor.launch.launcher import launch
-from ddpdoctor.launch.monitor import pop_watcher, watch_options
+from ddpdoctor.launch.runlock import is_locked
 from ddpdoctor.probes.config import Schedule
 from ddpdoctor.renderers import progress
 from ddpdoctor.renderers.outputs import write_outputs
@@ -52,6 +53,8 @@ from ddpdoctor.rundir.report import save_report
               help="Write all ranks' traces as one Perfetto/Chrome trace (e.g. merged.json.gz).")
 @click.option("--nccl-debug", is_flag=True,
               help="Capture NCCL_DEBUG=INFO output and a topology dump; add the fabric checks of `ddpdoctor topo`.")
+@click.option("--baseline", type=click.Path(path_type=Path, exists=True), default=None,
+              help="A run directory to compare with: the report adds `ddpdoctor diff BASELINE RUN` (docs/diff.md).")
 @json_option
 @fail_on_option
 @cli_errors
@@ -66,6 +69,7 @@ def command(
     html_path: Path | None,
     merge_path: Path | None,
     nccl_debug: bool,
+    baseline: Path | None,
     as_json: bool,
     fail_on: str,
     **kwargs: Any,
@@ -83,7 +87,8 @@ def command(
         finish_quietly(result)
     traces = spec.run_dir.trace_files()
     progress.say(f"analysing {len(traces)} trace(s), {sum(p.stat().st_size for p in traces) / 1e6:.1f} MB", show)
-    report = assemble(spec.run_dir, spec.schedule, nccl_debug=nccl_debug)
+    report = assemble(spec.run_dir, spec.schedule, locked=is_locked(spec.run_dir.root), nccl_debug=nccl_debug,
+                      baseline=baseline)
     share_job_report(result, report)  # a job of several nodes: every node prints this report
     save_report(spec.run_dir, report)
     if result.exit_code == 0 and not spec.run_dir.trace_files() and any(f.id == "no-steps-seen" for f in report.findings):
@@ -92,8 +97,15 @@ def command(
             "was profiled; call ddpdoctor.step() at the end of each iteration",
             spec.script,
         )
-    # The run directory is also the HTML report's home and a TensorBoard log dir (RUN/scalars/rankR).
-    write_outputs(report, spec.run_dir.root, html_path, merge_path, spec.run_dir.trace_files(), show_progress=show)
+    # The run directory is also the HTML report's home and a TensorBoard log dir (RUN/scalars/rankR). When only
+    # those cannot be written (a full disk), the job's verdict still decides the exit code: report.json holds the
+    # report, and one line says what is missing. What the user asked for (--html, --merge) must be written.
+    try:
+        write_outputs(report, spec.run_dir.root, None, None, [], show_progress=show)
+    except BadInput as exc:
+        click.echo(f"ddpdoctor: warning: {exc}; the report is complete in report.json and below", err=True)
+    if html_path or merge_path:
+        write_outputs(report, None, html_path, merge_path, spec.run_dir.trace_files(), show_progress=show)
     emit(report, as_json=as_json, verbose=verbose, fail_on=fail_on, exit_code=result.exit_code or None)
 
 

@@ -19,9 +19,10 @@ from ddpdoctor.commands._common import (
     pop_launch_spec,
     share_job_report,
 )
+from ddpdoctor.commands._live_options import live_options, node_name, pop_live
+from ddpdoctor.commands._watch import pop_watcher, watch_options
 from ddpdoctor.launch.launcher import launch
-from ddpdoctor.launch.monitor import pop_watcher, watch_options
-from ddpdoctor.live.options import live_options, node_name, pop_live
+from ddpdoctor.launch.runlock import is_locked
 from ddpdoctor.renderers import progress
 from ddpdoctor.reports.run import assemble
 from ddpdoctor.rundir.report import save_report
@@ -55,7 +56,7 @@ def command(debug: bool, verbose: bool, nccl_debug: bool, as_json: bool, fail_on
     if not result.reports:
         job_report_elsewhere(result, as_json=as_json, verbose=verbose, fail_on=fail_on)
         finish_quietly(result)
-    report = assemble(spec.run_dir, debug=debug, nccl_debug=nccl_debug)
+    report = assemble(spec.run_dir, locked=is_locked(spec.run_dir.root), debug=debug, nccl_debug=nccl_debug)
     share_job_report(result, report)  # a job of several nodes: every node prints this report
     save_report(spec.run_dir, report)
     # The contract is 0/1/2: a job that failed (or was killed for hanging) is a problem found.

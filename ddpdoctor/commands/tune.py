@@ -18,8 +18,8 @@ from ddpdoctor.commands._common import (
     launch_options,
     pop_launch_spec,
 )
+from ddpdoctor.commands._watch import watch_options
 from ddpdoctor.errors import BadInput
-from ddpdoctor.launch.monitor import watch_options
 
 
 @click.command(context_settings=LAUNCH_CONTEXT, help=__doc__, epilog=examples(

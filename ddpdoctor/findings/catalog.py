@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from ddpdoctor.findings.model import Finding, Severity
 
 # The docs/findings.md sections, in their order.
-AREAS = ("job", "perf", "hangs", "live", "logs", "sync", "topo", "preflight", "tune")
+AREAS = ("job", "perf", "diff", "hangs", "live", "logs", "sync", "topo", "preflight", "tune")
 _LETTERS = {"E": Severity.ERROR, "W": Severity.WARNING, "I": Severity.INFO}
 
 
@@ -64,14 +64,19 @@ CATALOG: tuple[FindingKind, ...] = (
     K("no-communication", "perf", "I", "ddpdoctor.findings.perf"),
     K("single-rank-ddp", "perf", "I", "ddpdoctor.findings.perf"),
     K("rank-no-communication", "perf", "W", "ddpdoctor.findings.perf"),
+    K("no-profiler-steps", "perf", "I", "ddpdoctor.findings.perf_wholetrace"),
     K("bucket-cap-whatif", "perf", "WI", "ddpdoctor.findings.perf"),
+    K("diff-step-slower", "diff", "W", "ddpdoctor.findings.diff"),
+    K("diff-step-faster", "diff", "I", "ddpdoctor.findings.diff"),
+    K("diff-not-measurable", "diff", "I", "ddpdoctor.findings.diff"),
+    K("diff-bucket-layout", "diff", "I", "ddpdoctor.findings.diff"),
     K("job-stopped", "job", "W", "ddpdoctor.findings.job"),
     K("run-unfinished", "job", "EW", "ddpdoctor.findings.job"),
-    K("hang", "hangs", "E", "ddpdoctor.findings.hang"),
+    K("hang", "hangs", "E", "ddpdoctor.findings.failure"),
     K("long-stall", "hangs", "W", "ddpdoctor.findings.hang"),
     K("rank-left-early", "hangs", "E", "ddpdoctor.findings.hang"),
     K("collective-mismatch", "hangs", "E", "ddpdoctor.findings.hang"),
-    K("rank-crashed", "hangs", "E", "ddpdoctor.findings.hang"),
+    K("rank-crashed", "hangs", "E", "ddpdoctor.findings.failure"),
     K("unused-parameters", "hangs", "EWI", "ddpdoctor.findings.hang"),
     K("slow-rank", "live", "W", "ddpdoctor.live.findings"),
     K("slowdown", "live", "W", "ddpdoctor.live.findings"),

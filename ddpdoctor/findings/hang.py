@@ -9,6 +9,7 @@ from collections import Counter
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+from ddpdoctor.findings.failure import hang_finding, rank_crashed_finding
 from ddpdoctor.findings.model import Finding, Severity
 
 DDP_BUCKETS = "allreduce (DDP gradient buckets)"
@@ -176,18 +177,13 @@ def hang_findings(hang: dict[str, Any], debug: bool = False) -> list[Finding]:
     advice = HANG_ADVICE.get(d["kind"], HANG_ADVICE["unknown"])
     if not debug:
         advice += " Rerun with `ddpdoctor run --debug` for TORCH_DISTRIBUTED_DEBUG=DETAIL's collective checks."
-    out = [Finding(
-        "hang", Severity.ERROR,
+    out = [hang_finding(
         ("No first step within the start-up timeout: " if hang.get("in_startup") else "Job hung: ") + d["reason"],
-        ranks=d["culprit_ranks"] or d["stalled_ranks"],
-        evidence={
-            "stalled_ranks": d["stalled_ranks"], "culprit_ranks": d["culprit_ranks"],
-            "collective": d.get("collective"), "call_sites": call_sites, "stacks": stacks,
-            "detected_after_s": hang.get("detected_after_s"), "reported_after_s": hang.get("reported_after_s"),
-            "hang_timeout_s": hang.get("hang_timeout_s"),
-            "kind": d["kind"],
-        },
-        advice=advice,
+        d["culprit_ranks"] or d["stalled_ranks"], advice,
+        stalled_ranks=d["stalled_ranks"], culprit_ranks=d["culprit_ranks"],
+        collective=d.get("collective"), call_sites=call_sites, stacks=stacks,
+        detected_after_s=hang.get("detected_after_s"), reported_after_s=hang.get("reported_after_s"),
+        hang_timeout_s=hang.get("hang_timeout_s"), kind=d["kind"],
     )]
     if d["kind"] == "mismatch":
         out.append(_mismatch_finding(
@@ -307,6 +303,10 @@ def crash_findings(statuses: dict[int, dict[str, Any] | None], debug: bool = Fal
         # A rank killed outright (SIGKILL, the OOM killer) writes nothing; its peers' connection errors follow from it.
         roots = {r: {"exception": "killed by a signal, leaving no status or message (SIGKILL or the OOM killer?)",
                      "died": True} for r in silent}
+    elif not roots and (signalled := _signalled(statuses, failed)):
+        # A rank killed by a signal it did not catch (SIGTERM, SIGINT by hand or a scheduler) writes its status and
+        # no exception; its peers' connection errors follow from it (it used to be the peer that was blamed).
+        roots = {signalled: dict(failed.get(signalled) or {}, **_signal_root(statuses[signalled] or {}))}
     elif not roots:  # everyone is a victim: the first to fail is the best guess
         first = min(failed, key=lambda r: failed[r].get("ended_at") or 0)
         roots = {first: failed[first]}
@@ -332,15 +332,30 @@ def crash_findings(statuses: dict[int, dict[str, Any] | None], debug: bool = Fal
             out.append(unused)
         died = " (the process died)" if s.get("died") else ""
         first_note = " first" if len(roots) == 1 and victims else ""
-        out.append(Finding(
-            "rank-crashed", Severity.ERROR, f"Rank {r} failed{first_note}{died}: {exc.splitlines()[0][:300]}",
-            ranks=[r],
-            evidence={"rank": r, "exception": exc, "traceback": s.get("traceback", ""),
-                      "call_site": fc.get("call_site"), "victims": victims},
-            advice="This rank's exception is the root cause; the other ranks' errors (connection closed, "
-                   "timeouts) follow from it." if victims else "Fix the exception in this rank's traceback.",
+        out.append(rank_crashed_finding(
+            r, f"Rank {r} failed{first_note}{died}: {exc.splitlines()[0][:300]}",
+            "This rank's exception is the root cause; the other ranks' errors (connection closed, "
+            "timeouts) follow from it." if victims else "Fix the exception in this rank's traceback.",
+            exception=exc, traceback=s.get("traceback", ""), call_site=fc.get("call_site"), victims=victims,
         ))
     return _dedupe(out)
+
+
+def _signalled(statuses: dict[int, dict[str, Any] | None], failed: dict[int, dict[str, Any]]) -> int | None:
+    """The first rank (by when it ended) that a signal ended without an exception of its own, if any. Ranks that
+    torchrun stopped after it (SIGTERM too) ended later."""
+    hit = [(s.get("ended_at") if isinstance(s.get("ended_at"), (int, float)) else float("inf"), r)
+           for r, s in statuses.items() if s and s.get("signal") and not s.get("exception")]
+    return min(hit)[1] if hit else None
+
+
+def _signal_root(status: dict[str, Any]) -> dict[str, Any]:
+    site = status.get("exit_site")
+    where = f" at {site}" if isinstance(site, str) and site else ""
+    step = status.get("steps_completed")
+    after = f" after {step} iteration(s)" if isinstance(step, int) else ""
+    return {"exception": f"killed by {status.get('signal')} (exit code {status.get('exit_code')}){where}{after}",
+            "died": True, "failed_collective": status.get("last_collective") or {}}
 
 
 def left_early(statuses: dict[int, dict[str, Any] | None], failed: dict[int, dict[str, Any]]) -> list[int]:

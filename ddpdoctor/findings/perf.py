@@ -7,6 +7,7 @@ import itertools
 import statistics
 from collections import defaultdict
 from collections.abc import Callable
+from dataclasses import replace
 from typing import Any
 
 from ddpdoctor.analyses.intervals import bootstrap
@@ -30,6 +31,7 @@ from ddpdoctor.findings.perf_verdict import (
     step_samples,
     undecided,
 )
+from ddpdoctor.findings.perf_wholetrace import rule_no_steps
 
 # Exposed communication (|comm \ compute|) as a share of step time. Under 20% the step is dominated by compute and
 # tuning DDP buys little. Above it, a warning: a performance problem is never an error (the job computes right).
@@ -70,9 +72,22 @@ def _recommends(w: WhatIf | None, noise_us: float = 0.0) -> bool:
     return best is None or best.buckets_per_step != w.current_buckets_per_step
 
 
+def _waits(a: Analysis) -> dict[tuple[int, int], float]:
+    """(rank, step) -> the part of its exposed communication spent waiting for a late peer (docs/metrics.md)."""
+    return {(c.rank, step): w for c in a.comm_split for step, w in c.wait_by_step.items()}
+
+
+def transfer_us(a: Analysis) -> dict[tuple[int, int], float]:
+    """(rank, step) -> exposed transfer: exposed communication less the wait for a late peer. The overlap rules,
+    exposed-comm-high and the bucket what-if rest on it: buckets and compression cannot shorten a wait."""
+    waits = _waits(a)
+    return {(r.rank, s.step): max(0.0, s.exposed_comm_us - waits.get((r.rank, s.step), 0.0))
+            for r in a.ranks for s in r.per_step}
+
+
 def _exposed_noise_us(a: Analysis) -> float:
-    """Half the interval of exposed communication per step: a predicted saving below it cannot be told from noise."""
-    iv = bootstrap([s.exposed_comm_us for r in a.ranks if r.comm_us > 0 for s in r.per_step])
+    """Half the interval of exposed transfer per step: a predicted saving below it cannot be told from noise."""
+    iv = bootstrap(list(transfer_us(a).values()) if any(r.comm_us > 0 for r in a.ranks) else [])
     return iv.half_width if iv is not None and iv.measurable else 0.0
 
 
@@ -143,20 +158,39 @@ def rule_no_communication(a: Analysis, w: WhatIf | None) -> list[Finding]:
     )]
 
 
+def _transfer_pct(a: Analysis, tr: dict[tuple[int, int], float]) -> dict[int, float]:
+    """Each rank's exposed transfer as % of its recorded step time."""
+    out = {}
+    for r in a.ranks:
+        total = sum(s.dur_us for s in r.per_step)
+        if total > 0:
+            out[r.rank] = 100.0 * sum(tr.get((r.rank, s.step), 0.0) for s in r.per_step) / total
+    return out
+
+
 def rule_exposed_comm(a: Analysis, w: WhatIf | None) -> list[Finding]:
     comm_ranks = [r for r in a.ranks if r.comm_us > 0]
-    iv = bootstrap([100.0 * s.exposed_comm_us / s.dur_us for r in comm_ranks for s in r.per_step if s.dur_us > 0])
+    tr = transfer_us(a)
+    iv = bootstrap([100.0 * tr[(r.rank, s.step)] / s.dur_us for r in comm_ranks for s in r.per_step if s.dur_us > 0])
     if iv is None:
         return []
     if not iv.above(EXPOSED_WARN_PCT):
-        return [undecided("exposed-comm-high", "exposed communication, % of step", iv, EXPOSED_WARN_PCT, a)] \
+        return [undecided("exposed-comm-high", "exposed transfer, % of step", iv, EXPOSED_WARN_PCT, a)] \
             if iv.undecided(EXPOSED_WARN_PCT) else []
-    hot = [r for r in comm_ranks if (r.exposed_comm_pct or 0.0) > EXPOSED_WARN_PCT] or comm_ranks
-    exposed_us = statistics.median(s.exposed_comm_us for r in comm_ranks for s in r.per_step)
+    pct = _transfer_pct(a, tr)
+    hot = [r for r in comm_ranks if pct.get(r.rank, 0.0) > EXPOSED_WARN_PCT] or comm_ranks
+    exposed_us = statistics.median(tr[(r.rank, s.step)] for r in comm_ranks for s in r.per_step)
     single = _single_bucket(a)
+    whole = bootstrap([100.0 * s.exposed_comm_us / s.dur_us for r in comm_ranks for s in r.per_step
+                       if s.dur_us > 0]) or iv
+    # The wait for a late rank is straggler-rank's: said beside the transfer, so the two figures add up.
+    waiting = f" in transfer (and {whole.value - iv.value:.0f}% waiting for a late rank)" \
+        if whole.value - iv.value >= 1.0 else ""
     evidence: dict[str, Any] = {
         **cost(exposed_us, _step_us(a)),
-        "exposed_comm_pct_of_step": iv.to_json(),
+        "exposed_transfer_pct_of_step": iv.to_json(),
+        "exposed_comm_pct_of_step": whole.to_json(),
+        "exposed_split": [c.to_json() for c in a.comm_split if c.rank in {r.rank for r in hot}],
         "exposed_comm_pct": {str(r.rank): round(r.exposed_comm_pct or 0.0, 1) for r in hot},
         "exposed_comm_ms_per_step": {str(r.rank): ms(r.exposed_comm_us / max(1, r.steps)) for r in hot},
         "overlap_pct": {str(r.rank): None if r.overlap_pct is None else round(r.overlap_pct, 1) for r in hot},
@@ -169,7 +203,7 @@ def rule_exposed_comm(a: Analysis, w: WhatIf | None) -> list[Finding]:
         evidence["single_bucket_bytes"] = single
         return [Finding(
             "exposed-comm-high", Severity.INFO,
-            f"Communication not hidden by compute takes {iv.value:.0f}% of step time: the model's gradients fit "
+            f"Communication not hidden by compute takes {iv.value:.0f}% of step time{waiting}: the model's gradients fit "
             "in one bucket, which DDP can only send after backward",
             ranks=[r.rank for r in hot], evidence=evidence,
             advice=(f"All {single / 1024:.1f} KiB of gradients fit in one bucket, so DDP starts their all_reduce when "
@@ -180,7 +214,7 @@ def rule_exposed_comm(a: Analysis, w: WhatIf | None) -> list[Finding]:
         )]
     return [Finding(
         "exposed-comm-high", Severity.WARNING,
-        f"Communication not hidden by compute takes {iv.value:.0f}% of step time",
+        f"Communication not hidden by compute takes {iv.value:.0f}% of step time{waiting}",
         ranks=[r.rank for r in hot], evidence=evidence,
         advice=_cap_advice(w, "See the overlap findings for the cause; larger per-rank batches (more compute per "
                            "byte) or fp16 gradient compression (`model.register_comm_hook(None, "
@@ -190,7 +224,7 @@ def rule_exposed_comm(a: Analysis, w: WhatIf | None) -> list[Finding]:
 
 
 def _exposed_worth_it(a: Analysis) -> bool:
-    return any((r.exposed_comm_pct or 0.0) >= CAUSE_MIN_EXPOSED_PCT for r in a.ranks)
+    return any(v >= CAUSE_MIN_EXPOSED_PCT for v in _transfer_pct(a, transfer_us(a)).values())
 
 
 def rule_comm_tail(a: Analysis, w: WhatIf | None) -> list[Finding]:
@@ -462,13 +496,14 @@ def rule_whatif(a: Analysis, w: WhatIf | None) -> list[Finding]:
 RULES: tuple[Callable[[Analysis, WhatIf | None], list[Finding]], ...] = (
     rule_no_communication, rule_exposed_comm, rule_comm_tail, rule_small_buckets, rule_first_bucket_late,
     rule_sync_in_backward, rule_ddp_flags, rule_stragglers, rule_step_variance, rule_data_wait, rule_whatif,
+    rule_no_steps,
 )
 
 
 def perf_findings(analysis: Analysis, whatif: WhatIf | None = None) -> list[Finding]:
     """Every performance rule over ``analysis`` (the bucket what-if is computed unless given), with undecided
     figures merged into one not-measurable finding and one advice per root cause."""
-    w = whatif if whatif is not None else bucket_whatif(analysis)
+    w = whatif if whatif is not None else on_transfer(bucket_whatif(analysis), analysis)
     out: list[Finding] = []
     for rule in RULES:
         out.extend(rule(analysis, w))
@@ -478,7 +513,20 @@ def perf_findings(analysis: Analysis, whatif: WhatIf | None = None) -> list[Find
     return group_root_causes(merge_undecided(out, analysis))
 
 
+def on_transfer(w: WhatIf, a: Analysis) -> WhatIf:
+    """The what-if's saving capped at the exposed transfer per step (median): what a bucket layout can win back is
+    communication, not the wait for a late peer that the simulated exposed time also holds."""
+    if not w.available or w.saving_us_per_step is None or not a.comm_split:
+        return w
+    tr = list(transfer_us(a).values())
+    cap = statistics.median(tr) if tr else 0.0
+    if w.saving_us_per_step <= cap:
+        return w
+    step = w.step_time_us or 0.0
+    return replace(w, saving_us_per_step=cap, saving_pct_of_step=100.0 * cap / step if step > 0 else None)
+
+
 def perf_report_parts(analysis: Analysis) -> tuple[dict[str, Any], list[Finding]]:
     """The ``whatif`` JSON section and the findings, computing the what-if once (for the analyze pipeline)."""
-    w = bucket_whatif(analysis)
+    w = on_transfer(bucket_whatif(analysis), analysis)
     return {"whatif": w.to_json()}, perf_findings(analysis, w)

@@ -11,7 +11,7 @@ from typing import Any, overload
 
 import numpy as np
 
-from ddpdoctor.analyses.crossrank import STRAGGLER_MAJORITY
+from ddpdoctor.analyses.crossrank import STRAGGLER_MAJORITY, kind
 from ddpdoctor.analyses.intervals import Interval, bootstrap
 from ddpdoctor.analyses.model import Analysis, MatchedCollective, RankMetrics
 from ddpdoctor.analyses.whatif import MIB, WhatIf, ddp_config
@@ -132,7 +132,13 @@ def rule_stragglers(a: Analysis, w: WhatIf | None) -> list[Finding]:
     matched = a.matched or []
     total = len(matched) or sum(s.last_arrival_count.values())
     world = max(2, len(a.ranks))
-    majority = [rk for rk in s.ranks if clear_majority(s.last_arrival_count.get(rk, 0), total, world)]
+    last_in = {rk: (s.last_arrival_count.get(rk, 0), total) for rk in s.ranks}
+    if s.last_in_kind:
+        # Judged within the kind of collective where the rank makes the others wait most (docs/metrics.md).
+        last_in = {rk: (s.last_in_kind[rk][1], s.last_in_kind[rk][2]) for rk in s.ranks if rk in s.last_in_kind}
+        kinds = {s.last_in_kind[rk][0] for rk in last_in}
+        matched = [m for m in matched if kind(m) in kinds]
+    majority = [rk for rk, (k, n) in last_in.items() if clear_majority(k, n, world)]
     if not majority:
         return []
     skews = [100.0 * m.arrival_skew_us / step for m in matched if m.last_rank in majority]
@@ -143,7 +149,7 @@ def rule_stragglers(a: Analysis, w: WhatIf | None) -> list[Finding]:
     crowded = crowded_hosts(a, majority)
     if crowded and iv.value * step / 100.0 < SCHED_SLICE_US:
         note = (f"rank(s) {majority} arrived last at most collectives ("
-                + ", ".join(f"{s.last_arrival_count.get(k, 0)} of {total}" for k in majority)
+                + ", ".join(f"{last_in[k][0]} of {last_in[k][1]}" for k in majority)
                 + f"), by {iv.value * step / 1e5:.2f} ms (median): less than one scheduler time slice "
                 f"({SCHED_SLICE_US / 1000:.2f} ms) on a host with {crowded}: which rank the OS sets aside decides "
                 "that, not the job, so no straggler is named; with a core per rank and one for the launcher, a "
@@ -158,6 +164,11 @@ def rule_stragglers(a: Analysis, w: WhatIf | None) -> list[Finding]:
                           a)] if iv.undecided(threshold) else []
     steps = max((r.steps for r in a.ranks), default=0) or 1
     waited = sum(v for k, v in s.caused_wait_us.items() if k in majority) / steps
+    # What the wait costs the others is the part no compute of theirs hid: the exposed wait charged to these ranks
+    # (docs/metrics.md#exposed-split), when the analysis split exposed communication.
+    exposed_wait = {k: sum(c.waiting_for_us.get(k, 0.0) for c in a.comm_split) / steps for k in majority}
+    if a.comm_split:
+        waited = sum(exposed_wait.values())
     c = cost(waited / max(1, len(a.ranks) - 1), step)
     return [Finding(
         "straggler-rank", Severity.WARNING,
@@ -166,8 +177,11 @@ def rule_stragglers(a: Analysis, w: WhatIf | None) -> list[Finding]:
         ranks=majority,
         evidence={**c, "skew_pct_of_step": iv.to_json(), "background_skew_pct_of_step": noise,
                   "arrival_skew_median_ms": ms(s.arrival_skew_median_us),
-                  "last_in": {str(k): f"{s.last_arrival_count.get(k, 0)} of {total}" for k in majority},
+                  "last_in": {str(k): f"{last_in[k][0]} of {last_in[k][1]}" for k in majority},
+                  "collective_kind": {str(k): s.last_in_kind[k][0] for k in majority if k in s.last_in_kind},
                   "others_waited_ms": {str(k): ms(v) for k, v in s.caused_wait_us.items() if k in majority},
+                  "others_exposed_wait_ms_per_step": {str(k): ms(v / max(1, len(a.ranks) - 1))
+                                                      for k, v in exposed_wait.items()} if a.comm_split else None,
                   "others_waited_ms_per_step": {str(k): ms(v / steps) for k, v in s.caused_wait_us.items()
                                                 if k in majority},
                   "step_time_ms_by_rank": {str(k): ms(v) for k, v in s.step_time_us_by_rank.items()}},

@@ -20,7 +20,7 @@ COMM_GROUP = ("exposed-comm-high", "comm-tail-after-backward", "first-bucket-lat
 # Every id the performance rules raise (docs/findings.md, area "perf").
 PERF_IDS = (*COMM_GROUP, "sync-in-backward", "find-unused-parameters-unneeded", "static-graph-would-help",
             "find-unused-parameters-on", "gradient-as-bucket-view-off", "straggler-rank", "step-time-variance",
-            "step-time-rank-skew", "data-loading-wait", "rank-no-communication", NOT_MEASURABLE)
+            "step-time-rank-skew", "data-loading-wait", "rank-no-communication", NOT_MEASURABLE, "no-profiler-steps")
 def cost(cost_us_per_step: float | None, step_us: float | None) -> dict[str, float | None]:
     """The evidence fields every performance finding carries: what it costs per step, in ms and in % of the step."""
     if cost_us_per_step is None:

@@ -33,6 +33,7 @@ class NodePort(Protocol):
     on_hang: str
     world_size: int | None
     stalls: dict[tuple[int, int], dict[str, Any]]
+    changes: int  # moves on every change of a rank's place (step, phase, collective) or exit: publish at once
 
     def records(self, now: float, job_started: float, ended: bool = False) -> list[RankRecord]: ...
 
@@ -109,9 +110,8 @@ class JobAgent:
         # Once this node's job ended, a rank that never said how it ended died (a signal, an abort in C++).
         return self.monitor.records(time.time(), self._job_started, ended=self.end is not None)
 
-    def _signature(self) -> tuple[Any, ...]:
-        return tuple((r.rank, r.step, r.phase, (r.coll or [None, None, None])[2], r.exit is not None,
-                      r.idle_s is not None and r.idle_s < 1.0) for r in self._records())
+    def _signature(self) -> int:
+        return self.monitor.changes
 
     def publish(self) -> None:
         if self.store is None:

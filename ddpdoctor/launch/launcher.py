@@ -111,6 +111,11 @@ def validate(spec: LaunchSpec) -> None:
             raise BadInput("not a file", spec.script)
         if not os.access(path, os.R_OK):
             raise BadInput("script is not readable", spec.script)
+        from ddpdoctor.launch.spawn_check import spawn_problem
+
+        problem = spawn_problem(path)  # mp.spawn: found now, not after the 600 s start-up timeout
+        if problem:
+            raise BadInput(problem, spec.script)
     if spec.launcher not in ("torchrun", "none"):
         raise BadInput(f"--launcher must be torchrun or none, not {spec.launcher!r}")
     s = spec.schedule

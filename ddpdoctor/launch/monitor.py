@@ -18,13 +18,12 @@ from __future__ import annotations
 import json
 import secrets
 import signal
+import sys
 import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
-
-import click
 
 from ddpdoctor.findings.hang import diagnose_hang, position
 from ddpdoctor.job.record import RankRecord, record
@@ -104,6 +103,7 @@ class HangMonitor:
         self._kill_at: float | None = None
         self._activity_at = 0.0
         self._job: RunningJob | None = None
+        self.changes = 0  # counts changes of a rank's place or exit (the job layer publishes at once on one)
         # Multi-node (ddpdoctor/job): decider(monitor, job, now) decides hangs for the whole job instead of this
         # node's rules; writes_run_files is False on the job's other nodes (the head writes hang and heartbeats).
         self.decider: Callable[[HangMonitor, RunningJob, float], None] | None = None
@@ -180,7 +180,7 @@ class HangMonitor:
         self._call("on_message", self, rank, msg)
 
     def say(self, line: str) -> None:
-        click.echo(f"ddpdoctor: {line}", err=True)
+        say(line)
 
     def rank_ids(self) -> list[int]:
         with self._lock:
@@ -284,8 +284,8 @@ class HangMonitor:
             if key not in self.stalls:
                 self.stalls[key] = {"rank": r, "step": step, "phase": beat.get("phase"), "call_site": beat.get("where"),
                                     "since": since, "stack": None}
-                click.echo(f"ddpdoctor: rank {r} has been busy outside any collective for {now - since:.0f} s "
-                           f"(step {step}, at {beat.get('where')}); still working, not a hang: watching on", err=True)
+                say(f"rank {r} has been busy outside any collective for {now - since:.0f} s (step {step}, at "
+                    f"{beat.get('where')}); still working, not a hang: watching on")
                 self.send(r, {"type": "dump"})
             self.stalls[key]["stalled_s"] = round(now - since, 1)
 
@@ -337,6 +337,9 @@ class HangMonitor:
             link.exit_at = link.last_seen
         if _place(link.beat) != before:
             link.moved_at = link.last_seen
+            self.changes += 1
+        elif kind == "exit":
+            self.changes += 1
         self._call("on_message", self, rank, msg)
 
     def _on_close(self, rank: int) -> None:
@@ -383,7 +386,7 @@ class HangMonitor:
         if self.run_root is not None and self.writes_run_files:
             write_json(self.run_root / "hang.json", hang)
             write_private_text(self.run_root / "hang.txt", hang_text(hang, extra_text))
-        click.echo(f"ddpdoctor: {line}", err=True)
+        say(line)
         if self.on_hang == "kill" and job is not None:
             self._kill_all(job, signal.SIGTERM)
             self._kill_at = time.time() + KILL_GRACE_S
@@ -423,6 +426,11 @@ class HangMonitor:
         for lk in self.links.values():
             if lk.exit is None:
                 signal_own(lk.pid, self.root_pid, sig)
+
+
+def say(line: str) -> None:
+    """One line of the watch on ddpdoctor's stderr (rendering and click live in commands/ and renderers/)."""
+    print(f"ddpdoctor: {line}", file=sys.stderr, flush=True)
 
 
 def _place(beat: dict[str, Any] | None) -> tuple[Any, ...]:
@@ -471,20 +479,3 @@ def make_watcher(hang_timeout: float | None, startup_timeout: float, on_hang: st
     if not startup_timeout > 0:
         raise BadInput(f"--startup-timeout must be a positive number of seconds, not {startup_timeout}")
     return HangMonitor(hang_timeout=hang_timeout, startup_timeout=startup_timeout, on_hang=on_hang)
-
-
-def pop_watcher(kwargs: dict[str, Any]) -> HangMonitor:
-    """The watcher of the --hang-timeout/--startup-timeout/--on-hang values `watch_options` added to ``kwargs``."""
-    return make_watcher(kwargs.pop("hang_timeout"), kwargs.pop("startup_timeout"), kwargs.pop("on_hang"))
-
-
-def watch_options(fn: Callable[..., Any]) -> Callable[..., Any]:
-    """--hang-timeout, --startup-timeout, --on-hang (pass them to make_watcher)."""
-    fn = click.option("--on-hang", type=click.Choice(["kill", "report"]), default="kill", show_default=True,
-                      help="After a hang is reported: kill the job, or leave it running.")(fn)
-    fn = click.option("--startup-timeout", type=float, default=600.0, show_default=True,
-                      help="Seconds allowed for start-up and the first step before it counts as a hang.")(fn)
-    fn = click.option("--hang-timeout", type=float, default=None,
-                      help="Seconds without a step before a rank is hung [default: max(60, 10x slowest step); "
-                           "a rank still busy (CPU, I/O) is then a long stall, not a hang].")(fn)
-    return fn

@@ -78,7 +78,7 @@ def acquire(root: Path, job_id: str | None = None) -> RunLock:
         except OSError:
             pass
         else:
-            _write_holder(fd)
+            _write_holder(fd, root)
             if job_id is None:
                 return RunLock(root, fd, shared=False)
             with os.fdopen(open_private(root / JOB_NAME), "w") as jf:
@@ -106,7 +106,13 @@ def acquire(root: Path, job_id: str | None = None) -> RunLock:
         time.sleep(0.1)
 
 
-def _write_holder(fd: int) -> None:
+def _write_holder(fd: int, root: Path | None = None) -> None:
     data = json.dumps({"pid": os.getpid(), "host": socket.gethostname(), "since": time.time()}).encode()
-    os.ftruncate(fd, 0)
-    os.pwrite(fd, data, 0)
+    try:
+        os.ftruncate(fd, 0)
+        os.pwrite(fd, data, 0)
+    except OSError as exc:  # a full disk (0 bytes free): one line, not a traceback
+        from ddpdoctor.rundir.artefacts import write_error
+
+        os.close(fd)
+        raise write_error(exc, (root or Path(".")) / LOCK_NAME) from exc

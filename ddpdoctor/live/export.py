@@ -29,8 +29,11 @@ class TensorBoardExporter:
         self.logdir = logdir
         self._writer: Any = None
         self._written = 0
+        self.failed: str | None = None  # why the live scalars stopped (a full disk); the job goes on
 
     def update(self, health: LiveHealth) -> None:
+        if self.failed is not None:
+            return
         points = [p for p in list(health.series) if p.step > self._written]
         if not points:
             return
@@ -39,24 +42,54 @@ class TensorBoardExporter:
                 from ddpdoctor.renderers.tensorboard import _writer
 
                 self.logdir.mkdir(parents=True, exist_ok=True)
+                _quiet_writer_thread_errors()
                 self._writer = _writer(self.logdir)
             for p in points:
                 self._writer.add_scalar("live/step_time_ms", p.seconds * 1e3, p.step)
                 for phase, secs in p.phases.items():
                     self._writer.add_scalar(f"live/phase_ms/{phase}", secs * 1e3, p.step)
+            for r, secs in sorted(health.caused_s.items())[:MAX_RANK_SERIES]:  # the ledger's window figure, now
+                self._writer.add_scalar(f"live/caused_wait_ms/rank{r}", secs * 1e3, points[-1].step)
             if len(health.ranks) <= MAX_RANK_SERIES:
                 for r, hist in list(health.ranks.items()):
                     for rec in list(hist):
                         if rec.step > self._written:
                             self._writer.add_scalar(f"live/rank{r}/step_time_ms", rec.seconds * 1e3, rec.step)
             self._writer.flush()
-        except OSError:
+        except (OSError, RuntimeError) as exc:  # a full disk (the writer then says "closed"): stop, keep watching
+            self.failed = f"live TensorBoard scalars stopped: {getattr(exc, 'strerror', None) or exc}"
             return
         self._written = points[-1].step
 
     def close(self) -> None:
         if self._writer is not None:
-            self._writer.close()
+            try:
+                self._writer.close()
+            except (OSError, RuntimeError) as exc:
+                self.failed = self.failed or f"live TensorBoard scalars stopped: {getattr(exc, 'strerror', None) or exc}"
+            self._writer = None
+
+
+_previous_hook: Any = None
+
+
+def _quiet_writer_thread_errors() -> None:
+    """tensorboard's event writer writes in a thread of its own, which re-raises a failed write (ENOSPC) and so
+    printed a traceback over the job's output; the same error reaches update() or close() on the next call, where
+    it is handled. Only that thread's OSErrors are silenced; every other thread's errors go to the usual hook."""
+    import threading
+
+    global _previous_hook
+    if _previous_hook is not None:
+        return
+    _previous_hook = threading.excepthook
+
+    def hook(args: Any) -> None:
+        if type(args.thread).__name__ == "_AsyncWriterThread" and isinstance(args.exc_value, OSError):
+            return
+        _previous_hook(args)
+
+    threading.excepthook = hook
 
 
 class PrometheusExporter:
@@ -117,7 +150,11 @@ class _Collector:
         busy = GaugeMetricFamily("ddpdoctor_rank_busy_seconds", "Each rank's time outside waiting phases per step.",
                                  labels=["rank"])
         share = GaugeMetricFamily("ddpdoctor_rank_phase_share", "Share of the step per phase.", labels=["rank", "phase"])
+        caused = GaugeMetricFamily("ddpdoctor_rank_caused_wait_seconds", "How long the other ranks wait for this "
+                                   "one per step (collective ledger, docs/metrics.md#caused-wait).", labels=["rank"])
         for r, v in (snap.get("ranks") or {}).items():
+            if isinstance(v.get("caused_wait_ms"), (int, float)):
+                caused.add_metric([r], v["caused_wait_ms"] / 1e3)
             step.add_metric([r], v["step_ms"] / 1e3)
             busy.add_metric([r], v["busy_ms"] / 1e3)
             for phase, x in (v.get("phase_share") or {}).items():
@@ -125,3 +162,4 @@ class _Collector:
         yield step
         yield busy
         yield share
+        yield caused

@@ -34,6 +34,20 @@ def read_alerts(run: RunDir) -> list[dict[str, Any]]:
     return sorted(out, key=lambda a: a["time"] if isinstance(a.get("time"), (int, float)) else 0.0)
 
 
+def ledger_notes(run: RunDir) -> list[str]:
+    """The collective ledger's notes from every node's last snapshot (a caused wait too small to tell from a crowded
+    host's scheduling: docs/metrics.md#caused-wait)."""
+    out: list[str] = []
+    for node in node_names(run.root):
+        try:
+            snap = json.loads(read_text(node_dir(run.root, node) / "health.json", MAX_ALERT_BYTES))
+        except (BadInput, OSError, ValueError):
+            continue
+        notes = snap.get("ledger_notes") if isinstance(snap, dict) else None
+        out += [str(n) for n in notes or [] if isinstance(n, str) and n not in out][:5]
+    return out
+
+
 def live_findings(run: RunDir) -> list[Finding]:
     """One slow-rank finding per rank (its latest evidence), the last slowdown, one stall finding for all stalls
     (those that recurred at a fixed period by the end of the run are dropped: evaluation or checkpoint work)."""

@@ -23,6 +23,7 @@ from typing import Any
 
 import numpy as np
 
+from ddpdoctor.analyses.ledger import caused_wait
 from ddpdoctor.live.rules import (
     DEFAULT_CONFIG,
     LOSS_PHASES,
@@ -81,6 +82,10 @@ class LiveHealth:
         self.baseline: list[JobPoint] = []
         self.series: deque[JobPoint] = deque(maxlen=JOB_HISTORY)
         self.alerts: list[dict[str, Any]] = []
+        self.caused_s: dict[int, float] = {}  # per rank: how long the others wait for it per step (the ledger)
+        self.split_s: dict[int, tuple[float, float, float]] = {}  # per rank: blocked, waiting, transfer per step
+        self.waited_for: list[dict[str, Any]] = []  # the ranks the others persistently wait for, now
+        self.ledger_notes: list[str] = []
         self.started = time.time()
         self.last_snapshot: dict[str, Any] | None = None
         self.cost_s = 0.0  # the monitor's own time in ingest + tick (reported in the snapshot)
@@ -168,11 +173,10 @@ class LiveHealth:
     def _evaluate(self, per_rank: dict[int, list[StepRecord]], series: list[JobPoint],
                   now: float) -> list[dict[str, Any]]:
         fresh: list[dict[str, Any]] = []
-        slow = slow_ranks(per_rank, self.cfg)
+        slow = _with_caused_wait(slow_ranks(per_rank, self.cfg), self._ledger(per_rank))
         for ev in slow:
             fresh += self._raise("slow-rank", ev["rank"], ev, now,
-                                 f"rank {ev['rank']} is persistently slower: loses {ev['lost_ms_per_step']:.1f} ms "
-                                 f"per step ({ev['pct_of_step']}% of the step) in {ev['phase']}",
+                                 _slow_title(ev),
                                  ranks=[ev["rank"]], cost_ms=ev["lost_ms_per_step"])
         self._rearm("slow-rank", {ev["rank"] for ev in slow})
         down = slowdown(series, self.cfg)
@@ -214,6 +218,21 @@ class LiveHealth:
         """A condition that cleared may be raised again if it comes back."""
         self._raised = {(k, key) for k, key in self._raised if k != kind or key in still}
 
+    def _ledger(self, per_rank: dict[int, list[StepRecord]]) -> list[dict[str, Any]]:
+        """The collective ledger's verdict (analyses/ledger.py): who the others wait for, kept for the snapshot."""
+        # This monitor runs on its ranks' host: with fewer usable cores than ranks plus launcher, a wait of a few
+        # scheduler slices is the OS's choice of which rank runs (a note, not a slow rank).
+        cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+        local = self.local_ranks or len(per_rank)
+        crowded = {r: f"{local} ranks on {cpus} cores" for r in per_rank} if cpus < local + 1 else None
+        verdict = caused_wait({r: [(x.step, x.seconds, x.phases) for x in recs] for r, recs in per_rank.items()},
+                              crowded=crowded)
+        self.caused_s = verdict.caused_s
+        self.split_s = verdict.split_s
+        self.waited_for = [c.to_json() for c in verdict.waited_for]
+        self.ledger_notes = verdict.notes
+        return self.waited_for
+
     # -- output --------------------------------------------------------------------------------------
     def snapshot(self, now: float, per_rank: dict[int, list[StepRecord]], series: list[JobPoint],
                  finished: bool) -> dict[str, Any]:
@@ -232,7 +251,9 @@ class LiveHealth:
             busy = sum(v for p, v in phases.items() if p in LOSS_PHASES)
             ranks[str(r)] = {"step": tail[-1].step, "step_ms": round(med * 1e3, 3), "busy_ms": round(busy * 1e3, 3),
                              "phase_share": {p: round(v / total, 4) for p, v in phases.items()},
-                             "phase_now": self.phase_now.get(r)}
+                             "phase_now": self.phase_now.get(r),
+                             "caused_wait_ms": round(self.caused_s.get(r, 0.0) * 1e3, 3),
+                             **_split_ms(self.split_s.get(r))}
         slowest = sorted(ranks, key=lambda r: -ranks[r]["busy_ms"])[:5]
         return {
             "version": VERSION, "node": self.node, "updated": round(now, 3), "started": round(self.started, 3), "finished": finished,
@@ -241,6 +262,7 @@ class LiveHealth:
             "step_ms": round(step_s * 1e3, 3) if step_s else None,
             "steps_per_s": round(1.0 / step_s, 3) if step_s else None,
             "slowest_ranks": [int(r) for r in slowest], "ranks": ranks,
+            "waited_for": self.waited_for[:5], "ledger_notes": self.ledger_notes[:5],
             "alerts": self.alerts[-50:], "alerts_total": len(self.alerts),
             "monitor_cost_s": round(self.cost_s, 4),
         }
@@ -270,6 +292,34 @@ class LiveHealth:
             kept = path.read_text().splitlines(keepends=True)[-SERIES_LINES // 2:]
             write_private_text(path, "".join(kept))
             self._series_lines = len(kept)
+
+
+def _split_ms(split: tuple[float, float, float] | None) -> dict[str, float]:
+    if split is None:
+        return {}
+    return {"blocked_ms": round(split[0] * 1e3, 3), "waiting_ms": round(split[1] * 1e3, 3),
+            "transfer_ms": round(split[2] * 1e3, 3)}
+
+
+def _with_caused_wait(slow: list[dict[str, Any]], waited: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """One slow-rank per rank: a rank the others wait for (the ledger) carries that wait as its cost and the phase
+    where its own work exceeds theirs; a rank only the phase comparison names keeps its phase excess."""
+    by_rank = {ev["rank"]: ev for ev in slow}
+    out = []
+    for c in waited:
+        ev = dict(by_rank.pop(c["rank"], {}), **c)
+        ev.update(lost_ms_per_step=c["cost_ms_per_step"], pct_of_step=c["cost_pct_of_step"], measured_by="ledger")
+        out.append(ev)
+    out += by_rank.values()
+    return sorted(out, key=lambda a: -a["lost_ms_per_step"])
+
+
+def _slow_title(ev: dict[str, Any]) -> str:
+    if ev.get("measured_by") == "ledger":
+        return (f"rank {ev['rank']} makes the others wait {ev['lost_ms_per_step']:.1f} ms per step "
+                f"({ev['pct_of_step']}% of the step); it is slower in {ev['phase']}")
+    return (f"rank {ev['rank']} is persistently slower: loses {ev['lost_ms_per_step']:.1f} ms "
+            f"per step ({ev['pct_of_step']}% of the step) in {ev['phase']}")
 
 
 def _phase_names(recs: list[StepRecord]) -> list[str]:

@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import Any
 
 from ddpdoctor.errors import BadInput
+from ddpdoctor.launch.runlock import is_locked
 from ddpdoctor.live.health import node_dir, node_names
 from ddpdoctor.safe_io import clean_text, json_depth_ok, loads_json, read_bytes
 
@@ -35,7 +36,8 @@ def _json(path: Path, limit: int) -> dict[str, Any] | None:
 
 
 def load_status(run_root: Path, now: float | None = None) -> dict[str, Any]:
-    """{"state": "running"|"finished"|"stale"|"starting", "run_dir", "command", "exit_code", "health": snapshot}."""
+    """{"state": "running"|"finished"|"unfinished"|"stale"|"starting", "run_dir", "command", "exit_code",
+    "health": snapshot}. "unfinished": the manifest says running but no live ddpdoctor holds the run's lock."""
     now = time.time() if now is None else now
     if not run_root.is_dir():
         raise BadInput("not a directory", run_root)
@@ -48,6 +50,8 @@ def load_status(run_root: Path, now: float | None = None) -> dict[str, Any]:
     finished = bool(manifest.get("finished")) or bool((health or {}).get("finished"))
     if finished:
         state = "finished"
+    elif not is_locked(run_root):
+        state = "unfinished"  # no live ddpdoctor holds the run: it was killed (SIGKILL) or crashed mid-run
     elif health is None:
         state = "starting"
     elif now - (_num(health.get("updated")) or 0.0) > STALE_S:  # a field of any type from a file: never a traceback
@@ -95,6 +99,8 @@ def merge_nodes(snaps: list[dict[str, Any]]) -> dict[str, Any]:
         "steps_per_s": round(1e3 / max(step_ms), 3) if step_ms and max(step_ms) > 0 else None,
         "slowest_ranks": [int(r) for r in sorted(busy, key=lambda r: -busy[r]) if r.isdigit()][:5], "ranks": ranks,
         "alerts": alerts[-50:], "alerts_total": sum(int(_num(h.get("alerts_total")) or 0) for h in snaps),
+        "waited_for": sorted((w for h in snaps for w in (h.get("waited_for") or []) if isinstance(w, dict)),
+                             key=lambda w: -(_num(w.get("cost_ms_per_step")) or 0.0))[:5],
     }
 
 
@@ -103,6 +109,8 @@ def status_text(st: dict[str, Any], max_ranks: int = 16) -> str:
     h = st.get("health") or {}
     head = {"finished": f"finished (exit code {st.get('exit_code')})",
             "running": "running", "starting": "starting (no iteration reported yet)",
+            "unfinished": "unfinished: ddpdoctor ended without finishing this run (killed with SIGKILL, or it "
+                          "crashed); what was recorded until then is kept",
             "stale": f"no live update for {st.get('age_s')} s: is its ddpdoctor still running?"}[st["state"]]
     lines = [f"{clean_text(st['run_dir'])}: {head}"]
     if not st.get("live"):
@@ -128,6 +136,11 @@ def status_text(st: dict[str, Any], max_ranks: int = 16) -> str:
                          f"{_cell(v.get('busy_ms')):>9}   {clean_text(str(v.get('phase_now')))[:10]:<10} {shares}")
         if len(shown) > max_ranks:
             lines.append(f"  ... {len(shown) - max_ranks} more ranks (--json for all)")
+    waited = h.get("waited_for")
+    for w in (waited if isinstance(waited, list) else [])[:5]:  # the collective ledger: who the others wait for
+        if isinstance(w, dict):
+            lines.append(f"  waited for: rank {clean_text(str(w.get('rank')))} in {clean_text(str(w.get('phase')))}, "
+                         f"{_cell(w.get('cost_ms_per_step'))} ms per step ({_cell(w.get('cost_pct_of_step'))}% of the step)")
     alerts = [a for a in h.get("alerts") or [] if isinstance(a, dict)] if isinstance(h.get("alerts"), list) else []
     lines.append(f"  alerts: {_cell(h.get('alerts_total', len(alerts)))}" + ("" if alerts else " (none)"))
     for a in alerts[-10:]:

@@ -11,12 +11,11 @@ import json
 import os
 import shutil
 import stat
+import sys
 import threading
 import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
-
-import click
 
 from ddpdoctor.live.health import LiveHealth, node_dir
 from ddpdoctor.live.protocol import CAPTURE_ID, MAX_STEPS, WINDOW_KINDS
@@ -119,7 +118,7 @@ class LiveWatch:
     # -- alerts --------------------------------------------------------------------------------------
     def _on_alert(self, alert: dict[str, Any]) -> None:
         if self.echo:
-            click.echo(f"ddpdoctor: {alert['id']}: {alert['title']}", err=True)
+            print(f"ddpdoctor: {alert['id']}: {alert['title']}", file=sys.stderr, flush=True)
         if (self.capture_on_slowdown_s is not None and alert["id"] in ("slowdown", "slow-rank")
                 and (self._last_auto is None or time.time() - self._last_auto >= self.capture_on_slowdown_s)):
             self._last_auto = time.time()

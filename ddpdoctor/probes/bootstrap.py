@@ -58,6 +58,11 @@ class RankSession:
             self.tune.install()
             self.extra.append(self.tune)
         self.ddp.install()
+        from ddpdoctor.probes.ledger import LedgerProbe
+
+        # First, so that its backward wrapper is the innermost and is restored last; finished after the others.
+        ledger = LedgerProbe(self.tracker, self.rank, self.run.rank_file(self.rank, "ledger.json"))
+        ledger.install()
         self.tracker.add_listener(self._record_layout_once)
         if self.config.mode == "profile":
             from ddpdoctor.probes.profiler import ProfilerProbe
@@ -74,6 +79,7 @@ class RankSession:
             heartbeat = HeartbeatProbe(self.config.monitor, self.rank, self.world_size, self.tracker,
                                        self.run.rank_file(self.rank, "stacks.txt"))
             heartbeat.install()
+            ledger.summary = heartbeat.summary  # the last step's blocked time rides in the job's rank record
             self.extra.append(heartbeat)
             from ddpdoctor.probes import live  # phase times for the live watch, captures on demand (h18)
 
@@ -84,6 +90,7 @@ class RankSession:
             from ddpdoctor.probes.sync import install_check_sync
 
             self.extra.append(install_check_sync(self.run, self.rank, self.world_size, self.config.options, self.tracker))
+        self.extra.append(ledger)
         if self.tune is not None:
             self.tracker.add_listener(self.tune.on_step)  # last: it ends the trial once the others have run
         _write_quietly(self.run.rank_file(self.rank, "info.json"), self.info)

@@ -15,6 +15,7 @@ from a sampler that splits one dataset wrongly. Every hook runs under the probe'
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import math
 import random
@@ -227,6 +228,10 @@ class SamplerProbe:
         self._saved = {"init": orig_init, "iter": orig_iter, "prop": orig_prop, "next": orig_next,
                        "set_epoch": orig_set_epoch}
 
+        # functools.wraps: frameworks read DataLoader.__init__'s signature to re-create loaders (Lightning's
+        # _get_dataloader_init_args_and_kwargs when it adds the DistributedSampler; inspect.signature follows
+        # __wrapped__); a bare (loader, dataset, *args, **kwargs) made Lightning fail with "missing attributes".
+        @functools.wraps(orig_init)
         def __init__(loader: Any, dataset: Any, *args: Any, **kwargs: Any) -> None:
             try:
                 orig_init(loader, dataset, *args, **kwargs)
@@ -238,6 +243,7 @@ class SamplerProbe:
                 raise
             probe.guard.call("DataLoader's constructor", probe._register, loader, kwargs)
 
+        @functools.wraps(orig_iter)
         def __iter__(loader: Any) -> Any:
             probe.guard.call("DataLoader.__iter__", probe._start_epoch, loader)
             return orig_iter(loader)
@@ -253,12 +259,14 @@ class SamplerProbe:
                 loader.__dict__["_ddpdoctor_index_sampler"] = cached
             return cached
 
+        @functools.wraps(orig_next)
         def __next__(it: Any) -> Any:
             data = orig_next(it)
             if probe.guard.enabled:
                 probe.guard.call("a DataLoader batch", probe._on_batch, it, data)
             return data
 
+        @functools.wraps(orig_set_epoch)
         def set_epoch(sampler: Any, epoch: int) -> None:
             probe.set_epoch_calls += 1
             return orig_set_epoch(sampler, epoch)

@@ -37,6 +37,7 @@ class StepTracker:
         self._in_collective = 0
         self.phase_s: dict[str, float] = {}
         self.recent: deque[tuple[int, float, dict[str, float]]] = deque(maxlen=64)
+        self.last_record: tuple[int, float, dict[str, float]] | None = None  # the iteration that just ended
         self.step_started = time.time()
         self.step_times: list[float] = []
         self._listeners: list[StepListener] = []
@@ -154,7 +155,8 @@ class StepTracker:
             now = time.time()
             self.step_times.append(now - self.step_started)
             self._account()
-            self.recent.append((self.step + 1, now - self.step_started, self.phase_s))
+            self.last_record = (self.step + 1, now - self.step_started, self.phase_s)
+            self.recent.append(self.last_record)
             self.phase_s = {}
             self.step_started = now
             self.step += 1

@@ -169,6 +169,7 @@ class SyncProbe:
         self._group: Any = None
         self._next_check = 0  # data phase: the step at which the ranks agree again on whether to go on
         self._seen_modules: dict[int, Any] | None = {}  # modules that ran a forward before the first optimizer step
+        self.closure_steps = 0
 
     # -- installation ---------------------------------------------------------------------------------
     def install(self) -> None:
@@ -257,16 +258,42 @@ class SyncProbe:
         })
         self.check_seconds += time.perf_counter() - t0
 
-    def _optimizer_hook(self, optimizer: Any, args: Any, kwargs: Any) -> None:
-        self.guard.call("the optimizer's step", self._on_optimizer_pre, optimizer)
+    def _optimizer_hook(self, optimizer: Any, args: Any, kwargs: Any) -> tuple[Any, Any] | None:
+        # optimizer.step(closure) (Lightning, LBFGS): forward and backward run inside the step, after this hook.
+        # The closure is handed back wrapped, so the gradients are read as soon as it has made them (a pre hook may
+        # return new args and kwargs); what the closure returns is returned unchanged.
+        # (torch passes the step's own args, the optimizer first: step(self, closure))
+        lead = 1 if args and args[0] is optimizer else 0
+        in_kwargs = isinstance(kwargs, dict) and callable(kwargs.get("closure"))
+        closure = kwargs["closure"] if in_kwargs else (
+            args[lead] if len(args) > lead and callable(args[lead]) else None)
+        if closure is None:
+            self.guard.call("the optimizer's step", self._on_optimizer_pre, optimizer)
+            new = None
+        else:
+            self.closure_steps += 1
+            self.guard.call("the optimizer's step", self._on_optimizer_pre, optimizer, True)
+            step = self.tracker.step
+
+            def closure_then_grads() -> Any:
+                out = closure()
+                self.guard.call("the optimizer's step (closure)", self._record_grads, optimizer, step)
+                return out
+
+            new = ((args, {**kwargs, "closure": closure_then_grads}) if in_kwargs
+                   else ((*args[:lead], closure_then_grads, *args[lead + 1:]), kwargs))
         if self._equiv is not None:
             # Outside the fingerprints' guard: its exchange must happen on every rank, failed or not.
             self._equiv.on_optimizer_pre(self.tracker.step)
+        return new
 
-    def _on_optimizer_pre(self, optimizer: Any) -> None:
-        step = self.tracker.step
+    def _on_optimizer_pre(self, optimizer: Any, closure: bool = False) -> None:
         if self._seen_modules is not None:
             self._watch_plain(optimizer)
+        if not closure:
+            self._record_grads(optimizer, self.tracker.step)
+
+    def _record_grads(self, optimizer: Any, step: int) -> None:
         if self._grads_done_step == step or not self._checking(step):
             return  # a second optimizer in the same iteration, or past the checked steps
         self._grads_done_step = step
@@ -422,6 +449,7 @@ class SyncProbe:
             "probe_failed": not self.guard.enabled,
             "modules": [m.describe() for m in self.modules],
             "optimizer_params_outside_ddp": self.optimizer_params_outside_ddp,
+            "closure_steps": self.closure_steps,
             "grads": clean([dict(r) for r in self.grads]),
             "params": clean([dict(r) for r in self.params]),
             "buffers": clean([dict(r) for r in self.buffers]),

@@ -11,6 +11,7 @@ from rich.markup import escape
 from rich.table import Table
 
 from ddpdoctor.findings.model import Finding, Severity, ordered
+from ddpdoctor.renderers.rank_classes import ranges_text
 from ddpdoctor.report import Report
 
 STYLE = {Severity.ERROR: "bold red", Severity.WARNING: "yellow", Severity.INFO: "cyan"}
@@ -81,7 +82,7 @@ def render_findings(findings: list[Finding], out: Console, verbose: bool = False
     for f in ordered(findings):
         ranks = ""
         if f.ranks:
-            shown = ",".join(str(r) for r in f.ranks[:8]) + ("…" if len(f.ranks) > 8 else "")
+            shown = ranges_text(f.ranks, 24)  # 1,024 ranks read as "0-1023 (1024)"
             ranks = f" [dim]ranks {shown}[/dim]"
         grid.add_row(f"[{STYLE[f.severity]}]{f.severity.value}[/]",
                      f"[bold]{escape(f.id)}[/bold]{ranks}: {escape(f.title)}")

@@ -14,10 +14,9 @@ from rich.table import Table
 from rich.text import Text
 
 from ddpdoctor.findings.model import Severity, ordered
+from ddpdoctor.renderers.rank_classes import MAX_RANK_ROWS, group_ranks, legend
 from ddpdoctor.report import Report
 
-# Rows beyond this are summarised: a 1,000-rank job must still fit a screen in the default view.
-MAX_RANK_ROWS = 32
 MAX_VERBOSE_ROWS = 200
 
 
@@ -41,18 +40,6 @@ def by_rank(mapping: Mapping[Any, Any] | None) -> dict[int, Any]:
         except (TypeError, ValueError):
             continue
     return out
-
-
-def _ranks_shown(ranks: list[dict[str, Any]], stragglers: list[int]) -> list[dict[str, Any]]:
-    """All ranks when few; else the slowest, the stragglers and rank 0 (the ones a person looks at first)."""
-    if len(ranks) <= MAX_RANK_ROWS:
-        return ranks
-    def median(r: dict[str, Any]) -> float:
-        return float((r.get("step_time_us") or {}).get("median") or 0.0)
-    keep = {r["rank"] for r in sorted(ranks, key=median, reverse=True)[: MAX_RANK_ROWS - 4]}
-    keep.update(stragglers)
-    keep.add(ranks[0]["rank"])
-    return [r for r in ranks if r["rank"] in keep]
 
 
 def _steps(r: dict[str, Any]) -> str:
@@ -100,32 +87,55 @@ OVERLAP_DEFINITION = ("overlap: share of communication time hidden behind comput
                       "with no compute running (the step waits for it), and its share of the step")
 
 
+def _labelled(ranks: list[dict[str, Any]], stragglers: list[int]) -> tuple[list[tuple[str, dict[str, Any]]], str | None]:
+    """(label, row) for each row of the rank table: every rank when few, else the ranks that matter and classes of
+    alike ranks (renderers/rank_classes.py), with the caption that explains them."""
+    groups = group_ranks(ranks, stragglers, MAX_RANK_ROWS)
+    if groups is None:
+        return [(f"{r.get('rank')}{'[yellow]*[/]' if r.get('rank') in stragglers else ''}", r) for r in ranks], None
+    stepless = not any(step_count(r) for r in ranks)
+    rows = [(f"{escape(g.short_ranges(16))}\n[dim]{escape(g.label)}[/]", g.row) for g in groups]
+    return rows, f"{len(ranks)} ranks: {legend(stepless)}; --json has every rank"
+
+
 def rank_table(ranks: list[dict[str, Any]], stragglers: list[int], verbose: bool = False) -> Table:
-    """Fits 80 columns; every figure is per step (the step time a median, the others a mean per step)."""
+    """Fits 80 columns; every figure is per step (the step time a median, the others a mean per step), or over the
+    whole trace when no rank recorded a ProfilerStep. Above MAX_RANK_ROWS ranks, classes of ranks."""
+    if ranks and not any(step_count(r) for r in ranks):
+        return _whole_trace_table(ranks, stragglers)
     counts = {_steps(r) for r in ranks}
     steps = f"{counts.pop()} recorded steps" if len(counts) == 1 else "the recorded steps"
     names = ["rank", *(["steps"] if verbose else []), "step", *(["p90", "max"] if verbose else []), "compute",
              "comm", "overlap", "exposed", "idle", "data wait"]
-    shown = _ranks_shown(ranks, stragglers)
+    labelled, grouped = _labelled(ranks, stragglers)
     rows = []
-    for r in shown:
+    for label, r in labelled:
         st = r.get("step_time_us") or {}
-        mark = "[yellow]*[/]" if r.get("rank") in stragglers else ""
         exposed = ms(per_step(r, "exposed_comm_us"))
         if isinstance(r.get("exposed_comm_pct"), (int, float)) and math.isfinite(r["exposed_comm_pct"]):
             exposed += f" ({r['exposed_comm_pct']:.0f}%)"
         rows.append([
-            f"{r.get('rank')}{mark}", *([_steps(r)] if verbose else []), ms(st.get("median")),
+            label, *([_steps(r)] if verbose else []), ms(st.get("median")),
             *([ms(st.get("p90")), ms(st.get("max"))] if verbose else []),
             ms(per_step(r, "compute_us")), ms(per_step(r, "comm_us")), _overlap(r), exposed,
             ms(per_step(r, "idle_us")), ms(per_step(r, "data_wait_us")),
         ])
     captions = [f"step: median; others: mean per step, {steps}"]
-    if stragglers:
+    if stragglers and grouped is None:
         captions.append("* straggler")
-    if len(shown) < len(ranks):
-        captions.append(f"{len(ranks) - len(shown)} more ranks not shown (--json or the HTML report has all)")
-    return _table("Per rank (ms per step)", names, rows, "\n".join(captions))
+    if grouped:
+        captions.append(grouped)
+    return _table("Per rank (ms per step)", names, rows, "\n".join(captions), left=1 if grouped else 0)
+
+
+def _whole_trace_table(ranks: list[dict[str, Any]], stragglers: list[int]) -> Table:
+    """Traces without ProfilerStep: each rank's totals over its whole trace (no step to divide by)."""
+    labelled, grouped = _labelled(ranks, stragglers)
+    rows = [[label, ms(r.get("compute_us")), ms(r.get("comm_us")), _overlap(r), ms(r.get("exposed_comm_us")),
+             ms(r.get("idle_us")), ms(r.get("data_wait_us"))] for label, r in labelled]
+    captions = ["no ProfilerStep: totals over the whole trace", *([grouped] if grouped else [])]
+    return _table("Per rank (ms, whole trace)", ["rank", "compute", "comm", "overlap", "exposed", "idle",
+                                                "data wait"], rows, "\n".join(captions), left=1 if grouped else 0)
 
 
 def step_table(ranks: list[dict[str, Any]]) -> Table:

@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Any
 
 from ddpdoctor.findings.model import Finding, ordered
+from ddpdoctor.renderers.rank_classes import ranges_text
 from ddpdoctor.report import Report
 
 # The embedded data is capped so a 1,000-rank report stays a file a browser opens; tables say what was left out.
@@ -81,7 +82,7 @@ def _findings_html(findings: list[Finding]) -> str:
     out = []
     for f in ordered(findings):
         sev = f.severity.value
-        ranks = ", ".join(str(r) for r in f.ranks[:32]) + (" …" if len(f.ranks) > 32 else "")
+        ranks = ranges_text(f.ranks, 120)
         evidence = json.dumps(f.evidence, indent=1, default=str) if f.evidence else ""
         out.append(
             f'<div class="finding {esc(sev)}"><span class="sev sev-{esc(sev)}">{esc(sev)}</span> '
@@ -106,13 +107,30 @@ def _table(headers: list[str], rows: list[list[Any]], left: int = 0) -> str:
 
 
 def _ranks_html(ranks: list[dict[str, Any]], stragglers: list[int]) -> str:
+    """Every rank when few; above MAX_RANK_ROWS, the ranks that matter and classes of alike ranks
+    (renderers/rank_classes.py), with every rank's row folded away below them."""
+    from ddpdoctor.renderers.rank_classes import MAX_RANK_ROWS, group_ranks, legend
+
+    groups = group_ranks(ranks, stragglers, MAX_RANK_ROWS)
+    if groups is None:
+        return _rank_rows_html([(f"{r.get('rank')}{' (straggler)' if r.get('rank') in stragglers else ''}", r)
+                                for r in ranks])
+    stepless = not any((r.get("step_time_us") or {}).get("median") for r in ranks)
+    grouped = _rank_rows_html([(f"{g.short_ranges(40)}: {g.label}", g.row) for g in groups])
+    return (f'<p class="note">{len(ranks)} ranks: {esc(legend(stepless))}.</p>{grouped}'
+            f"<details><summary>every rank ({len(ranks)} rows)</summary>"
+            + _rank_rows_html([(f"{r.get('rank')}{' (straggler)' if r.get('rank') in stragglers else ''}", r)
+                               for r in ranks]) + "</details>")
+
+
+def _rank_rows_html(labelled: list[tuple[str, dict[str, Any]]]) -> str:
     from ddpdoctor.renderers.console_perf import per_step
 
     rows = []
-    for r in ranks:
+    for label, r in labelled:
         st = r.get("step_time_us") or {}
         rows.append([
-            f"{r.get('rank')}{' (straggler)' if r.get('rank') in stragglers else ''}", r.get("device", "-"),
+            label, r.get("device", "-"),
             len(r["steps"]) if isinstance(r.get("steps"), list) else r.get("steps", "-"), _ms(st.get("median")),
             _ms(st.get("p90")), _ms(per_step(r, "compute_us")), _ms(per_step(r, "comm_us")),
             "no comm" if r.get("comm_us") == 0 else _pct(r.get("overlap_pct")),
@@ -242,13 +260,14 @@ def _ddp_html(ddp: Any) -> str:
          "buckets"], rows, left=2) + "</section>"
 
 
-def render_html(report: Report) -> str:
-    """The whole report as one HTML document string."""
+def render_html(report: Report, extra: str = "") -> str:
+    """The whole report as one HTML document string; ``extra``: sections of other views placed after the findings
+    (already escaped HTML, e.g. the diff against a baseline)."""
     s = report.sections
     ranks = s.get("ranks") or []
     stragglers = list((s.get("stragglers") or {}).get("ranks") or [])
-    from ddpdoctor import __version__
     from ddpdoctor.renderers.html_tune import tune_html
+    from ddpdoctor.version import __version__
 
     meta = [f"ddpdoctor {__version__}", f"{len(ranks)} rank(s)"]
     if s.get("run_dir"):
@@ -275,6 +294,7 @@ def render_html(report: Report) -> str:
 {tune_html(s)}
 <noscript><p class="noscript">Charts need JavaScript; the tables below do not.</p></noscript>
 <section id="findings"><h2>Findings</h2>{_findings_html(report.findings)}{notes}</section>
+{extra}
 <section id="ranks"><h2>Per rank, per step</h2>
 <p class="note">Every figure is per step: step time as the median (and p90) over the recorded steps, the others as a
 mean per step (report.json has the totals).</p>
@@ -310,10 +330,14 @@ per step. The dot is the current bucket_cap_mb; the dashed line what was measure
 """
 
 
-def write_html(report: Report, path: Path) -> Path:
+def write_html(report: Report, path: Path, extra: str = "") -> Path:
     """Write the report atomically (a temporary file beside it, then a rename): a full disk or a crash leaves the
     previous report or none, never half a page. Raises OSError; the caller names the file."""
-    text = render_html(report)
+    return write_page(render_html(report, extra), path)
+
+
+def write_page(text: str, path: Path) -> Path:
+    """``text`` to ``path`` atomically (see write_html). Raises OSError."""
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
     try:

@@ -12,9 +12,17 @@ SectionView = Callable[[Report, Any, bool], None]
 
 
 def _perf(report: Report, out: Any, verbose: bool) -> None:
+    """The performance sections, then the diff against a baseline (`profile --baseline`) when there is one."""
     from ddpdoctor.renderers.console_perf import render_perf_sections
 
     render_perf_sections(report, out, verbose)
+    _diff(report, out, verbose)
+
+
+def _diff(report: Report, out: Any, verbose: bool) -> None:
+    from ddpdoctor.renderers.diff_console import render_diff_section
+
+    render_diff_section(report, out, verbose)
 
 
 def _sync(report: Report, out: Any, verbose: bool) -> None:
@@ -25,7 +33,7 @@ def _sync(report: Report, out: Any, verbose: bool) -> None:
 
 def _run(report: Report, out: Any, verbose: bool) -> None:
     """The hang section, then where the run directory is (as profile and check-sync end)."""
-    from ddpdoctor.findings.watched import render_hang_section
+    from ddpdoctor.renderers.console_hang import render_hang_section
     from ddpdoctor.renderers.console_sync import print_run_dir
 
     render_hang_section(report, out, verbose)
@@ -62,13 +70,13 @@ def _by_type() -> list[tuple[type[Section], SectionView]]:
 
     return [(s.PerfSection, _perf), (s.SyncChecksSection, _sync), (s.PreflightSection, _preflight),
             (s.LogsSection, _logs), (s.TopoSection, _topo), (s.NcclUseSection, _topo), (s.HangSection, _run),
-            (s.TuneSection, _tune)]
+            (s.DiffSection, _diff), (s.TuneSection, _tune)]
 
 
 # A report with none of those sections: the view its command always had.
 BY_COMMAND: dict[str, SectionView] = {"analyze": _perf, "profile": _perf, "capture": _perf, "check-sync": _sync,
                                       "run": _run, "logs": _logs, "topo": _topo, "preflight": _preflight,
-                                      "tune": _tune}
+                                      "diff": _diff, "tune": _tune}
 
 
 def view_for(report: Report) -> SectionView | None:

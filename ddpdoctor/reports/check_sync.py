@@ -43,6 +43,11 @@ def sync_parts(run: RunDir) -> tuple[SyncChecksSection | None, list[Finding], li
     elif all(m.get("ddp") is False for m in analysis.modules):
         notes.append("no DistributedDataParallel module was built: the parameters the optimizer updates were "
                      "compared across ranks")
+    elif analysis.grads.comparisons == 0 and analysis.params.comparisons > 0:
+        closures = max(int(r.get("closure_steps", 0) or 0) for r in records.values())
+        notes.append("gradients were not compared: no DDP module had run a forward and backward when the optimizer "
+                     "stepped" + (f" ({closures} step(s) took a closure)" if closures else "")
+                     + "; the parameters after each step were compared")
     data_steps = max(int(r.get("data_steps", 0) or 0) for r in records.values())
     for facts in shards.loaders:
         sampler = next((s for s in facts.sampler.values() if s), None) or {}
@@ -51,11 +56,12 @@ def sync_parts(run: RunDir) -> tuple[SyncChecksSection | None, list[Finding], li
     return SyncChecksSection(_checks(analysis, shards)), findings, notes
 
 
-def assemble(run: RunDir, job_exit: int | None) -> Report:
-    """`check-sync` once its job ended: the watched run's report (job, hang, crashes) plus the sync checks."""
-    from ddpdoctor.findings.watched import watched_report
+def assemble(run: RunDir, job_exit: int | None, *, locked: bool) -> Report:
+    """`check-sync` once its job ended: the watched run's report (job, hang, crashes) plus the sync checks.
+    ``locked``: a live ddpdoctor still holds the run directory (see reports/watched.py)."""
+    from ddpdoctor.reports.watched import watched_report
 
-    base = watched_report(run, "check-sync")
+    base = watched_report(run, "check-sync", locked=locked)
     section, findings, notes = sync_parts(run)
     if job_exit:
         notes.append(f"the script failed (exit code {job_exit}); its ranks' output is in "

@@ -92,8 +92,8 @@ class PerfSection(Section):
     """The performance analysis of profiler traces (`analyze`, `profile`, `capture --profile`; docs/json.md)."""
 
     KEYS: ClassVar[tuple[str, ...]] = ("inputs", "window", "ranks", "collectives", "syncs", "stragglers",
-                                       "clock_offsets_us", "ddp", "whatif")
-    OPTIONAL: ClassVar[tuple[str, ...]] = ("whatif",)
+                                       "exposed_split", "clock_offsets_us", "ddp", "whatif")
+    OPTIONAL: ClassVar[tuple[str, ...]] = ("whatif", "exposed_split")
     inputs: list[dict[str, JSON]]
     window: str
     ranks: list[dict[str, JSON]]
@@ -103,6 +103,9 @@ class PerfSection(Section):
     clock_offsets_us: dict[str, float]
     ddp: list[dict[str, JSON]]
     whatif: dict[str, JSON] | None = None
+    # docs/metrics.md#exposed-split: per rank, exposed communication as waiting / transfer / dispatch (None in
+    # reports saved before it existed)
+    exposed_split: list[dict[str, JSON]] | None = None
 
     @classmethod
     def present_in(cls, doc: Mapping[str, object]) -> bool:
@@ -178,6 +181,18 @@ class TopologySection(Section):
         return isinstance(doc.get("topology"), dict)
 
 
+@dataclass(frozen=True)
+class DiffSection(Section):
+    """Two runs compared (`diff`, `profile --baseline`; docs/diff.md): the "diff" object of analyses/diff.RunDiff."""
+
+    KEYS: ClassVar[tuple[str, ...]] = ("diff",)
+    diff: dict[str, JSON]
+
+    @classmethod
+    def present_in(cls, doc: Mapping[str, object]) -> bool:
+        return isinstance(doc.get("diff"), dict)
+
+
 # Which sections each command's report may hold, in output order (Report.from_json picks the ones present).
 @dataclass(frozen=True)
 class TuneSection(Section):
@@ -191,13 +206,14 @@ class TuneSection(Section):
 
 COMMAND_SECTIONS: dict[str, tuple[type[Section], ...]] = {
     "analyze": (PerfSection,),
-    "profile": (PerfSection, RunDirSection, JobSection, HangSection, TopologySection),
+    "profile": (PerfSection, RunDirSection, JobSection, HangSection, TopologySection, DiffSection),
     "run": (RunDirSection, JobSection, HangSection, TopologySection),
     "check-sync": (RunDirSection, JobSection, HangSection, SyncChecksSection),
     "capture": (RunDirSection, PerfSection, SyncChecksSection),
     "logs": (LogsSection,),
     "topo": (RunDirSection, NcclUseSection, TopoSection),
     "preflight": (PreflightSection,),
+    "diff": (DiffSection,),
     "tune": (TuneSection,),
 }
 

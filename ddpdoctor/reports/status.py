@@ -10,7 +10,7 @@ from typing import Any
 
 @dataclass(frozen=True)
 class LiveStatus:
-    state: str  # "running" | "finished" | "stale" | "starting"
+    state: str  # "running" | "finished" | "unfinished" | "stale" | "starting"
     run_dir: str
     command: str | None
     exit_code: int | None
@@ -29,10 +29,11 @@ class LiveStatus:
                    age_s=doc.get("age_s"))
 
     def exit_code_for(self, fail_on: str) -> int:
-        """1 for a finished job that failed (an error), or any live alert (warnings) with --fail-on warning."""
+        """1 for a finished job that failed (an error), a run whose ddpdoctor was killed ("unfinished"), or any live
+        alert (warnings) with --fail-on warning."""
         if fail_on == "none":
             return 0
-        failed = self.state == "finished" and self.exit_code not in (0, None)
+        failed = (self.state == "finished" and self.exit_code not in (0, None)) or self.state == "unfinished"
         alerted = bool((self.health or {}).get("alerts_total"))
         return 1 if failed or (fail_on == "warning" and alerted) else 0
 

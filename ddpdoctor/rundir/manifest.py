@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import os
 import socket
 import sys
 import time
+from pathlib import Path
 from typing import Any
 
 from ddpdoctor.errors import BadInput
@@ -18,7 +20,7 @@ SCHEMA = 1
 def write_initial(run: RunDir, mode: str, script: str | None, script_args: list[str], launcher: str,
                   torchrun_flags: dict[str, Any], schedule: dict[str, Any] | None, options: dict[str, Any]) -> None:
     """The launch as plain data (the launcher passes its spec's parts: the run directory knows nothing of it)."""
-    from ddpdoctor import __version__
+    from ddpdoctor.version import __version__
 
     data = {
         "schema": SCHEMA,
@@ -26,6 +28,9 @@ def write_initial(run: RunDir, mode: str, script: str | None, script_args: list[
         "mode": mode,
         "command_line": list(sys.argv),
         "script": script,
+        # what `diff` names when two runs differ (analyses/diff_changes.py): the script's content and the host's load
+        "script_sha256": script_sha256(script),
+        "host_load": _load_1min(),
         "script_args": list(script_args),
         "launcher": launcher,
         "launcher_host": socket.gethostname(),
@@ -39,6 +44,27 @@ def write_initial(run: RunDir, mode: str, script: str | None, script_args: list[
         "ended": {"how": "running"},
     }
     write_json(run.manifest, data)
+
+
+def script_sha256(script: str | None) -> str | None:
+    """The script file's SHA-256 (None for a module or a file that cannot be read: the hash is only a hint)."""
+    import hashlib
+
+    from ddpdoctor.safe_io import read_bytes
+
+    if not script:
+        return None
+    try:
+        return hashlib.sha256(read_bytes(Path(script), 64 << 20, decompress=False)).hexdigest()
+    except (OSError, BadInput):
+        return None
+
+
+def _load_1min() -> float | None:
+    try:
+        return round(os.getloadavg()[0], 2)
+    except (AttributeError, OSError):  # not on this platform
+        return None
 
 
 def _read_optional(path: Any) -> dict[str, Any] | None:

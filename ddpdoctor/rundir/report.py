@@ -7,20 +7,13 @@ from typing import Any, Protocol
 from ddpdoctor.rundir.layout import RunDir, write_json
 from ddpdoctor.rundir.loaders import rank_statuses
 
-__all__ = ["job_report", "rank_statuses", "save_report"]
+__all__ = ["rank_statuses", "save_report"]
 
 
 class JsonDocument(Protocol):
     """What the run directory saves: anything that gives its JSON (a Report); rundir knows nothing above it."""
 
     def to_json(self) -> dict[str, Any]: ...
-
-
-def job_report(run: RunDir, command: str, analyse_traces: bool) -> Any:
-    """Moved to ddpdoctor/reports/job.py; kept for callers that have not moved yet (findings/watched.py)."""
-    from ddpdoctor.reports.job import job_report as build
-
-    return build(run, command, analyse_traces)
 
 
 def save_report(run: RunDir, report: JsonDocument) -> None:

@@ -87,13 +87,13 @@ class DdpdoctorPlugin(base_plugin.TBPlugin):
     def _serve_report(self, request: wrappers.Request) -> wrappers.Response:
         """The run's HTML report (the same page as RUN/report.html), with TensorBoard's CSP allowing its own
         inline scripts by hash and nothing else."""
-        from ddpdoctor.renderers.html import render_html
+        from ddpdoctor.renderers.diff_html import render_report_html
 
         found = self._run(request)
         if found is None:
             return http_util.Respond(request, "no such run", "text/plain", code=404)
         try:
-            page = render_html(runs_mod.load_report(found[1]))
+            page = render_report_html(runs_mod.load_report(found[1]))
         except (OSError, ValueError) as exc:
             return http_util.Respond(request, f"report.json unreadable: {exc}", "text/plain", code=422)
         hashes = [base64.b64encode(hashlib.sha256(m.group(1).encode("utf-8")).digest()).decode("ascii")

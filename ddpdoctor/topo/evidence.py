@@ -158,7 +158,9 @@ def findings(ev: Evidence, nodes: int) -> list[Finding]:
     if not multi and len(ev.tests_rank0_mpi) > 1 and set(ev.tests_rank_hosts) == {0}:
         multi = [0]
     ones = {h for h, sizes in ev.comm_sizes.items() if sizes == {1}}
-    if multi or (len(ones) > 1 and len(ones) == len(ev.comm_sizes)):
+    # (one-rank communicators alone are any job whose processes each initialised alone: 'not-distributed' says that;
+    # it is nccl-tests only when nccl-tests printed its device table)
+    if multi or (ev.tests_rank_hosts and len(ones) > 1 and len(ones) == len(ev.comm_sizes)):
         hosts = sorted(set().union(*(ev.tests_rank_hosts[r] for r in multi)) if multi else ones)
         out.append(Finding(
             "nccl-tests-no-mpi", Severity.ERROR,

@@ -42,7 +42,7 @@ def _analyze_reads(run: Path) -> None:
     assert r.returncode in (0, 1) or (r.returncode == 2 and len(r.stderr.strip().splitlines()) == 1), r.stderr
 
 
-@pytest.mark.parametrize("sig", ["KILL", "SEGV", "ABRT"])
+@pytest.mark.parametrize("sig", ["KILL", "SEGV", "ABRT", "TERM"])
 def test_rank_killed_by_a_signal_is_the_culprit(tmp_path: Path, sig: str) -> None:
     script = _scenario(tmp_path, "rank_signal.py")
     out = tmp_path / "run"

@@ -15,20 +15,20 @@ SEEDS = Path(__file__).parent / "seeds"
 
 def _profile(run: Path) -> Any:
     from ddpdoctor.analyses.pipeline import analyze_paths
-    from ddpdoctor.findings.watched import watched_report
     from ddpdoctor.reports.analyze import assemble as report_for
+    from ddpdoctor.reports.watched import watched_report
     from ddpdoctor.rundir.layout import RunDir
 
     report = report_for(analyze_paths([run]))
     json.dumps(report.to_json(), default=str)
-    return watched_report(RunDir(run), "profile", analyse_traces=False).to_json()
+    return watched_report(RunDir(run), "profile", locked=False, analyse_traces=False).to_json()
 
 
 def _watched(run: Path) -> Any:
-    from ddpdoctor.findings.watched import watched_report
+    from ddpdoctor.reports.watched import watched_report
     from ddpdoctor.rundir.layout import RunDir
 
-    return watched_report(RunDir(run), "run", debug=True).to_json()
+    return watched_report(RunDir(run), "run", locked=False, debug=True).to_json()
 
 
 def _sync(run: Path) -> Any:

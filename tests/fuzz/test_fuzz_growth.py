@@ -16,7 +16,7 @@ import pytest
 from ddpdoctor.analyses.pipeline import analyze_paths
 from ddpdoctor.commands.topo import build_report
 from ddpdoctor.logs.explain import explain_paths
-from ddpdoctor.reports.analyze import assemble as report_for
+from ddpdoctor.reports.analyze import assemble
 from tests.conftest import REPO
 from tests.fuzz.common import result_or_bad_input
 from tests.fuzz.growth import assert_near_linear, size
@@ -128,7 +128,7 @@ def _trace(steps: int, rank: int = 0, world: int = 2) -> dict:
 
 
 def _analyze(paths: list[Path]) -> None:
-    result_or_bad_input(lambda: report_for(analyze_paths(paths)).to_json())
+    result_or_bad_input(lambda: assemble(analyze_paths(paths)).to_json())
 
 
 def test_analyze_many_steps(files):

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+from ddpdoctor.launch import runlock
 from tests.conftest import run_cli
 
 
@@ -22,5 +23,9 @@ def test_capture_needs_exactly_one_kind_and_a_live_job(tmp_path: Path) -> None:
     assert both.returncode == 2 and "exactly one" in both.stderr
     none = run_cli("capture", str(tmp_path), "--profile", "3")
     assert none.returncode == 2 and none.stderr.count("\n") == 1 and "not a live" in none.stderr
-    st = run_cli("status", str(tmp_path))
+    lock = runlock.acquire(tmp_path)  # a live ddpdoctor holds its run
+    try:
+        st = run_cli("status", str(tmp_path))
+    finally:
+        lock.release()
     assert st.returncode == 0 and "starting" in st.stdout

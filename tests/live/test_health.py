@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 
 from ddpdoctor.errors import BadInput
+from ddpdoctor.launch import runlock
 from ddpdoctor.live.export import PrometheusExporter, parse_addr
 from ddpdoctor.live.findings import live_findings
 from ddpdoctor.live.health import LiveHealth
@@ -70,8 +71,13 @@ def test_status_of_a_running_job_that_went_quiet(tmp_path: Path) -> None:
     health = LiveHealth(tmp_path, world_size=2)
     _beats(health, range(1, 11))
     health.tick(now=1000.0)
-    assert load_status(tmp_path, now=1001.0)["state"] == "running"
-    assert load_status(tmp_path, now=1100.0)["state"] == "stale"
+    lock = runlock.acquire(tmp_path)  # as the live ddpdoctor holds it
+    try:
+        assert load_status(tmp_path, now=1001.0)["state"] == "running"
+        assert load_status(tmp_path, now=1100.0)["state"] == "stale"
+    finally:
+        lock.release()
+    assert load_status(tmp_path, now=1100.0)["state"] == "unfinished"  # its ddpdoctor is gone (SIGKILL)
 
 
 def test_stack_classes_smallest_first_with_rank_ranges() -> None:
@@ -111,7 +117,11 @@ def test_status_merges_the_nodes_of_a_shared_run_directory(tmp_path: Path) -> No
                 fwd = 0.05 if r == slow else 0.01
                 health.ingest(r, [[s, 0.1, {"forward": fwd, "backward": 0.1 - fwd}]])
         health.tick(now=1000.0)
-    st = load_status(tmp_path, now=1001.0)
+    lock = runlock.acquire(tmp_path)  # as the live ddpdoctor holds it
+    try:
+        st = load_status(tmp_path, now=1001.0)
+    finally:
+        lock.release()
     h = st["health"]
     assert st["state"] == "running" and h["nodes"] == ["node0", "node1"]
     assert sorted(h["ranks"]) == ["0", "1", "2", "3"] and h["slowest_ranks"][0] == 3

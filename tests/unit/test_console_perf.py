@@ -8,7 +8,7 @@ from rich.console import Console
 
 from ddpdoctor.findings.model import Finding, Severity
 from ddpdoctor.renderers.console import render
-from ddpdoctor.renderers.console_perf import MAX_RANK_ROWS, ms, render_perf_sections
+from ddpdoctor.renderers.console_perf import ms, render_perf_sections
 from ddpdoctor.report import Report
 from tests.views_fixtures import EVIL, evil_report, findings, sections
 
@@ -89,10 +89,15 @@ def test_many_ranks_fit_a_screen():
     s["ranks"] = [dict(base, rank=r, step_time_us={"median": 1000.0 + r}) for r in range(1000)]
     s["stragglers"] = {"ranks": [3], "evidence": {}}
     text = _text(Report(command="analyze", sections=s), width=100)
-    rows = [line for line in text.splitlines() if re.match(r"^\s*\d+\*?\s+\d", line)]
-    assert len(rows) <= MAX_RANK_ROWS
-    assert "more ranks not shown" in text
-    assert _row(text, "999") and _row(text, "3*")  # the slowest and the straggler are kept
+    rows = [line for line in text.splitlines() if re.match(r"^\s*\d[\d,\-…]*( \(\d+\))?\s+\d", line)]
+    # Classes of alike ranks with ranges (renderers/rank_classes.py) and the ranks that matter: one screen.
+    assert len(rows) <= 10 and len(text.splitlines()) <= 40
+    assert "--json has every rank" in text
+    labels = [r.split()[0] for r in rows]
+    assert labels[:3] == ["3", "999", "0"]  # the straggler, the slowest, the fastest
+    assert "straggler" in text and "slowest" in text and "fastest" in text and "typical" in text
+    counts = [int(m.group(1)) for r in rows[3:] if (m := re.search(r"\((\d+)\)", r))]
+    assert sum(counts) == 1000  # the classes hold every rank once
 
 
 def test_ms_never_prints_nan():

@@ -69,7 +69,7 @@ def _profile(run_root: Path) -> Result:
 
     run = RunDir(run_root)
     manifest = manifest_mod.load(run)
-    report = assemble(run, Schedule(**manifest["schedule"]),
+    report = assemble(run, Schedule(**manifest["schedule"]), locked=False,
                       nccl_debug=bool((manifest.get("options") or {}).get("nccl_debug")))
     return _emit_code(report, job_exit=manifest.get("exit_code")), report.to_json()
 
@@ -82,7 +82,7 @@ def _run(run_root: Path) -> Result:
     run = RunDir(run_root)
     manifest = manifest_mod.load(run)
     options = manifest.get("options") or {}
-    report = assemble(run, debug=bool(options.get("debug")), nccl_debug=bool(options.get("nccl_debug")))
+    report = assemble(run, locked=False, debug=bool(options.get("debug")), nccl_debug=bool(options.get("nccl_debug")))
     return _emit_code(report, job_exit=1 if manifest.get("exit_code") else None), report.to_json()
 
 
@@ -93,7 +93,7 @@ def _check_sync(run_root: Path) -> Result:
 
     run = RunDir(run_root)
     exit_code = manifest_mod.load(run).get("exit_code")
-    report = assemble(run, exit_code)
+    report = assemble(run, exit_code, locked=False)
     return _emit_code(report, job_exit=exit_code), report.to_json()
 
 
@@ -132,12 +132,14 @@ def _preflight(run_root: Path) -> Result:
 
 # --- the cases -----------------------------------------------------------------------------------------------------
 
+DISCOVERED: set[str] = set()
 RUN_DIRS = {"mlp": FIX / "analyze" / "gloo_2rank_mlp", "sample": REPO / "sample_traces" / "mlp_gloo_2rank",
             "healthy1": FIX / "verdicts" / "healthy_run1", "healthy4": FIX / "verdicts" / "healthy_run4"}
 
 
 def _cases() -> dict[str, tuple[Path, Callable[[Path], Result], bool]]:
-    """name -> (input, what to run on it, whether to run it on a private copy)."""
+    """name -> (input, what to run on it, whether to run it on a private copy). The log and NCCL fixtures are found
+    by listing their folders (DISCOVERED): one added later has no golden until it is recorded."""
     cases: dict[str, tuple[Path, Callable[[Path], Result], bool]] = {}
     for name, path in RUN_DIRS.items():
         cases[f"analyze-{name}"] = (path, lambda p: _cli("analyze", str(p), "--workers", "1", "--json"), False)
@@ -152,15 +154,17 @@ def _cases() -> dict[str, tuple[Path, Callable[[Path], Result], bool]]:
     logs = sorted(p for p in (FIX / "logs").rglob("*") if p.is_file() and p.suffix in (".log", ".json", ".pkl")
                   and "scripts" not in p.parts and "skip_logdir" not in p.parts)
     for p in logs:
-        cases[f"logs-{p.relative_to(FIX / 'logs').as_posix().replace('/', '-')}"] = (
-            p, lambda q: _cli("logs", str(q), "--json"), False)
+        name = f"logs-{p.relative_to(FIX / 'logs').as_posix().replace('/', '-')}"
+        cases[name] = (p, lambda q: _cli("logs", str(q), "--json"), False)
+        DISCOVERED.add(name)
     cases["logs-skip_logdir"] = (FIX / "logs" / "skip_logdir", lambda q: _cli("logs", str(q), "--json"), False)
     cases["logs-fr-pair"] = (FIX / "logs", lambda q: _cli("logs", str(q / "fr_rank0.json"), str(q / "fr_rank1.json"),
                                                           str(q / "raise.log"), "--json"), False)
     nccl = sorted(p for p in (FIX / "nccl").rglob("*") if p.is_file() and p.suffix in (".log", ".xml"))
     for p in nccl:
-        cases[f"topo-{p.relative_to(FIX / 'nccl').as_posix().replace('/', '-')}"] = (
-            p, lambda q: _cli("topo", str(q), "--json"), False)
+        name = f"topo-{p.relative_to(FIX / 'nccl').as_posix().replace('/', '-')}"
+        cases[name] = (p, lambda q: _cli("topo", str(q), "--json"), False)
+        DISCOVERED.add(name)
     cases["topo-log-and-xml"] = (FIX / "nccl", lambda q: _cli("topo", str(q / "torchrun_2node_ib_gdr.log"),
                                                               "--topo-xml", str(q / "topo_numa_mismatch_gdr_off.xml"),
                                                               "--json"), False)
@@ -179,6 +183,10 @@ def _cases() -> dict[str, tuple[Path, Callable[[Path], Result], bool]]:
     cases["capture-profile"] = (RUN_DIRS["mlp"], _capture_profile, True)
     cases["capture-check-sync"] = (RUNS / "sync_ok", _capture_sync, True)
     cases["preflight"] = (RUNS / "preflight", _preflight, True)
+    # diff: two recorded runs of the same world size (paths under the repository, so <IN> in any checkout)
+    cases["diff-sample-mlp"] = (REPO, lambda q: _cli("diff", str(q / "sample_traces" / "mlp_gloo_2rank"),
+                                                     str(q / "tests" / "fixtures" / "analyze" / "gloo_2rank_mlp"),
+                                                     "--json"), False)
     return cases
 
 
@@ -218,11 +226,18 @@ def test_json_is_unchanged(case: str, tmp_path: Path) -> None:
         GOLDEN.mkdir(parents=True, exist_ok=True)
         golden.write_text(json.dumps(got, indent=1, sort_keys=True) + "\n")
         return
+    if not golden.exists() and case in DISCOVERED:
+        pytest.skip(f"{src.name} was added after the goldens were recorded: DDPDOCTOR_UPDATE_GOLDEN=1 records it")
     assert golden.exists(), f"no golden for {case}: record it with DDPDOCTOR_UPDATE_GOLDEN=1"
     want = json.loads(golden.read_text())
     assert got["exit_code"] == want["exit_code"]
     # Keys in the same order matter to nobody, values do: compare as data, with a readable first difference.
     assert got["json"] == want["json"], _first_difference(want["json"], got["json"])
+
+
+def test_every_golden_has_its_case() -> None:
+    """A golden whose input was renamed or removed would otherwise guard nothing, silently."""
+    assert sorted(p.stem for p in GOLDEN.glob("*.json") if p.stem not in CASES) == []
 
 
 def _first_difference(want: Any, got: Any, where: str = "$") -> str:

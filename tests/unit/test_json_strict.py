@@ -10,6 +10,7 @@ import time
 
 import pytest
 
+from ddpdoctor.launch import runlock
 from ddpdoctor.safe_io import dumps_json, loads_json
 from tests.conftest import SAMPLE_RUN, run_cli
 
@@ -72,8 +73,12 @@ def test_status_of_a_live_run_with_a_bad_field_is_shown_not_a_traceback(tmp_path
     for field in ('"updated"', '"step"', '"step_ms"', '"world_size"', '"busy_ms"', '"forward"', '"alerts_total"'):
         text = text.replace(f"{field}: ", f"{field}: {bad}, \"was{field[1:]}: ", 1)
     path.write_text(text.replace('"slowest_ranks": [0]', f'"slowest_ranks": [{bad}]'))
-    for args in (["status", run], ["status", "--json", run]):
-        proc = run_cli(*args)
+    lock = runlock.acquire(tmp_path / "run")  # a live ddpdoctor holds its run
+    try:
+        procs = [run_cli("status", run), run_cli("status", "--json", run)]
+    finally:
+        lock.release()
+    for proc in procs:
         assert proc.returncode == 0, proc.stderr
         assert "Traceback" not in proc.stderr and not proc.stderr.strip(), proc.stderr
     strict(proc.stdout)

@@ -39,12 +39,9 @@ def _breaking(where: str, allowed: tuple[str, ...], prefix: str = "ddpdoctor") -
 
 
 def test_the_run_directory_imports_only_errors_and_safe_io() -> None:
-    bad = _breaking("rundir", ("ddpdoctor.errors", "ddpdoctor.safe_io", "ddpdoctor.__version__"))
-    known = {  # the schema borrows the analysis's record types; the manifest takes the LaunchSpec (issue 24's)
+    bad = _breaking("rundir", ("ddpdoctor.errors", "ddpdoctor.safe_io", "ddpdoctor.version"))
+    known = {  # the schema borrows the analysis's record types
         "ddpdoctor.rundir.schema": {"ddpdoctor.analyses.model"},
-        "ddpdoctor.rundir.manifest": {"ddpdoctor.launch.launcher"},
-        # the thin alias findings/watched.py still calls (it moves to reports/)
-        "ddpdoctor.rundir.report": {"ddpdoctor.reports.job"},
     }
     assert {m: b - known.get(m, set()) for m, b in bad.items() if b - known.get(m, set())} == {}
 
@@ -63,7 +60,7 @@ def test_findings_do_not_reach_up() -> None:
 
 
 def test_click_only_in_commands_and_rich_only_in_renderers() -> None:
-    click_known = {"ddpdoctor.cli", "ddpdoctor.findings.watched",  # its terminal view moves to renderers/
+    click_known = {"ddpdoctor.cli",
                    # launch/job/live (issue 24's): flags defined as click options, and the watch's own messages
                    "ddpdoctor.job.agent", "ddpdoctor.launch.flags", "ddpdoctor.launch.monitor",
                    "ddpdoctor.live.options", "ddpdoctor.live.watch"}
@@ -72,4 +69,4 @@ def test_click_only_in_commands_and_rich_only_in_renderers() -> None:
         if any(i == "click" or i.startswith("click.") for i in imports):
             assert mod.startswith("ddpdoctor.commands") or mod in click_known, mod
         if any(i == "rich" or i.startswith("rich.") for i in imports):
-            assert mod.startswith("ddpdoctor.renderers") or mod in {"ddpdoctor.findings.watched"}, mod
+            assert mod.startswith("ddpdoctor.renderers"), mod

@@ -71,7 +71,7 @@ def test_a_saved_check_sync_report_renders_as_it_did(tmp_path: Path) -> None:
     from ddpdoctor.rundir.layout import RunDir
 
     run = RunDir(shutil.copytree(RUNS / "sync_set_epoch", tmp_path / "run"))
-    report = assemble(run, 0)
+    report = assemble(run, 0, locked=False)
     again = load_report(json.loads(json.dumps(report.to_json(), default=str)))
     text = _render(report, render_sync_sections)
     assert "Cross-rank comparisons" in text and "sampler-no-set-epoch" in text

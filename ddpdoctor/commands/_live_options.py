@@ -1,4 +1,4 @@
-"""The live-watch options of `ddpdoctor run` (--metrics-addr, --capture-on-slowdown) and the LiveWatch they make."""
+"""The live-watch options of `ddpdoctor run` (--metrics-addr, --capture-on-slowdown) and the LiveWatch they make (click lives in commands/)."""
 
 from __future__ import annotations
 

@@ -1,6 +1,6 @@
-"""The report of a watched run (run, profile, check-sync): job findings plus hang, crash and --debug findings.
-
-Reads RUN/hang.json, RUN/heartbeats.json and the ranks' status/stderr files; the rules live in findings/hang.py."""
+"""The report of a watched run (run, profile, check-sync): the job's own findings, then the hang, crash and --debug
+findings, and the typed hang section. Reads RUN/hang.json, RUN/heartbeats.json and the ranks' status and stderr
+files through rundir/; the rules live in findings/hang.py and findings/job.py."""
 
 from __future__ import annotations
 
@@ -9,39 +9,49 @@ from typing import Any
 
 from ddpdoctor.findings.job import ended_findings
 from ddpdoctor.findings.model import Finding
-from ddpdoctor.launch import runlock
 from ddpdoctor.report import Report
+from ddpdoctor.reports.job import job_report
+from ddpdoctor.reports.sections import HangSection, HangVerdict
 from ddpdoctor.rundir import manifest as manifest_mod
 from ddpdoctor.rundir.layout import RunDir
-from ddpdoctor.rundir.report import job_report, rank_statuses
+from ddpdoctor.rundir.loaders import rank_statuses, rank_text
 
 
-def watched_report(run: RunDir, command: str, debug: bool = False, analyse_traces: bool = False) -> Report:
-    """job_report plus the hang/crash findings of a watched run (also used by `profile`)."""
-    report = job_report(run, command, analyse_traces=analyse_traces)
-    ended, report.stopped = ended_findings(manifest_mod.load(run), runlock.is_locked(run.root))
-    report.findings.extend(ended)
-    report.findings.extend(watch_findings(run, debug=debug, stopped=report.stopped is not None))
+def watched_report(run: RunDir, command: str, *, locked: bool, debug: bool = False,
+                   analyse_traces: bool = False) -> Report:
+    """job_report plus the hang/crash findings of a watched run (also used by `profile`). ``locked``: a live
+    ddpdoctor still holds the run directory (launch/runlock.is_locked), so a manifest still "running" is not a
+    ddpdoctor that died."""
+    base = job_report(run, command, analyse_traces=analyse_traces)
+    ended, stopped = ended_findings(manifest_mod.load(run), locked)
+    findings = [*base.findings, *ended, *watch_findings(run, debug=debug, stopped=stopped is not None)]
+    parts = list(base.parts)
     hang = _read(run.root / "hang.json")
     if hang is not None:
-        d = hang.get("diagnosis") or {}
-        report.sections["hang"] = {k: hang.get(k) for k in ("detected_after_s", "hang_timeout_s", "on_hang")}
-        report.sections["hang"].update(
-            kind=d.get("kind"), culprit_ranks=d.get("culprit_ranks"), report=str(run.root / "hang.txt"),
-            ranks={r: _where(p) for r, p in sorted((d.get("positions") or {}).items(), key=lambda kv: int(kv[0]))},
-        )
-        if hang.get("classes"):  # multi-node (ddpdoctor/job): ranks grouped by state and stack, outliers first
-            report.sections["hang"]["classes"] = [{k: c.get(k) for k in ("count", "ranks", "state", "nodes")}
-                                                  for c in hang["classes"] if isinstance(c, dict)]
+        parts.append(HangSection(hang_verdict(hang, str(run.root / "hang.txt"))))
         # Ranks killed because of the hang write no status: that is not a separate problem.
-        report.findings = [f for f in report.findings if f.id != "rank-no-status"]
-    if report.stopped is not None:  # nor ranks killed because ddpdoctor was stopped
-        report.findings = [f for f in report.findings if f.id != "rank-no-status"]
-    report.notes.extend(monitor_notes(_read(run.root / "heartbeats.json") or {}))
-    crashed = {r for f in report.findings if f.id == "rank-crashed" for r in f.ranks}
+        findings = [f for f in findings if f.id != "rank-no-status"]
+    if stopped is not None:  # nor ranks killed because ddpdoctor was stopped
+        findings = [f for f in findings if f.id != "rank-no-status"]
+    crashed = {r for f in findings if f.id == "rank-crashed" for r in f.ranks}
     # A rank that died is named by rank-crashed (with what its stderr said): its "no status" is the same event.
-    report.findings = [f for f in report.findings if f.id != "rank-no-status" or not set(f.ranks) <= crashed]
-    return report
+    findings = [f for f in findings if f.id != "rank-no-status" or not set(f.ranks) <= crashed]
+    notes = [*base.notes, *monitor_notes(_read(run.root / "heartbeats.json") or {})]
+    return Report(command, parts=parts, findings=findings, notes=notes, stopped=stopped)
+
+
+def hang_verdict(hang: dict[str, Any], report_path: str) -> HangVerdict:
+    """The hang section from RUN/hang.json: when, the culprit, where each rank stood (or, multi-node, the classes
+    of ranks that share a state and a stack, outliers first)."""
+    d = hang.get("diagnosis") or {}
+    positions = sorted((d.get("positions") or {}).items(), key=lambda kv: int(kv[0]))
+    classes = hang.get("classes")
+    return HangVerdict(
+        detected_after_s=hang.get("detected_after_s"), hang_timeout_s=hang.get("hang_timeout_s"),
+        on_hang=hang.get("on_hang"), kind=d.get("kind"), culprit_ranks=d.get("culprit_ranks"), report=report_path,
+        ranks={str(r): _where(p) for r, p in positions},
+        classes=[{k: c.get(k) for k in ("count", "ranks", "state", "nodes")} for c in classes if isinstance(c, dict)]
+        if classes else None)
 
 
 def monitor_notes(heartbeats: dict[str, Any]) -> list[str]:
@@ -63,7 +73,7 @@ def watch_findings(run: RunDir, debug: bool = False, stopped: bool = False) -> l
     findings: list[Finding] = []
     statuses = rank_statuses(run)
     hang = _read(run.root / "hang.json")
-    stderr = {r: _text(run.rank_file(r, "stderr.log")) for r, s in statuses.items() if s is None}
+    stderr = {r: rank_text(run, r, "stderr.log") or "" for r, s in statuses.items() if s is None}
     beats = {int(r): v.get("beat") for r, v in ((_read(run.root / "heartbeats.json") or {}).get("ranks") or {}).items()}
     crashes = crash_findings(statuses, debug=debug, param_names=_param_names(run), stderr=stderr, last_beats=beats)
 
@@ -88,14 +98,9 @@ def debug_findings(run: RunDir, have: set[str]) -> list[Finding]:
     """What TORCH_DISTRIBUTED_DEBUG=DETAIL printed, explained by the logs parsers (ddpdoctor/logs)."""
     from ddpdoctor.logs.explain import explain_texts
 
-    texts: dict[str, str] = {}
-    for r in run.ranks_present():
-        path = run.rank_file(r, "stderr.log")
-        try:
-            # Named relative to the run directory: "ranks/rank3/stderr.log" tells the parsers the rank.
-            texts[str(path.relative_to(run.root))] = path.read_text(errors="replace")
-        except (OSError, ValueError):
-            continue
+    # Named relative to the run directory: "ranks/rank3/stderr.log" tells the parsers the rank.
+    texts = {str(run.rank_file(r, "stderr.log").relative_to(run.root)): text for r in run.ranks_present()
+             if (text := rank_text(run, r, "stderr.log", missing=None)) is not None}
     try:
         found = list(explain_texts(texts))
     except Exception:  # noqa: BLE001 - the report of the run matters more than the log explanation
@@ -126,30 +131,6 @@ def _where(p: dict[str, Any]) -> str:
     else:
         what = f"{p.get('state')} (phase {p.get('phase')})"
     return f"{what}, step {p.get('step')}, at {p.get('call_site')}"
-
-
-def render_hang_section(report: Report, out: Any, verbose: bool) -> None:
-    """Terminal view of the hang section (the renderer's sections callback)."""
-    from rich.markup import escape
-
-    h = report.sections.get("hang")
-    if not h:
-        return
-    out.print(f"[bold red]hang[/bold red] detected after {h.get('detected_after_s')} s without progress "
-              f"(timeout {h.get('hang_timeout_s')} s); culprit rank(s): {h.get('culprit_ranks') or 'undetermined'}")
-    for c in h.get("classes") or []:
-        out.print(f"  [{c.get('count')} rank(s): {escape(str(c.get('ranks')))} on node(s) {escape(str(c.get('nodes')))}] "
-                  f"{escape(str(c.get('state')))}")
-    for r, where in (h.get("ranks") or {}).items() if not h.get("classes") else ():
-        out.print(f"  rank {escape(str(r))}: {escape(where)}")
-    out.print(f"  stacks and Flight Recorder dumps: {escape(str(h.get('report')))} / hang.json")
-
-
-def _text(path: Path) -> str:
-    try:
-        return path.read_text(errors="replace")
-    except OSError:
-        return ""
 
 
 def _read(path: Path) -> dict[str, Any] | None:

@@ -1,0 +1,28 @@
+"""The watch options of every launching command (--hang-timeout, --startup-timeout, --on-hang) and the monitor they
+make (launch/monitor.make_watcher)."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import click
+
+from ddpdoctor.launch.monitor import HangMonitor, make_watcher
+
+
+def pop_watcher(kwargs: dict[str, Any]) -> HangMonitor:
+    """The watcher of the --hang-timeout/--startup-timeout/--on-hang values `watch_options` added to ``kwargs``."""
+    return make_watcher(kwargs.pop("hang_timeout"), kwargs.pop("startup_timeout"), kwargs.pop("on_hang"))
+
+
+def watch_options(fn: Callable[..., Any]) -> Callable[..., Any]:
+    """--hang-timeout, --startup-timeout, --on-hang (pass them to make_watcher)."""
+    fn = click.option("--on-hang", type=click.Choice(["kill", "report"]), default="kill", show_default=True,
+                      help="After a hang is reported: kill the job, or leave it running.")(fn)
+    fn = click.option("--startup-timeout", type=float, default=600.0, show_default=True,
+                      help="Seconds allowed for start-up and the first step before it counts as a hang.")(fn)
+    fn = click.option("--hang-timeout", type=float, default=None,
+                      help="Seconds without a step before a rank is hung [default: max(60, 10x slowest step); "
+                           "a rank still busy (CPU, I/O) is then a long stall, not a hang].")(fn)
+    return fn

@@ -1,0 +1,160 @@
+"""The collective ledger inside a rank: how long its training thread sat blocked in collectives each step.
+
+Why this measure (docs/metrics.md#caused-wait): at a collective the rank that arrives last spends only the transfer
+inside it, while the ranks that came early spend their wait plus the transfer. So the rank the job waits for is the
+one with the least blocked time while the others' is high, and its cost per step is the others' median minus its
+own: no cross-host clock, a few bytes per rank per step.
+
+Blocked time is counted on the StepTracker's phase clock as the "collective" phase, so each step's record
+(step, seconds, {phase: seconds}) carries it beside the rank's own work per phase, and overlapping waits count once
+(the tracker counts nested blocking as one interval):
+- a blocking Python collective (``dist.all_reduce(t)``, barrier, ...): the heartbeat's wrapper, enter to return;
+- DDP's gradient all-reduces, launched by the reducer from autograd hooks and waited for when backward's compute is
+  done: from the moment the autograd engine runs its final callbacks (queued by this probe from a hook on the root
+  of ``backward()``, so ours runs before DDP's own finalisation, which waits for the buckets) to ``backward()``'s
+  return.
+
+Each collective's own record (group, sequence number, op, sizes, enqueue time) comes from torch's Flight Recorder
+(``torch._C._distributed_c10d._dump_fr_trace_json``: NCCL's since torch 2.5, gloo's natively in recent releases,
+on by default in 2.13), read once at the end into RUN/ranks/rankR/ledger.json with the per-step summaries; where a
+build has none, the file says why and the per-step summaries (which need only the autograd engine's
+``queue_callback``, present long before 2.4) stand alone. On gloo the Flight Recorder keeps no completion
+times (``time_discovered_completed_ns`` is 0): completion is what the training thread's blocked time measures."""
+
+from __future__ import annotations
+
+import functools
+import json
+import time
+from collections import deque
+from pathlib import Path
+from typing import Any
+
+import torch
+
+HISTORY = 2048  # per-step summaries kept for ledger.json (a few bytes each)
+FR_KEEP = 4096  # Flight Recorder entries written at the end (its own ring is 2,000 by default)
+VERSION = 1
+
+
+class LedgerProbe:
+    """Installed by RankSession (probes/bootstrap.py) in every mode; the tracker does the accounting."""
+
+    def __init__(self, tracker: Any, rank: int, path: Path) -> None:
+        self.tracker = tracker
+        self.rank = rank
+        self.path = path
+        self.history: deque[list[Any]] = deque(maxlen=HISTORY)
+        self._originals: dict[tuple[Any, str], Any] = {}
+        self._depth = 0
+        self._blocked = False  # inside backward, past the engine's final callback: waiting for DDP's buckets
+        self._engine: Any = None
+        self.source = "autograd final callback + collective wrappers"
+        # The heartbeat's per-beat numbers (job/record.RankRecord.summary), when a monitor watches the job. The full
+        # per-step records (phases, with "collective" = blocked) travel in the beats' ``steps``.
+        self.summary: dict[str, float] | None = None
+
+    def install(self) -> None:
+        try:
+            self._engine = torch.autograd.Variable._execution_engine  # type: ignore[attr-defined]
+            self._engine.queue_callback  # noqa: B018 - present since torch 1.x; without it, no DDP wait is measured
+        except AttributeError:
+            self._engine = None
+            return
+        for mod, name in ((torch.Tensor, "backward"), (torch.autograd, "backward")):
+            orig = getattr(mod, name)
+            self._originals[(mod, name)] = orig
+            setattr(mod, name, self._wrap(orig))
+        self.tracker.add_listener(self._on_step)
+
+    def uninstall(self) -> None:
+        for (mod, name), fn in self._originals.items():
+            setattr(mod, name, fn)
+        self._originals.clear()
+
+    # -- the training thread -----------------------------------------------------------------------------
+    def _wrap(self, orig: Any) -> Any:
+        probe = self
+
+        @functools.wraps(orig)
+        def backward(*args: Any, **kwargs: Any) -> Any:
+            probe._depth += 1
+            handle = probe._arm(args[0] if args else kwargs.get("tensors", kwargs.get("self"))) \
+                if probe._depth == 1 else None
+            try:
+                return orig(*args, **kwargs)
+            finally:
+                probe._depth -= 1
+                if handle is not None:
+                    handle.remove()
+                if probe._depth == 0 and probe._blocked:
+                    probe._blocked = False
+                    probe.tracker.collective_ended()
+
+        return backward
+
+    def _arm(self, root: Any) -> Any:
+        """A hook on the root of backward (it runs first) that queues the engine callback marking compute's end."""
+        if isinstance(root, (list, tuple)):
+            root = next((t for t in root if isinstance(t, torch.Tensor)), None)
+        if not isinstance(root, torch.Tensor) or root.grad_fn is None or not root.requires_grad:
+            return None
+        try:
+            return root.register_hook(self._on_root_grad)
+        except RuntimeError:
+            return None
+
+    def _on_root_grad(self, grad: Any) -> None:
+        try:
+            self._engine.queue_callback(self._compute_done)
+        except RuntimeError:
+            pass
+        return None  # the gradient is not changed
+
+    def _compute_done(self) -> None:
+        # The engine ran every node of this backward; what remains is DDP's finalisation: waiting for its buckets.
+        if not self._blocked and self._depth > 0:
+            self._blocked = True
+            self.tracker.collective_started()
+
+    def _on_step(self, step: int) -> None:
+        rec = self.tracker.last_record
+        if rec is not None:
+            self.history.append([rec[0], round(rec[1], 6), {k: round(v, 6) for k, v in rec[2].items()}])
+            if self.summary is not None:
+                self.summary["blocked_s"] = round(rec[2].get("collective", 0.0), 6)
+
+    # -- the end ------------------------------------------------------------------------------------------
+    def finish(self, status: dict[str, Any]) -> None:
+        from ddpdoctor.rundir.layout import write_json
+
+        self.uninstall()
+        data = {"version": VERSION, "rank": self.rank, "source": self.source, "steps": list(self.history),
+                **flight_recorder_entries()}
+        try:
+            write_json(self.path, data)
+        except OSError:
+            pass  # a full disk must not change how the user's job ends
+
+
+def flight_recorder_entries(keep: int = FR_KEEP) -> dict[str, Any]:
+    """The collectives torch's Flight Recorder holds: group, seq, op, sizes, enqueue (and completion where the
+    backend records it) per entry, in a compact list; or the reason there are none."""
+    try:
+        raw = torch._C._distributed_c10d._dump_fr_trace_json()  # type: ignore[attr-defined]
+        entries = json.loads(raw).get("entries") or []
+    except Exception as exc:  # noqa: BLE001 - not built in, not initialised: the per-step summaries stand alone
+        return {"collectives_source": None, "collectives_error": repr(exc)[:300]}
+    out = []
+    for e in entries[-keep:]:
+        if not isinstance(e, dict):
+            continue
+        pg = e.get("process_group") or [None, None]
+        done = e.get("time_discovered_completed_ns") or None
+        out.append({
+            "group": pg[1] if isinstance(pg, list) and len(pg) > 1 else None, "seq": e.get("collective_seq_id"),
+            "op": e.get("profiling_name"), "sizes": e.get("input_sizes"), "dtypes": e.get("input_dtypes"),
+            "enqueued_ns": e.get("time_created_ns"), "completed_ns": done, "duration_ms": e.get("duration_ms"),
+            "state": e.get("state"),
+        })
+    return {"collectives_source": "flight-recorder", "collectives": out, "collectives_at": time.time()}

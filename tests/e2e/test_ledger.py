@@ -1,0 +1,99 @@
+"""The collective ledger on real gloo launches (issue 28): one rank 30 ms slower per step in backward (a gradient hook
+that sleeps), forward, data or the optimizer is named by `ddpdoctor run` with the wait it causes and its phase, on one
+node and on two; healthy jobs stay quiet, run after run."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.conftest import SCENARIOS, run_cli
+from tests.e2e.test_multinode import finish, start_nodes
+
+pytestmark = pytest.mark.slow
+JOB = str(SCENARIOS / "slow_phase.py")
+
+
+def _run(out: Path, nproc: int, *job_args: str) -> tuple[int, dict[str, Any], str]:
+    proc = run_cli("run", "--nproc-per-node", str(nproc), "-q", "--json", "--out", str(out), JOB, "--steps", "45",
+                   *job_args, timeout=300)
+    assert proc.stdout.strip(), proc.stderr[-3000:]
+    return proc.returncode, json.loads(proc.stdout), proc.stderr
+
+
+def _slow(report: dict[str, Any]) -> list[dict[str, Any]]:
+    return [f for f in report["findings"] if f["id"] == "slow-rank"]
+
+
+def _named(f: dict[str, Any], rank: int, phase: str) -> None:
+    ev = f["evidence"]
+    assert f["ranks"] == [rank] and f["severity"] == "warning", f
+    assert ev["phase"] == phase and ev["measured_by"] == "ledger", ev
+    assert 20 < ev["cost_ms_per_step"] < 45, ev  # 30 ms of extra work per step
+    assert ev["cost_ms_per_step"] == ev["caused_wait_ms_per_step"] and ev["cost_pct_of_step"] > 5
+    assert ev["interval_ms"]["interval"][0] > 10
+
+
+def test_rank_slow_in_backward_is_named_by_run_with_cost_phase_and_rank(tmp_path: Path) -> None:
+    out = tmp_path / "bwd"
+    code, report, stderr = _run(out, 4, "--slow-rank", "3", "--phase", "backward")
+    assert code == 0
+    (f,) = _slow(report)
+    _named(f, 3, "backward")
+    assert "slow-rank: rank 3 makes the others wait" in stderr  # said while the job ran
+    ledger = json.loads((out / "ranks" / "rank3" / "ledger.json").read_text())
+    assert ledger["collectives_source"] == "flight-recorder" and len(ledger["steps"]) == 45
+    st = run_cli("status", str(out))
+    assert "slow-rank" in st.stdout
+    js = json.loads(run_cli("status", str(out), "--json").stdout)
+    caused = {r: v["caused_wait_ms"] for r, v in js["health"]["ranks"].items()}
+    assert caused["3"] > 20 and max(caused["0"], caused["1"], caused["2"]) < 5, caused
+
+
+def test_rank_slow_in_backward_on_two_nodes(tmp_path: Path) -> None:
+    out = tmp_path / "mn"  # two launchers, 2 ranks each, one --out; rank 3 is on node 1
+    procs = start_nodes("run", "slow_phase.py", out, 2, 2, "--json", "--startup-timeout", "300",
+                        env={"SLOW_RANK": "3", "SLOW_PHASE": "backward", "SLOW_STEPS": "45"})
+    results = finish(procs)
+    assert [r[0] for r in results] == [0, 0], [r[2][-2000:] for r in results]
+    for _, stdout, _ in results:  # every node's --json tells the job's verdict, judged over all 4 ranks
+        report = json.loads(stdout)
+        assert report["job"]["world_size"] == 4
+        (f,) = _slow(report)
+        _named(f, 3, "backward")
+        assert f["evidence"]["ranks_compared"] == 4
+
+
+@pytest.mark.parametrize("phase", ["forward", "data", "optimizer"])
+def test_rank_slow_in_other_phases_is_named_with_that_phase(tmp_path: Path, phase: str) -> None:
+    code, report, _ = _run(tmp_path / phase, 2, "--slow-rank", "1", "--phase", phase)
+    assert code == 0
+    (f,) = _slow(report)
+    _named(f, 1, phase)
+
+
+def test_healthy_job_is_quiet_run_after_run(tmp_path: Path) -> None:
+    for k in range(2):
+        code, report, stderr = _run(tmp_path / f"ok{k}", 4)
+        assert code == 0 and not _slow(report), report["findings"]
+        assert "slow-rank" not in stderr
+
+
+def test_profile_splits_exposed_communication_into_waiting_for_the_straggler_and_transfer(tmp_path: Path) -> None:
+    # The issue's profile: rank 3 named, and the others' "exposed communication" is mostly waiting for it, not
+    # transfer to tune buckets for.
+    proc = run_cli("profile", "--nproc-per-node", "4", "-q", "--json", "--out", str(tmp_path / "p"), JOB,
+                   "--steps", "20", "--slow-rank", "3", "--phase", "backward", timeout=300)
+    report = json.loads(proc.stdout)
+    ids = {f["id"] for f in report["findings"]}
+    assert "straggler-rank" in ids and not ids & {"exposed-comm-high", "bucket-cap-whatif"}, report["findings"]
+    (f,) = [f for f in report["findings"] if f["id"] == "straggler-rank"]
+    assert f["ranks"] == [3] and 20 < f["evidence"]["cost_ms_per_step"] < 45
+    split = {c["rank"]: c for c in report["exposed_split"]}
+    for r in (0, 1, 2):
+        assert split[r]["wait_ms_per_step"] > 0.6 * split[r]["exposed_ms_per_step"]
+        assert set(split[r]["waiting_for_ms_per_step"]) == {"3"}
+    assert split[3]["wait_ms_per_step"] < 2

@@ -1,0 +1,45 @@
+"""A rank ended by a signal it did not catch (SIGTERM by hand or by a scheduler) is the culprit, not the peer whose
+connection it closed (issue 26, item 10: 3 of 3 profiles blamed rank 0's "Connection closed by peer")."""
+
+from __future__ import annotations
+
+from ddpdoctor.findings.hang import crash_findings
+
+PEER = ("RuntimeError: [../third_party/gloo/gloo/transport/tcp/pair.cc:553] Connection closed by peer "
+        "[127.0.0.1]:17323. This is typically caused by a remote worker crashing.")
+
+
+def _term(rank: int, ended_at: float) -> dict:
+    return {"rank": rank, "exit_code": 143, "signal": "SIGTERM", "exit_site": "train.py:20", "steps_completed": 4,
+            "last_collective": {"op": "backward (DDP gradient all-reduce)", "call_site": "train.py:24"},
+            "ended_at": ended_at}
+
+
+def _errors(findings):  # type: ignore[no-untyped-def]
+    return [(f.id, f.ranks) for f in findings if f.severity.value == "error"]
+
+
+def test_the_rank_sigterm_ended_is_blamed_not_its_peer():
+    statuses = {0: {"rank": 0, "exit_code": 1, "exception": PEER, "ended_at": 101.0}, 1: _term(1, 100.0)}
+    findings = crash_findings(statuses)
+    assert _errors(findings) == [("rank-crashed", [1])]
+    title = findings[0].title
+    assert "Rank 1 failed first" in title and "killed by SIGTERM (exit code 143) at train.py:20" in title
+    assert findings[0].evidence["victims"] == [0]
+
+
+def test_the_first_signalled_rank_is_blamed_when_torchrun_stopped_the_others():
+    statuses = {0: _term(0, 105.0), 1: _term(1, 100.0), 2: {"rank": 2, "exception": PEER, "ended_at": 101.0},
+                3: _term(3, 104.0)}
+    assert _errors(crash_findings(statuses)) == [("rank-crashed", [1])]
+
+
+def test_a_rank_with_its_own_exception_stays_the_root_cause():
+    statuses = {0: _term(0, 105.0), 1: {"rank": 1, "exception": "ValueError: corrupt sample", "ended_at": 100.0}}
+    assert _errors(crash_findings(statuses)) == [("rank-crashed", [1])]
+
+
+def test_a_rank_killed_without_a_status_still_comes_first():
+    statuses = {0: {"rank": 0, "exception": PEER, "ended_at": 101.0}, 1: None, 2: _term(2, 102.0)}
+    findings = crash_findings(statuses)
+    assert _errors(findings) == [("rank-crashed", [1])] and "no status" in findings[0].title
