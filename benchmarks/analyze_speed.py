@@ -84,7 +84,7 @@ PARSE = """
 import gc, sys, time
 from pathlib import Path
 from ddpdoctor.traces.loader import load_raw
-from ddpdoctor.traces.model import build_trace
+from ddpdoctor.traces.trace import build_trace
 from ddpdoctor.analyses.rank import analyze_trace
 t = time.process_time(); raw = load_raw(Path(sys.argv[1])); t1 = time.process_time()
 analyze_trace(build_trace(raw)); print(t1 - t, time.process_time() - t)

@@ -13,7 +13,7 @@ import random
 import time
 
 from ddpdoctor.analyses.diff import diff
-from ddpdoctor.analyses.model import Analysis, CollectiveCall, RankMetrics, StepMetrics
+from ddpdoctor.analyses.results import Analysis, CollectiveCall, RankMetrics, StepMetrics
 from ddpdoctor.findings.diff import diff_findings
 
 

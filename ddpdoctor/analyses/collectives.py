@@ -9,9 +9,9 @@ import re
 from collections import defaultdict, deque
 from typing import Any
 
-from ddpdoctor.analyses.model import Bucket, CollectiveCall, GradReady
+from ddpdoctor.analyses.results import Bucket, CollectiveCall, GradReady
 from ddpdoctor.traces.loader import EventArgs
-from ddpdoctor.traces.model import CommEvent, CpuCall, Trace
+from ddpdoctor.traces.trace import CommEvent, CpuCall, Trace
 
 DTYPE_BYTES = {
     "float": 4, "float32": 4, "c10::float": 4, "double": 8, "float64": 8, "c10::half": 2, "half": 2, "float16": 2,

@@ -9,8 +9,8 @@ from collections import defaultdict
 
 import numpy as np
 
-from ddpdoctor.analyses.model import BandwidthFit, CollectiveCall, CommSplit, MatchedCollective, Stragglers
 from ddpdoctor.analyses.rank import RankResult
+from ddpdoctor.analyses.results import BandwidthFit, CollectiveCall, CommSplit, MatchedCollective, Stragglers
 from ddpdoctor.traces import intervals as iv
 
 # A rank is a straggler when it makes the others wait at least twice as long as a typical rank does (arrival order

@@ -14,7 +14,7 @@ from ddpdoctor.analyses.diff_changes import ConfigChange
 from ddpdoctor.analyses.diff_ops import OpDelta
 from ddpdoctor.analyses.diff_stats import MIN_EFFECT_PCT, MIN_EFFECT_US, Delta, delta
 from ddpdoctor.analyses.intervals import MIN_SAMPLES
-from ddpdoctor.analyses.model import Analysis, StepMetrics
+from ddpdoctor.analyses.results import Analysis, StepMetrics
 from ddpdoctor.analyses.whatif import ddp_config
 
 # The step's wall time split two ways (each sums to the step): by what ran, and by phase of the step.

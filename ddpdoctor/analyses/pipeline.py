@@ -14,8 +14,8 @@ from typing import Any
 
 from ddpdoctor.analyses import crossrank
 from ddpdoctor.analyses import summary as summ
-from ddpdoctor.analyses.model import Analysis
 from ddpdoctor.analyses.rank import RankResult
+from ddpdoctor.analyses.results import Analysis
 from ddpdoctor.errors import BadInput
 from ddpdoctor.rundir import artefacts
 from ddpdoctor.rundir.layout import RunDir

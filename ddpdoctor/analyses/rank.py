@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from ddpdoctor.analyses import collectives as coll
-from ddpdoctor.analyses.model import (
+from ddpdoctor.analyses.results import (
     Bucket,
     CollectiveCall,
     GradReady,
@@ -21,7 +21,7 @@ from ddpdoctor.analyses.model import (
     SyncCall,
 )
 from ddpdoctor.traces import intervals as iv
-from ddpdoctor.traces.model import Spans, Trace
+from ddpdoctor.traces.trace import Spans, Trace
 
 Pair = tuple[np.ndarray, np.ndarray]
 

@@ -10,12 +10,12 @@ from typing import Any
 
 import numpy as np
 
-from ddpdoctor.analyses.model import asdict
 from ddpdoctor.analyses.rank import RankResult, analyze_trace
+from ddpdoctor.analyses.results import asdict
 from ddpdoctor.errors import BadInput
 from ddpdoctor.rundir.schema import RankSummary
 from ddpdoctor.traces.loader import load_raw
-from ddpdoctor.traces.model import Spans, Trace, build_trace
+from ddpdoctor.traces.trace import Spans, Trace, build_trace
 
 SCHEMA = 1
 

@@ -10,7 +10,7 @@ from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from ddpdoctor.analyses.model import Analysis, Bucket, StepMetrics
+from ddpdoctor.analyses.results import Analysis, Bucket, StepMetrics
 
 MIB = 1024 * 1024
 # The caps the issue asks about; DDP's own default (25) is among them.

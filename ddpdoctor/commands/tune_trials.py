@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from ddpdoctor.analyses.model import Analysis
+from ddpdoctor.analyses.results import Analysis
 from ddpdoctor.analyses.tune import BASELINE, Trial, in_effect, job_step_ms
 from ddpdoctor.analyses.whatif import CANDIDATE_CAPS_MB, WhatIf, bucket_whatif, ddp_config
 from ddpdoctor.errors import BadInput

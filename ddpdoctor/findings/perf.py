@@ -11,7 +11,7 @@ from dataclasses import replace
 from typing import Any
 
 from ddpdoctor.analyses.intervals import bootstrap
-from ddpdoctor.analyses.model import Analysis
+from ddpdoctor.analyses.results import Analysis
 from ddpdoctor.analyses.whatif import CANDIDATE_CAPS_MB, MIB, WhatIf, bucket_whatif, ddp_config
 from ddpdoctor.findings.model import Finding, Severity
 from ddpdoctor.findings.perf_balance import (

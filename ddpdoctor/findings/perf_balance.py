@@ -13,7 +13,7 @@ import numpy as np
 
 from ddpdoctor.analyses.crossrank import STRAGGLER_MAJORITY, kind
 from ddpdoctor.analyses.intervals import Interval, bootstrap
-from ddpdoctor.analyses.model import Analysis, MatchedCollective, RankMetrics
+from ddpdoctor.analyses.results import Analysis, MatchedCollective, RankMetrics
 from ddpdoctor.analyses.whatif import MIB, WhatIf, ddp_config
 from ddpdoctor.findings.model import Finding, Severity
 from ddpdoctor.findings.perf_verdict import cost, undecided

@@ -9,7 +9,7 @@ import re
 from typing import Any
 
 from ddpdoctor.analyses.intervals import Interval, suggested_active
-from ddpdoctor.analyses.model import Analysis
+from ddpdoctor.analyses.results import Analysis
 from ddpdoctor.findings.model import Finding, Severity
 
 NOT_MEASURABLE = "not-measurable"

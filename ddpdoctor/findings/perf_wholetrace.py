@@ -7,7 +7,7 @@ from __future__ import annotations
 import statistics
 from typing import Any
 
-from ddpdoctor.analyses.model import Analysis
+from ddpdoctor.analyses.results import Analysis
 from ddpdoctor.analyses.whatif import WhatIf
 from ddpdoctor.findings.model import Finding, Severity
 from ddpdoctor.findings.perf_balance import clear_majority, ms

@@ -7,7 +7,7 @@ from collections import defaultdict
 from dataclasses import dataclass, field
 from typing import Any
 
-from ddpdoctor.analyses.model import Analysis
+from ddpdoctor.analyses.results import Analysis
 from ddpdoctor.analyses.tune import BASELINE, OPTIONS, TuneResult, VariantResult, gpu_hours_per_day
 from ddpdoctor.analyses.whatif import MIB, WhatIf
 from ddpdoctor.findings.model import Finding, Severity

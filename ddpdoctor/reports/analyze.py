@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from ddpdoctor.analyses.model import Analysis
+from ddpdoctor.analyses.results import Analysis
 from ddpdoctor.errors import BadInput
 from ddpdoctor.report import Report
 from ddpdoctor.reports.sections import PerfSection

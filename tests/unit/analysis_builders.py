@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from ddpdoctor.analyses.model import (
+from ddpdoctor.analyses.results import (
     Analysis,
     BandwidthFit,
     Bucket,

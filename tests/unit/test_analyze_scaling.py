@@ -18,9 +18,9 @@ import pytest
 
 import ddpdoctor
 from ddpdoctor.analyses import crossrank
-from ddpdoctor.analyses.model import Analysis, SyncCall
 from ddpdoctor.analyses.pipeline import AnalyzeOptions, analyze_paths
 from ddpdoctor.analyses.rank import RankResult
+from ddpdoctor.analyses.results import Analysis, SyncCall
 from ddpdoctor.analyses.summary import analyze_files
 from ddpdoctor.findings.perf_balance import STEP_CV_WARN, warmup_prefix
 from ddpdoctor.reports.analyze import assemble as report_for

@@ -4,7 +4,7 @@ out by hand there."""
 from __future__ import annotations
 
 from ddpdoctor.analyses import crossrank
-from ddpdoctor.analyses.model import MatchedCollective
+from ddpdoctor.analyses.results import MatchedCollective
 
 
 def _m(starts: dict[int, float], ends: dict[int, float]) -> MatchedCollective:

@@ -11,7 +11,7 @@ from click.testing import CliRunner
 
 from ddpdoctor.analyses.diff import MIN_EFFECT_PCT, RESOURCES, diff, step_parts
 from ddpdoctor.analyses.diff_changes import config_changes, facts
-from ddpdoctor.analyses.model import Analysis, StepMetrics
+from ddpdoctor.analyses.results import Analysis, StepMetrics
 from ddpdoctor.commands.diff import command as diff_command
 from ddpdoctor.findings.diff import diff_findings
 from ddpdoctor.rundir.schema import DDPModule, Manifest, RankEnd

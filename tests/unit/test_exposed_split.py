@@ -6,8 +6,8 @@ from __future__ import annotations
 import pytest
 
 from ddpdoctor.analyses import crossrank
-from ddpdoctor.analyses.model import CollectiveCall, InputInfo
 from ddpdoctor.analyses.rank import RankResult
+from ddpdoctor.analyses.results import CollectiveCall, InputInfo
 from ddpdoctor.findings.perf_balance import rule_stragglers
 from tests.unit.analysis_builders import analysis, rank, step
 
@@ -72,7 +72,7 @@ def test_straggler_cost_is_the_exposed_wait_counted_once() -> None:
 def test_a_flag_broadcast_with_arrival_by_chance_does_not_dilute_the_gradient_all_reduces() -> None:
     # Lightning: an 8-byte broadcast every step whose last rank is chance, beside the gradient all-reduces where
     # rank 1 is last every time: 11 of 11 all-reduces, 14 of 22 collectives overall.
-    from ddpdoctor.analyses.model import MatchedCollective
+    from ddpdoctor.analyses.results import MatchedCollective
 
     matched = []
     for k in range(11):

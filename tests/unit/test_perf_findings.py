@@ -290,7 +290,7 @@ def test_single_rank_ddp():
 def test_sync_window_is_the_cpu_backward_on_gpu_traces():
     from dataclasses import replace
 
-    from ddpdoctor.analyses.model import SyncCall
+    from ddpdoctor.analyses.results import SyncCall
 
     a = one_rank(200)
     a.ranks[0] = replace(a.ranks[0], device="gpu")

@@ -12,7 +12,7 @@ from hypothesis import strategies as st
 from ddpdoctor.analyses.pipeline import analyze_paths
 from ddpdoctor.errors import BadInput
 from ddpdoctor.traces.loader import load_raw, rank_from_filename
-from ddpdoctor.traces.model import build_trace
+from ddpdoctor.traces.trace import build_trace
 from tests.unit.tracebuild import cpu_trace, gpu_trace, write
 
 GOOD = json.dumps(cpu_trace(0)).encode()

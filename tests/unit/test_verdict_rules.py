@@ -180,7 +180,7 @@ def test_adaptive_window_never_stops_before_10_recorded_steps(monkeypatch):
 
 
 def _matched(lates: list[tuple[int, float]]):
-    from ddpdoctor.analyses.model import MatchedCollective
+    from ddpdoctor.analyses.results import MatchedCollective
 
     return [MatchedCollective(key=f"g:seq{i}", op="all_reduce", group="g", seq=i, bytes=4, starts_us={0: 0.0, 1: 0.0},
                               ends_us={0: 1.0, 1: 1.0}, arrival_skew_us=late, last_rank=last,

@@ -133,7 +133,7 @@ def test_fit_transfer_by_hand():
 
 
 def test_transfer_time_excludes_waiting_for_the_last_rank():
-    from ddpdoctor.analyses.model import MatchedCollective
+    from ddpdoctor.analyses.results import MatchedCollective
 
     def m(nbytes, starts, ends):
         return MatchedCollective("k", "all_reduce", None, None, nbytes, starts, ends,
@@ -201,7 +201,7 @@ def test_lanes_run_all_reduces_at_once_as_gloo_does():
 
 
 def test_observed_lanes_is_the_peak_overlap_per_step():
-    from ddpdoctor.analyses.model import Bucket
+    from ddpdoctor.analyses.results import Bucket
     from ddpdoctor.analyses.whatif import observed_lanes
 
     def b(step, start, end):
