@@ -80,6 +80,10 @@ CAUSES = {
     "no-distributed-sampler": "no DistributedSampler: every rank reads the whole dataset",
     "hand-made-shards": "hand-made per-rank shards that do not split the dataset",
     "iterable-not-split": "an IterableDataset that every rank reads in full (not split by rank)",
+    "lightning-sampler-off": "Lightning did not add its DistributedSampler (Trainer(use_distributed_sampler=False)) "
+                             "and the loader's own sampler does not split the data by rank",
+    "shard-order-differs": "each rank shuffles the whole dataset in its own order (a seed per rank) and then takes its "
+                           "share of the batches, so the shares overlap and leave samples out",
 }
 
 
@@ -107,6 +111,19 @@ def shard_cause(loader_by_rank: dict[int, dict[str, Any]], world_size: int) -> s
         if len(set(ranks)) < len(ranks) or any(s.get("num_replicas") != world_size for s in samplers):
             return "sampler-rank"
         return None
+    shards = [s.get("sharded_by") or {} for s in samplers]
+    if all(sh.get("num_processes") == world_size for sh in shards):
+        # The batches are split across ranks by a wrapper (accelerate's prepare()): a sharded loader, not one
+        # without a DistributedSampler. Its shares are disjoint only if every rank draws the same permutation.
+        if len({sh.get("process_index") for sh in shards}) < len(shards):
+            return "sampler-rank"
+        # (the explanation of shares seen to overlap; with seeds unknown, a shuffled order is all that can differ)
+        seeds = {s.get("seed") for s in samplers}
+        if any(s.get("shuffle") for s in samplers) and (len(seeds) > 1 or seeds == {None}):
+            return "shard-order-differs"
+        return None
+    if any(s.get("framework") == "lightning" for s in samplers):
+        return "lightning-sampler-off"  # Lightning adds a DistributedSampler unless it was told not to
     return "shuffle-no-distributed-sampler" if any(s.get("shuffle") for s in samplers) else "no-distributed-sampler"
 
 

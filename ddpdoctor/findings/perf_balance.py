@@ -15,6 +15,7 @@ from ddpdoctor.analyses.crossrank import STRAGGLER_MAJORITY, kind
 from ddpdoctor.analyses.intervals import Interval, bootstrap
 from ddpdoctor.analyses.results import Analysis, MatchedCollective, RankMetrics
 from ddpdoctor.analyses.whatif import MIB, WhatIf, ddp_config
+from ddpdoctor.findings.framework_advice import ddp_option
 from ddpdoctor.findings.model import Finding, Severity
 from ddpdoctor.findings.perf_verdict import cost, undecided
 
@@ -90,8 +91,8 @@ def rule_ddp_flags(a: Analysis, w: WhatIf | None) -> list[Finding]:
                 "find-unused-parameters-unneeded", Severity.WARNING,
                 "find_unused_parameters=True, but every parameter received a gradient in every step",
                 ranks=ranks, evidence={"parameter_tensors": n_params, "gradients_per_step": counts, "steps": steps},
-                advice="`DDP(model, find_unused_parameters=False)`: it skips a traversal of the autograd graph "
-                "every step and lets gradient all_reduces start during backward.",
+                advice=f"{ddp_option(cfg, 'find_unused_parameters', False)}: it skips a traversal of the autograd "
+                "graph every step and lets gradient all_reduces start during backward.",
             ))
         elif counts and len(counts) == 1 and not cfg.get("static_graph"):
             out.append(Finding(
@@ -99,16 +100,16 @@ def rule_ddp_flags(a: Analysis, w: WhatIf | None) -> list[Finding]:
                 f"The same {counts[0]} of {n_params} parameters get gradients every step: the graph looks static",
                 ranks=ranks,
                 evidence={"parameter_tensors": n_params, "gradients_per_step": counts[0], "steps": steps},
-                advice="`DDP(model, static_graph=True)` (keeping find_unused_parameters) lets DDP skip the "
-                "per-step search for unused parameters after the first iteration.",
+                advice=f"{ddp_option(cfg, 'static_graph', True)} (keeping find_unused_parameters) lets DDP skip "
+                "the per-step search for unused parameters after the first iteration.",
             ))
         elif not counts:
             out.append(Finding(
                 "find-unused-parameters-on", Severity.INFO,
                 "find_unused_parameters=True costs a graph traversal every step",
                 ranks=ranks, evidence={"parameter_tensors": n_params, "gradients_per_step": None},
-                advice="If every parameter gets a gradient, use `DDP(model, find_unused_parameters=False)`; if the "
-                "unused set never changes, `static_graph=True`.",
+                advice=f"If every parameter gets a gradient, use {ddp_option(cfg, 'find_unused_parameters', False)}; "
+                f"if the unused set never changes, {ddp_option(cfg, 'static_graph', True)}.",
             ))
     nbytes = int(cfg.get("parameter_bytes") or 0)
     if cfg.get("gradient_as_bucket_view") is False and nbytes >= GRAD_VIEW_MIN_BYTES:
@@ -116,7 +117,7 @@ def rule_ddp_flags(a: Analysis, w: WhatIf | None) -> list[Finding]:
             "gradient-as-bucket-view-off", Severity.INFO,
             f"Gradients are copied out of DDP's buckets every step ({nbytes / MIB:.0f} MiB)",
             ranks=ranks, evidence={"parameter_bytes": nbytes, "threshold_bytes": GRAD_VIEW_MIN_BYTES},
-            advice="`DDP(model, gradient_as_bucket_view=True)` makes .grad views into the buckets: one copy and "
+            advice=f"{ddp_option(cfg, 'gradient_as_bucket_view', True)} makes .grad views into the buckets: one copy and "
             f"{nbytes / MIB:.0f} MiB of memory less (do not detach_() or replace .grad in your code).",
         ))
     return out

@@ -27,6 +27,16 @@ _CAUSE_ADVICE = {
     "no-distributed-sampler": "Use sampler=DistributedSampler(dataset) so each rank reads a disjoint shard.",
     "hand-made-shards": "The per-rank Subsets overlap or leave samples out: split the index range into world_size "
                         "disjoint parts that cover it, or use DistributedSampler on the whole dataset.",
+    "lightning-sampler-off": "Lightning adds a DistributedSampler to each training DataLoader unless told not to: drop "
+                             "Trainer(use_distributed_sampler=False) (the default is True), or, if you need your own "
+                             "sampler, make it shard by rank (DistributedSampler(dataset, shuffle=True); Lightning "
+                             "calls its set_epoch).",
+    "shard-order-differs": "The framework splits the batches across ranks (accelerate's prepare() wraps the loader's "
+                           "batch sampler in BatchSamplerShard) from a permutation that each rank draws itself, so every "
+                           "rank must draw the same one: seed every rank the same before accelerator.prepare(loader) "
+                           "(accelerate.utils.set_seed(seed), not seed + rank; seed per-rank randomness such as "
+                           "augmentation after prepare), or give the sampler its own seed "
+                           "(Accelerator(dataloader_config=DataLoaderConfiguration(data_seed=seed))).",
     "iterable-not-split": "Split the stream by rank (and by worker, torch.utils.data.get_worker_info()): e.g. keep item i "
                           "when i % world_size == rank.",
 }

@@ -58,6 +58,7 @@ class DDPRecorder:
             "static_graph": bool(getattr(ddp, "static_graph", False)),
             "gradient_as_bucket_view": bool(getattr(ddp, "gradient_as_bucket_view", False)),
             "broadcast_buffers": bool(getattr(ddp, "broadcast_buffers", True)),
+            "built_by": _built_by(),
         }
 
     def describe(self) -> list[dict[str, Any]]:
@@ -121,3 +122,23 @@ class DDPRecorder:
         desc["backend"] = data.get("backend_name")
         desc["bucket_cap_bytes"] = int(data.get("bucket_cap_bytes", 0) or 0) or None
         return desc
+
+
+# A framework that builds DDP itself, told by the files on the stack at construction (the HF Trainer builds it
+# through accelerate, so transformers wins over accelerate).
+_FRAMEWORKS = (("transformers", "/transformers/"), ("lightning", "/lightning/"), ("lightning", "/pytorch_lightning/"),
+               ("accelerate", "/accelerate/"))
+
+
+def _built_by() -> str | None:
+    import sys
+
+    files: list[str] = []
+    frame = sys._getframe(1)
+    while frame is not None and len(files) < 200:
+        files.append(frame.f_code.co_filename.replace("\\", "/"))
+        frame = frame.f_back  # type: ignore[assignment]
+    for name, part in _FRAMEWORKS:
+        if any(part in f for f in files):
+            return name
+    return None

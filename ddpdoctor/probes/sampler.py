@@ -24,7 +24,7 @@ from collections.abc import Iterator
 from typing import Any
 
 import torch
-from torch.utils.data import DataLoader, DistributedSampler, Subset
+from torch.utils.data import DataLoader, DistributedSampler, RandomSampler, Subset
 from torch.utils.data.dataloader import _BaseDataLoaderIter, _DatasetKind
 
 MAX_INDICES = 2_000_000  # per epoch: beyond this the epoch is marked truncated (coverage is then not judged)
@@ -50,9 +50,35 @@ def _subset_maps(dataset: Any) -> tuple[Any, list[Any]]:
 
 
 def _base_sampler(loader: Any) -> Any:
+    """The index sampler under the batch sampler, through wrappers that keep theirs as .batch_sampler (accelerate's
+    BatchSamplerShard, after accelerator.prepare(loader))."""
     batch_sampler = getattr(loader, "batch_sampler", None)
-    inner = getattr(batch_sampler, "sampler", None)
-    return inner if inner is not None else getattr(loader, "sampler", None)
+    for _ in range(4):
+        inner = getattr(batch_sampler, "sampler", None)
+        if inner is not None:
+            return inner
+        batch_sampler = getattr(batch_sampler, "batch_sampler", None)
+        if batch_sampler is None:
+            break
+    return getattr(loader, "sampler", None)
+
+
+def _framework_facts() -> dict[str, Any]:
+    """Lightning, when loaded: it adds the DistributedSampler itself (use_distributed_sampler), so advice about a
+    loader's sampler is given in its terms."""
+    if "lightning" in sys.modules or "pytorch_lightning" in sys.modules:
+        return {"framework": "lightning"}
+    return {}
+
+
+def _shard_facts(loader: Any) -> dict[str, Any]:
+    """A batch sampler that hands each rank its share of the batches (accelerate's BatchSamplerShard: each rank
+    draws the batches of the whole dataset, then keeps every num_processes-th)."""
+    bs = getattr(loader, "batch_sampler", None)
+    n, index = getattr(bs, "num_processes", None), getattr(bs, "process_index", None)
+    if isinstance(n, int) and isinstance(index, int):
+        return {"sharded_by": {"class": type(bs).__name__, "num_processes": n, "process_index": index}}
+    return {}
 
 
 def _sampler_facts(sampler: Any) -> dict[str, Any]:
@@ -68,8 +94,11 @@ def _sampler_facts(sampler: Any) -> dict[str, Any]:
             value = getattr(sampler, attr, None)
             if isinstance(value, (bool, int, float, str)):
                 facts[attr] = value
-        if type(sampler).__name__ in ("RandomSampler", "SubsetRandomSampler"):
+        if isinstance(sampler, RandomSampler) or type(sampler).__name__ == "SubsetRandomSampler":
             facts.setdefault("shuffle", True)
+        seed = getattr(sampler, "initial_seed", None)  # accelerate's SeedableRandomSampler: the seed it shuffles with
+        if isinstance(seed, int) and "seed" not in facts:
+            facts["seed"] = seed
     epoch = getattr(sampler, "epoch", None)
     if isinstance(epoch, int):
         facts["epoch"] = epoch
@@ -322,7 +351,8 @@ class SamplerProbe:
             "sampler_arg": kwargs.get("sampler") is not None,
             "batch_sampler_arg": kwargs.get("batch_sampler") is not None,
             "num_workers": int(loader.num_workers),
-            "sampler": None if iterable else _sampler_facts(_base_sampler(loader)),
+            "sampler": None if iterable else {**_sampler_facts(_base_sampler(loader)), **_shard_facts(loader),
+                                              **_framework_facts()},
             "epochs": [],
             "_loader": loader,
         })

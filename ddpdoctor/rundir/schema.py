@@ -63,6 +63,7 @@ class DDPModule(msgspec.Struct, kw_only=True, omit_defaults=True):
     static_graph: bool | None = None
     gradient_as_bucket_view: bool | None = None
     broadcast_buffers: bool | None = None
+    built_by: str | None = None  # a framework that built the DDP module itself (transformers, lightning, accelerate)
     parameter_count: int | None = None
     parameter_bytes: int | None = None
     parameter_tensors: int | None = None

@@ -1,6 +1,7 @@
-"""check-sync under the frameworks that hide DDP (issue 27): a Lightning Trainer on CPU/gloo in the spirit of
-Lightning's examples, and any script whose optimizer steps with a closure. Real launches, 2 ranks, few steps;
-the Lightning test skips when Lightning is not installed (the `frameworks` extra)."""
+"""ddpdoctor under the frameworks that hide DDP (issue 27): a Lightning Trainer, an accelerate loop and an HF
+Trainer (a tiny model built from a config) on CPU/gloo in the spirit of their own examples, and any script whose
+optimizer steps with a closure. Real launches, 2 ranks, few steps; each framework's test skips when it is not
+installed (the `frameworks` extra)."""
 
 from __future__ import annotations
 
@@ -40,3 +41,41 @@ def test_lightning_trainer_runs_under_check_sync_and_its_gradients_are_compared(
     assert report["checks"]["grads"]["comparisons"] > 0 and report["checks"]["grads"]["diverged"] == 0
     (loader,) = report["checks"]["data"]
     assert loader["samples_per_rank"] == {"0": 256, "1": 256} and loader["shared"] == 0
+
+
+@pytest.mark.skipif(importlib.util.find_spec("accelerate") is None, reason="accelerate not installed (extra: frameworks)")
+def test_accelerate_per_rank_seed_is_a_different_shuffle_order_not_a_missing_sampler(tmp_path) -> None:
+    # Before: "no DistributedSampler: every rank reads the whole dataset", while the table showed half per rank.
+    code, report = _check_sync(tmp_path, "bug", str(SCENARIOS / "accelerate_seed.py"), "--seed-per-rank")
+    assert code == 1
+    (loader,) = report["checks"]["data"]
+    assert loader["samples_per_rank"] == {"0": 128, "1": 128} and loader["shared"] > 0
+    overlap = next(f for f in report["findings"] if f["id"] == "sampler-overlap")
+    assert overlap["evidence"]["cause"] == "shard-order-differs"
+    assert "own order" in overlap["title"] and "whole dataset" not in overlap["title"].split(":")[0]
+    assert "set_seed(seed)" in overlap["advice"] and "prepare" in overlap["advice"]
+    code, report = _check_sync(tmp_path, "ok", str(SCENARIOS / "accelerate_seed.py"))
+    assert code == 0 and report["checks"]["data"][0]["shared"] == 0, report
+
+
+@pytest.mark.skipif(importlib.util.find_spec("transformers") is None,
+                    reason="transformers not installed (extra: frameworks)")
+def test_hf_trainer_advice_is_in_training_arguments_terms(tmp_path) -> None:
+    # The HF Trainer builds DDP with find_unused_parameters=True; the user sets it through TrainingArguments.
+    proc = run_cli("profile", "--nproc-per-node", "2", "--json", "--out", str(tmp_path / "hf"),
+                   str(SCENARIOS / "hf_trainer.py"), "--steps", "30")
+    assert proc.stdout.strip(), proc.stderr[-3000:]
+    report = json.loads(proc.stdout)
+    (flag,) = [f for f in report["findings"] if f["id"] == "find-unused-parameters-unneeded"]
+    assert flag["advice"].startswith("`TrainingArguments(ddp_find_unused_parameters=False)`"), flag["advice"]
+    assert "DDP(model" not in flag["advice"]
+
+
+@pytest.mark.skipif(importlib.util.find_spec("lightning") is None, reason="Lightning not installed (extra: frameworks)")
+def test_lightning_without_its_sampler_is_advised_in_lightnings_terms(tmp_path) -> None:
+    code, report = _check_sync(tmp_path, "nosampler", str(SCENARIOS / "lightning_ddp.py"), "--steps", "8",
+                               "--no-lightning-sampler")
+    assert code == 1
+    overlap = next(f for f in report["findings"] if f["id"] == "sampler-overlap")
+    assert overlap["evidence"]["cause"] == "lightning-sampler-off"
+    assert "use_distributed_sampler" in overlap["advice"]

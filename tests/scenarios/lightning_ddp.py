@@ -39,13 +39,15 @@ def main() -> None:
     ap.add_argument("--steps", type=int, default=30)
     ap.add_argument("--sleep-rank", type=int, default=-1)
     ap.add_argument("--sleep-ms", type=float, default=0.0)
+    ap.add_argument("--no-lightning-sampler", action="store_true", help="Trainer(use_distributed_sampler=False)")
     args = ap.parse_args()
     torch.manual_seed(0)
     data = TensorDataset(torch.randn(512, 16), torch.randn(512, 1))
     loader = DataLoader(data, batch_size=16, shuffle=True)
     trainer = L.Trainer(accelerator="cpu", strategy=DDPStrategy(process_group_backend="gloo"), devices=int(
         os.environ.get("LOCAL_WORLD_SIZE", "1")), max_steps=args.steps, logger=False, enable_checkpointing=False,
-        enable_progress_bar=False, enable_model_summary=False)
+        enable_progress_bar=False, enable_model_summary=False,
+        use_distributed_sampler=not args.no_lightning_sampler)
     trainer.fit(Regressor(args.sleep_rank, args.sleep_ms), loader)
     print(f"rank {trainer.global_rank} done at step {trainer.global_step}", flush=True)
 
