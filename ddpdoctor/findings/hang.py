@@ -278,12 +278,15 @@ def _beat_collective(rank: int, last_beats: dict[int, dict[str, Any] | None] | N
 def crash_findings(statuses: dict[int, dict[str, Any] | None], debug: bool = False,
                    param_names: dict[int, list[str]] | None = None,
                    stderr: dict[int, str] | None = None,
-                   last_beats: dict[int, dict[str, Any] | None] | None = None) -> list[Finding]:
+                   last_beats: dict[int, dict[str, Any] | None] | None = None,
+                   torn_down: set[int] | None = None) -> list[Finding]:
     """rank-crashed for the root cause(s), collective-mismatch when the exception says so, and
     unused-parameters from DDP's "did not receive grad" error. Victims are listed, never blamed.
 
     ``stderr`` (rank -> its stderr text) explains ranks that died without a status file; their last
-    heartbeat (``last_beats``) says which collective they were in."""
+    heartbeat (``last_beats``) says which collective they were in. ``torn_down``: ranks torchrun itself stopped
+    after another rank ended (its "Sending process PID closing signal"), victims when they left no status."""
+    torn_down = torn_down or set()
     failed = {r: s for r, s in statuses.items() if s and s.get("exception")}
     for r, s in statuses.items():
         if s is None and stderr and r in stderr and (fatal := fatal_error(stderr[r])):
@@ -292,13 +295,27 @@ def crash_findings(statuses: dict[int, dict[str, Any] | None], debug: bool = Fal
             failed[r] = {"exception": fatal["exception"], "traceback": fatal["traceback"], "died": True,
                          "failed_collective": dict(coll, call_site=fatal["call_site"] or p.call_site)}
     if not failed:
-        return []
+        # A rank a signal ended (at start-up, before any peer could fail) while torchrun stopped every silent one.
+        signalled = _signalled(statuses, failed)
+        silent_roots = [r for r, s in statuses.items() if s is None and r not in torn_down]
+        if signalled is None or silent_roots:
+            return []
+        failed = {signalled: _signal_root(statuses[signalled] or {})}
+        victims = sorted(r for r, s in statuses.items() if s is None)
+        s = failed[signalled]
+        return [Finding(
+            "rank-crashed", Severity.ERROR,
+            f"Rank {signalled} failed first (the process died): {s['exception']}", ranks=[signalled],
+            evidence={"rank": signalled, "exception": s["exception"], "traceback": "",
+                      "call_site": (s.get("failed_collective") or {}).get("call_site"), "victims": victims},
+            advice="A signal from outside the job (a user's kill, a scheduler's preemption or time limit) ended this "
+                   "rank; torchrun then stopped the others.")]
     roots = {r: s for r, s in failed.items() if not is_victim(s["exception"])}
     victims = sorted(r for r in failed if r not in roots)
     if not roots and (left := left_early(statuses, failed)):
         # Every failure is a peer's connection error, and a rank had already returned: it is the culprit.
         return [left_early_finding(r, statuses[r] or {}, failed) for r in left]
-    silent = sorted(r for r, s in statuses.items() if s is None and r not in failed)
+    silent = sorted(r for r, s in statuses.items() if s is None and r not in failed and r not in torn_down)
     if not roots and silent:
         # A rank killed outright (SIGKILL, the OOM killer) writes nothing; its peers' connection errors follow from it.
         roots = {r: {"exception": "killed by a signal, leaving no status or message (SIGKILL or the OOM killer?)",
@@ -339,6 +356,15 @@ def crash_findings(statuses: dict[int, dict[str, Any] | None], debug: bool = Fal
             exception=exc, traceback=s.get("traceback", ""), call_site=fc.get("call_site"), victims=victims,
         ))
     return _dedupe(out)
+
+
+_TORCHRUN_STOPS = re.compile(r"Sending process (\d+) closing signal SIG")
+
+
+def torchrun_stopped_pids(text: str) -> set[int]:
+    """PIDs torchrun's agent stopped itself (after another worker ended): "Sending process 1411 closing signal
+    SIGTERM" in its log."""
+    return {int(m.group(1)) for m in _TORCHRUN_STOPS.finditer(text)}
 
 
 def _signalled(statuses: dict[int, dict[str, Any] | None], failed: dict[int, dict[str, Any]]) -> int | None:

@@ -34,10 +34,36 @@ def watched_report(run: RunDir, command: str, *, locked: bool, debug: bool = Fal
     if stopped is not None:  # nor ranks killed because ddpdoctor was stopped
         findings = [f for f in findings if f.id != "rank-no-status"]
     crashed = {r for f in findings if f.id == "rank-crashed" for r in f.ranks}
-    # A rank that died is named by rank-crashed (with what its stderr said): its "no status" is the same event.
-    findings = [f for f in findings if f.id != "rank-no-status" or not set(f.ranks) <= crashed]
+    # A rank that died is named by rank-crashed (with what its stderr said): its "no status" is the same event; so is
+    # a rank torchrun stopped after the crash (its peers' teardown, not a problem of its own).
+    followers = crashed | (torn_down_ranks(run, rank_statuses(run)) if crashed else set())
+    findings = [f for f in findings if f.id != "rank-no-status" or not set(f.ranks) <= followers]
     notes = [*base.notes, *monitor_notes(_read(run.root / "heartbeats.json") or {})]
     return Report(command, parts=parts, findings=findings, notes=notes, stopped=stopped)
+
+
+def torn_down_ranks(run: RunDir, statuses: dict[int, dict[str, Any] | None]) -> set[int]:
+    """Silent ranks (no status) whose process torchrun's agent stopped itself after another worker ended, read from
+    its log (RUN/torchrun/**/torchrun.log) and the ranks' info.json pids."""
+    from ddpdoctor import safe_io
+    from ddpdoctor.errors import BadInput
+    from ddpdoctor.findings.hang import torchrun_stopped_pids
+
+    silent = [r for r, s in statuses.items() if s is None]
+    if not silent:
+        return set()
+    pids: set[int] = set()
+    for log in sorted(run.torchrun_logs.glob("**/torchrun.log"))[:64]:
+        try:
+            pids |= torchrun_stopped_pids(safe_io.read_bytes(log, 64 << 20, decompress=False).decode(errors="replace"))
+        except (OSError, BadInput):
+            continue
+    out = set()
+    for r in silent:
+        info = _read(run.rank_file(r, "info.json")) or {}
+        if isinstance(info.get("pid"), int) and info["pid"] in pids:
+            out.add(r)
+    return out
 
 
 def hang_verdict(hang: dict[str, Any], report_path: str) -> HangVerdict:
@@ -75,7 +101,8 @@ def watch_findings(run: RunDir, debug: bool = False, stopped: bool = False) -> l
     hang = _read(run.root / "hang.json")
     stderr = {r: rank_text(run, r, "stderr.log") or "" for r, s in statuses.items() if s is None}
     beats = {int(r): v.get("beat") for r, v in ((_read(run.root / "heartbeats.json") or {}).get("ranks") or {}).items()}
-    crashes = crash_findings(statuses, debug=debug, param_names=_param_names(run), stderr=stderr, last_beats=beats)
+    crashes = crash_findings(statuses, debug=debug, param_names=_param_names(run), stderr=stderr, last_beats=beats,
+                             torn_down=torn_down_ranks(run, statuses))
 
     if hang is not None or stopped:  # ranks ddpdoctor stopped did not leave of their own accord
         crashes = [f for f in crashes if f.id != "rank-left-early"]

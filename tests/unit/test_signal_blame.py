@@ -43,3 +43,21 @@ def test_a_rank_killed_without_a_status_still_comes_first():
     statuses = {0: {"rank": 0, "exception": PEER, "ended_at": 101.0}, 1: None, 2: _term(2, 102.0)}
     findings = crash_findings(statuses)
     assert _errors(findings) == [("rank-crashed", [1])] and "no status" in findings[0].title
+
+
+TORCHRUN_LOG = ("W1125 13:54:31.053000 1344 torch/distributed/elastic/multiprocessing/api.py:1028] Sending process "
+                "1411 closing signal SIGTERM\nE1125 13:55:01.270000 1344 torch/distributed/elastic/multiprocessing/"
+                "api.py:1002] failed (exitcode: 143) local_rank: 1 (pid: 1412) of binary: python\n")
+
+
+def test_a_rank_sigterm_ended_at_start_up_is_blamed_not_the_peer_torchrun_stopped():
+    """Rank 1 SIGTERMed before any collective; rank 0, stuck in init, was stopped by torchrun and left no status."""
+    from ddpdoctor.findings.hang import torchrun_stopped_pids
+
+    assert torchrun_stopped_pids(TORCHRUN_LOG) == {1411}
+    statuses = {0: None, 1: dict(_term(1, 100.0), steps_completed=0, last_collective=None)}
+    findings = crash_findings(statuses, torn_down={0})
+    assert _errors(findings) == [("rank-crashed", [1])] and "killed by SIGTERM" in findings[0].title
+    assert findings[0].evidence["victims"] == [0]
+    # Without torchrun's word, a silent rank may have died first (SIGKILL): no blame here (rank-no-status says it).
+    assert crash_findings(statuses) == []
