@@ -25,6 +25,13 @@ COMM_HOOKS = ("fp16", "bf16")
 # launches of the same setting with a seeded script give bit-identical losses on gloo; NCCL may sum in another order
 # for another bucket layout, a few 1e-7 per step.
 LOSS_REL_TOL = 1e-4
+# A launch whose iterations spread (interquartile range / median) more than DISTURBED_FACTOR times the baseline
+# launches' usual spread, and more than DISTURBED_MIN_SPREAD, was disturbed (other load on the machine): on the
+# 2-core machine shared by 8 test suites, an A/A tune (the same setting as a "variant") was called 8 ms slower twice
+# in a row because bursts of load fell on both of the variant's launches; their iterations spread 0.9 of the median,
+# the baseline's 0.1.
+DISTURBED_FACTOR = 3.0
+DISTURBED_MIN_SPREAD = 0.25
 
 
 @dataclass(frozen=True)
@@ -86,7 +93,8 @@ class VariantResult:
     numerics: Numerics | None = None
     failed: list[int] = field(default_factory=list)  # exit codes of its launches that failed
     buckets: int | None = None  # DDP's buckets as its first launch recorded them (after the rebuild)
-    verdict: str = "not measured"  # faster, slower, no measurable difference, not measured, not applied, failed
+    # faster, slower, no measurable difference, undecided, not measured, not applied, failed
+    verdict: str = "not measured"
     why: str = ""
     winner: bool = False
 
@@ -194,7 +202,33 @@ def _measure(label: str, trials: Sequence[Trial]) -> VariantResult:
                          buckets=next((t.buckets for t in trials if t.buckets is not None), None))
 
 
-def judge(v: VariantResult, base: VariantResult, noise_ms: float | None, sides: Sequence[int]) -> None:
+def relative_spread(values: Sequence[float]) -> float | None:
+    """(q75 - q25) / median of a launch's iteration times (None under 4 iterations)."""
+    if len(values) < 4:
+        return None
+    q = statistics.quantiles(values, n=4)
+    med = statistics.median(values)
+    return (q[2] - q[0]) / med if med > 0 else None
+
+
+def disturbed(variant: Sequence[Trial], baseline: Sequence[Trial]) -> list[int]:
+    """The launches (their order) among a variant's and its neighbouring baseline launches whose iterations spread
+    far more than the baseline launches usually do: a comparison that rests on them cannot decide."""
+    usual = [u for b in baseline if (u := relative_spread(b.step_ms)) is not None]
+    if not usual:
+        return []
+    limit = max(DISTURBED_FACTOR * statistics.median(usual), DISTURBED_MIN_SPREAD)
+    out: set[int] = set()
+    for t in variant:
+        for launch in (t, *neighbours(t, baseline)):
+            spread = relative_spread(launch.step_ms)
+            if spread is not None and spread > limit:
+                out.add(launch.order)
+    return sorted(out)
+
+
+def judge(v: VariantResult, base: VariantResult, noise_ms: float | None, sides: Sequence[int],
+          disturbed_launches: Sequence[int] = ()) -> None:
     """The honesty rule: a variant is faster (a winner) only when its step-time interval lies wholly below the
     baseline's, the interval of the paired difference lies below 0, each of its launches was faster than its
     neighbouring baseline launches, and the gain exceeds the launch noise (two consecutive baseline launches'
@@ -211,6 +245,12 @@ def judge(v: VariantResult, base: VariantResult, noise_ms: float | None, sides: 
         return
     gain = -v.diff.value
     noise = noise_ms if noise_ms is not None else 0.0
+    if disturbed_launches:
+        v.verdict = "undecided"
+        v.why = (f"launch(es) {', '.join(str(i + 1) for i in disturbed_launches)} were disturbed (their iterations "
+                 "spread far more than the baseline's usually do: other load on the machine?); rerun on a quiet "
+                 "machine or with more --rounds")
+        return
     v.faster_every_round = bool(sides) and all(x < 0 for x in sides)
     slower_every_launch = bool(sides) and all(x > 0 for x in sides)
     if v.step.hi < base.step.lo and v.diff.hi < 0 and v.faster_every_round and gain > noise:
@@ -245,7 +285,7 @@ def compare(trials: Sequence[Trial], tolerance: float = LOSS_REL_TOL) -> TuneRes
         diffs, sides = _paired(ts, base_trials)
         v.diff = bootstrap(diffs, statistics.median) if diffs else None
         v.numerics = numerics(ts, base_trials, tolerance)
-        judge(v, base, noise, sides)
+        judge(v, base, noise, sides, disturbed(ts, base_trials))
         out.append(v)
     return TuneResult(base, out, noise, [t.label for t in sorted(trials, key=lambda t: t.order)])
 

@@ -133,3 +133,17 @@ def test_trial_order_is_counterbalanced():
     seq = Experiment.sequence(["a", "b"], 2)
     assert [label for _, label in seq] == [BASELINE, "a", BASELINE, "b", BASELINE, "b", BASELINE, "a", BASELINE]
     assert [r for r, _ in seq] == [0, 0, 0, 0, 0, 1, 1, 1, 1]
+
+
+def test_a_launch_disturbed_by_other_load_leaves_the_comparison_undecided():
+    # What an A/A tune on the shared machine recorded: steady baseline launches (~1.6 ms, spread 0.1 of the median),
+    # the "variant" launches hit by bursts of other load (3 to 23 ms). Without the guard this was "slower".
+    calm = [1.6, 1.5, 1.7, 1.6, 1.5, 1.8, 1.6, 1.7]
+    burst = [22.9, 5.4, 9.6, 12.6, 11.4, 4.5, 18.4, 5.6]
+    trials = _trials(BASELINE, [calm, calm, calm]) + _trials("bucket_cap_mb=25", [burst, burst], start_order=1)
+    v = compare(trials).variants[0]
+    assert v.verdict == "undecided" and not v.winner and "launch(es) 2, 4 were disturbed" in v.why
+    # The same slowdown with steady iterations (a setting that really costs 10 ms) is decided.
+    slow = [x + 10.0 for x in calm]
+    v = compare(_trials(BASELINE, [calm, calm, calm]) + _trials("x", [slow, slow], start_order=1)).variants[0]
+    assert v.verdict == "slower"
