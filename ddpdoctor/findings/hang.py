@@ -303,13 +303,12 @@ def crash_findings(statuses: dict[int, dict[str, Any] | None], debug: bool = Fal
         failed = {signalled: _signal_root(statuses[signalled] or {})}
         victims = sorted(r for r, s in statuses.items() if s is None)
         s = failed[signalled]
-        return [Finding(
-            "rank-crashed", Severity.ERROR,
-            f"Rank {signalled} failed first (the process died): {s['exception']}", ranks=[signalled],
-            evidence={"rank": signalled, "exception": s["exception"], "traceback": "",
-                      "call_site": (s.get("failed_collective") or {}).get("call_site"), "victims": victims},
-            advice="A signal from outside the job (a user's kill, a scheduler's preemption or time limit) ended this "
-                   "rank; torchrun then stopped the others.")]
+        return [rank_crashed_finding(
+            signalled, f"Rank {signalled} failed first (the process died): {s['exception']}",
+            "A signal from outside the job (a user's kill, a scheduler's preemption or time limit) ended this "
+            "rank; torchrun then stopped the others.",
+            exception=s["exception"], traceback="",
+            call_site=(s.get("failed_collective") or {}).get("call_site"), victims=victims)]
     roots = {r: s for r, s in failed.items() if not is_victim(s["exception"])}
     victims = sorted(r for r in failed if r not in roots)
     if not roots and (left := left_early(statuses, failed)):
