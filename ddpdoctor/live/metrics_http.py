@@ -90,7 +90,11 @@ class MetricsServer:
             for key, events in self._sel.select(timeout=0.2):
                 if key.fileobj is self._listener:
                     self._accept()
-                elif events & selectors.EVENT_READ:
+                    continue
+                conn = self._conns.get(key.fd)
+                if conn is None or conn.sock is not key.fileobj:
+                    continue  # dropped earlier in this batch (an accept burst made room), its fd maybe reused
+                if events & selectors.EVENT_READ:
                     self._read(key.fd)
                 elif events & selectors.EVENT_WRITE:
                     self._write(key.fd)
