@@ -21,7 +21,7 @@ from ddpdoctor.job import grouping, state
 from ddpdoctor.job.record import RankRecord
 from ddpdoctor.job.relay import HeadRelay, NodeRelay
 from ddpdoctor.job.role import JobRole
-from ddpdoctor.job.rules import Limits, StallDecision, auto_hang_timeout, decide
+from ddpdoctor.job.rules import HangGate, Limits, StallDecision, auto_hang_timeout, decide
 from ddpdoctor.job.store import JobStore, JobStoreError, job_port, shared_token
 from ddpdoctor.job.verdict import HangVerdict
 
@@ -90,6 +90,7 @@ class JobAgent:
         self._thread: threading.Thread | None = None
         self._job_started = time.time()
         self._read_at = 0.0
+        self.gate = HangGate()  # a hang holds on a second, newer view before it is declared
         token = shared_token(run_root, role.key)
         port = job_port(role.master_port)
         if role.is_head:
@@ -248,11 +249,13 @@ class JobAgent:
                 self.nodes[n].lost = True
             lost += never
         d = self.judge(now, job_started)
+        view_at = min((st.received for st in self.nodes.values() if not st.lost and st.end is None), default=now)
+        hung = self.gate.confirmed(d, Limits(self.monitor.hang_timeout, self.monitor.startup_timeout), now, view_at)
         if lost:
             self._on_hang(d.stalled, now, d.timeout_s, job_started)
         elif d.busy and not d.moving and not d.tearing_down:
             self._note_busy(d.busy, now)
-        elif d.hung:
+        elif hung:
             self._on_hang(d.stalled, now, d.timeout_s, job_started)
 
     def _note_busy(self, ranks: list[int], now: float) -> None:

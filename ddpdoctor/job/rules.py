@@ -122,3 +122,31 @@ def decide(records: list[RankRecord], limits: Limits, since_start_s: float, worl
     out.busy = sorted(r.rank for r in records
                       if r.exit is None and (r.step or 0) <= last and is_busy(r, limits.stuck_s))
     return out
+
+
+# A hang under the default timeout is declared only when it still holds on a view of the job taken wholly after it
+# was first seen, this much later: one rank heartbeat (1 s) and a node's publication (0.1 s), with a margin. Without
+# it, a long stall that ends can be read as a hang for a moment: the busy rank's node already says it is back in
+# the all-reduce while the waiting ranks' records (another node's, or a beat still on its way) are older.
+CONFIRM_S = 1.5
+
+
+class HangGate:
+    """The last step of the rule: ``hung`` decisions turn into a verdict only once confirmed (CONFIRM_S, see above).
+    An explicit --hang-timeout needs no confirmation: a rank past it is hung whatever came next."""
+
+    def __init__(self, confirm_s: float = CONFIRM_S) -> None:
+        self.confirm_s = confirm_s
+        self.since: float | None = None
+
+    def confirmed(self, d: StallDecision, limits: Limits, now: float, view_at: float | None = None) -> bool:
+        """``view_at``: when the oldest part of the records judged was taken (a node's envelope's arrival at the
+        head); None: the records are this node's own, live as of ``now``."""
+        if not d.hung:
+            self.since = None
+            return False
+        if limits.hang_timeout is not None:
+            return True
+        if self.since is None:
+            self.since = now
+        return (now if view_at is None else view_at) >= self.since + self.confirm_s and now >= self.since + self.confirm_s

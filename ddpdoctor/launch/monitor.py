@@ -35,6 +35,7 @@ from ddpdoctor.job.rules import (
     MIN_HANG_TIMEOUT_S,
     STEP_MULTIPLE,
     STUCK_S,
+    HangGate,
     Limits,
     StallDecision,
     auto_hang_timeout,
@@ -112,6 +113,7 @@ class HangMonitor:
         # node's rules; writes_run_files is False on the job's other nodes (the head writes hang and heartbeats).
         self.decider: Callable[[HangMonitor, RunningJob, float], None] | None = None
         self.writes_run_files = True
+        self.gate = HangGate()  # a hang holds on a second, newer view before it is declared (job/rules.py)
 
     # -- JobWatcher ----------------------------------------------------------------------------------
     def start(self, spec: LaunchSpec) -> str | None:
@@ -152,9 +154,10 @@ class HangMonitor:
             return
         # A job of one node: the same rule (job/rules.py) on this node's records.
         d = self.judge(now, job.started)
+        hung = self.gate.confirmed(d, self.limits(), now)
         if d.busy and not d.moving and not d.tearing_down:
             self._note_stalls(d.busy, now)
-        elif d.hung:
+        elif hung:
             self._on_hang(job, d.stalled, now)
 
     def limits(self) -> Limits:

@@ -95,3 +95,30 @@ def test_32768_ranks_one_stuck_one_busy() -> None:
     assert stuck.hung and len(stuck.stalled) == n and stuck.busy == []
     busy = decide(job(n, {20000: laggard(20000, idle=0.5)}), DEFAULT, 500.0, n)
     assert not busy.hung and busy.busy == [20000]
+
+
+def test_a_stall_that_ends_is_not_a_hang_on_a_view_half_old() -> None:
+    """CI's 2-node run: rank 3 (node 1) back from its checkpoint is already in the next all-reduce in node 1's fresh
+    record, while node 0's record, read a moment before its publication, still shows ranks 0-1 waiting 10 s. That
+    view says hung; the gate waits for a view wholly newer than that, where ranks 0-1 have moved on."""
+    from ddpdoctor.job.rules import CONFIRM_S, HangGate
+
+    gate = HangGate()
+    back = waiting(3, age=0.3)
+    back.step, back.moved_s = 7, 0.3
+    half_old = [waiting(0), waiting(1), back, waiting(2, age=0.3)]
+    d = decide(half_old, DEFAULT, 500.0, 4)
+    assert d.hung and d.stalled == [0, 1]  # the rule alone would kill the job here
+    assert not gate.confirmed(d, DEFAULT, now=100.0, view_at=99.8)
+    fresh = [waiting(r, age=0.2) for r in range(4)]
+    assert not gate.confirmed(decide(fresh, DEFAULT, 500.0, 4), DEFAULT, now=100.5, view_at=100.4)
+    assert gate.since is None
+    # A real hang holds: confirmed once every node's view was taken CONFIRM_S after it was first seen, not before.
+    stuck = decide(job(4, {3: laggard(3, idle=16.0)}), DEFAULT, 500.0, 4)
+    assert not gate.confirmed(stuck, DEFAULT, now=200.0, view_at=199.9)
+    assert not gate.confirmed(stuck, DEFAULT, now=200.0 + CONFIRM_S + 1, view_at=200.0 + CONFIRM_S - 0.1)
+    assert gate.confirmed(stuck, DEFAULT, now=200.0 + CONFIRM_S + 1, view_at=200.0 + CONFIRM_S)
+    # One node's own records are live: the hang must only hold for CONFIRM_S. An explicit timeout is a deadline.
+    one = HangGate()
+    assert not one.confirmed(stuck, DEFAULT, now=10.0) and one.confirmed(stuck, DEFAULT, now=10.0 + CONFIRM_S)
+    assert HangGate().confirmed(decide(half_old, EXPLICIT, 500.0, 4), EXPLICIT, now=1.0, view_at=0.0)
