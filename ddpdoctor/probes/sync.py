@@ -204,6 +204,10 @@ class SyncProbe:
             DistributedDataParallel.__init__ = self._orig_ddp_init  # type: ignore[method-assign]
             self._orig_ddp_init = None
         self.sampler.uninstall()
+        # Let go of check-sync's own gloo group now, in a live interpreter: held by this probe it was destroyed in
+        # the interpreter's teardown, after the script's destroy_process_group(), where gloo's threads may abort
+        # the process ("terminate called without an active exception") after the rank finished its work.
+        self._group = None
 
     def _watch(self, ddp: Any) -> None:
         mod = _Module(len(self.modules), ddp)
