@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from ddpdoctor.job import grouping, state
+from ddpdoctor.job.capture_relay import HeadCaptures, NodeCaptures
 from ddpdoctor.job.record import RankRecord
 from ddpdoctor.job.relay import HeadRelay, NodeRelay
 from ddpdoctor.job.role import JobRole
@@ -49,6 +50,8 @@ class NodePort(Protocol):
     def replay(self, rank: int, msg: dict[str, Any]) -> None: ...
 
     def say(self, line: str) -> None: ...
+
+    def deliver(self, req: dict[str, Any]) -> None: ...
 
 PUBLISH_S = 1.0  # a beat about once a second, at once on a change that matters
 TICK_S = 0.1
@@ -87,6 +90,9 @@ class JobAgent:
         self._head_lost = False
         self._relay, self._head_relay = NodeRelay(), HeadRelay()  # live health job-wide (job/relay.py)
         self._relay_lock = threading.Lock()
+        # `ddpdoctor capture` job-wide (job/capture_relay.py): the head forwards, the nodes send their windows back.
+        self._node_caps = NodeCaptures(role.node_rank, run_root)
+        self._head_caps = HeadCaptures(run_root) if role.is_head else None
         self._thread: threading.Thread | None = None
         self._job_started = time.time()
         self._read_at = 0.0
@@ -145,9 +151,14 @@ class JobAgent:
                 if now >= next_beat or sig != sent:
                     self.publish()
                     sent, next_beat = sig, now + PUBLISH_S
-                if not self.is_head and now >= next_poll:
-                    # The head's requests (stacks after a hang) and verdict: twice a second, two small requests.
-                    self._poll_head()
+                if now >= next_poll:
+                    # The head's requests (stacks after a hang, captures) and verdict: twice a second, a few small
+                    # requests; the head takes the windows the nodes sent back.
+                    if self.is_head:
+                        self._take_captures()
+                    else:
+                        self._poll_head()
+                        self._send_captures()
                     next_poll = now + POLL_S
             except (RuntimeError, OSError, ValueError):
                 pass  # the head went away or is restarting: keep the ranks watched locally, try again
@@ -155,7 +166,9 @@ class JobAgent:
 
     def _poll_head(self) -> None:
         assert self.store is not None
-        got = self.store.get_many(["req", "verdict", "busy", f"live-ack/{self.role.node_rank}"])
+        got = self.store.get_many(["req", "verdict", "busy", "capture", f"live-ack/{self.role.node_rank}"])
+        for creq in self._node_caps.new_requests(got.get("capture")):
+            self.monitor.deliver(creq)
         with self._relay_lock:
             self._relay.acked(got.get(f"live-ack/{self.role.node_rank}"))
         busy = got.get("busy")
@@ -171,6 +184,31 @@ class JobAgent:
             self.store.put(f"stacks/{self.role.node_rank}", {str(r): _tail(s) for r, s in stacks.items()})
         if isinstance(got.get("verdict"), dict) and self.verdict is None:
             self.verdict = got["verdict"]
+
+    def _send_captures(self) -> None:
+        """This node's parts of the capture windows the head asked for (job/capture_relay.py)."""
+        assert self.store is not None
+        for name, value in self._node_caps.outgoing():
+            self.store.put(name, value)
+
+    def _take_captures(self) -> None:
+        """The head: write the other nodes' window parts into its own window folders, then drop them from the store."""
+        if self.store is None or self._head_caps is None:
+            return
+        names = self._head_caps.names()
+        if names:
+            self.store.delete(self._head_caps.take(self.store.get_many(names)))
+
+    def on_request(self, monitor: Any, req: dict[str, Any]) -> list[int]:
+        """HangMonitor.forward: a capture request left on the head goes to every other live node through the store;
+        the node ranks it went to. Another node forwards nothing (capture the head's run directory)."""
+        if not self.is_head or self.store is None or self._head_caps is None:
+            return []
+        nodes = [n for n, st in self.nodes.items() if n != self.role.node_rank and not st.lost and st.end is None]
+        if not nodes:
+            return []
+        self.store.put("capture", self._head_caps.forward(req, nodes))
+        return nodes
 
     # -- the monitor's hooks ---------------------------------------------------------------------------
     def on_start(self, monitor: Any) -> None:

@@ -189,6 +189,24 @@ class HangMonitor:
     def say(self, line: str) -> None:
         say(line)
 
+    def forward(self, req: dict[str, Any]) -> list[int]:
+        """A capture request left on this node (live/watch.py), to the job's other nodes: the plugins' ``on_request``
+        (the job layer puts it in the job store) return the node ranks it went to."""
+        out: list[int] = []
+        for plugin in self.plugins:
+            fn: Callable[..., Any] | None = getattr(plugin, "on_request", None)
+            if fn is None:
+                continue
+            try:
+                out += list(fn(self, req) or [])
+            except Exception:  # noqa: BLE001 - a plugin never stops the watch
+                self.plugin_errors += 1
+        return out
+
+    def deliver(self, req: dict[str, Any]) -> None:
+        """A capture request the head handed to this node through the job store, to this node's live watch."""
+        self._call("on_job_request", self, req)
+
     def rank_ids(self) -> list[int]:
         with self._lock:
             return sorted(self.links)
