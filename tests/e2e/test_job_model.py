@@ -2,6 +2,8 @@
 stand in for two nodes (tests/e2e/test_multinode.py's helpers), the default rule with its floor scaled down
 ($DDPDOCTOR_DEFAULT_HANG_TIMEOUT=5, as tests/e2e/test_watcher_busy.py does).
 
+The two-node busy and stuck tests run each node in its own network namespace where the sandbox allows (root, iproute2).
+
 - A rank on node 1 busy in a 10 s checkpoint while the others wait: a long stall, no kill, both launchers exit 0.
 - A rank on node 1 asleep forever: a hang, culprit that rank, on both consoles.
 - A rank asleep forever while another of its threads keeps the process busy (gloo's I/O threads, NCCL's watchdog
@@ -20,7 +22,7 @@ from typing import Any
 import pytest
 
 from tests.conftest import REPO, SCENARIOS, run_cli
-from tests.e2e.test_multinode import _port, finish, start_nodes, verdict_lines
+from tests.e2e.test_multinode import _port, finish, netns_refused, node_namespaces, start_nodes, verdict_lines
 
 pytestmark = pytest.mark.slow
 FLOOR = 5.0
@@ -33,9 +35,14 @@ def pause_env(tmp_path: Path, rank: int, kind: str, pause_s: float = 0, steps: i
 
 
 def two_nodes(tmp_path: Path, env: dict[str, str], *extra: str) -> tuple[list[tuple[int, str, str]], Path]:
+    """Each node in its own network namespace where the sandbox allows (tests/e2e/test_multinode.py), else two
+    launchers on this host's loopback (the reason is printed)."""
     out = tmp_path / "job"
-    procs = start_nodes("run", "pause.py", out, 2, 2, "--startup-timeout", "300", *extra, env=env)
-    return finish(procs, timeout=300), out
+    with node_namespaces() as ns:
+        if ns is None:
+            print(f"two nodes on one loopback: {netns_refused}")
+        procs = start_nodes("run", "pause.py", out, 2, 2, "--startup-timeout", "300", *extra, env=env, netns=ns)
+        return finish(procs, timeout=300), out
 
 
 def findings(out: Path) -> list[dict[str, Any]]:
