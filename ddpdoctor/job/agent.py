@@ -21,10 +21,10 @@ from ddpdoctor.job import grouping, state
 from ddpdoctor.job.capture_relay import HeadCaptures, NodeCaptures
 from ddpdoctor.job.record import RankRecord
 from ddpdoctor.job.relay import HeadRelay, NodeRelay
-from ddpdoctor.job.role import JobRole
+from ddpdoctor.job.role import JobRole, NodeInfo
 from ddpdoctor.job.rules import HangGate, Limits, StallDecision, auto_hang_timeout, decide
 from ddpdoctor.job.store import JobStore, JobStoreError, job_port, shared_token
-from ddpdoctor.job.verdict import HangVerdict
+from ddpdoctor.job.verdict import HangVerdict, HeadLost, rank_line
 
 
 class NodePort(Protocol):
@@ -53,12 +53,15 @@ class NodePort(Protocol):
 
     def deliver(self, req: dict[str, Any]) -> None: ...
 
+    def decide_local(self, job: Any, now: float, own_ranks_only: bool = False) -> None: ...
+
 PUBLISH_S = 1.0  # a beat about once a second, at once on a change that matters
 TICK_S = 0.1
 POLL_S = 0.5
 STACKS_WAIT_S = 12.0  # for the other nodes' stacks after a hang (py-spy may take seconds per rank)
 READ_EVERY_S = 0.5  # the head reads every node's state this often (each read parses the whole job's records)
 END_WAIT_S = 60.0
+HEAD_SILENT_S = 20.0  # no answer from the head's store this long: this node watches its own ranks alone
 REPORT_WAIT_S = 20.0  # the head waits this long for every node to take the job's report  # the head waits this long for every node to finish; the others for the head's verdict
 RANK_FILES = ("status.json", "info.json", "summary.json")
 STDERR_TAIL = 16 << 10
@@ -88,6 +91,8 @@ class JobAgent:
         self._peers: list[int] = []
         self._head_host: str | None = self.host if role.is_head else None
         self._head_lost = False
+        self.head_lost: HeadLost | None = None  # what this node knows once the head is gone (commands print it)
+        self._contact = 0.0  # when the head's store last answered this node
         self._relay, self._head_relay = NodeRelay(), HeadRelay()  # live health job-wide (job/relay.py)
         self._relay_lock = threading.Lock()
         # `ddpdoctor capture` job-wide (job/capture_relay.py): the head forwards, the nodes send their windows back.
@@ -158,6 +163,7 @@ class JobAgent:
                         self._take_captures()
                     else:
                         self._poll_head()
+                        self._contact = time.time()
                         self._send_captures()
                     next_poll = now + POLL_S
             except (RuntimeError, OSError, ValueError):
@@ -227,6 +233,10 @@ class JobAgent:
             self._decide(job.started)
         elif self.verdict is not None:
             self.monitor.act({"remote": True, **self.verdict}, str(self.verdict.get("line")))
+        elif self._contact and now - self._contact > HEAD_SILENT_S:
+            # The head is silent (its host or launcher died): nobody judges for the job, so this node judges its
+            # own ranks with the same rule, as a job of one node would (ranks of other nodes are not counted).
+            self.monitor.decide_local(job, now, own_ranks_only=True)
 
     def read_nodes(self) -> None:
         """Refresh every node's state from the store (the head's view of the job)."""
@@ -413,8 +423,20 @@ class JobAgent:
                                f"({final.get('head')}) in {final.get('report')}")
             time.sleep(0.3)
         self._head_lost = True
-        return Outcome(1 if code else 0, False, f"the head node ({self.role.master_addr}) was lost: it did not answer; "
-                       f"this node's ranks ended with {code}")
+        self.head_lost = self._lost_head(code)
+        return Outcome(self.head_lost.exit_code, False, self.head_lost.line)
+
+    def _lost_head(self, code: int) -> HeadLost:
+        """The one line (and the document) of a node whose head is gone: its own ranks' last state and the last
+        verdict the head handed out. Exit code 1 whatever this node's ranks did: a node of the job died."""
+        recs = self._records()
+        shown = "; ".join(rank_line(r) for r in recs[:4]) + (f"; {len(recs) - 4} more rank(s) (--json for all)"
+                                                              if len(recs) > 4 else "")
+        last = str(self.verdict.get("line")) if isinstance(self.verdict, dict) else None
+        line = (f"the head node ({self.role.master_addr}) was lost: it did not answer; this node ({self.host}, node "
+                f"{self.role.node_rank}) ended with exit code {code}; its ranks: {shown or 'none started'}; last "
+                f"verdict from the head: {last or 'none'}")
+        return HeadLost(self.role.master_addr, line, self.role.node_rank, recs, last)
 
     def _finish_head(self, run_root: Path, code: int) -> Outcome:
         assert self.store is not None
@@ -460,10 +482,9 @@ class JobAgent:
             time.sleep(0.2)
 
     # -- the job's report on every node ------------------------------------------------------------------
-    def node_info(self) -> dict[str, Any]:
+    def node_info(self) -> NodeInfo:
         """Which node this is, for the report every node prints."""
-        return {"node_rank": self.role.node_rank, "nnodes": self.role.nnodes, "host": self.host,
-                "is_head": self.is_head, "head": self._head_host}
+        return NodeInfo(self.role.node_rank, self.role.nnodes, self.host, self.is_head, self._head_host)
 
     def publish_report(self, doc: dict[str, Any]) -> None:
         """The head: hand the job's report (report.json's document) to every node, and wait until each has it."""

@@ -152,8 +152,13 @@ class HangMonitor:
         if self.decider is not None:  # the job spans nodes: the job layer judges every node's records
             self.decider(self, job, now)
             return
-        # A job of one node: the same rule (job/rules.py) on this node's records.
-        d = self.judge(now, job.started)
+        self.decide_local(job, now)
+
+    def decide_local(self, job: RunningJob, now: float, own_ranks_only: bool = False) -> None:
+        """A job of one node: the same rule (job/rules.py) on this node's records. ``own_ranks_only``: a node of a
+        larger job that lost its head judges its own ranks alone (the others' are not missing, only unseen)."""
+        d = decide(self.records(now, job.started), self.limits(), now - job.started,
+                   None if own_ranks_only else self.world_size)
         hung = self.gate.confirmed(d, self.limits(), now)
         if d.busy and not d.moving and not d.tearing_down:
             self._note_stalls(d.busy, now)

@@ -128,16 +128,27 @@ def test_live_health_is_job_wide_without_a_shared_filesystem(tmp_path: Path) -> 
 
 
 def test_a_lost_head_is_said_by_the_other_nodes(tmp_path: Path) -> None:
+    # docs/hangs.md#lost-head: node 1 says so in one line and reports what it knows (its own ranks' last state,
+    # the head's last verdict: none here), exit 1; its --json is a report with one `head-lost` finding.
     import signal
 
     out, mark = tmp_path / "job", tmp_path / "training"
     procs = start_nodes("run", "mn_healthy_slow.py", out, 2, 1, "--hang-timeout", "30", "--startup-timeout", "300",
-                        env={"MN_STEPS": "400", "MN_SLOW_S": "0", "MN_STEP_SLEEP_S": "0.1", "MN_MARK": str(mark)})
+                        "--json", env={"MN_STEPS": "400", "MN_SLOW_S": "0", "MN_STEP_SLEEP_S": "0.1",
+                                       "MN_MARK": str(mark)})
     deadline = time.time() + 300
     while time.time() < deadline and not (Path(f"{mark}.0").exists() and Path(f"{mark}.1").exists()):
         time.sleep(0.3)
     procs[0].send_signal(signal.SIGKILL)  # the head's launcher, its host gone
-    (code0, _, _), (code1, _, err1) = finish(procs, timeout=300)
+    (code0, _, _), (code1, so1, err1) = finish(procs, timeout=300)
     assert code0 == -signal.SIGKILL
     assert code1 == 1, err1[-3000:]
-    assert "the head node (127.0.0.1) was lost" in err1, err1[-3000:]
+    (line,) = [ln for ln in err1.splitlines() if "was lost" in ln]
+    assert line.startswith("ddpdoctor: the head node (127.0.0.1) was lost: it did not answer; this node (") and \
+        "its ranks: rank 1: step " in line and line.endswith("last verdict from the head: none"), line
+    doc = json.loads(so1)
+    assert doc["status"] == "error" and doc["node"]["node_rank"] == 1 and doc["node"]["is_head"] is False
+    (lost,) = doc["findings"]
+    assert lost["id"] == "head-lost" and lost["ranks"] == [1], lost
+    (rank1,) = lost["evidence"]["ranks"]
+    assert rank1["rank"] == 1 and rank1["step"] >= 1 and lost["evidence"]["last_verdict"] is None
