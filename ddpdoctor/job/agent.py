@@ -24,7 +24,7 @@ from ddpdoctor.job.relay import HeadRelay, NodeRelay
 from ddpdoctor.job.role import JobRole, NodeInfo
 from ddpdoctor.job.rules import HangGate, Limits, StallDecision, auto_hang_timeout, decide
 from ddpdoctor.job.store import JobStore, JobStoreError, job_port, shared_token
-from ddpdoctor.job.verdict import HangVerdict, HeadLost, rank_line
+from ddpdoctor.job.verdict import HeadLost, build, rank_line
 
 
 class NodePort(Protocol):
@@ -324,7 +324,6 @@ class JobAgent:
 
     def _on_hang(self, stalled: list[int], now: float, timeout: float, job_started: float) -> None:
         assert self.store is not None
-        d = state.diagnose(self.nodes, self._world_size(), stalled)
         pos, node_of = state.positions(self.nodes, self._world_size())
         live = [n for n, st in self.nodes.items() if not st.lost and st.end is None and n != self.role.node_rank]
         self.store.put("req", {"id": 1, "what": "stacks"})
@@ -342,19 +341,17 @@ class JobAgent:
             if isinstance(per, dict):
                 all_stacks.update({int(r): s for r, s in per.items() if str(r).isdigit() and isinstance(s, str)})
         classes = grouping.group(pos, all_stacks, node_of)
+        hang = build(self.nodes, self._world_size(), stalled, now, timeout_s=timeout, on_hang=self.monitor.on_hang,
+                     limits=Limits(self.monitor.hang_timeout, self.monitor.startup_timeout), stacks=all_stacks,
+                     dumps=dumps, since_start_s=now - job_started)
+        d = hang.diagnosis
+        hang.classes = [c.to_json() for c in classes]
+        hang.nodes = {n: {"host": st.host, "lost": st.lost, "ranks": grouping.rank_ranges(r.rank for r in st.ranks)}
+                      for n, st in self.nodes.items()}
         line = f"job hung: {d.reason}"
         if d.culprit_ranks:
             line = f"job hung: culprit rank(s) {grouping.rank_ranges(d.culprit_ranks)}: {d.reason}"
-        ages = [state.rank_age(r, st, now) for st in self.nodes.values() for r in st.ranks if r.rank in stalled]
-        detected = round(max(ages), 2) if ages else round(timeout, 2)
-        hang = HangVerdict(
-            detected_after_s=detected, hang_timeout_s=timeout, hang_timeout_set=self.monitor.hang_timeout is not None,
-            startup_timeout_s=self.monitor.startup_timeout,
-            in_startup=all(not r.step for st in self.nodes.values() for r in st.ranks), on_hang=self.monitor.on_hang,
-            diagnosis=d, stacks=all_stacks, flight_recorder=dumps, classes=[c.to_json() for c in classes],
-            nodes={n: {"host": st.host, "lost": st.lost, "ranks": grouping.rank_ranges(r.rank for r in st.ranks)}
-                   for n, st in self.nodes.items()})
-        hang.reported_after_s = round(detected + time.time() - now, 2)
+        hang.reported_after_s = round(hang.detected_after_s + time.time() - now, 2)
         verdict = {"line": line, "code": 1, "on_hang": self.monitor.on_hang, "head": self.host,
                    "report": str(self.run_root / "hang.txt")}
         self.verdict = verdict

@@ -9,7 +9,9 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ddpdoctor.findings.hang import HangDiagnosis
+from ddpdoctor.job import state
 from ddpdoctor.job.record import RankRecord
+from ddpdoctor.job.rules import Limits
 
 
 @dataclass
@@ -44,6 +46,25 @@ class HangVerdict:
         out["flight_recorder"] = {str(r): d for r, d in self.flight_recorder.items()}
         out["reported_after_s"] = self.reported_after_s
         return out
+
+
+def build(nodes: dict[int, state.NodeState], world_size: int | None, stalled: list[int], now: float, *,
+          limits: Limits, timeout_s: float, on_hang: str, stacks: dict[int, str | None],
+          dumps: dict[int, Any], since_start_s: float | None = None) -> HangVerdict:
+    """The one builder of the hang verdict, for a job of one node (its monitor's records as one NodeState) and on
+    the head of many (every node's): the culprit from every rank's typed record (job/state.diagnose, the rules of
+    findings/hang.py), how long the stalled ranks had made no progress (the most recent of their steps' starts,
+    on the head's clock; ``since_start_s``, the job's age, when no stalled rank ever reported), each rank's stack
+    and Flight Recorder dump. The caller adds what only it has (one node:
+    the raw heartbeats; many: rank classes and nodes) and ``reported_after_s`` once the verdict is out."""
+    d = state.diagnose(nodes, world_size, stalled)
+    ages = [state.rank_age(r, st, now) for st in nodes.values() for r in st.ranks if r.rank in stalled]
+    return HangVerdict(
+        detected_after_s=round(min(ages) if ages else since_start_s if since_start_s is not None else timeout_s, 2),
+        hang_timeout_s=timeout_s,
+        hang_timeout_set=limits.hang_timeout is not None, startup_timeout_s=limits.startup_timeout,
+        in_startup=all(not r.step for st in nodes.values() for r in st.ranks), on_hang=on_hang, diagnosis=d,
+        stacks=stacks, flight_recorder=dumps)
 
 
 @dataclass
