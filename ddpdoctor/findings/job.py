@@ -89,3 +89,51 @@ def ended_findings(manifest: dict[str, Any], locked: bool) -> tuple[list[Finding
             advice="The job was stopped so that it does not run on unwatched; please report this error.",
         )], None
     return [], None
+
+
+# The C++ runtime's last words when a thread or a destructor calls std::terminate during interpreter teardown
+# (libstdc++'s verbose terminate handler); torch 2.13's gloo sometimes ends a finished rank this way.
+TERMINATE_MARK = "terminate called"
+
+
+def aborted_after_finish(manifest: dict[str, Any], statuses: dict[int, dict[str, Any] | None],
+                         signals: dict[int, str], root_causes: set[int],
+                         last_words: dict[int, str]) -> Finding | None:
+    """Every rank finished its script and wrote exit status 0, yet the job's exit code is not 0 because a rank died
+    of a signal afterwards, at interpreter teardown. ``signals``: rank -> the signal torchrun's failure table names
+    for it; ``root_causes``: the ranks that table calls the first failure; ``last_words``: rank -> the
+    "terminate called ..." line of its stderr. The ranks that aborted are the first failure(s) and any rank that
+    died of a signal other than the SIGTERM torchrun sends the others when one worker ends, or that printed the
+    terminate line; the rest torchrun stopped. None when the data do not show exactly this."""
+    code = manifest.get("exit_code")
+    ended = manifest.get("ended") if isinstance(manifest.get("ended"), dict) else {}
+    if not isinstance(code, int) or code == 0 or ended.get("how", "exited") != "exited" or manifest.get("killed_by"):
+        return None
+    if not statuses or any(s is None or s.get("exit_code") != 0 for s in statuses.values()):
+        return None  # a rank that failed (or wrote nothing) is a failure of its own, with its own finding
+    aborted = sorted(r for r in statuses if (r in signals and (r in root_causes or signals[r] != "SIGTERM"))
+                     or r in last_words)
+    if not aborted:
+        return None  # the job failed after every rank said 0, and nothing says which rank or why: no guess
+    stopped = sorted(r for r in signals if r in statuses and r not in aborted)
+    sigs = {r: signals.get(r) or ("SIGABRT" if r in last_words else None) for r in aborted}
+    steps = {r: (statuses[r] or {}).get("steps_completed") for r in aborted}
+    named = ", ".join(f"{r} ({sigs[r] or 'a signal'})" for r in aborted)
+    said = next((last_words[r] for r in aborted if r in last_words), None)
+    step_words = sorted({s for s in steps.values() if isinstance(s, int)})
+    done = f"all {step_words[0]} steps done" if len(step_words) == 1 else "its steps done"
+    return Finding(
+        "aborted-after-finish", Severity.WARNING,
+        f"Rank{'s' if len(aborted) > 1 else ''} {named} died at interpreter exit, after finishing the script with exit status 0 ({done})"
+        + (f': "{said}"' if said else "") + f"; torchrun then reported the job failed (exit {code})",
+        ranks=aborted,
+        evidence={"signals": {str(r): s for r, s in sigs.items()}, "steps_completed": {str(r): s for r, s in steps.items()},
+                  "last_words": {str(r): w for r, w in last_words.items() if r in aborted},
+                  "stopped_by_torchrun": stopped, "job_exit_code": code},
+        advice="The training itself completed on every rank (each reported exit status 0 after its last step); the "
+               "process died afterwards, while Python and torch tore down (torch 2.13's gloo has been seen to abort "
+               "so in plain torchrun jobs too, with \"terminate called without an active exception\"). The exit "
+               "code is torchrun's and ddpdoctor keeps it: a scheduler or script that reads it sees a failure. "
+               "Check that the job's outputs (checkpoints) were written before retrying; if it recurs, report it to "
+               "PyTorch with the rank's stderr.log.",
+    )
