@@ -106,8 +106,9 @@ def aborted_after_finish(manifest: dict[str, Any], statuses: dict[int, dict[str,
     died of a signal other than the SIGTERM torchrun sends the others when one worker ends, or that printed the
     terminate line; the rest torchrun stopped. None when the data do not show exactly this."""
     code = manifest.get("exit_code")
-    ended = manifest.get("ended") if isinstance(manifest.get("ended"), dict) else {}
-    if not isinstance(code, int) or code == 0 or ended.get("how", "exited") != "exited" or manifest.get("killed_by"):
+    ended = manifest.get("ended")
+    how = ended.get("how", "exited") if isinstance(ended, dict) else "exited"
+    if not isinstance(code, int) or code == 0 or how != "exited" or manifest.get("killed_by"):
         return None
     if not statuses or any(s is None or s.get("exit_code") != 0 for s in statuses.values()):
         return None  # a rank that failed (or wrote nothing) is a failure of its own, with its own finding
