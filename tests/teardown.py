@@ -48,3 +48,23 @@ def settle(returncode: int | None, report: Any, fail_on: str = "error") -> tuple
     doc["status"] = {2: "error", 1: "warning"}.get(worst, "ok")
     code = None if returncode is None else int(fail_on != "none" and worst >= _RANK[fail_on])
     return code, doc
+
+
+def settle_cli(proc: Any, report: dict[str, Any], args: tuple[str, ...] | list[str] = ()) -> dict[str, Any]:
+    """``settle`` for a CLI run: sets ``proc.returncode`` to the settled code (its --fail-on read from ``args``)
+    and returns the settled report."""
+    args = list(args)
+    fail_on = args[args.index("--fail-on") + 1] if "--fail-on" in args[:-1] else "error"
+    proc.returncode, doc = settle(proc.returncode, report, fail_on)
+    return doc
+
+
+def settle_run(proc: Any, out: Any, args: tuple[str, ...] | list[str] = ()) -> dict[str, Any]:
+    """``settle_cli`` for a run without --json: the report the command saved as OUT/report.json."""
+    import json
+    from pathlib import Path
+
+    path = Path(out) / "report.json"
+    if not path.is_file():
+        return {}
+    return settle_cli(proc, json.loads(path.read_text()), args)
