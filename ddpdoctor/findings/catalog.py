@@ -73,6 +73,7 @@ CATALOG: tuple[FindingKind, ...] = (
     K("job-stopped", "job", "W", "ddpdoctor.findings.job"),
     K("run-unfinished", "job", "EW", "ddpdoctor.findings.job"),
     K("aborted-after-finish", "job", "W", "ddpdoctor.findings.job"),
+    K("disk-full", "job", "W", "ddpdoctor.findings.job"),
     K("hang", "hangs", "E", "ddpdoctor.findings.failure"),
     K("long-stall", "hangs", "W", "ddpdoctor.findings.hang"),
     K("rank-left-early", "hangs", "E", "ddpdoctor.findings.hang"),

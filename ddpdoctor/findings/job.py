@@ -19,6 +19,8 @@ def job_findings(manifest: dict[str, Any], statuses: dict[int, dict[str, Any] | 
         ))
         return findings
     silent = [r for r in ranks if statuses[r] is None]
+    if silent and manifest.get("disk_full") and manifest.get("exit_code") == 0:
+        silent = []  # the job succeeded and the disk was full: their status did not fit (disk-full names them)
     if silent:
         findings.append(Finding(
             "rank-no-status", Severity.ERROR, f"Rank(s) {silent} ended without a status (killed by a signal?)",
@@ -42,6 +44,38 @@ def job_findings(manifest: dict[str, Any], statuses: dict[int, dict[str, Any] | 
             advice="The job was profiled anyway; the DDP-specific analyses (buckets, overlap advice) do not apply.",
         ))
     return findings
+
+
+def disk_full_findings(manifest: dict[str, Any], statuses: dict[int, dict[str, Any] | None]) -> list[Finding]:
+    """`disk-full`: the disk under the run directory filled during the run (the manifest's ``disk_full``, written
+    by the launcher from rundir/reserve.py): when, what ddpdoctor could not write, the ranks whose status.json is
+    missing (from a job that exited 0: the status did not fit; else rank-no-status says they may have been killed)."""
+    facts = manifest.get("disk_full")
+    if not isinstance(facts, dict):
+        return []
+    unwritten = [u for u in facts.get("unwritten") or [] if isinstance(u, dict)]
+    missing = sorted(r for r, s in statuses.items() if s is None)
+    after = facts.get("full_after_s")
+    when = f"{after:g} s into the run" if isinstance(after, (int, float)) else "during the run"
+    lacks = [str(u.get("path")) for u in unwritten][:8]
+    if missing:
+        lacks.append(f"status.json of rank(s) {missing}")
+    # torchrun writes the ranks' logs itself: they may be cut short at that moment whatever ddpdoctor could write.
+    what = ("; it lacks " + ", ".join(lacks) if lacks else
+            "; ddpdoctor's own files fitted, but the ranks' logs (torchrun writes them) may be cut short there")
+    code = manifest.get("exit_code")
+    return [Finding(
+        "disk-full", Severity.WARNING,
+        f"The disk under the run directory filled {when} (No space left on device){what}",
+        ranks=missing,
+        evidence={"full_after_s": after, "min_free_bytes": facts.get("min_free_bytes"), "unwritten": unwritten,
+                  "ranks_without_status": missing, "job_exit_code": code,
+                  "reserve_bytes": facts.get("reserve_bytes"), "reserve_short": facts.get("reserve_short")},
+        advice="The job's own verdict is the exit code; this run directory is incomplete where listed (rank logs "
+               "that did not fit stay under RUN/torchrun/), and `ddpdoctor analyze` reads what is there. Free space "
+               "or put --out on a disk with room (the job's checkpoints and ddpdoctor's run directory share this "
+               "one).",
+    )]
 
 
 STOP_WORDS = {
@@ -77,8 +111,8 @@ def ended_findings(manifest: dict[str, Any], locked: bool) -> tuple[list[Finding
     if how == "running" and not manifest.get("finished") and not locked:
         return [Finding(
             "run-unfinished", Severity.WARNING,
-            "ddpdoctor ended without finishing this run (killed with SIGKILL, or it crashed); the job was stopped "
-            "with it",
+            "ddpdoctor ended without finishing this run's record (killed with SIGKILL, crashed, or the disk was full "
+            "when it wrote the end); a job still running then was stopped with it",
             evidence={"started_at": manifest.get("started_at")},
             advice="What the ranks wrote before that is kept; rerun to get a complete report.",
         )], None
