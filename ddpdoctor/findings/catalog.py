@@ -72,6 +72,8 @@ CATALOG: tuple[FindingKind, ...] = (
     K("diff-bucket-layout", "diff", "I", "ddpdoctor.findings.diff"),
     K("job-stopped", "job", "W", "ddpdoctor.findings.job"),
     K("run-unfinished", "job", "EW", "ddpdoctor.findings.job"),
+    K("aborted-after-finish", "job", "W", "ddpdoctor.findings.job"),
+    K("disk-full", "job", "W", "ddpdoctor.findings.job"),
     K("hang", "hangs", "E", "ddpdoctor.findings.failure"),
     K("long-stall", "hangs", "W", "ddpdoctor.findings.hang"),
     K("rank-left-early", "hangs", "E", "ddpdoctor.findings.hang"),

@@ -76,8 +76,9 @@ def _read_optional(path: Any) -> dict[str, Any] | None:
 
 
 def finalize(run: RunDir, exit_code: int | None, duration_s: float, killed_by: str | None,
-             ended: dict[str, Any] | None = None) -> dict[str, Any]:
-    """Merge every rank's info.json and status.json into the manifest."""
+             ended: dict[str, Any] | None = None, disk_full: dict[str, Any] | None = None) -> dict[str, Any]:
+    """Merge every rank's info.json and status.json into the manifest. ``disk_full``: the disk under the run
+    directory filled during the run (rundir/reserve.py facts: when, what ddpdoctor could not write)."""
     data = load(run)
     ranks: list[dict[str, Any]] = []
     ddp_modules: dict[str, Any] = {}
@@ -116,6 +117,8 @@ def finalize(run: RunDir, exit_code: int | None, duration_s: float, killed_by: s
         env=info0.get("env"),
         ddp_modules=ddp_modules,
     )
+    if disk_full:
+        data["disk_full"] = disk_full
     write_json(run.manifest, data)
     return data
 

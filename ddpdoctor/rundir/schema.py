@@ -141,6 +141,8 @@ class Manifest(Artefact, kw_only=True):
     ddp_modules: dict[int, list[DDPModule]] = {}
     # How the run ended (the watcher's launcher): {"how": "exited"|"hang"|"signal"|..., "exit_code": N, ...}
     ended: dict[str, Json] | None = None
+    # The disk under the run directory filled during the run (rundir/reserve.py): when, and what was not written
+    disk_full: dict[str, Json] | None = None
 
 
 # ---- ranks/rankR/info.json, status.json, summary.json ----------------------------------------------------------
