@@ -8,6 +8,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ddpdoctor.findings.failure import hang_finding
+from ddpdoctor.findings.framework_advice import ddp_option, framework_of_files
 from ddpdoctor.findings.model import Finding, Severity
 from ddpdoctor.logs import hangs
 from ddpdoctor.logs.events import (
@@ -152,10 +153,12 @@ def mismatch_findings(ev: Evidence, excs: dict[int, list[RankException]],
     return findings
 
 
-def unused_findings(ev: Evidence) -> list[Finding]:
+def unused_findings(ev: Evidence, excs: dict[int, list[RankException]] | None = None) -> list[Finding]:
     events: list[UnusedParameters] = ev.of(UnusedParameters)
     if not events:
         return []
+    # A traceback through Lightning, the HF Trainer or accelerate: that framework built DDP, so say its setting.
+    framework = framework_of_files(f.file for es in (excs or {}).values() for e in es for f in e.frames)
     names: dict[int | None, list[str]] = {}
     indices: dict[int | None, list[int]] = {}
     for e in events:
@@ -172,8 +175,10 @@ def unused_findings(ev: Evidence) -> list[Finding]:
         "unused-parameters", Severity.ERROR, f"Parameters that never got a gradient: {what}", ranks=ranks,
         evidence={"names": all_names, "indices": all_idx,
                   "per_rank": {str(r): {"names": names[r], "indices": indices[r]} for r in ranks}},
-        advice=("Use these parameters in forward (or delete them), or pass find_unused_parameters=True to "
-                "DistributedDataParallel (it costs an extra traversal per step)."
+        advice=("Use these parameters in forward (or delete them), or "
+                + (f"set {ddp_option({'built_by': framework}, 'find_unused_parameters', True)}" if framework else
+                   "pass find_unused_parameters=True to DistributedDataParallel")
+                + " (it costs an extra traversal per step)."
                 + ("" if all_names else " Set TORCH_DISTRIBUTED_DEBUG=INFO to get their names.")),
     )]
 

@@ -68,7 +68,12 @@ def test_hf_trainer_advice_is_in_training_arguments_terms(tmp_path) -> None:
     report = json.loads(proc.stdout)
     (flag,) = [f for f in report["findings"] if f["id"] == "find-unused-parameters-unneeded"]
     assert flag["advice"].startswith("`TrainingArguments(ddp_find_unused_parameters=False)`"), flag["advice"]
-    assert "DDP(model" not in flag["advice"]
+    # Every DDP-option advice of the run (the bucket findings' bucket_cap_mb or compression hook included) is said in
+    # the HF Trainer's terms: never "DDP(model, ...)", which the user cannot write under the Trainer.
+    for f in report["findings"]:
+        assert "`DDP(model, " not in (f.get("advice") or ""), (f["id"], f["advice"])
+    info = json.loads(next((tmp_path / "hf" / "ranks").glob("rank0/info.json")).read_text())
+    assert info["ddp_modules"][0]["built_by"] == "transformers"
 
 
 @pytest.mark.skipif(importlib.util.find_spec("lightning") is None, reason="Lightning not installed (extra: frameworks)")
