@@ -40,6 +40,7 @@ VICTIM = re.compile(
 EXPLAINED = re.compile(
     r"Detected mismatch between collectives|Received data size doesn't match"
     r"|Expected to have finished reduction in the prior iteration|did not receive grad"
+    r"|LightningModule has parameters that were not used"
     # the failure grammar's own findings (logs/triage.py): oom, model-mismatch, nccl-error, watchdog-stuck
     r"|out of memory|OutOfMemoryError|DDP expects same model|appears not to match (?:sizes|strides)"
     r"|NCCL error in:(?!.*remote process exited)|ncclUnhandledCudaError|ncclSystemError|ncclInternalError"
@@ -159,6 +160,7 @@ def unused_findings(ev: Evidence, excs: dict[int, list[RankException]] | None = 
         return []
     # A traceback through Lightning, the HF Trainer or accelerate: that framework built DDP, so say its setting.
     framework = framework_of_files(f.file for es in (excs or {}).values() for e in es for f in e.frames)
+    lightning_said = any("LightningModule has parameters" in e.message for es in (excs or {}).values() for e in es)
     names: dict[int | None, list[str]] = {}
     indices: dict[int | None, list[int]] = {}
     for e in events:
@@ -179,7 +181,9 @@ def unused_findings(ev: Evidence, excs: dict[int, list[RankException]] | None = 
                 + (f"set {ddp_option({'built_by': framework}, 'find_unused_parameters', True)}" if framework else
                    "pass find_unused_parameters=True to DistributedDataParallel")
                 + " (it costs an extra traversal per step)."
-                + ("" if all_names else " Set TORCH_DISTRIBUTED_DEBUG=INFO to get their names.")),
+                + ("" if all_names else " Lightning replaces DDP's message and the names in it (even under "
+                   "TORCH_DISTRIBUTED_DEBUG=INFO): `ddpdoctor check-sync` names the parameters that never get a gradient."
+                   if lightning_said else " Set TORCH_DISTRIBUTED_DEBUG=INFO to get their names.")),
     )]
 
 
