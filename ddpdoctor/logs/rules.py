@@ -207,6 +207,21 @@ def _hang_finding(h: hangs.HangAnalysis, stalled_all: set[int], excs: dict[int, 
     title = (f"Hang: rank(s) {stalled} stuck in {op}" + (f" #{h.seq}" if h.seq is not None else "")
              + (f"; culprit rank(s) {culprits}" if culprits else "; culprit not in these logs")
              + (" (crashed: see rank-crashed)" if culprits and set(culprits) <= set(crashed) else ""))
+    advice = ("Look at what the culprit rank(s) did instead of entering the collective: a rank-dependent branch, "
+              "uneven data per rank (use DistributedSampler(drop_last=True) or DDP's join()), or a stall outside "
+              "torch.distributed. Run under `ddpdoctor run` to get every rank's stack at the moment of the hang.")
+    if h.diverged and not h.mismatch:
+        d = h.diverged
+        title = (f"Hang in collective #{d['seq']}: rank(s) {d['waiting']} wait in {d['op'] or 'it'} with nothing "
+                 f"enqueued after it, rank(s) {d['ahead']} went on to #{d['ahead_to']}; culprit not decidable from "
+                 "these logs")
+        advice = (f"Every rank that reported is inside collective #{d['seq']} and it never completed. Either the "
+                  f"ranks ran different collectives at #{d['seq']} (a branch on the node, rank or data, or different "
+                  "code or config on one node: a collective mismatch), or the same one could not complete between "
+                  "them (the network: look for NCCL WARN lines of the same minutes). The ahead ranks' op at "
+                  f"#{d['seq']} decides: their node's watchdog lines (\"WorkNCCL(SeqNum={d['seq']}, OpType=...\"), "
+                  "or Flight Recorder dumps (TORCH_NCCL_TRACE_BUFFER_SIZE=2000; `ddpdoctor logs` reads them); give "
+                  "every node's log to `ddpdoctor logs`.")
     return hang_finding(
         title, sorted(set(stalled) | set(culprits)),
         stalled_ranks=stalled, culprit_ranks=culprits,
@@ -214,9 +229,7 @@ def _hang_finding(h: hangs.HangAnalysis, stalled_all: set[int], excs: dict[int, 
         call_sites={str(r): s for r, s in sorted(call_sites.items())},
         detected_after_s=h.detected_after_s, source=h.source, sources=sources,
         per_rank={str(r): v for r, v in sorted(h.per_rank.items())}, stacks=stacks,
-        advice=("Look at what the culprit rank(s) did instead of entering the collective: a rank-dependent branch, "
-                "uneven data per rank (use DistributedSampler(drop_last=True) or DDP's join()), or a stall outside "
-                "torch.distributed. Run under `ddpdoctor run` to get every rank's stack at the moment of the hang."),
+        **({"diverged": h.diverged} if h.diverged and not h.mismatch else {}), advice=advice,
     )
 
 
