@@ -147,7 +147,7 @@ def watch_findings(run: RunDir, debug: bool = False, stopped: bool = False) -> l
     stderr = {r: rank_text(run, r, "stderr.log") or "" for r, s in statuses.items() if s is None}
     beats = {int(r): v.get("beat") for r, v in ((_read(run.root / "heartbeats.json") or {}).get("ranks") or {}).items()}
     crashes = crash_findings(statuses, debug=debug, param_names=_param_names(run), stderr=stderr, last_beats=beats,
-                             torn_down=torn_down_ranks(run, statuses))
+                             torn_down=torn_down_ranks(run, statuses), ddp_cfg=_ddp_cfg(run))
 
     if hang is not None or stopped:  # ranks ddpdoctor stopped did not leave of their own accord
         crashes = [f for f in crashes if f.id != "rank-left-early"]
@@ -193,6 +193,15 @@ def _param_names(run: RunDir) -> dict[int, list[str]]:
         if mods:
             out[r] = [p["name"] for p in mods[0].get("parameters", [])]
     return out
+
+
+def _ddp_cfg(run: RunDir) -> dict[str, Any] | None:
+    """The lowest rank's first DDP module description (its options and ``built_by``), for advice in its terms."""
+    for r in run.ranks_present():
+        mods = (_read(run.rank_file(r, "info.json")) or {}).get("ddp_modules") or []
+        if mods and isinstance(mods[0], dict):
+            return dict(mods[0])
+    return None
 
 
 def _where(p: dict[str, Any]) -> str:
