@@ -10,8 +10,8 @@ time cannot be known (timing off, the ring overwritten before it was read, a col
 published with the ``ledger_gap`` marker, which the caused-wait rule leaves out of its window (analyses/ledger.py).
 
 Cost: a dump copies and serialises the whole ring (up to TORCH_FR_BUFFER_SIZE entries, 2,000 by default) holding
-the GIL, ~10 us per entry here; so the thread reads it when about half the ring is new (each entry read about
-twice), at most every MIN_POLL_S and at least every MAX_POLL_S. benchmarks/ledger_cost.py measures it."""
+the GIL, ~10 us per entry here; so the thread reads it rarely (see _adapt), and the live view lags the job by up to
+MAX_POLL_S on this source. benchmarks/ledger_cost.py measures it."""
 
 from __future__ import annotations
 
@@ -27,7 +27,8 @@ from ddpdoctor.analyses.ledger import GAP, HOST_BLOCKED
 
 Record = tuple[int, float, dict[str, float]]
 MIN_POLL_S = 0.5
-MAX_POLL_S = 10.0  # once the ring is full every read costs the whole ring: at most one per 10 s when idle
+MAX_POLL_S = 10.0  # the live view's lag at most
+BUDGET = 0.002  # share of the time the reads may take (they hold the GIL), where the ring's turnover allows
 GIVE_UP_S = 120.0  # a step pending longer than this (a collective that never completes: a hang) is published as a gap
 MAX_HELD = 4096  # steps held at most (at ~100 bytes each); beyond, the oldest is published as a gap
 
@@ -64,7 +65,7 @@ class FlightSource:
         self.held: deque[tuple[Record, int, int, float]] = deque()  # record, start ns, end ns, held since
         self.last_id = -1  # the newest record id read so far
         self.rate = 0.0  # entries per second, between the last two reads
-        self.interval = 1.0
+        self.interval = MIN_POLL_S
         self.polls = 0
         self.poll_s = 0.0  # time spent in dump + decode + publish (the thread's own cost)
         self.published = {"device": 0, "gap": 0}
@@ -112,9 +113,10 @@ class FlightSource:
                 self.error = f"{type(exc).__name__}: {exc}"[:300]
                 entries = []
             n = self._publish(entries, final)
-            self._adapt(entries)
+            cost = time.perf_counter() - t0
+            self._adapt(entries, cost)
             self.polls += 1
-            self.poll_s += time.perf_counter() - t0
+            self.poll_s += cost
             return n
 
     def _publish(self, entries: list[Collective], final: bool) -> int:
@@ -150,8 +152,11 @@ class FlightSource:
                                            f"its collectives did not complete within {GIVE_UP_S:.0f} s")
         return (rec[0], rec[1], phases)
 
-    def _adapt(self, entries: list[Collective] | None) -> None:
-        """Next read when about half the ring is new: no entry is lost and each is read about twice."""
+    def _adapt(self, entries: list[Collective] | None, cost_s: float = 0.0) -> None:
+        """The next read: as late as the ring allows without losing an entry (when about half of it is new), as
+        early as the cost allows (a read's cost over BUDGET; it grows with the ring's fill, so early reads, with
+        little in the ring, come fast), and within [MIN_POLL_S, MAX_POLL_S]. Where the two disagree (many
+        collectives per second), no entry is lost and the cost is what benchmarks/ledger_cost.py reports."""
         now = self.clock()
         elapsed = max(now - self._last_poll, 1e-3)
         self._last_poll = now
@@ -160,8 +165,8 @@ class FlightSource:
             if self.last_id >= 0:
                 self.rate = max(0, newest - self.last_id) / elapsed
             self.last_id = newest
-        half = self.ring / 2 if self.ring > 0 else 1000
-        self.interval = min(MAX_POLL_S, max(MIN_POLL_S, half / self.rate if self.rate > 0 else MAX_POLL_S))
+        lossless = (self.ring / 2) / self.rate if self.rate > 0 and self.ring > 0 else MAX_POLL_S
+        self.interval = min(max(cost_s / BUDGET, MIN_POLL_S), lossless, MAX_POLL_S)
 
     def summary(self) -> dict[str, Any]:
         """For ledger.json: how the source did."""

@@ -137,8 +137,6 @@ class LedgerProbe:
             self.tracker.collective_started()
 
     def _on_step(self, step: int) -> None:
-        if not self._decided:
-            self._decide()
         if self.flight is not None:
             return  # the record is held until the device's figures are in (_publish)
         rec = self.tracker.last_record
@@ -146,6 +144,8 @@ class LedgerProbe:
             self.history.append([rec[0], round(rec[1], 6), {k: round(v, 6) for k, v in rec[2].items()}])
             if self.summary is not None:
                 self.summary["blocked_s"] = round(rec[2].get("collective", 0.0), 6)
+        if not self._decided:
+            self._decide()  # from the next step on
 
     # -- the source ---------------------------------------------------------------------------------------
     def _decide(self) -> None:

@@ -18,7 +18,7 @@ import pytest
 
 from ddpdoctor.analyses.flight import decode, device_time
 from ddpdoctor.analyses.ledger import GAP, HOST_BLOCKED, caused_wait, common_window
-from ddpdoctor.probes.flight import MAX_POLL_S, FlightSource
+from ddpdoctor.probes.flight import BUDGET, MAX_POLL_S, MIN_POLL_S, FlightSource
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "flight"
 MS = 1e-3
@@ -180,18 +180,22 @@ def test_steps_whose_collectives_left_the_ring_or_never_finished_are_gaps_the_ru
     assert 12 not in window and len(window) == 24
 
 
-def test_the_ring_is_read_when_about_half_of_it_is_new() -> None:
-    now = {"t": 0.0}
+def test_the_ring_is_read_before_half_of_it_is_new_and_as_rarely_as_its_cost_asks() -> None:
+    now = {"t": 0.0, "n": 200}
     entries = _rank_entries(0, range(1, 401))  # 1,200 entries
     src = FlightSource(lambda rec: None, dump=lambda: _dump(entries[:now["n"]]), ring=2000, clock=lambda: now["t"])
-    now.update(t=1.0, n=200)
+    now.update(t=1.0)
     _held(src, range(1, 2))
     src.poll()
     now.update(t=2.0, n=1200)  # 1,000 new entries in a second
     _held(src, range(2, 3))
+    before = src.poll_s
     src.poll()
-    assert src.rate == pytest.approx(1000.0) and src.interval == pytest.approx(1.0)  # 1,000 of 2,000 / 1,000 per s
-    now.update(t=12.0)  # nothing new for 10 s: a read costs the whole ring, so as rarely as allowed
-    _held(src, range(3, 4))
-    src.poll()
+    cost = src.poll_s - before
+    assert src.rate == pytest.approx(1000.0)
+    # lossless: 1,000 of the ring's 2,000 entries at 1,000 per second = 1 s; the cost bound: cost / BUDGET
+    assert src.interval == pytest.approx(min(max(cost / BUDGET, MIN_POLL_S), 1.0))
+    now.update(t=12.0)  # nothing new for 10 s, and a read of 40 ms: 20 s by the budget, capped at MAX_POLL_S
+    src._adapt(decode(_dump(entries)), cost_s=0.04)
+    assert src.rate == 0.0
     assert src.interval == MAX_POLL_S
