@@ -55,7 +55,26 @@ class _Dump(msgspec.Struct):
     entries: list[_Entry] = []
 
 
+class Timing(msgspec.Struct):
+    """The few fields of an entry that a step's device time needs, decoded straight from the dump (the ledger's
+    thread reads the whole ring each time: ~1 us per entry, against ~15 for a full row)."""
+
+    record_id: int = -1
+    process_group: list[str] = []
+    collective_seq_id: int = 0
+    p2p_seq_id: int = 0
+    is_p2p: bool = False
+    time_created_ns: int = 0
+    retired: bool = False
+    duration_ms: float | None = None
+
+
+class _TimingDump(msgspec.Struct):
+    entries: list[Timing] = []
+
+
 _DECODER = msgspec.json.Decoder(_Dump)
+_TIMING_DECODER = msgspec.json.Decoder(_TimingDump)
 
 
 @dataclass(frozen=True)
@@ -104,6 +123,14 @@ def decode(raw: bytes | str) -> list[Collective]:
     return out
 
 
+def decode_timing(raw: bytes | str) -> list[Timing]:
+    """What device_time needs of a dump's entries, oldest first. Raises ValueError on a malformed dump."""
+    try:
+        return _TIMING_DECODER.decode(raw).entries
+    except msgspec.DecodeError as exc:
+        raise ValueError(f"not a Flight Recorder JSON dump: {exc}") from None
+
+
 def nbytes(sizes: Sequence[Sequence[int]], dtypes: Sequence[str]) -> int | None:
     """Bytes of a collective's inputs from the Flight Recorder's shapes and dtype names (None when unknown)."""
     if len(sizes) != len(dtypes):
@@ -133,24 +160,25 @@ class StepTime:
     missing: str | None = None
 
 
-def device_time(collectives: Sequence[Collective], windows: Sequence[tuple[int, int, int]],
+def device_time(entries: Sequence[Timing], windows: Sequence[tuple[int, int, int]],
                 known_from_ns: int = 0) -> list[StepTime]:
     """Per step window ``(step, start_ns, end_ns)`` (sorted, not overlapping), the device time in the collectives
     enqueued within it. ``known_from_ns``: the ring holds every entry enqueued since then (entries before it may
     have been overwritten), so a step that began earlier is ``missing``. One collective is counted once however
-    many entries it has (the ops of a coalesced group share one sequence number; only the group's entry is timed)."""
+    many entries it has (the ops of a coalesced group share one sequence number; the group's entry is timed)."""
     starts = [w[1] for w in windows]
     # per step: (group, p2p, seq) -> (the longest duration among its entries, or None; some entry still running)
-    per: list[dict[tuple[str | None, bool, int], tuple[float | None, bool]]] = [{} for _ in windows]
-    for c in collectives:
-        i = bisect.bisect_right(starts, c.enqueued_ns) - 1
-        if i < 0 or c.enqueued_ns >= windows[i][2]:
+    per: list[dict[tuple[str, bool, int], tuple[float | None, bool]]] = [{} for _ in windows]
+    for e in entries:
+        i = bisect.bisect_right(starts, e.time_created_ns) - 1
+        if i < 0 or e.time_created_ns >= windows[i][2]:
             continue  # before the first step, or after the last one ended
-        key = (c.group, c.p2p, c.seq)
+        key = (e.process_group[0] if e.process_group else "", e.is_p2p,
+               e.p2p_seq_id if e.is_p2p else e.collective_seq_id)
         dur, running = per[i].get(key, (None, False))
-        if c.duration_s is not None:
-            dur = c.duration_s if dur is None else max(dur, c.duration_s)
-        per[i][key] = (dur, running or (c.duration_s is None and not c.retired))
+        if e.duration_ms is not None:
+            dur = e.duration_ms / 1e3 if dur is None else max(dur, e.duration_ms / 1e3)
+        per[i][key] = (dur, running or (e.duration_ms is None and not e.retired))
     out = []
     for (step, start, _end), colls in zip(windows, per, strict=True):
         if start < known_from_ns:

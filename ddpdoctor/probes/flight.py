@@ -22,12 +22,13 @@ from collections import deque
 from collections.abc import Callable
 from typing import Any
 
-from ddpdoctor.analyses.flight import Collective, StepTime, decode, device_time
+from ddpdoctor.analyses.flight import StepTime, Timing, decode_timing, device_time
 from ddpdoctor.analyses.ledger import GAP, HOST_BLOCKED
 
 Record = tuple[int, float, dict[str, float]]
 MIN_POLL_S = 0.5
 MAX_POLL_S = 10.0  # the live view's lag at most
+NEW_SHARE = 0.75  # read when about this share of the ring is new: each entry read 1 / 0.75 times on average
 BUDGET = 0.002  # share of the time the reads may take (they hold the GIL), where the ring's turnover allows
 GIVE_UP_S = 120.0  # a step pending longer than this (a collective that never completes: a hang) is published as a gap
 MAX_HELD = 4096  # steps held at most (at ~100 bytes each); beyond, the oldest is published as a gap
@@ -108,7 +109,7 @@ class FlightSource:
                 return 0
             t0 = time.perf_counter()
             try:
-                entries = decode(self.dump())
+                entries = decode_timing(self.dump())
             except Exception as exc:  # noqa: BLE001 - no dump (torch without it, a failing backend): steps are gaps
                 self.error = f"{type(exc).__name__}: {exc}"[:300]
                 entries = []
@@ -119,12 +120,12 @@ class FlightSource:
             self.poll_s += cost
             return n
 
-    def _publish(self, entries: list[Collective], final: bool) -> int:
+    def _publish(self, entries: list[Timing], final: bool) -> int:
         held = list(self.held)  # a snapshot: the training thread only appends
         windows = [(rec[0], start, end) for rec, start, end, _ in held]
         # The ring keeps a contiguous run of record ids: those before the oldest one held now were overwritten, so a
         # step that began before it may have lost collectives.
-        known_from = entries[0].enqueued_ns if entries and entries[0].record_id > 0 else 0
+        known_from = entries[0].time_created_ns if entries and entries[0].record_id > 0 else 0
         times = device_time(entries, windows, known_from)
         now = self.clock()
         forced = len(held) - MAX_HELD  # beyond MAX_HELD steps held, the oldest go out undecided
@@ -152,8 +153,8 @@ class FlightSource:
                                            f"its collectives did not complete within {GIVE_UP_S:.0f} s")
         return (rec[0], rec[1], phases)
 
-    def _adapt(self, entries: list[Collective] | None, cost_s: float = 0.0) -> None:
-        """The next read: as late as the ring allows without losing an entry (when about half of it is new), as
+    def _adapt(self, entries: list[Timing] | None, cost_s: float = 0.0) -> None:
+        """The next read: as late as the ring allows without losing an entry (when NEW_SHARE of it is new), as
         early as the cost allows (a read's cost over BUDGET; it grows with the ring's fill, so early reads, with
         little in the ring, come fast), and within [MIN_POLL_S, MAX_POLL_S]. Where the two disagree (many
         collectives per second), no entry is lost and the cost is what benchmarks/ledger_cost.py reports."""
@@ -165,7 +166,7 @@ class FlightSource:
             if self.last_id >= 0:
                 self.rate = max(0, newest - self.last_id) / elapsed
             self.last_id = newest
-        lossless = (self.ring / 2) / self.rate if self.rate > 0 and self.ring > 0 else MAX_POLL_S
+        lossless = (NEW_SHARE * self.ring) / self.rate if self.rate > 0 and self.ring > 0 else MAX_POLL_S
         self.interval = min(max(cost_s / BUDGET, MIN_POLL_S), lossless, MAX_POLL_S)
 
     def summary(self) -> dict[str, Any]:

@@ -16,9 +16,9 @@ from typing import Any
 
 import pytest
 
-from ddpdoctor.analyses.flight import decode, device_time
+from ddpdoctor.analyses.flight import decode, decode_timing, device_time
 from ddpdoctor.analyses.ledger import GAP, HOST_BLOCKED, caused_wait, common_window
-from ddpdoctor.probes.flight import BUDGET, MAX_POLL_S, MIN_POLL_S, FlightSource
+from ddpdoctor.probes.flight import BUDGET, MAX_POLL_S, MIN_POLL_S, NEW_SHARE, FlightSource
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "flight"
 MS = 1e-3
@@ -39,7 +39,8 @@ def test_a_real_gloo_dump_of_torch_2_13_decodes_into_ledger_rows_without_device_
             dist.all_reduce(a)
         dist.broadcast(torch.zeros(2, dtype=torch.int64), src=0)
         t1 = time.time_ns()
-        rows = [c for c in decode(dump_json()) if t0 <= c.enqueued_ns <= t1]  # the ring is process-wide
+        raw = dump_json()
+        rows = [c for c in decode(raw) if t0 <= c.enqueued_ns <= t1]  # the ring is process-wide
     finally:
         dist.destroy_process_group()
     assert [c.op for c in rows] == ["gloo:all_reduce"] * 3 + ["gloo:broadcast"]
@@ -47,7 +48,7 @@ def test_a_real_gloo_dump_of_torch_2_13_decodes_into_ledger_rows_without_device_
     assert [c.seq for c in rows] == list(range(rows[0].seq, rows[0].seq + 4)) and rows[0].desc == "default_pg"
     # gloo keeps no events: never "completed", no duration; retired once done
     assert all(c.state == "scheduled" and c.retired and c.duration_s is None and not c.p2p for c in rows)
-    (st,) = device_time(rows, [(1, t0, t1 + 1)])
+    (st,) = device_time(decode_timing(raw), [(1, t0, t1 + 1)])
     assert st.seconds is None and not st.pending and st.missing and "carry no duration" in st.missing
     assert st.collectives == 4
 
@@ -58,7 +59,7 @@ def test_a_real_nccl_entry_recorded_on_gpus_decodes_and_is_untimed() -> None:
     assert (c.op, c.group, c.desc, c.seq, c.nbytes) == ("nccl:all_reduce", "0", "default_pg", 1, 48)
     assert c.enqueued_ns == 1724779239936775119 and c.noticed_done_ns == 1724779239975811724
     assert c.state == "completed" and c.retired and c.duration_s is None  # that run had timing off
-    (st,) = device_time([c], [(7, c.enqueued_ns - 1, c.enqueued_ns + 1)])
+    (st,) = device_time(decode_timing(raw), [(7, c.enqueued_ns - 1, c.enqueued_ns + 1)])
     assert st.seconds is None and st.missing and "TORCH_NCCL_ENABLE_TIMING" in st.missing
     assert c.to_json()["completed_ns"] == 1724779239975811724
 
@@ -180,7 +181,7 @@ def test_steps_whose_collectives_left_the_ring_or_never_finished_are_gaps_the_ru
     assert 12 not in window and len(window) == 24
 
 
-def test_the_ring_is_read_before_half_of_it_is_new_and_as_rarely_as_its_cost_asks() -> None:
+def test_the_ring_is_read_before_it_turns_over_and_as_rarely_as_its_cost_asks() -> None:
     now = {"t": 0.0, "n": 200}
     entries = _rank_entries(0, range(1, 401))  # 1,200 entries
     src = FlightSource(lambda rec: None, dump=lambda: _dump(entries[:now["n"]]), ring=2000, clock=lambda: now["t"])
@@ -193,9 +194,9 @@ def test_the_ring_is_read_before_half_of_it_is_new_and_as_rarely_as_its_cost_ask
     src.poll()
     cost = src.poll_s - before
     assert src.rate == pytest.approx(1000.0)
-    # lossless: 1,000 of the ring's 2,000 entries at 1,000 per second = 1 s; the cost bound: cost / BUDGET
-    assert src.interval == pytest.approx(min(max(cost / BUDGET, MIN_POLL_S), 1.0))
+    # lossless: 3/4 of the ring's 2,000 entries at 1,000 per second = 1.5 s; the cost bound: cost / BUDGET
+    assert NEW_SHARE == 0.75 and src.interval == pytest.approx(min(max(cost / BUDGET, MIN_POLL_S), 1.5))
     now.update(t=12.0)  # nothing new for 10 s, and a read of 40 ms: 20 s by the budget, capped at MAX_POLL_S
-    src._adapt(decode(_dump(entries)), cost_s=0.04)
+    src._adapt(decode_timing(_dump(entries)), cost_s=0.04)
     assert src.rate == 0.0
     assert src.interval == MAX_POLL_S
