@@ -104,7 +104,7 @@ class Collective:
 
 
 def decode(raw: bytes | str) -> list[Collective]:
-    """The entries of a ``_dump_fr_trace_json()`` dump, oldest first. Raises ValueError on a malformed dump."""
+    """The entries of a Flight Recorder JSON dump (probes/flight.dump_json), oldest first. Raises ValueError on a malformed dump."""
     try:
         dump = _DECODER.decode(raw)
     except msgspec.DecodeError as exc:

@@ -47,10 +47,28 @@ def ring_size() -> int:
     return 2000
 
 
-def dump_json() -> bytes:
+def default_backend() -> str:
+    """The default group's backend ("" without one)."""
+    import torch.distributed as dist
+
+    try:
+        return str(dist.get_backend()) if dist.is_available() and dist.is_initialized() else ""
+    except Exception:  # noqa: BLE001 - a group torn down meanwhile
+        return ""
+
+
+def dump_json(backend: str | None = None) -> bytes:
+    """The Flight Recorder's JSON dump for ``backend`` (default: the default group's). torch keeps two recorders:
+    ProcessGroupNCCL's own, with CUDA events (``_dump_nccl_trace_json``, only in NCCL-enabled builds), and the
+    generic one gloo records into (``_dump_fr_trace_json``); NCCL's collectives are only in the first."""
     import torch
 
-    return bytes(torch._C._distributed_c10d._dump_fr_trace_json())  # type: ignore[attr-defined]
+    c10d = torch._C._distributed_c10d  # private API, absent from torch's stubs
+    if "nccl" in (default_backend() if backend is None else backend):
+        fn = getattr(c10d, "_dump_nccl_trace_json", None)
+        if fn is not None:
+            return bytes(fn())
+    return bytes(c10d._dump_fr_trace_json())  # type: ignore[attr-defined]
 
 
 class FlightSource:

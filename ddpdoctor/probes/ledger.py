@@ -21,8 +21,9 @@ after the default process group exists (DDPDOCTOR_LEDGER_SOURCE=auto|host|flight
   from the CUDA-event durations in torch's Flight Recorder, read by the ledger's own thread (probes/flight.py).
 
 Each collective's own record (group, sequence number, op, sizes, enqueue time, and on NCCL its duration) comes from
-the Flight Recorder (``torch._C._distributed_c10d._dump_fr_trace_json``: NCCL's since torch 2.5, gloo's natively in
-recent releases, on by default in 2.13), read once at the end into RUN/ranks/rankR/ledger.json with the per-step
+the Flight Recorder (probes/flight.dump_json: ``_dump_nccl_trace_json`` for NCCL's own recorder, since torch 2.5;
+``_dump_fr_trace_json`` for the generic one gloo records into natively in recent releases; on by default in 2.13),
+read once at the end into RUN/ranks/rankR/ledger.json with the per-step
 summaries; where a build has none, the file says why and the per-step summaries stand alone. On gloo the Flight
 Recorder keeps no completion times (state "scheduled", no duration): completion is the training thread's blocked
 time."""
@@ -168,7 +169,7 @@ class LedgerProbe:
             pass
         self.source = DEVICE_SOURCE
         self.source_note = f"default group backend {backend}"
-        self.flight = FlightSource(self._publish)
+        self.flight = FlightSource(self._publish, dump=functools.partial(dump_json, backend))
         self.tracker.hold = self.flight.hold
         self.flight.start()
 

@@ -200,3 +200,20 @@ def test_the_ring_is_read_before_it_turns_over_and_as_rarely_as_its_cost_asks() 
     src._adapt(decode_timing(_dump(entries)), cost_s=0.04)
     assert src.rate == 0.0
     assert src.interval == MAX_POLL_S
+
+
+def test_nccl_collectives_are_read_from_nccls_own_recorder(monkeypatch: pytest.MonkeyPatch) -> None:
+    # torch keeps two recorders; NCCL's collectives go only to ProcessGroupNCCL's (`_dump_nccl_trace_json`, absent
+    # from this CPU build: stood in for here), gloo's to the generic one.
+    import torch
+
+    from ddpdoctor.probes.flight import dump_json
+
+    c10d = torch._C._distributed_c10d
+    generic = dump_json("gloo")
+    decode_timing(generic)  # the real generic recorder answers on this build, in the layout decoded here
+    if not hasattr(c10d, "_dump_nccl_trace_json"):
+        assert dump_json("nccl") == generic  # a CPU build: the generic one, rather than nothing
+        monkeypatch.setattr(c10d, "_dump_nccl_trace_json", lambda: b'{"entries": [], "nccl": 1}', raising=False)
+    assert dump_json("nccl") != generic and dump_json("cuda:nccl,cpu:gloo") == dump_json("nccl")
+    assert dump_json("gloo") == generic
