@@ -173,8 +173,8 @@ def build_trace(raw: RawTrace, fallback_rank: int | None = None) -> Trace:
 
     events = raw.events
     gloo_tids: set = set()
-    for ev in events:
-        if ev.ph == "M" and ev.name == "thread_name":
+    for ev in [e for e in events if e.ph == "M"]:  # a comprehension: the loop body runs for the few metadata events
+        if ev.name == "thread_name":
             label = decode_args(ev.args).name
             if isinstance(label, str) and "pt_gloo_runloop" in label:
                 gloo_tids.add((ev.pid, ev.tid))
