@@ -12,6 +12,7 @@ const COLORS = {
 const STATUS_COLOR = {ok: "#15803d", warning: "#b45309", error: "#b91c1c"};
 const ROW = 13; // px per nesting level
 const GUTTER = 190; // px of track labels
+const AXIS = 16; // px of the time axis strip at the top
 
 function el(tag, attrs, ...children) {
   const node = document.createElement(tag);
@@ -94,7 +95,7 @@ class Timeline {
   constructor(host, data) {
     this.data = data;
     this.rows = []; // {y, h, rank, track, events}
-    let y = 0;
+    let y = AXIS; // the time axis has its own strip: a rank's label (a class's ranges) never runs under it
     for (const rank of data.ranks) {
       this.rows.push({y, h: 18, header: rank.label + (rank.clock_offset_us ? ` (clock shifted ${(-rank.clock_offset_us).toFixed(1)} µs)` : "")});
       y += 18;
@@ -207,7 +208,8 @@ class Timeline {
       }
       ctx.restore();
     }
-    // time axis labels at the top of the first rank's header
+    // time axis labels in their strip at the top
+    ctx.fillStyle = "#ffffff"; ctx.fillRect(0, 0, this.width, AXIS);
     ctx.fillStyle = "#374151";
     for (let i = 0; i <= 4; i++) {
       const t = this.t0 + (this.t1 - this.t0) * i / 4;
