@@ -66,3 +66,31 @@ def test_other_ranks_are_drawn_on_request_a_bounded_number(big):
 def test_the_run_list_counts_every_rank(big):
     row = run_summary("big", big)
     assert row["ranks"] == RANKS and row["has_traces"]
+
+
+def test_scalars_of_a_big_job_are_the_ranks_that_matter_and_class_medians(big, tmp_path):
+    import json
+    import statistics
+
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+    from tensorboard.util import tensor_util
+
+    from ddpdoctor.renderers.tensorboard import write_scalars
+    from tests.big_job import SLOW_CLASS, factor
+
+    sections = json.loads((big / "report.json").read_text())
+    written = write_scalars(sections, tmp_path / "scalars", wall_time=1_700_000_000.0)
+    names = sorted(p.name for p in written)
+    fastest = next(g["shown_rank"] for g in rank_groups(sections)["rows"] if g["label"] == "fastest")
+    assert names == sorted([f"rank{STRAGGLER}", f"rank{fastest}", "class-typical", "class-5-15pct-slower",
+                            "class-45pct-slower"])
+    # the slower class's step time per step: the median over ranks 896-1023 of the recorded step x 1.10, by hand
+    recorded = {r["rank"]: r for r in sections["ranks"]}
+    step = recorded[0]["per_step"][0]["step"]
+    want = statistics.median(next(s["dur_us"] for s in recorded[r]["per_step"] if s["step"] == step)
+                             for r in SLOW_CLASS) / 1000
+    assert abs(factor(900) - 1.10) < 1e-12
+    acc = EventAccumulator(str(tmp_path / "scalars" / "class-5-15pct-slower"))
+    acc.Reload()
+    got = {e.step: float(tensor_util.make_ndarray(e.tensor_proto)) for e in acc.Tensors("ddpdoctor/step_time_ms")}
+    assert abs(got[step] - want) < 1e-3 * want
