@@ -12,6 +12,7 @@ import torch.distributed as dist
 
 from ddpdoctor.preflight.checks import FAIL, PASS, SKIPPED
 from ddpdoctor.preflight.nccltable import make_row, sweep_sizes
+from ddpdoctor.preflight.record import CheckOutcome
 
 ELEMENTS = 1031  # an odd length, so a bug that drops a tail or a chunk shows up
 
@@ -29,7 +30,7 @@ def _first_mismatch(got: torch.Tensor, want: torch.Tensor) -> dict[str, Any] | N
     return {"index": list(i), "got": float(got.cpu()[i]), "expected": float(want.cpu()[i]), "wrong": int(bad.shape[0])}
 
 
-def collectives(device: torch.device) -> dict[str, Any]:
+def collectives(device: torch.device) -> CheckOutcome:
     """all_reduce, all_gather, broadcast and reduce_scatter with values each rank can predict, checked here."""
     rank, n = dist.get_rank(), dist.get_world_size()
     ar = torch.arange(ELEMENTS, dtype=torch.float32, device=device)
@@ -79,7 +80,7 @@ def _max_over_ranks(values: list[float], device: torch.device) -> list[float]:
     return [float(x) for x in t.cpu()]
 
 
-def allreduce_latency(device: torch.device, max_latency_us: float | None, iters: int = 50) -> dict[str, Any]:
+def allreduce_latency(device: torch.device, max_latency_us: float | None, iters: int = 50) -> CheckOutcome:
     """Mean time of a one-element all_reduce (the slowest rank's), after a warm-up."""
     t = torch.zeros(1, dtype=torch.float32, device=device)
     for _ in range(5):
@@ -103,7 +104,7 @@ def _iters(size: int) -> int:
     return max(2, min(20, (16 << 20) // size))
 
 
-def bandwidth_sweep(device: torch.device, max_size: int, min_size: int = 1024) -> dict[str, Any]:
+def bandwidth_sweep(device: torch.device, max_size: int, min_size: int = 1024) -> CheckOutcome:
     """nccl-tests' all_reduce_perf, out of place: per size the mean time of the slowest rank, algbw and busbw.
 
     The comparison with --min-busbw happens in the parent (merge), which knows the threshold."""
@@ -130,7 +131,7 @@ def bandwidth_sweep(device: torch.device, max_size: int, min_size: int = 1024) -
     return {"status": PASS, "summary": f"{len(rows)} sizes measured", "evidence": evidence}
 
 
-def compute(device: torch.device, blocks: int = 5) -> dict[str, Any]:
+def compute(device: torch.device, blocks: int = 5) -> CheckOutcome:
     """Matmul throughput of this rank: best of ``blocks`` timed blocks (best-of hides one-off jitter)."""
     if device.type == "cuda":
         return _compute(device, 4096, torch.float16, 10, blocks)
@@ -145,7 +146,7 @@ def compute(device: torch.device, blocks: int = 5) -> dict[str, Any]:
         torch.set_num_threads(threads)
 
 
-def _compute(device: torch.device, dim: int, dtype: torch.dtype, per_block: int, blocks: int) -> dict[str, Any]:
+def _compute(device: torch.device, dim: int, dtype: torch.dtype, per_block: int, blocks: int) -> CheckOutcome:
     a = torch.randn(dim, dim, dtype=dtype, device=device)
     b = torch.randn(dim, dim, dtype=dtype, device=device)
     torch.matmul(a, b)
@@ -164,7 +165,7 @@ def _compute(device: torch.device, dim: int, dtype: torch.dtype, per_block: int,
     return {"status": PASS, "summary": f"{gflops:.1f} GFLOP/s", "evidence": evidence}
 
 
-def clock_skew(device: torch.device, rounds: int = 5) -> dict[str, Any]:
+def clock_skew(device: torch.device, rounds: int = 5) -> CheckOutcome:
     """Rank 0 exchanges time.time() with every rank: offset = t_peer - (t_send + t_back) / 2, from the round with
     the shortest round trip (its error is at most half that round trip)."""
     rank, n = dist.get_rank(), dist.get_world_size()
