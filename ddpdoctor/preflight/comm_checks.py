@@ -5,7 +5,7 @@ Each returns {"status", "summary", "evidence"} for this rank; ddpdoctor.prefligh
 from __future__ import annotations
 
 import time
-from typing import Any
+from typing import TypedDict
 
 import torch
 import torch.distributed as dist
@@ -22,7 +22,7 @@ def _sync(device: torch.device) -> None:
         torch.cuda.synchronize(device)
 
 
-def _first_mismatch(got: torch.Tensor, want: torch.Tensor) -> dict[str, Any] | None:
+def _first_mismatch(got: torch.Tensor, want: torch.Tensor) -> Mismatch | None:
     if torch.equal(got.cpu(), want.cpu()):
         return None
     bad = (got.cpu() != want.cpu()).nonzero()
@@ -30,11 +30,21 @@ def _first_mismatch(got: torch.Tensor, want: torch.Tensor) -> dict[str, Any] | N
     return {"index": list(i), "got": float(got.cpu()[i]), "expected": float(want.cpu()[i]), "wrong": int(bad.shape[0])}
 
 
+class Mismatch(TypedDict, total=False):
+    """The first wrong element of a collective's output: where, what came, what was due, how many are wrong."""
+
+    index: list[int]
+    got: float
+    expected: float
+    wrong: int
+    slot: int  # all_gather: whose slot
+
+
 def collectives(device: torch.device) -> CheckOutcome:
     """all_reduce, all_gather, broadcast and reduce_scatter with values each rank can predict, checked here."""
     rank, n = dist.get_rank(), dist.get_world_size()
     ar = torch.arange(ELEMENTS, dtype=torch.float32, device=device)
-    results: dict[str, Any] = {}
+    results: dict[str, Mismatch | None] = {}
     skipped: dict[str, str] = {}
 
     # all_reduce(sum) of (arange + rank + 1): arange * n + n(n+1)/2
@@ -45,8 +55,12 @@ def collectives(device: torch.device) -> CheckOutcome:
     # all_gather: slot r holds arange + 1000 r
     outs = [torch.empty_like(ar) for _ in range(n)]
     dist.all_gather(outs, ar + 1000 * rank)
-    results["all_gather"] = next((dict(m, slot=r) for r, o in enumerate(outs)
-                                  if (m := _first_mismatch(o, ar + 1000 * r))), None)
+    gathered: Mismatch | None = None
+    for r, o in enumerate(outs):
+        if m := _first_mismatch(o, ar + 1000 * r):
+            gathered = {**m, "slot": r}
+            break
+    results["all_gather"] = gathered
 
     # broadcast from the last rank (not rank 0, so a path other than the usual root is exercised)
     src = n - 1
