@@ -6,6 +6,7 @@ import base64
 import hashlib
 import json
 import re
+from collections.abc import Callable
 from importlib import resources
 from pathlib import Path
 from typing import Any
@@ -46,7 +47,7 @@ class DdpdoctorPlugin(base_plugin.TBPlugin):
     def is_active(self) -> bool:
         return bool(self._runs())
 
-    def get_plugin_apps(self) -> dict[str, Any]:
+    def get_plugin_apps(self) -> dict[str, Callable[..., Any]]:  # route -> WSGI application
         app = wrappers.Request.application
         return {"/index.js": app(self._serve_js), "/runs": app(self._serve_runs), "/report": app(self._serve_report),
                 "/report.json": app(self._serve_report_json), "/timeline": app(self._serve_timeline)}

@@ -6,7 +6,7 @@ from __future__ import annotations
 import os
 import stat
 from pathlib import Path
-from typing import Any
+from typing import Any, TypedDict
 
 from ddpdoctor.renderers.rank_classes import MAX_RANK_ROWS, group_ranks, legend
 from ddpdoctor.report import Report
@@ -53,6 +53,51 @@ def read_report_bytes(run: Path, decompress: bool = False) -> bytes:
     return read_bytes(run / "report.json", MAX_REPORT_BYTES, decompress=decompress, follow_links=False)
 
 
+class RunRow(TypedDict, total=False):
+    """One row of the tab's run list (``error`` alone, after ``run``, when its report.json is unreadable)."""
+
+    run: str
+    error: str
+    command: str
+    status: str
+    findings: dict[str, int]  # severity -> count
+    why: str
+    ranks: int | None
+    exit_code: int | None
+    has_traces: bool
+    mtime: float
+
+
+class TimelineTrack(TypedDict):
+    """A thread or GPU stream: each event [start_us, dur_us, depth, name_index, cat_index]."""
+
+    name: str
+    depth: int
+    events: list[list[float | int]]
+
+
+class TimelineRank(TypedDict):
+    rank: int
+    label: str
+    role: str | None
+    clock_offset_us: float
+    tracks: list[TimelineTrack]
+
+
+class Timeline(TypedDict):
+    """The tab's timeline of every rank's complete events on rank 0's clock (names and cats indexed once)."""
+
+    t0_us: float
+    ranks: list[TimelineRank]
+    names: list[str]
+    cats: list[str]
+    truncated: bool
+    events: int
+    max_events: int
+    groups: dict[str, Any] | None  # a big job: the classes of alike ranks drawn (rank_groups), else None
+    asked: list[int] | None  # the ranks a person asked to see
+    traces_not_read: int
+
 def load_report(run: Path) -> Report:
     data = loads_json(read_report_bytes(run, decompress=True))
     if not isinstance(data, dict):
@@ -62,7 +107,7 @@ def load_report(run: Path) -> Report:
     return load_typed(data)  # typed sections, as the command assembled them
 
 
-def run_summary(name: str, run: Path) -> dict[str, Any]:
+def run_summary(name: str, run: Path) -> RunRow:
     """One row of the run list: verdict, findings by severity, ranks, exit code."""
     try:
         report = load_report(run)
@@ -160,7 +205,7 @@ def rank_groups(sections: dict[str, Any]) -> dict[str, Any] | None:
     return {"rows": out, "legend": legend(stepless), "all_ranks": len(by_rank), "max_rows": MAX_RANK_ROWS}
 
 
-def timeline(run: Path, ranks: list[int] | None = None) -> dict[str, Any]:
+def timeline(run: Path, ranks: list[int] | None = None) -> Timeline:
     """Every rank's complete ("X") events on rank 0's clock (the report's clock offsets), as compact rows:
     tracks per rank (a thread or a GPU stream), each event [start_us, dur_us, depth, name_index, cat_index].
 
@@ -186,7 +231,7 @@ def timeline(run: Path, ranks: list[int] | None = None) -> dict[str, Any]:
     known = {Path(str(i.get("path"))).name: i.get("rank") for i in s.get("inputs") or [] if isinstance(i, dict)}
     names: dict[str, int] = {}
     cats: dict[str, int] = {}
-    ranks_out: list[dict[str, Any]] = []
+    ranks_out: list[TimelineRank] = []
     raw_events: list[tuple[int, str, float, float, str, str]] = []  # rank, track, ts, dur, name, cat
     hosts: dict[int, str | None] = {}
     skipped = 0
@@ -224,7 +269,7 @@ def timeline(run: Path, ranks: list[int] | None = None) -> dict[str, Any]:
     for rank, track, ts, dur, name, cat in raw_events:
         by_track.setdefault((rank, track), []).append((ts - t0, dur, name, cat))
     for rank in sorted({r for r, _ in by_track}):
-        tracks = []
+        tracks: list[TimelineTrack] = []
         for (r, track), evs in sorted(by_track.items(), key=lambda kv: (_track_order(kv[0][1]), kv[0][1])):
             if r != rank:
                 continue
