@@ -14,7 +14,14 @@ from typing import Any, Literal
 
 import msgspec
 
-from ddpdoctor.analyses.results import Bucket, CollectiveCall, GradReady, InputInfo, RankMetrics, SyncCall
+from ddpdoctor.rundir.summary_records import (
+    Bucket,
+    CollectiveCall,
+    GradReady,
+    InputInfo,
+    RankMetrics,
+    SyncCall,
+)
 
 Number = float  # msgspec accepts JSON integers for float fields; booleans are refused
 Json = Any  # free-form: not read by any analysis (shown or copied only)
