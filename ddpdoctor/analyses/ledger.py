@@ -16,11 +16,11 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from statistics import median
-from typing import Any
 
 import numpy as np
 
 from ddpdoctor.analyses.intervals import Interval, bootstrap
+from ddpdoctor.jsontypes import JsonObject
 
 BLOCKED = "collective"  # the phase key under which a rank's tracker counts time blocked in collectives
 # Phases that are not the rank's own work (time blocked in collectives is kept apart).
@@ -61,7 +61,7 @@ class CausedWait:
     steps: tuple[int, int]
     ranks_compared: int
 
-    def to_json(self) -> dict[str, Any]:
+    def to_json(self) -> JsonObject:
         return {
             "rank": self.rank, "phase": self.phase, "cost_ms_per_step": round(self.cost_s * 1e3, 3),
             "cost_pct_of_step": round(self.pct_of_step, 1), "caused_wait_ms_per_step": round(self.cost_s * 1e3, 3),

@@ -10,6 +10,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 # The per-rank records live with the run directory's schema (summary.json); analyses re-export them here.
+from ddpdoctor.jsontypes import JsonObject
 from ddpdoctor.rundir.summary_records import (
     Bucket,
     CollectiveCall,
@@ -67,7 +68,7 @@ class CommSplit:
     waiting_for_us: dict[int, float] = field(default_factory=dict)
     wait_by_step: dict[int, float] = field(default_factory=dict)
 
-    def to_json(self) -> dict[str, Any]:
+    def to_json(self) -> JsonObject:
         n = max(1, self.steps)
         return {"rank": self.rank, "steps": self.steps, "exposed_ms_per_step": round(self.exposed_us / n / 1e3, 3),
                 "wait_ms_per_step": round(self.wait_us / n / 1e3, 3),
@@ -88,7 +89,7 @@ class Stragglers:
     # makes the others wait most (docs/metrics.md#caused-wait); its majority is judged there, not over every kind.
     last_in_kind: dict[int, tuple[str, int, int]] = field(default_factory=dict)
 
-    def to_json(self) -> dict[str, Any]:
+    def to_json(self) -> JsonObject:
         return {
             "ranks": list(self.ranks),
             "evidence": {

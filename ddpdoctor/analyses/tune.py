@@ -10,6 +10,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ddpdoctor.analyses.intervals import Interval, bootstrap
+from ddpdoctor.jsontypes import JsonObject
 
 BASELINE = "baseline"
 # The constructor options a variant may set, with the type each value has; and comm_hook=<name> (torch's default
@@ -74,7 +75,7 @@ class Numerics:
             return "changed"
         return "identical" if self.rel_diff == 0 else "within tolerance"
 
-    def to_json(self) -> dict[str, Any]:
+    def to_json(self) -> JsonObject:
         return {"state": self.state, "loss_rel_diff": self.rel_diff, "baseline_rel_spread": self.baseline_rel_spread,
                 "tolerance": self.tolerance, "iterations": self.iterations, "changed": self.changed,
                 "nonfinite": self.nonfinite}

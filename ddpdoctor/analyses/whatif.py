@@ -11,6 +11,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from ddpdoctor.analyses.results import Analysis, Bucket, StepMetrics
+from ddpdoctor.jsontypes import JsonObject
 
 MIB = 1024 * 1024
 # The caps the issue asks about; DDP's own default (25) is among them.
@@ -87,7 +88,7 @@ class WhatIf:
     saving_pct_of_step: float | None = None
     lanes: int = 1  # all_reduces the backend ran at once in this run (measured; the queue simulated has as many)
 
-    def to_json(self) -> dict[str, Any]:
+    def to_json(self) -> JsonObject:
         return asdict(self)
 
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from ddpdoctor.findings.model import Finding, Severity
+from ddpdoctor.findings.model import Finding, Severity, Stopped
 
 
 def job_findings(manifest: dict[str, Any], statuses: dict[int, dict[str, Any] | None]) -> list[Finding]:
@@ -52,7 +52,7 @@ STOP_WORDS = {
 }
 
 
-def ended_findings(manifest: dict[str, Any], locked: bool) -> tuple[list[Finding], dict[str, Any] | None]:
+def ended_findings(manifest: dict[str, Any], locked: bool) -> tuple[list[Finding], Stopped | None]:
     """How the run ended, from the manifest's ``ended``: a signal to ddpdoctor is a fact of the run (status
     "interrupted" or "stopped", exit 128+signal), not an error of the job; a manifest still "running" in an unlocked
     run directory belongs to a ddpdoctor that was killed (SIGKILL) or crashed. Returns (findings, Report.stopped)."""
@@ -65,7 +65,7 @@ def ended_findings(manifest: dict[str, Any], locked: bool) -> tuple[list[Finding
         raw = ended.get("signum")
         signum = raw if isinstance(raw, int) and 0 < raw < 64 else 15
         status, headline = STOP_WORDS.get(name, ("stopped", f"Stopped by {name}"))
-        stopped = {"status": status, "signal": name, "exit_code": 128 + signum, "message": headline}
+        stopped: Stopped = {"status": status, "signal": name, "exit_code": 128 + signum, "message": headline}
         return [Finding(
             "job-stopped", Severity.WARNING,
             f"{headline}: ddpdoctor stopped the job; what was recorded until then is kept",

@@ -11,6 +11,7 @@ from ddpdoctor.analyses.results import Analysis
 from ddpdoctor.analyses.tune import BASELINE, OPTIONS, TuneResult, VariantResult, gpu_hours_per_day
 from ddpdoctor.analyses.whatif import MIB, WhatIf
 from ddpdoctor.findings.model import Finding, Severity
+from ddpdoctor.jsontypes import JsonObject
 
 # Exposed communication below this share of a step leaves a compression hook little to win: it halves the bytes
 # but adds two casts per bucket.
@@ -41,7 +42,7 @@ class Candidate:
     def label(self) -> str:
         return label_of(self.setting) if self.setting else self.option
 
-    def to_json(self) -> dict[str, Any]:
+    def to_json(self) -> JsonObject:
         return {"setting": self.label, "options": dict(self.setting), "source": self.source, "chosen": self.chosen,
                 "why": self.why, "predicted_ms": self.predicted_ms}
 
