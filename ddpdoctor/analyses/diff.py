@@ -16,6 +16,7 @@ from ddpdoctor.analyses.intervals import MIN_SAMPLES
 from ddpdoctor.analyses.results import Analysis, StepMetrics
 from ddpdoctor.analyses.whatif import ddp_config
 from ddpdoctor.jsontypes import JsonObject
+from ddpdoctor.rundir.schema import DDPModule
 
 # The step's wall time split two ways (each sums to the step): by what ran, and by phase of the step.
 RESOURCES = ("compute", "exposed_comm", "data_wait", "idle")
@@ -278,10 +279,9 @@ def _collectives(base: Analysis, new: Analysis, bsteps: list[int], nsteps: list[
 
 
 def _layout(a: Analysis) -> tuple[float | None, list[int]]:
-    cfg = ddp_config(a) or {}
-    cap = cfg.get("bucket_cap_mb")
-    sizes = [int(b.get("bytes") or 0) for b in cfg.get("buckets") or [] if isinstance(b, dict)]
-    return (float(cap) if isinstance(cap, (int, float)) else None), sizes
+    cfg = ddp_config(a) or DDPModule()
+    sizes = [int(b.bytes or 0) for b in cfg.buckets]
+    return (float(cfg.bucket_cap_mb) if cfg.bucket_cap_mb is not None else None), sizes
 
 
 def _bucket_rows(a: Analysis) -> dict[int, tuple[int | None, float, float | None]]:

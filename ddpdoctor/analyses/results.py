@@ -9,8 +9,11 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+import msgspec
+
 # The per-rank records live with the run directory's schema (summary.json); analyses re-export them here.
 from ddpdoctor.jsontypes import JsonObject
+from ddpdoctor.rundir.schema import DDPModule
 from ddpdoctor.rundir.summary_records import (
     Bucket,
     CollectiveCall,
@@ -22,7 +25,7 @@ from ddpdoctor.rundir.summary_records import (
     asdict,
 )
 
-__all__ = ["Analysis", "BandwidthFit", "Bucket", "CollectiveCall", "CommSplit", "GradReady", "InputInfo",
+__all__ = ["Analysis", "BandwidthFit", "Bucket", "CollectiveCall", "CommSplit", "DDPModuleEntry", "GradReady", "InputInfo",
            "MatchedCollective", "RankMetrics", "StepMetrics", "Stragglers", "SyncCall", "asdict"]
 
 
@@ -103,6 +106,18 @@ class Stragglers:
 
 
 @dataclass
+class DDPModuleEntry:
+    """One DDP module of the lowest rank that reported them: a row of the "ddp" section (docs/json.md)."""
+
+    rank: int
+    module: int  # its index among the rank's DDP modules
+    config: DDPModule  # configuration and bucket layout, as the run directory's manifest recorded them
+
+    def to_json(self) -> JsonObject:
+        return {"rank": self.rank, "module": self.module, **msgspec.to_builtins(self.config)}
+
+
+@dataclass
 class Analysis:
     """Everything `analyze` computed: pure data, JSON-ready through to_sections()."""
 
@@ -117,7 +132,7 @@ class Analysis:
     matched: list[MatchedCollective] = field(default_factory=list)
     stragglers: Stragglers | None = None
     clock_offsets_us: dict[int, float] = field(default_factory=dict)
-    ddp: list[dict[str, Any]] = field(default_factory=list)
+    ddp: list[DDPModuleEntry] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
     # rank -> (cores it could run on, ranks on its host), from a ddpdoctor run's manifest; absent for bare traces
     host_cpus: dict[int, tuple[int, int]] = field(default_factory=dict)
@@ -161,5 +176,5 @@ class Analysis:
             "stragglers": self.stragglers.to_json() if self.stragglers else {"ranks": [], "evidence": {}},
             "exposed_split": [c.to_json() for c in self.comm_split],
             "clock_offsets_us": {str(k): v for k, v in self.clock_offsets_us.items()},
-            "ddp": self.ddp,
+            "ddp": [d.to_json() for d in self.ddp],
         }

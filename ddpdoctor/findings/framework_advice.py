@@ -5,6 +5,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from ddpdoctor.rundir.schema import DDPModule
+
 # option -> framework -> how to set it to {value} (only options each framework exposes)
 _HOW: dict[str, dict[str, str]] = {
     "find_unused_parameters": {
@@ -29,8 +31,8 @@ _HOW: dict[str, dict[str, str]] = {
 }
 
 
-def ddp_option(cfg: dict[str, Any] | None, option: str, value: Any) -> str:
+def ddp_option(cfg: DDPModule | None, option: str, value: Any) -> str:
     """`DDP(model, option=value)`, or the framework's way to set it when the framework built the DDP module."""
-    framework = (cfg or {}).get("built_by")
+    framework = cfg.built_by if cfg else None
     how = _HOW.get(option, {}).get(framework or "")
     return how.format(value=value) if how else f"`DDP(model, {option}={value})`"

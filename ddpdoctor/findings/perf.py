@@ -32,6 +32,7 @@ from ddpdoctor.findings.perf_verdict import (
     undecided,
 )
 from ddpdoctor.findings.perf_wholetrace import rule_no_steps
+from ddpdoctor.rundir.schema import DDPModule
 
 # Exposed communication (|comm \ compute|) as a share of step time. Under 20% the step is dominated by compute and
 # tuning DDP buys little. Above it, a warning: a performance problem is never an error (the job computes right).
@@ -266,7 +267,7 @@ def rule_comm_tail(a: Analysis, w: WhatIf | None) -> list[Finding]:
         evidence={**cost(tail_us, _step_us(a)), "tail_pct_of_step": iv.to_json(), "tail_ms_median": evidence_ms,
                   "tail_pct_of_step_by_rank": shares,
                   "last_bucket_mb": None if lb is None else round(lb / MIB, 2), "threshold_pct": TAIL_WARN_PCT},
-        advice=_cap_advice(w, _smaller_cap_advice((ddp_config(a) or {}).get("bucket_cap_mb"), tail=True,
+        advice=_cap_advice(w, _smaller_cap_advice((ddp_config(a) or DDPModule()).bucket_cap_mb, tail=True,
                                                   sizes_known=_bucket_sizes_known(a)), _exposed_noise_us(a)),
     )]
 
@@ -337,7 +338,7 @@ def rule_first_bucket_late(a: Analysis, w: WhatIf | None) -> list[Finding]:
             if statistics.median(v) > FIRST_BUCKET_LATE_SHARE}
     if not late:
         return []
-    cfg = ddp_config(a) or {}
+    cfg = ddp_config(a) or DDPModule()
     title = ("The first gradient all_reduce starts only after backward has ended" if iv.value >= 100.0 else
              f"The first gradient all_reduce starts {iv.value:.0f}% of the way through backward")
     exposed = median_or_none([s.exposed_comm_us for r in a.ranks for s in r.per_step if r.rank in late])
@@ -346,8 +347,8 @@ def rule_first_bucket_late(a: Analysis, w: WhatIf | None) -> list[Finding]:
         ranks=sorted(late),
         evidence={**cost(exposed, _step_us(a)), "first_allreduce_at_backward_pct": iv.to_json(),
                   "by_rank_pct": {str(k): round(100 * v, 1) for k, v in sorted(late.items())},
-                  "bucket_cap_mb": cfg.get("bucket_cap_mb"), "threshold_pct": threshold},
-        advice=_cap_advice(w, _smaller_cap_advice(cfg.get("bucket_cap_mb"), sizes_known=_bucket_sizes_known(a)),
+                  "bucket_cap_mb": cfg.bucket_cap_mb, "threshold_pct": threshold},
+        advice=_cap_advice(w, _smaller_cap_advice(cfg.bucket_cap_mb, sizes_known=_bucket_sizes_known(a)),
                            _exposed_noise_us(a)),
     )]
 
@@ -363,8 +364,8 @@ SIZES_UNKNOWN_ADVICE = (
 
 def _bucket_sizes_known(a: Analysis) -> bool:
     """The buckets' bytes come from the trace (shapes) or from a DDP description (RUN/ranks/*/info.json)."""
-    cfg = ddp_config(a) or {}
-    return bool(cfg.get("parameter_bytes") or cfg.get("buckets") or any(b.bytes for b in a.buckets))
+    cfg = ddp_config(a) or DDPModule()
+    return bool(cfg.parameter_bytes or cfg.buckets or any(b.bytes for b in a.buckets))
 
 
 def _smaller_cap_advice(cap: Any, tail: bool = False, sizes_known: bool = True) -> str:

@@ -423,13 +423,21 @@ class ReportFile(Artefact, kw_only=True):
     findings: list[dict[str, Json]] = []
 
 
+class AppliedSetting(msgspec.Struct, kw_only=True):
+    """What tune's probe did to one DDP module: the options the script passed, the ones it set, the hook."""
+
+    given: dict[str, float | bool | str | None] = {}  # as the script passed them (write_json: str for others)
+    options: dict[str, float | bool] = {}
+    comm_hook: str | None = None
+
+
 class RankTune(Artefact, kw_only=True):
     """ranks/rankR/tune.json: what `ddpdoctor tune`'s probe applied in one trial launch, and the loss of each
     iteration (a string for a loss that was not finite)."""
 
-    setting: dict[str, Json] = {}
+    setting: dict[str, float | bool | str] = {}  # analyses/tune.py Setting
     stop_after: int | None = None
-    applied: list[dict[str, Json]] = []
+    applied: list[AppliedSetting] = []
     errors: list[str] = []
     loss_per_iteration: list[Number | str | None] = []
 
