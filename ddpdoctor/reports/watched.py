@@ -23,7 +23,7 @@ def watched_report(run: RunDir, command: str, *, locked: bool, debug: bool = Fal
     ddpdoctor still holds the run directory (launch/runlock.is_locked), so a manifest still "running" is not a
     ddpdoctor that died."""
     base = job_report(run, command, analyse_traces=analyse_traces)
-    ended, stopped = ended_findings(manifest_mod.load(run), locked)
+    ended, stopped = ended_findings(manifest_mod.load_typed(run), locked)
     findings = [*base.findings, *ended, *watch_findings(run, debug=debug, stopped=stopped is not None)]
     parts = list(base.parts)
     hang = _read(run.root / "hang.json")

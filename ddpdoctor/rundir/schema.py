@@ -119,6 +119,17 @@ class ScheduleRecord(msgspec.Struct, kw_only=True):
     repeat: int | None = None
 
 
+class RunEnded(msgspec.Struct, kw_only=True, omit_defaults=True):
+    """How the run ended, as the launcher wrote it: "running" until it ends, then "exited" (exit_code), "hang",
+    "signal" (ddpdoctor was stopped: signal, signum) or "ddpdoctor-error" (error)."""
+
+    how: str | None = None
+    exit_code: int | None = None
+    signal: str | None = None
+    signum: int | None = None
+    error: str | None = None
+
+
 class Manifest(Artefact, kw_only=True):
     schema: int | None = None  # the pre-versioning field, kept for older readers
     ddpdoctor_version: str | None = None
@@ -146,8 +157,7 @@ class Manifest(Artefact, kw_only=True):
     env: dict[str, str | None] | None = None
     # rank -> that rank's DDP modules (keys are ranks as strings in the file)
     ddp_modules: dict[int, list[DDPModule]] = {}
-    # How the run ended (the watcher's launcher): {"how": "exited"|"hang"|"signal"|..., "exit_code": N, ...}
-    ended: dict[str, Json] | None = None
+    ended: RunEnded | None = None
 
 
 # ---- ranks/rankR/info.json, status.json, summary.json ----------------------------------------------------------
