@@ -7,7 +7,6 @@ after clock alignment (``clock_offsets_us``)."""
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any
 
 import msgspec
 
@@ -105,6 +104,15 @@ class Stragglers:
         }
 
 
+@dataclass(slots=True)
+class OpTotals:
+    """One op's collectives: how many, their bytes (None when no call has a known size), their time."""
+
+    count: int = 0
+    bytes: int | None = None
+    time_us: float = 0.0
+
+
 @dataclass
 class DDPModuleEntry:
     """One DDP module of the lowest rank that reported them: a row of the "ddp" section (docs/json.md)."""
@@ -139,18 +147,18 @@ class Analysis:
     # Exposed communication per rank split into waiting for a late peer, transfer and host dispatch (crossrank.py)
     comm_split: list[CommSplit] = field(default_factory=list)
 
-    def by_op(self) -> dict[str, dict[str, Any]]:
-        """count, bytes (null when no call of the op has a known size) and total time per op."""
-        out: dict[str, dict[str, Any]] = {}
+    def by_op(self) -> dict[str, OpTotals]:
+        """count, bytes (None when no call of the op has a known size) and total time per op."""
+        out: dict[str, OpTotals] = {}
         for c in self.calls:
-            row = out.setdefault(c.op, {"count": 0, "bytes": None, "time_us": 0.0})
-            row["count"] += 1
+            row = out.setdefault(c.op, OpTotals())
+            row.count += 1
             if c.bytes is not None:
-                row["bytes"] = (row["bytes"] or 0) + c.bytes
-            row["time_us"] += c.dur_us
+                row.bytes = (row.bytes or 0) + c.bytes
+            row.time_us += c.dur_us
         return out
 
-    def to_sections(self) -> dict[str, Any]:
+    def to_sections(self) -> JsonObject:
         """The JSON sections of docs/json.md (everything except the envelope and findings)."""
         matched = []
         for m in self.matched:
@@ -165,7 +173,7 @@ class Analysis:
             "ranks": [asdict(r) for r in self.ranks],
             "collectives": {
                 "count": len(self.calls),
-                "by_op": self.by_op(),
+                "by_op": {op: asdict(t) for op, t in self.by_op().items()},
                 "calls": [asdict(c) for c in self.calls],
                 "buckets": [asdict(b) for b in self.buckets],
                 "grad_ready": [asdict(g) for g in self.grad_ready],

@@ -32,6 +32,7 @@ from ddpdoctor.findings.perf_verdict import (
     undecided,
 )
 from ddpdoctor.findings.perf_wholetrace import rule_no_steps
+from ddpdoctor.jsontypes import JsonObject
 from ddpdoctor.rundir.schema import DDPModule
 
 # Exposed communication (|comm \ compute|) as a share of step time. Under 20% the step is dominated by compute and
@@ -527,7 +528,7 @@ def on_transfer(w: WhatIf, a: Analysis) -> WhatIf:
     return replace(w, saving_us_per_step=cap, saving_pct_of_step=100.0 * cap / step if step > 0 else None)
 
 
-def perf_report_parts(analysis: Analysis) -> tuple[dict[str, Any], list[Finding]]:
+def perf_report_parts(analysis: Analysis) -> tuple[JsonObject, list[Finding]]:
     """The ``whatif`` JSON section and the findings, computing the what-if once (for the analyze pipeline)."""
     w = on_transfer(bucket_whatif(analysis), analysis)
     return {"whatif": w.to_json()}, perf_findings(analysis, w)
