@@ -8,6 +8,16 @@ from __future__ import annotations
 from typing import TypedDict
 
 
+class InputJson(TypedDict, total=False):
+    """One trace file (or per-rank summary) the analysis read (rundir/summary_records.py InputInfo)."""
+
+    path: str
+    rank: int
+    rank_source: str  # "distributedInfo" | "filename" | "order" | "summary"
+    device: str  # "cpu" | "gpu"
+    events: int
+
+
 class StepTimeJson(TypedDict, total=False):
     """A rank's step time over its recorded steps ("min" only in a class row of renderers/rank_classes.py)."""
 

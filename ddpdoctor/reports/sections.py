@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 from typing import Any, ClassVar, TypeVar
 
 from ddpdoctor.report import Report, Section
-from ddpdoctor.reports.perf_json import CollectivesJson, RankJson, StragglersJson
+from ddpdoctor.reports.perf_json import CollectivesJson, InputJson, RankJson, StragglersJson
 
 JSON = Any  # a plain JSON value (docs/json.md says its shape)
 
@@ -95,7 +95,7 @@ class PerfSection(Section):
     KEYS: ClassVar[tuple[str, ...]] = ("inputs", "window", "ranks", "collectives", "syncs", "stragglers",
                                        "exposed_split", "clock_offsets_us", "ddp", "whatif")
     OPTIONAL: ClassVar[tuple[str, ...]] = ("whatif", "exposed_split")
-    inputs: list[dict[str, JSON]]
+    inputs: list[InputJson]
     window: str
     ranks: list[RankJson]
     collectives: CollectivesJson
