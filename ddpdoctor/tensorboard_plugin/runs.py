@@ -6,10 +6,11 @@ from __future__ import annotations
 import os
 import stat
 from pathlib import Path
-from typing import Any, TypedDict
+from typing import Any, TypedDict, cast
 
 from ddpdoctor.renderers.rank_classes import MAX_RANK_ROWS, group_ranks, legend
 from ddpdoctor.report import Report
+from ddpdoctor.reports.perf_json import RankJson
 from ddpdoctor.safe_io import loads_json, read_bytes
 
 MAX_DEPTH = 4  # logdir/a/b/c/RUN: deeper folders are not searched (a log dir may hold a whole home directory)
@@ -185,7 +186,7 @@ def rank_groups(sections: dict[str, Any]) -> dict[str, Any] | None:
     None when every rank fits."""
     ranks = [r for r in sections.get("ranks") or [] if isinstance(r, dict) and isinstance(r.get("rank"), int)]
     stragglers = [r for r in (sections.get("stragglers") or {}).get("ranks") or [] if isinstance(r, int)]
-    rows = group_ranks(ranks, stragglers)
+    rows = group_ranks(cast("list[RankJson]", ranks), stragglers)  # the report's JSON, checked above
     if rows is None:
         return None
     stepless = not any(_figure(r, False) is not None for r in ranks)
