@@ -148,6 +148,12 @@ def publisher_main(args: argparse.Namespace) -> None:
         if hang_at != float("inf") and not stuck:
             k = int((now - (hang_at - args.run_s)) / args.step_s)
             step, step_started = 1 + k, hang_at - args.run_s + k * args.step_s
+        req = got.get("req")
+        if isinstance(req, dict) and req.get("id") not in answered:
+            answered.add(req.get("id"))
+            for n in nodes:
+                store.put(f"stacks/{n}", {str(r.rank): stack_hung if r.rank == args.hung else stack_ok
+                                          for r in recs[n]})
         for n in nodes:
             last_t, last_step = sent[n]
             if now - last_t < 1.0 and step == last_step:
@@ -162,12 +168,6 @@ def publisher_main(args: argparse.Namespace) -> None:
             seq[n] += 1
             store.put(f"node/{n}", state.envelope(n, f"sim{n}", seq[n], recs[n]))
             sent[n] = (now, step)
-        req = got.get("req")
-        if isinstance(req, dict) and req.get("id") not in answered:
-            answered.add(req.get("id"))
-            for n in nodes:
-                store.put(f"stacks/{n}", {str(r.rank): stack_hung if r.rank == args.hung else stack_ok
-                                          for r in recs[n]})
         time.sleep(0.1)
     env = state.envelope(nodes[0], "sim", 1, recs[nodes[0]])
     print(json.dumps({"node": "publisher", "requests": store.requests, "bytes_out": store.bytes_out,
@@ -219,12 +219,20 @@ def head_run(world: int, nodes: int, hang_timeout: float, run_s: float, step_s: 
     agent.store.put("bench/hang_at", hang_at)
     agent.store.requests = 0
     job = SimpleNamespace(started=start, kill=lambda *a: None, proc=SimpleNamespace(pid=os.getpid()))
+    put, out_at = agent.store.put, {}
+
+    def timed_put(name: str, obj: Any) -> int:
+        if name == "verdict":
+            out_at["verdict"] = time.time()  # the verdict is out: every node acts on it (files are written after)
+        return put(name, obj)
+
+    agent.store.put = timed_put  # type: ignore[method-assign]
     ru0 = resource.getrusage(resource.RUSAGE_SELF)
     t_watch = time.time()
     while mon.hang is None and time.time() < hang_at + hang_timeout + 60:
         agent.decide(mon, job, time.time())  # type: ignore[arg-type]
         time.sleep(0.1)
-    verdict_at = time.time()
+    verdict_at = out_at.get("verdict", time.time())
     ru1 = resource.getrusage(resource.RUSAGE_SELF)
     results = [json.loads(p.communicate(timeout=120)[0].strip().splitlines()[-1]) for p in procs]
     watch_s = verdict_at - t_watch

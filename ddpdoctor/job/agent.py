@@ -19,12 +19,12 @@ from typing import Any, Protocol
 
 from ddpdoctor.job import grouping, state
 from ddpdoctor.job.capture_relay import HeadCaptures, NodeCaptures
-from ddpdoctor.job.record import RankRecord
+from ddpdoctor.job.record import LongStall, RankRecord
 from ddpdoctor.job.relay import HeadRelay, NodeRelay
 from ddpdoctor.job.role import JobRole, NodeInfo
 from ddpdoctor.job.rules import HangGate, Limits, StallDecision, auto_hang_timeout, decide
 from ddpdoctor.job.store import JobStore, JobStoreError, job_port, shared_token
-from ddpdoctor.job.verdict import HeadLost, build, rank_line
+from ddpdoctor.job.verdict import HeadLost, HeadWord, build, rank_line
 
 
 class NodePort(Protocol):
@@ -34,7 +34,7 @@ class NodePort(Protocol):
     startup_timeout: float
     on_hang: str
     world_size: int | None
-    stalls: dict[tuple[int, int], dict[str, Any]]
+    stalls: dict[tuple[int, int], LongStall]
     changes: int  # moves on every change of a rank's place (step, phase, collective) or exit: publish at once
 
     def records(self, now: float, job_started: float, ended: bool = False) -> list[RankRecord]: ...
@@ -82,7 +82,7 @@ class JobAgent:
         self.host = socket.gethostname()
         self.store: JobStore | None = None
         self.nodes: dict[int, state.NodeState] = {n: state.NodeState(n) for n in range(role.nnodes)}
-        self.verdict: dict[str, Any] | None = None
+        self.verdict: HeadWord | None = None  # the head's hang verdict, once declared
         self.seq = 0
         self.end: int | None = None
         self._stop = threading.Event()
@@ -188,8 +188,8 @@ class JobAgent:
             self._answered.add(req["id"])
             stacks, _ = self.monitor.collect_stacks()
             self.store.put(f"stacks/{self.role.node_rank}", {str(r): _tail(s) for r, s in stacks.items()})
-        if isinstance(got.get("verdict"), dict) and self.verdict is None:
-            self.verdict = got["verdict"]
+        if self.verdict is None:
+            self.verdict = HeadWord.from_json(got.get("verdict"))
 
     def _send_captures(self) -> None:
         """This node's parts of the capture windows the head asked for (job/capture_relay.py)."""
@@ -232,7 +232,7 @@ class JobAgent:
         if self.is_head:
             self._decide(job.started)
         elif self.verdict is not None:
-            self.monitor.act({"remote": True, **self.verdict}, str(self.verdict.get("line")))
+            self.monitor.act({"remote": True, **self.verdict.to_json()}, self.verdict.line)
         elif self._contact and now - self._contact > HEAD_SILENT_S:
             # The head is silent (its host or launcher died): nobody judges for the job, so this node judges its
             # own ranks with the same rule, as a job of one node would (ranks of other nodes are not counted).
@@ -343,7 +343,7 @@ class JobAgent:
         classes = grouping.group(pos, all_stacks, node_of)
         hang = build(self.nodes, self._world_size(), stalled, now, timeout_s=timeout, on_hang=self.monitor.on_hang,
                      limits=Limits(self.monitor.hang_timeout, self.monitor.startup_timeout), stacks=all_stacks,
-                     dumps=dumps, since_start_s=now - job_started)
+                     dumps=dumps, since_start_s=now - job_started, where=(pos, node_of))
         d = hang.diagnosis
         hang.classes = [c.to_json() for c in classes]
         hang.nodes = {n: {"host": st.host, "lost": st.lost, "ranks": grouping.rank_ranges(r.rank for r in st.ranks)}
@@ -352,10 +352,8 @@ class JobAgent:
         if d.culprit_ranks:
             line = f"job hung: culprit rank(s) {grouping.rank_ranges(d.culprit_ranks)}: {d.reason}"
         hang.reported_after_s = round(hang.detected_after_s + time.time() - now, 2)
-        verdict = {"line": line, "code": 1, "on_hang": self.monitor.on_hang, "head": self.host,
-                   "report": str(self.run_root / "hang.txt")}
-        self.verdict = verdict
-        self.store.put("verdict", verdict)
+        self.verdict = HeadWord(line, 1, self.host, str(self.run_root / "hang.txt"), self.monitor.on_hang)
+        self.store.put("verdict", self.verdict.to_json())
         self.monitor.act(hang.to_json(), f"{line}; report in {self.run_root}/hang.txt", extra_text=grouping.render(classes))
 
     # -- the end ---------------------------------------------------------------------------------------
@@ -374,7 +372,7 @@ class JobAgent:
         try:
             self.publish()
             self.store.put(f"files/{self.role.node_rank}", self._rank_files(run_root))
-            self.store.put(f"stalls/{self.role.node_rank}", list(self.monitor.stalls.values()))
+            self.store.put(f"stalls/{self.role.node_rank}", [s.to_json() for s in self.monitor.stalls.values()])
         except (RuntimeError, OSError):
             pass
         return self._finish_head(run_root, code) if self.is_head else self._finish_node(code)
@@ -407,17 +405,17 @@ class JobAgent:
         deadline = time.time() + END_WAIT_S + 30
         while time.time() < deadline:
             try:
-                final = self.store.get("final")
+                final = HeadWord.from_json(self.store.get("final"))
             except (RuntimeError, OSError):
                 break  # the head is gone
-            if isinstance(final, dict) and isinstance(final.get("code"), int):
+            if final is not None:
                 try:
                     self.store.put(f"ack/{self.role.node_rank}", 1)
                 except (RuntimeError, OSError):
                     pass
-                self._head_host = str(final.get("head"))
-                return Outcome(final["code"], False, f"{final.get('line')}; the job's report is on the head node "
-                               f"({final.get('head')}) in {final.get('report')}")
+                self._head_host = final.head
+                return Outcome(final.code, False, f"{final.line}; the job's report is on the head node "
+                               f"({final.head}) in {final.report}")
             time.sleep(0.3)
         self._head_lost = True
         self.head_lost = self._lost_head(code)
@@ -429,7 +427,7 @@ class JobAgent:
         recs = self._records()
         shown = "; ".join(rank_line(r) for r in recs[:4]) + (f"; {len(recs) - 4} more rank(s) (--json for all)"
                                                               if len(recs) > 4 else "")
-        last = str(self.verdict.get("line")) if isinstance(self.verdict, dict) else None
+        last = self.verdict.line if self.verdict is not None else None
         line = (f"the head node ({self.role.master_addr}) was lost: it did not answer; this node ({self.host}, node "
                 f"{self.role.node_rank}) ended with exit code {code}; its ranks: {shown or 'none started'}; last "
                 f"verdict from the head: {last or 'none'}")
@@ -457,8 +455,7 @@ class JobAgent:
         lost = [n for n, st in self.nodes.items() if st.lost or st.end is None]
         job_code = code or next((c for c in codes if c), 0) or (1 if lost else 0)
         line = self._summary(job_code, lost)
-        self.store.put("final", {"code": 1 if job_code else 0, "line": line, "head": self.host,
-                                 "report": str(run_root / "report.txt")})
+        self.store.put("final", HeadWord(line, 1 if job_code else 0, self.host, str(run_root / "report.txt")).to_json())
         self._peers = [n for n in self.nodes if n != self.role.node_rank and n not in lost]
         self._wait_acks("ack", 15.0)
         if self.verdict is None:  # a hang verdict was said when it was declared
@@ -515,7 +512,7 @@ class JobAgent:
     def _summary(self, code: int, lost: list[int]) -> str:
         """The job's one line: the head's hang verdict, else a lost node, else the crash's root cause."""
         if self.verdict is not None:
-            return str(self.verdict["line"])
+            return self.verdict.line
         from ddpdoctor.findings.hang import is_victim
 
         st = state.statuses(self.nodes)

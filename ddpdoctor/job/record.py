@@ -7,6 +7,7 @@ a few dozen bytes per rank per beat. Times are ages measured on the publishing n
 
 from __future__ import annotations
 
+from dataclasses import asdict, dataclass
 from typing import Any
 
 import msgspec
@@ -99,6 +100,23 @@ def record(rank: int, beat: dict[str, Any] | None, exit_info: dict[str, Any] | N
         if exit_info.get("exit_site"):
             rec.exit.append(cut(exit_info.get("exit_site")))  # where it called sys.exit (the hang rules name it)
     return rec
+
+
+@dataclass
+class LongStall:
+    """A long stall (docs/findings.md#hangs-long-stall): a rank busy outside any collective past the hang timeout
+    while the others wait, watched on; its node's monitor keeps one per (rank, step) and adds its stack."""
+
+    rank: int
+    step: int
+    phase: str | None
+    call_site: str | None
+    since: float  # when its step started (its node's clock)
+    stack: str | None = None
+    stalled_s: float = 0.0
+
+    def to_json(self) -> dict[str, object]:
+        return asdict(self)
 
 
 _DECODER = msgspec.json.Decoder(list[RankRecord])

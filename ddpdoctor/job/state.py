@@ -123,10 +123,11 @@ def compact_reason(reason: str) -> str:
     return _LIST.sub(lambda m: rank_ranges(int(x) for x in m.group(1).split(", ")), reason)
 
 
-def diagnose(nodes: dict[int, NodeState], world_size: int | None, stalled: list[int]) -> HangDiagnosis:
+def diagnose(nodes: dict[int, NodeState], world_size: int | None, stalled: list[int],
+             where: tuple[dict[int, RankPosition], dict[int, int]] | None = None) -> HangDiagnosis:
     """The hang's culprit across the job: findings.hang.diagnose_hang on every rank's position; ranks of a lost node
-    are culprits of kind ``lost-node``."""
-    pos, node_of = positions(nodes, world_size)
+    are culprits of kind ``lost-node``. ``where``: positions(nodes, world_size) when the caller has them already."""
+    pos, node_of = where if where is not None else positions(nodes, world_size)
     d = diagnose_hang(pos, stalled)
     lost = {n: st for n, st in nodes.items() if st.lost}
     lost_ranks = sorted(r for r in pos if node_of.get(r) in lost)

@@ -8,7 +8,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from ddpdoctor.findings.hang import HangDiagnosis
+from ddpdoctor.findings.hang import HangDiagnosis, RankPosition
 from ddpdoctor.job import state
 from ddpdoctor.job.record import RankRecord
 from ddpdoctor.job.rules import Limits
@@ -50,21 +50,50 @@ class HangVerdict:
 
 def build(nodes: dict[int, state.NodeState], world_size: int | None, stalled: list[int], now: float, *,
           limits: Limits, timeout_s: float, on_hang: str, stacks: dict[int, str | None],
-          dumps: dict[int, Any], since_start_s: float | None = None) -> HangVerdict:
+          dumps: dict[int, Any], since_start_s: float | None = None,
+          where: tuple[dict[int, RankPosition], dict[int, int]] | None = None) -> HangVerdict:
     """The one builder of the hang verdict, for a job of one node (its monitor's records as one NodeState) and on
     the head of many (every node's): the culprit from every rank's typed record (job/state.diagnose, the rules of
     findings/hang.py), how long the stalled ranks had made no progress (the most recent of their steps' starts,
     on the head's clock; ``since_start_s``, the job's age, when no stalled rank ever reported), each rank's stack
     and Flight Recorder dump. The caller adds what only it has (one node:
     the raw heartbeats; many: rank classes and nodes) and ``reported_after_s`` once the verdict is out."""
-    d = state.diagnose(nodes, world_size, stalled)
-    ages = [state.rank_age(r, st, now) for st in nodes.values() for r in st.ranks if r.rank in stalled]
+    d = state.diagnose(nodes, world_size, stalled, where)
+    still = set(stalled)  # a set: 32,768 stalled ranks looked up in a list was 15 s of the head's verdict
+    ages = [state.rank_age(r, st, now) for st in nodes.values() for r in st.ranks if r.rank in still]
     return HangVerdict(
         detected_after_s=round(min(ages) if ages else since_start_s if since_start_s is not None else timeout_s, 2),
         hang_timeout_s=timeout_s,
         hang_timeout_set=limits.hang_timeout is not None, startup_timeout_s=limits.startup_timeout,
         in_startup=all(not r.step for st in nodes.values() for r in st.ranks), on_hang=on_hang, diagnosis=d,
         stacks=stacks, flight_recorder=dumps)
+
+
+@dataclass(frozen=True)
+class HeadWord:
+    """What the head tells every node through the job store: its hang verdict as it declares it (``verdict``) or
+    the job's end (``final``): the job's one line, its exit code (0/1), the head's host and where its report is."""
+
+    line: str
+    code: int
+    head: str
+    report: str
+    on_hang: str | None = None  # a hang verdict: what every node does with its ranks (kill | report)
+
+    def to_json(self) -> dict[str, object]:
+        out: dict[str, object] = {"line": self.line, "code": self.code, "head": self.head, "report": self.report}
+        if self.on_hang is not None:
+            out["on_hang"] = self.on_hang
+        return out
+
+    @classmethod
+    def from_json(cls, raw: object) -> HeadWord | None:
+        """The head's word as read off the store; None for anything else (a value of another version, junk)."""
+        if not isinstance(raw, dict) or not isinstance(raw.get("code"), int) or isinstance(raw.get("code"), bool):
+            return None
+        on_hang = raw.get("on_hang")
+        return cls(str(raw.get("line")), int(raw["code"]), str(raw.get("head")), str(raw.get("report")),
+                   on_hang if isinstance(on_hang, str) else None)
 
 
 @dataclass

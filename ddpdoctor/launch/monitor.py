@@ -29,7 +29,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from ddpdoctor.job.record import RankRecord, record
+from ddpdoctor.job.record import LongStall, RankRecord, record
 from ddpdoctor.job.rules import (
     CRASH_GRACE_S,
     MIN_HANG_TIMEOUT_S,
@@ -101,7 +101,7 @@ class HangMonitor:
         self.run_dir: RunDir | None = None
         self.token = secrets.token_hex(32)  # handed to the ranks in their environment only (rank_env)
         self.plugins: list[Any] = []
-        self.stalls: dict[tuple[int, int], dict[str, Any]] = {}  # (rank, step) -> long-stall record
+        self.stalls: dict[tuple[int, int], LongStall] = {}  # (rank, step) -> long-stall record
         self.plugin_errors = 0
         self.root_pid: int | None = None  # the process ddpdoctor started (torchrun, or the rank itself)
         self.listener: Listener | None = None
@@ -233,7 +233,7 @@ class HangMonitor:
         if self.run_root is not None and self.writes_run_files:
             beats = {str(r): {"beat": lk.beat, "exit": lk.exit} for r, lk in sorted(self.links.items())}
             monitor = {"rejected": dict(self.listener.rejected) if self.listener else {},
-                       "plugin_errors": self.plugin_errors, "stalls": list(self.stalls.values())}
+                       "plugin_errors": self.plugin_errors, "stalls": [s.to_json() for s in self.stalls.values()]}
             try:
                 write_json(self.run_root / "heartbeats.json",
                            {"world_size": self.world_size, "ranks": beats, "monitor": monitor})
@@ -314,12 +314,11 @@ class HangMonitor:
             key = (r, step)
             since = _num(beat.get("step_started"), now) if step else now
             if key not in self.stalls:
-                self.stalls[key] = {"rank": r, "step": step, "phase": beat.get("phase"), "call_site": beat.get("where"),
-                                    "since": since, "stack": None}
+                self.stalls[key] = LongStall(r, step, beat.get("phase"), beat.get("where"), since)
                 say(f"rank {r} has been busy outside any collective for {now - since:.0f} s (step {step}, at "
                     f"{beat.get('where')}); still working, not a hang: watching on")
                 self.send(r, {"type": "dump"})
-            self.stalls[key]["stalled_s"] = round(now - since, 1)
+            self.stalls[key].stalled_s = round(now - since, 1)
 
     # -- messages (on the listener's thread) ----------------------------------------------------------
     def _on_hello(self, msg: dict[str, Any]) -> tuple[int | None, str | None]:
@@ -362,8 +361,8 @@ class HangMonitor:
         elif kind == "dump":
             link.dump = msg
             for stall in self.stalls.values():
-                if stall["rank"] == rank and stall["stack"] is None and isinstance(msg.get("stacks"), str):
-                    stall["stack"] = msg["stacks"]
+                if stall.rank == rank and stall.stack is None and isinstance(msg.get("stacks"), str):
+                    stall.stack = msg["stacks"]
         elif kind == "exit":
             link.exit = msg.get("status") if isinstance(msg.get("status"), dict) else {}
             link.exit_at = link.last_seen
