@@ -64,6 +64,12 @@ CEILINGS = {
     "logs": 11,  # Flight Recorder dumps (raw JSON/pickle) x9, an event's JSON x2
     "tensorboard_plugin": 0,
     "sync_api.py": 2,  # rundir's raw sync.json/data.json loader, torchrun's flags
+    # The job layer (issue 24): rank messages and store values (raw JSON in), HangVerdict/HeadLost/NodeInfo JSON
+    # out, capture requests and window parts through the store, the hang.json shapes. Still to type: the
+    # monitor's per-rank beat (a msgspec Struct from the transport) and live/'s health snapshot.
+    "job": 39,
+    "launch": 27,
+    "live": 50,
 }
 # Left out: probes/ledger.py is reworked as a Flight Recorder source (issue 28) in the same round.
 NOT_COUNTED = {"probes/ledger.py"}
