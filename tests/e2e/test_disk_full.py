@@ -91,3 +91,27 @@ def test_profile_exits_by_the_job_when_only_report_html_cannot_be_written(tmp_pa
     warned = [ln for ln in proc.stderr.splitlines() if "report.html" in ln]
     assert len(warned) == 1 and warned[0].startswith("ddpdoctor: warning: "), proc.stderr[-2000:]
     assert (out / "report.json").is_file()
+
+
+@pytest.mark.slow
+def test_profile_on_a_disk_that_fills_keeps_its_traces_and_analyze_says_what_is_missing(tmp_path: Path) -> None:
+    """The disk fills at step 2, before the profiled window ends: the ranks write their traces into the half of the
+    reserve given back to them; `analyze RUN` later says the disk filled (its manifest's disk_full)."""
+    disk = tmp_path / "disk"
+    _mount(disk, "1536k")
+    try:
+        run = disk / "run"
+        proc = run_cli("profile", "--nproc-per-node", "2", "-q", "--json", "--active", "5", "--out", str(run),
+                       str(SCENARIOS / "fill_disk.py"),
+                       env={"FILL_PATH": str(disk / "ckpt.bin"), "FILL_AT_STEP": "2",
+                            "DDPDOCTOR_SPACE_RESERVE_KB": "512"}, timeout=300)
+        traces = sorted(p.name.split(".")[0] for p in (run / "traces").glob("rank*.pt.trace.json.gz"))
+        again = run_cli("analyze", "--json", str(run))
+    finally:
+        subprocess.run(["umount", str(disk)], capture_output=True)
+    assert "Traceback" not in proc.stderr + again.stderr, (proc.stderr + again.stderr)[-3000:]
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert traces == ["rank0", "rank1"]
+    report, later = json.loads(proc.stdout), json.loads(again.stdout)
+    assert "disk-full" in [f["id"] for f in report["findings"]]
+    assert "disk-full" in [f["id"] for f in later["findings"]] and again.returncode == 0
