@@ -76,7 +76,7 @@ def _unfinished(paths: tuple[Path, ...]) -> list[Finding]:
         run = RunDir(Path(path))
         if not run.is_run_dir():
             continue
-        manifest = manifest_mod.load(run)
+        manifest = manifest_mod.load_typed(run)
         findings, _stopped = ended_findings(manifest, runlock.is_locked(run.root))
         found += [f for f in findings if f.id == "run-unfinished"]
         found += disk_full_findings(manifest, rank_statuses(run))

@@ -16,6 +16,7 @@ from ddpdoctor.commands._common import (
     job_report_elsewhere,
     json_option,
     launch_options,
+    node_of,
     pop_launch_spec,
     share_job_report,
 )
@@ -57,7 +58,8 @@ def command(debug: bool, verbose: bool, nccl_debug: bool, as_json: bool, fail_on
     if not result.reports:
         job_report_elsewhere(result, as_json=as_json, verbose=verbose, fail_on=fail_on)
         finish_quietly(result)
-    report = assemble(spec.run_dir, locked=is_locked(spec.run_dir.root), debug=debug, nccl_debug=nccl_debug)
+    report = assemble(spec.run_dir, locked=is_locked(spec.run_dir.root), debug=debug, nccl_debug=nccl_debug,
+                      node=node_of(result))
     share_job_report(result, report)  # a job of several nodes: every node prints this report
     problem = save_report_or_problem(spec.run_dir, report)
     if problem:  # a full disk: the report is printed below all the same, and the job's verdict is the exit code

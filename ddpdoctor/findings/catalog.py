@@ -80,6 +80,7 @@ CATALOG: tuple[FindingKind, ...] = (
     K("collective-mismatch", "hangs", "E", "ddpdoctor.findings.hang"),
     K("rank-crashed", "hangs", "E", "ddpdoctor.findings.failure"),
     K("unused-parameters", "hangs", "EWI", "ddpdoctor.findings.hang"),
+    K("head-lost", "hangs", "E", "ddpdoctor.findings.failure"),
     K("slow-rank", "live", "W", "ddpdoctor.live.findings"),
     K("slowdown", "live", "W", "ddpdoctor.live.findings"),
     K("stall", "live", "W", "ddpdoctor.live.findings"),
