@@ -115,3 +115,20 @@ def test_profile_on_a_disk_that_fills_keeps_its_traces_and_analyze_says_what_is_
     report, later = json.loads(proc.stdout), json.loads(again.stdout)
     assert "disk-full" in [f["id"] for f in report["findings"]]
     assert "disk-full" in [f["id"] for f in later["findings"]] and again.returncode == 0
+
+
+@pytest.mark.slow
+def test_hang_verdict_that_does_not_fit_is_still_acted_on(tmp_path: Path) -> None:
+    """RUN/hang.json fails as on a full disk (rundir/artefacts.py's test hook): the watch used to die with the
+    write's exception (job SIGKILLed as a ddpdoctor error, exit 2, no report); now the hang is said and acted on,
+    the run ends as a hang (exit 1) and the report names what it lacks."""
+    run = tmp_path / "run"
+    proc = run_cli("run", "--nproc-per-node", "2", "--hang-timeout", "3", "--startup-timeout", "60", "-q", "--json",
+                   "--out", str(run), str(SCENARIOS / "stuck_in_data.py"),
+                   env={"DDPDOCTOR_TEST_ENOSPC": "*/hang.json"}, timeout=200)
+    assert "Traceback" not in proc.stderr, proc.stderr[-3000:]
+    assert proc.returncode == 1 and "hang detected" in proc.stderr, proc.stderr[-2000:]
+    manifest = json.loads((run / "manifest.json").read_text())
+    assert manifest["ended"]["how"] == "hang" and not (run / "hang.json").exists()
+    (full,) = [f for f in json.loads(proc.stdout)["findings"] if f["id"] == "disk-full"]
+    assert "hang.json" in [u["path"] for u in full["evidence"]["unwritten"]]
