@@ -34,7 +34,8 @@ def test_disk_that_fills_during_a_real_job_gives_a_complete_verdict(tmp_path: Pa
     try:
         run = disk / "run"
         proc = run_cli("run", "--nproc-per-node", "2", "-q", "--json", "--out", str(run),
-                       str(SCENARIOS / "fill_disk.py"), env={"FILL_PATH": str(disk / "ckpt.bin"), "STEPS_AFTER": "6"})
+                       str(SCENARIOS / "fill_disk.py"),
+                       env={"FILL_PATH": str(disk / "ckpt.bin"), "STEPS_AFTER": "6", "STEP_SLEEP_S": "0.2"})
         manifest = json.loads((run / "manifest.json").read_text())
         statuses = [json.loads((run / "ranks" / f"rank{r}" / "status.json").read_text()) for r in (0, 1)]
         saved = json.loads((run / "report.json").read_text())
@@ -104,7 +105,7 @@ def test_profile_on_a_disk_that_fills_keeps_its_traces_and_analyze_says_what_is_
         proc = run_cli("profile", "--nproc-per-node", "2", "-q", "--json", "--active", "5", "--out", str(run),
                        str(SCENARIOS / "fill_disk.py"),
                        env={"FILL_PATH": str(disk / "ckpt.bin"), "FILL_AT_STEP": "2",
-                            "DDPDOCTOR_SPACE_RESERVE_KB": "512"}, timeout=300)
+                            "DDPDOCTOR_SPACE_RESERVE_KB": "512", "STEP_SLEEP_S": "0.3"}, timeout=300)
         traces = sorted(p.name.split(".")[0] for p in (run / "traces").glob("rank*.pt.trace.json.gz"))
         again = run_cli("analyze", "--json", str(run))
     finally:
