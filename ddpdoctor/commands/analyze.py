@@ -63,17 +63,21 @@ def command(paths: tuple[Path, ...], window: str, reread: bool, workers: int | N
 
 def _unfinished(paths: tuple[Path, ...]) -> list[Finding]:
     """run-unfinished for a run directory whose ddpdoctor was killed (SIGKILL, a crash) before it finished: its
-    manifest still says running and no live ddpdoctor holds its lock. Without it, a killed run read "ok"."""
-    from ddpdoctor.findings.job import ended_findings
+    manifest still says running and no live ddpdoctor holds its lock. Without it, a killed run read "ok". And
+    disk-full for a run whose disk filled during the job: what the run directory lacks."""
+    from ddpdoctor.findings.job import disk_full_findings, ended_findings
     from ddpdoctor.launch import runlock
     from ddpdoctor.rundir import manifest as manifest_mod
     from ddpdoctor.rundir.layout import RunDir
+    from ddpdoctor.rundir.loaders import rank_statuses
 
     found = []
     for path in paths:
         run = RunDir(Path(path))
         if not run.is_run_dir():
             continue
-        findings, _stopped = ended_findings(manifest_mod.load_typed(run), runlock.is_locked(run.root))
+        manifest = manifest_mod.load_typed(run)
+        findings, _stopped = ended_findings(manifest, runlock.is_locked(run.root))
         found += [f for f in findings if f.id == "run-unfinished"]
+        found += disk_full_findings(manifest, rank_statuses(run))
     return found

@@ -125,7 +125,7 @@ class RankSession:
                 getattr(probe, "annotate", lambda status: None)(status)
             except Exception:  # noqa: BLE001
                 pass
-        _write_quietly(self.run.rank_file(self.rank, "status.json"), status)
+        _write_quietly(self.run.rank_file(self.rank, "status.json"), status, FULL_DISK_WAIT_S)
         if self.profiler is not None:
             self.profiler.finish()
             status["traces"] = [p.name for p in self.profiler.written]
@@ -153,12 +153,28 @@ class RankSession:
             _write_quietly(self.run.rank_file(self.rank, "summary-error.json"), {"error": repr(exc)})
 
 
-def _write_quietly(path: Any, data: Any) -> None:
-    """A rank's own record: a full disk (OSError) must not change how the user's job ends; what fitted is kept."""
-    try:
-        write_json(path, data)
-    except OSError:
-        pass
+# A status that meets a full disk waits this long, a little at a time, for the launcher to give back the half of its
+# reserve that is the ranks' (rundir/reserve.py: it checks the free space twice a second).
+FULL_DISK_WAIT_S = 3.0
+
+
+def _write_quietly(path: Any, data: Any, wait_s: float = 0.0) -> None:
+    """A rank's own record: a full disk (OSError) must not change how the user's job ends; what fitted is kept.
+    ``wait_s``: on a full disk, try again for that long (the rank's status: the one record a verdict needs)."""
+    import errno
+
+    from ddpdoctor.rundir.artefacts import DiskFull
+
+    deadline = time.time() + wait_s
+    while True:
+        try:
+            write_json(path, data)
+            return
+        except OSError as exc:
+            full = isinstance(exc, DiskFull) or exc.errno in (errno.ENOSPC, errno.EDQUOT)
+            if not full or time.time() >= deadline:
+                return
+            time.sleep(0.25)
 
 
 def _run_script(config: ProbeConfig) -> None:
