@@ -64,6 +64,13 @@ class LogLine:
     bare: bool = False  # no prefix of its own (no rank, host, glog or timestamp): can continue a wrapped line
 
 
+def strip_collector(line: str) -> str:
+    """``line`` without a log collector's prefix (containerd/CRI-O, a CloudWatch paste, Ray's worker tag)."""
+    if line[:1] in _COLLECTOR_LEADS and (m := _COLLECTOR.match(line)) and m.end() < len(line):
+        return line[m.end():]
+    return line
+
+
 def _glog_ts(mmdd: str | None, clock: str | None) -> float | None:
     """'1122' + '10:23:15.599' -> seconds since the start of a year (glog prints month and day, no year)."""
     if not mmdd or not clock:
