@@ -6,17 +6,28 @@ timeouts) becomes the finding, with stalled ranks merged from all of them."""
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, TypedDict
 
 from ddpdoctor.logs.events import (
     GlooTimeout,
     MonitoredBarrierFailure,
     RankException,
+    RankHangState,
     WatchdogTimeout,
     WatchdogWorkState,
 )
 from ddpdoctor.logs.flight_recorder import FrGroupState
 
+
+class Diverged(TypedDict):
+    """Every rank inside the same collective #seq, some (``waiting``) with nothing enqueued after it, the others
+    (``ahead``) gone on to #ahead_to; ``op``: the waiting ranks' op."""
+
+    seq: int
+    waiting: list[int]
+    ahead: list[int]
+    ahead_to: int
+    op: str | None
 
 @dataclass
 class HangAnalysis:
@@ -28,12 +39,12 @@ class HangAnalysis:
     group: str | None
     detected_after_s: float | None
     why: str
-    per_rank: dict[int, dict[str, Any]] = field(default_factory=dict)
+    per_rank: dict[int, RankHangState] = field(default_factory=dict)
     call_sites: dict[int, str] = field(default_factory=dict)
-    mismatch: dict[int, dict[str, Any]] | None = None  # ranks inside different collectives at the same seq
+    mismatch: dict[int, RankHangState] | None = None  # ranks inside different collectives at the same seq
     # Every rank inside the same collective, some with nothing enqueued after it, others far ahead:
     # {"seq": S, "waiting": [...], "ahead": [...], "ahead_to": N, "op": the waiting ranks' op}
-    diverged: dict[str, Any] | None = None
+    diverged: Diverged | None = None
 
 
 def _last_per_rank(events: list[Any]) -> dict[int, Any]:
@@ -52,7 +63,7 @@ def from_nccl_watchdog(timeouts: list[WatchdogTimeout], states: list[WatchdogWor
     by_timeout = _last_per_rank(timeouts)
     by_state = {r: s for r, s in _last_per_rank(states).items()}
     stalled = set(by_timeout) | set(by_state)
-    per_rank: dict[int, dict[str, Any]] = {}
+    per_rank: dict[int, RankHangState] = {}
     for r in sorted(stalled):
         t, s = by_timeout.get(r), by_state.get(r)
         per_rank[r] = {
@@ -65,7 +76,7 @@ def from_nccl_watchdog(timeouts: list[WatchdogTimeout], states: list[WatchdogWor
     enq = {r: v["last_enqueued"] for r, v in per_rank.items() if v["last_enqueued"] is not None}
     failed = {r: v["timed_out_seq"] for r, v in per_rank.items() if v["timed_out_seq"] is not None}
     culprits: set[int] = set()
-    diverged: dict[str, Any] | None = None
+    diverged: Diverged | None = None
     inside = next(iter(set(failed.values()))) if len(set(failed.values())) == 1 else None
     if len(enq) >= 2 and len(set(enq.values())) > 1 and inside is not None and min(enq.values()) == inside \
             and set(enq) <= set(failed):
@@ -142,7 +153,7 @@ def from_gloo_timeouts(timeouts: list[GlooTimeout], exceptions: dict[int, list[R
     stalled = set(by_rank)
     # Without knowing which rank timed out, "the ranks that did not" would be every rank: name nobody.
     culprits = ((known - stalled) | (set(crashed) - stalled)) if stalled else set()
-    ops: dict[int, dict[str, Any]] = {}
+    ops: dict[int, RankHangState] = {}
     call_sites: dict[int, str] = {}
     for r in sorted(stalled):
         exc = _timeout_exception(exceptions.get(r, []))
@@ -164,7 +175,8 @@ def from_gloo_timeouts(timeouts: list[GlooTimeout], exceptions: dict[int, list[R
     else:
         why = ("every rank timed out waiting for the others: they are in different collectives (a skipped or extra "
                "collective on one rank) or all wait on a rank that is not in these logs")
-    per_rank = {r: {"timeout_ms": by_rank[r].timeout_ms, **ops.get(r, {})} for r in sorted(stalled)}
+    per_rank: dict[int, RankHangState] = {r: {"timeout_ms": by_rank[r].timeout_ms, **ops.get(r, {})}
+                                           for r in sorted(stalled)}
     analysis = HangAnalysis("gloo-timeout", stalled, culprits, op, None, None, max(tmo) / 1000, why, per_rank,
                             call_sites)
     if len(distinct) > 1:
@@ -213,11 +225,11 @@ def from_flight_recorder(dumps: dict[int, dict[str, FrGroupState]]) -> tuple[Han
         ranks = {r: states[gid] for r, states in dumps.items() if gid in states}
         if len(ranks) < 2:
             continue
-        per_rank = {r: {"last_enqueued": s.last_enqueued, "last_started": s.last_started,
-                        "last_completed": s.last_completed,
-                        "last_enqueued_op": c.op if (c := s.collectives.get(s.last_enqueued)) else None,
-                        "last_enqueued_sizes": c.input_sizes if c else None}
-                    for r, s in sorted(ranks.items())}
+        per_rank: dict[int, RankHangState] = {
+            r: {"last_enqueued": s.last_enqueued, "last_started": s.last_started, "last_completed": s.last_completed,
+                "last_enqueued_op": c.op if (c := s.collectives.get(s.last_enqueued)) else None,
+                "last_enqueued_sizes": c.input_sizes if c else None}
+            for r, s in sorted(ranks.items())}
         enq = {r: s.last_enqueued for r, s in ranks.items()}
         group = next(iter(ranks.values())).group
         if len(set(enq.values())) > 1:

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Literal
 
 from ddpdoctor.findings.failure import hang_finding
 from ddpdoctor.findings.framework_advice import ddp_option, framework_of_files
@@ -21,6 +21,7 @@ from ddpdoctor.logs.events import (
     GlooTimeout,
     MonitoredBarrierFailure,
     RankException,
+    RankHangState,
     UnusedParameters,
     WatchdogTimeout,
     WatchdogWorkState,
@@ -233,9 +234,10 @@ def _hang_finding(h: hangs.HangAnalysis, stalled_all: set[int], excs: dict[int, 
     )
 
 
-def _mismatch_differs(by_rank: dict[int, dict[str, Any]]) -> list[str]:
+def _mismatch_differs(by_rank: dict[int, RankHangState]) -> list[str]:
     out = []
-    for key in ("op", "shapes", "numel_in"):
+    keys: tuple[Literal["op", "shapes", "numel_in"], ...] = ("op", "shapes", "numel_in")
+    for key in keys:
         values = {r: v.get(key) for r, v in by_rank.items() if key in v}
         if len({repr(v) for v in values.values()}) > 1:
             out.append(f"{key}: " + " vs ".join(f"rank {r} {v}" for r, v in sorted(values.items())))
