@@ -152,8 +152,9 @@ def iter_lines(source: str, text: str, default_rank: int | None = None, work: li
     joins = 0
     for line in _iter_lines(source, text, default_rank, work):
         if held is not None:
-            piece = line.text.strip()
-            if (joins < _MAX_JOINS and line.bare and piece and _wrapped(held.text)
+            # Cheap gates first: most lines are bare, few follow a line that names the watchdog.
+            if (line.bare and joins < _MAX_JOINS and ("atchdog" in held.text or "(either an error" in held.text)
+                    and _wrapped(held.text) and (piece := line.text.strip())
                     and any(p in piece[:40] for p in _WRAP_PIECES)):
                 held.text = held.text.rstrip() + " " + piece
                 joins += 1
