@@ -10,7 +10,7 @@ from dataclasses import asdict, dataclass, field, fields
 from typing import Any
 
 from ddpdoctor.findings.failure import hang_finding, rank_crashed_finding
-from ddpdoctor.findings.framework_advice import ddp_option
+from ddpdoctor.findings.framework_advice import ddp_option, framework_of
 from ddpdoctor.findings.model import Finding, Severity
 from ddpdoctor.jsontypes import JsonObject
 
@@ -463,7 +463,7 @@ def _unused_parameters(exc: str, ranks: list[int], names: list[str] | None,
         "Parameters that got no gradient (their names are not in the error)",
         ranks=ranks, evidence={"ranks": ranks, "parameters": params},
         advice="Use these parameters in forward(), freeze them (requires_grad=False), or "
-               + (f"set {ddp_option(ddp_cfg, 'find_unused_parameters', True)}" if (ddp_cfg or {}).get("built_by")
+               + (f"set {ddp_option(ddp_cfg, 'find_unused_parameters', True)}" if framework_of(ddp_cfg)
                   else "pass find_unused_parameters=True to DistributedDataParallel")
                + " (it costs a graph traversal each step)." + unnamed,
     )
