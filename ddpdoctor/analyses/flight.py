@@ -182,8 +182,8 @@ def device_time(entries: Sequence[Timing], windows: Sequence[tuple[int, int, int
     out = []
     for (step, start, _end), colls in zip(windows, per, strict=True):
         if start < known_from_ns:
-            out.append(StepTime(step, None, len(colls), missing="its collectives left the Flight Recorder's ring "
-                                "before they were read (TORCH_FR_BUFFER_SIZE)"))
+            out.append(StepTime(step, None, len(colls), missing="the step's collectives left the Flight Recorder's "
+                                "ring before they were read (TORCH_FR_BUFFER_SIZE)"))
             continue
         total, pending, untimed = 0.0, False, 0
         for dur, running in colls.values():
@@ -194,8 +194,9 @@ def device_time(entries: Sequence[Timing], windows: Sequence[tuple[int, int, int
             else:
                 untimed += 1  # retired with no duration: never timed (timing off, gloo) or timed out
         if untimed:
-            out.append(StepTime(step, None, len(colls), missing=f"{untimed} of its {len(colls)} collectives carry no "
-                                "duration (NCCL timing off: TORCH_NCCL_ENABLE_TIMING; gloo records none)"))
+            out.append(StepTime(step, None, len(colls), missing=f"{untimed} of the step's {len(colls)} collectives "
+                                "carry no duration: NCCL timing is off (TORCH_NCCL_ENABLE_TIMING) or the backend "
+                                "records none (gloo)"))
         elif pending:
             out.append(StepTime(step, None, len(colls), pending=True))
         else:
