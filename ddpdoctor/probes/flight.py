@@ -32,6 +32,9 @@ NEW_SHARE = 0.75  # read when about this share of the ring is new: each entry re
 BUDGET = 0.002  # share of the time the reads may take (they hold the GIL), where the ring's turnover allows
 GIVE_UP_S = 120.0  # a step pending longer than this (a collective that never completes: a hang) is published as a gap
 MAX_HELD = 4096  # steps held at most (at ~100 bytes each); beyond, the oldest is published as a gap
+# Steps per read at most: the heartbeat carries what was published since its last beat and the live watch keeps 256
+# per beat (live/health.py), so a rank's series stays whole and lines up with the other ranks'.
+MAX_BATCH_STEPS = 200
 
 
 def ring_size() -> int:
@@ -84,6 +87,9 @@ class FlightSource:
         self.held: deque[tuple[Record, int, int, float]] = deque()  # record, start ns, end ns, held since
         self.last_id = -1  # the newest record id read so far
         self.rate = 0.0  # entries per second, between the last two reads
+        self.step_rate = 0.0  # steps per second, likewise
+        self.holds = 0  # steps held so far (the training thread counts)
+        self._holds_then = 0
         self.interval = MIN_POLL_S
         self.polls = 0
         self.poll_s = 0.0  # time spent in dump + decode + publish (the thread's own cost)
@@ -98,6 +104,7 @@ class FlightSource:
     # -- the training thread ---------------------------------------------------------------------------
     def hold(self, record: Record, start_s: float, end_s: float) -> bool:
         self.held.append((record, int(start_s * 1e9), int(end_s * 1e9), self.clock()))
+        self.holds += 1
         return True
 
     # -- the ledger's thread ---------------------------------------------------------------------------
@@ -172,10 +179,10 @@ class FlightSource:
         return (rec[0], rec[1], phases)
 
     def _adapt(self, entries: list[Timing] | None, cost_s: float = 0.0) -> None:
-        """The next read: as late as the ring allows without losing an entry (when NEW_SHARE of it is new), as
-        early as the cost allows (a read's cost over BUDGET; it grows with the ring's fill, so early reads, with
-        little in the ring, come fast), and within [MIN_POLL_S, MAX_POLL_S]. Where the two disagree (many
-        collectives per second), no entry is lost and the cost is what benchmarks/ledger_cost.py reports."""
+        """The next read: as late as the cost allows (a read's cost over BUDGET; it grows with the ring's fill, so
+        early reads, with little in the ring, come fast), but before an entry is lost (NEW_SHARE of the ring new)
+        and before MAX_BATCH_STEPS steps wait, within [MIN_POLL_S, MAX_POLL_S]. Where they disagree (many
+        collectives or steps per second), nothing is lost and the cost is what benchmarks/ledger_cost.py reports."""
         now = self.clock()
         elapsed = max(now - self._last_poll, 1e-3)
         self._last_poll = now
@@ -184,8 +191,12 @@ class FlightSource:
             if self.last_id >= 0:
                 self.rate = max(0, newest - self.last_id) / elapsed
             self.last_id = newest
+        holds = self.holds
+        self.step_rate = (holds - self._holds_then) / elapsed
+        self._holds_then = holds
         lossless = (NEW_SHARE * self.ring) / self.rate if self.rate > 0 and self.ring > 0 else MAX_POLL_S
-        self.interval = min(max(cost_s / BUDGET, MIN_POLL_S), lossless, MAX_POLL_S)
+        whole = MAX_BATCH_STEPS / self.step_rate if self.step_rate > 0 else MAX_POLL_S
+        self.interval = max(MIN_POLL_S, min(cost_s / BUDGET, lossless, whole, MAX_POLL_S))
 
     def summary(self) -> dict[str, Any]:
         """For ledger.json: how the source did."""

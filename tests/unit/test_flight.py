@@ -18,7 +18,7 @@ import pytest
 
 from ddpdoctor.analyses.flight import decode, decode_timing, device_time
 from ddpdoctor.analyses.ledger import GAP, HOST_BLOCKED, caused_wait, common_window
-from ddpdoctor.probes.flight import BUDGET, MAX_POLL_S, MIN_POLL_S, NEW_SHARE, FlightSource
+from ddpdoctor.probes.flight import BUDGET, MAX_BATCH_STEPS, MAX_POLL_S, MIN_POLL_S, NEW_SHARE, FlightSource
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "flight"
 MS = 1e-3
@@ -195,11 +195,15 @@ def test_the_ring_is_read_before_it_turns_over_and_as_rarely_as_its_cost_asks() 
     cost = src.poll_s - before
     assert src.rate == pytest.approx(1000.0)
     # lossless: 3/4 of the ring's 2,000 entries at 1,000 per second = 1.5 s; the cost bound: cost / BUDGET
-    assert NEW_SHARE == 0.75 and src.interval == pytest.approx(min(max(cost / BUDGET, MIN_POLL_S), 1.5))
+    assert NEW_SHARE == 0.75 and src.interval == pytest.approx(max(MIN_POLL_S, min(cost / BUDGET, 1.5)))
     now.update(t=12.0)  # nothing new for 10 s, and a read of 40 ms: 20 s by the budget, capped at MAX_POLL_S
     src._adapt(decode_timing(_dump(entries)), cost_s=0.04)
     assert src.rate == 0.0
     assert src.interval == MAX_POLL_S
+    now.update(t=13.0)  # 300 steps in a second: read before MAX_BATCH_STEPS (200) wait, 0.67 s
+    _held(src, range(4, 304))
+    src._adapt(decode_timing(_dump(entries)), cost_s=0.04)
+    assert src.step_rate == pytest.approx(300.0) and src.interval == pytest.approx(MAX_BATCH_STEPS / 300)
 
 
 def test_nccl_collectives_are_read_from_nccls_own_recorder(monkeypatch: pytest.MonkeyPatch) -> None:
