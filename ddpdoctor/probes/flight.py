@@ -20,10 +20,10 @@ import threading
 import time
 from collections import deque
 from collections.abc import Callable
-from typing import Any
 
 from ddpdoctor.analyses.flight import StepTime, Timing, decode_timing, device_time
 from ddpdoctor.analyses.ledger import GAP, HOST_BLOCKED
+from ddpdoctor.jsontypes import JsonObject
 
 Record = tuple[int, float, dict[str, float]]
 MIN_POLL_S = 0.5
@@ -198,7 +198,7 @@ class FlightSource:
         whole = MAX_BATCH_STEPS / self.step_rate if self.step_rate > 0 else MAX_POLL_S
         self.interval = max(MIN_POLL_S, min(cost_s / BUDGET, lossless, whole, MAX_POLL_S))
 
-    def summary(self) -> dict[str, Any]:
+    def summary(self) -> JsonObject:
         """For ledger.json: how the source did."""
         return {"polls": self.polls, "poll_ms_total": round(self.poll_s * 1e3, 3), "ring": self.ring,
                 "entries_per_s": round(self.rate, 1), "steps_with_device_time": self.published["device"],

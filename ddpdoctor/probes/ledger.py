@@ -40,6 +40,7 @@ from typing import Any
 import torch
 
 from ddpdoctor.analyses.flight import decode
+from ddpdoctor.jsontypes import JsonObject
 from ddpdoctor.probes.flight import MAX_BATCH_STEPS, FlightSource, Record, dump_json, ring_size
 
 HOST_SOURCE = "host: autograd final callback + collective wrappers"
@@ -220,7 +221,7 @@ class LedgerProbe:
             pass  # a full disk must not change how the user's job ends
 
 
-def flight_recorder_entries(keep: int = FR_KEEP) -> dict[str, Any]:
+def flight_recorder_entries(keep: int = FR_KEEP) -> JsonObject:
     """The collectives torch's Flight Recorder holds: group, seq, op, sizes, enqueue time (and on NCCL with timing
     the duration) per entry, in a compact list; or the reason there are none."""
     try:
