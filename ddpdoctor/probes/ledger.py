@@ -40,7 +40,6 @@ from typing import Any
 import torch
 
 from ddpdoctor.analyses.flight import decode
-from ddpdoctor.jsontypes import JsonObject
 from ddpdoctor.probes.flight import MAX_BATCH_STEPS, FlightSource, Record, dump_json, ring_size
 
 HOST_SOURCE = "host: autograd final callback + collective wrappers"
@@ -221,7 +220,7 @@ class LedgerProbe:
             pass  # a full disk must not change how the user's job ends
 
 
-def flight_recorder_entries(keep: int = FR_KEEP) -> JsonObject:
+def flight_recorder_entries(keep: int = FR_KEEP) -> dict[str, Any]:
     """The collectives torch's Flight Recorder holds: group, seq, op, sizes, enqueue time (and on NCCL with timing
     the duration) per entry, in a compact list; or the reason there are none."""
     try:
