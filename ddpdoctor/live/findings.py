@@ -85,9 +85,12 @@ def live_findings(run: RunDir) -> list[Finding]:
             "slow-rank", Severity.WARNING, a.get("title", f"rank {r} is persistently slower"), [r],
             dict(ev, cost_ms_per_step=ev.get("lost_ms_per_step"), cost_pct_of_step=ev.get("pct_of_step"),
                  raised_at_step=a.get("step")),
-            f"rank {r} spends longer than the others in {ev.get('phase')} while they wait for it: look at what "
-            "differs on its host (CPU contention, `ddpdoctor topo`, thermal throttling) or in its data shard; "
-            "`ddpdoctor capture RUN --profile 5` profiles it without a restart."))
+            (f"rank {r} spends longer than the others in {ev.get('phase')} while they wait for it: look at what "
+             "differs on its host (CPU contention, `ddpdoctor topo`, thermal throttling) or in its data shard; "
+             if ev.get("phase") else
+             f"the others wait for rank {r} while none of its host phases is longer: on NCCL its GPU work is slower "
+             "(clocks, thermal throttling, a neighbour on the GPU, its data's copy to the device); ")
+            + "`ddpdoctor capture RUN --profile 5` profiles it without a restart."))
     downs = [a for a in alerts if a["id"] == "slowdown"]
     if downs:
         a = downs[-1]

@@ -226,3 +226,37 @@ def test_nccl_collectives_are_read_from_nccls_own_recorder(monkeypatch: pytest.M
         monkeypatch.setattr(c10d, "_dump_nccl_trace_json", lambda: b'{"entries": [], "nccl": 1}', raising=False)
     assert dump_json("nccl") != generic and dump_json("cuda:nccl,cpu:gloo") == dump_json("nccl")
     assert dump_json("gloo") == generic
+
+
+def test_live_watch_on_flight_recorder_records_names_the_gpu_late_rank_with_no_phase(tmp_path: Path) -> None:
+    # The worked example's records as the NCCL source publishes them (device "collective", the host's own under
+    # "host_collective", a few gap steps) through the live watch: alert, status and the run's final finding.
+    from ddpdoctor.live.findings import live_findings
+    from ddpdoctor.live.health import LiveHealth
+    from ddpdoctor.live.status import load_status, status_text
+    from ddpdoctor.rundir.layout import RunDir
+
+    (tmp_path / "manifest.json").write_text(json.dumps({"mode": "run", "finished": False}))
+    health = LiveHealth(tmp_path, world_size=4)
+    health.local_ranks = 4
+    for s in range(1, 41):
+        for r in range(4):
+            ph = {p: v * MS for p, v in HOST_MS.items() if p != "collective"}
+            ph[HOST_BLOCKED] = 0.2 * MS
+            if s % 7 == 0 and r == 1:
+                ph[GAP] = 0.0  # rank 1 could not time this step: out of every rank's window
+            else:
+                ph["collective"] = (9.1 if r == 3 else 39.1) * MS
+            health.ingest(r, [[s, 0.1, ph]], "forward")
+    (alert,) = health.tick(now=1000.0)
+    ev = alert["evidence"]
+    assert alert["ranks"] == [3] and ev["measured_by"] == "ledger" and ev["phase"] is None
+    assert ev["caused_wait_ms_per_step"] == pytest.approx(30.0) and ev["cost_pct_of_step"] == pytest.approx(30.0)
+    # 30 steps judged over 6-40: the 35 past warm-up less the 5 that rank 1 could not time
+    assert list(ev["steps"]) == [6, 40]
+    assert "none of its host phases is longer" in alert["title"]
+    assert "waited for: rank 3 in no longer host phase (device work?), 30.0 ms per step" in status_text(
+        load_status(tmp_path, now=1000.0))
+    health.finish()
+    (f,) = live_findings(RunDir(tmp_path))
+    assert f.id == "slow-rank" and "its GPU work is slower" in f.advice
