@@ -162,11 +162,16 @@ class StepTime:
 
 
 def device_time(entries: Sequence[Timing], windows: Sequence[tuple[int, int, int]],
-                known_from_ns: int = 0) -> list[StepTime]:
+                known_from_ns: int = 0, newest_ns: int | None = None) -> list[StepTime]:
     """Per step window ``(step, start_ns, end_ns)`` (sorted, not overlapping), the device time in the collectives
     enqueued within it. ``known_from_ns``: the ring holds every entry enqueued since then (entries before it may
-    have been overwritten), so a step that began earlier is ``missing``. One collective is counted once however
-    many entries it has (the ops of a coalesced group share one sequence number; the group's entry is timed)."""
+    have been overwritten), so a step that began earlier is ``missing``. ``newest_ns``: the newest entry's enqueue
+    time (default: the newest given); a step with no collective is 0 s only when something was recorded after it
+    ended (a gradient-accumulation step), else still ``pending`` (an empty or stale recorder proves nothing). One
+    collective is counted once however many entries it has (the ops of a coalesced group share one sequence number;
+    the group's entry is timed)."""
+    if newest_ns is None:
+        newest_ns = max((e.time_created_ns for e in entries), default=-1)
     starts = [w[1] for w in windows]
     # per step: (group, p2p, seq) -> (the longest duration among its entries, or None; some entry still running)
     per: list[dict[tuple[str, bool, int], tuple[float | None, bool]]] = [{} for _ in windows]
@@ -181,10 +186,13 @@ def device_time(entries: Sequence[Timing], windows: Sequence[tuple[int, int, int
             dur = e.duration_ms / 1e3 if dur is None else max(dur, e.duration_ms / 1e3)
         per[i][key] = (dur, running or (e.duration_ms is None and not e.retired))
     out = []
-    for (step, start, _end), colls in zip(windows, per, strict=True):
+    for (step, start, end), colls in zip(windows, per, strict=True):
         if start < known_from_ns:
             out.append(StepTime(step, None, len(colls), missing="the step's collectives left the Flight Recorder's "
                                 "ring before they were read (TORCH_FR_BUFFER_SIZE)"))
+            continue
+        if not colls and newest_ns < end:
+            out.append(StepTime(step, None, 0, pending=True))
             continue
         total, pending, untimed = 0.0, False, 0
         for dur, running in colls.values():

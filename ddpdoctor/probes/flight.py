@@ -74,6 +74,20 @@ def dump_json(backend: str | None = None) -> bytes:
     return bytes(c10d._dump_fr_trace_json())  # type: ignore[attr-defined]
 
 
+def grouped_dump(backend: str) -> Callable[[], bytes]:
+    """``dump_json(backend)``, refused once an NCCL default group is destroyed: ProcessGroupNCCL's recorder borrows
+    its works' CUDA events until the watchdog retires them, so a dump after the group is gone is not asked for."""
+
+    def dump() -> bytes:
+        import torch.distributed as dist
+
+        if "nccl" in backend and not (dist.is_available() and dist.is_initialized()):
+            raise RuntimeError("the NCCL process group was destroyed before its last collectives were read")
+        return dump_json(backend)
+
+    return dump
+
+
 class SourceSummary(TypedDict):
     """How the Flight Recorder source did, for ledger.json (docs/metrics.md)."""
 
@@ -107,7 +121,8 @@ class FlightSource:
         self.polls = 0
         self.poll_s = 0.0  # time spent in dump + decode + publish (the thread's own cost)
         self.published = {"device": 0, "gap": 0}
-        self.last_gap: str | None = None  # why the latest gap step has no device time
+        self.last_gap: str | None = None  # why most gap steps have no device time
+        self.gap_reasons: dict[str, int] = {}
         self.error: str | None = None
         self._last_poll = clock()
         self._stop = threading.Event()
@@ -148,8 +163,11 @@ class FlightSource:
             t0 = time.perf_counter()
             try:
                 entries = decode_timing(self.dump())
-            except Exception as exc:  # noqa: BLE001 - no dump (torch without it, a failing backend): steps are gaps
+            except Exception as exc:  # noqa: BLE001 - no dump now (a group torn down, a failing backend)
                 self.error = f"{type(exc).__name__}: {exc}"[:300]
+                if not final:
+                    self._adapt(None, time.perf_counter() - t0)
+                    return 0  # the steps stay held: a later read decides them
                 entries = []
             n = self._publish(entries, final)
             cost = time.perf_counter() - t0
@@ -164,7 +182,7 @@ class FlightSource:
         # The ring keeps a contiguous run of record ids: those before the oldest one held now were overwritten, so a
         # step that began before it may have lost collectives.
         known_from = entries[0].time_created_ns if entries and entries[0].record_id > 0 else 0
-        times = device_time(entries, windows, known_from)
+        times = device_time(entries, windows, known_from, newest_ns=entries[-1].time_created_ns if entries else None)
         now = self.clock()
         forced = len(held) - MAX_HELD  # beyond MAX_HELD steps held, the oldest go out undecided
         n = 0
@@ -187,8 +205,15 @@ class FlightSource:
         else:
             phases[GAP] = 0.0
             self.published["gap"] += 1
-            self.last_gap = st.missing or ("the job ended before its collectives completed" if final else
-                                           f"its collectives did not complete within {GIVE_UP_S:.0f} s")
+            if st.missing:
+                why = st.missing
+            elif final:
+                why = "the job ended before its collectives were read complete" + (f" ({self.error})" if self.error
+                                                                                    else "")
+            else:
+                why = f"its collectives did not complete within {GIVE_UP_S:.0f} s"
+            self.gap_reasons[why] = self.gap_reasons.get(why, 0) + 1
+            self.last_gap = max(self.gap_reasons, key=lambda k: self.gap_reasons[k])  # the most frequent
         return (rec[0], rec[1], phases)
 
     def _adapt(self, entries: list[Timing] | None, cost_s: float = 0.0) -> None:

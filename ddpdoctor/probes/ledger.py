@@ -40,7 +40,7 @@ from typing import Any
 import torch
 
 from ddpdoctor.analyses.flight import decode
-from ddpdoctor.probes.flight import MAX_BATCH_STEPS, FlightSource, Record, dump_json, ring_size
+from ddpdoctor.probes.flight import MAX_BATCH_STEPS, FlightSource, Record, dump_json, grouped_dump, ring_size
 
 HOST_SOURCE = "host: autograd final callback + collective wrappers"
 DEVICE_SOURCE = "flight-recorder: CUDA-event durations"
@@ -171,7 +171,7 @@ class LedgerProbe:
             pass
         self.source = DEVICE_SOURCE
         self.source_note = f"default group backend {backend}"
-        self.flight = FlightSource(self._publish, dump=functools.partial(dump_json, backend))
+        self.flight = FlightSource(self._publish, dump=grouped_dump(backend))
         # A read publishes up to MAX_BATCH_STEPS steps at once: room for them until the heartbeat takes them.
         self.tracker.recent = deque(self.tracker.recent, maxlen=max(self.tracker.recent.maxlen or 0,
                                                                     2 * MAX_BATCH_STEPS))

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import time
+from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
@@ -109,7 +110,7 @@ def _window(step: int) -> tuple[int, int]:
     return T0 + (step - 1) * 100_000_000, T0 + step * 100_000_000
 
 
-def _rank_entries(rank: int, steps: range, done_until: int | None = None) -> list[dict[str, Any]]:
+def _rank_entries(rank: int, steps: Iterable[int], done_until: int | None = None) -> list[dict[str, Any]]:
     out = []
     for k in steps:
         start, _ = _window(k)
@@ -260,3 +261,25 @@ def test_live_watch_on_flight_recorder_records_names_the_gpu_late_rank_with_no_p
     health.finish()
     (f,) = live_findings(RunDir(tmp_path))
     assert f.id == "slow-rank" and "its GPU work is slower" in f.advice
+
+
+def test_a_failed_read_keeps_steps_held_and_a_step_without_collectives_needs_a_later_entry() -> None:
+    out: list[Any] = []
+    state: dict[str, Any] = {"fail": True, "steps": [1, 2]}
+
+    def dump() -> bytes:
+        if state["fail"]:
+            raise RuntimeError("the NCCL process group was destroyed before its last collectives were read")
+        return _dump(_rank_entries(0, state["steps"]))
+
+    src = FlightSource(out.append, dump=dump, ring=2000)
+    _held(src, range(1, 4))  # step 3 issues no collective (a gradient-accumulation step under no_sync)
+    assert src.poll() == 0 and len(src.held) == 3 and "destroyed" in (src.error or "")
+    state["fail"] = False
+    assert src.poll() == 2 and len(src.held) == 1  # step 3: nothing recorded after it yet, so not known to be 0
+    state["steps"] = [1, 2, 4]  # step 4's collectives are recorded: step 3 had none
+    assert src.poll() == 1 and out[-1][0] == 3 and out[-1][2]["collective"] == 0.0
+    state["fail"] = True
+    _held(src, range(4, 5))
+    src.close()  # the last read fails: what is held goes out as a gap that says why
+    assert out[-1][0] == 4 and GAP in out[-1][2] and any("destroyed" in why for why in src.gap_reasons)
