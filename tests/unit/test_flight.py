@@ -283,3 +283,18 @@ def test_a_failed_read_keeps_steps_held_and_a_step_without_collectives_needs_a_l
     _held(src, range(4, 5))
     src.close()  # the last read fails: what is held goes out as a gap that says why
     assert out[-1][0] == 4 and GAP in out[-1][2] and any("destroyed" in why for why in src.gap_reasons)
+
+
+def test_a_steps_device_time_is_linear_in_entries_and_steps() -> None:
+    # Lines of ddpdoctor executed (deterministic, not wall time) for 8x the steps and entries: about 8x; a scan of
+    # every entry per step would be ~64x.
+    from tests.unit.test_analyze_scaling import MAX_GROWTH, lines_executed
+
+    def cost(steps: int) -> int:
+        raw = _dump(_rank_entries(3, range(1, steps + 1)))
+        windows = [(k, *_window(k)) for k in range(1, steps + 1)]
+        n, times = lines_executed(lambda: device_time(decode_timing(raw), windows))
+        assert [t.seconds for t in times] == pytest.approx([9.1 * MS] * steps)
+        return n
+
+    assert cost(800) / cost(100) < MAX_GROWTH
