@@ -298,3 +298,24 @@ def test_a_steps_device_time_is_linear_in_entries_and_steps() -> None:
         return n
 
     assert cost(800) / cost(100) < MAX_GROWTH
+
+
+@pytest.mark.parametrize(("source", "user", "expected"), [("auto", None, "1"), ("auto", "0", "0"), ("host", None, None)])
+def test_the_probe_turns_nccl_timing_on_unless_the_user_set_it_or_chose_the_host_source(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, source: str, user: str | None, expected: str | None) -> None:
+    import os
+
+    from ddpdoctor.probes.ledger import LedgerProbe
+    from ddpdoctor.probes.steps import StepTracker
+
+    monkeypatch.setenv("DDPDOCTOR_LEDGER_SOURCE", source)
+    if user is None:
+        monkeypatch.delenv("TORCH_NCCL_ENABLE_TIMING", raising=False)
+    else:
+        monkeypatch.setenv("TORCH_NCCL_ENABLE_TIMING", user)
+    probe = LedgerProbe(StepTracker(), 0, tmp_path / "ledger.json")
+    probe.install()
+    try:
+        assert os.environ.get("TORCH_NCCL_ENABLE_TIMING") == expected
+    finally:
+        probe.uninstall()
