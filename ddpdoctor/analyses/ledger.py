@@ -17,11 +17,11 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from statistics import median
-from typing import Any
 
 import numpy as np
 
 from ddpdoctor.analyses.intervals import Interval, bootstrap
+from ddpdoctor.jsontypes import JsonObject
 
 BLOCKED = "collective"  # the phase key under which a rank's tracker counts time blocked in collectives
 # On the NCCL source (probes/flight.py) BLOCKED is the device's time in collectives; the host's own blocked time is
@@ -66,7 +66,7 @@ class CausedWait:
     steps: tuple[int, int]
     ranks_compared: int
 
-    def to_json(self) -> dict[str, Any]:
+    def to_json(self) -> JsonObject:
         return {
             "rank": self.rank, "phase": self.phase, "cost_ms_per_step": round(self.cost_s * 1e3, 3),
             "cost_pct_of_step": round(self.pct_of_step, 1), "caused_wait_ms_per_step": round(self.cost_s * 1e3, 3),

@@ -4,8 +4,10 @@ in a log, from the framework files on a traceback's stack."""
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from typing import Any
+
+from ddpdoctor.rundir.schema import DDPModule, SyncModule
 
 # option -> framework -> how to set it to {value} (only options each framework exposes). Checked against
 # transformers 5.x TrainingArguments (ddp_find_unused_parameters, ddp_bucket_cap_mb, ddp_broadcast_buffers,
@@ -43,6 +45,16 @@ _FRAME_PARTS = (("transformers", "/transformers/"), ("lightning", "/lightning/")
                 ("accelerate", "/accelerate/"))
 
 
+def framework_of(cfg: DDPModule | SyncModule | Mapping[str, Any] | None) -> str:
+    """The framework that built the DDP module ("" for a plain script): from the typed manifest entry, or from a
+    plain record (check-sync's module description, tune's settings) that carries ``built_by``."""
+    if cfg is None:
+        return ""
+    if isinstance(cfg, (DDPModule, SyncModule)):
+        return cfg.built_by or ""
+    return str(cfg.get("built_by") or "")
+
+
 def _value(framework: str, option: str, value: Any) -> Any:
     if isinstance(value, float) and value.is_integer():
         value = int(value)
@@ -51,10 +63,10 @@ def _value(framework: str, option: str, value: Any) -> Any:
     return value
 
 
-def ddp_option(cfg: dict[str, Any] | None, option: str, value: Any) -> str:
+def ddp_option(cfg: DDPModule | SyncModule | Mapping[str, Any] | None, option: str, value: Any) -> str:
     """`DDP(model, option=value)`, or the framework's way to set it when the framework built the DDP module (and,
     when that framework has no setting for it, DDP's own spelling with a note that the framework does not expose it)."""
-    framework = (cfg or {}).get("built_by") or ""
+    framework = framework_of(cfg)
     value = _value(framework, option, value)
     how = _HOW.get(option, {}).get(framework)
     if how:
@@ -65,10 +77,10 @@ def ddp_option(cfg: dict[str, Any] | None, option: str, value: Any) -> str:
     return plain
 
 
-def comm_hook(cfg: dict[str, Any] | None, hook: str = "fp16", plain: str | None = None) -> str:
+def comm_hook(cfg: DDPModule | Mapping[str, Any] | None, hook: str = "fp16", plain: str | None = None) -> str:
     """How to compress gradients with DDP's ``{hook}_compress_hook`` where the DDP module was built (``plain``: the
     wording for a plain DDP script, when the call site has a shorter one)."""
-    framework = (cfg or {}).get("built_by") or ""
+    framework = framework_of(cfg)
     how = _HOOKS.get(hook, {}).get(framework)
     if how:
         return how

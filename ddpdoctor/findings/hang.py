@@ -12,6 +12,7 @@ from typing import Any
 from ddpdoctor.findings.failure import hang_finding, rank_crashed_finding
 from ddpdoctor.findings.framework_advice import ddp_option
 from ddpdoctor.findings.model import Finding, Severity
+from ddpdoctor.jsontypes import JsonObject
 
 DDP_BUCKETS = "allreduce (DDP gradient buckets)"
 
@@ -54,7 +55,7 @@ class HangDiagnosis:
     reason: str
     differs: list[str] = field(default_factory=list)  # for a mismatch: "op", "sizes", "group"
 
-    def to_json(self) -> dict[str, Any]:
+    def to_json(self) -> JsonObject:
         d = asdict(self)
         d["positions"] = {str(r): asdict(p) for r, p in self.positions.items()}
         return d

@@ -4,27 +4,28 @@ from __future__ import annotations
 
 from typing import Any
 
-from ddpdoctor.findings.model import Finding, Severity
+from ddpdoctor.findings.model import Finding, Severity, Stopped
+from ddpdoctor.rundir.schema import Manifest
 
 
-def job_findings(manifest: dict[str, Any], statuses: dict[int, dict[str, Any] | None]) -> list[Finding]:
+def job_findings(manifest: Manifest, statuses: dict[int, dict[str, Any] | None]) -> list[Finding]:
     """``statuses`` maps each rank to its status.json (None when the rank wrote none)."""
     findings: list[Finding] = []
     ranks = sorted(statuses)
     if not ranks:
         findings.append(Finding(
             "no-ranks-started", Severity.ERROR, "No rank started the script",
-            evidence={"exit_code": manifest.get("exit_code")},
+            evidence={"exit_code": manifest.exit_code},
             advice="Read the launcher's output above: torchrun could not start the workers.",
         ))
         return findings
     silent = [r for r in ranks if statuses[r] is None]
-    if silent and manifest.get("disk_full") and manifest.get("exit_code") == 0:
+    if silent and manifest.disk_full and manifest.exit_code == 0:
         silent = []  # the job succeeded and the disk was full: their status did not fit (disk-full names them)
     if silent:
         findings.append(Finding(
             "rank-no-status", Severity.ERROR, f"Rank(s) {silent} ended without a status (killed by a signal?)",
-            ranks=silent, evidence={"exit_code": manifest.get("exit_code")},
+            ranks=silent, evidence={"exit_code": manifest.exit_code},
             advice="A rank killed with SIGKILL writes nothing: check the OOM killer (dmesg) and the scheduler's logs.",
         ))
     done = {r: s for r, s in statuses.items() if s is not None}
@@ -40,17 +41,17 @@ def job_findings(manifest: dict[str, Any], statuses: dict[int, dict[str, Any] | 
     if done and all(s.get("ddp_modules", 0) == 0 for s in done.values()):
         findings.append(Finding(
             "no-ddp", Severity.INFO, "No DistributedDataParallel module was built",
-            ranks=sorted(done), evidence={"world_size": manifest.get("world_size"), "backend": manifest.get("backend")},
+            ranks=sorted(done), evidence={"world_size": manifest.world_size, "backend": manifest.backend},
             advice="The job was profiled anyway; the DDP-specific analyses (buckets, overlap advice) do not apply.",
         ))
     return findings
 
 
-def disk_full_findings(manifest: dict[str, Any], statuses: dict[int, dict[str, Any] | None]) -> list[Finding]:
+def disk_full_findings(manifest: Manifest, statuses: dict[int, dict[str, Any] | None]) -> list[Finding]:
     """`disk-full`: the disk under the run directory filled during the run (the manifest's ``disk_full``, written
     by the launcher from rundir/reserve.py): when, what ddpdoctor could not write, the ranks whose status.json is
     missing (from a job that exited 0: the status did not fit; else rank-no-status says they may have been killed)."""
-    facts = manifest.get("disk_full")
+    facts = manifest.disk_full
     if not isinstance(facts, dict):
         return []
     unwritten = [u for u in facts.get("unwritten") or [] if isinstance(u, dict)]
@@ -63,7 +64,7 @@ def disk_full_findings(manifest: dict[str, Any], statuses: dict[int, dict[str, A
     # torchrun writes the ranks' logs itself: they may be cut short at that moment whatever ddpdoctor could write.
     what = ("; it lacks " + ", ".join(lacks) if lacks else
             "; ddpdoctor's own files fitted, but the ranks' logs (torchrun writes them) may be cut short there")
-    code = manifest.get("exit_code")
+    code = manifest.exit_code
     return [Finding(
         "disk-full", Severity.WARNING,
         f"The disk under the run directory filled {when} (No space left on device){what}",
@@ -86,40 +87,40 @@ STOP_WORDS = {
 }
 
 
-def ended_findings(manifest: dict[str, Any], locked: bool) -> tuple[list[Finding], dict[str, Any] | None]:
+def ended_findings(manifest: Manifest, locked: bool) -> tuple[list[Finding], Stopped | None]:
     """How the run ended, from the manifest's ``ended``: a signal to ddpdoctor is a fact of the run (status
     "interrupted" or "stopped", exit 128+signal), not an error of the job; a manifest still "running" in an unlocked
     run directory belongs to a ddpdoctor that was killed (SIGKILL) or crashed. Returns (findings, Report.stopped)."""
-    ended = manifest.get("ended")
-    if not isinstance(ended, dict):
+    ended = manifest.ended
+    if ended is None:
         return [], None
-    how = ended.get("how")
+    how = ended.how
     if how == "signal":
-        name = str(ended.get("signal"))
-        raw = ended.get("signum")
-        signum = raw if isinstance(raw, int) and 0 < raw < 64 else 15
+        name = str(ended.signal)
+        raw = ended.signum
+        signum = raw if raw is not None and 0 < raw < 64 else 15
         status, headline = STOP_WORDS.get(name, ("stopped", f"Stopped by {name}"))
-        stopped = {"status": status, "signal": name, "exit_code": 128 + signum, "message": headline}
+        stopped: Stopped = {"status": status, "signal": name, "exit_code": 128 + signum, "message": headline}
         return [Finding(
             "job-stopped", Severity.WARNING,
             f"{headline}: ddpdoctor stopped the job; what was recorded until then is kept",
-            evidence={"signal": name, "exit_code": 128 + signum, "duration_s": manifest.get("duration_s")},
+            evidence={"signal": name, "exit_code": 128 + signum, "duration_s": manifest.duration_s},
             advice="The ranks' errors after the stop (KeyboardInterrupt, SIGTERM, connection closed) follow from it. "
                    "Findings about performance rest on the steps recorded before the stop; "
                    "`ddpdoctor analyze` reads the run directory as it is.",
         )], stopped
-    if how == "running" and not manifest.get("finished") and not locked:
+    if how == "running" and not manifest.finished and not locked:
         return [Finding(
             "run-unfinished", Severity.WARNING,
             "ddpdoctor ended without finishing this run's record (killed with SIGKILL, crashed, or the disk was full "
             "when it wrote the end); a job still running then was stopped with it",
-            evidence={"started_at": manifest.get("started_at")},
+            evidence={"started_at": manifest.started_at},
             advice="What the ranks wrote before that is kept; rerun to get a complete report.",
         )], None
     if how == "ddpdoctor-error":
         return [Finding(
-            "run-unfinished", Severity.ERROR, f"ddpdoctor itself failed during the run: {ended.get('error')}",
-            evidence={"error": ended.get("error")},
+            "run-unfinished", Severity.ERROR, f"ddpdoctor itself failed during the run: {ended.error}",
+            evidence={"error": ended.error},
             advice="The job was stopped so that it does not run on unwatched; please report this error.",
         )], None
     return [], None
@@ -130,7 +131,7 @@ def ended_findings(manifest: dict[str, Any], locked: bool) -> tuple[list[Finding
 TERMINATE_MARK = "terminate called"
 
 
-def aborted_after_finish(manifest: dict[str, Any], statuses: dict[int, dict[str, Any] | None],
+def aborted_after_finish(manifest: Manifest, statuses: dict[int, dict[str, Any] | None],
                          signals: dict[int, str], root_causes: set[int],
                          last_words: dict[int, str]) -> Finding | None:
     """Every rank finished its script and wrote exit status 0, yet the job's exit code is not 0 because a rank died
@@ -139,10 +140,9 @@ def aborted_after_finish(manifest: dict[str, Any], statuses: dict[int, dict[str,
     "terminate called ..." line of its stderr. The ranks that aborted are the first failure(s) and any rank that
     died of a signal other than the SIGTERM torchrun sends the others when one worker ends, or that printed the
     terminate line; the rest torchrun stopped. None when the data do not show exactly this."""
-    code = manifest.get("exit_code")
-    ended = manifest.get("ended")
-    how = ended.get("how", "exited") if isinstance(ended, dict) else "exited"
-    if not isinstance(code, int) or code == 0 or how != "exited" or manifest.get("killed_by"):
+    code = manifest.exit_code
+    how = (manifest.ended.how if manifest.ended else None) or "exited"
+    if not isinstance(code, int) or code == 0 or how != "exited" or manifest.killed_by:
         return None
     if not statuses or any(s is None or s.get("exit_code") != 0 for s in statuses.values()):
         return None  # a rank that failed (or wrote nothing) is a failure of its own, with its own finding

@@ -33,6 +33,8 @@ from ddpdoctor.findings.perf_verdict import (
     undecided,
 )
 from ddpdoctor.findings.perf_wholetrace import rule_no_steps
+from ddpdoctor.jsontypes import JsonObject
+from ddpdoctor.rundir.schema import DDPModule
 
 # Exposed communication (|comm \ compute|) as a share of step time. Under 20% the step is dominated by compute and
 # tuning DDP buys little. Above it, a warning: a performance problem is never an error (the job computes right).
@@ -92,7 +94,7 @@ def _exposed_noise_us(a: Analysis) -> float:
     return iv.half_width if iv is not None and iv.measurable else 0.0
 
 
-def _cap_advice(whatif: WhatIf | None, fallback: str, noise_us: float = 0.0, cfg: dict[str, Any] | None = None) -> str:
+def _cap_advice(whatif: WhatIf | None, fallback: str, noise_us: float = 0.0, cfg: DDPModule | None = None) -> str:
     """The what-if's cap when it recommends one, else ``fallback`` (without the what-if), or why no cap helps; said
     in the terms of the framework that built DDP (``cfg``: the DDP description)."""
     if not _recommends(whatif, noise_us):
@@ -339,7 +341,7 @@ def rule_first_bucket_late(a: Analysis, w: WhatIf | None) -> list[Finding]:
             if statistics.median(v) > FIRST_BUCKET_LATE_SHARE}
     if not late:
         return []
-    cfg = ddp_config(a) or {}
+    cfg = ddp_config(a) or DDPModule()
     title = ("The first gradient all_reduce starts only after backward has ended" if iv.value >= 100.0 else
              f"The first gradient all_reduce starts {iv.value:.0f}% of the way through backward")
     exposed = median_or_none([s.exposed_comm_us for r in a.ranks for s in r.per_step if r.rank in late])
@@ -348,7 +350,7 @@ def rule_first_bucket_late(a: Analysis, w: WhatIf | None) -> list[Finding]:
         ranks=sorted(late),
         evidence={**cost(exposed, _step_us(a)), "first_allreduce_at_backward_pct": iv.to_json(),
                   "by_rank_pct": {str(k): round(100 * v, 1) for k, v in sorted(late.items())},
-                  "bucket_cap_mb": cfg.get("bucket_cap_mb"), "threshold_pct": threshold},
+                  "bucket_cap_mb": cfg.bucket_cap_mb, "threshold_pct": threshold},
         advice=_cap_advice(w, _smaller_cap_advice(cfg, sizes_known=_bucket_sizes_known(a)), _exposed_noise_us(a), cfg),
     )]
 
@@ -364,16 +366,16 @@ SIZES_UNKNOWN_ADVICE = (
 
 def _bucket_sizes_known(a: Analysis) -> bool:
     """The buckets' bytes come from the trace (shapes) or from a DDP description (RUN/ranks/*/info.json)."""
-    cfg = ddp_config(a) or {}
-    return bool(cfg.get("parameter_bytes") or cfg.get("buckets") or any(b.bytes for b in a.buckets))
+    cfg = ddp_config(a) or DDPModule()
+    return bool(cfg.parameter_bytes or cfg.buckets or any(b.bytes for b in a.buckets))
 
 
-def _smaller_cap_advice(cfg: dict[str, Any] | None, tail: bool = False, sizes_known: bool = True) -> str:
+def _smaller_cap_advice(cfg: DDPModule | None, tail: bool = False, sizes_known: bool = True) -> str:
     """A smaller cap than the current one, or, at 1 MiB already, the reason a smaller cap will not help; without the
     buckets' sizes, that no cap can be advised and what would tell."""
     if not sizes_known:
         return SIZES_UNKNOWN_ADVICE
-    cap = (cfg or {}).get("bucket_cap_mb")
+    cap = cfg.bucket_cap_mb if cfg else None
     if isinstance(cap, (int, float)) and cap <= 1:
         if tail:
             return ("Buckets are already 1 MiB: the tail is the queue of all_reduces still waiting when backward "
@@ -529,7 +531,7 @@ def on_transfer(w: WhatIf, a: Analysis) -> WhatIf:
     return replace(w, saving_us_per_step=cap, saving_pct_of_step=100.0 * cap / step if step > 0 else None)
 
 
-def perf_report_parts(analysis: Analysis) -> tuple[dict[str, Any], list[Finding]]:
+def perf_report_parts(analysis: Analysis) -> tuple[JsonObject, list[Finding]]:
     """The ``whatif`` JSON section and the findings, computing the what-if once (for the analyze pipeline)."""
     w = on_transfer(bucket_whatif(analysis), analysis)
     return {"whatif": w.to_json()}, perf_findings(analysis, w)

@@ -6,7 +6,7 @@ from __future__ import annotations
 import os
 import sys
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 from typing import Any
 
@@ -129,7 +129,7 @@ class LaunchProgress:
                     self._once(f"written-{len(traces)}", f"profiling: {len(traces)} trace(s) written")
 
 
-def with_progress(watcher: Any, spec_torchrun: dict[str, Any], as_json: bool,
+def with_progress(watcher: Any, spec_torchrun: Mapping[str, object], as_json: bool,
                   schedule: Any = None) -> Any:
     """The watcher, wrapped to print launch progress when progress is on (else unchanged)."""
     if not enabled(as_json):

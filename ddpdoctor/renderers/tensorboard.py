@@ -10,9 +10,10 @@ import re
 import statistics
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 from ddpdoctor.renderers.rank_classes import MAX_RANK_ROWS, group_ranks
+from ddpdoctor.reports.perf_json import RankJson
 
 # Tag -> (per_step field, scale, description). ms because that is what people read step times in.
 SCALARS: dict[str, tuple[str, float, str]] = {
@@ -89,7 +90,7 @@ def _series(sections: dict[str, Any]) -> list[tuple[str, list[dict[str, Any]], s
     and one median series per class of alike ranks."""
     ranks = [r for r in sections.get("ranks") or [] if isinstance(r, dict) and isinstance(r.get("rank"), int)]
     stragglers = [r for r in (sections.get("stragglers") or {}).get("ranks") or [] if isinstance(r, int)]
-    groups = group_ranks(ranks, stragglers, MAX_RANK_ROWS)
+    groups = group_ranks(cast("list[RankJson]", ranks), stragglers, MAX_RANK_ROWS)  # the report's JSON, checked above
     if groups is None:
         return [(f"rank{int(r['rank'])}", r.get("per_step") or [], "") for r in ranks]
     by_rank = {int(r["rank"]): r for r in ranks}

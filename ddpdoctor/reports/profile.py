@@ -13,6 +13,7 @@ from ddpdoctor.job.role import NodeInfo
 from ddpdoctor.probes.config import Schedule
 from ddpdoctor.report import Report
 from ddpdoctor.rundir.layout import RunDir
+from ddpdoctor.rundir.schema import Manifest
 
 
 def assemble(run: RunDir, schedule: Schedule, *, locked: bool, nccl_debug: bool = False,
@@ -60,10 +61,10 @@ def window_parts(findings: list[Finding], statuses: dict[int, dict[str, Any] | N
     return ([f] if f is not None else []), notes
 
 
-def _manifest(run: RunDir) -> dict[str, Any] | None:
+def _manifest(run: RunDir) -> Manifest | None:
     from ddpdoctor.rundir import manifest as manifest_mod
 
     try:
-        return manifest_mod.load(run)
+        return manifest_mod.load_typed(run)
     except (OSError, ValueError, BadInput):
         return None

@@ -15,6 +15,7 @@ from ddpdoctor.reports.sections import HangSection, HangVerdict
 from ddpdoctor.rundir import manifest as manifest_mod
 from ddpdoctor.rundir.layout import RunDir
 from ddpdoctor.rundir.loaders import rank_statuses, rank_text
+from ddpdoctor.rundir.schema import Manifest
 
 
 def watched_report(run: RunDir, command: str, *, locked: bool, debug: bool = False,
@@ -23,7 +24,7 @@ def watched_report(run: RunDir, command: str, *, locked: bool, debug: bool = Fal
     ddpdoctor still holds the run directory (launch/runlock.is_locked), so a manifest still "running" is not a
     ddpdoctor that died."""
     base = job_report(run, command, analyse_traces=analyse_traces)
-    ended, stopped = ended_findings(manifest_mod.load(run), locked)
+    ended, stopped = ended_findings(manifest_mod.load_typed(run), locked)
     findings = [*base.findings, *ended, *watch_findings(run, debug=debug, stopped=stopped is not None)]
     parts = list(base.parts)
     hang = _read(run.root / "hang.json")
@@ -38,18 +39,18 @@ def watched_report(run: RunDir, command: str, *, locked: bool, debug: bool = Fal
     # a rank torchrun stopped after the crash (its peers' teardown, not a problem of its own).
     followers = crashed | (torn_down_ranks(run, rank_statuses(run)) if crashed else set())
     findings = [f for f in findings if f.id != "rank-no-status" or not set(f.ranks) <= followers]
-    findings.extend(_aborted_after_finish(run, manifest_mod.load(run)))
+    findings.extend(_aborted_after_finish(run, manifest_mod.load_typed(run)))
     notes = [*base.notes, *monitor_notes(_read(run.root / "heartbeats.json") or {})]
     return Report(command, parts=parts, findings=findings, notes=notes, stopped=stopped)
 
 
-def _aborted_after_finish(run: RunDir, manifest: dict[str, Any]) -> list[Finding]:
+def _aborted_after_finish(run: RunDir, manifest: Manifest) -> list[Finding]:
     """`aborted-after-finish` (findings/job.py): a failed job whose every rank wrote exit status 0. Only then are
     torchrun's failure tables (RUN/torchrun/**/torchrun.log) and the ranks' last stderr lines read."""
     from ddpdoctor.findings.job import TERMINATE_MARK, aborted_after_finish
 
     statuses = rank_statuses(run)
-    if not manifest.get("exit_code") or not statuses or any(s is None or s.get("exit_code") != 0
+    if not manifest.exit_code or not statuses or any(s is None or s.get("exit_code") != 0
                                                             for s in statuses.values()):
         return []
     signals, roots = torchrun_signals(run)

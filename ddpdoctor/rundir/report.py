@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
-from typing import Any, Protocol
+from typing import Protocol
 
+from ddpdoctor.jsontypes import JsonObject
 from ddpdoctor.rundir.layout import RunDir, write_json
 from ddpdoctor.rundir.loaders import rank_statuses
 
@@ -13,7 +14,7 @@ __all__ = ["rank_statuses", "save_report", "save_report_or_problem"]
 class JsonDocument(Protocol):
     """What the run directory saves: anything that gives its JSON (a Report); rundir knows nothing above it."""
 
-    def to_json(self) -> dict[str, Any]: ...
+    def to_json(self) -> JsonObject: ...
 
 
 def save_report(run: RunDir, report: JsonDocument) -> None:
