@@ -10,7 +10,8 @@ import dataclasses
 from collections.abc import Iterable, Mapping
 from typing import Any, ClassVar, TypeVar
 
-from ddpdoctor.findings.model import Finding, Severity, exit_code, ordered, status_word
+from ddpdoctor.findings.model import Finding, Severity, Stopped, exit_code, ordered, status_word
+from ddpdoctor.jsontypes import JsonObject
 
 # The JSON contract's version (docs/json.md): raised when a key is renamed or removed or changes meaning, not when
 # one is added.
@@ -28,8 +29,8 @@ class Section:
     KEYS: ClassVar[tuple[str, ...]] = ()
     OPTIONAL: ClassVar[tuple[str, ...]] = ()
 
-    def to_json(self) -> dict[str, object]:
-        out: dict[str, object] = {}
+    def to_json(self) -> JsonObject:
+        out: JsonObject = {}
         for key in self.KEYS:
             value = getattr(self, key)
             if value is None and key in self.OPTIONAL:
@@ -60,7 +61,7 @@ class RawSection(Section):
 
     data: Mapping[str, Any]
 
-    def to_json(self) -> dict[str, object]:
+    def to_json(self) -> JsonObject:
         return dict(self.data)
 
     @classmethod
@@ -83,11 +84,11 @@ def split_sections(data: Mapping[str, Any], kinds: Iterable[type[Section]]) -> l
     return parts
 
 
-class _SectionsView(dict[str, Any]):
+class _SectionsView(dict[str, Any]):  # a read view of JSON: the public API's boundary
     """Report.sections: the merged JSON of the sections; item assignment goes to the Report's RawSection."""
 
     def __init__(self, report: Report) -> None:
-        merged: dict[str, Any] = {}
+        merged: JsonObject = {}
         for part in report.parts:
             merged.update(part.to_json())
         super().__init__(merged)
@@ -99,20 +100,19 @@ class _SectionsView(dict[str, Any]):
 
 
 class Report:
-    """What a command found: typed ``parts`` (sections), findings and notes, plus ``stopped`` when ddpdoctor was
-    stopped by a signal: {"status": "interrupted" or "stopped", "signal", "exit_code": 128+signal, "message"}
-    (findings/job.py ended_findings); it sets the status word and the exit code."""
+    """What a command found: typed ``parts`` (sections), findings and notes, plus ``stopped`` (a ``Stopped``)
+    when ddpdoctor was stopped by a signal; it sets the status word and the exit code."""
 
     def __init__(self, command: str, sections: Mapping[str, Any] | None = None,
                  findings: Iterable[Finding] = (), notes: Iterable[str] = (),
-                 stopped: Mapping[str, Any] | None = None, parts: Iterable[Section] = ()) -> None:
+                 stopped: Stopped | None = None, parts: Iterable[Section] = ()) -> None:
         self.command = command
         self.parts: list[Section] = list(parts)
         if sections:
             self.parts.append(RawSection(dict(sections)))
         self.findings: list[Finding] = list(findings)
         self.notes: list[str] = list(notes)
-        self.stopped: dict[str, Any] | None = dict(stopped) if stopped else None
+        self.stopped: Stopped | None = Stopped(**stopped) if stopped else None
 
     def __repr__(self) -> str:
         return (f"Report(command={self.command!r}, parts={[type(p).__name__ for p in self.parts]}, "
@@ -153,10 +153,10 @@ class Report:
     def exit_code(self, fail_on: Severity = Severity.ERROR) -> int:
         return exit_code(self.findings, fail_on)
 
-    def to_json(self) -> dict[str, Any]:
+    def to_json(self) -> JsonObject:
         from ddpdoctor.version import __version__
 
-        out: dict[str, Any] = {
+        out: JsonObject = {
             "tool": "ddpdoctor",
             "schema_version": SCHEMA_VERSION,
             "version": __version__,
@@ -164,7 +164,9 @@ class Report:
             "status": self.status,
         }
         if self.stopped:
-            out["stopped"] = dict(self.stopped)
+            st = self.stopped
+            out["stopped"] = {"status": st["status"], "signal": st["signal"], "exit_code": st["exit_code"],
+                              "message": st["message"]}
         out.update(self.sections)
         out["findings"] = [f.to_json() for f in ordered(self.findings)]
         if self.notes:
@@ -190,6 +192,9 @@ class Report:
                                     str(f.get("advice") or "")))
         notes = [str(n) for n in data.get("notes") or []]
         parts = split_sections({k: v for k, v in data.items() if k not in ENVELOPE}, kinds)
-        stopped = data.get("stopped") if isinstance(data.get("stopped"), dict) else None
+        raw = data.get("stopped")
+        stopped = Stopped(status=str(raw.get("status")), signal=str(raw.get("signal")),
+                          exit_code=int(raw.get("exit_code") or 0), message=str(raw.get("message") or "")) \
+            if isinstance(raw, dict) else None
         return cls(command=str(data.get("command", "")), findings=findings, notes=notes, stopped=stopped,
                    parts=parts)

@@ -11,7 +11,12 @@ from __future__ import annotations
 
 from collections import Counter
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Literal
+
+import msgspec
+
+from ddpdoctor.jsontypes import JsonObject
+from ddpdoctor.rundir.schema import DataRecord, DatasetFingerprint, LoaderEpoch, LoaderRecord, SamplerFacts
 
 OVERLAP_HASH_FRACTION = 0.01  # iterable datasets: identical rows can exist in real data; below 1% is info
 COVERAGE_ERROR_FRACTION = 0.01  # more than 1% of the dataset never seen by any rank in an epoch is an error
@@ -26,7 +31,7 @@ class EpochShards:
     samples_per_rank: dict[int, int]
     batches_per_rank: dict[int, int | None]
     overlap: int  # distinct samples seen by more than one rank
-    overlap_examples: list[Any]
+    overlap_examples: list[int | str]  # sample indices, or sample hashes (iterable datasets)
     overlap_pairs: list[tuple[int, int, int]]  # (rank a, rank b, shared samples)
     padding_allowed: int  # DistributedSampler(drop_last=False) repeats this many samples to even the shards
     missing: int | None  # dataset samples no rank saw (None: not judged)
@@ -40,7 +45,7 @@ class EpochShards:
 @dataclass
 class LoaderFacts:
     loader: int
-    sampler: dict[int, dict[str, Any] | None]
+    sampler: dict[int, SamplerFacts | None]
     epochs_seen: dict[int, int]
     same_order_epochs: dict[int, list[int]]  # rank -> epochs whose order equals epoch 0's (shuffling samplers)
     sampler_epochs: dict[int, list[int | None]]
@@ -51,24 +56,62 @@ class LoaderFacts:
 
 
 @dataclass
+class SeedMismatch:
+    """A DistributedSampler seeded differently on different ranks (the evidence of sampler-seed-mismatch)."""
+
+    loader: int
+    seeds: dict[int, int | float | str | bool | None]
+
+    def to_json(self) -> JsonObject:
+        return {"loader": self.loader, "seeds": {str(r): s for r, s in self.seeds.items()}}
+
+
+@dataclass
+class DatasetMismatch:
+    """Datasets of other lengths on different ranks: their shards are not compared (sampler-dataset-differs)."""
+
+    loader: int
+    cause: str | None
+    cause_text: str | None
+    dataset_len: dict[int, int | None]
+
+    def to_json(self) -> JsonObject:
+        return {"loader": self.loader, "cause": self.cause, "cause_text": self.cause_text,
+                "dataset_len": {str(r): n for r, n in self.dataset_len.items()}}
+
+
+@dataclass
+class InitConflictSeen:
+    """DataLoader(shuffle=True) with a sampler, refused by PyTorch on one rank (sampler-shuffle-conflict)."""
+
+    rank: int
+    error: str | None
+    sampler: str | None
+
+    def to_json(self) -> JsonObject:
+        return {"rank": self.rank, "error": self.error, "sampler": self.sampler}
+
+
+@dataclass
 class DataAnalysis:
     epochs: list[EpochShards] = field(default_factory=list)
     loaders: list[LoaderFacts] = field(default_factory=list)
-    seed_mismatch: list[dict[str, Any]] = field(default_factory=list)  # loader, seeds by rank
-    init_conflicts: list[dict[str, Any]] = field(default_factory=list)
+    seed_mismatch: list[SeedMismatch] = field(default_factory=list)
+    init_conflicts: list[InitConflictSeen] = field(default_factory=list)
     set_epoch_calls: dict[int, int] = field(default_factory=dict)
-    dataset_mismatch: list[dict[str, Any]] = field(default_factory=list)  # datasets of other lengths: not compared
+    dataset_mismatch: list[DatasetMismatch] = field(default_factory=list)  # datasets of other lengths: not compared
     notes: list[str] = field(default_factory=list)
 
 
-def _training_loaders(rec: dict[str, Any]) -> list[dict[str, Any]]:
+def _training_loaders(rec: DataRecord) -> list[LoaderRecord]:
     """One rank's loaders that fed training steps, in creation order, each with only its training epochs
     (passes that fed steps), renumbered from 0."""
     out = []
-    for ld in rec.get("loaders", []):
-        epochs = [e for e in ld.get("epochs", []) if e.get("steps", 0) > 0 and not e.get("peek")]
+    for ld in rec.loaders:
+        epochs = [e for e in ld.epochs if e.steps > 0 and not e.peek]
         if epochs:
-            out.append({**ld, "epochs": [{**e, "pass": e.get("epoch"), "epoch": i} for i, e in enumerate(epochs)]})
+            out.append(msgspec.structs.replace(
+                ld, epochs=[msgspec.structs.replace(e, epoch=i) for i, e in enumerate(epochs)]))
     return out
 
 
@@ -87,120 +130,129 @@ CAUSES = {
 }
 
 
-def _dataset_key(ld: dict[str, Any]) -> tuple[Any, ...]:
-    fp = ld.get("dataset_fp") or {}
-    subset = (ld.get("subset") or {}).get("hash")
-    if fp.get("varies") or fp.get("error"):
-        return (ld.get("dataset_len"), subset)
-    return (ld.get("dataset_len"), subset, fp.get("first"), fp.get("last"))
+def _dataset_key(ld: LoaderRecord) -> tuple[int | str | None, ...]:
+    fp = ld.dataset_fp or DatasetFingerprint()
+    subset = ld.subset.hash if ld.subset else None
+    if fp.varies or fp.error:
+        return (ld.dataset_len, subset)
+    return (ld.dataset_len, subset, fp.first, fp.last)
 
 
-def shard_cause(loader_by_rank: dict[int, dict[str, Any]], world_size: int) -> str | None:
+def shard_cause(loader_by_rank: dict[int, LoaderRecord], world_size: int) -> str | None:
     """Why these ranks' shards of one loader are wrong, as a key of CAUSES (None: nothing to blame)."""
     lds = list(loader_by_rank.values())
-    if any(ld.get("iterable") for ld in lds):
+    if any(ld.iterable for ld in lds):
         return "iterable-not-split"
-    samplers = [ld.get("sampler") or {} for ld in lds]
-    distributed = all(s.get("distributed") for s in samplers)
+    samplers = [ld.sampler or SamplerFacts() for ld in lds]
+    distributed = all(s.distributed for s in samplers)
     if len({_dataset_key(ld) for ld in lds}) > 1:
         return "dataset-differs" if distributed else "hand-made-shards"
     if distributed:
-        if len({s.get("seed") for s in samplers}) > 1:
+        if len({s.seed for s in samplers}) > 1:
             return "seed-differs"
-        ranks = [s.get("rank") for s in samplers]
-        if len(set(ranks)) < len(ranks) or any(s.get("num_replicas") != world_size for s in samplers):
+        ranks = [s.rank for s in samplers]
+        if len(set(ranks)) < len(ranks) or any(s.num_replicas != world_size for s in samplers):
             return "sampler-rank"
         return None
-    shards = [s.get("sharded_by") or {} for s in samplers]
-    if all(sh.get("num_processes") == world_size for sh in shards):
+    shards = [s.sharded_by for s in samplers]
+    if all(sh is not None and sh.num_processes == world_size for sh in shards):
         # The batches are split across ranks by a wrapper (accelerate's prepare()): a sharded loader, not one
         # without a DistributedSampler. Its shares are disjoint only if every rank draws the same permutation.
-        if len({sh.get("process_index") for sh in shards}) < len(shards):
+        if len({sh.process_index for sh in shards if sh is not None}) < len(shards):
             return "sampler-rank"
         # (the explanation of shares seen to overlap; with seeds unknown, a shuffled order is all that can differ)
-        seeds = {s.get("seed") for s in samplers}
-        if any(s.get("shuffle") for s in samplers) and (len(seeds) > 1 or seeds == {None}):
+        seeds = {s.seed for s in samplers}
+        if any(s.shuffle for s in samplers) and (len(seeds) > 1 or seeds == {None}):
             return "shard-order-differs"
         return None
-    if any(s.get("framework") == "lightning" for s in samplers):
+    if any(s.framework == "lightning" for s in samplers):
         return "lightning-sampler-off"  # Lightning adds a DistributedSampler unless it was told not to
-    return "shuffle-no-distributed-sampler" if any(s.get("shuffle") for s in samplers) else "no-distributed-sampler"
+    return "shuffle-no-distributed-sampler" if any(s.shuffle for s in samplers) else "no-distributed-sampler"
 
 
-def _steps_per_epoch(ld: dict[str, Any]) -> int | None:
+def _steps_per_epoch(ld: LoaderRecord) -> int | None:
     """Steps one full epoch takes, from the first epoch's length and the batches each step consumed."""
-    epochs = ld.get("epochs", [])
-    if not epochs:
+    if not ld.epochs:
         return None
-    first = epochs[0]
-    batches, yielded, steps = first.get("len"), first.get("batches_yielded", 0), first.get("steps", 0)
+    first = ld.epochs[0]
+    batches, yielded, steps = first.len, first.batches_yielded or 0, first.steps
     if not batches or not yielded or not steps:
         return None
     return max(1, -(-int(batches) * int(steps) // int(yielded)))
 
 
-def _shuffles(sampler: dict[str, Any] | None) -> bool:
-    return bool(sampler and sampler.get("shuffle") and not sampler.get("replacement"))
+def _shuffles(sampler: SamplerFacts | None) -> bool:
+    return bool(sampler and sampler.shuffle and not sampler.replacement)
 
 
-def _root_mode(loader_by_rank: dict[int, dict[str, Any]]) -> bool:
+def _root_mode(loader_by_rank: dict[int, LoaderRecord]) -> bool:
     """Each rank loads a different Subset of one dataset (hand-made shards): compare the underlying indices."""
-    subsets = [s for ld in loader_by_rank.values() if (s := ld.get("subset"))]
-    return (len(subsets) == len(loader_by_rank) and len({s["hash"] for s in subsets}) > 1
-            and len({s["root_len"] for s in subsets}) == 1)
+    subsets = [s for ld in loader_by_rank.values() if (s := ld.subset)]
+    return (len(subsets) == len(loader_by_rank) and len({s.hash for s in subsets}) > 1
+            and len({s.root_len for s in subsets}) == 1)
 
 
-def epoch_shards(loader_id: int, epoch: int, per_rank: dict[int, dict[str, Any]], loader_by_rank: dict[int, dict[str, Any]]) -> EpochShards:
+SampleKey = Literal["indices", "root_indices", "sample_hashes"]
+
+
+def _samples(e: LoaderEpoch, key: SampleKey) -> list[int] | list[str]:
+    """One epoch's record of the samples it yielded: their indices (in the root dataset), or their hashes."""
+    found = e.indices if key == "indices" else e.root_indices if key == "root_indices" else e.sample_hashes
+    return found or []
+
+
+def epoch_shards(loader_id: int, epoch: int, per_rank: dict[int, LoaderEpoch],
+                 loader_by_rank: dict[int, LoaderRecord]) -> EpochShards:
     """Overlap and coverage of one epoch; ``per_rank`` maps rank -> that rank's epoch record."""
     any_loader = next(iter(loader_by_rank.values()))
-    hashed = bool(any_loader.get("iterable"))
+    hashed = bool(any_loader.iterable)
     root = not hashed and _root_mode(loader_by_rank)
-    key = "sample_hashes" if hashed else ("root_indices" if root else "indices")
-    dataset_len = any_loader["subset"]["root_len"] if root else any_loader.get("dataset_len")
+    key: SampleKey = "sample_hashes" if hashed else ("root_indices" if root else "indices")
+    dataset_len = any_loader.subset.root_len if root and any_loader.subset else any_loader.dataset_len
     limit = None
-    if dataset_len and any(e.get("truncated") for e in per_rank.values()):
+    if dataset_len and any(e.truncated for e in per_rank.values()):
         # A capped (endless) sampler's record can span several passes: compare one shard's worth per rank.
         limit = -(-int(dataset_len) // len(per_rank))
-    sets = {r: set((e.get(key) or [])[:limit]) for r, e in per_rank.items()}
-    counts: Counter[Any] = Counter()
+    sets: dict[int, set[int | str]] = {r: set(_samples(e, key)[:limit]) for r, e in per_rank.items()}
+    counts: Counter[int | str] = Counter()
     for s in sets.values():
         counts.update(s)
     shared = sorted((x for x, c in counts.items() if c > 1), key=str)
     ranks = sorted(sets)
     pairs = [(a, b, len(sets[a] & sets[b])) for i, a in enumerate(ranks) for b in ranks[i + 1:] if sets[a] & sets[b]]
-    sampler = any_loader.get("sampler") or {}
+    sampler = any_loader.sampler or SamplerFacts()
     padding = drop = 0
-    if sampler.get("distributed") and dataset_len is not None:
-        total = int(sampler.get("total_size", dataset_len))
-        if sampler.get("drop_last"):
+    if sampler.distributed and dataset_len is not None:
+        total = int(sampler.total_size if sampler.total_size is not None else dataset_len)
+        if sampler.drop_last:
             drop = max(0, dataset_len - total)
         else:
             padding = max(0, total - dataset_len)
     missing: int | None = None
     missing_examples: list[int] = []
-    judge_coverage = (not hashed and dataset_len is not None and not sampler.get("replacement")
-                      and not any(e.get("truncated") for e in per_rank.values()))
+    judge_coverage = (not hashed and dataset_len is not None and not sampler.replacement
+                      and not any(e.truncated for e in per_rank.values()))
     if judge_coverage and dataset_len is not None:  # judge_coverage implies the None check; mypy needs it here
-        seen = set().union(*sets.values()) if sets else set()
+        seen: set[int | str] = set().union(*sets.values()) if sets else set()
         missing = sum(1 for i in range(int(dataset_len)) if i not in seen)
         missing_examples = [i for i in range(int(dataset_len)) if i not in seen][:10]
     return EpochShards(
         loader=loader_id, epoch=epoch, kind=key.replace("sample_", ""), dataset_len=dataset_len,
-        samples_per_rank={r: len(e.get(key) or []) for r, e in per_rank.items()},
-        batches_per_rank={r: e.get("batches") for r, e in per_rank.items()},
+        samples_per_rank={r: len(_samples(e, key)) for r, e in per_rank.items()},
+        batches_per_rank={r: e.batches for r, e in per_rank.items()},
         overlap=len(shared), overlap_examples=shared[:10], overlap_pairs=pairs, padding_allowed=padding,
         missing=missing, missing_examples=missing_examples, drop_allowed=drop,
     )
 
 
-def analyze_data(data: dict[int, dict[str, Any]], world_size: int | None = None) -> DataAnalysis:
+def analyze_data(data: dict[int, DataRecord], world_size: int | None = None) -> DataAnalysis:
     """``data``: rank -> that rank's data.json; ``world_size`` defaults to the number of ranks."""
     out = DataAnalysis()
     world = world_size or len(data)
     for rank, rec in sorted(data.items()):
-        out.set_epoch_calls[rank] = int(rec.get("set_epoch_calls", 0))
-        for c in rec.get("init_conflicts", []):
-            out.init_conflicts.append({"rank": rank, **c})
+        out.set_epoch_calls[rank] = rec.set_epoch_calls
+        for c in rec.init_conflicts:
+            out.init_conflicts.append(InitConflictSeen(rank, c.error, c.sampler))
     ranks = sorted(data)
     training = {r: _training_loaders(data[r]) for r in ranks}
     # The k-th training loader of each rank are the same loader: a rank that builds an extra loader (for
@@ -209,42 +261,42 @@ def analyze_data(data: dict[int, dict[str, Any]], world_size: int | None = None)
         loader_by_rank = {r: training[r][k] for r in ranks if k < len(training[r])}
         if len(loader_by_rank) < 2:
             continue
-        loader_id = int(loader_by_rank[min(loader_by_rank)]["loader"])
+        loader_id = loader_by_rank[min(loader_by_rank)].loader
         cause = shard_cause(loader_by_rank, world)
         cause_text = CAUSES.get(cause or "")
         lowest = loader_by_rank[min(loader_by_rank)]
-        facts = LoaderFacts(loader=loader_id, sampler={r: ld.get("sampler") for r, ld in loader_by_rank.items()},
-                            epochs_seen={r: len(ld.get("epochs", [])) for r, ld in loader_by_rank.items()},
+        facts = LoaderFacts(loader=loader_id, sampler={r: ld.sampler for r, ld in loader_by_rank.items()},
+                            epochs_seen={r: len(ld.epochs) for r, ld in loader_by_rank.items()},
                             same_order_epochs={}, sampler_epochs={}, cause=cause, cause_text=cause_text,
                             steps_per_epoch=_steps_per_epoch(lowest),
-                            steps_seen=sum(int(e.get("steps", 0)) for e in lowest.get("epochs", [])))
-        lens = {ld.get("dataset_len") for ld in loader_by_rank.values()}
+                            steps_seen=sum(e.steps for e in lowest.epochs))
+        lens = {ld.dataset_len for ld in loader_by_rank.values()}
         if len(lens) > 1 and not _root_mode(loader_by_rank):
             out.loaders.append(facts)
-            out.dataset_mismatch.append({"loader": loader_id, "cause": cause, "cause_text": cause_text,
-                                         "dataset_len": {str(r): ld.get("dataset_len") for r, ld in loader_by_rank.items()}})
+            out.dataset_mismatch.append(DatasetMismatch(loader_id, cause, cause_text,
+                                                        {r: ld.dataset_len for r, ld in loader_by_rank.items()}))
             continue
         for r, ld in loader_by_rank.items():
-            epochs = ld.get("epochs", [])
-            facts.sampler_epochs[r] = [e.get("sampler_epoch") for e in epochs]
-            if _shuffles(ld.get("sampler")) and len(epochs) >= 2 and epochs[0].get("order_hash"):
-                same = [e["epoch"] for e in epochs[1:] if e.get("order_hash") == epochs[0]["order_hash"]]
+            epochs = ld.epochs
+            facts.sampler_epochs[r] = [e.sampler_epoch for e in epochs]
+            if _shuffles(ld.sampler) and len(epochs) >= 2 and epochs[0].order_hash:
+                same = [int(e.epoch or 0) for e in epochs[1:] if e.order_hash == epochs[0].order_hash]
                 if same:
                     facts.same_order_epochs[r] = same
         out.loaders.append(facts)
-        seeds = {r: (ld.get("sampler") or {}).get("seed") for r, ld in loader_by_rank.items()}
+        seeds = {r: ld.sampler.seed if ld.sampler else None for r, ld in loader_by_rank.items()}
         if all(s is not None for s in seeds.values()) and len(set(seeds.values())) > 1:
-            out.seed_mismatch.append({"loader": loader_id, "seeds": {str(r): s for r, s in seeds.items()}})
-        n_epochs = min(len(ld.get("epochs", [])) for ld in loader_by_rank.values())
+            out.seed_mismatch.append(SeedMismatch(loader_id, seeds))
+        n_epochs = min(len(ld.epochs) for ld in loader_by_rank.values())
         for e in range(n_epochs):
-            per_rank = {r: ld["epochs"][e] for r, ld in loader_by_rank.items()}
-            if not any(rec.get("steps", 0) > 0 for rec in per_rank.values()):
+            per_rank = {r: ld.epochs[e] for r, ld in loader_by_rank.items()}
+            if not any(rec.steps > 0 for rec in per_rank.values()):
                 continue
-            if not next(iter(loader_by_rank.values())).get("iterable") and any("indices" not in rec for rec in per_rank.values()):
+            if not next(iter(loader_by_rank.values())).iterable and any(rec.indices is None for rec in per_rank.values()):
                 continue  # past the epochs whose indices were kept
             shards = epoch_shards(loader_id, e, per_rank, loader_by_rank)
             shards.cause, shards.cause_text = cause, cause_text
-            shards.batch_size = lowest.get("batch_size")
+            shards.batch_size = lowest.batch_size
             out.epochs.append(shards)
         judged = [x for x in out.epochs if x.loader == loader_id]
         if cause == "dataset-differs" and judged and not any(x.overlap or x.missing for x in judged):

@@ -7,7 +7,6 @@ import statistics
 from collections import defaultdict
 from collections.abc import Iterable
 from dataclasses import dataclass, field
-from typing import Any
 
 from ddpdoctor.analyses.collectives import BUS_FACTOR
 from ddpdoctor.analyses.diff_changes import ConfigChange
@@ -16,6 +15,8 @@ from ddpdoctor.analyses.diff_stats import MIN_EFFECT_PCT, MIN_EFFECT_US, Delta, 
 from ddpdoctor.analyses.intervals import MIN_SAMPLES
 from ddpdoctor.analyses.results import Analysis, StepMetrics
 from ddpdoctor.analyses.whatif import ddp_config
+from ddpdoctor.jsontypes import JsonObject
+from ddpdoctor.rundir.schema import DDPModule
 
 # The step's wall time split two ways (each sums to the step): by what ran, and by phase of the step.
 RESOURCES = ("compute", "exposed_comm", "data_wait", "idle")
@@ -93,7 +94,7 @@ class Contributor:
     delta: Delta
     waiting_for: list[int] = field(default_factory=list)  # exposed comm grown while these ranks made others wait
 
-    def to_json(self) -> dict[str, Any]:
+    def to_json(self) -> JsonObject:
         return {"component": self.component, "kind": self.kind, "ranks": self.ranks, "rank": self.rank,
                 **self.delta.to_json(), "waiting_for": self.waiting_for}
 
@@ -153,7 +154,7 @@ class RunDiff:
     notes: list[str] = field(default_factory=list)
     operators: list[OpDelta] = field(default_factory=list)  # analyses/diff_ops.py, on the contributors' ranks
 
-    def to_json(self) -> dict[str, Any]:
+    def to_json(self) -> JsonObject:
         def r(v: float | None) -> float | None:
             return None if v is None else round(v, 3)
 
@@ -278,10 +279,9 @@ def _collectives(base: Analysis, new: Analysis, bsteps: list[int], nsteps: list[
 
 
 def _layout(a: Analysis) -> tuple[float | None, list[int]]:
-    cfg = ddp_config(a) or {}
-    cap = cfg.get("bucket_cap_mb")
-    sizes = [int(b.get("bytes") or 0) for b in cfg.get("buckets") or [] if isinstance(b, dict)]
-    return (float(cap) if isinstance(cap, (int, float)) else None), sizes
+    cfg = ddp_config(a) or DDPModule()
+    sizes = [int(b.bytes or 0) for b in cfg.buckets]
+    return (float(cfg.bucket_cap_mb) if cfg.bucket_cap_mb is not None else None), sizes
 
 
 def _bucket_rows(a: Analysis) -> dict[int, tuple[int | None, float, float | None]]:

@@ -7,6 +7,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from ddpdoctor.jsontypes import JsonObject
+
 if TYPE_CHECKING:
     from ddpdoctor.rundir.schema import Manifest
 
@@ -38,7 +40,7 @@ class ConfigChange:
     new: Any
     explains: tuple[str, ...]
 
-    def to_json(self) -> dict[str, Any]:
+    def to_json(self) -> JsonObject:
         return {"key": self.key, "base": self.base, "new": self.new, "explains": list(self.explains)}
 
 

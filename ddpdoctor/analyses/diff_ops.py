@@ -9,6 +9,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from ddpdoctor.analyses.diff_stats import Delta, delta
+from ddpdoctor.jsontypes import JsonObject
 from ddpdoctor.traces.loader import RawTrace
 
 # Operators named in a diff: the largest changes among those that count.
@@ -78,7 +79,7 @@ class OpDelta:
     rank: int
     delta: Delta
 
-    def to_json(self) -> dict[str, Any]:
+    def to_json(self) -> JsonObject:
         return {"name": self.name[:MAX_NAME], "kind": self.kind, "rank": self.rank, **self.delta.to_json()}
 
 

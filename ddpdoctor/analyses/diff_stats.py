@@ -5,9 +5,9 @@ from __future__ import annotations
 
 import statistics
 from dataclasses import dataclass
-from typing import Any
 
 from ddpdoctor.analyses.intervals import MIN_SAMPLES, Interval, bootstrap_mean_diff
+from ddpdoctor.jsontypes import JsonObject
 
 # Noise is not a regression: a change is reported only when its 90% interval excludes zero AND its size is at least
 # the minimum effect: MIN_EFFECT_PCT of the base step, MIN_EFFECT_US, and NOISE_SD times the pooled standard deviation
@@ -32,7 +32,7 @@ class Delta:
     pct_of_step: float | None  # change / base step (job mean), %
     min_effect_us: float  # the smallest change counted for this figure (MIN_EFFECT_*, NOISE_SD)
 
-    def to_json(self) -> dict[str, Any]:
+    def to_json(self) -> JsonObject:
         return {"base_ms": round(self.base_us / 1e3, 3), "new_ms": round(self.new_us / 1e3, 3),
                 "delta_ms": self.change.to_json(scale=1e-3, digits=3), "pct_of_step": self.pct_of_step,
                 "significant": self.significant, "min_effect_ms": round(self.min_effect_us / 1e3, 3)}

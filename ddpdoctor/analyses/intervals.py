@@ -10,9 +10,10 @@ import random
 import statistics
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any
 
 import numpy as np
+
+from ddpdoctor.jsontypes import JsonObject
 
 # 90% percentile interval from 400 resamples: narrow enough to decide on 6-10 steps, and fixed-seed so that the same
 # recorded run always gives the same verdict.
@@ -54,7 +55,7 @@ class Interval:
         """The figure is above ``threshold`` but its interval reaches below it (or there are too few samples)."""
         return self.value > threshold and not self.above(threshold)
 
-    def to_json(self, scale: float = 1.0, digits: int = 1) -> dict[str, Any]:
+    def to_json(self, scale: float = 1.0, digits: int = 1) -> JsonObject:
         return {"value": round(self.value * scale, digits), "interval": [round(self.lo * scale, digits),
                 round(self.hi * scale, digits)], "n": self.n}
 

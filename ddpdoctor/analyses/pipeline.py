@@ -7,7 +7,6 @@ from __future__ import annotations
 import os
 from collections import defaultdict
 from collections.abc import Callable
-from concurrent.futures import ProcessPoolExecutor, as_completed
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -15,7 +14,7 @@ from typing import Any
 from ddpdoctor.analyses import crossrank
 from ddpdoctor.analyses import summary as summ
 from ddpdoctor.analyses.rank import RankResult
-from ddpdoctor.analyses.results import Analysis
+from ddpdoctor.analyses.results import Analysis, DDPModuleEntry
 from ddpdoctor.errors import BadInput
 from ddpdoctor.rundir import artefacts
 from ddpdoctor.rundir.layout import RunDir
@@ -138,6 +137,9 @@ def reduce_all(units: list[_Unit], opts: AnalyzeOptions) -> tuple[list[RankResul
     workers = opts.workers or min(len(units), usable_cores())
     tick = opts.on_bytes or (lambda n: None)
     if workers > 1 and sum(1 for u in units if u.summary is None) > 1:
+        # multiprocessing only when it is used
+        from concurrent.futures import ProcessPoolExecutor, as_completed
+
         with ProcessPoolExecutor(max_workers=workers) as pool:
             futures = {pool.submit(_reduce_safe, u, opts.window): u for u in units}
             for done in as_completed(futures):
@@ -196,13 +198,13 @@ def _check_steps(results: list[RankResult]) -> list[str]:
             for r in without]
 
 
-def ddp_section(manifest: Manifest | None) -> list[dict[str, Any]]:
+def ddp_section(manifest: Manifest | None) -> list[DDPModuleEntry]:
     """The DDP modules of the lowest rank that reported them (configuration and bucket layout)."""
     mods = {r: m for r, m in (manifest.ddp_modules if manifest else {}).items() if m}
     if not mods:
         return []
     rank = min(mods)
-    return [{"rank": rank, "module": i, **artefacts.to_dict(m)} for i, m in enumerate(mods[rank])]
+    return [DDPModuleEntry(rank, i, m) for i, m in enumerate(mods[rank])]
 
 
 def analyze_paths(paths: list[Path], options: AnalyzeOptions | None = None) -> Analysis:

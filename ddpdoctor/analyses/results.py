@@ -6,150 +6,26 @@ after clock alignment (``clock_offsets_us``)."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field, fields, is_dataclass
-from typing import Any
+from dataclasses import dataclass, field
 
-_FIELDS: dict[type, tuple[str, ...]] = {}
-_ATOMS = (str, int, float, bool, type(None))
+import msgspec
 
+# The per-rank records live with the run directory's schema (summary.json); analyses re-export them here.
+from ddpdoctor.jsontypes import JsonObject
+from ddpdoctor.rundir.schema import DDPModule
+from ddpdoctor.rundir.summary_records import (
+    Bucket,
+    CollectiveCall,
+    GradReady,
+    InputInfo,
+    RankMetrics,
+    StepMetrics,
+    SyncCall,
+    asdict,
+)
 
-def asdict(obj: Any) -> Any:
-    """dataclasses.asdict for these result types, without its deep copy of every number: the same dicts and lists,
-    a tenth of the time (at 40,000 steps or 1,024 ranks, asdict was most of analyze's time after the traces)."""
-    if isinstance(obj, _ATOMS):
-        return obj
-    cls = type(obj)
-    names = _FIELDS.get(cls)
-    if names is None and is_dataclass(obj):
-        names = _FIELDS[cls] = tuple(f.name for f in fields(obj))
-    if names is not None:
-        return {n: asdict(getattr(obj, n)) for n in names}
-    if isinstance(obj, dict):
-        return {k: asdict(v) for k, v in obj.items()}
-    if isinstance(obj, list):
-        return [asdict(v) for v in obj]
-    if isinstance(obj, tuple):
-        items = [asdict(v) for v in obj]
-        return type(obj)(*items) if hasattr(obj, "_fields") else type(obj)(items)
-    return obj
-
-
-@dataclass
-class InputInfo:
-    """One trace file (or per-rank summary) the analysis used."""
-
-    path: str
-    rank: int
-    rank_source: str  # "distributedInfo" | "filename" | "order" | "summary"
-    device: str  # "cpu" | "gpu"
-    events: int
-
-
-@dataclass(slots=True)  # one per step or call: thousands to millions of them
-class StepMetrics:
-    """One ProfilerStep#N window of one rank."""
-
-    step: int
-    start_us: float
-    dur_us: float
-    compute_us: float
-    comm_us: float
-    overlap_us: float
-    overlap_pct: float | None  # 100*overlap/comm; None iff comm_us == 0
-    exposed_comm_us: float
-    idle_us: float
-    backward_start_us: float | None
-    backward_end_us: float | None
-    comm_in_backward_us: float
-    data_wait_us: float
-    # The backward pass as the CPU ran it (on GPU traces backward_*_us are the GPU span of its kernels).
-    cpu_backward_start_us: float | None = None
-    cpu_backward_end_us: float | None = None
-    # Backward passes in this step (gradient accumulation: several, the ones under no_sync and the synced one). The
-    # backward_* windows above are the synced pass's: buckets, overlap, tail and sync calls read that one.
-    backward_passes: int = 1
-
-
-@dataclass
-class RankMetrics:
-    """Totals over the recorded steps of one rank (per_step holds each step)."""
-
-    rank: int
-    world_size: int | None
-    device: str
-    backend: str | None
-    steps: int
-    step_ids: list[int]
-    step_time_us: dict[str, float | None]  # median, p90, max
-    compute_us: float
-    comm_us: float
-    overlap_us: float
-    overlap_pct: float | None  # None iff comm_us == 0
-    exposed_comm_us: float
-    exposed_comm_pct: float | None  # of step time (sum of step durations); None without steps
-    idle_us: float
-    memory_us: float
-    backward_us: float
-    comm_in_backward_us: float
-    data_wait_us: float
-    per_step: list[StepMetrics] = field(default_factory=list)
-
-
-@dataclass(slots=True)
-class CollectiveCall:
-    """One collective as it ran on one rank (GPU: the NCCL kernel; CPU: the gloo work on the gloo thread)."""
-
-    rank: int
-    index: int  # k-th collective of this rank (in start order)
-    step: int | None
-    op: str  # all_reduce, broadcast, all_gather, reduce_scatter, send_recv, barrier, ...
-    group: str | None
-    seq: int | None
-    bytes: int | None
-    start_us: float
-    dur_us: float
-    end_us: float
-    start_rel_backward_us: float | None  # start - backward start of its step
-    algbw_gbps: float | None  # bytes / dur, GB/s (1e9 bytes/s)
-    busbw_gbps: float | None
-    launch_us: float | None = None  # when the host enqueued it (CPU: the c10d call; GPU: the kernel launch)
-
-
-@dataclass(slots=True)
-class Bucket:
-    """One DDP gradient bucket all-reduce of one step (the all_reduce calls launched from backward)."""
-
-    rank: int
-    step: int
-    index: int
-    bytes: int | None
-    start_us: float
-    end_us: float
-    dur_us: float
-    is_last: bool
-    after_backward_end_us: float  # max(0, end - backward end): communication left after backward
-
-
-@dataclass(slots=True)
-class GradReady:
-    """A parameter's gradient became ready (end of its AccumulateGrad) at t_us."""
-
-    rank: int
-    step: int | None
-    t_us: float
-    bytes: int | None
-
-
-@dataclass(slots=True)
-class SyncCall:
-    """A call that blocks the CPU until queued device work is done (cudaDeviceSynchronize, .item(), ...)."""
-
-    rank: int
-    step: int | None
-    name: str
-    t_us: float  # CPU clock (aligned); compare with StepMetrics.cpu_backward_*_us
-    dur_us: float
-    detail: str = ""
+__all__ = ["Analysis", "BandwidthFit", "Bucket", "CollectiveCall", "CommSplit", "DDPModuleEntry", "GradReady", "InputInfo",
+           "MatchedCollective", "RankMetrics", "StepMetrics", "Stragglers", "SyncCall", "asdict"]
 
 
 @dataclass
@@ -194,7 +70,7 @@ class CommSplit:
     waiting_for_us: dict[int, float] = field(default_factory=dict)
     wait_by_step: dict[int, float] = field(default_factory=dict)
 
-    def to_json(self) -> dict[str, Any]:
+    def to_json(self) -> JsonObject:
         n = max(1, self.steps)
         return {"rank": self.rank, "steps": self.steps, "exposed_ms_per_step": round(self.exposed_us / n / 1e3, 3),
                 "wait_ms_per_step": round(self.wait_us / n / 1e3, 3),
@@ -215,7 +91,7 @@ class Stragglers:
     # makes the others wait most (docs/metrics.md#caused-wait); its majority is judged there, not over every kind.
     last_in_kind: dict[int, tuple[str, int, int]] = field(default_factory=dict)
 
-    def to_json(self) -> dict[str, Any]:
+    def to_json(self) -> JsonObject:
         return {
             "ranks": list(self.ranks),
             "evidence": {
@@ -226,6 +102,27 @@ class Stragglers:
                 "step_time_us_by_rank": {str(k): v for k, v in self.step_time_us_by_rank.items()},
             },
         }
+
+
+@dataclass(slots=True)
+class OpTotals:
+    """One op's collectives: how many, their bytes (None when no call has a known size), their time."""
+
+    count: int = 0
+    bytes: int | None = None
+    time_us: float = 0.0
+
+
+@dataclass
+class DDPModuleEntry:
+    """One DDP module of the lowest rank that reported them: a row of the "ddp" section (docs/json.md)."""
+
+    rank: int
+    module: int  # its index among the rank's DDP modules
+    config: DDPModule  # configuration and bucket layout, as the run directory's manifest recorded them
+
+    def to_json(self) -> JsonObject:
+        return {"rank": self.rank, "module": self.module, **msgspec.to_builtins(self.config)}
 
 
 @dataclass
@@ -243,25 +140,25 @@ class Analysis:
     matched: list[MatchedCollective] = field(default_factory=list)
     stragglers: Stragglers | None = None
     clock_offsets_us: dict[int, float] = field(default_factory=dict)
-    ddp: list[dict[str, Any]] = field(default_factory=list)
+    ddp: list[DDPModuleEntry] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
     # rank -> (cores it could run on, ranks on its host), from a ddpdoctor run's manifest; absent for bare traces
     host_cpus: dict[int, tuple[int, int]] = field(default_factory=dict)
     # Exposed communication per rank split into waiting for a late peer, transfer and host dispatch (crossrank.py)
     comm_split: list[CommSplit] = field(default_factory=list)
 
-    def by_op(self) -> dict[str, dict[str, Any]]:
-        """count, bytes (null when no call of the op has a known size) and total time per op."""
-        out: dict[str, dict[str, Any]] = {}
+    def by_op(self) -> dict[str, OpTotals]:
+        """count, bytes (None when no call of the op has a known size) and total time per op."""
+        out: dict[str, OpTotals] = {}
         for c in self.calls:
-            row = out.setdefault(c.op, {"count": 0, "bytes": None, "time_us": 0.0})
-            row["count"] += 1
+            row = out.setdefault(c.op, OpTotals())
+            row.count += 1
             if c.bytes is not None:
-                row["bytes"] = (row["bytes"] or 0) + c.bytes
-            row["time_us"] += c.dur_us
+                row.bytes = (row.bytes or 0) + c.bytes
+            row.time_us += c.dur_us
         return out
 
-    def to_sections(self) -> dict[str, Any]:
+    def to_sections(self) -> JsonObject:
         """The JSON sections of docs/json.md (everything except the envelope and findings)."""
         matched = []
         for m in self.matched:
@@ -276,7 +173,7 @@ class Analysis:
             "ranks": [asdict(r) for r in self.ranks],
             "collectives": {
                 "count": len(self.calls),
-                "by_op": self.by_op(),
+                "by_op": {op: asdict(t) for op, t in self.by_op().items()},
                 "calls": [asdict(c) for c in self.calls],
                 "buckets": [asdict(b) for b in self.buckets],
                 "grad_ready": [asdict(g) for g in self.grad_ready],
@@ -287,5 +184,5 @@ class Analysis:
             "stragglers": self.stragglers.to_json() if self.stragglers else {"ranks": [], "evidence": {}},
             "exposed_split": [c.to_json() for c in self.comm_split],
             "clock_offsets_us": {str(k): v for k, v in self.clock_offsets_us.items()},
-            "ddp": self.ddp,
+            "ddp": [d.to_json() for d in self.ddp],
         }

@@ -11,7 +11,9 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Literal
+
+from ddpdoctor.rundir.schema import Equivalence, Fingerprint, SyncModule, SyncRecord, SyncRow
 
 RTOL = 1e-5  # relative: float32 rounding of another summation order stays well below this
 EQUIVALENCE_RTOL = 1e-3  # float32 gradients summed in another order differ by ~1e-6..1e-5; 100x margin
@@ -53,26 +55,35 @@ class UnsyncedStep:
 
 
 @dataclass
+class ParamOutsideDDP:
+    """A parameter one rank's optimizer updates that belongs to no DDP module."""
+
+    rank: int
+    name: str
+    shape: list[int]
+
+
+@dataclass
 class SyncAnalysis:
     ranks: list[int]
-    modules: list[dict[str, Any]]  # rank 0's (lowest rank's) description of each DDP module
+    modules: list[SyncModule]  # rank 0's (lowest rank's) description of each DDP module
     grads: TensorCheck
     params: TensorCheck
     buffers: TensorCheck
     never_synced: list[UnsyncedStep]
     unused: dict[int, list[str]]  # module -> parameters with no gradient at any checked step on any rank
-    outside_ddp: list[dict[str, Any]]
-    equivalence: dict[str, Any] | None
+    outside_ddp: list[ParamOutsideDDP]
+    equivalence: Equivalence | None
     steps_checked: int  # steps whose fingerprints were taken (the gradient-check window)
     buffer_sync_by_ddp: dict[int, bool]  # module -> DDP broadcast buffers before the checked forwards
     steps_run: int = 0  # steps every rank completed (the data recorder may run past the window)
 
 
-def _num(v: Any) -> float:
+def _num(v: float | str) -> float:
     return float(v)  # non-finite values arrive as the strings "nan", "inf", "-inf"
 
 
-def compare_fingerprints(a: list[Any] | None, b: list[Any] | None) -> tuple[bool, float, float]:
+def compare_fingerprints(a: Fingerprint, b: Fingerprint) -> tuple[bool, float, float]:
     """(bitwise equal, max abs diff over sum and samples, max relative diff over all components)."""
     if a is None and b is None:
         return True, 0.0, 0.0
@@ -100,15 +111,22 @@ def compare_fingerprints(a: list[Any] | None, b: list[Any] | None) -> tuple[bool
     return False, abs_diff, rel_diff
 
 
-def _rows_by_key(records: dict[int, dict[str, Any]], kind: str) -> dict[tuple[int, int], dict[int, dict[str, Any]]]:
-    out: dict[tuple[int, int], dict[int, dict[str, Any]]] = {}
+Kind = Literal["grads", "params", "buffers"]
+
+
+def _rows(rec: SyncRecord, kind: Kind) -> list[SyncRow]:
+    return rec.grads if kind == "grads" else rec.params if kind == "params" else rec.buffers
+
+
+def _rows_by_key(records: dict[int, SyncRecord], kind: Kind) -> dict[tuple[int, int], dict[int, SyncRow]]:
+    out: dict[tuple[int, int], dict[int, SyncRow]] = {}
     for rank, rec in records.items():
-        for row in rec.get(kind, []):
-            out.setdefault((int(row["step"]), int(row["module"])), {})[rank] = row
+        for row in _rows(rec, kind):
+            out.setdefault((row.step, row.module), {})[rank] = row
     return out
 
 
-def check_tensors(records: dict[int, dict[str, Any]], kind: str, names: dict[int, list[str]]) -> TensorCheck:
+def check_tensors(records: dict[int, SyncRecord], kind: Kind, names: dict[int, list[str]]) -> TensorCheck:
     """Compare every rank's fingerprints with the lowest rank's, at every (step, module) all of them recorded."""
     label = {"grads": "grad", "params": "param", "buffers": "buffer"}[kind]
     check = TensorCheck(kind=label)
@@ -117,7 +135,7 @@ def check_tensors(records: dict[int, dict[str, Any]], kind: str, names: dict[int
             continue
         check.steps.append(step)
         ref_rank = min(by_rank)
-        ref = by_rank[ref_rank]["fp"]
+        ref = by_rank[ref_rank].fp
         module_names = names.get(module, [])
         for j, ref_fp in enumerate(ref):
             bad: list[int] = []
@@ -126,7 +144,7 @@ def check_tensors(records: dict[int, dict[str, Any]], kind: str, names: dict[int
             for rank, row in sorted(by_rank.items()):
                 if rank == ref_rank:
                     continue
-                fp = row["fp"][j] if j < len(row["fp"]) else None
+                fp = row.fp[j] if j < len(row.fp) else None
                 check.comparisons += 1
                 equal, abs_d, rel_d = compare_fingerprints(ref_fp, fp)
                 if equal:
@@ -141,26 +159,26 @@ def check_tensors(records: dict[int, dict[str, Any]], kind: str, names: dict[int
     return check
 
 
-def never_synced(records: dict[int, dict[str, Any]]) -> list[UnsyncedStep]:
+def never_synced(records: dict[int, SyncRecord]) -> list[UnsyncedStep]:
     """Steps whose optimizer applied gradients of a backward that DDP did not reduce (its forward ran under no_sync)."""
     out: list[UnsyncedStep] = []
     for (step, module), by_rank in sorted(_rows_by_key(records, "grads").items()):
-        ranks = sorted(r for r, row in by_rank.items() if not row.get("reduced", True))
+        ranks = sorted(r for r, row in by_rank.items() if row.reduced is False)
         if ranks:
-            forwards = max(int(by_rank[r].get("unsynced_forwards", 0)) for r in ranks)
+            forwards = max(int(by_rank[r].unsynced_forwards or 0) for r in ranks)
             out.append(UnsyncedStep(step, module, ranks, forwards))
     return out
 
 
-def unused_parameters(records: dict[int, dict[str, Any]], names: dict[int, list[str]]) -> dict[int, list[str]]:
+def unused_parameters(records: dict[int, SyncRecord], names: dict[int, list[str]]) -> dict[int, list[str]]:
     """Parameters whose gradient was None at every checked optimizer step, on every rank."""
     seen: dict[int, set[int]] = {}
     has_rows: set[int] = set()
     for rec in records.values():
-        for row in rec.get("grads", []):
-            m = int(row["module"])
+        for row in rec.grads:
+            m = row.module
             has_rows.add(m)
-            seen.setdefault(m, set()).update(j for j, fp in enumerate(row["fp"]) if fp is not None)
+            seen.setdefault(m, set()).update(j for j, fp in enumerate(row.fp) if fp is not None)
     return {
         m: [n for j, n in enumerate(names.get(m, [])) if j not in seen.get(m, set())]
         for m in sorted(has_rows)
@@ -168,29 +186,26 @@ def unused_parameters(records: dict[int, dict[str, Any]], names: dict[int, list[
     }
 
 
-def analyze_sync(records: dict[int, dict[str, Any]]) -> SyncAnalysis:
+def analyze_sync(records: dict[int, SyncRecord]) -> SyncAnalysis:
     """``records``: rank -> that rank's sync.json."""
     ranks = sorted(records)
-    first = records[ranks[0]] if ranks else {}
-    modules = list(first.get("modules", []))
-    names = {int(m["index"]): list(m.get("params", [])) for m in modules}
-    buffer_names = {int(m["index"]): list(m.get("buffers", [])) for m in modules}
+    modules = list(records[ranks[0]].modules) if ranks else []
+    names = {m.index: list(m.params) for m in modules}
+    buffer_names = {m.index: list(m.buffers) for m in modules}
     buffers = check_tensors(records, "buffers", buffer_names)
     synced_by_ddp: dict[int, bool] = {}
     for rec in records.values():
-        for row in rec.get("buffers", []):
-            m = int(row["module"])
-            synced_by_ddp[m] = synced_by_ddp.get(m, True) and bool(row.get("synced_by_ddp"))
-    outside: list[dict[str, Any]] = []
-    for rank in ranks:
-        for item in records[rank].get("optimizer_params_outside_ddp", []):
-            outside.append({"rank": rank, **item})
-    equivalence = next((rec["equivalence"] for rec in records.values() if (rec.get("equivalence") or {}).get("relative_error") is not None), None)
+        for row in rec.buffers:
+            synced_by_ddp[row.module] = synced_by_ddp.get(row.module, True) and bool(row.synced_by_ddp)
+    outside = [ParamOutsideDDP(rank, item.name, list(item.shape))
+               for rank in ranks for item in records[rank].optimizer_params_outside_ddp]
+    equivalence = next((rec.equivalence for rec in records.values()
+                        if rec.equivalence is not None and rec.equivalence.relative_error is not None), None)
     if equivalence is None:
-        equivalence = next((rec["equivalence"] for rec in records.values() if rec.get("equivalence")), None)
-    steps = [int(rec.get("steps_completed", 0) or 0) for rec in records.values()]
+        equivalence = next((rec.equivalence for rec in records.values() if rec.equivalence is not None), None)
+    steps = [int(rec.steps_completed or 0) for rec in records.values()]
     # Fingerprints stop after --steps (or after MAX_CHECKED_STEPS=200 with --steps 0).
-    window = max(int(rec.get("stop_after", 0) or 0) for rec in records.values()) or 200
+    window = max(int(rec.stop_after or 0) for rec in records.values()) or 200
     return SyncAnalysis(
         ranks=ranks,
         modules=modules,

@@ -7,9 +7,12 @@ import math
 import statistics
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any
 
 from ddpdoctor.analyses.intervals import Interval, bootstrap
+from ddpdoctor.analyses.results import Analysis
+from ddpdoctor.analyses.whatif import WhatIf
+from ddpdoctor.jsontypes import JsonObject
+from ddpdoctor.rundir.schema import AppliedSetting, DDPModule
 
 BASELINE = "baseline"
 # The constructor options a variant may set, with the type each value has; and comm_hook=<name> (torch's default
@@ -21,6 +24,9 @@ OPTIONS: dict[str, type] = {
     "find_unused_parameters": bool,
 }
 COMM_HOOKS = ("fp16", "bf16")
+# One variant: OPTION -> value for the OPTIONS it changes (a float cap or a bool) and "comm_hook" -> a name of
+# COMM_HOOKS; {} is the baseline. It is the probe's input (tune.json "setting") and the report's "options".
+Setting = dict[str, float | bool | str]
 # A loss that moves by less than this share of the baseline's (at the same iteration) is "the same numerics". Two
 # launches of the same setting with a seeded script give bit-identical losses on gloo; NCCL may sum in another order
 # for another bucket layout, a few 1e-7 per step.
@@ -74,7 +80,7 @@ class Numerics:
             return "changed"
         return "identical" if self.rel_diff == 0 else "within tolerance"
 
-    def to_json(self) -> dict[str, Any]:
+    def to_json(self) -> JsonObject:
         return {"state": self.state, "loss_rel_diff": self.rel_diff, "baseline_rel_spread": self.baseline_rel_spread,
                 "tolerance": self.tolerance, "iterations": self.iterations, "changed": self.changed,
                 "nonfinite": self.nonfinite}
@@ -296,6 +302,17 @@ def gpu_hours_per_day(diff_ms: float, baseline_ms: float, gpus_total: int) -> fl
     return -gpus_total * 24.0 * diff_ms / baseline_ms if baseline_ms > 0 else 0.0
 
 
+@dataclass
+class Preparation:
+    """What tune's profiled launch says about the model: its DDP options, the what-if, the rules' flags."""
+
+    analysis: Analysis
+    cfg: DDPModule | None
+    whatif: WhatIf
+    flag_ids: set[str]
+    grad_counts: list[int]
+
+
 def job_step_ms(step_times_s_by_rank: Sequence[Sequence[float]], first: int, last: int) -> list[float]:
     """The job's time of iterations ``first``..``last - 1``: per iteration the mean over the ranks that recorded
     it, in ms. Ranks wait for each other in every all_reduce, so their iteration times agree up to where each
@@ -308,7 +325,7 @@ def job_step_ms(step_times_s_by_rank: Sequence[Sequence[float]], first: int, las
     return out
 
 
-def in_effect(setting: dict[str, Any], modules: Sequence[dict[str, Any]], applied: Sequence[dict[str, Any]],
+def in_effect(setting: Setting, modules: Sequence[DDPModule], applied: Sequence[AppliedSetting],
               errors: Sequence[str]) -> tuple[bool, str, int | None]:
     """Whether a trial ran with its setting, from what its ranks recorded: the DDP module's options and bucket
     layout (info.json, after DDP's rebuild) and the hook the probe registered (tune.json). Returns (in effect,
@@ -316,19 +333,19 @@ def in_effect(setting: dict[str, Any], modules: Sequence[dict[str, Any]], applie
     if not modules:
         return False, "the script built no DistributedDataParallel in this launch", None
     m = modules[0]
-    buckets = len(m.get("buckets") or []) or None
+    buckets = len(m.buckets) or None
     seen = []
     ok = True
     for key in OPTIONS:
         if key not in setting:
             continue
-        got, want = m.get(key), setting[key]
+        got, want = getattr(m, key), setting[key]
         same = (got is not None and abs(float(got) - float(want)) < 1e-3) if key == "bucket_cap_mb" else got == want
         ok = ok and same
         seen.append(f"{key}={got} recorded" + ("" if same else f" (asked {want})"))
     hook = setting.get("comm_hook")
     if hook:
-        hooked = bool(applied) and all(a.get("comm_hook") == hook for a in applied)
+        hooked = bool(applied) and all(a.comm_hook == hook for a in applied)
         ok = ok and hooked and not errors
         seen.append(f"{hook} hook registered" if hooked else f"{hook} hook not registered")
     seen.extend(errors)

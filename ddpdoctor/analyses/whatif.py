@@ -8,9 +8,10 @@ import statistics
 from collections import defaultdict
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
-from typing import Any
 
 from ddpdoctor.analyses.results import Analysis, Bucket, StepMetrics
+from ddpdoctor.jsontypes import JsonObject
+from ddpdoctor.rundir.schema import DDPModule
 
 MIB = 1024 * 1024
 # The caps the issue asks about; DDP's own default (25) is among them.
@@ -87,7 +88,7 @@ class WhatIf:
     saving_pct_of_step: float | None = None
     lanes: int = 1  # all_reduces the backend ran at once in this run (measured; the queue simulated has as many)
 
-    def to_json(self) -> dict[str, Any]:
+    def to_json(self) -> JsonObject:
         return asdict(self)
 
 
@@ -109,12 +110,14 @@ def assign_buckets(sizes: Sequence[int], limits: Sequence[int]) -> list[list[int
     out: list[list[int]] = []
     cur: list[int] = []
     size = 0
+    limit = limits[0]  # the current bucket's; looked up again only when a bucket closes
     for i, s in enumerate(sizes):
         cur.append(i)
         size += s
-        if size >= limits[min(len(out), len(limits) - 1)]:
+        if size >= limit:
             out.append(cur)
             cur, size = [], 0
+            limit = limits[min(len(out), len(limits) - 1)]
     if cur:
         out.append(cur)
     return out
@@ -133,9 +136,11 @@ def simulate_step(grads: Sequence[Grad], limits: Sequence[int], latency_us: floa
     buckets: list[SimBucket] = []
     launched = float("-inf")
     lane_free = [float("-inf")] * max(1, lanes)
-    for b, idx in enumerate(assign_buckets([g.bytes for g in ordered], limits)):
-        nbytes = sum(ordered[i].bytes for i in idx)
-        ready = max(ordered[i].t_us for i in idx)
+    sizes = [g.bytes for g in ordered]
+    for b, idx in enumerate(assign_buckets(sizes, limits)):
+        # A bucket is a run of consecutive gradients in ready order: its bytes a slice's sum, ready at its last.
+        nbytes = sum(sizes[idx[0]:idx[-1] + 1])
+        ready = ordered[idx[-1]].t_us
         launched = max(launched, ready)
         lane = min(range(len(lane_free)), key=lane_free.__getitem__)
         start = max(launched, lane_free[lane])
@@ -166,18 +171,9 @@ def observed_lanes(buckets: Sequence[Bucket]) -> int:
 
 # ---------------------------------------------------------------------------------------------- from an Analysis
 
-def ddp_config(analysis: Analysis) -> dict[str, Any] | None:
-    """The first DDP module's description (manifest DDP info), whatever nesting the run directory used."""
-    for item in analysis.ddp:
-        if not isinstance(item, dict):
-            continue
-        if "modules" in item and isinstance(item["modules"], list) and item["modules"]:
-            first = item["modules"][0]
-            if isinstance(first, dict):
-                return first
-        if any(k in item for k in ("bucket_cap_mb", "find_unused_parameters", "parameters")):
-            return item
-    return None
+def ddp_config(analysis: Analysis) -> DDPModule | None:
+    """The first DDP module's configuration and bucket layout (the run directory's manifest), None for bare traces."""
+    return analysis.ddp[0].config if analysis.ddp else None
 
 
 def fit_transfer(points: Sequence[tuple[int, float]]) -> tuple[float, float] | None:
@@ -300,22 +296,21 @@ def _steps_interpolated(analysis: Analysis, param_bytes_in_ready_order: list[int
     return out
 
 
-def _param_bytes_in_ready_order(cfg: dict[str, Any] | None) -> list[int]:
+def _param_bytes_in_ready_order(cfg: DDPModule | None) -> list[int]:
     if not cfg:
         return []
-    params = [int(p.get("bytes") or 0) for p in cfg.get("parameters") or [] if isinstance(p, dict)]
-    order = [i for i in cfg.get("grad_ready_order") or [] if isinstance(i, int) and 0 <= i < len(params)]
+    params = [int(p.bytes or 0) for p in cfg.parameters]
+    order = [i for i in cfg.grad_ready_order or [] if 0 <= i < len(params)]
     if len(order) != len(params):
         order = list(range(len(params)))[::-1]  # DDP's initial assumption: reverse definition order
     return [params[i] for i in order]
 
 
-def _current_limits(analysis: Analysis, cfg: dict[str, Any] | None) -> tuple[list[int], float | None]:
+def _current_limits(analysis: Analysis, cfg: DDPModule | None) -> tuple[list[int], float | None]:
     """Limits that reproduce this run's layout: the recorded bucket sizes (manifest, else measured buckets), so a
     default first bucket of 1 MiB is reproduced too; else the configured cap."""
-    cap = cfg.get("bucket_cap_mb") if cfg else None
-    cap_mb = float(cap) if isinstance(cap, (int, float)) else None
-    sizes = [int(b.get("bytes") or 0) for b in (cfg.get("buckets") or [])] if cfg else []
+    cap_mb = float(cfg.bucket_cap_mb) if cfg and cfg.bucket_cap_mb is not None else None
+    sizes = [int(b.bytes or 0) for b in cfg.buckets] if cfg else []
     if not (sizes and all(sizes)):
         by_step: dict[tuple[int, int], list[tuple[int, int]]] = defaultdict(list)
         for b in analysis.buckets:

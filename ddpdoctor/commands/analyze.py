@@ -74,6 +74,6 @@ def _unfinished(paths: tuple[Path, ...]) -> list[Finding]:
         run = RunDir(Path(path))
         if not run.is_run_dir():
             continue
-        findings, _stopped = ended_findings(manifest_mod.load(run), runlock.is_locked(run.root))
+        findings, _stopped = ended_findings(manifest_mod.load_typed(run), runlock.is_locked(run.root))
         found += [f for f in findings if f.id == "run-unfinished"]
     return found

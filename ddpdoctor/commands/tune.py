@@ -52,20 +52,20 @@ from ddpdoctor.errors import BadInput
 def command(tries: tuple[str, ...], rounds: int, warmup: int, steps: int, max_variants: int, no_auto: bool,
             gpus_total: int | None, loss_tolerance: float | None, html_path: Path | None, as_json: bool,
             fail_on: str, **kwargs: Any) -> None:
-    from ddpdoctor.analyses.tune import LOSS_REL_TOL
+    from ddpdoctor.analyses.tune import LOSS_REL_TOL, Setting
     from ddpdoctor.commands import tune_trials
     from ddpdoctor.findings.tune import parse_try, plan
     from ddpdoctor.launch.monitor import make_watcher
     from ddpdoctor.renderers import progress
     from ddpdoctor.renderers.outputs import write_outputs
     from ddpdoctor.renderers.tensorboard_tune import write_tune_scalars
-    from ddpdoctor.reports.tune import assemble
+    from ddpdoctor.reports.tune import ScriptHashes, TuneDesign, assemble
     from ddpdoctor.rundir.layout import RunDir
     from ddpdoctor.rundir.report import save_report
 
     watch = (kwargs.pop("hang_timeout"), kwargs.pop("startup_timeout"), kwargs.pop("on_hang"))
     make_watcher(*watch)  # a bad timeout is bad input before anything runs
-    settings: list[dict[str, Any]] = []
+    settings: list[Setting] = []
     for t in tries:
         try:
             settings.extend(parse_try(t))
@@ -106,10 +106,9 @@ def command(tries: tuple[str, ...], rounds: int, warmup: int, steps: int, max_va
         click.echo(f"ddpdoctor: stopped by signal {exc.signum}; the launches so far are in {root}", err=True)
         raise SystemExit(128 + exc.signum) from None
     after = tune_trials.file_sha256(script) if not spec.as_module else None
-    report = assemble(trials, the_plan, prep, design={
-        "warmup": warmup, "steps": steps, "rounds": rounds, "profile_run": str(root / "profile"),
-        "trials_dir": str(root / "trials"),
-    }, script={"path": spec.script, "sha256_before": before, "sha256_after": after}, tolerance=tolerance,
+    report = assemble(trials, the_plan, prep, design=TuneDesign(
+        warmup=warmup, steps=steps, rounds=rounds, profile_run=str(root / "profile"), trials_dir=str(root / "trials"),
+    ), script=ScriptHashes(path=spec.script, sha256_before=before, sha256_after=after), tolerance=tolerance,
         gpus_total=gpus_total)
     run = RunDir(root)
     save_report(run, report)

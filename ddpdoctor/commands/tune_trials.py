@@ -8,13 +8,11 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import shutil
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from ddpdoctor.analyses.results import Analysis
-from ddpdoctor.analyses.tune import BASELINE, Trial, in_effect, job_step_ms
-from ddpdoctor.analyses.whatif import CANDIDATE_CAPS_MB, WhatIf, bucket_whatif, ddp_config
+from ddpdoctor.analyses.tune import BASELINE, Preparation, Setting, Trial, in_effect, job_step_ms
+from ddpdoctor.analyses.whatif import CANDIDATE_CAPS_MB, bucket_whatif, ddp_config
 from ddpdoctor.errors import BadInput
 from ddpdoctor.probes.config import Schedule
 from ddpdoctor.renderers import progress
@@ -24,17 +22,6 @@ from ddpdoctor.rundir.schema import RankInfo, RankStatus, RankTune
 
 # What a tune run directory holds besides report.json: replaced together by --overwrite.
 OWNED = ("profile", "trials", "report.json", "report.html", "scalars")
-
-
-@dataclass
-class Preparation:
-    """What the profiled launch says about the model: its DDP options, the what-if, the rules' flags."""
-
-    analysis: Analysis
-    cfg: dict[str, Any] | None
-    whatif: WhatIf
-    flag_ids: set[str]
-    grad_counts: list[int]
 
 
 def file_sha256(path: Path) -> str | None:
@@ -137,7 +124,7 @@ class Experiment:
                 out += [(r, label), (r, BASELINE)]
         return out
 
-    def run(self, settings: dict[str, dict[str, Any]], rounds: int) -> list[Trial]:
+    def run(self, settings: dict[str, Setting], rounds: int) -> list[Trial]:
         stop_after = self.warmup + self.steps
         seq = self.sequence(list(settings), rounds)
         trials = []
@@ -158,7 +145,7 @@ class Experiment:
                 out.append(st)
         return out
 
-    def read_trial(self, run: RunDir, label: str, rnd: int, order: int, setting: dict[str, Any],
+    def read_trial(self, run: RunDir, label: str, rnd: int, order: int, setting: Setting,
                    exit_code: int) -> Trial:
         statuses = self._statuses(run)
         times = [[float(t) for t in s.step_times_s] for s in statuses]
@@ -167,7 +154,7 @@ class Experiment:
         rank0 = min(run.ranks_present(), default=None)
         info = artefacts.load_optional(run.rank_file(rank0, "info.json"), RankInfo) if rank0 is not None else None
         tune = artefacts.load_optional(run.rank_file(rank0, "tune.json"), RankTune) if rank0 is not None else None
-        modules = [artefacts.to_dict(m) for m in (info.ddp_modules if info else [])]
+        modules = info.ddp_modules if info else []
         errors: dict[str, None] = {}  # distinct texts, in rank order (1,024 ranks usually say the same thing)
         for rank in run.ranks_present():
             t = artefacts.load_optional(run.rank_file(rank, "tune.json"), RankTune)

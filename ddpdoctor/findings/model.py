@@ -5,7 +5,9 @@ from __future__ import annotations
 import enum
 from collections.abc import Iterable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, TypedDict
+
+from ddpdoctor.jsontypes import JsonObject
 
 
 class Severity(str, enum.Enum):
@@ -29,7 +31,7 @@ class Finding:
     evidence: dict[str, Any] = field(default_factory=dict)
     advice: str = ""
 
-    def to_json(self) -> dict[str, Any]:
+    def to_json(self) -> JsonObject:
         return {
             "id": self.id,
             "severity": self.severity.value,
@@ -38,6 +40,16 @@ class Finding:
             "evidence": self.evidence,
             "advice": self.advice,
         }
+
+
+class Stopped(TypedDict):
+    """The report's "stopped" object (docs/json.md): ddpdoctor was stopped by a signal (findings/job.py
+    ended_findings); it sets the status word and the exit code (128 + the signal's number)."""
+
+    status: str  # "interrupted" | "stopped"
+    signal: str
+    exit_code: int
+    message: str
 
 
 # The job itself failed: these lead every view (failure first), before any other finding of any severity.

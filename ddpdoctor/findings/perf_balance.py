@@ -77,7 +77,7 @@ def rule_ddp_flags(a: Analysis, w: WhatIf | None) -> list[Finding]:
     if not cfg:
         return []
     out: list[Finding] = []
-    n_params = cfg.get("parameter_tensors") or len(cfg.get("parameters") or [])
+    n_params = cfg.parameter_tensors or len(cfg.parameters)
     per_step: dict[tuple[int, int], int] = defaultdict(int)
     for g in a.grad_ready:
         if g.step is not None:
@@ -85,7 +85,7 @@ def rule_ddp_flags(a: Analysis, w: WhatIf | None) -> list[Finding]:
     counts = sorted(set(per_step.values()))
     ranks = sorted({r.rank for r in a.ranks})
     steps = sorted({s for _, s in per_step})
-    if cfg.get("find_unused_parameters"):
+    if cfg.find_unused_parameters:
         if counts and n_params and min(counts) >= n_params:
             out.append(Finding(
                 "find-unused-parameters-unneeded", Severity.WARNING,
@@ -94,7 +94,7 @@ def rule_ddp_flags(a: Analysis, w: WhatIf | None) -> list[Finding]:
                 advice=f"{ddp_option(cfg, 'find_unused_parameters', False)}: it skips a traversal of the autograd "
                 "graph every step and lets gradient all_reduces start during backward.",
             ))
-        elif counts and len(counts) == 1 and not cfg.get("static_graph"):
+        elif counts and len(counts) == 1 and not cfg.static_graph:
             out.append(Finding(
                 "static-graph-would-help", Severity.INFO,
                 f"The same {counts[0]} of {n_params} parameters get gradients every step: the graph looks static",
@@ -111,8 +111,8 @@ def rule_ddp_flags(a: Analysis, w: WhatIf | None) -> list[Finding]:
                 advice=f"If every parameter gets a gradient, use {ddp_option(cfg, 'find_unused_parameters', False)}; "
                 f"if the unused set never changes, {ddp_option(cfg, 'static_graph', True)}.",
             ))
-    nbytes = int(cfg.get("parameter_bytes") or 0)
-    if cfg.get("gradient_as_bucket_view") is False and nbytes >= GRAD_VIEW_MIN_BYTES:
+    nbytes = int(cfg.parameter_bytes or 0)
+    if cfg.gradient_as_bucket_view is False and nbytes >= GRAD_VIEW_MIN_BYTES:
         out.append(Finding(
             "gradient-as-bucket-view-off", Severity.INFO,
             f"Gradients are copied out of DDP's buckets every step ({nbytes / MIB:.0f} MiB)",

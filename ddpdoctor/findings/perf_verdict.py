@@ -6,11 +6,11 @@ from __future__ import annotations
 
 import dataclasses
 import re
-from typing import Any
 
 from ddpdoctor.analyses.intervals import Interval, suggested_active
 from ddpdoctor.analyses.results import Analysis
 from ddpdoctor.findings.model import Finding, Severity
+from ddpdoctor.rundir.schema import Manifest
 
 NOT_MEASURABLE = "not-measurable"
 # Findings that are all consequences of one root cause: gradient communication that backward does not hide. The
@@ -64,8 +64,10 @@ def merge_undecided(findings: list[Finding], a: Analysis) -> list[Finding]:
 
 
 def _advice_key(advice: str) -> str:
-    """Two advices are the same when they recommend the same bucket_cap_mb, or say the same words."""
-    m = re.search(r"`DDP\(model, bucket_cap_mb=([0-9.]+)\)`", advice)
+    """Two advices are the same when they recommend the same bucket_cap_mb (in DDP's or a framework's spelling:
+    `DDP(model, bucket_cap_mb=5)`, `TrainingArguments(ddp_bucket_cap_mb=5)`, `DDPStrategy(bucket_cap_mb=5)`), or say
+    the same words."""
+    m = re.search(r"bucket_cap_mb=([0-9.]+)\)", advice)
     return f"cap={m.group(1)}" if m else advice
 
 
@@ -129,10 +131,10 @@ def apply_outcome(findings: list[Finding], run_status: str | None = None) -> lis
     return mark_incomplete(findings, outcome) if outcome else findings
 
 
-def run_status_of(manifest: dict[str, Any] | None) -> str | None:
+def run_status_of(manifest: Manifest | None) -> str | None:
     """How the launch says the run ended when ddpdoctor itself was stopped: "interrupted" (SIGINT) or "stopped"
-    (manifest ``ended`` = {"how": "signal", "signal": ...}, written by the launcher)."""
-    ended = (manifest or {}).get("ended")
-    if isinstance(ended, dict) and ended.get("how") == "signal":
-        return "interrupted" if ended.get("signal") == "SIGINT" else "stopped"
+    (manifest ``ended`` how "signal", written by the launcher)."""
+    ended = manifest.ended if manifest else None
+    if ended is not None and ended.how == "signal":
+        return "interrupted" if ended.signal == "SIGINT" else "stopped"
     return None

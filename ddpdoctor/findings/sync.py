@@ -6,7 +6,9 @@ import math
 from typing import Any
 
 from ddpdoctor.analyses.sync import EQUIVALENCE_RTOL, RTOL, SyncAnalysis, TensorCheck, TensorDiff
+from ddpdoctor.findings.framework_advice import ddp_option
 from ddpdoctor.findings.model import Finding, Severity
+from ddpdoctor.rundir.schema import Equivalence
 
 NAMES_SHOWN = 5
 
@@ -84,27 +86,28 @@ def _buffer_findings(analysis: SyncAnalysis) -> list[Finding]:
     check = analysis.buffers
     if not check.diverged:
         return [_tolerance_finding(check, "buffer-divergence")] if check.within_tolerance else []
-    modules = {int(m["index"]): m for m in analysis.modules}
+    modules = {m.index: m for m in analysis.modules}
     step = check.first_step
     first = [d for d in check.diverged if d.step == step]
-    mod = modules.get(first[0].module, {})
-    bn = set(mod.get("batchnorm_buffers", []))
-    unsynced = not mod.get("broadcast_buffers", True) or not analysis.buffer_sync_by_ddp.get(first[0].module, True)
+    mod = modules.get(first[0].module)
+    bn = set(mod.batchnorm_buffers if mod else [])
+    # DDP's default (broadcast_buffers=True) when the module did not say
+    broadcast = mod is None or mod.broadcast_buffers is None or mod.broadcast_buffers
+    unsynced = not broadcast or not analysis.buffer_sync_by_ddp.get(first[0].module, True)
     f = _divergence_finding(check, "buffer-divergence", Severity.WARNING if unsynced else Severity.ERROR, set())
-    evidence = dict(f.evidence, broadcast_buffers=mod.get("broadcast_buffers", True),
-                    batchnorm=all(d.name in bn for d in first))
-    if evidence["batchnorm"] and not mod.get("broadcast_buffers", True):
+    evidence = dict(f.evidence, broadcast_buffers=broadcast, batchnorm=all(d.name in bn for d in first))
+    if evidence["batchnorm"] and not broadcast:
         title = f"BatchNorm running statistics drift apart across ranks from step {step} (broadcast_buffers=False)"
         advice = ("Each rank updates running_mean/running_var from its own batches and DDP, with broadcast_buffers=False, "
                   "never copies rank 0's. Training is unaffected (BatchNorm in train mode normalises with the batch's "
                   "statistics, and gradients are still averaged), but evaluation and checkpoints use the running "
                   "statistics, so each rank would evaluate a different model. It matters if you evaluate or save on "
-                  "more than one rank or compare them: use broadcast_buffers=True (the default), SyncBatchNorm "
+                  f"more than one rank or compare them: use {ddp_option(mod, 'broadcast_buffers', True)} (the default), SyncBatchNorm "
                   "(torch.nn.SyncBatchNorm.convert_sync_batchnorm), or all-reduce the buffers before evaluating.")
     elif unsynced:
         title = f"Buffers differ across ranks from step {step}; DDP does not broadcast them (broadcast_buffers=False)"
         advice = ("With broadcast_buffers=False every rank keeps its own buffers. If they should agree, use "
-                  "broadcast_buffers=True or synchronise them yourself.")
+                  f"{ddp_option(mod, 'broadcast_buffers', True)} or synchronise them yourself.")
     else:
         title = f"Buffers differ across ranks at step {step} even though DDP had just broadcast them"
         advice = ("Something changed buffers on one rank between DDP's broadcast and the forward (a forward pre-hook, "
@@ -118,7 +121,7 @@ def sync_findings(analysis: SyncAnalysis) -> list[Finding]:
     for check, id_ in ((analysis.grads, "grad-divergence"), (analysis.params, "param-divergence")):
         if check.diverged:
             f = _divergence_finding(check, id_, Severity.ERROR, never_reduced)
-            if check.kind == "param" and analysis.modules and all(m.get("ddp") is False for m in analysis.modules):
+            if check.kind == "param" and analysis.modules and all(m.ddp is False for m in analysis.modules):
                 f = _without_ddp(f)
             findings.append(f)
         elif check.within_tolerance:
@@ -136,36 +139,36 @@ def sync_findings(analysis: SyncAnalysis) -> list[Finding]:
                    "optimizer.step() must run outside no_sync() so DDP reduces the accumulated gradients. "
                    "Otherwise each rank steps with its own gradients and the replicas drift apart.",
         ))
-    names = {int(m["index"]): m for m in analysis.modules}
+    names = {m.index: m for m in analysis.modules}
     for module, unused in analysis.unused.items():
-        mod = names.get(module, {})
+        described = names.get(module)
         findings.append(Finding(
             "unused-parameters", Severity.WARNING,
             f"{len(unused)} parameter(s) of DDP module #{module} never got a gradient in {analysis.steps_checked} steps: "
             + ", ".join(unused[:3]) + (" …" if len(unused) > 3 else ""),
             ranks=analysis.ranks,
             evidence={"module": module, "parameters": unused[:20], "count": len(unused),
-                      "find_unused_parameters": mod.get("find_unused_parameters")},
+                      "find_unused_parameters": described.find_unused_parameters if described else None},
             advice="Parameters outside the loss's graph cost memory and, with find_unused_parameters=True, a graph "
                    "traversal every step. Remove them, freeze them (requires_grad=False) before wrapping, or check why "
                    "the forward skips them.",
         ))
     for mod in analysis.modules:
-        if mod.get("ignored_params"):
+        if mod.ignored_params:
             findings.append(Finding(
                 "unused-parameters", Severity.INFO,
-                f"{len(mod['ignored_params'])} parameter(s) of DDP module #{mod['index']} are excluded from DDP "
+                f"{len(mod.ignored_params)} parameter(s) of DDP module #{mod.index} are excluded from DDP "
                 "(_ddp_params_and_buffers_to_ignore): their gradients are never averaged",
-                ranks=analysis.ranks, evidence={"module": mod["index"], "parameters": mod["ignored_params"][:20]},
+                ranks=analysis.ranks, evidence={"module": mod.index, "parameters": mod.ignored_params[:20]},
                 advice="Fine when you reduce them yourself; otherwise they diverge (see grad-divergence).",
             ))
     if analysis.outside_ddp:
-        shown = [o for o in analysis.outside_ddp if o["rank"] == analysis.outside_ddp[0]["rank"]]
+        shown = [o for o in analysis.outside_ddp if o.rank == analysis.outside_ddp[0].rank]
         findings.append(Finding(
             "unused-parameters", Severity.WARNING,
             f"The optimizer updates {len(shown)} parameter(s) that belong to no DDP module: DDP never averages their gradients",
-            ranks=sorted({o["rank"] for o in analysis.outside_ddp}),
-            evidence={"parameters": [f"{o['name']} {o['shape']}" for o in shown[:10]], "count": len(shown)},
+            ranks=sorted({o.rank for o in analysis.outside_ddp}),
+            evidence={"parameters": [f"{o.name} {o.shape}" for o in shown[:10]], "count": len(shown)},
             advice="Put every trained module inside the DDP wrapper (one DDP around the whole model), or all-reduce "
                    "those gradients yourself.",
         ))
@@ -173,32 +176,32 @@ def sync_findings(analysis: SyncAnalysis) -> list[Finding]:
     return findings
 
 
-def _equivalence_findings(eq: dict[str, Any] | None) -> list[Finding]:
-    if not eq:
+def _equivalence_findings(eq: Equivalence | None) -> list[Finding]:
+    if eq is None:
         return []
-    if eq.get("skipped"):
-        return [Finding("ddp-equivalence", Severity.INFO, f"Equivalence check skipped: {eq['skipped']}",
-                        evidence={"step": eq.get("step")})]
-    errs = {k: (float(v) if v is not None else None) for k, v in (eq.get("relative_error") or {}).items()}
+    if eq.skipped:
+        return [Finding("ddp-equivalence", Severity.INFO, f"Equivalence check skipped: {eq.skipped}",
+                        evidence={"step": eq.step})]
+    errs = {k: (float(v) if v is not None else None) for k, v in (eq.relative_error or {}).items()}
     known = {k: v for k, v in errs.items() if v is not None}
     if not known:
-        return [Finding("ddp-equivalence", Severity.INFO, "Equivalence check compared no gradient", evidence={"step": eq.get("step")})]
+        return [Finding("ddp-equivalence", Severity.INFO, "Equivalence check compared no gradient", evidence={"step": eq.step})]
     worst_name = max(known, key=lambda k: known[k])
     worst = known[worst_name]
-    caveats = list(eq.get("caveats", []))
-    evidence = {"step": eq["step"], "world_size": eq.get("world_size"), "batch_sizes": eq.get("batch_sizes"),
+    caveats = list(eq.caveats or [])
+    evidence = {"step": eq.step, "world_size": eq.world_size, "batch_sizes": eq.batch_sizes,
                 "max_relative_error": _fmt(worst), "worst_parameter": worst_name, "tolerance": EQUIVALENCE_RTOL,
                 "relative_error": {k: _fmt(v) for k, v in list(known.items())[:50]}, "caveats": caveats}
-    evidence["mode"] = eq.get("mode", "union batch")
+    evidence["mode"] = eq.mode or "union batch"
     per_rank_mode = evidence["mode"] == "per-rank batches"
     if worst <= EQUIVALENCE_RTOL:
-        what = (f"the average of one process's gradients on each of the {eq.get('world_size')} ranks' batches (the "
+        what = (f"the average of one process's gradients on each of the {eq.world_size} ranks' batches (the "
                 "model's outputs have no batch dimension, e.g. it returns its loss, so the batches were not joined)"
-                if per_rank_mode else f"one process's gradient on all {eq.get('world_size')} batches")
+                if per_rank_mode else f"one process's gradient on all {eq.world_size} batches")
         return [Finding("ddp-equivalence", Severity.INFO,
                         f"DDP's averaged gradient equals {what} (largest relative error {worst:.2g}, parameter {worst_name})",
                         evidence=evidence)]
-    per_rank = {k: float(v) for k, v in (eq.get("relative_error_per_rank_batches") or {}).items() if v is not None}
+    per_rank = {k: float(v) for k, v in (eq.relative_error_per_rank_batches or {}).items() if v is not None}
     if per_rank:
         worst_rank_name = max(per_rank, key=lambda k: per_rank[k])
         evidence["max_relative_error_per_rank_batches"] = _fmt(per_rank[worst_rank_name])

@@ -136,8 +136,8 @@ def data_findings(data: DataAnalysis, world_size: int) -> list[Finding]:
     for c in data.init_conflicts:
         findings.append(Finding(
             "sampler-shuffle-conflict", Severity.ERROR,
-            f"DataLoader(shuffle=True) together with a {c['sampler']}: PyTorch refuses it ({c['error']})",
-            ranks=[c["rank"]], evidence=c,
+            f"DataLoader(shuffle=True) together with a {c.sampler}: PyTorch refuses it ({c.error})",
+            ranks=[c.rank], evidence=c.to_json(),
             advice="With a sampler, shuffling is the sampler's job: drop shuffle=True and use "
                    "DistributedSampler(dataset, shuffle=True), calling sampler.set_epoch(epoch) every epoch.",
         ))
@@ -151,10 +151,11 @@ def data_findings(data: DataAnalysis, world_size: int) -> list[Finding]:
     for facts in data.loaders:
         if facts.same_order_epochs:
             ranks = sorted(facts.same_order_epochs)
-            sampler = next((s for s in facts.sampler.values() if s), {}) or {}
+            sampler = next((s for s in facts.sampler.values() if s is not None), None)
             findings.append(Finding(
                 "sampler-no-set-epoch", Severity.WARNING,
-                f"DataLoader #{facts.loader} yields the same order every epoch ({sampler.get('class')} with shuffle=True)",
+                f"DataLoader #{facts.loader} yields the same order every epoch "
+                f"({sampler.class_name if sampler else None} with shuffle=True)",
                 ranks=ranks,
                 evidence={"loader": facts.loader, "epochs_same_as_first": facts.same_order_epochs[ranks[0]],
                           "sampler_epoch_per_epoch": facts.sampler_epochs.get(ranks[0]),
@@ -163,18 +164,18 @@ def data_findings(data: DataAnalysis, world_size: int) -> list[Finding]:
                        "every epoch, or every epoch repeats the first one's order.",
             ))
     for m in data.dataset_mismatch:
-        text = m.get("cause_text") or CAUSES["dataset-differs"]
+        text = m.cause_text or CAUSES["dataset-differs"]
         findings.append(Finding(
             "sampler-dataset-differs", Severity.ERROR,
-            f"DataLoader #{m['loader']} reads datasets of different lengths on different ranks: {text}",
-            ranks=sorted(int(r) for r in m["dataset_len"]), evidence=m,
-            advice=_CAUSE_ADVICE.get(m.get("cause") or "", _CAUSE_ADVICE["dataset-differs"]),
+            f"DataLoader #{m.loader} reads datasets of different lengths on different ranks: {text}",
+            ranks=sorted(m.dataset_len), evidence=m.to_json(),
+            advice=_CAUSE_ADVICE.get(m.cause or "", _CAUSE_ADVICE["dataset-differs"]),
         ))
-    for m in data.seed_mismatch:
+    for sm in data.seed_mismatch:
         findings.append(Finding(
             "sampler-seed-mismatch", Severity.ERROR,
-            f"DataLoader #{m['loader']}'s sampler is seeded differently on different ranks",
-            ranks=sorted(int(r) for r in m["seeds"]), evidence=m,
+            f"DataLoader #{sm.loader}'s sampler is seeded differently on different ranks",
+            ranks=sorted(sm.seeds), evidence=sm.to_json(),
             advice="DistributedSampler must get the same seed on every rank: each rank shuffles the whole index list "
                    "and takes its slice, so different seeds give overlapping shards and skipped samples.",
         ))

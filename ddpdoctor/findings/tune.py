@@ -8,9 +8,12 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ddpdoctor.analyses.results import Analysis
-from ddpdoctor.analyses.tune import BASELINE, OPTIONS, TuneResult, VariantResult, gpu_hours_per_day
+from ddpdoctor.analyses.tune import BASELINE, OPTIONS, Setting, TuneResult, VariantResult, gpu_hours_per_day
 from ddpdoctor.analyses.whatif import MIB, WhatIf
+from ddpdoctor.findings.framework_advice import comm_hook, ddp_option, framework_of
 from ddpdoctor.findings.model import Finding, Severity
+from ddpdoctor.jsontypes import JsonObject
+from ddpdoctor.rundir.schema import DDPModule
 
 # Exposed communication below this share of a step leaves a compression hook little to win: it halves the bytes
 # but adds two casts per bucket.
@@ -29,7 +32,7 @@ HOOK_IMPORT = "from torch.distributed.algorithms.ddp_comm_hooks import default_h
 class Candidate:
     """One variant considered: a single change of DDP's options (or a --try), chosen to be measured or skipped."""
 
-    setting: dict[str, Any]
+    setting: Setting
     source: str  # "what-if", "rule" or "--try"
     chosen: bool
     why: str
@@ -41,7 +44,7 @@ class Candidate:
     def label(self) -> str:
         return label_of(self.setting) if self.setting else self.option
 
-    def to_json(self) -> dict[str, Any]:
+    def to_json(self) -> JsonObject:
         return {"setting": self.label, "options": dict(self.setting), "source": self.source, "chosen": self.chosen,
                 "why": self.why, "predicted_ms": self.predicted_ms}
 
@@ -61,28 +64,32 @@ def _fmt(value: Any) -> str:
     return str(value)
 
 
-def label_of(setting: dict[str, Any]) -> str:
+def label_of(setting: Setting) -> str:
     return ",".join(f"{k}={_fmt(v)}" for k, v in setting.items()) or BASELINE
 
 
-def code_line(setting: dict[str, Any]) -> str:
-    """The exact change to make in the script."""
+def code_line(setting: Setting, cfg: DDPModule | None = None) -> str:
+    """The exact change to make in the script; in the framework's own terms when a framework built the DDP module
+    (``cfg``: the DDP description, whose ``built_by`` names it)."""
+    hook = setting.get("comm_hook")
+    if framework_of(cfg):
+        parts = [ddp_option(cfg, k, v) for k, v in setting.items() if k in OPTIONS]
+        return " and ".join(parts + ([comm_hook(cfg, str(hook))] if hook else []))
     opts = ", ".join(f"{k}={_fmt(v)}" for k, v in setting.items() if k in OPTIONS)
     parts = [f"`DDP(model, {opts})`"] if opts else []
-    hook = setting.get("comm_hook")
     if hook:
         parts.append(f"`{HOOK_IMPORT}` and, after building DDP, `{HOOK_LINE.get(str(hook), hook)}`")
     return " and ".join(parts)
 
 
-def parse_try(text: str) -> list[dict[str, Any]]:
+def parse_try(text: str) -> list[Setting]:
     """``--try 'bucket_cap_mb=50,100'``: one variant per value; ``--try gradient_as_bucket_view=True``;
     ``--try comm_hook=fp16``. Raises ValueError naming what is wrong."""
     key, sep, values = text.partition("=")
     key = key.strip()
     if not sep or not values.strip():
         raise ValueError(f"--try {text!r}: expected OPTION=VALUE[,VALUE...]")
-    out: list[dict[str, Any]] = []
+    out: list[Setting] = []
     for raw in values.split(","):
         v = raw.strip()
         if key == "comm_hook":
@@ -117,11 +124,11 @@ def gradients_per_step(a: Analysis) -> list[int]:
     return sorted(set(per_step.values()))
 
 
-def plan(cfg: dict[str, Any] | None, whatif: WhatIf | None, flag_ids: set[str], grad_counts: list[int],
-         tries: list[dict[str, Any]], max_variants: int = MAX_VARIANTS) -> Plan:
+def plan(cfg: DDPModule | None, whatif: WhatIf | None, flag_ids: set[str], grad_counts: list[int],
+         tries: list[Setting], max_variants: int = MAX_VARIANTS) -> Plan:
     """The variants to measure: the user's --try first, then what the what-if and the rules say can matter for
     this model; each skipped one says why."""
-    cfg = cfg or {}
+    cfg = cfg or DDPModule()
     out: list[Candidate] = []
     preds = {p.bucket_cap_mb: p for p in (whatif.predictions if whatif and whatif.available else [])}
     current_us = whatif.current_predicted_exposed_us if whatif and whatif.available else None
@@ -133,9 +140,9 @@ def plan(cfg: dict[str, Any] | None, whatif: WhatIf | None, flag_ids: set[str], 
         return round((p.exposed_comm_us - current_us) / 1000.0, 3), p.buckets_per_step
 
     for t in tries:
-        same = all(cfg.get(k) == v for k, v in t.items() if k in OPTIONS) and "comm_hook" not in t
+        same = all(getattr(cfg, k) == v for k, v in t.items() if k in OPTIONS) and "comm_hook" not in t
         why = "asked with --try" + (" (the script's own setting: an A/A check of the noise)" if same else "")
-        pred, nb = predicted(t["bucket_cap_mb"]) if "bucket_cap_mb" in t else (None, None)
+        pred, nb = predicted(float(t["bucket_cap_mb"])) if "bucket_cap_mb" in t else (None, None)
         out.append(Candidate(dict(t), "--try", True, why, pred, nb))
     out.extend(_rule_candidates(cfg, whatif, flag_ids, grad_counts, predicted))
     seen: set[str] = set()
@@ -151,7 +158,7 @@ def plan(cfg: dict[str, Any] | None, whatif: WhatIf | None, flag_ids: set[str], 
     return Plan(out)
 
 
-def _rule_candidates(cfg: dict[str, Any], whatif: WhatIf | None, flag_ids: set[str], grad_counts: list[int],
+def _rule_candidates(cfg: DDPModule, whatif: WhatIf | None, flag_ids: set[str], grad_counts: list[int],
                      predicted: Any) -> list[Candidate]:
     out: list[Candidate] = []
     if whatif is None or not whatif.available:
@@ -172,7 +179,7 @@ def _rule_candidates(cfg: dict[str, Any], whatif: WhatIf | None, flag_ids: set[s
             out.append(Candidate({"bucket_cap_mb": cap}, "what-if", True,
                                  f"the what-if's best cap: {_fmt(whatif.current_buckets_per_step)} -> {_fmt(nb)} "
                                  "bucket(s) per step", pred, nb))
-    if cfg.get("find_unused_parameters"):
+    if cfg.find_unused_parameters:
         if "find-unused-parameters-unneeded" in flag_ids:
             out.append(Candidate({"find_unused_parameters": False}, "rule", True,
                                  "find_unused_parameters is on, but every parameter got a gradient in every step"))
@@ -183,7 +190,7 @@ def _rule_candidates(cfg: dict[str, Any], whatif: WhatIf | None, flag_ids: set[s
             out.append(Candidate({"find_unused_parameters": False}, "rule", False,
                                  "find_unused_parameters is on and some parameters get no gradient (or the trace "
                                  "cannot tell): turning it off would make DDP wait for them"))
-    elif cfg.get("static_graph"):
+    elif cfg.static_graph:
         out.append(Candidate({"static_graph": True}, "rule", False, "static_graph is on already"))
     elif len(grad_counts) == 1:
         out.append(Candidate({"static_graph": True}, "rule", True,
@@ -193,8 +200,8 @@ def _rule_candidates(cfg: dict[str, Any], whatif: WhatIf | None, flag_ids: set[s
         out.append(Candidate({"static_graph": True}, "rule", False,
                              "the trace cannot show the graph is static (gradient counts per step: "
                              f"{grad_counts or 'none recorded'})"))
-    if cfg.get("gradient_as_bucket_view") is False:
-        nbytes = int(cfg.get("parameter_bytes") or 0)
+    if cfg.gradient_as_bucket_view is False:
+        nbytes = int(cfg.parameter_bytes or 0)
         out.append(Candidate({"gradient_as_bucket_view": True}, "rule", True,
                              f"gradients are copied out of the buckets every step ({nbytes / MIB:.1f} MiB); views "
                              "skip the copy"))
@@ -227,7 +234,8 @@ def measured_text(v: VariantResult) -> str:
     return f"measured {_ms(v.diff.value)} ± {v.diff.half_width:.3f} ms"
 
 
-def tune_findings(result: TuneResult, candidates: list[Candidate], gpus_total: int | None = None) -> list[Finding]:
+def tune_findings(result: TuneResult, candidates: list[Candidate], gpus_total: int | None = None,
+                  cfg: DDPModule | None = None) -> list[Finding]:
     """The comparison as findings: the fastest winner (with the line to change), variants that change the loss,
     settings that did not take effect, or no winner inside the noise."""
     by_label = {c.label: c for c in candidates}
@@ -276,7 +284,7 @@ def tune_findings(result: TuneResult, candidates: list[Candidate], gpus_total: i
         sev = Severity.WARNING if gain_lo >= WARNING_SHARE * base_ms else Severity.INFO
         cand = by_label.get(best.label)
         pred = f", predicted {_ms(cand.predicted_ms)} ms" if cand and cand.predicted_ms is not None else ""
-        ev: dict[str, Any] = {"setting": best.label, "baseline_ms": round(base_ms, 3),
+        ev: JsonObject = {"setting": best.label, "baseline_ms": round(base_ms, 3),
                               "step_ms": round(best.step.value, 3) if best.step else None,
                               "diff_ms": best.diff.to_json(digits=3), "cost_ms_per_step": round(-best.diff.value, 3),
                               "cost_pct_of_step": round(100 * -best.diff.value / base_ms, 1)}
@@ -285,7 +293,7 @@ def tune_findings(result: TuneResult, candidates: list[Candidate], gpus_total: i
         changed = " (it changes the loss: see tune-numerics-changed)" if best.numerics and best.numerics.changed else ""
         out.append(Finding("tune-winner", sev,
                            f"{best.label} is faster than the script's settings: {measured_text(best)}{pred}{changed}",
-                           evidence=ev, advice=f"Change the script: {code_line(by_label[best.label].setting) if cand else best.label}."))
+                           evidence=ev, advice=f"Change the script: {code_line(by_label[best.label].setting, cfg) if cand else best.label}."))
     elif result.variants:
         noise = result.launch_spread_ms
         out.append(Finding("tune-no-winner", Severity.INFO,

@@ -32,6 +32,9 @@ class HangAnalysis:
     per_rank: dict[int, RankHangState] = field(default_factory=dict)
     call_sites: dict[int, str] = field(default_factory=dict)
     mismatch: dict[int, RankHangState] | None = None  # ranks inside different collectives at the same seq
+    # Every rank inside the same collective, some with nothing enqueued after it, others far ahead:
+    # {"seq": S, "waiting": [...], "ahead": [...], "ahead_to": N, "op": the waiting ranks' op}
+    diverged: dict[str, Any] | None = None
 
 
 def _last_per_rank(events: list[Any]) -> dict[int, Any]:
@@ -63,7 +66,30 @@ def from_nccl_watchdog(timeouts: list[WatchdogTimeout], states: list[WatchdogWor
     enq = {r: v["last_enqueued"] for r, v in per_rank.items() if v["last_enqueued"] is not None}
     failed = {r: v["timed_out_seq"] for r, v in per_rank.items() if v["timed_out_seq"] is not None}
     culprits: set[int] = set()
-    if len(enq) >= 2 and len(set(enq.values())) > 1:
+    diverged: dict[str, Any] | None = None
+    inside = next(iter(set(failed.values()))) if len(set(failed.values())) == 1 else None
+    if len(enq) >= 2 and len(set(enq.values())) > 1 and inside is not None and min(enq.values()) == inside \
+            and set(enq) <= set(failed):
+        # Every rank is inside collective #inside (it timed out there), so none "never launched" it: some enqueued
+        # nothing after it (their host waits for its result), the others went on without waiting. Either the ranks
+        # ran different collectives at #inside (the ahead ranks' op there tells), or the same one failed to complete
+        # between them (the network): the lines at hand cannot say which, and no rank is to blame from them.
+        ops = {r: v["op"] for r, v in per_rank.items() if v["op"]}
+        waiting = {r for r, v in enq.items() if v == inside}
+        wait_ops = {ops[r] for r in waiting if r in ops}
+        waiting |= {r for r, v in per_rank.items() if v["last_enqueued"] is None and ops.get(r) in wait_ops}
+        went = {r for r, v in enq.items() if v > inside}
+        op = next(iter(wait_ops)) if len(wait_ops) == 1 else None
+        diverged = {"seq": inside, "waiting": sorted(waiting), "ahead": sorted(went),
+                    "ahead_to": max(enq.values()), "op": op}
+        went_ops = {ops[r] for r in went if r in ops}
+        why = (f"every rank that reported times out inside collective #{inside}: rank(s) {sorted(waiting)}"
+               + (f" (in {op})" if op else "") + f" enqueued nothing after it, rank(s) {sorted(went)} went on to "
+               f"#{max(enq.values())} without waiting for it"
+               + ("" if went_ops else f"; which collective rank(s) {sorted(went)} ran at #{inside} is not in "
+                  "these logs: another op than " + (op or "the waiting ranks'") + " is a collective mismatch, the "
+                  "same op one that the network could not complete"))
+    elif len(enq) >= 2 and len(set(enq.values())) > 1:
         low = min(enq.values())
         culprits = {r for r, v in enq.items() if v == low}
         why = (f"rank(s) {sorted(culprits)} last enqueued collective #{low}, the others got further "
@@ -87,7 +113,7 @@ def from_nccl_watchdog(timeouts: list[WatchdogTimeout], states: list[WatchdogWor
     group = (ref.group if ref else None) or next((s.group for s in by_state.values() if s.group), None)
     analysis = HangAnalysis(
         "nccl-watchdog", stalled - culprits, culprits, ref.op if ref else None,
-        ref.seq if ref else next(iter(failed.values()), None), group, detected, why, per_rank)
+        ref.seq if ref else next(iter(failed.values()), None), group, detected, why, per_rank, diverged=diverged)
     # Same sequence number on every rank but a different op or size: they are in different collectives.
     same_seq = {r: t for r, t in by_timeout.items() if ref is not None and t.seq == ref.seq}
     if len(same_seq) > 1 and len({(t.op, t.numel_in) for t in same_seq.values()}) > 1:

@@ -329,7 +329,9 @@ class HeartbeatProbe:
         fr: Any = None
         try:
             # Private Flight Recorder API, absent from torch's stubs and from some builds (handled below).
-            fr = json.loads(torch._C._distributed_c10d._dump_fr_trace_json())  # type: ignore[attr-defined]
+            from ddpdoctor.probes.flight import dump_json  # NCCL's collectives are in NCCL's own recorder
+
+            fr = json.loads(dump_json())
         except Exception as exc:  # noqa: BLE001 - FR missing in this build/backend
             fr = {"error": repr(exc)}
         return {"type": "dump", "rank": self.rank, "stacks": "\n".join(parts), "flight_recorder": fr}

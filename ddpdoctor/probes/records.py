@@ -190,7 +190,11 @@ class RankInfoDoc(TypedDict, total=False):
 Fingerprints = Sequence[Sequence[float | str] | None]
 
 
-class SyncModuleDoc(TypedDict):
+class _SyncModuleBuiltBy(TypedDict, total=False):
+    built_by: str | None  # the framework that built this DDP (Lightning, HF Trainer, accelerate); DDP modules only
+
+
+class SyncModuleDoc(_SyncModuleBuiltBy):
     index: int
     ddp: bool
     module_class: str

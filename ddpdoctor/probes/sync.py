@@ -104,6 +104,7 @@ class _Module:
         self.last_forward_synced: bool | None = None
         self.buffers_done_step = -1
         self.buffers_synced_now: bool | None = None  # DDP broadcast the buffers before the current forward
+        self.built_by: str | None = None
         if ddp is None:
             self.param_names = [n for n, _ in plain or []]
             self.params = [p for _, p in plain or []]
@@ -131,6 +132,7 @@ class _Module:
             "module_class": type(ddp.module).__name__,
             "broadcast_buffers": bool(getattr(ddp, "broadcast_buffers", True)),
             "find_unused_parameters": bool(getattr(ddp, "find_unused_parameters", False)),
+            "built_by": self.built_by,
             "params": self.param_names,
             "ignored_params": self.ignored,
             "frozen_params": self.frozen,
@@ -213,6 +215,9 @@ class SyncProbe:
 
     def _watch(self, ddp: Any) -> None:
         mod = _Module(len(self.modules), ddp)
+        from ddpdoctor.probes.ddp_recorder import _built_by
+
+        mod.built_by = _built_by()  # the framework that built DDP, for advice in its terms (findings/framework_advice)
         self.modules.append(mod)
         ddp.register_forward_pre_hook(
             lambda m, args, kwargs: self.guard.call("the DDP module's forward", self._on_ddp_forward, mod, args, kwargs),

@@ -14,8 +14,10 @@ from rich.table import Table
 from rich.text import Text
 
 from ddpdoctor.findings.model import Severity, ordered
-from ddpdoctor.renderers.rank_classes import MAX_RANK_ROWS, group_ranks, legend
+from ddpdoctor.renderers.rank_classes import MAX_RANK_ROWS, Figure, group_ranks, legend
 from ddpdoctor.report import Report
+from ddpdoctor.reports.perf_json import CollectivesJson, RankJson, StragglersJson
+from ddpdoctor.reports.sections import PerfSection, RunDirSection, section_of
 
 MAX_VERBOSE_ROWS = 200
 
@@ -42,12 +44,12 @@ def by_rank(mapping: Mapping[Any, Any] | None) -> dict[int, Any]:
     return out
 
 
-def _steps(r: dict[str, Any]) -> str:
+def _steps(r: RankJson) -> str:
     steps = r.get("steps")
     return str(len(steps)) if isinstance(steps, list) else str(steps if steps is not None else "-")
 
 
-def _overlap(r: dict[str, Any]) -> str:
+def _overlap(r: RankJson) -> str:
     comm = r.get("comm_us")
     if comm == 0:
         return "no comm"
@@ -67,14 +69,14 @@ def _table(title: str, headers: list[str], rows: list[list[str]], caption: str |
     return table
 
 
-def step_count(r: dict[str, Any]) -> int | None:
+def step_count(r: RankJson) -> int | None:
     """How many steps a rank recorded (``steps`` is a count, or a list in older reports)."""
     steps = r.get("steps")
     n = len(steps) if isinstance(steps, list) else steps
     return n if isinstance(n, int) and not isinstance(n, bool) else None
 
 
-def per_step(r: dict[str, Any], key: str) -> float | None:
+def per_step(r: RankJson, key: Figure) -> float | None:
     """A rank's total over its recorded steps as a mean per step, so it reads next to the step time (every
     view shows the same)."""
     value, n = r.get(key), step_count(r)
@@ -87,7 +89,7 @@ OVERLAP_DEFINITION = ("overlap: share of communication time hidden behind comput
                       "with no compute running (the step waits for it), and its share of the step")
 
 
-def _labelled(ranks: list[dict[str, Any]], stragglers: list[int]) -> tuple[list[tuple[str, dict[str, Any]]], str | None]:
+def _labelled(ranks: list[RankJson], stragglers: list[int]) -> tuple[list[tuple[str, RankJson]], str | None]:
     """(label, row) for each row of the rank table: every rank when few, else the ranks that matter and classes of
     alike ranks (renderers/rank_classes.py), with the caption that explains them."""
     groups = group_ranks(ranks, stragglers, MAX_RANK_ROWS)
@@ -98,7 +100,7 @@ def _labelled(ranks: list[dict[str, Any]], stragglers: list[int]) -> tuple[list[
     return rows, f"{len(ranks)} ranks: {legend(stepless)}; --json has every rank"
 
 
-def rank_table(ranks: list[dict[str, Any]], stragglers: list[int], verbose: bool = False) -> Table:
+def rank_table(ranks: list[RankJson], stragglers: list[int], verbose: bool = False) -> Table:
     """Fits 80 columns; every figure is per step (the step time a median, the others a mean per step), or over the
     whole trace when no rank recorded a ProfilerStep. Above MAX_RANK_ROWS ranks, classes of ranks."""
     if ranks and not any(step_count(r) for r in ranks):
@@ -112,8 +114,9 @@ def rank_table(ranks: list[dict[str, Any]], stragglers: list[int], verbose: bool
     for label, r in labelled:
         st = r.get("step_time_us") or {}
         exposed = ms(per_step(r, "exposed_comm_us"))
-        if isinstance(r.get("exposed_comm_pct"), (int, float)) and math.isfinite(r["exposed_comm_pct"]):
-            exposed += f" ({r['exposed_comm_pct']:.0f}%)"
+        exposed_pct = r.get("exposed_comm_pct")
+        if isinstance(exposed_pct, (int, float)) and math.isfinite(exposed_pct):
+            exposed += f" ({exposed_pct:.0f}%)"
         rows.append([
             label, *([_steps(r)] if verbose else []), ms(st.get("median")),
             *([ms(st.get("p90")), ms(st.get("max"))] if verbose else []),
@@ -128,7 +131,7 @@ def rank_table(ranks: list[dict[str, Any]], stragglers: list[int], verbose: bool
     return _table("Per rank (ms per step)", names, rows, "\n".join(captions), left=1 if grouped else 0)
 
 
-def _whole_trace_table(ranks: list[dict[str, Any]], stragglers: list[int]) -> Table:
+def _whole_trace_table(ranks: list[RankJson], stragglers: list[int]) -> Table:
     """Traces without ProfilerStep: each rank's totals over its whole trace (no step to divide by)."""
     labelled, grouped = _labelled(ranks, stragglers)
     rows = [[label, ms(r.get("compute_us")), ms(r.get("comm_us")), _overlap(r), ms(r.get("exposed_comm_us")),
@@ -138,7 +141,7 @@ def _whole_trace_table(ranks: list[dict[str, Any]], stragglers: list[int]) -> Ta
                                                 "data wait"], rows, "\n".join(captions), left=1 if grouped else 0)
 
 
-def step_table(ranks: list[dict[str, Any]]) -> Table:
+def step_table(ranks: list[RankJson]) -> Table:
     rows: list[list[str]] = []
     caption = None
     for r in ranks:
@@ -147,8 +150,9 @@ def step_table(ranks: list[dict[str, Any]]) -> Table:
                 caption = "truncated; --json has every step"
                 break
             bwd = None
-            if isinstance(s.get("backward_end_us"), (int, float)) and isinstance(s.get("backward_start_us"), (int, float)):
-                bwd = s["backward_end_us"] - s["backward_start_us"]
+            start, end = s.get("backward_start_us"), s.get("backward_end_us")
+            if isinstance(end, (int, float)) and isinstance(start, (int, float)):
+                bwd = end - start
             rows.append([str(r.get("rank")), str(s.get("step")), ms(s.get("dur_us")), ms(s.get("compute_us")),
                          ms(s.get("comm_us")), pct(s.get("overlap_pct")), ms(s.get("exposed_comm_us")),
                          ms(s.get("idle_us")), ms(bwd), ms(s.get("comm_in_backward_us")), ms(s.get("data_wait_us"))])
@@ -156,7 +160,7 @@ def step_table(ranks: list[dict[str, Any]]) -> Table:
                                     "backward", "comm in bwd", "data wait"], rows, caption)
 
 
-def collective_tables(collectives: dict[str, Any]) -> list[Table]:
+def collective_tables(collectives: CollectivesJson) -> list[Table]:
     tables = []
     by_op = collectives.get("by_op") or {}
     if by_op:
@@ -182,7 +186,7 @@ def _num(v: Any) -> str:
     return "-" if not isinstance(v, (int, float)) else f"{v:.3f}"
 
 
-def straggler_line(stragglers: dict[str, Any]) -> str | None:
+def straggler_line(stragglers: StragglersJson) -> str | None:
     ranks = stragglers.get("ranks") or []
     if not ranks:
         return None
@@ -204,11 +208,13 @@ def top_advice(report: Report) -> str | None:
 
 def render_perf_sections(report: Report, out: Console, verbose: bool) -> None:
     """Sections renderer for ``emit(..., sections=render_perf_sections)``: the per-rank summary first."""
-    s = report.sections
-    ranks: list[dict[str, Any]] = s.get("ranks") or []
-    stragglers = s.get("stragglers") or {}
-    if s.get("run_dir"):
-        out.print(f"[dim]run directory: {escape(str(s['run_dir']))}[/dim]")
+    perf = section_of(report, PerfSection)
+    where = section_of(report, RunDirSection)
+    run_dir = where.run_dir if where else None
+    ranks: list[RankJson] = (perf.ranks if perf else None) or []
+    stragglers: StragglersJson = (perf.stragglers if perf else None) or {}
+    if run_dir:
+        out.print(f"[dim]run directory: {escape(str(run_dir))}[/dim]")
     if ranks:
         out.print(rank_table(ranks, list(stragglers.get("ranks") or []), verbose))
         out.print(f"[dim]{OVERLAP_DEFINITION}[/dim]")
@@ -220,12 +226,11 @@ def render_perf_sections(report: Report, out: Console, verbose: bool) -> None:
     if verbose and ranks:
         out.print(step_table(ranks))
     if verbose:
-        for t in collective_tables(s.get("collectives") or {}):
+        for t in collective_tables((perf.collectives if perf else None) or {}):
             out.print(t)
     advice = top_advice(report)
     if advice:
         out.print(advice)
-    run_dir = s.get("run_dir")
     if run_dir and (Path(run_dir) / "report.html").is_file():
         out.print(f"[dim]open {escape(str(Path(run_dir) / 'report.html'))} in a browser, or: "
                   f"tensorboard --logdir {escape(str(run_dir))} --host 127.0.0.1[/dim]")

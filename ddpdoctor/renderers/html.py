@@ -11,8 +11,18 @@ from pathlib import Path
 from typing import Any
 
 from ddpdoctor.findings.model import Finding, ordered
+from ddpdoctor.jsontypes import JsonValue
 from ddpdoctor.renderers.rank_classes import ranges_text
 from ddpdoctor.report import Report
+from ddpdoctor.reports.perf_json import CollectivesJson, RankJson
+from ddpdoctor.reports.sections import (
+    JobOutcome,
+    JobSection,
+    PerfSection,
+    RunDirSection,
+    TuneSection,
+    section_of,
+)
 
 # The embedded data is capped so a 1,000-rank report stays a file a browser opens; tables say what was left out.
 MAX_CALLS_EMBEDDED = 20000
@@ -65,15 +75,15 @@ def _finite(data: Any) -> Any:
     return data
 
 
-def _chart_data(report: Report) -> dict[str, Any]:
-    s = report.sections
-    coll = dict(s.get("collectives") or {})
+def _chart_data(perf: PerfSection | None) -> JsonValue:
+    """What the charts draw (assets/report.js), as JSON."""
+    coll: CollectivesJson = {**((perf.collectives if perf else None) or {})}
     calls = coll.get("calls") or []
     if len(calls) > MAX_CALLS_EMBEDDED:
         coll["calls"] = calls[:MAX_CALLS_EMBEDDED]
     coll.pop("grad_ready", None)  # not drawn; can be large
-    return _finite({"ranks": s.get("ranks") or [], "collectives": coll, "stragglers": s.get("stragglers") or {},
-                    "whatif": s.get("whatif") or {}})
+    return _finite({"ranks": (perf.ranks if perf else None) or [], "collectives": coll,
+                    "stragglers": (perf.stragglers if perf else None) or {}, "whatif": (perf.whatif if perf else None) or {}})
 
 
 def _findings_html(findings: list[Finding]) -> str:
@@ -106,7 +116,7 @@ def _table(headers: list[str], rows: list[list[Any]], left: int = 0) -> str:
     return f"<table><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table>"
 
 
-def _ranks_html(ranks: list[dict[str, Any]], stragglers: list[int]) -> str:
+def _ranks_html(ranks: list[RankJson], stragglers: list[int]) -> str:
     """Every rank when few; above MAX_RANK_ROWS, the ranks that matter and classes of alike ranks
     (renderers/rank_classes.py), with every rank's row folded away below them."""
     from ddpdoctor.renderers.rank_classes import MAX_RANK_ROWS, group_ranks, legend
@@ -123,15 +133,15 @@ def _ranks_html(ranks: list[dict[str, Any]], stragglers: list[int]) -> str:
                                for r in ranks]) + "</details>")
 
 
-def _rank_rows_html(labelled: list[tuple[str, dict[str, Any]]]) -> str:
+def _rank_rows_html(labelled: list[tuple[str, RankJson]]) -> str:
     from ddpdoctor.renderers.console_perf import per_step
 
     rows = []
     for label, r in labelled:
         st = r.get("step_time_us") or {}
+        steps = r.get("steps", "-")
         rows.append([
-            label, r.get("device", "-"),
-            len(r["steps"]) if isinstance(r.get("steps"), list) else r.get("steps", "-"), _ms(st.get("median")),
+            label, r.get("device", "-"), len(steps) if isinstance(steps, list) else steps, _ms(st.get("median")),
             _ms(st.get("p90")), _ms(per_step(r, "compute_us")), _ms(per_step(r, "comm_us")),
             "no comm" if r.get("comm_us") == 0 else _pct(r.get("overlap_pct")),
             _ms(per_step(r, "exposed_comm_us")), _pct(r.get("exposed_comm_pct")), _ms(per_step(r, "idle_us")),
@@ -181,12 +191,14 @@ def lead_finding(findings: list[Finding]) -> Finding | None:
     return ordered[0] if ordered else None
 
 
-def _summary_html(report: Report, ranks: list[dict[str, Any]]) -> str:
+def _summary_html(report: Report, ranks: list[RankJson]) -> str:
     """The strip at the top: job, command, ranks, exit, steps recorded, verdict and its one-line why."""
     from ddpdoctor.renderers.console_perf import step_count
 
-    s = report.sections
-    job: dict[str, Any] = s["job"] if isinstance(s.get("job"), dict) else {}
+    job_section = section_of(report, JobSection)
+    job = job_section.job if job_section else JobOutcome()
+    where = section_of(report, RunDirSection)
+    run_dir = where.run_dir if where else None
     lead = lead_finding(report.findings)
     why = lead.title if lead else "no findings: nothing wrong was found in the recorded steps"
     steps = sorted({n for n in (step_count(r) for r in ranks) if n is not None})
@@ -196,12 +208,12 @@ def _summary_html(report: Report, ranks: list[dict[str, Any]]) -> str:
     if ids:
         steps_text += f" (steps {ids[0]}-{ids[-1]})" if len(ids) > 1 else f" (step {ids[0]})"
     exit_text = "-"
-    if job.get("exit_code") is not None:
-        exit_text = str(job["exit_code"]) + (f" ({job['killed_by']})" if job.get("killed_by") else "")
+    if job.exit_code is not None:
+        exit_text = str(job.exit_code) + (f" ({job.killed_by})" if job.killed_by else "")
     items = [
-        ("job", str(s.get("run_dir") or "traces given to analyze")),
-        ("command", _command_line(s.get("run_dir")) or f"ddpdoctor {report.command}"),
-        ("ranks", str(job.get("world_size") or len(ranks) or "-")),
+        ("job", str(run_dir or "traces given to analyze")),
+        ("command", _command_line(run_dir) or f"ddpdoctor {report.command}"),
+        ("ranks", str(job.world_size or len(ranks) or "-")),
         ("exit", exit_text),
         ("steps recorded", steps_text),
     ]
@@ -212,7 +224,7 @@ def _summary_html(report: Report, ranks: list[dict[str, Any]]) -> str:
             f"{esc(why)}</div>{cells}</section>")
 
 
-def _collectives_html(coll: dict[str, Any]) -> str:
+def _collectives_html(coll: CollectivesJson) -> str:
     parts = []
     by_op = coll.get("by_op") or {}
     if by_op:
@@ -221,8 +233,9 @@ def _collectives_html(coll: dict[str, Any]) -> str:
             [op, v.get("count"), f"{(v.get('bytes') or 0) / 1e6:.2f}", _ms(v.get("time_us"))]
             for op, v in sorted(by_op.items())], left=1))
     bw = coll.get("bandwidth") or {}
-    if bw.get("bytes_per_us"):
-        latency, rate = float(bw.get("latency_us") or 0.0), float(bw["bytes_per_us"])
+    rate_or_none = bw.get("bytes_per_us")
+    if rate_or_none:
+        latency, rate = float(bw.get("latency_us") or 0.0), float(rate_or_none)
         parts.append(f'<p class="note">Fitted from this run: duration = {latency:.1f} µs + bytes / {rate:.1f} B/µs '
                      f'({esc(bw.get("points"))} collectives).</p>')
     calls = coll.get("calls") or []
@@ -263,17 +276,18 @@ def _ddp_html(ddp: Any) -> str:
 def render_html(report: Report, extra: str = "") -> str:
     """The whole report as one HTML document string; ``extra``: sections of other views placed after the findings
     (already escaped HTML, e.g. the diff against a baseline)."""
-    s = report.sections
-    ranks = s.get("ranks") or []
-    stragglers = list((s.get("stragglers") or {}).get("ranks") or [])
+    perf = section_of(report, PerfSection)
+    where = section_of(report, RunDirSection)
+    ranks = (perf.ranks if perf else None) or []
+    stragglers = list(((perf.stragglers if perf else None) or {}).get("ranks") or [])
     from ddpdoctor.renderers.html_tune import tune_html
     from ddpdoctor.version import __version__
 
     meta = [f"ddpdoctor {__version__}", f"{len(ranks)} rank(s)"]
-    if s.get("run_dir"):
-        meta.append(f"run {s['run_dir']}")
-    if s.get("window"):
-        meta.append(f"window: {s['window']}")
+    if where and where.run_dir:
+        meta.append(f"run {where.run_dir}")
+    if perf and perf.window:
+        meta.append(f"window: {perf.window}")
     notes = "".join(f'<p class="note">note: {esc(n)}</p>' for n in report.notes)
     straggler_text = (f"Straggler rank(s): {', '.join(str(r) for r in stragglers)}." if stragglers
                       else "No straggler rank found.")
@@ -291,7 +305,7 @@ def render_html(report: Report, extra: str = "") -> str:
 <div class="meta">{esc(" · ".join(meta))}</div></header>
 <main>
 {_summary_html(report, ranks)}
-{tune_html(s)}
+{tune_html(section_of(report, TuneSection))}
 <noscript><p class="noscript">Charts need JavaScript; the tables below do not.</p></noscript>
 <section id="findings"><h2>Findings</h2>{_findings_html(report.findings)}{notes}</section>
 {extra}
@@ -321,10 +335,10 @@ all_reduce (height: MB)</span><span><i style="background:#dc2626"></i>after back
 per step. The dot is the current bucket_cap_mb; the dashed line what was measured.</p></section>
 <section id="stragglers"><h2>Stragglers</h2><p>{esc(straggler_text)}</p><div class="chart" id="chart-stragglers"></div>
 {_defs("arrival skew", "caused wait")}</section>
-<section id="collectives"><h2>Collectives</h2>{_collectives_html(s.get("collectives") or {})}</section>
-{_ddp_html(s.get("ddp"))}
+<section id="collectives"><h2>Collectives</h2>{_collectives_html((perf.collectives if perf else None) or {})}</section>
+{_ddp_html(perf.ddp if perf else None)}
 </main>
-<script type="application/json" id="ddpdoctor-data">{script_json(_chart_data(report))}</script>
+<script type="application/json" id="ddpdoctor-data">{script_json(_chart_data(perf))}</script>
 <script>{_asset("report.js")}</script>
 </body></html>
 """

@@ -8,6 +8,7 @@ import html
 from typing import Any
 
 from ddpdoctor.renderers.console_tune import measured
+from ddpdoctor.reports.sections import TuneSection
 
 
 def _esc(value: Any) -> str:
@@ -33,12 +34,12 @@ def _bar(iv: Any, lo: float, hi: float, colour: str) -> str:
             f'width="{max(2.0, x1 - x0):.1f}" height="8" fill="{colour}"/></svg>')
 
 
-def tune_html(sections: dict[str, Any]) -> str:
+def tune_html(section: TuneSection | None) -> str:
     """The section, or "" for a report of another command."""
-    tune = sections.get("tune")
+    tune = section.tune if section else None
     if not isinstance(tune, dict):
         return ""
-    rows = [r for r in sections.get("variants") or [] if isinstance(r, dict)]
+    rows = [r for r in (section.variants if section else None) or [] if isinstance(r, dict)]
     base = tune.get("baseline") or {}
     ivs = [base.get("interval")] + [r.get("interval") for r in rows]
     ends = [float(x) for iv in ivs if isinstance(iv, list) for x in iv if isinstance(x, (int, float))]

@@ -11,6 +11,7 @@ from typing import Any
 import msgspec
 
 from ddpdoctor.errors import BadInput
+from ddpdoctor.jsontypes import JsonObject
 from ddpdoctor.renderers.chrome_trace import ENCODER, ChromeEvent, Trace, event_args, raw_text, read_trace
 
 _RANK_IN_NAME = re.compile(r"rank[_-]?(\d+)", re.IGNORECASE)
@@ -82,9 +83,9 @@ class TraceStats:
                 self.labels[pid] = names[pid]
 
 
-def _header_events(trace: Trace, rank: int, offset_us: float) -> list[dict[str, Any]]:
+def _header_events(trace: Trace, rank: int, offset_us: float) -> list[JsonObject]:
     host = trace.host
-    out: list[dict[str, Any]] = [
+    out: list[JsonObject] = [
         {"ph": "M", "name": "process_name", "pid": rank, "tid": 0,
          "args": {"name": f"rank {rank}" + (f" ({host})" if host else "")}},
         {"ph": "M", "name": "process_sort_index", "pid": rank, "tid": 0, "args": {"sort_index": rank}}]

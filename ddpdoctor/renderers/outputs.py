@@ -3,19 +3,20 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
 
 from ddpdoctor.errors import BadInput
 from ddpdoctor.report import Report
+from ddpdoctor.reports.sections import PerfSection, section_of
 
 
-def _input_ranks(sections: dict[str, Any]) -> dict[str, int]:
+def _input_ranks(perf: PerfSection | None) -> dict[str, int]:
     """Trace path -> rank as the analysis decided it (so the merge agrees with the report)."""
     out: dict[str, int] = {}
-    for inp in sections.get("inputs") or []:
-        if isinstance(inp, dict) and isinstance(inp.get("rank"), int) and inp.get("path"):
-            out[str(inp["path"])] = inp["rank"]
-            out[str(Path(inp["path"]).resolve())] = inp["rank"]
+    for inp in (perf.inputs if perf else None) or []:
+        rank, path = inp.get("rank"), inp.get("path")
+        if isinstance(rank, int) and path:
+            out[str(path)] = rank
+            out[str(Path(path).resolve())] = rank
     return out
 
 
@@ -38,19 +39,21 @@ def write_outputs(
 
     Returns the paths written. A path that cannot be written raises BadInput naming it.
     """
-    from ddpdoctor.renderers.diff_html import diff_of, diff_section_html
-    from ddpdoctor.renderers.html import write_html
-    from ddpdoctor.renderers.tensorboard import write_scalars
-
     sections = report.sections
     written: list[Path] = []
     html_targets = ([run_dir / "report.html"] if run_dir else []) + ([html] if html else [])
     for target in html_targets:
+        # Imported only when written: `analyze --json` of one trace must not pay for the HTML renderer's imports.
+        from ddpdoctor.renderers.diff_html import diff_of, diff_section_html
+        from ddpdoctor.renderers.html import write_html
+
         try:
             written.append(write_html(report, target, diff_section_html(diff_of(report))))
         except OSError as exc:
             raise BadInput(f"cannot write the HTML report ({exc.strerror or exc})", target) from exc
     if run_dir:
+        from ddpdoctor.renderers.tensorboard import write_scalars
+
         try:
             written.extend(write_scalars(sections, run_dir / "scalars"))
         except OSError as exc:
@@ -62,6 +65,7 @@ def write_outputs(
         from ddpdoctor.renderers.progress import bar
 
         with bar("merging traces", sum(sizes.values()), show_progress, unit="MB") as advance:
-            written.append(merge_traces(traces, merge, sections.get("clock_offsets_us"), _input_ranks(sections),
+            perf = section_of(report, PerfSection)
+            written.append(merge_traces(traces, merge, perf.clock_offsets_us if perf else None, _input_ranks(perf),
                                         on_file=lambda p: advance(sizes.get(p, 0))))
     return written

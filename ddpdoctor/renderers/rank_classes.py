@@ -8,9 +8,10 @@ from __future__ import annotations
 import math
 import statistics
 from dataclasses import dataclass
-from typing import Any
+from typing import Literal, get_args
 
 from ddpdoctor.job.grouping import rank_ranges
+from ddpdoctor.reports.perf_json import RankJson, StepTimeJson
 
 # Up to this many ranks every rank has its row; above it, classes.
 MAX_RANK_ROWS = 32
@@ -20,8 +21,9 @@ TYPICAL_PCT = 5.0
 BAND_PCT = 10.0
 MAX_BAND = 5
 # Numeric figures of a rank row whose class row shows their median over the class.
-_FIGURES = ("compute_us", "comm_us", "overlap_us", "exposed_comm_us", "idle_us", "data_wait_us", "memory_us",
-            "overlap_pct", "exposed_comm_pct", "backward_us")
+Figure = Literal["compute_us", "comm_us", "overlap_us", "exposed_comm_us", "idle_us", "data_wait_us", "memory_us",
+                 "overlap_pct", "exposed_comm_pct", "backward_us"]
+_FIGURES: tuple[Figure, ...] = get_args(Figure)
 
 
 @dataclass
@@ -30,7 +32,7 @@ class RankRow:
 
     label: str  # "straggler", "slowest", "fastest", or the class: "typical", "5-15% slower", ...
     ranks: list[int]
-    row: dict[str, Any]  # shaped like one entry of the "ranks" section (class: the medians over its ranks)
+    row: RankJson  # one entry of the "ranks" section (a class: the medians over its ranks)
 
     @property
     def ranges(self) -> str:
@@ -51,12 +53,12 @@ def ranges_text(ranks: list[int], width: int = 20) -> str:
     return f"{text} ({n})"
 
 
-def _step_us(r: dict[str, Any]) -> float | None:
+def _step_us(r: RankJson) -> float | None:
     v = (r.get("step_time_us") or {}).get("median")
     return float(v) if isinstance(v, (int, float)) and math.isfinite(v) else None
 
 
-def _key_figure(r: dict[str, Any], stepless: bool) -> float | None:
+def _key_figure(r: RankJson, stepless: bool) -> float | None:
     """What ranks are compared by: the median step time, or, without steps, the communication time."""
     if stepless:
         v = r.get("comm_us")
@@ -91,22 +93,22 @@ def legend(stepless: bool) -> str:
             "showing the median of its ranks")
 
 
-def _median_row(members: list[dict[str, Any]], ranks: list[int]) -> dict[str, Any]:
+def _median_row(members: list[RankJson], ranks: list[int]) -> RankJson:
     """A class as one row: the median of each figure over its ranks (None where no rank has it)."""
-    row: dict[str, Any] = {"rank": rank_ranges(ranks), "steps": members[0].get("steps"),
-                           "device": members[0].get("device")}
+    row: RankJson = {"rank": rank_ranges(ranks), "steps": members[0].get("steps"), "device": members[0].get("device")}
     for key in _FIGURES:
-        vals = [float(m[key]) for m in members if isinstance(m.get(key), (int, float)) and math.isfinite(m[key])]
+        vals = [float(v) for m in members if isinstance(v := m.get(key), (int, float)) and math.isfinite(v)]
         row[key] = statistics.median(vals) if vals else None
     st = [s for m in members if (s := _step_us(m)) is not None]
     p90 = [float(v) for m in members if isinstance(v := (m.get("step_time_us") or {}).get("p90"), (int, float))]
-    row["step_time_us"] = {"median": statistics.median(st) if st else None,
+    times: StepTimeJson = {"median": statistics.median(st) if st else None,
                            "p90": statistics.median(p90) if p90 else None, "max": max(st) if st else None,
                            "min": min(st) if st else None}
+    row["step_time_us"] = times
     return row
 
 
-def group_ranks(ranks: list[dict[str, Any]], stragglers: list[int],
+def group_ranks(ranks: list[RankJson], stragglers: list[int],
                 max_rows: int = MAX_RANK_ROWS) -> list[RankRow] | None:
     """None when every rank fits (``max_rows`` or fewer); else the ranks that matter, one row each (stragglers, then
     the slowest and the fastest rank), then classes of alike ranks that together hold every rank, fastest first.
@@ -126,7 +128,7 @@ def group_ranks(ranks: list[dict[str, Any]], stragglers: list[int],
                           ("least communication" if stepless else "fastest", fastest)):
             if rk not in stragglers and all(rk not in s.ranks for s in singles):
                 singles.append(RankRow(label, [rk], by_rank[rk]))
-    classes: dict[tuple[int, Any], list[int]] = {}
+    classes: dict[tuple[int, object], list[int]] = {}  # (band, steps)
     for rk in sorted(by_rank):
         classes.setdefault((band(values[rk], median), by_rank[rk].get("steps")), []).append(rk)
     several = len({s for _, s in classes}) > 1

@@ -20,7 +20,8 @@ def perf_section(analysis: Analysis) -> tuple[PerfSection, list, list[str]]:  # 
         # What every verdict rests on: a reader weighs "warning" from 3 steps differently from 30.
         notes.append(f"verdicts rest on {steps} recorded step(s) per rank, {len(analysis.ranks)} rank(s); "
                      "figures carry 90% intervals over them (docs/findings.md)")
-    return PerfSection(**analysis.to_sections(), whatif=extra["whatif"]), list(findings), notes
+    # The same path as a saved report's: the analysis's JSON (docs/json.md), loaded as the typed section.
+    return PerfSection.from_json({**analysis.to_sections(), **extra}), list(findings), notes
 
 
 def assemble(analysis: Analysis, command: str = "analyze") -> Report:

@@ -3,13 +3,16 @@ cross-rank agreement and data sharding, as a SyncChecksSection with its findings
 
 from __future__ import annotations
 
-from typing import Any
+import msgspec
 
+from ddpdoctor.analyses.data_shards import DataAnalysis, LoaderFacts
+from ddpdoctor.analyses.sync import SyncAnalysis, TensorCheck
 from ddpdoctor.findings.model import Finding
+from ddpdoctor.jsontypes import JsonObject
 from ddpdoctor.report import Report
 from ddpdoctor.reports.sections import RunDirSection, SyncChecksSection
 from ddpdoctor.rundir.layout import RunDir
-from ddpdoctor.rundir.loaders import rank_sync_files
+from ddpdoctor.rundir.loaders import rank_data_records, rank_sync_records
 
 
 def sync_parts(run: RunDir) -> tuple[SyncChecksSection | None, list[Finding], list[str]]:
@@ -20,8 +23,8 @@ def sync_parts(run: RunDir) -> tuple[SyncChecksSection | None, list[Finding], li
     from ddpdoctor.findings.sync_data import data_findings
     from ddpdoctor.probes.guard import read_probe_notes
 
-    records = rank_sync_files(run, "sync.json")
-    data = rank_sync_files(run, "data.json")
+    records = rank_sync_records(run)
+    data = rank_data_records(run)
     present = run.ranks_present()
     if not records:
         return None, [], ["no rank wrote sync.json: the script ended before check-sync could record anything"]
@@ -30,28 +33,28 @@ def sync_parts(run: RunDir) -> tuple[SyncChecksSection | None, list[Finding], li
     if missing:
         notes.append(f"ranks {missing} wrote no sync.json; they are not compared")
     analysis = analyze_sync(records)
-    world = max(int(r.get("world_size", 1)) for r in records.values())
+    world = max(r.world_size or 1 for r in records.values())
     shards = analyze_data(data, world)
     notes.extend(read_probe_notes({r: run.rank_dir(r) for r in present}))
     findings = [*sync_findings(analysis), *data_findings(shards, world)]
     notes.extend(shards.notes)
-    stop_after = max(int(r.get("stop_after", 0) or 0) for r in records.values())
+    stop_after = max(r.stop_after or 0 for r in records.values())
     if stop_after and analysis.steps_run < stop_after:
         notes.append(f"the script ended after {analysis.steps_run} of the {stop_after} steps asked for")
     if not analysis.modules:
         notes.append("no DistributedDataParallel module was built: gradients, parameters and buffers were not compared")
-    elif all(m.get("ddp") is False for m in analysis.modules):
+    elif all(m.ddp is False for m in analysis.modules):
         notes.append("no DistributedDataParallel module was built: the parameters the optimizer updates were "
                      "compared across ranks")
     elif analysis.grads.comparisons == 0 and analysis.params.comparisons > 0:
-        closures = max(int(r.get("closure_steps", 0) or 0) for r in records.values())
+        closures = max(r.closure_steps or 0 for r in records.values())
         notes.append("gradients were not compared: no DDP module had run a forward and backward when the optimizer "
                      "stepped" + (f" ({closures} step(s) took a closure)" if closures else "")
                      + "; the parameters after each step were compared")
-    data_steps = max(int(r.get("data_steps", 0) or 0) for r in records.values())
+    data_steps = max(r.data_steps or 0 for r in records.values())
     for facts in shards.loaders:
-        sampler = next((s for s in facts.sampler.values() if s), None) or {}
-        if sampler.get("shuffle") and not sampler.get("replacement") and min(facts.epochs_seen.values()) < 2:
+        sampler = next((s for s in facts.sampler.values() if s is not None), None)
+        if sampler and sampler.shuffle and not sampler.replacement and min(facts.epochs_seen.values()) < 2:
             notes.append(_one_epoch_note(facts, analysis.steps_run, stop_after, data_steps))
     return SyncChecksSection(_checks(analysis, shards)), findings, notes
 
@@ -77,7 +80,7 @@ def assemble_capture(window: RunDir, misaligned: str | None) -> Report:
                   findings=findings, notes=[*([misaligned] if misaligned else []), *notes])
 
 
-def _one_epoch_note(facts: Any, steps: int, stop_after: int, data_steps: int) -> str:
+def _one_epoch_note(facts: LoaderFacts, steps: int, stop_after: int, data_steps: int) -> str:
     """Why set_epoch was not judged for a shuffling loader, and how many steps it would take."""
     per_epoch = facts.steps_per_epoch
     text = (f"DataLoader #{facts.loader} shuffles but did not reach a second epoch in the {steps} step(s) the script "
@@ -89,8 +92,8 @@ def _one_epoch_note(facts: Any, steps: int, stop_after: int, data_steps: int) ->
     return text
 
 
-def _checks(analysis: Any, shards: Any) -> dict[str, Any]:
-    def tensor(check: Any) -> dict[str, Any]:
+def _checks(analysis: SyncAnalysis, shards: DataAnalysis) -> JsonObject:
+    def tensor(check: TensorCheck) -> JsonObject:
         return {"comparisons": check.comparisons, "steps": sorted(set(check.steps)), "diverged": len(check.diverged),
                 "within_tolerance": len(check.within_tolerance), "first_step": check.first_step}
 
@@ -98,8 +101,8 @@ def _checks(analysis: Any, shards: Any) -> dict[str, Any]:
         "ranks": analysis.ranks,
         "steps_checked": analysis.steps_checked,
         "steps_run": analysis.steps_run,
-        "modules": [{"index": m["index"], "class": m.get("module_class"), "parameters": len(m.get("params", [])),
-                     "buffers": len(m.get("buffers", [])), "broadcast_buffers": m.get("broadcast_buffers")}
+        "modules": [{"index": m.index, "class": m.module_class, "parameters": len(m.params),
+                     "buffers": len(m.buffers), "broadcast_buffers": m.broadcast_buffers}
                     for m in analysis.modules],
         "grads": tensor(analysis.grads),
         "params": tensor(analysis.params),
@@ -108,5 +111,5 @@ def _checks(analysis: Any, shards: Any) -> dict[str, Any]:
                   "samples_per_rank": {str(r): n for r, n in e.samples_per_rank.items()},
                   "batches_per_rank": {str(r): n for r, n in e.batches_per_rank.items()}, "shared": e.overlap,
                   "missing": e.missing} for e in shards.epochs],
-        "equivalence": analysis.equivalence,
+        "equivalence": msgspec.to_builtins(analysis.equivalence),
     }

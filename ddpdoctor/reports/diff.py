@@ -41,8 +41,7 @@ def _side(path: Path, which: str, topology: dict[str, Any] | None = None) -> tup
     run = RunDir(path)
     if path.is_dir() and run.is_run_dir():
         manifest = artefacts.load(run.manifest, Manifest)
-        ended = manifest.ended or {}
-        how = ended.get("how")
+        how = manifest.ended.how if manifest.ended else None
         if manifest.exit_code not in (0, None) or how not in (None, "exited") or not manifest.finished:
             what = f"exit code {manifest.exit_code}" if manifest.exit_code not in (0, None) else \
                 "it has not finished: still running, or ddpdoctor was killed" if how == "running" or \

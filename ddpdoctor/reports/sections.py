@@ -8,9 +8,10 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any, ClassVar
+from typing import Any, ClassVar, TypeVar
 
 from ddpdoctor.report import Report, Section
+from ddpdoctor.reports.perf_json import CollectivesJson, InputJson, RankJson, StragglersJson
 
 JSON = Any  # a plain JSON value (docs/json.md says its shape)
 
@@ -94,12 +95,12 @@ class PerfSection(Section):
     KEYS: ClassVar[tuple[str, ...]] = ("inputs", "window", "ranks", "collectives", "syncs", "stragglers",
                                        "exposed_split", "clock_offsets_us", "ddp", "whatif")
     OPTIONAL: ClassVar[tuple[str, ...]] = ("whatif", "exposed_split")
-    inputs: list[dict[str, JSON]]
+    inputs: list[InputJson]
     window: str
-    ranks: list[dict[str, JSON]]
-    collectives: dict[str, JSON]
+    ranks: list[RankJson]
+    collectives: CollectivesJson
     syncs: list[dict[str, JSON]]
-    stragglers: dict[str, JSON]
+    stragglers: StragglersJson
     clock_offsets_us: dict[str, float]
     ddp: list[dict[str, JSON]]
     whatif: dict[str, JSON] | None = None
@@ -204,10 +205,19 @@ class TuneSection(Section):
     tune: dict[str, JSON]
 
 
+@dataclass(frozen=True)
+class NodeSection(Section):
+    """Which node of a multi-node launch printed the report (docs/json.md: ``node_rank``, ``nnodes``, ``host``,
+    ``is_head``, ``head``); a job of one node has none."""
+
+    KEYS: ClassVar[tuple[str, ...]] = ("node",)
+    node: dict[str, JSON]
+
+
 COMMAND_SECTIONS: dict[str, tuple[type[Section], ...]] = {
     "analyze": (PerfSection,),
-    "profile": (PerfSection, RunDirSection, JobSection, HangSection, TopologySection, DiffSection),
-    "run": (RunDirSection, JobSection, HangSection, TopologySection),
+    "profile": (PerfSection, RunDirSection, JobSection, HangSection, TopologySection, DiffSection, NodeSection),
+    "run": (RunDirSection, JobSection, HangSection, TopologySection, NodeSection),
     "check-sync": (RunDirSection, JobSection, HangSection, SyncChecksSection),
     "capture": (RunDirSection, PerfSection, SyncChecksSection),
     "logs": (LogsSection,),
@@ -216,6 +226,20 @@ COMMAND_SECTIONS: dict[str, tuple[type[Section], ...]] = {
     "diff": (DiffSection,),
     "tune": (TuneSection,),
 }
+
+
+S = TypeVar("S", bound=Section)
+
+
+def section_of(report: Report, kind: type[S]) -> S | None:
+    """The report's section of type ``kind``: its typed section, else the one its plain JSON sections hold (a Report
+    built from plain sections, by a test or a builder not moved here yet), loaded typed; None when it has none."""
+    found = report.section(kind)
+    if found is None and kind in COMMAND_SECTIONS.get(report.command, ()):
+        raw = report.sections
+        if kind.present_in(raw) or any(k in raw for k in kind.KEYS):
+            return kind.from_json(raw)
+    return found
 
 
 def load_report(doc: Mapping[str, Any]) -> Report:

@@ -7,6 +7,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from ddpdoctor.jsontypes import JsonObject
+
 
 @dataclass(frozen=True)
 class LiveStatus:
@@ -18,7 +20,7 @@ class LiveStatus:
     health: dict[str, Any] | None  # the merged live/nodeN/health.json snapshots (docs/live.md)
     age_s: float | None
 
-    def to_json(self) -> dict[str, Any]:
+    def to_json(self) -> JsonObject:
         return {"state": self.state, "run_dir": self.run_dir, "command": self.command, "exit_code": self.exit_code,
                 "live": self.live, "health": self.health, "age_s": self.age_s}
 

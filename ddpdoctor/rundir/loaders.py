@@ -7,7 +7,7 @@ from typing import Any
 
 from ddpdoctor.rundir import artefacts
 from ddpdoctor.rundir.layout import RunDir
-from ddpdoctor.rundir.schema import GatheredSync
+from ddpdoctor.rundir.schema import DataRecord, GatheredSync, SyncRecord
 
 
 def rank_statuses(run: RunDir) -> dict[int, dict[str, Any] | None]:
@@ -17,6 +17,18 @@ def rank_statuses(run: RunDir) -> dict[int, dict[str, Any] | None]:
         path = run.rank_file(rank, "status.json")
         statuses[rank] = artefacts.load_dict(path) if path.exists() else None
     return statuses
+
+
+def rank_sync_records(run: RunDir) -> dict[int, SyncRecord]:
+    """rank -> the rank's sync.json, typed (ranks of another node from rank 0's sync-all.json, as below)."""
+    return {r: artefacts.validate(d, SyncRecord, run.rank_file(r, "sync.json"))
+            for r, d in rank_sync_files(run, "sync.json").items()}
+
+
+def rank_data_records(run: RunDir) -> dict[int, DataRecord]:
+    """rank -> the rank's data.json, typed (ranks of another node from rank 0's sync-all.json, as below)."""
+    return {r: artefacts.validate(d, DataRecord, run.rank_file(r, "data.json"))
+            for r, d in rank_sync_files(run, "data.json").items()}
 
 
 def rank_sync_files(run: RunDir, name: str) -> dict[int, dict[str, Any]]:

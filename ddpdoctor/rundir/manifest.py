@@ -6,23 +6,29 @@ import os
 import socket
 import sys
 import time
+from collections.abc import Mapping
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 from ddpdoctor.errors import BadInput
+from ddpdoctor.jsontypes import JsonObject, JsonValue
 from ddpdoctor.rundir import artefacts
 from ddpdoctor.rundir.layout import RunDir, write_json
-from ddpdoctor.rundir.schema import Manifest
+from ddpdoctor.rundir.schema import Manifest, RankInfo, RankStatus
+
+T = TypeVar("T")
 
 SCHEMA = 1
 
 
 def write_initial(run: RunDir, mode: str, script: str | None, script_args: list[str], launcher: str,
-                  torchrun_flags: dict[str, Any], schedule: dict[str, Any] | None, options: dict[str, Any]) -> None:
-    """The launch as plain data (the launcher passes its spec's parts: the run directory knows nothing of it)."""
+                  torchrun_flags: Mapping[str, JsonValue], schedule: Mapping[str, JsonValue] | None,
+                  options: Mapping[str, JsonValue]) -> None:
+    """The launch as plain data, written as given (the launcher passes its spec's parts: the run directory knows
+    nothing of it)."""
     from ddpdoctor.version import __version__
 
-    data = {
+    data: JsonObject = {
         "schema": SCHEMA,
         "ddpdoctor_version": __version__,
         "mode": mode,
@@ -67,61 +73,69 @@ def _load_1min() -> float | None:
         return None
 
 
-def _read_optional(path: Any) -> dict[str, Any] | None:
-    """A rank's file as validated JSON; None when missing or damaged (the rank died writing it, or wrote none)."""
+def _read_optional(path: Path, schema: type[T]) -> T | None:
+    """A rank's file, validated; None when missing or damaged (the rank died writing it, or wrote none)."""
     try:
-        return artefacts.load_dict(path)
+        return artefacts.load_optional(path, schema)
     except BadInput:
         return None
 
 
 def finalize(run: RunDir, exit_code: int | None, duration_s: float, killed_by: str | None,
-             ended: dict[str, Any] | None = None) -> dict[str, Any]:
-    """Merge every rank's info.json and status.json into the manifest."""
-    data = load(run)
-    ranks: list[dict[str, Any]] = []
-    ddp_modules: dict[str, Any] = {}
-    first_info: dict[str, Any] | None = None
+             ended: Mapping[str, JsonValue] | None = None, disk_full: Mapping[str, JsonValue] | None = None
+             ) -> JsonObject:
+    """Merge every rank's info.json and status.json into the manifest. The manifest's own JSON is updated in
+    place, so that fields this ddpdoctor does not know (a newer one wrote them) are kept. ``disk_full``: the disk
+    under the run directory filled during the run (rundir/reserve.py facts: when, what ddpdoctor could not write)."""
+    ranks: list[JsonObject] = []
+    ddp_modules: JsonObject = {}
+    first_info: RankInfo | None = None
+    hosts: set[str] = set()
     for rank in run.ranks_present():
-        info = _read_optional(run.rank_file(rank, "info.json")) or {}
-        status = _read_optional(run.rank_file(rank, "status.json"))
+        info = _read_optional(run.rank_file(rank, "info.json"), RankInfo) or RankInfo()
+        status = _read_optional(run.rank_file(rank, "status.json"), RankStatus)
         first_info = first_info or info
+        if info.host:
+            hosts.add(info.host)
         ranks.append({
             "rank": rank,
-            "local_rank": info.get("local_rank"),
-            "host": info.get("host"),
-            "pid": info.get("pid"),
-            "host_cpus": info.get("host_cpus"),
-            "local_world_size": info.get("local_world_size"),
-            "exit_code": status.get("exit_code") if status else None,
-            "exception": status.get("exception") if status else None,
-            "steps_completed": status.get("steps_completed") if status else None,
+            "local_rank": info.local_rank,
+            "host": info.host,
+            "pid": info.pid,
+            "host_cpus": info.host_cpus,
+            "local_world_size": info.local_world_size,
+            "exit_code": status.exit_code if status else None,
+            "exception": status.exception if status else None,
+            "steps_completed": status.steps_completed if status else None,
             "status": "no status written (killed by a signal, e.g. SIGKILL or the OOM killer?)" if status is None else "exited",
         })
-        if info.get("ddp_modules"):
-            ddp_modules[str(rank)] = info["ddp_modules"]
-    info0 = first_info or {}
-    pg = info0.get("process_group") or {}
+        if info.ddp_modules:
+            ddp_modules[str(rank)] = artefacts.to_dict(info.ddp_modules)
+    info0 = first_info or RankInfo()
+    data = artefacts.load_dict(run.manifest)  # the JSON as written (raw JSON in, updated, written back)
     data.update(
         finished=True,
         exit_code=exit_code,
         duration_s=round(duration_s, 3),
         killed_by=killed_by,
-        ended=ended or {"how": "exited", "exit_code": exit_code},
-        world_size=info0.get("world_size"),
+        ended=dict(ended) if ended else {"how": "exited", "exit_code": exit_code},
+        world_size=info0.world_size,
         ranks=ranks,
-        hosts=sorted({r["host"] for r in ranks if r.get("host")}),
-        backend=pg.get("backend"),
-        versions=info0.get("versions"),
-        env=info0.get("env"),
+        hosts=sorted(hosts),
+        backend=info0.process_group.backend if info0.process_group else None,
+        versions=info0.versions,
+        env=info0.env,
         ddp_modules=ddp_modules,
     )
+    if disk_full:
+        data["disk_full"] = dict(disk_full)
     write_json(run.manifest, data)
     return data
 
 
 def load(run: RunDir) -> dict[str, Any]:
-    """manifest.json as JSON, every known field checked against its type (BadInput naming the field otherwise)."""
+    """manifest.json as its raw JSON (for tools that show it as written), every known field checked against its
+    type (BadInput naming the field otherwise). ddpdoctor itself reads ``load_typed``."""
     return artefacts.load_dict(run.manifest)
 
 

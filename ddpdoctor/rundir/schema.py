@@ -14,7 +14,14 @@ from typing import Any, Literal
 
 import msgspec
 
-from ddpdoctor.analyses.results import Bucket, CollectiveCall, GradReady, InputInfo, RankMetrics, SyncCall
+from ddpdoctor.rundir.summary_records import (
+    Bucket,
+    CollectiveCall,
+    GradReady,
+    InputInfo,
+    RankMetrics,
+    SyncCall,
+)
 
 Number = float  # msgspec accepts JSON integers for float fields; booleans are refused
 Json = Any  # free-form: not read by any analysis (shown or copied only)
@@ -112,6 +119,17 @@ class ScheduleRecord(msgspec.Struct, kw_only=True):
     repeat: int | None = None
 
 
+class RunEnded(msgspec.Struct, kw_only=True, omit_defaults=True):
+    """How the run ended, as the launcher wrote it: "running" until it ends, then "exited" (exit_code), "hang",
+    "signal" (ddpdoctor was stopped: signal, signum) or "ddpdoctor-error" (error)."""
+
+    how: str | None = None
+    exit_code: int | None = None
+    signal: str | None = None
+    signum: int | None = None
+    error: str | None = None
+
+
 class Manifest(Artefact, kw_only=True):
     schema: int | None = None  # the pre-versioning field, kept for older readers
     ddpdoctor_version: str | None = None
@@ -139,8 +157,9 @@ class Manifest(Artefact, kw_only=True):
     env: dict[str, str | None] | None = None
     # rank -> that rank's DDP modules (keys are ranks as strings in the file)
     ddp_modules: dict[int, list[DDPModule]] = {}
-    # How the run ended (the watcher's launcher): {"how": "exited"|"hang"|"signal"|..., "exit_code": N, ...}
-    ended: dict[str, Json] | None = None
+    ended: RunEnded | None = None
+    # The disk under the run directory filled during the run (rundir/reserve.py): when, and what was not written
+    disk_full: dict[str, Json] | None = None
 
 
 # ---- ranks/rankR/info.json, status.json, summary.json ----------------------------------------------------------
@@ -275,6 +294,7 @@ Fingerprint = list[Number | Literal["nan", "inf", "-inf"]] | None
 
 class SyncModule(msgspec.Struct, kw_only=True):
     index: int
+    ddp: bool | None = None  # False: the optimizer's parameters, compared without a DDP module
     module_class: str | None = None
     broadcast_buffers: bool | None = None
     find_unused_parameters: bool | None = None
@@ -283,6 +303,7 @@ class SyncModule(msgspec.Struct, kw_only=True):
     frozen_params: list[str] = []
     buffers: list[str] = []
     batchnorm_buffers: list[str] = []
+    built_by: str | None = None  # the framework that built this DDP module (probes/ddp_recorder._built_by)
 
 
 class SyncRow(msgspec.Struct, kw_only=True):
@@ -295,6 +316,28 @@ class SyncRow(msgspec.Struct, kw_only=True):
     reduced: bool | None = None
 
 
+class OutsideParam(msgspec.Struct, kw_only=True):
+    """A parameter the optimizer updates that belongs to no DDP module."""
+
+    name: str
+    shape: list[int] = []
+
+
+class Equivalence(msgspec.Struct, kw_only=True, omit_defaults=True):
+    """The equivalence check (probes/equivalence.py): DDP's averaged gradient against one process's, per
+    parameter (a relative error, or a string saying why not), or why it was skipped. Written out as recorded."""
+
+    step: int | None = None
+    skipped: str | None = None
+    computed_on: int | None = None
+    world_size: int | None = None
+    caveats: list[str] | None = None
+    batch_sizes: list[int] | None = None
+    mode: str | None = None
+    relative_error: dict[str, float | str | None] | None = None
+    relative_error_per_rank_batches: dict[str, float | str | None] | None = None
+
+
 class SyncRecord(Artefact, kw_only=True):
     rank: int | None = None
     world_size: int | None = None
@@ -303,12 +346,13 @@ class SyncRecord(Artefact, kw_only=True):
     steps_completed: int | None = None
     check_seconds: Number | None = None
     modules: list[SyncModule] = []
-    optimizer_params_outside_ddp: list[dict[str, Json]] = []
+    optimizer_params_outside_ddp: list[OutsideParam] = []
     closure_steps: int | None = None  # optimizer.step(closure) calls seen (grads read when the closure returns)
     grads: list[SyncRow] = []
     params: list[SyncRow] = []
     buffers: list[SyncRow] = []
-    equivalence: dict[str, Json] | None = None
+    equivalence: Equivalence | None = None
+    data_steps: int | None = None  # steps the data recorder runs past the fingerprint window
 
 
 class LoaderEpoch(msgspec.Struct, kw_only=True):
@@ -320,12 +364,62 @@ class LoaderEpoch(msgspec.Struct, kw_only=True):
     sampler_epoch: int | None = None
     order_hash: str | None = None
     indices: list[int] | None = None
+    root_indices: list[int] | None = None  # a Subset's indices in its root dataset
     sample_hashes: list[str] | None = None
+    truncated: bool = False  # a capped (endless) sampler: the record spans several passes
+    peek: bool = False  # abandoned before any training step (a look at the first batch): not an epoch
+
+
+class SubsetInfo(msgspec.Struct, kw_only=True):
+    """A loader's dataset is a Subset (of a Subset ...) of a root dataset: which one, and a hash of its indices."""
+
+    root_class: str | None = None
+    root_len: int | None = None
+    hash: str | None = None
+
+
+class DatasetFingerprint(msgspec.Struct, kw_only=True):
+    """A map-style dataset's length and first and last samples' hashes (probes/sampler.py dataset_fingerprint)."""
+
+    len: int | None = None
+    first: str | None = None
+    last: str | None = None
+    varies: bool = False  # loading a sample twice gave other bytes (random augmentation)
+    error: str | None = None
+
+
+class ShardedBy(msgspec.Struct, kw_only=True):
+    """A batch sampler that hands each rank its share of the batches (accelerate's BatchSamplerShard)."""
+
+    num_processes: int | None = None
+    process_index: int | None = None
+
+
+Scalar = int | float | str | bool | None
+
+
+class SamplerFacts(msgspec.Struct, kw_only=True, rename={"class_name": "class"}):
+    """A loader's sampler as probes/sampler.py describes it."""
+
+    class_name: str | None = None
+    distributed: bool | None = None
+    num_replicas: int | None = None
+    rank: int | None = None
+    # A sampler of the script's own may hold any scalar in these attributes (probes/sampler.py copies them).
+    shuffle: Scalar = None
+    seed: Scalar = None
+    drop_last: Scalar = None
+    total_size: int | None = None
+    replacement: Scalar = None
+    epoch: int | None = None
+    sharded_by: ShardedBy | None = None
+    framework: str | None = None  # "lightning" when Lightning was loaded (it adds the DistributedSampler itself)
 
 
 class LoaderRecord(msgspec.Struct, kw_only=True):
     loader: int
-    subset: dict[str, Json] | None = None
+    subset: SubsetInfo | None = None
+    dataset_fp: DatasetFingerprint | None = None
     dataset_class: str | None = None
     dataset_len: int | None = None
     iterable: bool | None = None
@@ -335,14 +429,21 @@ class LoaderRecord(msgspec.Struct, kw_only=True):
     sampler_arg: bool | None = None
     batch_sampler_arg: bool | None = None
     num_workers: int | None = None
-    sampler: dict[str, Json] | None = None
+    sampler: SamplerFacts | None = None
     epochs: list[LoaderEpoch] = []
+
+
+class InitConflict(msgspec.Struct, kw_only=True):
+    """DataLoader(shuffle=True) with a sampler: PyTorch refused it (``error``)."""
+
+    error: str | None = None
+    sampler: str | None = None
 
 
 class DataRecord(Artefact, kw_only=True):
     rank: int | None = None
     loaders: list[LoaderRecord] = []
-    init_conflicts: list[dict[str, Json]] = []
+    init_conflicts: list[InitConflict] = []
     set_epoch_calls: int = 0
 
 
@@ -416,13 +517,21 @@ class ReportFile(Artefact, kw_only=True):
     findings: list[dict[str, Json]] = []
 
 
+class AppliedSetting(msgspec.Struct, kw_only=True):
+    """What tune's probe did to one DDP module: the options the script passed, the ones it set, the hook."""
+
+    given: dict[str, float | bool | str | None] = {}  # as the script passed them (write_json: str for others)
+    options: dict[str, float | bool] = {}
+    comm_hook: str | None = None
+
+
 class RankTune(Artefact, kw_only=True):
     """ranks/rankR/tune.json: what `ddpdoctor tune`'s probe applied in one trial launch, and the loss of each
     iteration (a string for a loss that was not finite)."""
 
-    setting: dict[str, Json] = {}
+    setting: dict[str, float | bool | str] = {}  # analyses/tune.py Setting
     stop_after: int | None = None
-    applied: list[dict[str, Json]] = []
+    applied: list[AppliedSetting] = []
     errors: list[str] = []
     loss_per_iteration: list[Number | str | None] = []
 

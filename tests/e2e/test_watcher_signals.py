@@ -142,7 +142,10 @@ def test_no_orphans_whatever_ends_ddpdoctor(tmp_path: Path, sig: int) -> None:
         from ddpdoctor.launch.runlock import is_locked
 
         assert manifest["ended"]["how"] == "running" and not is_locked(out)
-        (finding,), _ = ended_findings(manifest, locked=is_locked(out))
+        from ddpdoctor.rundir.layout import RunDir
+        from ddpdoctor.rundir.manifest import load_typed
+
+        (finding,), _ = ended_findings(load_typed(RunDir(out)), locked=is_locked(out))
         assert finding.id == "run-unfinished"
     else:
         assert manifest["ended"] == {"how": "signal", "signal": signal.Signals(sig).name, "signum": sig,

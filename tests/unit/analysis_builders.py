@@ -4,15 +4,19 @@ from __future__ import annotations
 
 from typing import Any
 
+import msgspec
+
 from ddpdoctor.analyses.results import (
     Analysis,
     BandwidthFit,
     Bucket,
+    DDPModuleEntry,
     GradReady,
     RankMetrics,
     StepMetrics,
     Stragglers,
 )
+from ddpdoctor.rundir.schema import DDPModule
 
 
 def step(n: int, *, start: float = 0.0, dur: float = 1000.0, comm: float = 0.0, exposed: float = 0.0,
@@ -49,7 +53,16 @@ def rank(r: int, steps: list[StepMetrics], world_size: int = 2, **over: Any) -> 
 def analysis(ranks: list[RankMetrics], **over: Any) -> Analysis:
     fields: dict[str, Any] = dict(inputs=[], window="all", ranks=ranks)
     fields.update(over)
+    # DDP modules may be given as the manifest's JSON (a parameter's name may be left out)
+    fields["ddp"] = [d if isinstance(d, DDPModuleEntry) else DDPModuleEntry(0, i, ddp_module(d))
+                     for i, d in enumerate(fields.get("ddp") or [])]
     return Analysis(**fields)
+
+
+def ddp_module(cfg: dict[str, Any]) -> DDPModule:
+    """A DDP module's configuration as the manifest's JSON gives it."""
+    params = [{"name": f"p{i}", **p} for i, p in enumerate(cfg.get("parameters") or [])]
+    return msgspec.convert({**cfg, "parameters": params}, DDPModule)
 
 
 def grads(r: int, s: int, items: list[tuple[float, int | None]]) -> list[GradReady]:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import math
 
+import msgspec
 import torch
 
 from ddpdoctor.analyses.data_shards import analyze_data
@@ -12,6 +13,22 @@ from ddpdoctor.findings.sync import sync_findings
 from ddpdoctor.findings.sync_data import data_findings
 from ddpdoctor.probes.equivalence import relative_error
 from ddpdoctor.probes.sync import fingerprints
+from ddpdoctor.rundir.schema import DataRecord, SyncRecord
+
+
+def _typed(records, schema):
+    """The records as the run directory's typed loader gives them (rundir/loaders.py)."""
+    return {r: msgspec.convert(v, schema) for r, v in records.items()}
+
+
+def analyze_sync_json(records):
+    return analyze_sync(_typed(records, SyncRecord))
+
+
+def analyze_data_json(data, world_size=None):
+    return analyze_data(_typed(data, DataRecord), world_size)
+
+
 
 
 def test_fingerprint_by_hand():
@@ -58,7 +75,7 @@ B = [1.0, 3.0, 9.0, 3.0, 3.0, 3.0, 3.0]
 def test_param_divergence_names_step_ranks_and_size():
     w_bad = [2.0, 1.25, 1.0, 0.5, 0.75, 0.5, 0.5]  # sum +0.25, one sample +0.25
     records = {0: _sync_record(0, [[W, B]] * 2, [[W, B], [W, B]]), 1: _sync_record(1, [[W, B]] * 2, [[W, B], [w_bad, B]])}
-    analysis = analyze_sync(records)
+    analysis = analyze_sync_json(records)
     assert analysis.grads.diverged == [] and analysis.params.comparisons == 4
     (d,) = analysis.params.diverged
     assert (d.step, d.name, d.ranks, d.reference_rank, d.max_abs_diff) == (1, "w", [1], 0, 0.25)
@@ -70,7 +87,7 @@ def test_param_divergence_names_step_ranks_and_size():
 def test_tiny_difference_is_within_tolerance_and_info():
     w_close = [2.0, 1.0 + 1e-9, 1.0, 0.5, 0.5, 0.5, 0.5]
     records = {0: _sync_record(0, [[W, B]], [[W, B]]), 1: _sync_record(1, [[w_close, B]], [[W, B]])}
-    analysis = analyze_sync(records)
+    analysis = analyze_sync_json(records)
     assert analysis.grads.diverged == [] and len(analysis.grads.within_tolerance) == 1
     assert 1e-9 / (1 + 1e-9) <= RTOL
     (f,) = sync_findings(analysis)
@@ -81,7 +98,7 @@ def test_no_sync_unused_and_batchnorm_drift():
     g0 = [[W, None]]  # parameter "b" never gets a gradient
     buf0, buf1 = [[B], [B]], [[B], [[1.0, 3.5, 9.0, 3.0, 3.0, 3.5, 3.0]]]
     records = {0: _sync_record(0, g0, [[W, B]], buf0, reduced=False), 1: _sync_record(1, g0, [[W, B]], buf1, reduced=False)}
-    analysis = analyze_sync(records)
+    analysis = analyze_sync_json(records)
     assert [(u.step, u.ranks) for u in analysis.never_synced] == [(0, [0, 1])]
     assert analysis.unused == {0: ["b"]}
     ids = {f.id: f for f in sync_findings(analysis)}
@@ -95,18 +112,18 @@ def test_equivalence_thresholds_and_relative_error():
     base = _sync_record(0, [], [])
     base["equivalence"] = {"step": 1, "world_size": 2, "batch_sizes": [4, 4], "caveats": [],
                            "relative_error": {"w": 2e-7, "b": 5e-3}}
-    (f,) = sync_findings(analyze_sync({0: base, 1: _sync_record(1, [], [])}))
+    (f,) = sync_findings(analyze_sync_json({0: base, 1: _sync_record(1, [], [])}))
     assert f.id == "ddp-equivalence" and f.severity.value == "error" and f.evidence["worst_parameter"] == "b"
     base["equivalence"]["caveats"] = ["batchnorm", "dropout"]
-    (f,) = sync_findings(analyze_sync({0: base, 1: _sync_record(1, [], [])}))
+    (f,) = sync_findings(analyze_sync_json({0: base, 1: _sync_record(1, [], [])}))
     assert f.severity.value == "info"
     # BatchNorm alone: judged on each rank's batch run separately, which DDP must match exactly.
     base["equivalence"]["caveats"] = ["batchnorm"]
     base["equivalence"]["relative_error_per_rank_batches"] = {"w": 1e-7, "b": 3e-7}
-    (f,) = sync_findings(analyze_sync({0: base, 1: _sync_record(1, [], [])}))
+    (f,) = sync_findings(analyze_sync_json({0: base, 1: _sync_record(1, [], [])}))
     assert f.severity.value == "info" and f.evidence["max_relative_error_per_rank_batches"] == 3e-7
     base["equivalence"]["relative_error_per_rank_batches"] = {"w": 1e-7, "b": 0.2}
-    (f,) = sync_findings(analyze_sync({0: base, 1: _sync_record(1, [], [])}))
+    (f,) = sync_findings(analyze_sync_json({0: base, 1: _sync_record(1, [], [])}))
     assert f.severity.value == "error" and f.evidence["worst_parameter"] == "b"
 
 
@@ -125,7 +142,7 @@ def _data(loaders, **kw):
 
 
 def _findings(data):
-    return {f.id: f for f in data_findings(analyze_data(data), 2)}
+    return {f.id: f for f in data_findings(analyze_data_json(data), 2)}
 
 
 def test_distributed_sampler_padding_is_info():
@@ -162,7 +179,7 @@ def test_an_extra_loader_on_one_rank_does_not_shift_the_match():
     s = {"class": "DistributedSampler", "distributed": True, "shuffle": False, "seed": 0, "drop_last": False, "total_size": 4}
     extra = _loader([_epoch(0, [0, 1, 2, 3], steps=0)], None, 4, loader=0)
     data = {0: _data([extra, _loader([_epoch(0, [0, 2])], s, 4, loader=1)]), 1: _data([_loader([_epoch(0, [1, 3])], s, 4)])}
-    analysis = analyze_data(data)
+    analysis = analyze_data_json(data)
     assert [(e.loader, e.overlap, e.missing) for e in analysis.epochs] == [(1, 0, 0)]
     assert data_findings(analysis, 2) == []
 
@@ -171,7 +188,7 @@ def test_capped_endless_samplers_compare_one_shard_per_rank():
     # 4 samples, 2 ranks: each rank's first 2 indices are its shard; later passes wrap around and would "overlap".
     e0 = {**_epoch(0, [0, 1, 2, 3, 0, 1]), "truncated": True, "batches": None}
     e1 = {**_epoch(0, [2, 3, 0, 1, 2, 3]), "truncated": True, "batches": None}
-    analysis = analyze_data({0: _data([_loader([e0], None, 4)]), 1: _data([_loader([e1], None, 4)])})
+    analysis = analyze_data_json({0: _data([_loader([e0], None, 4)]), 1: _data([_loader([e1], None, 4)])})
     assert [(e.overlap, e.missing) for e in analysis.epochs] == [(0, None)]
 
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import dataclasses
 import json
 
+import msgspec
 import pytest
 import torch
 
@@ -12,6 +13,22 @@ from ddpdoctor.analyses.data_shards import analyze_data, shard_cause
 from ddpdoctor.findings.sync_data import data_findings
 from ddpdoctor.probes.equivalence import _output_tensors, _union
 from ddpdoctor.probes.guard import NOTES_FILE, Guard, ProbeNotes, read_probe_notes
+from ddpdoctor.rundir.schema import DataRecord, LoaderRecord
+
+
+def _typed(records, schema):
+    """The records as the run directory's typed loader gives them (rundir/loaders.py)."""
+    return {r: msgspec.convert(v, schema) for r, v in records.items()}
+
+
+def analyze_data_json(data, world_size=None):
+    return analyze_data(_typed(data, DataRecord), world_size)
+
+
+def shard_cause_json(loaders, world_size):
+    return shard_cause(_typed(loaders, LoaderRecord), world_size)
+
+
 
 
 def test_guard_notes_a_failure_switches_off_and_lets_a_stop_through(tmp_path):
@@ -82,14 +99,14 @@ DIST = {"class": "DistributedSampler", "distributed": True, "num_replicas": 2, "
       _loader({"class": "SequentialSampler", "distributed": False}, subset={"hash": "s1"})], "hand-made-shards"),
 ])
 def test_shard_cause(ranks, cause):
-    assert shard_cause(dict(enumerate(ranks)), 2) == cause
+    assert shard_cause_json(dict(enumerate(ranks)), 2) == cause
 
 
 def test_a_varying_sample_does_not_make_the_dataset_differ():
     a = _loader({**DIST, "rank": 0}, first="a")
     b = _loader({**DIST, "rank": 1}, first="b")
     a["dataset_fp"]["varies"] = b["dataset_fp"]["varies"] = True  # random augmentation
-    assert shard_cause({0: a, 1: b}, 2) is None
+    assert shard_cause_json({0: a, 1: b}, 2) is None
 
 
 def _epoch(indices, steps, **extra):
@@ -101,7 +118,7 @@ def test_datasets_of_other_lengths_are_an_error_naming_the_cause():
     a = _loader({**DIST, "rank": 0}, length=10)
     b = _loader({**DIST, "rank": 1}, length=12)
     a["epochs"], b["epochs"] = [_epoch([0, 1], 1)], [_epoch([2, 3], 1)]
-    (f,) = data_findings(analyze_data({0: {"loaders": [a]}, 1: {"loaders": [b]}}), 2)
+    (f,) = data_findings(analyze_data_json({0: {"loaders": [a]}, 1: {"loaders": [b]}}), 2)
     assert f.id == "sampler-dataset-differs" and f.severity.value == "error"
     assert "an unseeded random_split" in f.title and "generator=torch.Generator().manual_seed" in f.advice
 
@@ -117,10 +134,10 @@ def test_peeks_are_not_epochs_and_the_epoch_length_is_estimated():
         ]
         return {"loaders": [ld], "set_epoch_calls": 1}
 
-    ok = analyze_data({0: rank(0, "B"), 1: rank(1, "B")})
+    ok = analyze_data_json({0: rank(0, "B"), 1: rank(1, "B")})
     assert [e.epoch for e in ok.epochs] == [0, 1] and data_findings(ok, 2) == []
     assert ok.loaders[0].steps_per_epoch == 4 and ok.loaders[0].steps_seen == 5
-    bad = analyze_data({0: rank(0, "A"), 1: rank(1, "A")})  # set_epoch missing: epoch 1 repeats epoch 0's order
+    bad = analyze_data_json({0: rank(0, "A"), 1: rank(1, "A")})  # set_epoch missing: epoch 1 repeats epoch 0's order
     assert [f.id for f in data_findings(bad, 2)] == ["sampler-no-set-epoch"]
 
 

@@ -14,6 +14,7 @@ from ddpdoctor.analyses.tune import (
     job_step_ms,
     numerics,
 )
+from ddpdoctor.rundir.schema import AppliedSetting, BucketLayout, DDPModule
 
 
 def _trials(label: str, per_launch: list[list[float]], start_order: int = 0, losses=()) -> list[Trial]:
@@ -107,14 +108,14 @@ def test_numerics_identical_within_changed_undecided_and_not_finite():
 
 
 def test_in_effect_from_the_recorded_layout_and_hook():
-    modules = [{"bucket_cap_mb": 1.0, "gradient_as_bucket_view": True, "buckets": [{}, {}, {}]}]
+    modules = [DDPModule(bucket_cap_mb=1.0, gradient_as_bucket_view=True, buckets=[BucketLayout()] * 3)]
     ok, seen, buckets = in_effect({"bucket_cap_mb": 1.0}, modules, [], [])
     assert ok and buckets == 3 and "bucket_cap_mb=1.0 recorded" in seen
     ok, seen, _ = in_effect({"bucket_cap_mb": 50.0}, modules, [], [])
     assert not ok and "asked 50.0" in seen
-    ok, _, _ = in_effect({"comm_hook": "bf16"}, modules, [{"comm_hook": None}], ["comm_hook=bf16: TypeError: ..."])
+    ok, _, _ = in_effect({"comm_hook": "bf16"}, modules, [AppliedSetting(comm_hook=None)], ["comm_hook=bf16: TypeError: ..."])
     assert not ok
-    ok, _, _ = in_effect({"comm_hook": "fp16"}, modules, [{"comm_hook": "fp16"}], [])
+    ok, _, _ = in_effect({"comm_hook": "fp16"}, modules, [AppliedSetting(comm_hook="fp16")], [])
     assert ok
     assert in_effect({"static_graph": True}, [], [], [])[0] is False
 

@@ -3,11 +3,13 @@ to change, and the findings of a comparison."""
 
 from __future__ import annotations
 
+import msgspec
 import pytest
 
 from ddpdoctor.analyses.tune import BASELINE, Trial, compare
 from ddpdoctor.analyses.whatif import CapPrediction, WhatIf
 from ddpdoctor.findings.tune import code_line, parse_try, plan, tune_findings
+from ddpdoctor.rundir.schema import DDPModule
 
 
 def _whatif(best: float | None = 1.0, measured_exposed_us: float = 6000.0) -> WhatIf:
@@ -18,8 +20,8 @@ def _whatif(best: float | None = 1.0, measured_exposed_us: float = 6000.0) -> Wh
                   best_bucket_cap_mb=best)
 
 
-CFG = {"bucket_cap_mb": 25.0, "find_unused_parameters": False, "static_graph": False,
-       "gradient_as_bucket_view": False, "parameter_bytes": 4 << 20}
+CFG = DDPModule(bucket_cap_mb=25.0, find_unused_parameters=False, static_graph=False, gradient_as_bucket_view=False,
+                parameter_bytes=4 << 20)
 
 
 def _by_label(p):
@@ -38,7 +40,7 @@ def test_rules_choose_what_can_matter_and_say_why_the_rest_is_skipped():
 
 
 def test_rules_skip_with_reasons():
-    cfg = dict(CFG, gradient_as_bucket_view=True, static_graph=True)
+    cfg = msgspec.structs.replace(CFG, gradient_as_bucket_view=True, static_graph=True)
     p = plan(cfg, _whatif(best=25.0, measured_exposed_us=100.0), set(), [12, 10], [])
     c = _by_label(p)
     assert not any(x.chosen for x in p.candidates)
@@ -52,7 +54,7 @@ def test_rules_skip_with_reasons():
 
 
 def test_find_unused_parameters_rules():
-    cfg = dict(CFG, find_unused_parameters=True)
+    cfg = msgspec.structs.replace(CFG, find_unused_parameters=True)
     c = _by_label(plan(cfg, _whatif(), {"find-unused-parameters-unneeded"}, [12], []))
     assert c["find_unused_parameters=False"].chosen
     c = _by_label(plan(cfg, _whatif(), {"static-graph-would-help"}, [10], []))
@@ -131,14 +133,14 @@ def test_the_report_round_trips_typed_and_renders():
     from ddpdoctor.renderers.html import render_html
     from ddpdoctor.renderers.views import view_for
     from ddpdoctor.reports.sections import TuneSection, load_report
-    from ddpdoctor.reports.tune import assemble
+    from ddpdoctor.reports.tune import ScriptHashes, TuneDesign, assemble
 
     p = plan(CFG, _whatif(), set(), [12], [], max_variants=1)
     trials = [Trial(BASELINE, 0, 0, _jit(20.0), (1.0,)), Trial("bucket_cap_mb=1", 0, 1, _jit(17.0), (1.0,)),
               Trial(BASELINE, 0, 2, _jit(20.0), (1.0,))]
     report = assemble(trials, p, SimpleNamespace(cfg=CFG, whatif=_whatif()),
-                      design={"warmup": 5, "steps": 10, "rounds": 1}, script={"path": "t.py", "sha256_before": "a",
-                                                                              "sha256_after": "a"}, tolerance=1e-4)
+                      design=TuneDesign(warmup=5, steps=10, rounds=1, profile_run="profile", trials_dir="trials"),
+                      script=ScriptHashes(path="t.py", sha256_before="a", sha256_after="a"), tolerance=1e-4)
     doc = json.loads(json.dumps(report.to_json()))
     (row,) = doc["variants"]
     assert row["setting"] == "bucket_cap_mb=1" and row["diff_ms"] == -3.0 and row["predicted_ms"] == -7.0

@@ -14,6 +14,7 @@ from ddpdoctor.findings.perf_verdict import (
 )
 from ddpdoctor.findings.window import fitting_flags, window_finding
 from ddpdoctor.probes.config import Schedule
+from ddpdoctor.rundir.schema import Manifest, RunEnded
 
 
 def test_bootstrap_is_deterministic_and_brackets_the_value():
@@ -60,9 +61,9 @@ def test_failure_first_and_perf_findings_of_an_incomplete_run_are_marked():
 def test_a_signal_to_ddpdoctor_is_interrupted_or_stopped_never_a_crash():
     assert failure_outcome([_f("job-stopped", signal="SIGINT")]) == "interrupted"
     assert failure_outcome([_f("job-stopped", signal="SIGTERM")]) == "stopped"
-    assert run_status_of({"ended": {"how": "signal", "signal": "SIGINT", "signum": 2}}) == "interrupted"
-    assert run_status_of({"ended": {"how": "signal", "signal": "SIGTERM", "signum": 15}}) == "stopped"
-    assert run_status_of({"ended": {"how": "exited", "exit_code": 0}}) is None
+    assert run_status_of(Manifest(ended=RunEnded(how="signal", signal="SIGINT", signum=2))) == "interrupted"
+    assert run_status_of(Manifest(ended=RunEnded(how="signal", signal="SIGTERM", signum=15))) == "stopped"
+    assert run_status_of(Manifest(ended=RunEnded(how="exited", exit_code=0))) is None
     assert apply_outcome([_f("straggler-rank")]) == [_f("straggler-rank")]  # a finished run: nothing marked
     out = apply_outcome([_f("straggler-rank")], "interrupted")
     assert out[0].evidence["incomplete_run"] == "interrupted"

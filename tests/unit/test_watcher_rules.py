@@ -15,6 +15,7 @@ from ddpdoctor.findings.hang import crash_findings, stall_findings
 from ddpdoctor.findings.job import ended_findings
 from ddpdoctor.launch import runlock
 from ddpdoctor.report import Report
+from ddpdoctor.rundir.schema import Manifest, RunEnded
 
 VICTIM = "RuntimeError: [pair.cc:553] Connection closed by peer [127.0.0.1]:6558"
 
@@ -54,7 +55,7 @@ def test_a_rank_killed_by_sigterm_or_ending_after_the_failure_is_not_left_early(
     ("SIGHUP", 1, "stopped", "terminal or ssh session closed"),
 ])
 def test_a_signal_is_a_status_and_an_exit_code_not_an_error(sig: str, num: int, status: str, words: str) -> None:
-    manifest = {"finished": True, "ended": {"how": "signal", "signal": sig, "signum": num, "exit_code": 128 + num}}
+    manifest = Manifest(finished=True, ended=RunEnded(how="signal", signal=sig, signum=num, exit_code=128 + num))
     (f,), stopped = ended_findings(manifest, locked=False)
     assert f.id == "job-stopped" and f.severity.value == "warning" and words in f.title
     assert stopped is not None and stopped["exit_code"] == 128 + num
@@ -63,11 +64,11 @@ def test_a_signal_is_a_status_and_an_exit_code_not_an_error(sig: str, num: int, 
 
 
 def test_an_unfinished_manifest_is_a_killed_ddpdoctor_only_when_no_one_holds_the_lock() -> None:
-    manifest = {"finished": False, "ended": {"how": "running"}}
+    manifest = Manifest(finished=False, ended=RunEnded(how="running"))
     assert ended_findings(manifest, locked=True) == ([], None)  # still running
     (f,), _ = ended_findings(manifest, locked=False)
     assert f.id == "run-unfinished"
-    assert ended_findings({"finished": True, "ended": "junk"}, locked=False) == ([], None)
+    assert ended_findings(Manifest(finished=True), locked=False) == ([], None)
 
 
 def test_long_stalls_are_warnings_with_their_stack() -> None:
