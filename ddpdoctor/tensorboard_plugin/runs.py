@@ -85,6 +85,27 @@ class TimelineRank(TypedDict):
     tracks: list[TimelineTrack]
 
 
+class GroupRow(TypedDict):
+    """A rank that matters (``single``) or a class of alike ranks, drawn through ``shown_rank``."""
+
+    label: str
+    ranks: str  # as ranges: "0-76,78-1023"
+    count: int
+    shown_rank: int
+    step_time_us: float | None  # the row's median step time
+    comm_us: float | None
+    single: bool
+
+
+class RankGroups(TypedDict):
+    """What the tab draws of a big job instead of one row per rank (rank_groups)."""
+
+    rows: list[GroupRow]
+    legend: str
+    all_ranks: int
+    max_rows: int
+
+
 class Timeline(TypedDict):
     """The tab's timeline of every rank's complete events on rank 0's clock (names and cats indexed once)."""
 
@@ -95,7 +116,7 @@ class Timeline(TypedDict):
     truncated: bool
     events: int
     max_events: int
-    groups: dict[str, Any] | None  # a big job: the classes of alike ranks drawn (rank_groups), else None
+    groups: RankGroups | None  # a big job: the classes of alike ranks drawn (rank_groups), else None
     asked: list[int] | None  # the ranks a person asked to see
     traces_not_read: int
 
@@ -174,24 +195,26 @@ def parse_ranks(text: str, limit: int = MAX_RANK_ROWS) -> list[int]:
     return out
 
 
-def _figure(r: dict[str, Any], stepless: bool) -> float | None:
+def _figure(r: RankJson, stepless: bool) -> float | None:
     v = r.get("comm_us") if stepless else (r.get("step_time_us") or {}).get("median")
     return float(v) if isinstance(v, (int, float)) and v == v else None
 
 
-def rank_groups(sections: dict[str, Any]) -> dict[str, Any] | None:
+def rank_groups(sections: dict[str, Any]) -> RankGroups | None:
     """At more than MAX_RANK_ROWS ranks, what the tab shows instead of one row per rank, as the terminal and the
     HTML report do (renderers/rank_classes.py): the ranks that matter (stragglers, slowest, fastest), one row each,
     and the classes of alike ranks as ranges, each drawn through one member (the one nearest its class's median).
     None when every rank fits."""
-    ranks = [r for r in sections.get("ranks") or [] if isinstance(r, dict) and isinstance(r.get("rank"), int)]
+    # The report's JSON (raw, as loaded), its rank rows checked here.
+    ranks = cast("list[RankJson]", [r for r in sections.get("ranks") or []
+                                    if isinstance(r, dict) and isinstance(r.get("rank"), int)])
     stragglers = [r for r in (sections.get("stragglers") or {}).get("ranks") or [] if isinstance(r, int)]
-    rows = group_ranks(cast("list[RankJson]", ranks), stragglers)  # the report's JSON, checked above
+    rows = group_ranks(ranks, stragglers)
     if rows is None:
         return None
     stepless = not any(_figure(r, False) is not None for r in ranks)
     by_rank = {int(r["rank"]): r for r in ranks}
-    out = []
+    out: list[GroupRow] = []
     for row in rows:
         shown = row.ranks[0]
         if len(row.ranks) > 1:
