@@ -5,7 +5,7 @@
 For a change that must leave what the ranks write byte-compatible (issue 25's typing of probes/ and preflight/):
 run the same job with the old and the new code (e.g. ``PYTHONPATH=<old checkout> python -m ddpdoctor ...``) and
 compare. Exit 1 when a file differs or is missing from RUN_B. The monitor's snapshots (heartbeats.json, live/) hold
-whichever beat came last, so their optional keys differ from run to run; torchrun/ is named by a random run id.
+whichever beat came last, so their optional keys differ from run to run; torchrun/ is named by a random run id."""
 
 from __future__ import annotations
 
