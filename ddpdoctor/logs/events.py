@@ -53,17 +53,6 @@ class RankHangState(TypedDict, total=False):
     timeout_ms: int | None
 
 
-class Divergence(TypedDict):
-    """Every rank is inside collective #seq: ``waiting`` enqueued nothing after it, ``ahead`` went on to #ahead_to
-    (hangs.from_nccl_watchdog); which of a mismatch or the network is not decidable from the logs."""
-
-    seq: int
-    waiting: list[int]
-    ahead: list[int]
-    ahead_to: int
-    op: str | None
-
-
 @dataclass(frozen=True)
 class Fingerprint:
     """One side of a TORCH_DISTRIBUTED_DEBUG=DETAIL CollectiveFingerPrint."""

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import os
 import stat
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, TypedDict, cast
 
@@ -86,20 +87,18 @@ class TimelineRank(TypedDict):
 
 
 class GroupRow(TypedDict):
-    """A rank that matters (``single``) or a class of alike ranks, drawn through ``shown_rank``."""
+    """One row of the tab's rank table at a job's scale: a rank that matters, or a class of alike ranks."""
 
     label: str
-    ranks: str  # as ranges: "0-76,78-1023"
+    ranks: str
     count: int
     shown_rank: int
-    step_time_us: float | None  # the row's median step time
+    step_time_us: float | None
     comm_us: float | None
     single: bool
 
 
 class RankGroups(TypedDict):
-    """What the tab draws of a big job instead of one row per rank (rank_groups)."""
-
     rows: list[GroupRow]
     legend: str
     all_ranks: int
@@ -200,12 +199,12 @@ def _figure(r: RankJson, stepless: bool) -> float | None:
     return float(v) if isinstance(v, (int, float)) and v == v else None
 
 
-def rank_groups(sections: dict[str, Any]) -> RankGroups | None:
+def rank_groups(sections: Mapping[str, Any]) -> RankGroups | None:
     """At more than MAX_RANK_ROWS ranks, what the tab shows instead of one row per rank, as the terminal and the
     HTML report do (renderers/rank_classes.py): the ranks that matter (stragglers, slowest, fastest), one row each,
     and the classes of alike ranks as ranges, each drawn through one member (the one nearest its class's median).
     None when every rank fits."""
-    # The report's JSON (raw, as loaded), its rank rows checked here.
+    # The report's JSON (a boundary), each row checked for its rank before it is read as a RankJson.
     ranks = cast("list[RankJson]", [r for r in sections.get("ranks") or []
                                     if isinstance(r, dict) and isinstance(r.get("rank"), int)])
     stragglers = [r for r in (sections.get("stragglers") or {}).get("ranks") or [] if isinstance(r, int)]
@@ -223,7 +222,7 @@ def rank_groups(sections: dict[str, Any]) -> RankGroups | None:
             if known:
                 mid = known[len(known) // 2]
                 shown = min(values, key=lambda m: (abs(values[m] - mid), m))
-        step = (row.row.get("step_time_us") or {}).get("median") if isinstance(row.row, dict) else None
+        step = (row.row.get("step_time_us") or {}).get("median")
         out.append({"label": row.label, "ranks": row.ranges, "count": len(set(row.ranks)), "shown_rank": shown,
                     "step_time_us": step, "comm_us": row.row.get("comm_us"), "single": len(row.ranks) == 1})
     return {"rows": out, "legend": legend(stepless), "all_ranks": len(by_rank), "max_rows": MAX_RANK_ROWS}
