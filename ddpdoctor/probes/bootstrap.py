@@ -39,7 +39,7 @@ class RankSession:
         self.tune: Any = None  # `ddpdoctor tune`'s probe (probes/tune.py) in a trial launch
         self.extra: list[Any] = []  # other probes: finish(status: dict) -> None, and annotate(status) if they add to it
         self.started = time.time()
-        if config.options.get("nccl_debug"):
+        if config.probe_options().get("nccl_debug"):
             from ddpdoctor.topo.capture import rank_env
 
             # Before the script can initialise NCCL: this rank's own topology dump path and debug settings.
@@ -49,7 +49,7 @@ class RankSession:
 
     def install(self) -> None:
         self.tracker.install()
-        tune = self.config.options.get("tune")
+        tune = self.config.probe_options().get("tune")
         if tune:
             from ddpdoctor.probes.tune import TuneProbe
 
@@ -70,7 +70,7 @@ class RankSession:
 
             self.profiler = ProfilerProbe(
                 self.run.traces, self.rank, self.config.schedule, self.config.record_shapes, self.config.with_stack,
-                stop_after_window=not self.config.options.get("run_to_completion", True),
+                stop_after_window=not self.config.probe_options().get("run_to_completion", True),
             )
             self.tracker.add_listener(self.profiler.on_step)
             self.profiler.start()
@@ -84,13 +84,13 @@ class RankSession:
             self.extra.append(heartbeat)
             from ddpdoctor.probes import live  # phase times for the live watch, captures on demand (h18)
 
-            live.install(self.run.root, self.rank, self.world_size, self.tracker, dict(self.config.options, mode=self.config.mode),
+            live.install(self.run.root, self.rank, self.world_size, self.tracker, {**self.config.probe_options(), "mode": self.config.mode},
                          self.ddp.live_modules)
             self.extra.append(live)
         if self.config.mode == "check-sync":
             from ddpdoctor.probes.sync import install_check_sync
 
-            self.extra.append(install_check_sync(self.run, self.rank, self.world_size, self.config.options, self.tracker))
+            self.extra.append(install_check_sync(self.run, self.rank, self.world_size, self.config.probe_options(), self.tracker))
         self.extra.append(ledger)
         if self.tune is not None:
             self.tracker.add_listener(self.tune.on_step)  # last: it ends the trial once the others have run
