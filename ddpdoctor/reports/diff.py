@@ -107,7 +107,7 @@ def assemble(base_path: Path, new_path: Path, command: str = "diff",
     if bman is None or nman is None:
         notes.append("traces without a run directory record no environment or configuration: "
                      "'what else changed' covers only what both runs recorded")
-    return Report(command, parts=[DiffSection(d.to_json())], findings=diff_findings(d), notes=notes)
+    return Report(command, parts=[DiffSection.from_json({"diff": d.to_json()})], findings=diff_findings(d), notes=notes)
 
 
 def add_baseline(report: Report, baseline: Path, run_root: Path) -> Report:

@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 from typing import Any, ClassVar, TypeVar
 
 from ddpdoctor.report import Report, Section
+from ddpdoctor.reports.diff_json import DiffJson
 from ddpdoctor.reports.perf_json import CollectivesJson, InputJson, RankJson, StragglersJson
 
 JSON = Any  # a plain JSON value (docs/json.md says its shape)
@@ -187,7 +188,7 @@ class DiffSection(Section):
     """Two runs compared (`diff`, `profile --baseline`; docs/diff.md): the "diff" object of analyses/diff.RunDiff."""
 
     KEYS: ClassVar[tuple[str, ...]] = ("diff",)
-    diff: dict[str, JSON]
+    diff: DiffJson
 
     @classmethod
     def present_in(cls, doc: Mapping[str, object]) -> bool:
