@@ -13,6 +13,7 @@ from typing import Any, ClassVar, TypeVar
 from ddpdoctor.report import Report, Section
 from ddpdoctor.reports.diff_json import DiffJson
 from ddpdoctor.reports.perf_json import CollectivesJson, InputJson, RankJson, StragglersJson
+from ddpdoctor.reports.tune_json import TuneJson, VariantJson
 
 JSON = Any  # a plain JSON value (docs/json.md says its shape)
 
@@ -202,8 +203,8 @@ class TuneSection(Section):
     every variant considered and why, the experiment's design, the what-if and the script's hash ("tune")."""
 
     KEYS: ClassVar[tuple[str, ...]] = ("variants", "tune")
-    variants: list[dict[str, JSON]]
-    tune: dict[str, JSON]
+    variants: list[VariantJson]
+    tune: TuneJson
 
 
 COMMAND_SECTIONS: dict[str, tuple[type[Section], ...]] = {
