@@ -13,6 +13,7 @@ most ~10x the cost of 16, is printed as a ratio of CPU seconds measured in this 
 from __future__ import annotations
 
 import argparse
+import compileall
 import json
 import os
 import resource
@@ -123,6 +124,7 @@ def main() -> None:
     ap.add_argument("--merge-ranks", type=int, default=128)
     args = ap.parse_args()
     py = sys.executable
+    compileall.compile_dir(REPO / "ddpdoctor", quiet=1)  # as pip install does (benchmarks/analyze_speed.py says why)
     usable = len(os.sched_getaffinity(0))
     print(f"machine: {os.cpu_count()} cores, {usable} usable (analyze's workers), load {os.getloadavg()[0]:.1f}")
     results: dict[int, tuple[float, float]] = {}

@@ -1,7 +1,15 @@
 """The job-wide watch at scale: a real head (JobAgent on a real TCPStore) against simulated node monitors.
 
+    python benchmarks/job_scale.py --publisher --ranks 1024 4096 32768   # the head against one cheap publisher
     python benchmarks/job_scale.py [--ranks 1024 4096 32768] [--nodes 8] [--hang-timeout 10] [--run-s 6]
     python benchmarks/job_scale.py --head-only --ranks 1024 4096 32768   # the head's work alone, per read
+
+--publisher (what the issue's 32,768-rank target is measured with on a 2-core machine): the other nodes are one
+process that publishes every simulated node's envelope as a node agent would (about once a second and at once on
+a step; the records built once and updated in place, so the publisher is cheap) and answers the head's stacks
+request for all of them; so what is measured is the head's own cost: its CPU and memory, the store's request
+rate, and how long after the hang timeout the verdict comes. Without it, each simulated node is a process running
+the real node agent (8 of them starve on 2 cores at 32,768 ranks):
 
 Each simulated node is a process running the real node agent (ddpdoctor/job/agent.py) over a HangMonitor whose rank
 links it fills with heartbeats as ranks would send them: every rank steps every --step-s, in DDP's all-reduce at
@@ -108,7 +116,68 @@ def node_main(args: argparse.Namespace) -> None:
     os._exit(0)  # skip TCPStore's teardown at exit (its threads)
 
 
-def head_run(world: int, nodes: int, hang_timeout: float, run_s: float, step_s: float) -> dict[str, Any]:
+def publisher_main(args: argparse.Namespace) -> None:
+    """Every simulated node's publications from one process (--publisher): nodes 1..nnodes-1, ``per_node`` ranks
+    each, stepping every --step-s until the head's hang_at, then the rank ``hung`` stops in its data loading while
+    the others wait in the all-reduce."""
+    from ddpdoctor.job import state
+    from ddpdoctor.job.record import RankRecord
+    from ddpdoctor.job.store import JobStore, job_port
+
+    store = JobStore("127.0.0.1", job_port(args.master_port), os.environ["DDPDOCTOR_JOB_TOKEN"], is_head=False)
+    nodes = list(range(1, args.nnodes))
+    recs = {n: [RankRecord(r, step=1, phase="backward", coll=["allreduce", "default_pg", 2, "train.py:41"],
+                           sizes=[[1024]], where="train.py:41", slowest_s=args.step_s)
+                for r in range((n - 1) * args.per_node, n * args.per_node)] for n in nodes}
+    stack_ok = "File \"train.py\", line 41, in train\n    loss.backward()\nFile \"torch/autograd\", in backward"
+    stack_hung = "File \"train.py\", line 30, in train\n    batch = next(it)\nFile \"loader.py\", line 77, in next"
+    seq = {n: 0 for n in nodes}
+    sent = {n: (0.0, -1) for n in nodes}
+    hang_at, answered, step_started, step = float("inf"), set(), time.time(), 1
+    t_end = time.time() + 900
+    while time.time() < t_end:
+        now = time.time()
+        got = store.get_many(["bench/hang_at", "req", "verdict"])
+        if "verdict" in got:
+            break
+        if hang_at == float("inf") and got.get("bench/hang_at") is not None:
+            hang_at = float(got["bench/hang_at"])
+            t_end = hang_at + 90  # the head gives up 60 s past the timeout
+            store.requests = 0  # count from the start of the measured run
+        stuck = now >= hang_at
+        if hang_at != float("inf") and not stuck:
+            k = int((now - (hang_at - args.run_s)) / args.step_s)
+            step, step_started = 1 + k, hang_at - args.run_s + k * args.step_s
+        for n in nodes:
+            last_t, last_step = sent[n]
+            if now - last_t < 1.0 and step == last_step:
+                continue  # as a node agent: a beat about once a second, at once on a new place
+            for rec in recs[n]:
+                hung = stuck and rec.rank == args.hung
+                rec.step, rec.age_s, rec.beat_age_s = step, round(now - step_started, 2), 0.2
+                if hung:
+                    rec.phase, rec.coll, rec.sizes, rec.where = "data", None, None, "loader.py:77"
+                elif rec.coll is not None:
+                    rec.coll[2] = 2 * step
+            seq[n] += 1
+            store.put(f"node/{n}", state.envelope(n, f"sim{n}", seq[n], recs[n]))
+            sent[n] = (now, step)
+        req = got.get("req")
+        if isinstance(req, dict) and req.get("id") not in answered:
+            answered.add(req.get("id"))
+            for n in nodes:
+                store.put(f"stacks/{n}", {str(r.rank): stack_hung if r.rank == args.hung else stack_ok
+                                          for r in recs[n]})
+        time.sleep(0.1)
+    env = state.envelope(nodes[0], "sim", 1, recs[nodes[0]])
+    print(json.dumps({"node": "publisher", "requests": store.requests, "bytes_out": store.bytes_out,
+                      "envelope_bytes": len(store.seal(f"node/{nodes[0]}", env)) * len(nodes),
+                      "json_bytes": len(json.dumps(env, separators=(",", ":"))) * len(nodes)}), flush=True)
+    os._exit(0)
+
+
+def head_run(world: int, nodes: int, hang_timeout: float, run_s: float, step_s: float,
+             publisher: bool = False) -> dict[str, Any]:
     from ddpdoctor.job.agent import JobAgent
     from ddpdoctor.job.grouping import rank_ranges
     from ddpdoctor.job.role import JobRole
@@ -125,12 +194,20 @@ def head_run(world: int, nodes: int, hang_timeout: float, run_s: float, step_s: 
     per = world // nodes
     hung = world // 2 + 1
     start = time.time()
-    procs = [subprocess.Popen([sys.executable, __file__, "--node", str(i + 1), "--first", str(i * per), "--per-node",
-                               str(per), "--world", str(world), "--nnodes", str(nodes + 1), "--master-port", str(port),
-                               "--hung", str(hung), "--hang-timeout", str(hang_timeout), "--run-s", str(run_s),
-                               "--step-s", str(step_s), "--run-root", str(root)],
-                              stdout=subprocess.PIPE, text=True, env=os.environ)
-             for i in range(nodes)]
+    rss_idle = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss  # torch and the store, before any job state
+    if publisher:
+        procs = [subprocess.Popen([sys.executable, __file__, "--publish", "--per-node", str(per), "--world", str(world),
+                                   "--nnodes", str(nodes + 1), "--master-port", str(port), "--hung", str(hung),
+                                   "--run-s", str(run_s), "--step-s", str(step_s)],
+                                  stdout=subprocess.PIPE, text=True, env=os.environ)]
+    else:
+        procs = [subprocess.Popen([sys.executable, __file__, "--node", str(i + 1), "--first", str(i * per),
+                                   "--per-node", str(per), "--world", str(world), "--nnodes", str(nodes + 1),
+                                   "--master-port", str(port), "--hung", str(hung), "--hang-timeout",
+                                   str(hang_timeout), "--run-s", str(run_s), "--step-s", str(step_s),
+                                   "--run-root", str(root)],
+                                  stdout=subprocess.PIPE, text=True, env=os.environ)
+                 for i in range(nodes)]
     agent.start(start)
     # The nodes' start-up (importing torch on a loaded machine) comes first: the clock starts when all publish.
     while any(st.seq < 0 for n, st in agent.nodes.items() if n) and time.time() < start + 600:
@@ -155,7 +232,8 @@ def head_run(world: int, nodes: int, hang_timeout: float, run_s: float, step_s: 
     d = (mon.hang or {}).get("diagnosis") or {}
     requests = sum(r["requests"] for r in results) + (agent.store.requests if agent.store else 0)
     return {
-        "ranks": world, "nodes": nodes, "hang_timeout_s": hang_timeout,
+        "ranks": world, "nodes": nodes, "mode": "publisher" if publisher else "node agents",
+        "hang_timeout_s": hang_timeout,
         "verdict_after_timeout_s": round(verdict_at - (hang_at + hang_timeout), 2) if mon.hang else None,
         "detection_delay_s": round((mon.hang or {}).get("detected_after_s", 0) - hang_timeout, 2),
         "stacks_and_verdict_s": round((mon.hang or {}).get("reported_after_s", 0)
@@ -163,10 +241,11 @@ def head_run(world: int, nodes: int, hang_timeout: float, run_s: float, step_s: 
         "culprit": rank_ranges(d.get("culprit_ranks") or []), "culprit_right": d.get("culprit_ranks") == [hung], "kind": d.get("kind"),
         "bytes_per_rank_per_beat": round(sum(r["envelope_bytes"] for r in results) / world, 1),
         "json_bytes_per_rank": round(sum(r["json_bytes"] for r in results) / world, 1),
-        "envelope_kib_per_node": round(results[0]["envelope_bytes"] / 1024, 1),
+        "envelope_kib_per_node": round(results[0]["envelope_bytes"] / (nodes if publisher else 1) / 1024, 1),
         "head_cpu_share": round(cpu / watch_s, 3), "head_peak_rss_mib": round(ru1.ru_maxrss / 1024, 1),
+        "head_rss_before_job_mib": round(rss_idle / 1024, 1),
         "store_requests_per_s": round(requests / (verdict_at - start), 1),
-        "classes": [c["ranks"] for c in (mon.hang or {}).get("classes", [])],
+        "classes": [c["ranks"] for c in (mon.hang or {}).get("classes", [])][:4],
     }
 
 
@@ -214,6 +293,9 @@ def main() -> None:
     ap.add_argument("--hang-timeout", type=float, default=10.0)
     ap.add_argument("--run-s", type=float, default=6.0)
     ap.add_argument("--step-s", type=float, default=0.5)
+    ap.add_argument("--publisher", action="store_true",
+                    help="the other nodes as one cheap publisher process (the head's own cost is what is measured)")
+    ap.add_argument("--publish", action="store_true", help=argparse.SUPPRESS)  # the publisher process itself
     ap.add_argument("--head-only", action="store_true",
                     help="measure the head's own work per read (decode, rule, diagnosis), no simulated nodes")
     # a simulated node (started by the benchmark itself)
@@ -226,15 +308,35 @@ def main() -> None:
     ap.add_argument("--hung", type=int)
     ap.add_argument("--run-root")
     args = ap.parse_args()
+    if args.publish:
+        publisher_main(args)
+        return
     if args.node is not None:
         node_main(args)
         return
+    rows: list[dict[str, Any]] = []
     for world in args.ranks:
         if args.head_only:
             print(json.dumps(head_only(world, args.nodes, args.hang_timeout)), flush=True)
             continue
-        res = head_run(world, args.nodes, args.hang_timeout, args.run_s, args.step_s)
+        res = head_run(world, args.nodes, args.hang_timeout, args.run_s, args.step_s, args.publisher)
         print(json.dumps(res), flush=True)
+        rows.append(res)
+    if rows:
+        print(table(rows))
+
+
+def table(rows: list[dict[str, Any]]) -> str:
+    """The figures as a markdown table (docs/hangs.md#scale)."""
+    head = ("| ranks | verdict after the timeout | culprit | head CPU (share of a core) | head peak RSS (before the job) "
+            "| store requests/s | bytes per rank per beat |\n|---|---|---|---|---|---|---|")
+    lines = [head]
+    for r in rows:
+        lines.append(f"| {r['ranks']:,} | {r['verdict_after_timeout_s']} s | {'right' if r['culprit_right'] else 'WRONG'}"
+                     f" ({r['kind']}) | {100 * r['head_cpu_share']:.1f} % | {r['head_peak_rss_mib']:.0f} MiB "
+                     f"({r['head_rss_before_job_mib']:.0f}) | {r['store_requests_per_s']} | "
+                     f"{r['bytes_per_rank_per_beat']} |")
+    return "\n".join(lines)
 
 
 if __name__ == "__main__":

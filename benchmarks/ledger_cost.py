@@ -9,6 +9,11 @@
 2. On the head, at 1,024 and 4,096 simulated ranks: the caused-wait rule over a 60-step window against the
    phase-based slow-rank rule it sits beside (the same records), and the bytes a rank adds per step to its
    heartbeat (the per-step record with and without the ledger's `collective` phase).
+3. The NCCL source (probes/flight.py), measured on torch's real Flight Recorder filled by real gloo collectives
+   (the same dump code as NCCL's, less the CUDA event queries of entries not yet retired; no GPU here): on the
+   main thread, holding a step's record (against the plain append, alternating blocks); on the ledger's thread,
+   one read of a full ring (dump + decode, holding the GIL), per entry, and what that costs per collective at the
+   lossless read interval (3/4 of the ring new: each entry read 4/3 times), as % of a 10 ms step.
 
 The end-to-end cost of `ddpdoctor run` against plain torchrun is benchmarks/overhead.py --command run."""
 
@@ -109,6 +114,61 @@ def _head_side(n_ranks: int, repeat: int = 3) -> dict[str, float]:
             "bytes_per_rank_step": with_ledger, "bytes_added_per_rank_step": with_ledger - without}
 
 
+def _hold_side(steps: int, rounds: int) -> dict[str, float]:
+    """Main-thread time of an iteration's end with the record appended to ``recent`` (host source) and held by the
+    NCCL source instead, in alternating blocks."""
+    from ddpdoctor.probes.flight import FlightSource
+    from ddpdoctor.probes.steps import StepTracker
+
+    tracker = StepTracker()
+    source = FlightSource(lambda rec: None, dump=lambda: b"{}", ring=2000)
+
+    def ends(n: int) -> float:
+        t0 = time.perf_counter()
+        for _ in range(n):
+            tracker._end_iteration()
+            tracker._armed = True
+        return (time.perf_counter() - t0) / n
+
+    ends(200)
+    plain, held = [], []
+    for _ in range(rounds):
+        tracker.hold = None
+        plain.append(ends(steps))
+        tracker.hold = source.hold
+        held.append(ends(steps))
+        source.held.clear()
+    return {"plain_us": min(plain) * 1e6, "held_us": min(held) * 1e6}
+
+
+def _read_side(reads: int = 20) -> dict[str, float]:
+    """One read of a full Flight Recorder ring (dump_json + decode) on a real gloo group, per entry."""
+    import torch
+    import torch.distributed as dist
+
+    from ddpdoctor.analyses.flight import decode_timing
+    from ddpdoctor.probes.flight import dump_json, ring_size
+
+    ring = ring_size()
+    dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
+    try:
+        t = torch.ones(1024)
+        for _ in range(ring + 10):
+            dist.all_reduce(t)
+        dumps, decodes, n = [], [], 0
+        for _ in range(reads):
+            t0 = time.perf_counter()
+            raw = dump_json()
+            t1 = time.perf_counter()
+            n = len(decode_timing(raw))
+            decodes.append(time.perf_counter() - t1)
+            dumps.append(t1 - t0)
+    finally:
+        dist.destroy_process_group()
+    return {"entries": n, "dump_ms": min(dumps) * 1e3, "decode_ms": min(decodes) * 1e3,
+            "per_entry_us": (min(dumps) + min(decodes)) / n * 1e6}
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--steps", type=int, default=50, help="steps per block")
@@ -131,6 +191,20 @@ def main() -> None:
               f"{h['ledger_rule_s'] / h['slow_rank_rule_s']:.2f}){grow}; per rank per step "
               f"{h['bytes_per_rank_step']} bytes in the heartbeat, {h['bytes_added_per_rank_step']} of them the ledger's")
         prev = (n, h["ledger_rule_s"])
+    hold = _hold_side(a.steps, a.rounds)
+    print(f"NCCL source, rank main thread per step: record held {hold['held_us']:.2f} us against appended "
+          f"{hold['plain_us']:.2f} us: +{hold['held_us'] - hold['plain_us']:.2f} us "
+          f"({(hold['held_us'] - hold['plain_us']) / 100:.4f}% of a 10 ms step)")
+    rd = _read_side()
+    from ddpdoctor.probes.flight import NEW_SHARE
+
+    per_coll = rd["per_entry_us"] / NEW_SHARE
+    print(f"NCCL source, ledger thread: one read of a full ring of {rd['entries']} entries: dump {rd['dump_ms']:.1f} ms "
+          f"+ decode {rd['decode_ms']:.1f} ms (GIL held) = {rd['per_entry_us']:.2f} us per entry; read {1 / NEW_SHARE:.2f} times: "
+          f"{per_coll:.1f} us per collective")
+    for k in (2, 5, 10, 25):
+        print(f"  {k:>2} collectives per 10 ms step: {k * per_coll / 100:.2f}% of the step (per 100 ms step: "
+              f"{k * per_coll / 1000:.3f}%)")
 
 
 if __name__ == "__main__":

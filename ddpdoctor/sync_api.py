@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import sys
 import tempfile
 from collections.abc import Callable
 from pathlib import Path
@@ -41,7 +42,8 @@ def run_check_sync(spec: Any, watcher: Any = None,
     from ddpdoctor.launch.launcher import launch
     from ddpdoctor.launch.monitor import make_watcher
     from ddpdoctor.reports.check_sync import assemble
-    from ddpdoctor.rundir.report import save_report
+    from ddpdoctor.rundir.report import save_report_or_problem
+    from ddpdoctor.terminal_text import one_line
 
     steps = spec.options.get("steps", 5)
     if steps < 0:
@@ -53,7 +55,9 @@ def run_check_sync(spec: Any, watcher: Any = None,
     from ddpdoctor.launch.runlock import is_locked
 
     report = assemble(spec.run_dir, result.exit_code, locked=is_locked(spec.run_dir.root))
-    save_report(spec.run_dir, report)
+    problem = save_report_or_problem(spec.run_dir, report)
+    if problem:  # a full disk: the report is returned (and printed) all the same
+        sys.stderr.write(f"ddpdoctor: warning: {one_line(problem)}; the report is complete below\n")
     return report, result.exit_code
 
 

@@ -8,8 +8,9 @@ arrive spends only the transfer inside it and the early ranks spend wait + trans
 
 is how long the others waited for r. A rank is waited for when its median deficit over the window exceeds
 max(2 ms, 5% of the step) and its deficit exceeds half of that in 70% of the window's steps (a one-off is not);
-its phase is the one where its own work exceeds the others' most. No cross-host clock; linear in ranks x steps
-(above 32 ranks the median over every rank stands for "the others": one rank no longer moves it)."""
+its phase is the one where its own work exceeds the others' most (None when none exceeds by half the threshold).
+No cross-host clock; linear in ranks x steps (above 32 ranks the median over every rank stands for "the others":
+one rank no longer moves it). Steps a rank marks GAP (its blocked time unknown, probes/flight.py) are left out."""
 
 from __future__ import annotations
 
@@ -23,8 +24,12 @@ from ddpdoctor.analyses.intervals import Interval, bootstrap
 from ddpdoctor.jsontypes import JsonObject
 
 BLOCKED = "collective"  # the phase key under which a rank's tracker counts time blocked in collectives
+# On the NCCL source (probes/flight.py) BLOCKED is the device's time in collectives; the host's own blocked time is
+# kept under HOST_BLOCKED, and a step whose device time could not be known carries GAP (left out of the window).
+HOST_BLOCKED = "host_collective"
+GAP = "ledger_gap"
 # Phases that are not the rank's own work (time blocked in collectives is kept apart).
-NOT_WORK = (BLOCKED,)
+NOT_WORK = (BLOCKED, HOST_BLOCKED, GAP)
 # Linux's minimum scheduler slice (CFS sched_min_granularity / EEVDF base_slice): on a host with fewer cores than
 # ranks plus their launcher, which rank the OS sets aside for a slice or two is the OS's choice, not the job's.
 SCHED_SLICE_S = 0.00075
@@ -87,7 +92,8 @@ Record = tuple[int, float, Mapping[str, float]]  # (step, seconds, {phase: secon
 
 
 def common_window(per_rank: Mapping[int, Sequence[Record]], cfg: LedgerConfig = DEFAULT) -> list[int]:
-    sets = [{rec[0] for rec in recs} for recs in per_rank.values() if recs]
+    """The last ``window_steps`` steps past warm-up that every rank reported with a known blocked time."""
+    sets = [{rec[0] for rec in recs if GAP not in rec[2]} for recs in per_rank.values() if recs]
     if len(sets) < 2:
         return []
     common = set.intersection(*sets)
@@ -122,8 +128,9 @@ def caused_wait(per_rank: Mapping[int, Sequence[Record]], cfg: LedgerConfig = DE
             k = base + j
             total_l[k] = secs
             for p, v in ph.items():
-                if p == BLOCKED:
-                    blocked_l[k] = v
+                if p in NOT_WORK:
+                    if p == BLOCKED:
+                        blocked_l[k] = v
                     continue
                 col = by_phase_l.get(p)
                 if col is None:
@@ -181,7 +188,10 @@ def judge(ranks: list[int], steps: list[int], blocked: np.ndarray, own: np.ndarr
         out.append(CausedWait(
             rank=ranks[i], cost_s=float(med_deficit[i]), interval=iv,
             pct_of_step=100.0 * float(med_deficit[i]) / step_s if step_s > 0 else 0.0, step_s=step_s,
-            phase=phases[k] if phases else None, phase_excess_s=float(excess[k]) if phases else 0.0,
+            # No phase when none of its own work is longer by half the threshold: on NCCL, a rank slow on its GPU
+            # (the host only queues kernels) makes the others wait without a longer host phase.
+            phase=phases[k] if phases and excess[k] > threshold / 2 else None,
+            phase_excess_s=float(excess[k]) if phases else 0.0,
             own_blocked_s=float(np.median(blocked[i])), others_blocked_s=float(np.median(others_blocked)),
             persist_frac=persist, steps=(steps[0], steps[-1]), ranks_compared=n,
         ))

@@ -7,7 +7,6 @@ from __future__ import annotations
 import os
 from collections import defaultdict
 from collections.abc import Callable
-from concurrent.futures import ProcessPoolExecutor, as_completed
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -138,6 +137,9 @@ def reduce_all(units: list[_Unit], opts: AnalyzeOptions) -> tuple[list[RankResul
     workers = opts.workers or min(len(units), usable_cores())
     tick = opts.on_bytes or (lambda n: None)
     if workers > 1 and sum(1 for u in units if u.summary is None) > 1:
+        # multiprocessing only when it is used
+        from concurrent.futures import ProcessPoolExecutor, as_completed
+
         with ProcessPoolExecutor(max_workers=workers) as pool:
             futures = {pool.submit(_reduce_safe, u, opts.window): u for u in units}
             for done in as_completed(futures):

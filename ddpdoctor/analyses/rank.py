@@ -85,16 +85,14 @@ class _ByLaunch:
 def backward_passes(starts: np.ndarray, ends: np.ndarray, forward: _ByLaunch) -> list[tuple[float, float]]:
     """The backward passes among one step's autograd spans (sorted by start): a new pass begins where work outside
     backward (the next micro-step's forward) was launched between two spans. Gradient accumulation runs several."""
-    passes: list[tuple[float, float]] = []
-    cur_s, cur_e = float(starts[0]), float(ends[0])
-    for st, en in zip(starts[1:].tolist(), ends[1:].tolist(), strict=True):
-        if st > cur_e and len(forward.launched_in(cur_e, st)[0]):
-            passes.append((cur_s, cur_e))
-            cur_s, cur_e = st, en
-        else:
-            cur_e = max(cur_e, en)
-    passes.append((cur_s, cur_e))
-    return passes
+    # A pass ends where it has covered so far: the running maximum of the ends (a new pass starts after that point,
+    # so its first end is the new maximum too). All gaps are tested at once: two binary searches per span, in numpy.
+    reach = np.maximum.accumulate(ends)
+    lo, hi = reach[:-1], starts[1:]
+    launched = np.searchsorted(forward.key, hi, "left") - np.searchsorted(forward.key, lo, "left")
+    firsts = [0, *(np.flatnonzero((hi > lo) & (launched > 0)) + 1).tolist()]
+    lasts = [i - 1 for i in firsts[1:]] + [len(starts) - 1]
+    return list(zip(starts[firsts].tolist(), reach[lasts].tolist(), strict=True))
 
 
 def synced_pass(passes: list[tuple[float, float]], comm: _ByLaunch) -> int:

@@ -110,12 +110,14 @@ def assign_buckets(sizes: Sequence[int], limits: Sequence[int]) -> list[list[int
     out: list[list[int]] = []
     cur: list[int] = []
     size = 0
+    limit = limits[0]  # the current bucket's; looked up again only when a bucket closes
     for i, s in enumerate(sizes):
         cur.append(i)
         size += s
-        if size >= limits[min(len(out), len(limits) - 1)]:
+        if size >= limit:
             out.append(cur)
             cur, size = [], 0
+            limit = limits[min(len(out), len(limits) - 1)]
     if cur:
         out.append(cur)
     return out
@@ -134,9 +136,11 @@ def simulate_step(grads: Sequence[Grad], limits: Sequence[int], latency_us: floa
     buckets: list[SimBucket] = []
     launched = float("-inf")
     lane_free = [float("-inf")] * max(1, lanes)
-    for b, idx in enumerate(assign_buckets([g.bytes for g in ordered], limits)):
-        nbytes = sum(ordered[i].bytes for i in idx)
-        ready = max(ordered[i].t_us for i in idx)
+    sizes = [g.bytes for g in ordered]
+    for b, idx in enumerate(assign_buckets(sizes, limits)):
+        # A bucket is a run of consecutive gradients in ready order: its bytes a slice's sum, ready at its last.
+        nbytes = sum(sizes[idx[0]:idx[-1] + 1])
+        ready = ordered[idx[-1]].t_us
         launched = max(launched, ready)
         lane = min(range(len(lane_free)), key=lane_free.__getitem__)
         start = max(launched, lane_free[lane])

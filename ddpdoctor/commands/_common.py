@@ -89,32 +89,45 @@ def emit(
 
 
 def job_report_elsewhere(result: Any, *, as_json: bool, verbose: bool = False, fail_on: str = "error",
-                         sections: SectionRenderer | None = None) -> None:
+                         sections: SectionRenderer | None = None, command: str = "run") -> None:
     """A node of a multi-node job that is not the head: print the head's report of the whole job (the same
-    document, plus which node this is) and exit with the job's code. Returns only when there is no such report
-    (the head was lost): the caller then finishes quietly with what this node knows."""
+    document, plus which node this is) and exit with the job's code; when the head was lost, this node's own
+    report (``head-lost``: what it knows), exit 1. Returns only when there is neither (the store was never
+    reached): the caller then finishes quietly."""
     job = getattr(result, "job", None)
     if job is None:
         return
     doc = job.job_report()
-    if not isinstance(doc, dict):
+    if not isinstance(doc, dict) and job.head_lost is None:
         return
     if result.note:
         click.echo(f"ddpdoctor: {result.note}", err=True)
+    if not isinstance(doc, dict):
+        # The head is gone: this node reports what it knows (its own ranks, the head's last verdict), exit 1.
+        from ddpdoctor.reports.head_lost import assemble
+
+        emit(assemble(command, job.head_lost, job.node_info()), as_json=as_json, verbose=verbose, fail_on=fail_on,
+             sections=sections, exit_code=job.head_lost.exit_code)
     from ddpdoctor.reports.sections import load_report
 
-    report = load_report(doc)  # typed again, so this node renders the head's view of it
-    report.sections["node"] = job.node_info()
+    # The head's document, typed again (so this node renders the head's view of it), with this node's ``node``.
+    report = load_report({**doc, "node": job.node_info().to_json()})
     emit(report, as_json=as_json, verbose=verbose, fail_on=fail_on, sections=sections,
          exit_code=1 if result.exit_code else None)
 
 
+def node_of(result: Any) -> Any:
+    """Which node of a multi-node launch this is (job/role.NodeInfo), None for a job of one node: an input of the
+    command's report assembly."""
+    job = getattr(result, "job", None)
+    return job.node_info() if job is not None else None
+
+
 def share_job_report(result: Any, report: Report) -> None:
-    """The head of a multi-node job: say which node this is in the report, and hand the report to every node."""
+    """The head of a multi-node job: hand its report (with the head's ``node``) to every node."""
     job = getattr(result, "job", None)
     if job is None:
         return
-    report.sections["node"] = job.node_info()
     job.publish_report(report.to_json())
 
 

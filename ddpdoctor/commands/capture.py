@@ -62,6 +62,13 @@ def command(run_dir: Path, profile_steps: int | None, stacks: bool, sync_steps: 
         sys.exit(1)
     click.echo(f"ddpdoctor: window of {steps} iteration(s) in {window}", err=True)
     note = capture.misaligned_note(window, state["ranks"])
+    relayed = capture.relay_note(window)
+    if relayed:
+        note = f"{note}; {relayed}" if note else relayed
+    if state.get("missing_nodes"):
+        lost = (f"{', '.join(state['missing_nodes'])} did not take the request (through the job store): their ranks "
+                "are not in this window")
+        note = f"{note}; {lost}" if note else lost
     from ddpdoctor.reports import capture as capture_report
 
     if what == "check-sync":

@@ -36,6 +36,7 @@ from ddpdoctor.preflight.merge import (
     topology_input,
 )
 from ddpdoctor.preflight.netprobe import probe_tcp
+from ddpdoctor.preflight.record import Records
 from ddpdoctor.report import Report
 from ddpdoctor.rundir.layout import RunDir
 
@@ -81,7 +82,7 @@ def _expected_world(torchrun: dict[str, Any], launcher: str) -> int | None:
     return int(nproc) * int(nnodes) if nproc.isdigit() and nnodes.isdigit() else None
 
 
-def _topology(run: RunDir, records: dict[int, dict[str, Any]]) -> list[Finding] | str:
+def _topology(run: RunDir, records: Records) -> list[Finding] | str:
     if not any(rec.get("backend") == "nccl" for rec in records.values()):
         return "NCCL not used (gloo)"
     try:

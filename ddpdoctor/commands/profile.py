@@ -17,6 +17,7 @@ from ddpdoctor.commands._common import (
     job_report_elsewhere,
     json_option,
     launch_options,
+    node_of,
     pop_launch_spec,
     share_job_report,
 )
@@ -28,7 +29,8 @@ from ddpdoctor.probes.config import Schedule
 from ddpdoctor.renderers import progress
 from ddpdoctor.renderers.outputs import write_outputs
 from ddpdoctor.reports.profile import assemble
-from ddpdoctor.rundir.report import save_report
+from ddpdoctor.rundir.report import save_report_or_problem
+from ddpdoctor.terminal_text import one_line
 
 
 @click.command(context_settings=LAUNCH_CONTEXT, help=__doc__, epilog=examples(
@@ -83,14 +85,16 @@ def command(
     show = progress.enabled(as_json)
     result = launch(spec, progress.with_progress(watcher, spec.torchrun, as_json, spec.schedule))
     if not result.reports:
-        job_report_elsewhere(result, as_json=as_json, verbose=verbose, fail_on=fail_on)
+        job_report_elsewhere(result, as_json=as_json, verbose=verbose, fail_on=fail_on, command="profile")
         finish_quietly(result)
     traces = spec.run_dir.trace_files()
     progress.say(f"analysing {len(traces)} trace(s), {sum(p.stat().st_size for p in traces) / 1e6:.1f} MB", show)
     report = assemble(spec.run_dir, spec.schedule, locked=is_locked(spec.run_dir.root), nccl_debug=nccl_debug,
-                      baseline=baseline)
+                      baseline=baseline, node=node_of(result))
     share_job_report(result, report)  # a job of several nodes: every node prints this report
-    save_report(spec.run_dir, report)
+    problem = save_report_or_problem(spec.run_dir, report)
+    if problem:  # a full disk: the report is printed below all the same, and the job's verdict is the exit code
+        click.echo(f"ddpdoctor: warning: {one_line(problem)}; the report is complete below", err=True)
     if result.exit_code == 0 and not spec.run_dir.trace_files() and any(f.id == "no-steps-seen" for f in report.findings):
         raise BadInput(
             "no training iteration was seen on any rank (no optimizer step and no ddpdoctor.step()), so nothing "

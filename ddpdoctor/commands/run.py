@@ -16,6 +16,7 @@ from ddpdoctor.commands._common import (
     job_report_elsewhere,
     json_option,
     launch_options,
+    node_of,
     pop_launch_spec,
     share_job_report,
 )
@@ -25,7 +26,8 @@ from ddpdoctor.launch.launcher import launch
 from ddpdoctor.launch.runlock import is_locked
 from ddpdoctor.renderers import progress
 from ddpdoctor.reports.run import assemble
-from ddpdoctor.rundir.report import save_report
+from ddpdoctor.rundir.report import save_report_or_problem
+from ddpdoctor.terminal_text import one_line
 
 DEBUG_ENV = {"TORCH_DISTRIBUTED_DEBUG": "DETAIL", "TORCH_CPP_LOG_LEVEL": "INFO"}
 
@@ -56,9 +58,12 @@ def command(debug: bool, verbose: bool, nccl_debug: bool, as_json: bool, fail_on
     if not result.reports:
         job_report_elsewhere(result, as_json=as_json, verbose=verbose, fail_on=fail_on)
         finish_quietly(result)
-    report = assemble(spec.run_dir, locked=is_locked(spec.run_dir.root), debug=debug, nccl_debug=nccl_debug)
+    report = assemble(spec.run_dir, locked=is_locked(spec.run_dir.root), debug=debug, nccl_debug=nccl_debug,
+                      node=node_of(result))
     share_job_report(result, report)  # a job of several nodes: every node prints this report
-    save_report(spec.run_dir, report)
+    problem = save_report_or_problem(spec.run_dir, report)
+    if problem:  # a full disk: the report is printed below all the same, and the job's verdict is the exit code
+        click.echo(f"ddpdoctor: warning: {one_line(problem)}; the report is complete below", err=True)
     # The contract is 0/1/2: a job that failed (or was killed for hanging) is a problem found.
     emit(report, as_json=as_json, verbose=verbose, fail_on=fail_on,
          exit_code=1 if result.exit_code else None)

@@ -36,3 +36,15 @@ def rank_crashed_finding(rank: int | None, title: str, advice: str, *, ranks: li
         ranks = [rank] if rank is not None else []
     return Finding("rank-crashed", Severity.ERROR, title, ranks=list(ranks),
                    evidence=_checked("rank-crashed", {"rank": rank, **evidence}, CRASH_EVIDENCE), advice=advice)
+
+
+def head_lost_finding(head: str, node_rank: int, ranks: list[dict[str, Any]], last_verdict: str | None) -> Finding:
+    """A node of a multi-node job lost the job's head (docs/findings.md#hangs-head-lost): what it knows, as plain
+    data (its ranks' last state, the head's last verdict)."""
+    own = sorted(int(r["rank"]) for r in ranks if isinstance(r.get("rank"), int))
+    return Finding("head-lost", Severity.ERROR,
+                   f"the job's head node ({head}) was lost: node {node_rank} reports what it knows of its own ranks",
+                   ranks=own, evidence={"head": head, "node_rank": node_rank, "ranks": ranks,
+                                        "last_verdict": last_verdict},
+                   advice="look at the head node's host, launcher and scheduler logs (OOM killer, preemption, node "
+                          "failure); this node's ranks' errors are most likely victims of losing it")

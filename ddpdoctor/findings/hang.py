@@ -10,6 +10,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from ddpdoctor.findings.failure import hang_finding, rank_crashed_finding
+from ddpdoctor.findings.framework_advice import ddp_option
 from ddpdoctor.findings.model import Finding, Severity
 from ddpdoctor.jsontypes import JsonObject
 
@@ -24,6 +25,8 @@ VICTIM_PATTERNS = (
 MISMATCH_PATTERNS = ("Received data size doesn't match", "Detected mismatch between collectives")
 _UNUSED_NAMES = re.compile(r"Parameters which did not receive grad for rank (\d+): ([^\n]+)")
 _UNUSED_INDICES = re.compile(r"Parameter indices which did not receive grad for rank (\d+): ([\d ]+)")
+# Lightning 2.x (DDPStrategy.on_exception) replaces DDP's message, and with it the list of parameters.
+_UNUSED_LIGHTNING = re.compile(r"It looks like your LightningModule has parameters that were not used in producing")
 
 
 @dataclass
@@ -280,7 +283,7 @@ def crash_findings(statuses: dict[int, dict[str, Any] | None], debug: bool = Fal
                    param_names: dict[int, list[str]] | None = None,
                    stderr: dict[int, str] | None = None,
                    last_beats: dict[int, dict[str, Any] | None] | None = None,
-                   torn_down: set[int] | None = None) -> list[Finding]:
+                   torn_down: set[int] | None = None, ddp_cfg: dict[str, Any] | None = None) -> list[Finding]:
     """rank-crashed for the root cause(s), collective-mismatch when the exception says so, and
     unused-parameters from DDP's "did not receive grad" error. Victims are listed, never blamed.
 
@@ -343,8 +346,9 @@ def crash_findings(statuses: dict[int, dict[str, Any] | None], debug: bool = Fal
             if detail and "bytes" not in differs:
                 differs.append("bytes")
             out.append(_mismatch_finding(colls, differs, debug, detail))
-        unused = _unused_parameters(exc, sorted(r2 for r2, s2 in roots.items() if _UNUSED_INDICES.search(
-            s2["exception"]) or _UNUSED_NAMES.search(s2["exception"])), (param_names or {}).get(r))
+        unused = _unused_parameters(exc, sorted(r2 for r2, s2 in roots.items() if any(
+            p.search(s2["exception"]) for p in (_UNUSED_INDICES, _UNUSED_NAMES, _UNUSED_LIGHTNING))),
+            (param_names or {}).get(r), ddp_cfg)
         if unused is not None:
             out.append(unused)
         died = " (the process died)" if s.get("died") else ""
@@ -429,22 +433,30 @@ def _num(value: Any) -> float:
     return float(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else 0.0
 
 
-def _unused_parameters(exc: str, ranks: list[int], names: list[str] | None) -> Finding | None:
+def _unused_parameters(exc: str, ranks: list[int], names: list[str] | None,
+                       ddp_cfg: dict[str, Any] | None = None) -> Finding | None:
     params: list[str] = []
     m = _UNUSED_NAMES.search(exc)
+    unnamed = ""
     if m:
         params = [p.strip() for p in m.group(2).split(",") if p.strip()]
-    else:
-        m = _UNUSED_INDICES.search(exc)
-        if not m:
-            return None
+    elif m := _UNUSED_INDICES.search(exc):
         idx = [int(i) for i in m.group(2).split()]
         params = [names[i] if names and i < len(names) else f"index {i}" for i in idx]
+    elif _UNUSED_LIGHTNING.search(exc):
+        unnamed = (" Lightning replaces DDP's message and the names in it (even under TORCH_DISTRIBUTED_DEBUG=INFO): "
+                   "`ddpdoctor check-sync` names the parameters that never get a gradient.")
+    else:
+        return None
     return Finding(
-        "unused-parameters", Severity.ERROR, f"Parameters that got no gradient: {', '.join(params)}",
+        "unused-parameters", Severity.ERROR,
+        f"Parameters that got no gradient: {', '.join(params)}" if params else
+        "Parameters that got no gradient (their names are not in the error)",
         ranks=ranks, evidence={"ranks": ranks, "parameters": params},
-        advice="Use these parameters in forward(), freeze them (requires_grad=False), or pass "
-               "find_unused_parameters=True to DistributedDataParallel (it costs a graph traversal each step).",
+        advice="Use these parameters in forward(), freeze them (requires_grad=False), or "
+               + (f"set {ddp_option(ddp_cfg, 'find_unused_parameters', True)}" if (ddp_cfg or {}).get("built_by")
+                  else "pass find_unused_parameters=True to DistributedDataParallel")
+               + " (it costs a graph traversal each step)." + unnamed,
     )
 
 

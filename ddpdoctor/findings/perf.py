@@ -13,6 +13,7 @@ from typing import Any
 from ddpdoctor.analyses.intervals import bootstrap
 from ddpdoctor.analyses.results import Analysis
 from ddpdoctor.analyses.whatif import CANDIDATE_CAPS_MB, MIB, WhatIf, bucket_whatif, ddp_config
+from ddpdoctor.findings.framework_advice import comm_hook, ddp_option
 from ddpdoctor.findings.model import Finding, Severity
 from ddpdoctor.findings.perf_balance import (
     median_or_none,
@@ -93,16 +94,17 @@ def _exposed_noise_us(a: Analysis) -> float:
     return iv.half_width if iv is not None and iv.measurable else 0.0
 
 
-def _cap_advice(whatif: WhatIf | None, fallback: str, noise_us: float = 0.0) -> str:
-    """The what-if's cap when it recommends one, else ``fallback`` (without the what-if), or why no cap helps."""
+def _cap_advice(whatif: WhatIf | None, fallback: str, noise_us: float = 0.0, cfg: DDPModule | None = None) -> str:
+    """The what-if's cap when it recommends one, else ``fallback`` (without the what-if), or why no cap helps; said
+    in the terms of the framework that built DDP (``cfg``: the DDP description)."""
     if not _recommends(whatif, noise_us):
         if whatif is not None and whatif.available:
             return ("The bucket what-if finds no bucket_cap_mb that would hide more of it (same bucket layout, or a "
                     "saving within the run's noise); larger per-rank batches (more compute per byte) or fp16 "
-                    "gradient compression (`fp16_compress_hook`) shrink what must be hidden.")
+                    f"gradient compression ({comm_hook(cfg, plain='`fp16_compress_hook`')}) shrink what must be hidden.")
         return fallback
     assert whatif is not None and whatif.best_bucket_cap_mb is not None
-    text = (f"`DDP(model, bucket_cap_mb={whatif.best_bucket_cap_mb:g})`: the bucket what-if predicts "
+    text = (f"{ddp_option(cfg, 'bucket_cap_mb', whatif.best_bucket_cap_mb)}: the bucket what-if predicts "
             f"{ms(whatif.saving_us_per_step)} ms less exposed communication per step")
     if whatif.fit_error_pct_of_step is not None and whatif.fit_error_pct_of_step > (whatif.saving_pct_of_step or 0.0):
         text += (f" (but it reproduces this run only within {whatif.fit_error_pct_of_step:.0f}% of a step: "
@@ -219,9 +221,8 @@ def rule_exposed_comm(a: Analysis, w: WhatIf | None) -> list[Finding]:
         f"Communication not hidden by compute takes {iv.value:.0f}% of step time{waiting}",
         ranks=[r.rank for r in hot], evidence=evidence,
         advice=_cap_advice(w, "See the overlap findings for the cause; larger per-rank batches (more compute per "
-                           "byte) or fp16 gradient compression (`model.register_comm_hook(None, "
-                           "torch.distributed.algorithms.ddp_comm_hooks.default_hooks.fp16_compress_hook)`) "
-                           "shrink what must be hidden.", _exposed_noise_us(a)),
+                           f"byte) or fp16 gradient compression ({comm_hook(ddp_config(a))}) shrink what must be "
+                           "hidden.", _exposed_noise_us(a), ddp_config(a)),
     )]
 
 
@@ -268,8 +269,8 @@ def rule_comm_tail(a: Analysis, w: WhatIf | None) -> list[Finding]:
         evidence={**cost(tail_us, _step_us(a)), "tail_pct_of_step": iv.to_json(), "tail_ms_median": evidence_ms,
                   "tail_pct_of_step_by_rank": shares,
                   "last_bucket_mb": None if lb is None else round(lb / MIB, 2), "threshold_pct": TAIL_WARN_PCT},
-        advice=_cap_advice(w, _smaller_cap_advice((ddp_config(a) or DDPModule()).bucket_cap_mb, tail=True,
-                                                  sizes_known=_bucket_sizes_known(a)), _exposed_noise_us(a)),
+        advice=_cap_advice(w, _smaller_cap_advice(ddp_config(a), tail=True, sizes_known=_bucket_sizes_known(a)),
+                           _exposed_noise_us(a), ddp_config(a)),
     )]
 
 
@@ -306,7 +307,8 @@ def rule_small_buckets(a: Analysis, w: WhatIf | None) -> list[Finding]:
                   "small_bucket_median_kib": round((median_or_none([float(s) for s in sizes]) or 0) / 1024, 1),
                   "fitted_latency_us": lat, "latency_share_of_comm": None if share is None else round(share, 3)},
         advice=_cap_advice(w, "Raise the bucket size so each all_reduce moves enough bytes: "
-                           "`DDP(model, bucket_cap_mb=25)` (the default) or more.", _exposed_noise_us(a)),
+                           f"{ddp_option(ddp_config(a), 'bucket_cap_mb', 25)} (the default) or more.",
+                           _exposed_noise_us(a), ddp_config(a)),
     )]
 
 
@@ -349,8 +351,7 @@ def rule_first_bucket_late(a: Analysis, w: WhatIf | None) -> list[Finding]:
         evidence={**cost(exposed, _step_us(a)), "first_allreduce_at_backward_pct": iv.to_json(),
                   "by_rank_pct": {str(k): round(100 * v, 1) for k, v in sorted(late.items())},
                   "bucket_cap_mb": cfg.bucket_cap_mb, "threshold_pct": threshold},
-        advice=_cap_advice(w, _smaller_cap_advice(cfg.bucket_cap_mb, sizes_known=_bucket_sizes_known(a)),
-                           _exposed_noise_us(a)),
+        advice=_cap_advice(w, _smaller_cap_advice(cfg, sizes_known=_bucket_sizes_known(a)), _exposed_noise_us(a), cfg),
     )]
 
 
@@ -369,22 +370,24 @@ def _bucket_sizes_known(a: Analysis) -> bool:
     return bool(cfg.parameter_bytes or cfg.buckets or any(b.bytes for b in a.buckets))
 
 
-def _smaller_cap_advice(cap: Any, tail: bool = False, sizes_known: bool = True) -> str:
+def _smaller_cap_advice(cfg: DDPModule | None, tail: bool = False, sizes_known: bool = True) -> str:
     """A smaller cap than the current one, or, at 1 MiB already, the reason a smaller cap will not help; without the
     buckets' sizes, that no cap can be advised and what would tell."""
     if not sizes_known:
         return SIZES_UNKNOWN_ADVICE
+    cap = cfg.bucket_cap_mb if cfg else None
     if isinstance(cap, (int, float)) and cap <= 1:
         if tail:
             return ("Buckets are already 1 MiB: the tail is the queue of all_reduces still waiting when backward "
-                    "ends; more compute per step (larger batch) or fewer bytes (fp16_compress_hook) shorten it.")
+                    f"ends; more compute per step (larger batch) or fewer bytes ({comm_hook(cfg, plain='fp16_compress_hook')}) "
+                    "shorten it.")
         return ("Buckets are already 1 MiB: the first bucket waits for the last layers' gradients, which are "
                 "large or produced late; reorder or split those layers, or accept the late start.")
     smaller = max(1.0, float(cap) / 4) if isinstance(cap, (int, float)) else 5.0
     if tail:
         return (f"Smaller buckets make the last one (the first layers' gradients, ready last) small: "
-                f"`DDP(model, bucket_cap_mb={smaller:g})`.")
-    return (f"Buckets are so large that communication starts late: `DDP(model, bucket_cap_mb={smaller:g})` "
+                f"{ddp_option(cfg, 'bucket_cap_mb', smaller)}.")
+    return (f"Buckets are so large that communication starts late: {ddp_option(cfg, 'bucket_cap_mb', smaller)} "
             "starts the first all_reduce earlier.")
 
 
@@ -491,7 +494,7 @@ def rule_whatif(a: Analysis, w: WhatIf | None) -> list[Finding]:
                   "fit_error_pct_of_step": None if w.fit_error_pct_of_step is None else round(w.fit_error_pct_of_step, 1),
                   "latency_us": w.latency_us, "bytes_per_us": w.bytes_per_us,
                   "bandwidth_source": w.bandwidth_source, "grad_source": w.grad_source},
-        advice=f"`DDP(model, bucket_cap_mb={w.best_bucket_cap_mb:g})`, then profile again to confirm.",
+        advice=f"{ddp_option(ddp_config(a), 'bucket_cap_mb', w.best_bucket_cap_mb)}, then profile again to confirm.",
     )]
 
 

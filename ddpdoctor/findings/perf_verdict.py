@@ -64,8 +64,10 @@ def merge_undecided(findings: list[Finding], a: Analysis) -> list[Finding]:
 
 
 def _advice_key(advice: str) -> str:
-    """Two advices are the same when they recommend the same bucket_cap_mb, or say the same words."""
-    m = re.search(r"`DDP\(model, bucket_cap_mb=([0-9.]+)\)`", advice)
+    """Two advices are the same when they recommend the same bucket_cap_mb (in DDP's or a framework's spelling:
+    `DDP(model, bucket_cap_mb=5)`, `TrainingArguments(ddp_bucket_cap_mb=5)`, `DDPStrategy(bucket_cap_mb=5)`), or say
+    the same words."""
+    m = re.search(r"bucket_cap_mb=([0-9.]+)\)", advice)
     return f"cap={m.group(1)}" if m else advice
 
 

@@ -6,6 +6,7 @@ import math
 from typing import Any
 
 from ddpdoctor.analyses.sync import EQUIVALENCE_RTOL, RTOL, SyncAnalysis, TensorCheck, TensorDiff
+from ddpdoctor.findings.framework_advice import ddp_option
 from ddpdoctor.findings.model import Finding, Severity
 from ddpdoctor.rundir.schema import Equivalence
 
@@ -101,12 +102,12 @@ def _buffer_findings(analysis: SyncAnalysis) -> list[Finding]:
                   "never copies rank 0's. Training is unaffected (BatchNorm in train mode normalises with the batch's "
                   "statistics, and gradients are still averaged), but evaluation and checkpoints use the running "
                   "statistics, so each rank would evaluate a different model. It matters if you evaluate or save on "
-                  "more than one rank or compare them: use broadcast_buffers=True (the default), SyncBatchNorm "
+                  f"more than one rank or compare them: use {ddp_option(mod, 'broadcast_buffers', True)} (the default), SyncBatchNorm "
                   "(torch.nn.SyncBatchNorm.convert_sync_batchnorm), or all-reduce the buffers before evaluating.")
     elif unsynced:
         title = f"Buffers differ across ranks from step {step}; DDP does not broadcast them (broadcast_buffers=False)"
         advice = ("With broadcast_buffers=False every rank keeps its own buffers. If they should agree, use "
-                  "broadcast_buffers=True or synchronise them yourself.")
+                  f"{ddp_option(mod, 'broadcast_buffers', True)} or synchronise them yourself.")
     else:
         title = f"Buffers differ across ranks at step {step} even though DDP had just broadcast them"
         advice = ("Something changed buffers on one rank between DDP's broadcast and the forward (a forward pre-hook, "

@@ -10,6 +10,7 @@ from typing import Any
 from ddpdoctor.analyses.results import Analysis
 from ddpdoctor.analyses.tune import BASELINE, OPTIONS, Setting, TuneResult, VariantResult, gpu_hours_per_day
 from ddpdoctor.analyses.whatif import MIB, WhatIf
+from ddpdoctor.findings.framework_advice import comm_hook, ddp_option, framework_of
 from ddpdoctor.findings.model import Finding, Severity
 from ddpdoctor.jsontypes import JsonObject
 from ddpdoctor.rundir.schema import DDPModule
@@ -67,11 +68,15 @@ def label_of(setting: Setting) -> str:
     return ",".join(f"{k}={_fmt(v)}" for k, v in setting.items()) or BASELINE
 
 
-def code_line(setting: Setting) -> str:
-    """The exact change to make in the script."""
+def code_line(setting: Setting, cfg: DDPModule | None = None) -> str:
+    """The exact change to make in the script; in the framework's own terms when a framework built the DDP module
+    (``cfg``: the DDP description, whose ``built_by`` names it)."""
+    hook = setting.get("comm_hook")
+    if framework_of(cfg):
+        parts = [ddp_option(cfg, k, v) for k, v in setting.items() if k in OPTIONS]
+        return " and ".join(parts + ([comm_hook(cfg, str(hook))] if hook else []))
     opts = ", ".join(f"{k}={_fmt(v)}" for k, v in setting.items() if k in OPTIONS)
     parts = [f"`DDP(model, {opts})`"] if opts else []
-    hook = setting.get("comm_hook")
     if hook:
         parts.append(f"`{HOOK_IMPORT}` and, after building DDP, `{HOOK_LINE.get(str(hook), hook)}`")
     return " and ".join(parts)
@@ -229,7 +234,8 @@ def measured_text(v: VariantResult) -> str:
     return f"measured {_ms(v.diff.value)} ± {v.diff.half_width:.3f} ms"
 
 
-def tune_findings(result: TuneResult, candidates: list[Candidate], gpus_total: int | None = None) -> list[Finding]:
+def tune_findings(result: TuneResult, candidates: list[Candidate], gpus_total: int | None = None,
+                  cfg: DDPModule | None = None) -> list[Finding]:
     """The comparison as findings: the fastest winner (with the line to change), variants that change the loss,
     settings that did not take effect, or no winner inside the noise."""
     by_label = {c.label: c for c in candidates}
@@ -287,7 +293,7 @@ def tune_findings(result: TuneResult, candidates: list[Candidate], gpus_total: i
         changed = " (it changes the loss: see tune-numerics-changed)" if best.numerics and best.numerics.changed else ""
         out.append(Finding("tune-winner", sev,
                            f"{best.label} is faster than the script's settings: {measured_text(best)}{pred}{changed}",
-                           evidence=ev, advice=f"Change the script: {code_line(by_label[best.label].setting) if cand else best.label}."))
+                           evidence=ev, advice=f"Change the script: {code_line(by_label[best.label].setting, cfg) if cand else best.label}."))
     elif result.variants:
         noise = result.launch_spread_ms
         out.append(Finding("tune-no-winner", Severity.INFO,

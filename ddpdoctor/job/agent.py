@@ -18,12 +18,13 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from ddpdoctor.job import grouping, state
+from ddpdoctor.job.capture_relay import HeadCaptures, NodeCaptures
 from ddpdoctor.job.record import RankRecord
 from ddpdoctor.job.relay import HeadRelay, NodeRelay
-from ddpdoctor.job.role import JobRole
+from ddpdoctor.job.role import JobRole, NodeInfo
 from ddpdoctor.job.rules import HangGate, Limits, StallDecision, auto_hang_timeout, decide
 from ddpdoctor.job.store import JobStore, JobStoreError, job_port, shared_token
-from ddpdoctor.job.verdict import HangVerdict
+from ddpdoctor.job.verdict import HeadLost, build, rank_line
 
 
 class NodePort(Protocol):
@@ -50,12 +51,17 @@ class NodePort(Protocol):
 
     def say(self, line: str) -> None: ...
 
+    def deliver(self, req: dict[str, Any]) -> None: ...
+
+    def decide_local(self, job: Any, now: float, own_ranks_only: bool = False) -> None: ...
+
 PUBLISH_S = 1.0  # a beat about once a second, at once on a change that matters
 TICK_S = 0.1
 POLL_S = 0.5
 STACKS_WAIT_S = 12.0  # for the other nodes' stacks after a hang (py-spy may take seconds per rank)
 READ_EVERY_S = 0.5  # the head reads every node's state this often (each read parses the whole job's records)
 END_WAIT_S = 60.0
+HEAD_SILENT_S = 20.0  # no answer from the head's store this long: this node watches its own ranks alone
 REPORT_WAIT_S = 20.0  # the head waits this long for every node to take the job's report  # the head waits this long for every node to finish; the others for the head's verdict
 RANK_FILES = ("status.json", "info.json", "summary.json")
 STDERR_TAIL = 16 << 10
@@ -85,8 +91,13 @@ class JobAgent:
         self._peers: list[int] = []
         self._head_host: str | None = self.host if role.is_head else None
         self._head_lost = False
+        self.head_lost: HeadLost | None = None  # what this node knows once the head is gone (commands print it)
+        self._contact = 0.0  # when the head's store last answered this node
         self._relay, self._head_relay = NodeRelay(), HeadRelay()  # live health job-wide (job/relay.py)
         self._relay_lock = threading.Lock()
+        # `ddpdoctor capture` job-wide (job/capture_relay.py): the head forwards, the nodes send their windows back.
+        self._node_caps = NodeCaptures(role.node_rank, run_root)
+        self._head_caps = HeadCaptures(run_root) if role.is_head else None
         self._thread: threading.Thread | None = None
         self._job_started = time.time()
         self._read_at = 0.0
@@ -145,9 +156,15 @@ class JobAgent:
                 if now >= next_beat or sig != sent:
                     self.publish()
                     sent, next_beat = sig, now + PUBLISH_S
-                if not self.is_head and now >= next_poll:
-                    # The head's requests (stacks after a hang) and verdict: twice a second, two small requests.
-                    self._poll_head()
+                if now >= next_poll:
+                    # The head's requests (stacks after a hang, captures) and verdict: twice a second, a few small
+                    # requests; the head takes the windows the nodes sent back.
+                    if self.is_head:
+                        self._take_captures()
+                    else:
+                        self._poll_head()
+                        self._contact = time.time()
+                        self._send_captures()
                     next_poll = now + POLL_S
             except (RuntimeError, OSError, ValueError):
                 pass  # the head went away or is restarting: keep the ranks watched locally, try again
@@ -155,7 +172,9 @@ class JobAgent:
 
     def _poll_head(self) -> None:
         assert self.store is not None
-        got = self.store.get_many(["req", "verdict", "busy", f"live-ack/{self.role.node_rank}"])
+        got = self.store.get_many(["req", "verdict", "busy", "capture", f"live-ack/{self.role.node_rank}"])
+        for creq in self._node_caps.new_requests(got.get("capture")):
+            self.monitor.deliver(creq)
         with self._relay_lock:
             self._relay.acked(got.get(f"live-ack/{self.role.node_rank}"))
         busy = got.get("busy")
@@ -171,6 +190,31 @@ class JobAgent:
             self.store.put(f"stacks/{self.role.node_rank}", {str(r): _tail(s) for r, s in stacks.items()})
         if isinstance(got.get("verdict"), dict) and self.verdict is None:
             self.verdict = got["verdict"]
+
+    def _send_captures(self) -> None:
+        """This node's parts of the capture windows the head asked for (job/capture_relay.py)."""
+        assert self.store is not None
+        for name, value in self._node_caps.outgoing():
+            self.store.put(name, value)
+
+    def _take_captures(self) -> None:
+        """The head: write the other nodes' window parts into its own window folders, then drop them from the store."""
+        if self.store is None or self._head_caps is None:
+            return
+        names = self._head_caps.names()
+        if names:
+            self.store.delete(self._head_caps.take(self.store.get_many(names)))
+
+    def on_request(self, monitor: Any, req: dict[str, Any]) -> list[int]:
+        """HangMonitor.forward: a capture request left on the head goes to every other live node through the store;
+        the node ranks it went to. Another node forwards nothing (capture the head's run directory)."""
+        if not self.is_head or self.store is None or self._head_caps is None:
+            return []
+        nodes = [n for n, st in self.nodes.items() if n != self.role.node_rank and not st.lost and st.end is None]
+        if not nodes:
+            return []
+        self.store.put("capture", self._head_caps.forward(req, nodes))
+        return nodes
 
     # -- the monitor's hooks ---------------------------------------------------------------------------
     def on_start(self, monitor: Any) -> None:
@@ -189,6 +233,10 @@ class JobAgent:
             self._decide(job.started)
         elif self.verdict is not None:
             self.monitor.act({"remote": True, **self.verdict}, str(self.verdict.get("line")))
+        elif self._contact and now - self._contact > HEAD_SILENT_S:
+            # The head is silent (its host or launcher died): nobody judges for the job, so this node judges its
+            # own ranks with the same rule, as a job of one node would (ranks of other nodes are not counted).
+            self.monitor.decide_local(job, now, own_ranks_only=True)
 
     def read_nodes(self) -> None:
         """Refresh every node's state from the store (the head's view of the job)."""
@@ -276,7 +324,6 @@ class JobAgent:
 
     def _on_hang(self, stalled: list[int], now: float, timeout: float, job_started: float) -> None:
         assert self.store is not None
-        d = state.diagnose(self.nodes, self._world_size(), stalled)
         pos, node_of = state.positions(self.nodes, self._world_size())
         live = [n for n, st in self.nodes.items() if not st.lost and st.end is None and n != self.role.node_rank]
         self.store.put("req", {"id": 1, "what": "stacks"})
@@ -294,19 +341,17 @@ class JobAgent:
             if isinstance(per, dict):
                 all_stacks.update({int(r): s for r, s in per.items() if str(r).isdigit() and isinstance(s, str)})
         classes = grouping.group(pos, all_stacks, node_of)
+        hang = build(self.nodes, self._world_size(), stalled, now, timeout_s=timeout, on_hang=self.monitor.on_hang,
+                     limits=Limits(self.monitor.hang_timeout, self.monitor.startup_timeout), stacks=all_stacks,
+                     dumps=dumps, since_start_s=now - job_started)
+        d = hang.diagnosis
+        hang.classes = [c.to_json() for c in classes]
+        hang.nodes = {n: {"host": st.host, "lost": st.lost, "ranks": grouping.rank_ranges(r.rank for r in st.ranks)}
+                      for n, st in self.nodes.items()}
         line = f"job hung: {d.reason}"
         if d.culprit_ranks:
             line = f"job hung: culprit rank(s) {grouping.rank_ranges(d.culprit_ranks)}: {d.reason}"
-        ages = [state.rank_age(r, st, now) for st in self.nodes.values() for r in st.ranks if r.rank in stalled]
-        detected = round(max(ages), 2) if ages else round(timeout, 2)
-        hang = HangVerdict(
-            detected_after_s=detected, hang_timeout_s=timeout, hang_timeout_set=self.monitor.hang_timeout is not None,
-            startup_timeout_s=self.monitor.startup_timeout,
-            in_startup=all(not r.step for st in self.nodes.values() for r in st.ranks), on_hang=self.monitor.on_hang,
-            diagnosis=d, stacks=all_stacks, flight_recorder=dumps, classes=[c.to_json() for c in classes],
-            nodes={n: {"host": st.host, "lost": st.lost, "ranks": grouping.rank_ranges(r.rank for r in st.ranks)}
-                   for n, st in self.nodes.items()})
-        hang.reported_after_s = round(detected + time.time() - now, 2)
+        hang.reported_after_s = round(hang.detected_after_s + time.time() - now, 2)
         verdict = {"line": line, "code": 1, "on_hang": self.monitor.on_hang, "head": self.host,
                    "report": str(self.run_root / "hang.txt")}
         self.verdict = verdict
@@ -375,8 +420,20 @@ class JobAgent:
                                f"({final.get('head')}) in {final.get('report')}")
             time.sleep(0.3)
         self._head_lost = True
-        return Outcome(1 if code else 0, False, f"the head node ({self.role.master_addr}) was lost: it did not answer; "
-                       f"this node's ranks ended with {code}")
+        self.head_lost = self._lost_head(code)
+        return Outcome(self.head_lost.exit_code, False, self.head_lost.line)
+
+    def _lost_head(self, code: int) -> HeadLost:
+        """The one line (and the document) of a node whose head is gone: its own ranks' last state and the last
+        verdict the head handed out. Exit code 1 whatever this node's ranks did: a node of the job died."""
+        recs = self._records()
+        shown = "; ".join(rank_line(r) for r in recs[:4]) + (f"; {len(recs) - 4} more rank(s) (--json for all)"
+                                                              if len(recs) > 4 else "")
+        last = str(self.verdict.get("line")) if isinstance(self.verdict, dict) else None
+        line = (f"the head node ({self.role.master_addr}) was lost: it did not answer; this node ({self.host}, node "
+                f"{self.role.node_rank}) ended with exit code {code}; its ranks: {shown or 'none started'}; last "
+                f"verdict from the head: {last or 'none'}")
+        return HeadLost(self.role.master_addr, line, self.role.node_rank, recs, last)
 
     def _finish_head(self, run_root: Path, code: int) -> Outcome:
         assert self.store is not None
@@ -422,10 +479,9 @@ class JobAgent:
             time.sleep(0.2)
 
     # -- the job's report on every node ------------------------------------------------------------------
-    def node_info(self) -> dict[str, Any]:
+    def node_info(self) -> NodeInfo:
         """Which node this is, for the report every node prints."""
-        return {"node_rank": self.role.node_rank, "nnodes": self.role.nnodes, "host": self.host,
-                "is_head": self.is_head, "head": self._head_host}
+        return NodeInfo(self.role.node_rank, self.role.nnodes, self.host, self.is_head, self._head_host)
 
     def publish_report(self, doc: dict[str, Any]) -> None:
         """The head: hand the job's report (report.json's document) to every node, and wait until each has it."""

@@ -27,7 +27,7 @@ class RankRecord(msgspec.Struct, omit_defaults=True, rename={
     it is in (DDP's bucket all-reduce during backward counts). ``age_s``: seconds since its current step (or the
     job) started. ``idle_s``: seconds since its training thread last used CPU, did I/O or moved its Python position
     (None: not measured). ``moved_s``: seconds since its position (step, phase, collective, backward entry) last
-    changed. ``exit``: [exit code, exception head, steps completed] once it ended, ``exit_age_s`` how long ago.
+    changed. ``exit``: [exit code, exception head, steps completed(, exit site)] once it ended, ``exit_age_s`` how long ago.
     ``summary``: the last completed step's small numbers (name -> value; probes/ledger.py adds its own)."""
 
     rank: int
@@ -96,6 +96,8 @@ def record(rank: int, beat: dict[str, Any] | None, exit_info: dict[str, Any] | N
         rec.age_s = round(now - job_started, 2)
     if exit_info is not None:
         rec.exit = [exit_info.get("exit_code"), cut(exit_info.get("exception")), exit_info.get("steps_completed")]
+        if exit_info.get("exit_site"):
+            rec.exit.append(cut(exit_info.get("exit_site")))  # where it called sys.exit (the hang rules name it)
     return rec
 
 

@@ -27,6 +27,21 @@ class JobRole:
         return f"{self.master_addr}:{self.master_port}/{self.nnodes}/{self.rdzv_id}"
 
 
+@dataclass(frozen=True)
+class NodeInfo:
+    """Which node printed a report of a multi-node job (the report's ``node`` key, docs/json.md)."""
+
+    node_rank: int
+    nnodes: int
+    host: str
+    is_head: bool
+    head: str | None  # the head node's host name (None while this node has not heard from it)
+
+    def to_json(self) -> dict[str, Any]:
+        return {"node_rank": self.node_rank, "nnodes": self.nnodes, "host": self.host, "is_head": self.is_head,
+                "head": self.head}
+
+
 def _max_nodes(value: Any) -> int:
     text = str(value or "1")
     try:

@@ -92,7 +92,8 @@ def to_position(rec: RankRecord | None, rank: int) -> RankPosition:
     if c and len(c) >= 4:
         beat["collective"] = {"op": c[0], "group": c[1], "seq": c[2], "call_site": c[3], "sizes": rec.sizes or []}
     x = rec.exit
-    exit_info = {"exit_code": x[0], "exception": x[1], "steps_completed": x[2]} if x and len(x) >= 3 else None
+    exit_info = {"exit_code": x[0], "exception": x[1], "steps_completed": x[2],
+                 "exit_site": x[3] if len(x) > 3 else None} if x and len(x) >= 3 else None
     if exit_info is not None and "collective" in beat:
         beat["last_collective"] = beat["collective"]
     return position(rank, beat if rec.step is not None else None, exit_info)

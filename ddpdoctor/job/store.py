@@ -182,5 +182,12 @@ class JobStore:
                 out[n] = obj
         return out
 
+    def delete(self, names: list[str]) -> None:
+        """Remove ``names`` (values the head has taken: the store lives in the head's memory)."""
+        with self._lock:
+            for n in names:
+                self.requests += 1
+                self._store.delete_key(self.ns + n)
+
     def close(self) -> None:
         self._store = None

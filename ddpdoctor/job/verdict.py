@@ -1,6 +1,7 @@
 """The one typed hang verdict, for a job of one node or many: what hung, when it was seen, the diagnosis, every
 rank's stack and Flight Recorder dump; RUN/hang.json is its to_json(). The node monitor and the job's head build
-it the same way; a job of many nodes adds its rank classes and its nodes."""
+it the same way; a job of many nodes adds its rank classes and its nodes. HeadLost: what a node says when the job's
+head is gone."""
 
 from __future__ import annotations
 
@@ -8,6 +9,9 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ddpdoctor.findings.hang import HangDiagnosis
+from ddpdoctor.job import state
+from ddpdoctor.job.record import RankRecord
+from ddpdoctor.job.rules import Limits
 
 
 @dataclass
@@ -42,3 +46,63 @@ class HangVerdict:
         out["flight_recorder"] = {str(r): d for r, d in self.flight_recorder.items()}
         out["reported_after_s"] = self.reported_after_s
         return out
+
+
+def build(nodes: dict[int, state.NodeState], world_size: int | None, stalled: list[int], now: float, *,
+          limits: Limits, timeout_s: float, on_hang: str, stacks: dict[int, str | None],
+          dumps: dict[int, Any], since_start_s: float | None = None) -> HangVerdict:
+    """The one builder of the hang verdict, for a job of one node (its monitor's records as one NodeState) and on
+    the head of many (every node's): the culprit from every rank's typed record (job/state.diagnose, the rules of
+    findings/hang.py), how long the stalled ranks had made no progress (the most recent of their steps' starts,
+    on the head's clock; ``since_start_s``, the job's age, when no stalled rank ever reported), each rank's stack
+    and Flight Recorder dump. The caller adds what only it has (one node:
+    the raw heartbeats; many: rank classes and nodes) and ``reported_after_s`` once the verdict is out."""
+    d = state.diagnose(nodes, world_size, stalled)
+    ages = [state.rank_age(r, st, now) for st in nodes.values() for r in st.ranks if r.rank in stalled]
+    return HangVerdict(
+        detected_after_s=round(min(ages) if ages else since_start_s if since_start_s is not None else timeout_s, 2),
+        hang_timeout_s=timeout_s,
+        hang_timeout_set=limits.hang_timeout is not None, startup_timeout_s=limits.startup_timeout,
+        in_startup=all(not r.step for st in nodes.values() for r in st.ranks), on_hang=on_hang, diagnosis=d,
+        stacks=stacks, flight_recorder=dumps)
+
+
+@dataclass
+class HeadLost:
+    """What a node that lost the job's head knows (docs/hangs.md#lost-head): the head's address, its own ranks'
+    last state (typed records), the last verdict the head had handed out, if any. Its exit code is 1: a node of
+    the job died, so the job did not complete as one."""
+
+    head: str
+    line: str
+    node_rank: int
+    ranks: list[RankRecord]
+    last_verdict: str | None = None
+    exit_code: int = 1
+
+    def to_json(self) -> dict[str, Any]:
+        return {"head": self.head, "line": self.line, "node_rank": self.node_rank, "exit_code": self.exit_code,
+                "last_verdict": self.last_verdict, "ranks": [rank_state(r) for r in self.ranks]}
+
+
+def rank_state(rec: RankRecord) -> dict[str, Any]:
+    """A rank's record in words: its step, phase, the collective it is in, how it ended."""
+    out: dict[str, Any] = {"rank": rec.rank, "step": rec.step, "phase": rec.phase, "at": rec.where}
+    if rec.coll:
+        out["collective"] = {"op": rec.coll[0], "group": rec.coll[1], "seq": rec.coll[2]}
+    if rec.exit:
+        out["exit_code"], out["exception"] = rec.exit[0], rec.exit[1]
+    return out
+
+
+def rank_line(rec: RankRecord) -> str:
+    """One rank's state for the console line: ``rank 2: step 57, in allreduce #113`` or ``rank 3: exited 1 ...``."""
+    where = f"step {rec.step}" if rec.step is not None else "no heartbeat"
+    if rec.exit:
+        code, exc = rec.exit[0], rec.exit[1]
+        head = str(exc).strip().splitlines()[-1][:120] if exc else ""
+        return f"rank {rec.rank}: {where}, ended ({'exit ' + str(code) if code is not None else 'no status'})" + \
+            (f": {head}" if head else "")
+    if rec.coll:
+        return f"rank {rec.rank}: {where}, in {rec.coll[0]} #{rec.coll[2]}"
+    return f"rank {rec.rank}: {where}, {rec.phase or 'running'}"

@@ -6,7 +6,6 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import functools
-import importlib.metadata
 import json
 import os
 import re
@@ -137,6 +136,8 @@ def torchrun_flags() -> tuple[TorchrunFlag, ...]:
 
 def _cache_key() -> str | None:
     """torch's version and its run.py's size and mtime, found without importing torch."""
+    import importlib.metadata  # here, not at the top: `analyze` and `logs` never ask and it costs ~15 ms to import
+
     try:
         dist = importlib.metadata.distribution("torch")
         run_py = Path(str(dist.locate_file("torch/distributed/run.py")))

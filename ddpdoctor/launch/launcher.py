@@ -31,6 +31,7 @@ from ddpdoctor.probes.config import ENV_VAR, ProbeConfig, Schedule, rank_from_en
 from ddpdoctor.rundir import manifest as manifest_mod
 from ddpdoctor.rundir.layout import RunDir
 from ddpdoctor.rundir.private import claim_run_root, open_private, private_dir
+from ddpdoctor.rundir.reserve import SpaceReserve
 
 BOOTSTRAP = Path(__file__).resolve().parents[1] / "probes" / "bootstrap.py"
 PACKAGE_PARENT = Path(__file__).resolve().parents[2]
@@ -74,6 +75,7 @@ class RunningJob:
     proc: subprocess.Popen[bytes]
     started: float
     killed_by: str | None = None
+    reserve: SpaceReserve | None = None  # room for the last writes on a disk that fills (rundir/reserve.py)
 
     def kill(self, reason: str, sig: int = signal.SIGTERM) -> None:
         """Signal every process of the job: torchrun's process group and each process below it (torchrun starts
@@ -201,26 +203,51 @@ def _slurm_env() -> dict[str, str]:
     return out
 
 
-def _tee(stream: Any, path: Path, echo: Any, keep: Callable[[bytes], bool] | None = None) -> threading.Thread:
-    """Copy ``stream`` into ``path`` (owner-only) and, for the lines ``keep`` accepts (all by default), to ``echo``."""
+def _tee(stream: Any, path: Path, echo: Any, keep: Callable[[bytes], bool] | None = None,
+         on_error: Callable[[Path, BaseException], None] | None = None) -> threading.Thread:
+    """Copy ``stream`` into ``path`` (owner-only) and, for the lines ``keep`` accepts (all by default), to ``echo``.
+    A write that fails (a full disk) stops the copy into the file, says so through ``on_error``, and the stream is
+    still drained and echoed: the job must never block on a pipe nobody reads."""
 
     def pump(echo: Any = echo) -> None:
-        path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
-        fd = open_private(path)  # never through a link planted in its place (docs/trust.md)
-        with os.fdopen(fd, "wb") as f:
+        f: Any = None
+        try:
+            path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+            f = os.fdopen(open_private(path), "wb")  # never through a link planted in its place (docs/trust.md)
+        except (OSError, BadInput) as exc:
+            if on_error is not None:
+                on_error(path, exc)
+        try:
             for line in iter(stream.readline, b""):
-                f.write(line)
-                f.flush()
+                if f is not None:
+                    try:
+                        f.write(line)
+                        f.flush()
+                    except OSError as exc:
+                        if on_error is not None:
+                            on_error(path, exc)
+                        _close_quietly(f)
+                        f = None
                 if echo is not None and (keep is None or keep(line)):
                     try:
                         echo.write(line)
                         echo.flush()
                     except (OSError, ValueError):
                         echo = None  # the terminal went away (SIGHUP): keep logging
+        finally:
+            _close_quietly(f)
 
     t = threading.Thread(target=pump, daemon=True)
     t.start()
     return t
+
+
+def _close_quietly(f: Any) -> None:
+    try:
+        if f is not None:
+            f.close()
+    except OSError:  # its last buffered bytes did not fit either
+        pass
 
 
 # torchrun's --tee prefixes each rank's line with "[<role><local rank>]:"; everything else on its stderr is its
@@ -307,6 +334,8 @@ def _launch_locked(spec: LaunchSpec, watcher: JobWatcher | None, in_place_rank: 
     # The monitor's token reaches the ranks through their environment only (docs/trust.md).
     env.update(getattr(watcher, "rank_env", dict)())
     started = time.time()
+    reserve = SpaceReserve(spec.run_dir.root)
+    reserve.hold()
     tees: list[threading.Thread] = []
     console_err = None if spec.quiet else sys.stderr.buffer
     if spec.launcher == "torchrun":
@@ -319,7 +348,7 @@ def _launch_locked(spec: LaunchSpec, watcher: JobWatcher | None, in_place_rank: 
             stderr=subprocess.PIPE, preexec_fn=_parent_death_preexec(), umask=user_umask,
         )
         node_logs(spec).mkdir(mode=0o700, parents=True, exist_ok=True)
-        tees = [_tee(proc.stderr, node_logs(spec) / "torchrun.log", sys.stderr.buffer, _is_rank_line)]
+        tees = [_tee(proc.stderr, node_logs(spec) / "torchrun.log", sys.stderr.buffer, _is_rank_line, reserve.note)]
     else:
         assert scheduler_env is not None
         env.update(scheduler_env)
@@ -331,8 +360,9 @@ def _launch_locked(spec: LaunchSpec, watcher: JobWatcher | None, in_place_rank: 
             stdout=subprocess.PIPE, stderr=subprocess.PIPE, preexec_fn=_parent_death_preexec(), umask=user_umask,
         )
         out = None if spec.quiet else (sys.stderr.buffer if spec.output_to_stderr else sys.stdout.buffer)
-        tees = [_tee(proc.stdout, rdir / "stdout.log", out), _tee(proc.stderr, rdir / "stderr.log", console_err)]
-    job = RunningJob(spec=spec, proc=proc, started=started)
+        tees = [_tee(proc.stdout, rdir / "stdout.log", out, on_error=reserve.note),
+                _tee(proc.stderr, rdir / "stderr.log", console_err, on_error=reserve.note)]
+    job = RunningJob(spec=spec, proc=proc, started=started, reserve=reserve)
     stopper = Stopper(job)
     ended: dict[str, Any] | None = None
     try:
@@ -341,6 +371,7 @@ def _launch_locked(spec: LaunchSpec, watcher: JobWatcher | None, in_place_rank: 
             if watcher is not None and stopper.signum is None:
                 watcher.check(job)
             stopper.tick()
+            reserve.tick()
             time.sleep(0.1)
     except BaseException as exc:
         # ddpdoctor itself failed (a bug, or an exception out of a watcher): the job must not run on unwatched.
@@ -351,7 +382,10 @@ def _launch_locked(spec: LaunchSpec, watcher: JobWatcher | None, in_place_rank: 
     finally:
         stopper.restore()
         if watcher is not None:
-            watcher.stop(job)
+            try:
+                watcher.stop(job)
+            except OSError as exc:  # a full disk (DiskFull): the monitor's files are noted as missing
+                reserve.note(getattr(exc, "path", None) or "heartbeats.json", exc)
         if ended is not None:
             _finalize(spec, proc.returncode, started, job, ended)
     for t in tees:
@@ -367,7 +401,8 @@ def _launch_locked(spec: LaunchSpec, watcher: JobWatcher | None, in_place_rank: 
     else:
         ended = {"how": "exited", "exit_code": code}
     if spec.launcher == "torchrun":
-        collect_torchrun_logs(spec.run_dir, node_logs(spec), set(agent.monitor.rank_ids()) if agent is not None else None)
+        collect_torchrun_logs(spec.run_dir, node_logs(spec), set(agent.monitor.rank_ids()) if agent is not None else None,
+                              on_error=reserve.note)
         if code and not spec.run_dir.ranks_present():
             _echo_torchrun_failure(spec.run_dir, node_logs(spec))
     if agent is not None:
@@ -394,8 +429,18 @@ def _launch_locked(spec: LaunchSpec, watcher: JobWatcher | None, in_place_rank: 
 
 
 def _finalize(spec: LaunchSpec, code: int | None, started: float, job: RunningJob, ended: dict[str, Any]) -> None:
-    manifest_mod.finalize(spec.run_dir, exit_code=code, duration_s=time.time() - started, killed_by=job.killed_by,
-                          ended=ended)
+    """The manifest's end, written into the space held back for it (rundir/reserve.py). When even that does not
+    fit: one line, and the run reads as unfinished (`status`, `analyze`)."""
+    reserve = job.reserve
+    if reserve is not None:
+        reserve.release()
+    try:
+        manifest_mod.finalize(spec.run_dir, exit_code=code, duration_s=time.time() - started, killed_by=job.killed_by,
+                              ended=ended, disk_full=reserve.facts() if reserve is not None else None)
+    except OSError as exc:  # DiskFull: a BadInput and an OSError
+        from ddpdoctor.terminal_text import one_line
+
+        sys.stderr.write(f"ddpdoctor: error: {one_line(str(exc))}; the run directory reads as unfinished\n")
 
 
 def _make_private(run: RunDir, root_too: bool) -> None:
@@ -492,9 +537,11 @@ def wait_for_ranks(run: RunDir, world_size: int, timeout_s: float = 60.0) -> Non
         time.sleep(0.2)
 
 
-def collect_torchrun_logs(run: RunDir, logs: Path | None = None, ranks: set[int] | None = None) -> None:
+def collect_torchrun_logs(run: RunDir, logs: Path | None = None, ranks: set[int] | None = None,
+                          on_error: Callable[[Path, BaseException], None] | None = None) -> None:
     """Copy torchrun's per-local-rank logs (under ``logs``) to RUN/ranks/rankR/{stdout,stderr}.log (the latest
-    attempt); ``ranks``: this node's ranks, when other nodes' ranks share the run directory."""
+    attempt); ``ranks``: this node's ranks, when other nodes' ranks share the run directory. A copy that does not
+    fit (a full disk) goes to ``on_error`` (the logs stay under torchrun/), or raises one line without it."""
     local_to_rank: dict[int, int] = {}
     for rank in run.ranks_present():
         if ranks is not None and rank not in ranks:
@@ -526,4 +573,6 @@ def collect_torchrun_logs(run: RunDir, logs: Path | None = None, ranks: set[int]
                     from ddpdoctor.rundir.artefacts import write_error
 
                     dst.unlink(missing_ok=True)
-                    raise write_error(exc, dst) from exc
+                    if on_error is None:
+                        raise write_error(exc, dst) from exc
+                    on_error(dst, exc)

@@ -21,6 +21,7 @@ from __future__ import annotations
 import json
 import secrets
 import signal
+import socket
 import sys
 import threading
 import time
@@ -28,7 +29,6 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from ddpdoctor.findings.hang import diagnose_hang, position
 from ddpdoctor.job.record import RankRecord, record
 from ddpdoctor.job.rules import (
     CRASH_GRACE_S,
@@ -40,10 +40,12 @@ from ddpdoctor.job.rules import (
     StallDecision,
     auto_hang_timeout,
     decide,
+    effective_timeout,
     is_busy,
     just_moved,
 )
-from ddpdoctor.job.verdict import HangVerdict
+from ddpdoctor.job.state import NodeState
+from ddpdoctor.job.verdict import build
 from ddpdoctor.launch.proctree import activity, in_tree, signal_own
 from ddpdoctor.launch.stacks import faulthandler_dump, py_spy_dump
 from ddpdoctor.launch.transport import TOKEN_ENV, Listener
@@ -152,8 +154,13 @@ class HangMonitor:
         if self.decider is not None:  # the job spans nodes: the job layer judges every node's records
             self.decider(self, job, now)
             return
-        # A job of one node: the same rule (job/rules.py) on this node's records.
-        d = self.judge(now, job.started)
+        self.decide_local(job, now)
+
+    def decide_local(self, job: RunningJob, now: float, own_ranks_only: bool = False) -> None:
+        """A job of one node: the same rule (job/rules.py) on this node's records. ``own_ranks_only``: a node of a
+        larger job that lost its head judges its own ranks alone (the others' are not missing, only unseen)."""
+        d = decide(self.records(now, job.started), self.limits(), now - job.started,
+                   None if own_ranks_only else self.world_size)
         hung = self.gate.confirmed(d, self.limits(), now)
         if d.busy and not d.moving and not d.tearing_down:
             self._note_stalls(d.busy, now)
@@ -188,6 +195,24 @@ class HangMonitor:
 
     def say(self, line: str) -> None:
         say(line)
+
+    def forward(self, req: dict[str, Any]) -> list[int]:
+        """A capture request left on this node (live/watch.py), to the job's other nodes: the plugins' ``on_request``
+        (the job layer puts it in the job store) return the node ranks it went to."""
+        out: list[int] = []
+        for plugin in self.plugins:
+            fn: Callable[..., Any] | None = getattr(plugin, "on_request", None)
+            if fn is None:
+                continue
+            try:
+                out += list(fn(self, req) or [])
+            except Exception:  # noqa: BLE001 - a plugin never stops the watch
+                self.plugin_errors += 1
+        return out
+
+    def deliver(self, req: dict[str, Any]) -> None:
+        """A capture request the head handed to this node through the job store, to this node's live watch."""
+        self._call("on_job_request", self, req)
 
     def rank_ids(self) -> list[int]:
         with self._lock:
@@ -359,27 +384,21 @@ class HangMonitor:
 
     # -- diagnosis -----------------------------------------------------------------------------------
     def _on_hang(self, job: RunningJob, stalled: list[int], now: float) -> None:
-        timeout = self.effective_hang_timeout()
+        """A job of one node hung: the one verdict builder (job/verdict.build) on this node's typed records, as the
+        head of many nodes builds it on every node's, plus this node's raw heartbeats."""
         with self._lock:
             links = dict(self.links)
-        started = [_num((lk.beat or {}).get("step_started")) for r, lk in links.items()
-                   if r in stalled and (lk.beat or {}).get("step")]
-        last_progress = max([s for s in started if s] or [job.started])
+        recs = self.records(now, job.started)
+        node = NodeState(0, socket.gethostname(), recs, seq=0, received=now)
         stacks, dumps = self.collect(links)
-        ranks = range(self.world_size) if self.world_size else sorted(links)
-        positions = {r: position(r, links[r].beat if r in links else None, links[r].exit if r in links else None)
-                     for r in ranks}
-        diagnosis = diagnose_hang(positions, [r for r in stalled if r >= 0])
-        verdict = HangVerdict(
-            detected_after_s=round(now - last_progress, 2), hang_timeout_s=timeout,
-            hang_timeout_set=self.hang_timeout is not None, startup_timeout_s=self.startup_timeout,
-            in_startup=all(not (lk.beat or {}).get("step") for lk in links.values()), on_hang=self.on_hang,
-            diagnosis=diagnosis, stacks=stacks, flight_recorder=dumps,
-            heartbeats={r: lk.beat for r, lk in links.items()})
+        verdict = build({0: node}, self.world_size, [r for r in stalled if r >= 0], now, limits=self.limits(),
+                        timeout_s=effective_timeout(recs, self.limits()), on_hang=self.on_hang, stacks=stacks,
+                        dumps=dumps, since_start_s=now - job.started)
+        verdict.heartbeats = {r: lk.beat for r, lk in links.items()}
         # Detection plus collecting stacks and dumps: what the issue's "within hang-timeout + 5 s" bounds.
-        verdict.reported_after_s = round(time.time() - last_progress, 2)
+        verdict.reported_after_s = round(verdict.detected_after_s + time.time() - now, 2)
         self.hang = verdict.to_json()
-        self.declare(job, self.hang, f"hang detected ({diagnosis.reason}); report in {self.run_root}/hang.txt")
+        self.declare(job, self.hang, f"hang detected ({verdict.diagnosis.reason}); report in {self.run_root}/hang.txt")
 
     def declare(self, job: RunningJob | None, hang: dict[str, Any], line: str, extra_text: str = "") -> None:
         """The job hung: write RUN/hang.json and hang.txt (``extra_text`` after the summary), say ``line``, and

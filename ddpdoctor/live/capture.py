@@ -71,12 +71,18 @@ def wait_picked_up(run_root: Path, cid: str, nodes: list[str]) -> dict[str, Any]
     out = captures_dir(run_root) / cid
     deadline = time.time() + PICKUP_S
     records: dict[str, dict[str, Any]] = {}
+    nodes = list(nodes)
     while time.time() < deadline and len(records) < len(nodes):
-        for node in nodes:
+        for node in list(nodes):
             try:
-                records[node] = json.loads((out / f"capture-{node}.json").read_text())
+                rec = json.loads((out / f"capture-{node}.json").read_text())
             except (OSError, ValueError):
                 continue
+            records[node] = rec
+            # Without a shared filesystem the head forwarded the request through the job store; those nodes'
+            # records (and their ranks' window files) arrive here relayed by the head (job/capture_relay.py).
+            fwd = rec.get("forwarded") if isinstance(rec, dict) else None
+            nodes += [n for n in (fwd if isinstance(fwd, list) else []) if isinstance(n, str) and n not in nodes]
         time.sleep(0.2)
     if not records:
         for node in nodes:
@@ -84,7 +90,9 @@ def wait_picked_up(run_root: Path, cid: str, nodes: list[str]) -> dict[str, Any]
         raise CaptureFailed(f"the job's monitor did not take the request within {PICKUP_S:.0f} s (has the job ended?)")
     errors = [str(r["error"]) for r in records.values() if r.get("error")]
     ranks = sorted({int(x) for r in records.values() for x in r.get("ranks") or []})
-    return {"nodes": sorted(records), "ranks": ranks, "error": errors[0] if errors else None}
+    missing = [n for n in nodes if n not in records]
+    return {"nodes": sorted(records), "ranks": ranks, "error": errors[0] if errors else None,
+            "missing_nodes": missing}
 
 
 def wait_window(run_root: Path, cid: str, state: dict[str, Any], timeout_s: float) -> Path:
@@ -155,6 +163,20 @@ def misaligned_note(window: Path, ranks: list[int]) -> str | None:
             "cross-rank comparisons of this window pair different iterations")
 
 
+def relay_note(window: Path) -> str | None:
+    """A note when some ranks' window files were too large to come through the job store (job/capture_relay.py):
+    they stay in their own node's run directory (RUN/captures/ID there)."""
+    try:
+        left = json.loads((window / "relay.json").read_text()).get("left_out")
+    except (OSError, ValueError, AttributeError):
+        return None
+    if not isinstance(left, dict) or not left:
+        return None
+    ranks = sorted(int(r) for r in left if str(r).isdigit())
+    return (f"ranks {ranks}: some window files were too large to relay through the job store and stay in their "
+            f"node's own run directory ({window.name} under its captures/); this window's analysis lacks them")
+
+
 def _done_path(window: Path, rank: int) -> Path:
     """What a rank writes when its part of a window is over (probes/live.py): its iterations, or its error."""
     return window / "ranks" / f"rank{rank}" / "done.json"
@@ -170,10 +192,13 @@ def _window_done(window: Path, rank: int) -> dict[str, Any] | None:
 
 
 def _refusals(out: Path) -> dict[int, str]:
-    try:
-        lines = (out / "replies.jsonl").read_text().splitlines()
-    except OSError:
-        return {}
+    """Ranks that refused the request: replies.jsonl, and replies-NODE.jsonl relayed from the job's other nodes."""
+    lines: list[str] = []
+    for path in sorted(out.glob("replies*.jsonl")):
+        try:
+            lines += path.read_text().splitlines()
+        except OSError:
+            continue
     refused: dict[int, str] = {}
     for line in lines:
         try:

@@ -317,7 +317,8 @@ def _with_caused_wait(slow: list[dict[str, Any]], waited: list[dict[str, Any]]) 
 def _slow_title(ev: dict[str, Any]) -> str:
     if ev.get("measured_by") == "ledger":
         return (f"rank {ev['rank']} makes the others wait {ev['lost_ms_per_step']:.1f} ms per step "
-                f"({ev['pct_of_step']}% of the step); it is slower in {ev['phase']}")
+                f"({ev['pct_of_step']}% of the step); " + (f"it is slower in {ev['phase']}" if ev.get("phase") else
+                "none of its host phases is longer (on NCCL: its GPU work is)"))
     return (f"rank {ev['rank']} is persistently slower: loses {ev['lost_ms_per_step']:.1f} ms "
             f"per step ({ev['pct_of_step']}% of the step) in {ev['phase']}")
 

@@ -139,7 +139,8 @@ def status_text(st: dict[str, Any], max_ranks: int = 16) -> str:
     waited = h.get("waited_for")
     for w in (waited if isinstance(waited, list) else [])[:5]:  # the collective ledger: who the others wait for
         if isinstance(w, dict):
-            lines.append(f"  waited for: rank {clean_text(str(w.get('rank')))} in {clean_text(str(w.get('phase')))}, "
+            where = clean_text(str(w.get("phase"))) if w.get("phase") else "no longer host phase (device work?)"
+            lines.append(f"  waited for: rank {clean_text(str(w.get('rank')))} in {where}, "
                          f"{_cell(w.get('cost_ms_per_step'))} ms per step ({_cell(w.get('cost_pct_of_step'))}% of the step)")
     alerts = [a for a in h.get("alerts") or [] if isinstance(a, dict)] if isinstance(h.get("alerts"), list) else []
     lines.append(f"  alerts: {_cell(h.get('alerts_total', len(alerts)))}" + ("" if alerts else " (none)"))

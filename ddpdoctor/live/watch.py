@@ -63,6 +63,7 @@ class LiveWatch:
         self._next_poll = 0.0
         self._last_auto: float | None = None
         self._monitor: HangMonitor | None = None
+        self._from_job: list[dict[str, Any]] = []  # requests the head forwarded (job store), taken on the poll loop
 
     # -- monitor plugin hooks ------------------------------------------------------------------------
     def on_start(self, monitor: HangMonitor) -> None:
@@ -104,6 +105,13 @@ class LiveWatch:
             self._next_poll = now + POLL_S
             for req in self._take_requests():
                 self._dispatch(req)
+            taken, self._from_job = self._from_job, []
+            for req in taken:
+                self._dispatch(req, from_job=True)
+
+    def on_job_request(self, monitor: HangMonitor, req: dict[str, Any]) -> None:
+        """A request the job's head forwarded through the job store (job/agent.py): dispatched on the poll loop."""
+        self._from_job.append(req)
 
     def on_stop(self, monitor: HangMonitor) -> None:
         if self.health is None:
@@ -159,7 +167,9 @@ class LiveWatch:
                 out.append(req)
         return out
 
-    def _dispatch(self, req: dict[str, Any]) -> None:
+    def _dispatch(self, req: dict[str, Any], from_job: bool = False) -> None:
+        """Relay a request to this node's ranks; a request left here by the client (not ``from_job``) also goes to
+        the job's other nodes through the job store (the record's ``forwarded`` names them for the client)."""
         assert self.root is not None and self._monitor is not None
         cid, what, steps = str(req.get("id")), req.get("what"), req.get("steps")
         if not CAPTURE_ID.match(cid) or what not in CAPTURE_KINDS:
@@ -192,13 +202,32 @@ class LiveWatch:
             asked_at = req.get("at_step")
             if isinstance(asked_at, int) and asked_at >= at - 1:
                 at = asked_at
+            now_at = max(((st["beat"] or {}).get("step") or 0) for st in links.values()) if links else 0
+            if from_job and isinstance(asked_at, int) and asked_at > now_at:
+                at = asked_at  # the head's choice, while this node's ranks have not passed it: one window for all
+            elif not from_job:
+                # Through the store, the other nodes take it within a poll or two (0.5 s each) and a beat: more margin.
+                margin = max(3, int(3 * rate) + 3 if isinstance(rate, (int, float)) else 3)
+                forwarded = monitor.forward(dict(req, id=cid, at_step=at + margin))
+                if forwarded:
+                    at += margin
+                    state["forwarded"] = self._names(forwarded)
             state["at_step"] = at
             for r in links:
                 monitor.send(r, {"type": "capture", "id": cid, "what": what, "steps": steps, "at_step": at})
             write_json(record, state)
         else:
+            if not from_job:
+                forwarded = monitor.forward(dict(req, id=cid))
+                if forwarded:
+                    state["forwarded"] = self._names(forwarded)
             write_json(record, state)
             threading.Thread(target=self._stacks, args=(out, record, links, state), daemon=True).start()
+
+    def _names(self, nodes: list[int]) -> list[str]:
+        """The other nodes' live names, as this node's (node<N>, or rank<N> under --launcher none)."""
+        kind = self.node.rstrip("0123456789")
+        return [f"{kind}{n}" for n in nodes]
 
     def _stacks(self, out: Path, record: Path, links: dict[int, Any], state: dict[str, Any]) -> None:
         """This node's ranks' stacks, raw, owner-only: the client groups every node's together."""

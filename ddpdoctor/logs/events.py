@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field
-from typing import Any
+from typing import Any, TypedDict
 
 
 @dataclass(frozen=True)
@@ -13,6 +13,44 @@ class Where:
 
     def __str__(self) -> str:
         return f"{self.source}:{self.lineno}"
+
+
+class FingerprintJson(TypedDict):
+    op: str | None
+    seq: int | None
+    shapes: list[list[int]]
+    dtypes: list[str]
+    device: str | None
+
+
+class TimelineRow(TypedDict):
+    """One failure line of the `logs` report's "timeline" (triage.timeline)."""
+
+    where: str
+    rank: int | None
+    host: str | None
+    kind: str
+    role: str | None
+    text: str
+
+
+class RankHangState(TypedDict, total=False):
+    """What one rank was doing when it hung, as a log source says it (hangs.py: a HangAnalysis's per_rank and
+    mismatch; the hang finding's evidence). Each source fills the keys it knows."""
+
+    op: str | None
+    seq: int | None
+    numel_in: int | None
+    shapes: list[list[int]] | None
+    call_site: str | None
+    timed_out_seq: int | None
+    last_enqueued: int | None
+    last_started: int | None
+    last_completed: int | None
+    last_enqueued_op: str | None
+    last_enqueued_sizes: list[list[int]] | None
+    ran_for_ms: int | None
+    timeout_ms: int | None
 
 
 @dataclass(frozen=True)
@@ -25,7 +63,7 @@ class Fingerprint:
     dtypes: list[str] = field(default_factory=list)
     device: str | None = None
 
-    def to_json(self) -> dict[str, Any]:
+    def to_json(self) -> FingerprintJson:
         return {"op": self.op, "seq": self.seq, "shapes": self.shapes, "dtypes": self.dtypes, "device": self.device}
 
 

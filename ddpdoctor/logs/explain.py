@@ -187,7 +187,7 @@ def _analyse(events: list[Event], known: set[int], fr: dict[int, dict[str, Any]]
         e.where.source, e.where.lineno))
     excs = rules._rank_exceptions(ev)
     failures: list[ChildFailure] = ev.of(ChildFailure)
-    findings = rules.mismatch_findings(ev, excs, failures) + rules.unused_findings(ev)
+    findings = rules.mismatch_findings(ev, excs, failures) + rules.unused_findings(ev, excs)
     hang_sources = any(ev.of(t) for t in (rules.WatchdogTimeout, rules.GlooTimeout, rules.MonitoredBarrierFailure))
     crashed = crashes.crashed_ranks(exceptions, failures, bool(findings) or hang_sources or bool(fr))
     crashed_text = {r: v[0].splitlines()[0] for r, v in crashed.items() if r is not None}

@@ -12,6 +12,7 @@ from ddpdoctor.logs.events import (
     GlooTimeout,
     MonitoredBarrierFailure,
     RankException,
+    RankHangState,
     WatchdogTimeout,
     WatchdogWorkState,
 )
@@ -28,9 +29,12 @@ class HangAnalysis:
     group: str | None
     detected_after_s: float | None
     why: str
-    per_rank: dict[int, dict[str, Any]] = field(default_factory=dict)
+    per_rank: dict[int, RankHangState] = field(default_factory=dict)
     call_sites: dict[int, str] = field(default_factory=dict)
-    mismatch: dict[int, dict[str, Any]] | None = None  # ranks inside different collectives at the same seq
+    mismatch: dict[int, RankHangState] | None = None  # ranks inside different collectives at the same seq
+    # Every rank inside the same collective, some with nothing enqueued after it, others far ahead:
+    # {"seq": S, "waiting": [...], "ahead": [...], "ahead_to": N, "op": the waiting ranks' op}
+    diverged: dict[str, Any] | None = None
 
 
 def _last_per_rank(events: list[Any]) -> dict[int, Any]:
@@ -49,7 +53,7 @@ def from_nccl_watchdog(timeouts: list[WatchdogTimeout], states: list[WatchdogWor
     by_timeout = _last_per_rank(timeouts)
     by_state = {r: s for r, s in _last_per_rank(states).items()}
     stalled = set(by_timeout) | set(by_state)
-    per_rank: dict[int, dict[str, Any]] = {}
+    per_rank: dict[int, RankHangState] = {}
     for r in sorted(stalled):
         t, s = by_timeout.get(r), by_state.get(r)
         per_rank[r] = {
@@ -62,7 +66,30 @@ def from_nccl_watchdog(timeouts: list[WatchdogTimeout], states: list[WatchdogWor
     enq = {r: v["last_enqueued"] for r, v in per_rank.items() if v["last_enqueued"] is not None}
     failed = {r: v["timed_out_seq"] for r, v in per_rank.items() if v["timed_out_seq"] is not None}
     culprits: set[int] = set()
-    if len(enq) >= 2 and len(set(enq.values())) > 1:
+    diverged: dict[str, Any] | None = None
+    inside = next(iter(set(failed.values()))) if len(set(failed.values())) == 1 else None
+    if len(enq) >= 2 and len(set(enq.values())) > 1 and inside is not None and min(enq.values()) == inside \
+            and set(enq) <= set(failed):
+        # Every rank is inside collective #inside (it timed out there), so none "never launched" it: some enqueued
+        # nothing after it (their host waits for its result), the others went on without waiting. Either the ranks
+        # ran different collectives at #inside (the ahead ranks' op there tells), or the same one failed to complete
+        # between them (the network): the lines at hand cannot say which, and no rank is to blame from them.
+        ops = {r: v["op"] for r, v in per_rank.items() if v["op"]}
+        waiting = {r for r, v in enq.items() if v == inside}
+        wait_ops = {ops[r] for r in waiting if r in ops}
+        waiting |= {r for r, v in per_rank.items() if v["last_enqueued"] is None and ops.get(r) in wait_ops}
+        went = {r for r, v in enq.items() if v > inside}
+        op = next(iter(wait_ops)) if len(wait_ops) == 1 else None
+        diverged = {"seq": inside, "waiting": sorted(waiting), "ahead": sorted(went),
+                    "ahead_to": max(enq.values()), "op": op}
+        went_ops = {ops[r] for r in went if r in ops}
+        why = (f"every rank that reported times out inside collective #{inside}: rank(s) {sorted(waiting)}"
+               + (f" (in {op})" if op else "") + f" enqueued nothing after it, rank(s) {sorted(went)} went on to "
+               f"#{max(enq.values())} without waiting for it"
+               + ("" if went_ops else f"; which collective rank(s) {sorted(went)} ran at #{inside} is not in "
+                  "these logs: another op than " + (op or "the waiting ranks'") + " is a collective mismatch, the "
+                  "same op one that the network could not complete"))
+    elif len(enq) >= 2 and len(set(enq.values())) > 1:
         low = min(enq.values())
         culprits = {r for r, v in enq.items() if v == low}
         why = (f"rank(s) {sorted(culprits)} last enqueued collective #{low}, the others got further "
@@ -86,7 +113,7 @@ def from_nccl_watchdog(timeouts: list[WatchdogTimeout], states: list[WatchdogWor
     group = (ref.group if ref else None) or next((s.group for s in by_state.values() if s.group), None)
     analysis = HangAnalysis(
         "nccl-watchdog", stalled - culprits, culprits, ref.op if ref else None,
-        ref.seq if ref else next(iter(failed.values()), None), group, detected, why, per_rank)
+        ref.seq if ref else next(iter(failed.values()), None), group, detected, why, per_rank, diverged=diverged)
     # Same sequence number on every rank but a different op or size: they are in different collectives.
     same_seq = {r: t for r, t in by_timeout.items() if ref is not None and t.seq == ref.seq}
     if len(same_seq) > 1 and len({(t.op, t.numel_in) for t in same_seq.values()}) > 1:
@@ -116,7 +143,7 @@ def from_gloo_timeouts(timeouts: list[GlooTimeout], exceptions: dict[int, list[R
     stalled = set(by_rank)
     # Without knowing which rank timed out, "the ranks that did not" would be every rank: name nobody.
     culprits = ((known - stalled) | (set(crashed) - stalled)) if stalled else set()
-    ops: dict[int, dict[str, Any]] = {}
+    ops: dict[int, RankHangState] = {}
     call_sites: dict[int, str] = {}
     for r in sorted(stalled):
         exc = _timeout_exception(exceptions.get(r, []))
@@ -138,7 +165,8 @@ def from_gloo_timeouts(timeouts: list[GlooTimeout], exceptions: dict[int, list[R
     else:
         why = ("every rank timed out waiting for the others: they are in different collectives (a skipped or extra "
                "collective on one rank) or all wait on a rank that is not in these logs")
-    per_rank = {r: {"timeout_ms": by_rank[r].timeout_ms, **ops.get(r, {})} for r in sorted(stalled)}
+    per_rank: dict[int, RankHangState] = {r: {"timeout_ms": by_rank[r].timeout_ms, **ops.get(r, {})}
+                                           for r in sorted(stalled)}
     analysis = HangAnalysis("gloo-timeout", stalled, culprits, op, None, None, max(tmo) / 1000, why, per_rank,
                             call_sites)
     if len(distinct) > 1:
@@ -187,11 +215,11 @@ def from_flight_recorder(dumps: dict[int, dict[str, FrGroupState]]) -> tuple[Han
         ranks = {r: states[gid] for r, states in dumps.items() if gid in states}
         if len(ranks) < 2:
             continue
-        per_rank = {r: {"last_enqueued": s.last_enqueued, "last_started": s.last_started,
-                        "last_completed": s.last_completed,
-                        "last_enqueued_op": c.op if (c := s.collectives.get(s.last_enqueued)) else None,
-                        "last_enqueued_sizes": c.input_sizes if c else None}
-                    for r, s in sorted(ranks.items())}
+        per_rank: dict[int, RankHangState] = {
+            r: {"last_enqueued": s.last_enqueued, "last_started": s.last_started, "last_completed": s.last_completed,
+                "last_enqueued_op": c.op if (c := s.collectives.get(s.last_enqueued)) else None,
+                "last_enqueued_sizes": c.input_sizes if c else None}
+            for r, s in sorted(ranks.items())}
         enq = {r: s.last_enqueued for r, s in ranks.items()}
         group = next(iter(ranks.values())).group
         if len(set(enq.values())) > 1:

@@ -22,7 +22,8 @@ _PID_PREFIX = re.compile(r"\[\d{2,8}\] (?=\[)")
 # "node3: node3:12:34 [0] NCCL WARN ...", and job tags such as "B-nemo-ft3/0 [default1]:...". Only stripped when a
 # known prefix follows, so prose with a colon stays as it is.
 _HOST_PREFIX = re.compile(r"^([\w.-]+): (?=\[(?:default|rank)\d+\]:|[IWEF]\d{4} |\[[IWEF]|[\w.-]+:\d+:\d+ \[\d)")
-_TAG_PREFIX = re.compile(r"^[\w./-]+ (?=\[(?:default|rank)\d+\]:)")
+# (milabench and similar runners: "dinov2-giant-nodes.cn-d004 [stderr] [rank14]:...", the job tag, the stream, the rank.)
+_TAG_PREFIX = re.compile(r"^[\w./-]+ (?:\[std(?:out|err)\] )?(?=\[(?:default|rank)\d+\]:)")
 # Log collectors put their own prefix before whatever the process wrote: containerd/CRI-O files
 # ("2024-11-28T07:42:11.527Z stderr F "), a CloudWatch console paste ("  | 2024-11-28T07:42:11.527Z | "), Ray's
 # worker prefix ("(RayTrainWorker pid=552, ip=10.1.2.3) "). Removed first (its time kept), then the line is read as
@@ -60,6 +61,7 @@ class LogLine:
     text: str
     logger: str = ""  # "E", "W", ... when the line had a glog header (then ``text`` is the message only)
     ts: float | None = None  # a sort key in seconds from the line's own timestamp, else the last one above it
+    bare: bool = False  # no prefix of its own (no rank, host, glog or timestamp): can continue a wrapped line
 
 
 def _glog_ts(mmdd: str | None, clock: str | None) -> float | None:
@@ -117,11 +119,47 @@ def raw_lines(text: str) -> Iterator[str]:
             yield piece
 
 
+# A watchdog message a terminal or a paste wrapped onto the next line ("... operation timeout: \nWorkNCCL(SeqNum=2070,
+# \nOpType=REDUCE, ...) ran for ...", "... Exception (either an error or timeout) detected\nby watchdog at work: 2070,
+# last enqueued ..."): the head has the message's start without its end, the next line no prefix of its own and a
+# piece of the rest. Joined back (at most _MAX_JOINS pieces), so the message reads as torch printed it.
+_WRAP_HEADS = (("Watchdog caught collective operation timeout", "before timing out"),
+               ("detected by watchdog at work", "last completed"), ("Exception (either an error or timeout)",
+                                                                    "last completed"),
+               ("failure detected by watchdog", "last completed"))
+_WRAP_PIECES = ("WorkNCCL(", "SeqNum=", "OpType=", "NumelIn=", "Timeout(ms)=", "ran for ", "before timing out",
+                "by watchdog", "watchdog at work", "last enqueued", "last completed", "PG status")
+_MAX_JOINS = 3
+
+
+def _wrapped(text: str) -> bool:
+    return any(head in text and end not in text for head, end in _WRAP_HEADS)
+
+
 def iter_lines(source: str, text: str, default_rank: int | None = None, work: list[int] | None = None
                ) -> Iterator[LogLine]:
-    """Every line of ``text`` with the rank that wrote it (from its prefix, else ``default_rank``), one at a time.
-    ``work``, when given, has its first item raised by one per line: the deterministic count the linearity tests
-    compare."""
+    """Every line of ``text`` with the rank that wrote it (from its prefix, else ``default_rank``), one at a time,
+    with a watchdog message that was wrapped onto the next lines joined back. ``work``, when given, has its first item
+    raised by one per line: the deterministic count the linearity tests compare."""
+    held: LogLine | None = None
+    joins = 0
+    for line in _iter_lines(source, text, default_rank, work):
+        if held is not None:
+            piece = line.text.strip()
+            if (joins < _MAX_JOINS and line.bare and piece and _wrapped(held.text)
+                    and any(p in piece[:40] for p in _WRAP_PIECES)):
+                held.text = held.text.rstrip() + " " + piece
+                joins += 1
+                continue
+            yield held
+        held, joins = line, 0
+    if held is not None:
+        yield held
+
+
+def _iter_lines(source: str, text: str, default_rank: int | None = None, work: list[int] | None = None
+                ) -> Iterator[LogLine]:
+    """Every raw line of ``text`` with the rank that wrote it (from its prefix, else ``default_rank``)."""
     srun = _uses_srun_labels([_COLLECTOR.sub("", ln, count=1) for ln in itertools.islice(raw_lines(text), _SRUN_SAMPLE)])
     ts: float | None = None
     for i, raw in enumerate(raw_lines(text), start=1):
@@ -133,6 +171,7 @@ def iter_lines(source: str, text: str, default_rank: int | None = None, work: li
             if m.group(1) and (t := _ISO.match(m.group(1))):
                 ts = _iso_ts(t)
             line = line[m.end():]
+        collected = line  # what the process wrote, once a collector's prefix is gone
         if srun:
             m = _SRUN_LABEL.match(line)
             if m:
@@ -161,7 +200,7 @@ def iter_lines(source: str, text: str, default_rank: int | None = None, work: li
             m = _ISO.match(line)
             if m:
                 ts = _iso_ts(m)
-        yield LogLine(source, i, rank, line, logger, ts)
+        yield LogLine(source, i, rank, line, logger, ts, bare=line == collected)
 
 
 def split_lines(source: str, text: str, default_rank: int | None = None) -> list[LogLine]:

@@ -50,7 +50,9 @@ _GLOO_SIZE = re.compile(r"(?:(?<!\d)(\d+) vs (\d+)\. )?Received data size doesn'
 _GLOO_TIMEOUT = re.compile(r"Timed out waiting (\d+)ms for (recv|send) operation to complete")
 _UNUSED_NAMES = re.compile(r"Parameters which did not receive grad for rank (\d+): (.*)$")
 _UNUSED_INDICES = re.compile(r"Parameter indices which did not receive grad for rank (\d+): ([\d\s]*)")
-_UNUSED_GENERIC = re.compile(r"Expected to have finished reduction in the prior iteration before starting a new one")
+# DDP's own message, or Lightning 2.x's replacement of it (DDPStrategy.on_exception), which drops the parameter list.
+_UNUSED_GENERIC = re.compile(r"Expected to have finished reduction in the prior iteration before starting a new one"
+                             r"|It looks like your LightningModule has parameters that were not used in producing")
 _NAME_TOKEN = re.compile(r"^[A-Za-z_][\w.]*$")
 
 
@@ -131,7 +133,7 @@ def _watchdog(line: LogLine, where: Where) -> WatchdogTimeout | None:
 
 # One search over the words every message above contains: most lines of a log carry none of them.
 _ANY = re.compile(r"Detected mismatch|monitoredBarrier|WorkNCCL\(|[Ll]ast enqueued|Received data size|Timed out waiting"
-                  r"|did not receive grad|Expected to have finished reduction")
+                  r"|did not receive grad|Expected to have finished reduction|LightningModule has parameters that were")
 
 
 def parse_line(line: LogLine) -> list[Event]:

@@ -5,9 +5,10 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Literal
 
 from ddpdoctor.findings.failure import hang_finding
+from ddpdoctor.findings.framework_advice import ddp_option, framework_of_files
 from ddpdoctor.findings.model import Finding, Severity
 from ddpdoctor.logs import hangs
 from ddpdoctor.logs.events import (
@@ -20,6 +21,7 @@ from ddpdoctor.logs.events import (
     GlooTimeout,
     MonitoredBarrierFailure,
     RankException,
+    RankHangState,
     UnusedParameters,
     WatchdogTimeout,
     WatchdogWorkState,
@@ -39,6 +41,7 @@ VICTIM = re.compile(
 EXPLAINED = re.compile(
     r"Detected mismatch between collectives|Received data size doesn't match"
     r"|Expected to have finished reduction in the prior iteration|did not receive grad"
+    r"|LightningModule has parameters that were not used"
     # the failure grammar's own findings (logs/triage.py): oom, model-mismatch, nccl-error, watchdog-stuck
     r"|out of memory|OutOfMemoryError|DDP expects same model|appears not to match (?:sizes|strides)"
     r"|NCCL error in:(?!.*remote process exited)|ncclUnhandledCudaError|ncclSystemError|ncclInternalError"
@@ -152,10 +155,13 @@ def mismatch_findings(ev: Evidence, excs: dict[int, list[RankException]],
     return findings
 
 
-def unused_findings(ev: Evidence) -> list[Finding]:
+def unused_findings(ev: Evidence, excs: dict[int, list[RankException]] | None = None) -> list[Finding]:
     events: list[UnusedParameters] = ev.of(UnusedParameters)
     if not events:
         return []
+    # A traceback through Lightning, the HF Trainer or accelerate: that framework built DDP, so say its setting.
+    framework = framework_of_files(f.file for es in (excs or {}).values() for e in es for f in e.frames)
+    lightning_said = any("LightningModule has parameters" in e.message for es in (excs or {}).values() for e in es)
     names: dict[int | None, list[str]] = {}
     indices: dict[int | None, list[int]] = {}
     for e in events:
@@ -172,9 +178,13 @@ def unused_findings(ev: Evidence) -> list[Finding]:
         "unused-parameters", Severity.ERROR, f"Parameters that never got a gradient: {what}", ranks=ranks,
         evidence={"names": all_names, "indices": all_idx,
                   "per_rank": {str(r): {"names": names[r], "indices": indices[r]} for r in ranks}},
-        advice=("Use these parameters in forward (or delete them), or pass find_unused_parameters=True to "
-                "DistributedDataParallel (it costs an extra traversal per step)."
-                + ("" if all_names else " Set TORCH_DISTRIBUTED_DEBUG=INFO to get their names.")),
+        advice=("Use these parameters in forward (or delete them), or "
+                + (f"set {ddp_option({'built_by': framework}, 'find_unused_parameters', True)}" if framework else
+                   "pass find_unused_parameters=True to DistributedDataParallel")
+                + " (it costs an extra traversal per step)."
+                + ("" if all_names else " Lightning replaces DDP's message and the names in it (even under "
+                   "TORCH_DISTRIBUTED_DEBUG=INFO): `ddpdoctor check-sync` names the parameters that never get a gradient."
+                   if lightning_said else " Set TORCH_DISTRIBUTED_DEBUG=INFO to get their names.")),
     )]
 
 
@@ -198,6 +208,21 @@ def _hang_finding(h: hangs.HangAnalysis, stalled_all: set[int], excs: dict[int, 
     title = (f"Hang: rank(s) {stalled} stuck in {op}" + (f" #{h.seq}" if h.seq is not None else "")
              + (f"; culprit rank(s) {culprits}" if culprits else "; culprit not in these logs")
              + (" (crashed: see rank-crashed)" if culprits and set(culprits) <= set(crashed) else ""))
+    advice = ("Look at what the culprit rank(s) did instead of entering the collective: a rank-dependent branch, "
+              "uneven data per rank (use DistributedSampler(drop_last=True) or DDP's join()), or a stall outside "
+              "torch.distributed. Run under `ddpdoctor run` to get every rank's stack at the moment of the hang.")
+    if h.diverged and not h.mismatch:
+        d = h.diverged
+        title = (f"Hang in collective #{d['seq']}: rank(s) {d['waiting']} wait in {d['op'] or 'it'} with nothing "
+                 f"enqueued after it, rank(s) {d['ahead']} went on to #{d['ahead_to']}; culprit not decidable from "
+                 "these logs")
+        advice = (f"Every rank that reported is inside collective #{d['seq']} and it never completed. Either the "
+                  f"ranks ran different collectives at #{d['seq']} (a branch on the node, rank or data, or different "
+                  "code or config on one node: a collective mismatch), or the same one could not complete between "
+                  "them (the network: look for NCCL WARN lines of the same minutes). The ahead ranks' op at "
+                  f"#{d['seq']} decides: their node's watchdog lines (\"WorkNCCL(SeqNum={d['seq']}, OpType=...\"), "
+                  "or Flight Recorder dumps (TORCH_NCCL_TRACE_BUFFER_SIZE=2000; `ddpdoctor logs` reads them); give "
+                  "every node's log to `ddpdoctor logs`.")
     return hang_finding(
         title, sorted(set(stalled) | set(culprits)),
         stalled_ranks=stalled, culprit_ranks=culprits,
@@ -205,15 +230,14 @@ def _hang_finding(h: hangs.HangAnalysis, stalled_all: set[int], excs: dict[int, 
         call_sites={str(r): s for r, s in sorted(call_sites.items())},
         detected_after_s=h.detected_after_s, source=h.source, sources=sources,
         per_rank={str(r): v for r, v in sorted(h.per_rank.items())}, stacks=stacks,
-        advice=("Look at what the culprit rank(s) did instead of entering the collective: a rank-dependent branch, "
-                "uneven data per rank (use DistributedSampler(drop_last=True) or DDP's join()), or a stall outside "
-                "torch.distributed. Run under `ddpdoctor run` to get every rank's stack at the moment of the hang."),
+        **({"diverged": h.diverged} if h.diverged and not h.mismatch else {}), advice=advice,
     )
 
 
-def _mismatch_differs(by_rank: dict[int, dict[str, Any]]) -> list[str]:
+def _mismatch_differs(by_rank: dict[int, RankHangState]) -> list[str]:
     out = []
-    for key in ("op", "shapes", "numel_in"):
+    keys: tuple[Literal["op", "shapes", "numel_in"], ...] = ("op", "shapes", "numel_in")
+    for key in keys:
         values = {r: v.get(key) for r, v in by_rank.items() if key in v}
         if len({repr(v) for v in values.values()}) > 1:
             out.append(f"{key}: " + " vs ".join(f"rank {r} {v}" for r, v in sorted(values.items())))

@@ -13,7 +13,7 @@ from dataclasses import replace
 from typing import Any
 
 from ddpdoctor.findings.model import Finding, Severity
-from ddpdoctor.logs.events import FailureLine, RankException, Unexplained, WatchdogTimeout
+from ddpdoctor.logs.events import FailureLine, RankException, TimelineRow, Unexplained, WatchdogTimeout
 
 # Which findings name the cause, first (lower = earlier in the report when several are errors).
 _PRIORITY = {"oom": 0, "rank-crashed": 1, "model-mismatch": 1, "cuda-error": 1, "collective-mismatch": 2, "nccl-error": 2,
@@ -363,7 +363,7 @@ def triage(findings: list[Finding], events: list[Any], known: set[int], excs: di
 
 
 
-def timeline(events: list[Any], limit: int = 50) -> list[dict[str, Any]]:
+def timeline(events: list[Any], limit: int = 50) -> list[TimelineRow]:
     """The failure lines of every input merged on their timestamps (lines without one keep their file order, after
     those that have one): what happened first across nodes and ranks."""
     lines = [e for e in events if isinstance(e, FailureLine | Unexplained)]

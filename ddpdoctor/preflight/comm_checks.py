@@ -5,13 +5,14 @@ Each returns {"status", "summary", "evidence"} for this rank; ddpdoctor.prefligh
 from __future__ import annotations
 
 import time
-from typing import Any
+from typing import TypedDict
 
 import torch
 import torch.distributed as dist
 
 from ddpdoctor.preflight.checks import FAIL, PASS, SKIPPED
 from ddpdoctor.preflight.nccltable import make_row, sweep_sizes
+from ddpdoctor.preflight.record import CheckOutcome
 
 ELEMENTS = 1031  # an odd length, so a bug that drops a tail or a chunk shows up
 
@@ -21,7 +22,7 @@ def _sync(device: torch.device) -> None:
         torch.cuda.synchronize(device)
 
 
-def _first_mismatch(got: torch.Tensor, want: torch.Tensor) -> dict[str, Any] | None:
+def _first_mismatch(got: torch.Tensor, want: torch.Tensor) -> Mismatch | None:
     if torch.equal(got.cpu(), want.cpu()):
         return None
     bad = (got.cpu() != want.cpu()).nonzero()
@@ -29,11 +30,21 @@ def _first_mismatch(got: torch.Tensor, want: torch.Tensor) -> dict[str, Any] | N
     return {"index": list(i), "got": float(got.cpu()[i]), "expected": float(want.cpu()[i]), "wrong": int(bad.shape[0])}
 
 
-def collectives(device: torch.device) -> dict[str, Any]:
+class Mismatch(TypedDict, total=False):
+    """The first wrong element of a collective's output: where, what came, what was due, how many are wrong."""
+
+    index: list[int]
+    got: float
+    expected: float
+    wrong: int
+    slot: int  # all_gather: whose slot
+
+
+def collectives(device: torch.device) -> CheckOutcome:
     """all_reduce, all_gather, broadcast and reduce_scatter with values each rank can predict, checked here."""
     rank, n = dist.get_rank(), dist.get_world_size()
     ar = torch.arange(ELEMENTS, dtype=torch.float32, device=device)
-    results: dict[str, Any] = {}
+    results: dict[str, Mismatch | None] = {}
     skipped: dict[str, str] = {}
 
     # all_reduce(sum) of (arange + rank + 1): arange * n + n(n+1)/2
@@ -44,8 +55,12 @@ def collectives(device: torch.device) -> dict[str, Any]:
     # all_gather: slot r holds arange + 1000 r
     outs = [torch.empty_like(ar) for _ in range(n)]
     dist.all_gather(outs, ar + 1000 * rank)
-    results["all_gather"] = next((dict(m, slot=r) for r, o in enumerate(outs)
-                                  if (m := _first_mismatch(o, ar + 1000 * r))), None)
+    gathered: Mismatch | None = None
+    for r, o in enumerate(outs):
+        if m := _first_mismatch(o, ar + 1000 * r):
+            gathered = {**m, "slot": r}
+            break
+    results["all_gather"] = gathered
 
     # broadcast from the last rank (not rank 0, so a path other than the usual root is exercised)
     src = n - 1
@@ -79,7 +94,7 @@ def _max_over_ranks(values: list[float], device: torch.device) -> list[float]:
     return [float(x) for x in t.cpu()]
 
 
-def allreduce_latency(device: torch.device, max_latency_us: float | None, iters: int = 50) -> dict[str, Any]:
+def allreduce_latency(device: torch.device, max_latency_us: float | None, iters: int = 50) -> CheckOutcome:
     """Mean time of a one-element all_reduce (the slowest rank's), after a warm-up."""
     t = torch.zeros(1, dtype=torch.float32, device=device)
     for _ in range(5):
@@ -103,7 +118,7 @@ def _iters(size: int) -> int:
     return max(2, min(20, (16 << 20) // size))
 
 
-def bandwidth_sweep(device: torch.device, max_size: int, min_size: int = 1024) -> dict[str, Any]:
+def bandwidth_sweep(device: torch.device, max_size: int, min_size: int = 1024) -> CheckOutcome:
     """nccl-tests' all_reduce_perf, out of place: per size the mean time of the slowest rank, algbw and busbw.
 
     The comparison with --min-busbw happens in the parent (merge), which knows the threshold."""
@@ -130,7 +145,7 @@ def bandwidth_sweep(device: torch.device, max_size: int, min_size: int = 1024) -
     return {"status": PASS, "summary": f"{len(rows)} sizes measured", "evidence": evidence}
 
 
-def compute(device: torch.device, blocks: int = 5) -> dict[str, Any]:
+def compute(device: torch.device, blocks: int = 5) -> CheckOutcome:
     """Matmul throughput of this rank: best of ``blocks`` timed blocks (best-of hides one-off jitter)."""
     if device.type == "cuda":
         return _compute(device, 4096, torch.float16, 10, blocks)
@@ -145,7 +160,7 @@ def compute(device: torch.device, blocks: int = 5) -> dict[str, Any]:
         torch.set_num_threads(threads)
 
 
-def _compute(device: torch.device, dim: int, dtype: torch.dtype, per_block: int, blocks: int) -> dict[str, Any]:
+def _compute(device: torch.device, dim: int, dtype: torch.dtype, per_block: int, blocks: int) -> CheckOutcome:
     a = torch.randn(dim, dim, dtype=dtype, device=device)
     b = torch.randn(dim, dim, dtype=dtype, device=device)
     torch.matmul(a, b)
@@ -164,7 +179,7 @@ def _compute(device: torch.device, dim: int, dtype: torch.dtype, per_block: int,
     return {"status": PASS, "summary": f"{gflops:.1f} GFLOP/s", "evidence": evidence}
 
 
-def clock_skew(device: torch.device, rounds: int = 5) -> dict[str, Any]:
+def clock_skew(device: torch.device, rounds: int = 5) -> CheckOutcome:
     """Rank 0 exchanges time.time() with every rank: offset = t_peer - (t_send + t_back) / 2, from the round with
     the shortest round trip (its error is at most half that round trip)."""
     rank, n = dist.get_rank(), dist.get_world_size()

@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from ddpdoctor.preflight.checks import FAIL, PASS, SKIPPED, WARN
+from ddpdoctor.preflight.record import CheckOutcome, DeviceFacts, IbPort
 
 LAUNCHER_VARS = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")
 DIST_ENV_PREFIXES = ("NCCL_", "TORCH_")
@@ -69,11 +70,11 @@ def _driver_version() -> str | None:
     return out.splitlines()[0].strip() if out else None
 
 
-def devices(local_rank: int) -> dict[str, Any]:
+def devices(local_rank: int) -> DeviceFacts:
     """How many GPUs this rank sees and which one is its own (LOCAL_RANK's), by UUID."""
     import torch
 
-    info: dict[str, Any] = {"cuda_available": torch.cuda.is_available(), "count": 0,
+    info: DeviceFacts = {"cuda_available": torch.cuda.is_available(), "count": 0,
                             "cuda_visible_devices": os.environ.get("CUDA_VISIBLE_DEVICES"), "uuid": None, "name": None}
     if not info["cuda_available"]:
         return info
@@ -87,7 +88,7 @@ def devices(local_rank: int) -> dict[str, Any]:
     return info
 
 
-def gpu_health(device_uuid: str | None) -> dict[str, Any]:
+def gpu_health(device_uuid: str | None) -> CheckOutcome:
     """Free memory, uncorrected ECC errors and active slowdown reasons of this rank's GPU (nvidia-smi)."""
     if device_uuid is None:
         return {"status": SKIPPED, "summary": "no GPU", "evidence": {}}
@@ -110,7 +111,7 @@ def _int(text: str) -> int | None:
         return None  # "[N/A]" (ECC disabled, field unsupported)
 
 
-def judge_gpu(parts: list[str]) -> dict[str, Any]:
+def judge_gpu(parts: list[str]) -> CheckOutcome:
     """Status of one nvidia-smi csv row: uuid, name, free MiB, total MiB, uncorrected ECC, throttle bitmask, temp."""
     free, total, ecc, throttle, temp = (_int(p) for p in parts[2:7])
     slowdowns = [name for bit, name in THROTTLE_SLOWDOWN_BITS.items() if throttle is not None and throttle & bit]
@@ -125,7 +126,7 @@ def judge_gpu(parts: list[str]) -> dict[str, Any]:
     return {"status": PASS, "summary": f"{free} MiB free, no ECC errors, no throttling", "evidence": evidence}
 
 
-def checkpoint_dir(path: str | None, min_free_gb: float, rank: int) -> dict[str, Any]:
+def checkpoint_dir(path: str | None, min_free_gb: float, rank: int) -> CheckOutcome:
     """Can this rank create, write, fsync and delete a file in the checkpoint directory, and is there room?
 
     A missing directory is created the way a training job would, then removed again."""
@@ -181,9 +182,9 @@ def parse_ib_rate(text: str) -> float | None:
     return float(m.group(1)) if m else None
 
 
-def ib_ports(root: Path = Path("/sys/class/infiniband")) -> list[dict[str, Any]]:
+def ib_ports(root: Path = Path("/sys/class/infiniband")) -> list[IbPort]:
     """This host's InfiniBand/RoCE ports: device, port, state and rate (what NCCL's IB transport would use)."""
-    ports: list[dict[str, Any]] = []
+    ports: list[IbPort] = []
     if not root.is_dir():
         return ports
     for port_dir in sorted(root.glob("*/ports/*")):

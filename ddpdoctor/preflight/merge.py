@@ -11,11 +11,12 @@ from collections import defaultdict
 from dataclasses import dataclass
 from pathlib import Path
 from statistics import median
-from typing import Any
+from typing import Any, Literal, cast
 
 from ddpdoctor.findings.model import Finding
 from ddpdoctor.preflight.checks import CHECKS, FAIL, PASS, SKIPPED, WARN, CheckResult
 from ddpdoctor.preflight.nccltable import BandwidthRow, plateau_busbw
+from ddpdoctor.preflight.record import CheckOutcome, IbPort, RankPreflight, Records
 
 # Expected busbw floor across nodes: this share of the slowest node's summed ACTIVE IB/RoCE port rate (GB/s).
 # Healthy 2-node runs reach 1.2x (8x400G, ../shared nccl_tests 01) and 1.7x (8x200G TCPXO, 02) of that sum; the same
@@ -45,19 +46,19 @@ class MergeOptions:
     local_view: bool = False  # --launcher none on a rank other than 0: judge only the records at hand
 
 
-def load_records(run_root: Path) -> dict[int, dict[str, Any]]:
+def load_records(run_root: Path) -> Records:
     """Every rank's record: RUN/ranks/rankR/preflight.json, completed from rank 0's gathered RUN/preflight.json.
     Each is validated against its schema (rundir/schema.py): a damaged one is bad input naming file and field."""
     from ddpdoctor.rundir import artefacts
     from ddpdoctor.rundir.schema import PreflightGathered, PreflightRecord
 
-    records: dict[int, dict[str, Any]] = {}
+    records: Records = {}
     gathered = run_root / "preflight.json"
     if gathered.is_file():
         for key, rec in artefacts.load_dict(gathered, PreflightGathered).get("ranks", {}).items():
             records[int(key)] = rec
     for path in sorted((run_root / "ranks").glob("rank*/preflight.json")):
-        rec = artefacts.load_dict(path, PreflightRecord)
+        rec = cast(RankPreflight, artefacts.load_dict(path, PreflightRecord))  # validated against that schema
         records[int(rec["rank"])] = rec
     return records
 
@@ -66,20 +67,20 @@ def _n(count: int, noun: str) -> str:
     return f"{count} {noun}{'' if count == 1 else 's'}"
 
 
-def _world(records: dict[int, dict[str, Any]], opts: MergeOptions) -> int:
+def _world(records: Records, opts: MergeOptions) -> int:
     sizes = [int(r.get("world_size") or 0) for r in records.values()]
     return opts.expected_world_size or max(sizes or [0]) or len(records)
 
 
-def _results(records: dict[int, dict[str, Any]], cid: str) -> dict[int, dict[str, Any]]:
+def _results(records: Records, cid: str) -> dict[int, CheckOutcome]:
     return {r: rec["checks"][cid] for r, rec in sorted(records.items()) if cid in rec.get("checks", {})}
 
 
-def _expected_ranks(records: dict[int, dict[str, Any]], opts: MergeOptions) -> list[int]:
+def _expected_ranks(records: Records, opts: MergeOptions) -> list[int]:
     return sorted(records) if opts.local_view else list(range(_world(records, opts)))
 
 
-def check_launcher_env(records: dict[int, dict[str, Any]], opts: MergeOptions) -> CheckResult:
+def check_launcher_env(records: Records, opts: MergeOptions) -> CheckResult:
     problems: list[str] = []
     bad: set[int] = set()
     world = _world(records, opts)
@@ -110,8 +111,8 @@ def check_launcher_env(records: dict[int, dict[str, Any]], opts: MergeOptions) -
         if dev.get("cuda_available") and int(rec.get("local_rank", 0)) >= int(dev.get("count", 0)):
             problems.append(f"rank {r}: LOCAL_RANK {rec.get('local_rank')} >= {dev.get('count')} visible GPUs")
             bad.add(r)
-        if dev.get("uuid"):
-            gpus[(rec.get("host", "?"), dev["uuid"])].append(r)
+        if uuid := dev.get("uuid"):
+            gpus[(rec.get("host", "?"), uuid)].append(r)
     for (host, lr), ranks in slots.items():
         if len(ranks) > 1:
             problems.append(f"ranks {ranks} share host {host} and LOCAL_RANK {lr}")
@@ -132,7 +133,7 @@ def check_launcher_env(records: dict[int, dict[str, Any]], opts: MergeOptions) -
     return CheckResult("launcher_env", PASS, f"{_n(len(records), 'rank')} on {_n(len(hosts), 'host')}, consistent{gpu_note}", evidence)
 
 
-def check_rendezvous(records: dict[int, dict[str, Any]], opts: MergeOptions) -> CheckResult:
+def check_rendezvous(records: Records, opts: MergeOptions) -> CheckResult:
     world = _world(records, opts)
     got = _results(records, "rendezvous")
     failed = {r: res for r, res in got.items() if res.get("status") == FAIL}
@@ -163,9 +164,14 @@ def check_rendezvous(records: dict[int, dict[str, Any]], opts: MergeOptions) -> 
     return CheckResult("rendezvous", FAIL, summary, evidence, sorted(set(failed) | set(absent)), ADVICE.get(cause, ""))
 
 
-def _same_everywhere(cid: str, records: dict[int, dict[str, Any]], values_of: str, harmless: set[str]) -> CheckResult:
-    keys = sorted(set().union(*((rec.get(values_of) or {}) for rec in records.values())))
-    table: dict[str, dict[int, Any]] = {k: {r: (rec.get(values_of) or {}).get(k) for r, rec in records.items()}
+def _values(rec: RankPreflight, values_of: Literal["versions", "dist_env"]) -> dict[str, str | None]:
+    return dict(rec.get(values_of) or {})
+
+
+def _same_everywhere(cid: str, records: Records, values_of: Literal["versions", "dist_env"],
+                     harmless: set[str]) -> CheckResult:
+    keys = sorted(set[str]().union(*(_values(rec, values_of) for rec in records.values())))
+    table: dict[str, dict[int, Any]] = {k: {r: _values(rec, values_of).get(k) for r, rec in records.items()}
                                         for k in keys}
     differing = {k: v for k, v in table.items() if len({json.dumps(x) for x in v.values()}) > 1}
     evidence: dict[str, Any] = {values_of: {k: next(iter(v.values())) for k, v in table.items() if k not in differing},
@@ -183,15 +189,15 @@ def _same_everywhere(cid: str, records: dict[int, dict[str, Any]], values_of: st
     return CheckResult(cid, status, "differs across ranks: " + ", ".join(keys), evidence, ranks, advice)
 
 
-def check_versions(records: dict[int, dict[str, Any]], opts: MergeOptions) -> CheckResult:
+def check_versions(records: Records, opts: MergeOptions) -> CheckResult:
     return _same_everywhere("versions", records, "versions", set())
 
 
-def check_dist_env(records: dict[int, dict[str, Any]], opts: MergeOptions) -> CheckResult:
+def check_dist_env(records: Records, opts: MergeOptions) -> CheckResult:
     return _same_everywhere("dist_env", records, "dist_env", HARMLESS_ENV)
 
 
-def _unreached(cid: str, records: dict[int, dict[str, Any]], got: dict[int, Any], world: int) -> CheckResult | None:
+def _unreached(cid: str, records: Records, got: dict[int, Any], world: int) -> CheckResult | None:
     """No rank ran this check: say why (rendezvous failed) instead of pretending it passed."""
     if got:
         return None
@@ -200,7 +206,7 @@ def _unreached(cid: str, records: dict[int, dict[str, Any]], got: dict[int, Any]
     return CheckResult(cid, SKIPPED if not rdzv_ok else FAIL, reason, {"world_size": world})
 
 
-def check_per_rank(cid: str, records: dict[int, dict[str, Any]], opts: MergeOptions, advice: str = "") -> CheckResult:
+def check_per_rank(cid: str, records: Records, opts: MergeOptions, advice: str = "") -> CheckResult:
     """A check every rank runs alone (collectives, GPU health, checkpoint dir): the worst rank decides."""
     world = _world(records, opts)
     got = _results(records, cid)
@@ -228,7 +234,7 @@ def check_per_rank(cid: str, records: dict[int, dict[str, Any]], opts: MergeOpti
     return CheckResult(cid, SKIPPED, str(first.get("summary")), evidence)
 
 
-def _rank0(cid: str, records: dict[int, dict[str, Any]], opts: MergeOptions) -> tuple[dict[str, Any] | None, CheckResult | None]:
+def _rank0(cid: str, records: Records, opts: MergeOptions) -> tuple[CheckOutcome | None, CheckResult | None]:
     """Checks whose result every rank shares (reduced with MAX) or only rank 0 measures."""
     got = _results(records, cid)
     if (none := _unreached(cid, records, got, _world(records, opts))) is not None:
@@ -242,7 +248,7 @@ def _rank0(cid: str, records: dict[int, dict[str, Any]], opts: MergeOptions) -> 
     return res, None
 
 
-def check_latency(records: dict[int, dict[str, Any]], opts: MergeOptions) -> CheckResult:
+def check_latency(records: Records, opts: MergeOptions) -> CheckResult:
     res, early = _rank0("allreduce_latency", records, opts)
     if early is not None:
         return early
@@ -254,7 +260,7 @@ def bandwidth_rows(evidence: dict[str, Any]) -> list[BandwidthRow]:
     return [BandwidthRow(**row) for row in evidence.get("rows", [])]
 
 
-def check_bandwidth(records: dict[int, dict[str, Any]], opts: MergeOptions) -> CheckResult:
+def check_bandwidth(records: Records, opts: MergeOptions) -> CheckResult:
     """Compare the large-message busbw plateau with --min-busbw (nccltable.plateau_busbw)."""
     res, early = _rank0("allreduce_bandwidth", records, opts)
     if early is not None:
@@ -288,12 +294,12 @@ def check_bandwidth(records: dict[int, dict[str, Any]], opts: MergeOptions) -> C
                        evidence)
 
 
-def fabric_floor(records: dict[int, dict[str, Any]]) -> tuple[float | None, str]:
+def fabric_floor(records: Records) -> tuple[float | None, str]:
     """(expected busbw floor in GB/s, how it was derived), or (None, why there is none).
 
     Only across nodes with InfiniBand/RoCE ports: within a node (NVLink, PCIe, shared memory) and over plain
     TCP the expectation varies too much for a fixed rule."""
-    per_host: dict[str, list[dict[str, Any]]] = {}
+    per_host: dict[str, list[IbPort]] = {}
     for rec in records.values():
         per_host.setdefault(rec.get("host", "?"), rec.get("ib_ports") or [])
     if len(per_host) < 2:
@@ -306,7 +312,7 @@ def fabric_floor(records: dict[int, dict[str, Any]]) -> tuple[float | None, str]
     return floor, f"fabric floor ({FABRIC_FLOOR_SHARE:g} x {gbit:g} Gb/s of ACTIVE IB ports on {host})"
 
 
-def check_compute(records: dict[int, dict[str, Any]], opts: MergeOptions) -> CheckResult:
+def check_compute(records: Records, opts: MergeOptions) -> CheckResult:
     """A rank whose matmul GFLOP/s is more than ``slow_rank_share`` below the median of all ranks."""
     got = _results(records, "compute")
     if (none := _unreached("compute", records, got, _world(records, opts))) is not None:
@@ -339,7 +345,7 @@ def slow_ranks(gflops: dict[int, float], share: float) -> tuple[list[int], float
     return sorted(r for r, g in gflops.items() if g < (1 - share) * med), med
 
 
-def check_clock_skew(records: dict[int, dict[str, Any]], opts: MergeOptions) -> CheckResult:
+def check_clock_skew(records: Records, opts: MergeOptions) -> CheckResult:
     res, early = _rank0("clock_skew", records, opts)
     if early is not None:
         return early
@@ -392,7 +398,7 @@ def check_topology(topo: list[Finding] | str | None) -> CheckResult:
                        "See each topology finding's advice (docs/findings.md).")
 
 
-def merge(records: dict[int, dict[str, Any]], opts: MergeOptions, topo: list[Finding] | str | None = None) -> list[CheckResult]:
+def merge(records: Records, opts: MergeOptions, topo: list[Finding] | str | None = None) -> list[CheckResult]:
     """Every check's row, in CHECKS order."""
     rows = [
         check_launcher_env(records, opts),

@@ -10,11 +10,22 @@ from __future__ import annotations
 import errno
 import socket
 import time
-from dataclasses import asdict, dataclass
-from typing import Any
+from dataclasses import dataclass
+from typing import TypedDict
 
 _UNREACHABLE = {errno.EHOSTUNREACH, errno.ENETUNREACH, errno.EADDRNOTAVAIL, errno.ENETDOWN, errno.EHOSTDOWN}
 _REFUSED = {errno.ECONNREFUSED, errno.ECONNRESET}
+
+
+class ProbeJson(TypedDict):
+    """ProbeResult as the rendezvous check's evidence holds it (the fields in their order)."""
+
+    host: str
+    port: int
+    cause: str
+    detail: str
+    seconds: float
+    resolved: str | None
 
 
 @dataclass(frozen=True)
@@ -26,8 +37,9 @@ class ProbeResult:
     seconds: float
     resolved: str | None = None
 
-    def to_json(self) -> dict[str, Any]:
-        return asdict(self)
+    def to_json(self) -> ProbeJson:
+        return ProbeJson(host=self.host, port=self.port, cause=self.cause, detail=self.detail, seconds=self.seconds,
+                         resolved=self.resolved)
 
 
 def classify(exc: BaseException | None) -> tuple[str, str]:

@@ -32,6 +32,7 @@ from ddpdoctor.preflight.comm_checks import (  # noqa: E402
     compute,
 )
 from ddpdoctor.preflight.netprobe import probe_tcp  # noqa: E402
+from ddpdoctor.preflight.record import CheckOutcome, RankPreflight  # noqa: E402
 from ddpdoctor.probes.config import ProbeConfig, rank_from_env  # noqa: E402
 from ddpdoctor.rundir.layout import RunDir, write_json  # noqa: E402
 
@@ -40,7 +41,7 @@ EXIT_TIMED_OUT = 3
 STALL_ENV = "DDPDOCTOR_PREFLIGHT_STALL"  # "RANK:CHECK": that rank hangs in that check (tests the timeouts)
 
 
-def _stall() -> dict[str, Any]:
+def _stall() -> CheckOutcome:
     time.sleep(3600)
     return {}
 
@@ -55,7 +56,7 @@ class Worker:
         self.timeout = float(self.opts.get("check_timeout", 20))
         self.device: Any = None
         self.broken: str | None = None  # the check after which the process group is unusable
-        self.record: dict[str, Any] = {
+        self.record: RankPreflight = {
             "rank": self.rank, "world_size": self.world_size, "local_rank": self.local_rank,
             "host": socket.gethostname(), "pid": os.getpid(), "started": time.time(), "finished": False,
             "env": local.launcher_env(), "dist_env": local.dist_env(), "checks": {},
@@ -66,7 +67,7 @@ class Worker:
         with self._lock:
             write_json(self.run.rank_file(self.rank, "preflight.json"), self.record)
 
-    def set_check(self, cid: str, result: dict[str, Any], seconds: float | None = None) -> None:
+    def set_check(self, cid: str, result: CheckOutcome, seconds: float | None = None) -> None:
         if seconds is not None:
             result = {**result, "seconds": round(seconds, 3)}
         self.record["checks"][cid] = result
@@ -90,7 +91,7 @@ class Worker:
         timer.start()
         return timer
 
-    def guarded(self, cid: str, fn: Callable[[], dict[str, Any]], uses_pg: bool = True) -> None:
+    def guarded(self, cid: str, fn: Callable[[], CheckOutcome], uses_pg: bool = True) -> None:
         """Run one check under a watchdog: a check that outlives its budget ends the rank (exit 3), after
         recording the timeout, so a stuck rank can never hang the preflight."""
         if uses_pg and self.broken is not None:

@@ -21,6 +21,7 @@ if __package__ in (None, ""):
 from ddpdoctor.probes import rank_info  # noqa: E402
 from ddpdoctor.probes.config import ProbeConfig, rank_from_env  # noqa: E402
 from ddpdoctor.probes.ddp_recorder import DDPRecorder  # noqa: E402
+from ddpdoctor.probes.records import RankInfoDoc, RankStatusDoc  # noqa: E402
 from ddpdoctor.probes.steps import StepTracker  # noqa: E402
 from ddpdoctor.rundir.layout import RunDir, write_json  # noqa: E402
 
@@ -43,7 +44,7 @@ class RankSession:
 
             # Before the script can initialise NCCL: this rank's own topology dump path and debug settings.
             os.environ.update(rank_env(self.run.root, self.rank))
-        self.info: dict[str, Any] = rank_info.basic(self.rank, self.world_size, self.local_rank)
+        self.info: RankInfoDoc = rank_info.basic(self.rank, self.world_size, self.local_rank)
         self._finished = False
 
     def install(self) -> None:
@@ -108,17 +109,17 @@ class RankSession:
         except Exception:  # noqa: BLE001 - a probe never changes how the user's job ends
             pass
 
-    def finish(self, status: dict[str, Any]) -> None:
+    def finish(self, status: RankStatusDoc) -> None:
         if self._finished:
             return
         self._finished = True
-        status.update(
-            rank=self.rank,
-            steps_completed=self.tracker.step,
-            step_times_s=[round(t, 6) for t in self.tracker.step_times[-1000:]],
-            duration_s=round(time.time() - self.started, 3),
-            ddp_modules=self.ddp.count,
-        )
+        status.update({
+            "rank": self.rank,
+            "steps_completed": self.tracker.step,
+            "step_times_s": [round(t, 6) for t in self.tracker.step_times[-1000:]],
+            "duration_s": round(time.time() - self.started, 3),
+            "ddp_modules": self.ddp.count,
+        })
         for probe in self.extra:  # what the probes know of how the rank ended, in the first write already
             try:
                 getattr(probe, "annotate", lambda status: None)(status)
@@ -202,7 +203,7 @@ def main() -> None:
     session = RankSession(config)
     session.install()
     signal.signal(signal.SIGTERM, _on_sigterm)
-    status: dict[str, Any] = {"exit_code": 0}
+    status: RankStatusDoc = {"exit_code": 0}
     try:
         _run_script(config)
     except SystemExit as exc:

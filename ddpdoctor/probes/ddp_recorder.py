@@ -7,6 +7,8 @@ from typing import Any
 
 from torch.nn.parallel import DistributedDataParallel
 
+from ddpdoctor.probes.records import BucketDoc, DDPConfig, DDPModuleDoc, ParamDoc
+
 
 def _ints(text: Any) -> list[int]:
     if isinstance(text, (list, tuple)):
@@ -16,9 +18,9 @@ def _ints(text: Any) -> list[int]:
 
 class DDPRecorder:
     def __init__(self) -> None:
-        self._modules: list[tuple[weakref.ReferenceType[Any], dict[str, Any]]] = []
+        self._modules: list[tuple[weakref.ReferenceType[Any], DDPConfig]] = []
         self._orig_init: Any = None
-        self._last: list[dict[str, Any]] = []
+        self._last: list[DDPModuleDoc] = []
         self.process_group_created = False
 
     def install(self) -> None:
@@ -49,7 +51,7 @@ class DDPRecorder:
         return [m for ref, _ in self._modules if (m := ref()) is not None]
 
     @staticmethod
-    def _config(ddp: Any) -> dict[str, Any]:
+    def _config(ddp: Any) -> DDPConfig:
         cap = getattr(ddp, "bucket_bytes_cap", None)
         return {
             "module_class": type(ddp.module).__name__,
@@ -61,12 +63,12 @@ class DDPRecorder:
             "built_by": _built_by(),
         }
 
-    def describe(self) -> list[dict[str, Any]]:
+    def describe(self) -> list[DDPModuleDoc]:
         """Each DDP module: configuration, parameter count and bytes, and its bucket layout (as rebuilt
         after the first iterations, else the initial one). Modules already freed keep their last description."""
         import torch.distributed as dist
 
-        out: list[dict[str, Any]] = []
+        out: list[DDPModuleDoc] = []
         # After destroy_process_group() the reducer's logger must not be touched (it can abort the process):
         # keep what was recorded while the group was alive.
         alive = dist.is_available() and dist.is_initialized()
@@ -81,21 +83,16 @@ class DDPRecorder:
         return out
 
     @staticmethod
-    def _describe_one(ddp: Any, config: dict[str, Any], alive: bool) -> dict[str, Any]:
+    def _describe_one(ddp: Any, config: DDPConfig, alive: bool) -> DDPModuleDoc:
         # DDP's reducer indexes the parameters that require grad, in named_parameters() order.
         named = [(n, p) for n, p in ddp.module.named_parameters() if p.requires_grad]
         ignored = set(getattr(ddp, "parameters_to_ignore", ()) or ())
         named = [(n, p) for n, p in named if n not in ignored]
-        desc: dict[str, Any] = dict(config)
-        desc["parameter_count"] = int(sum(p.numel() for _, p in named))
-        desc["parameter_bytes"] = int(sum(p.numel() * p.element_size() for _, p in named))
-        desc["parameter_tensors"] = len(named)
-        desc["parameters_ignored"] = sorted(ignored)
-        desc["parameters"] = [
+        parameters: list[ParamDoc] = [
             {"name": n, "numel": int(p.numel()), "bytes": int(p.numel() * p.element_size()), "dtype": str(p.dtype).replace("torch.", "")}
             for n, p in named
         ]
-        data: dict[str, Any] = {}
+        data: dict[str, Any] = {}  # torch's own logging record of the module (raw, as DDP returns it)
         if alive:
             try:
                 data = ddp._get_ddp_logging_data()
@@ -105,7 +102,7 @@ class DDPRecorder:
         sizes = _ints(data.get("rebuilt_bucket_sizes" if rebuilt else "bucket_sizes", ""))
         indices_text = str(data.get("rebuilt_per_bucket_param_indices", "")) if rebuilt else ""
         per_bucket = [_ints(chunk) for chunk in indices_text.split(",")] if indices_text else []
-        buckets = []
+        buckets: list[BucketDoc] = []
         for b, size in enumerate(sizes):
             idx = per_bucket[b] if b < len(per_bucket) else []
             buckets.append({
@@ -114,14 +111,22 @@ class DDPRecorder:
                 "param_indices": idx,
                 "params": [named[i][0] for i in idx if i < len(named)],
             })
-        desc["buckets"] = buckets
-        desc["buckets_rebuilt"] = rebuilt
-        desc["grad_ready_order"] = _ints(data.get("prev_iteration_grad_ready_order_indices", ""))
-        desc["iteration"] = int(data.get("iteration", 0) or 0)
-        desc["world_size"] = int(data.get("world_size", 0) or 0)
-        desc["backend"] = data.get("backend_name")
-        desc["bucket_cap_bytes"] = int(data.get("bucket_cap_bytes", 0) or 0) or None
-        return desc
+        # The configuration's keys first, then these, in this order: info.json keeps its layout.
+        return {
+            **config,
+            "parameter_count": int(sum(p.numel() for _, p in named)),
+            "parameter_bytes": int(sum(p.numel() * p.element_size() for _, p in named)),
+            "parameter_tensors": len(named),
+            "parameters_ignored": sorted(ignored),
+            "parameters": parameters,
+            "buckets": buckets,
+            "buckets_rebuilt": rebuilt,
+            "grad_ready_order": _ints(data.get("prev_iteration_grad_ready_order_indices", "")),
+            "iteration": int(data.get("iteration", 0) or 0),
+            "world_size": int(data.get("world_size", 0) or 0),
+            "backend": data.get("backend_name"),
+            "bucket_cap_bytes": int(data.get("bucket_cap_bytes", 0) or 0) or None,
+        }
 
 
 # A framework that builds DDP itself, told by the files on the stack at construction (the HF Trainer builds it

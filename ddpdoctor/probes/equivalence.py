@@ -21,9 +21,11 @@ from __future__ import annotations
 
 import copy
 import dataclasses
-from typing import Any
+from typing import Any, TypedDict
 
 import torch
+
+from ddpdoctor.probes.records import EquivalenceResult
 
 
 def _cpu(x: Any) -> Any:
@@ -83,6 +85,22 @@ def relative_error(ddp_grad: torch.Tensor, one_grad: torch.Tensor) -> float:
     return diff / scale
 
 
+class _Captured(TypedDict):
+    """Rank's module (a copy, before its step) and its inputs, on the CPU, at the step that is checked."""
+
+    module: Any
+    args: Any
+    kwargs: Any
+
+
+class _Payload(TypedDict):
+    """What each rank sends rank 0 (pickled by all_gather_object): its batch and its outputs' gradients."""
+
+    args: Any
+    kwargs: Any
+    out_grads: list[torch.Tensor]
+
+
 class EquivalenceCheck:
     def __init__(self, probe: Any) -> None:
         from ddpdoctor.probes.guard import Guard
@@ -90,9 +108,9 @@ class EquivalenceCheck:
         self.probe = probe
         self.guard = Guard("equivalence", probe.notes, lambda: probe.tracker.step)
         self.target = 0 if probe.stop_after == 1 else 1  # iteration 1: DDP has rebuilt its buckets by then
-        self.result: dict[str, Any] | None = None
+        self.result: EquivalenceResult | None = None
         self._forwards = 0
-        self._captured: dict[str, Any] | None = None
+        self._captured: _Captured | None = None
         self._out_grads: list[torch.Tensor | None] = []
         self._out_shapes: list[tuple[torch.Size, torch.dtype]] = []
         self._kept: list[int] = []  # which of the output tensors carry the loss's gradient (see _sinks)
@@ -131,7 +149,7 @@ class EquivalenceCheck:
     def _store(self, i: int, grad: torch.Tensor) -> None:
         self._out_grads[i] = grad.detach().cpu()
 
-    def _payload(self) -> dict[str, Any] | None:
+    def _payload(self) -> _Payload | None:
         cap = self._captured
         if cap is None or not self._out_grads or all(g is None for g in self._out_grads):
             return None
@@ -165,7 +183,7 @@ class EquivalenceCheck:
         self.result = result if result is not None else {
             "step": step, "skipped": "ddpdoctor could not recompute this model's gradient in one process (see notes)"}
 
-    def _compare(self, step: int, gathered: list[Any]) -> dict[str, Any]:
+    def _compare(self, step: int, gathered: list[Any]) -> EquivalenceResult:
         if any(p is None for p in gathered) or self._captured is None:
             return {"step": step, "skipped": "a rank did not run exactly one forward and backward of the module in this step"}
         one = self._captured["module"]
@@ -178,18 +196,18 @@ class EquivalenceCheck:
         device = next((p.device for p in one.parameters()), torch.device("cpu"))
         world = len(gathered)
         chunks = [(g["args"], g["kwargs"], g["out_grads"]) for g in gathered]
-        result: dict[str, Any] = {"step": step, "world_size": world, "caveats": caveats,
+        result: EquivalenceResult = {"step": step, "world_size": world, "caveats": caveats,
                                   "batch_sizes": [int(_first_batch_dim(g["args"])) for g in gathered]}
         union = _union(gathered)
         if union is None:
             # The model returns its loss, or outputs with no batch dimension: no union batch to run.
-            result.update(mode="per-rank batches", relative_error=self._errors(one, device, world, chunks))
+            result.update({"mode": "per-rank batches", "relative_error": self._errors(one, device, world, chunks)})
             return result
         try:
-            result.update(mode="union batch", relative_error=self._errors(one, device, world, [union]))
+            result.update({"mode": "union batch", "relative_error": self._errors(one, device, world, [union])})
         except (RuntimeError, ValueError, TypeError, IndexError):
             # The outputs joined but the model does not run on the joined batch (its shapes depend on it).
-            result.update(mode="per-rank batches", relative_error=self._errors(one, device, world, chunks))
+            result.update({"mode": "per-rank batches", "relative_error": self._errors(one, device, world, chunks)})
             return result
         if caveats == ["batchnorm"]:
             # BatchNorm normalises each rank's batch with that batch's statistics, which is what DDP

@@ -13,7 +13,7 @@ import os
 import traceback
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any, TypedDict, TypeVar
 
 NOTES_FILE = "probe-notes.json"
 MAX_NOTES = 20  # per rank: one failing hook per step would otherwise fill the disk
@@ -21,12 +21,22 @@ MAX_NOTES = 20  # per rank: one failing hook per step would otherwise fill the d
 T = TypeVar("T")
 
 
+class ProbeNote(TypedDict):
+    """One failure: which probe, in which hook, at which step, the error and the line that raised it."""
+
+    probe: str
+    where: str
+    step: int | None
+    error: str
+    at: str | None
+
+
 class ProbeNotes:
     """One rank's list of probe failures, rewritten (atomically) at each new one; failures are rare."""
 
     def __init__(self, path: Path | None) -> None:
         self.path = path
-        self.notes: list[dict[str, Any]] = []
+        self.notes: list[ProbeNote] = []
 
     def add(self, probe: str, where: str, exc: BaseException, step: int | None) -> None:
         if len(self.notes) >= MAX_NOTES:

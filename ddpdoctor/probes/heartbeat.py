@@ -22,6 +22,7 @@ import sys
 import threading
 import time
 import traceback
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -29,6 +30,7 @@ import torch
 import torch.distributed as dist
 
 from ddpdoctor.probes import live
+from ddpdoctor.probes.records import Beat, CollectiveState, Dump, RankStatusDoc
 from ddpdoctor.probes.requests import REQUEST_HANDLERS, RequestHandler, register_request
 
 __all__ = ["REQUEST_HANDLERS", "HeartbeatProbe", "RequestHandler", "register_request"]
@@ -104,7 +106,7 @@ def _group_info(group: Any) -> tuple[str, int | None]:
         return "default_pg", None
 
 
-def _enter_line(state: dict[str, Any]) -> bytes:
+def _enter_line(state: CollectiveState) -> bytes:
     """The "enter" message, formatted by hand: json.dumps of the dict costs ~10x more on the user's thread."""
     seq = "null" if state["seq"] is None else int(state["seq"])
     return (
@@ -137,9 +139,9 @@ class HeartbeatProbe:
         self.tracker = tracker
         self.interval_s = interval_s
         self.stacks_file = stacks_file
-        self.collective: dict[str, Any] | None = None  # the blocking collective this rank is in now
-        self.last_collective: dict[str, Any] | None = None
-        self.failed_collective: dict[str, Any] | None = None  # the one that raised, if any
+        self.collective: CollectiveState | None = None  # the blocking collective this rank is in now
+        self.last_collective: CollectiveState | None = None
+        self.failed_collective: CollectiveState | None = None  # the one that raised, if any
         self.backward_site: str | None = None
         self.backward_since: float | None = None
         # Other probes' per-step numbers (name -> number, a few), sent with each beat: job/record.RankRecord.summary.
@@ -174,7 +176,7 @@ class HeartbeatProbe:
         self._thread = threading.Thread(target=self._loop, name="ddpdoctor-heartbeat", daemon=True)
         self._thread.start()
 
-    def annotate(self, status: dict[str, Any]) -> None:
+    def annotate(self, status: RankStatusDoc) -> None:
         """Add the collective this rank failed in and its last one to its status. RankSession calls it before the
         first write of status.json: a rank that torchrun kills while its profiler exports (a peer aborted) keeps it."""
         if self.failed_collective is not None:
@@ -184,7 +186,7 @@ class HeartbeatProbe:
         elif self.backward_site is not None:  # DDP's all-reduces run inside backward(): its call site stands for them
             status["last_collective"] = {"op": "backward (DDP gradient all-reduce)", "call_site": self.backward_site}
 
-    def finish(self, status: dict[str, Any]) -> None:
+    def finish(self, status: RankStatusDoc) -> None:
         self.annotate(status)
         status["ended_at"] = time.time()
         self._send({"type": "exit", "status": {k: status.get(k) for k in ("exit_code", "exception", "steps_completed", "exit_site")}})
@@ -232,7 +234,7 @@ class HeartbeatProbe:
             if group is None:  # passed by position (all_reduce(t, op, group))
                 group = next((a for a in args[1:] if isinstance(a, dist.ProcessGroup)), None)
             name, seq = _group_info(group)
-            state = {
+            state: CollectiveState = {
                 "op": op, "group": name, "seq": None if seq is None else seq + 1,
                 "sizes": _sizes(args, kwargs), "call_site": user_call_site(), "since": time.time(),
                 "step": probe.tracker.step,
@@ -248,7 +250,7 @@ class HeartbeatProbe:
             try:
                 return fn(*args, **kwargs)
             except BaseException as exc:
-                probe.failed_collective = dict(state, error=f"{type(exc).__name__}: {exc}"[:2000])
+                probe.failed_collective = {**state, "error": f"{type(exc).__name__}: {exc}"[:2000]}
                 raise
             finally:
                 probe.tracker.collective_ended()
@@ -298,9 +300,9 @@ class HeartbeatProbe:
         return backward
 
     # -- state ----------------------------------------------------------------------------------------
-    def state(self) -> dict[str, Any]:
+    def state(self) -> Beat:
         t = self.tracker
-        out: dict[str, Any] = {
+        out: Beat = {
             "type": "beat", "rank": self.rank, "pid": os.getpid(), "time": time.time(), "step": t.step,
             "phase": t.phase, "step_started": t.step_started, "last_step_s": t.step_times[-1] if t.step_times else None,
             "max_step_s": max(t.step_times[1:], default=None) if len(t.step_times) > 1 else None,
@@ -316,7 +318,7 @@ class HeartbeatProbe:
             out["backward"] = {"call_site": self.backward_site, "since": self.backward_since, "group": name, "seq": seq}
         return out
 
-    def dump(self) -> dict[str, Any]:
+    def dump(self) -> Dump:
         """Every thread's Python stack and the Flight Recorder entries (answered from the heartbeat thread)."""
         names = {th.ident: th.name for th in threading.enumerate()}
         parts = []
@@ -327,7 +329,9 @@ class HeartbeatProbe:
         fr: Any = None
         try:
             # Private Flight Recorder API, absent from torch's stubs and from some builds (handled below).
-            fr = json.loads(torch._C._distributed_c10d._dump_fr_trace_json())  # type: ignore[attr-defined]
+            from ddpdoctor.probes.flight import dump_json  # NCCL's collectives are in NCCL's own recorder
+
+            fr = json.loads(dump_json())
         except Exception as exc:  # noqa: BLE001 - FR missing in this build/backend
             fr = {"error": repr(exc)}
         return {"type": "dump", "rank": self.rank, "stacks": "\n".join(parts), "flight_recorder": fr}
@@ -344,7 +348,7 @@ class HeartbeatProbe:
         except OSError:
             self._sock = None
 
-    def _send(self, msg: dict[str, Any]) -> None:
+    def _send(self, msg: Mapping[str, object]) -> None:
         if self._sock is not None:
             self._send_raw(json.dumps(msg, default=str).encode() + b"\n")
 
@@ -418,6 +422,7 @@ class HeartbeatProbe:
         handler = REQUEST_HANDLERS.get(str(request.get("type")))
         if handler is None:
             return
+        reply: Mapping[str, object] | None
         try:
             reply = handler(self, request)
         except Exception as exc:  # noqa: BLE001 - a request never breaks the rank

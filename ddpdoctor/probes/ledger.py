@@ -14,17 +14,24 @@ Blocked time is counted on the StepTracker's phase clock as the "collective" pha
   of ``backward()``, so ours runs before DDP's own finalisation, which waits for the buckets) to ``backward()``'s
   return.
 
-Each collective's own record (group, sequence number, op, sizes, enqueue time) comes from torch's Flight Recorder
-(``torch._C._distributed_c10d._dump_fr_trace_json``: NCCL's since torch 2.5, gloo's natively in recent releases,
-on by default in 2.13), read once at the end into RUN/ranks/rankR/ledger.json with the per-step summaries; where a
-build has none, the file says why and the per-step summaries (which need only the autograd engine's
-``queue_callback``, present long before 2.4) stand alone. On gloo the Flight Recorder keeps no completion
-times (``time_discovered_completed_ns`` is 0): completion is what the training thread's blocked time measures."""
+Which source counts a step's blocked time (docs/metrics.md#ledger-sources), chosen once, at the first step's end
+after the default process group exists (DDPDOCTOR_LEDGER_SOURCE=auto|host|flight-recorder overrides):
+- ``host`` (gloo, and any backend whose collectives block the calling thread): the above;
+- ``flight-recorder`` (NCCL): the host does not block while DDP waits (the stream does), so the blocked time comes
+  from the CUDA-event durations in torch's Flight Recorder, read by the ledger's own thread (probes/flight.py).
+
+Each collective's own record (group, sequence number, op, sizes, enqueue time, and on NCCL its duration) comes from
+the Flight Recorder (probes/flight.dump_json: ``_dump_nccl_trace_json`` for NCCL's own recorder, since torch 2.5;
+``_dump_fr_trace_json`` for the generic one gloo records into natively in recent releases; on by default in 2.13),
+read once at the end into RUN/ranks/rankR/ledger.json with the per-step
+summaries; where a build has none, the file says why and the per-step summaries stand alone. On gloo the Flight
+Recorder keeps no completion times (state "scheduled", no duration): completion is the training thread's blocked
+time."""
 
 from __future__ import annotations
 
 import functools
-import json
+import os
 import time
 from collections import deque
 from pathlib import Path
@@ -32,9 +39,12 @@ from typing import Any
 
 import torch
 
-# Flight Recorder dtype names -> bytes per element (c10's ScalarType names)
-DTYPE_BYTES = {"Float": 4, "Double": 8, "Half": 2, "BFloat16": 2, "Long": 8, "Int": 4, "Short": 2, "Char": 1,
-               "Byte": 1, "Bool": 1, "ComplexFloat": 8, "ComplexDouble": 16, "Float8_e4m3fn": 1, "Float8_e5m2": 1}
+from ddpdoctor.analyses.flight import decode
+from ddpdoctor.probes.flight import FlightSource, Record, dump_json, ring_size
+
+HOST_SOURCE = "host: autograd final callback + collective wrappers"
+DEVICE_SOURCE = "flight-recorder: CUDA-event durations"
+SOURCE_ENV = "DDPDOCTOR_LEDGER_SOURCE"  # auto (default) | host | flight-recorder
 HISTORY = 2048  # per-step summaries kept for ledger.json (a few bytes each)
 FR_KEEP = 4096  # Flight Recorder entries written at the end (its own ring is 2,000 by default)
 VERSION = 1
@@ -52,7 +62,10 @@ class LedgerProbe:
         self._depth = 0
         self._blocked = False  # inside backward, past the engine's final callback: waiting for DDP's buckets
         self._engine: Any = None
-        self.source = "autograd final callback + collective wrappers"
+        self.source = HOST_SOURCE
+        self.source_note: str | None = None  # why the source is what it is, when it is not the obvious one
+        self.flight: FlightSource | None = None
+        self._decided = False
         # The heartbeat's per-beat numbers (job/record.RankRecord.summary), when a monitor watches the job. The full
         # per-step records (phases, with "collective" = blocked) travel in the beats' ``steps``.
         self.summary: dict[str, float] | None = None
@@ -69,6 +82,10 @@ class LedgerProbe:
             self._originals[(mod, name)] = orig
             setattr(mod, name, self._wrap(orig))
         self.tracker.add_listener(self._on_step)
+        if os.environ.get(SOURCE_ENV, "auto") != "host":
+            # Read by ProcessGroupNCCL when the script creates its groups: a CUDA start event per collective, whose
+            # duration the Flight Recorder then keeps. Unused by every other backend; a user's own setting stands.
+            os.environ.setdefault("TORCH_NCCL_ENABLE_TIMING", "1")
 
     def uninstall(self) -> None:
         for (mod, name), fn in self._originals.items():
@@ -121,19 +138,68 @@ class LedgerProbe:
             self.tracker.collective_started()
 
     def _on_step(self, step: int) -> None:
+        if self.flight is not None:
+            return  # the record is held until the device's figures are in (_publish)
         rec = self.tracker.last_record
         if rec is not None:
             self.history.append([rec[0], round(rec[1], 6), {k: round(v, 6) for k, v in rec[2].items()}])
             if self.summary is not None:
                 self.summary["blocked_s"] = round(rec[2].get("collective", 0.0), 6)
+        if not self._decided:
+            self._decide()  # from the next step on
+
+    # -- the source ---------------------------------------------------------------------------------------
+    def _decide(self) -> None:
+        """Once the default group exists: NCCL's blocked time comes from the Flight Recorder (see the module)."""
+        import torch.distributed as dist
+
+        if not (dist.is_available() and dist.is_initialized()):
+            return  # no group yet (or a job without one): the host source, asked again next step
+        self._decided = True
+        want = os.environ.get(SOURCE_ENV, "auto")
+        backend = str(dist.get_backend())
+        if want == "host" or (want != "flight-recorder" and "nccl" not in backend):
+            return
+        if ring_size() == 0:
+            self.source_note = "the Flight Recorder is off (TORCH_FR_BUFFER_SIZE=0): host source, blind to NCCL waits"
+            return
+        try:  # the groups made before the env default took effect (a launcher that set TORCH_NCCL_ENABLE_TIMING=0)
+            dist.distributed_c10d._get_default_group()._enable_collectives_timing()  # type: ignore[attr-defined]
+        except Exception:  # noqa: BLE001 - a backend without timing: its steps go out as gaps, and ledger.json says why
+            pass
+        self.source = DEVICE_SOURCE
+        self.source_note = f"default group backend {backend}"
+        self.flight = FlightSource(self._publish, dump=functools.partial(dump_json, backend))
+        self.tracker.hold = self.flight.hold
+        self.flight.start()
+
+    def _publish(self, rec: Record) -> None:
+        """The ledger's thread: a held step with its device figures, to where the heartbeat takes them."""
+        self.tracker.recent.append(rec)
+        self.history.append([rec[0], round(rec[1], 6), {k: round(v, 6) for k, v in rec[2].items()}])
+        if self.summary is not None and "collective" in rec[2]:
+            self.summary["blocked_s"] = round(rec[2]["collective"], 6)
+
+    def _stop_flight(self) -> None:
+        if self.flight is not None:
+            if self.tracker.hold == self.flight.hold:
+                self.tracker.hold = None
+            self.flight.close()  # the steps still held go out now, for the heartbeat's last beat
 
     # -- the end ------------------------------------------------------------------------------------------
+    def annotate(self, status: dict[str, Any]) -> None:
+        self._stop_flight()
+        status["ledger_source"] = self.source
+
     def finish(self, status: dict[str, Any]) -> None:
         from ddpdoctor.rundir.layout import write_json
 
         self.uninstall()
-        data = {"version": VERSION, "rank": self.rank, "source": self.source, "steps": list(self.history),
-                **flight_recorder_entries()}
+        self._stop_flight()
+        data = {"version": VERSION, "rank": self.rank, "source": self.source, "source_note": self.source_note,
+                "steps": list(self.history), **flight_recorder_entries()}
+        if self.flight is not None:
+            data["flight"] = self.flight.summary()
         try:
             write_json(self.path, data)
         except OSError:
@@ -141,40 +207,11 @@ class LedgerProbe:
 
 
 def flight_recorder_entries(keep: int = FR_KEEP) -> dict[str, Any]:
-    """The collectives torch's Flight Recorder holds: group, seq, op, sizes, enqueue (and completion where the
-    backend records it) per entry, in a compact list; or the reason there are none."""
+    """The collectives torch's Flight Recorder holds: group, seq, op, sizes, enqueue time (and on NCCL with timing
+    the duration) per entry, in a compact list; or the reason there are none."""
     try:
-        raw = torch._C._distributed_c10d._dump_fr_trace_json()  # type: ignore[attr-defined]
-        entries = json.loads(raw).get("entries") or []
+        entries = decode(dump_json())
     except Exception as exc:  # noqa: BLE001 - not built in, not initialised: the per-step summaries stand alone
         return {"collectives_source": None, "collectives_error": repr(exc)[:300]}
-    out = []
-    for e in entries[-keep:]:
-        if not isinstance(e, dict):
-            continue
-        pg = e.get("process_group") or [None, None]
-        done = e.get("time_discovered_completed_ns") or None
-        out.append({
-            "group": pg[1] if isinstance(pg, list) and len(pg) > 1 else None, "seq": e.get("collective_seq_id"),
-            "op": e.get("profiling_name"), "sizes": e.get("input_sizes"), "dtypes": e.get("input_dtypes"),
-            "bytes": _bytes(e.get("input_sizes"), e.get("input_dtypes")),
-            "enqueued_ns": e.get("time_created_ns"), "completed_ns": done, "duration_ms": e.get("duration_ms"),
-            "state": e.get("state"),
-        })
-    return {"collectives_source": "flight-recorder", "collectives": out, "collectives_at": time.time()}
-
-
-def _bytes(sizes: Any, dtypes: Any) -> int | None:
-    """Bytes of a collective's inputs from the Flight Recorder's shapes and dtype names (None when unknown)."""
-    if not isinstance(sizes, list) or not isinstance(dtypes, list) or len(sizes) != len(dtypes):
-        return None
-    total = 0
-    for shape, dtype in zip(sizes, dtypes, strict=True):
-        size = DTYPE_BYTES.get(str(dtype))
-        if size is None or not isinstance(shape, list) or not all(isinstance(d, int) for d in shape):
-            return None
-        n = 1
-        for d in shape:
-            n *= d
-        total += n * size
-    return total
+    return {"collectives_source": "flight-recorder", "collectives": [c.to_json() for c in entries[-keep:]],
+            "collectives_at": time.time()}

@@ -11,6 +11,7 @@ import functools
 import shutil
 import threading
 from collections.abc import Callable
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -18,9 +19,40 @@ import torch
 
 from ddpdoctor.live.protocol import CAPTURE_ID, MAX_STEPS, WINDOW_KINDS
 from ddpdoctor.probes.config import Schedule
+from ddpdoctor.probes.records import CaptureReply, RankStatusDoc
 from ddpdoctor.rundir.layout import write_json
 
-_state: dict[str, Any] = {}  # run_dir, rank, world_size, tracker, options
+
+@dataclass
+class _Window:
+    """A capture window this rank is recording: its id, kind, length, the step it began after, where it goes."""
+
+    id: str
+    what: str  # "profile" or "check-sync"
+    steps: int
+    base: int
+    dir: Path
+    rank: int
+    probe: Any = None  # ProfilerProbe or SyncProbe
+    hooks: list[tuple[dict[Any, Any], Any]] = field(default_factory=list)  # check-sync: the hooks it added
+
+
+@dataclass
+class _Live:
+    """Where captures go and what is under way; set by ``install`` (one per rank process)."""
+
+    run_dir: Path
+    rank: int
+    world_size: int
+    tracker: Any
+    options: dict[str, Any]  # the probe options ($DDPDOCTOR_CONFIG's, raw JSON) and the mode
+    ddp_modules: Callable[[], list[Any]]
+    lock: threading.Lock = field(default_factory=threading.Lock)
+    pending: tuple[str, str, int, int] | None = None  # (id, what, steps, at_step): asked for, not started yet
+    window: _Window | None = None
+
+
+_live: _Live | None = None
 
 
 def recent_steps(tracker: Any) -> list[list[Any]]:
@@ -32,8 +64,9 @@ def install(run_dir: Path, rank: int, world_size: int, tracker: Any, options: di
             ddp_modules: Callable[[], list[Any]] = list) -> None:
     """Remember where captures go; time torch.save as the "checkpoint" phase (so a checkpoint step is not a stall).
     ``ddp_modules``: the job's live DDP modules (for check-sync windows)."""
-    _state.update(run_dir=run_dir, rank=rank, world_size=world_size, tracker=tracker, options=options,
-                  pending=None, window=None, lock=threading.Lock(), ddp_modules=ddp_modules)
+    global _live
+    _live = _Live(run_dir=run_dir, rank=rank, world_size=world_size, tracker=tracker, options=options,
+                  ddp_modules=ddp_modules)
     tracker.add_listener(_on_step)
     from ddpdoctor.probes.requests import register_request
 
@@ -57,95 +90,98 @@ def window_dir(run_dir: Path, capture_id: str) -> Path:
     return run_dir / "captures" / capture_id
 
 
-def on_capture_request(probe: Any, req: dict[str, Any]) -> dict[str, Any]:
+def on_capture_request(probe: Any, req: dict[str, Any]) -> CaptureReply:
     """Accept a capture request (from the heartbeat thread); the main thread starts it at the chosen step end."""
-    rank = _state.get("rank", getattr(probe, "rank", -1))
+    state = _live
+    rank = state.rank if state is not None else getattr(probe, "rank", -1)
     try:
         cid, what, steps = str(req["id"]), str(req["what"]), int(req.get("steps") or 0)
         at_step = int(req.get("at_step") or 0)
     except (ValueError, KeyError, TypeError):
         return {"type": "capture", "rank": rank, "accepted": False, "reason": "malformed request"}
-    reply = {"type": "capture", "rank": rank, "id": cid, "what": what}
-    if not _state or not CAPTURE_ID.match(cid):
-        return dict(reply, accepted=False, reason="live capture not installed" if not _state else "bad id")
-    mode = _state["options"].get("mode")
+    reply: CaptureReply = {"type": "capture", "rank": rank, "id": cid, "what": what}
+    if state is None or not CAPTURE_ID.match(cid):
+        return {**reply, "accepted": False, "reason": "live capture not installed" if state is None else "bad id"}
+    mode = state.options.get("mode")
     if (what, mode) in (("profile", "profile"), ("check-sync", "check-sync")):
-        return dict(reply, accepted=False, reason=f"`ddpdoctor {mode}` already does this in this job")
+        return {**reply, "accepted": False, "reason": f"`ddpdoctor {mode}` already does this in this job"}
     if what not in WINDOW_KINDS or not 1 <= steps <= MAX_STEPS:
-        return dict(reply, accepted=False, reason=f"unknown capture {what!r} or steps not in 1..{MAX_STEPS}")
-    with _state["lock"]:
-        if _state["pending"] is not None or _state["window"] is not None:
-            return dict(reply, accepted=False, reason="a capture is already in progress")
-        _state["pending"] = (cid, what, steps, at_step)
-    return dict(reply, accepted=True)
+        return {**reply, "accepted": False, "reason": f"unknown capture {what!r} or steps not in 1..{MAX_STEPS}"}
+    with state.lock:
+        if state.pending is not None or state.window is not None:
+            return {**reply, "accepted": False, "reason": "a capture is already in progress"}
+        state.pending = (cid, what, steps, at_step)
+    return {**reply, "accepted": True}
 
 
 def _on_step(step: int) -> None:
     # Main thread, at an iteration boundary: cheap unless a capture is pending or running.
-    if _state.get("pending") is None and _state.get("window") is None:
+    state = _live
+    if state is None or (state.pending is None and state.window is None):
         return
     try:
-        _advance(step)
+        _advance(state, step)
     except Exception as exc:  # noqa: BLE001 - a capture never changes how the user's job runs
-        win = _state.get("window") or {}
-        _state["window"] = _state["pending"] = None
-        if win.get("probe") is not None:
-            _close(win)
-        if win.get("dir") is not None:
-            write_json(win["dir"] / "ranks" / f"rank{_state['rank']}" / "done.json", {"error": repr(exc)})
+        win = state.window
+        state.window = state.pending = None
+        if win is not None:
+            if win.probe is not None:
+                _close(win)
+            write_json(win.dir / "ranks" / f"rank{state.rank}" / "done.json", {"error": repr(exc)})
 
 
-def _advance(step: int) -> None:
-    win = _state["window"]
+def _advance(state: _Live, step: int) -> None:
+    win = state.window
     if win is None:
-        cid, what, steps, at_step = _state["pending"]
+        assert state.pending is not None  # _on_step comes here only with one of them set
+        cid, what, steps, at_step = state.pending
         if step < at_step:
             return  # every rank starts on the iteration the monitor chose
-        _state["window"], _state["pending"] = _open(cid, what, steps, step), None
+        state.window, state.pending = _open(state, cid, what, steps, step), None
         return
-    k = step - win["base"]
-    if win["what"] == "profile":
-        win["probe"].on_step(k)
-        if not win["probe"].written and k <= win["steps"] + 1:
+    k = step - win.base
+    if win.what == "profile":
+        win.probe.on_step(k)
+        if not win.probe.written and k <= win.steps + 1:
             return
     else:
-        win["probe"].on_step(step)
-        if k < win["steps"]:
+        win.probe.on_step(step)
+        if k < win.steps:
             return
     _close(win)
-    write_json(win["dir"] / "ranks" / f"rank{_state['rank']}" / "done.json",
-               {"first_step": win["base"] + 1, "last_step": step})
-    _state["window"] = None
+    write_json(win.dir / "ranks" / f"rank{state.rank}" / "done.json",
+               {"first_step": win.base + 1, "last_step": step})
+    state.window = None
 
 
-def _open(cid: str, what: str, steps: int, step: int) -> dict[str, Any]:
-    out = window_dir(_state["run_dir"], cid)
-    win: dict[str, Any] = {"id": cid, "what": what, "steps": steps, "base": step, "dir": out}
-    rank_dir = out / "ranks" / f"rank{_state['rank']}"
+def _open(state: _Live, cid: str, what: str, steps: int, step: int) -> _Window:
+    out = window_dir(state.run_dir, cid)
+    win = _Window(id=cid, what=what, steps=steps, base=step, dir=out, rank=state.rank)
+    rank_dir = out / "ranks" / f"rank{state.rank}"
     rank_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
-    info = _state["run_dir"] / "ranks" / f"rank{_state['rank']}" / "info.json"
+    info = state.run_dir / "ranks" / f"rank{state.rank}" / "info.json"
     if info.is_file():
         shutil.copyfile(info, rank_dir / "info.json")
     if what == "profile":
         from ddpdoctor.probes.profiler import ProfilerProbe
 
         # One warm-up step (the profiler's own start-up cost), then the N steps asked for.
-        win["probe"] = ProfilerProbe(out / "traces", _state["rank"], Schedule(wait=0, warmup=1, active=steps),
-                                     record_shapes=True, with_stack=False)
-        win["probe"].start()
+        win.probe = ProfilerProbe(out / "traces", state.rank, Schedule(wait=0, warmup=1, active=steps),
+                                  record_shapes=True, with_stack=False)
+        win.probe.start()
         return win
     from ddpdoctor.probes.sync import SyncProbe
     from ddpdoctor.rundir.layout import RunDir
 
     # steps=0: the probe never stops the job; this window ends it after N iterations instead.
-    probe = SyncProbe(RunDir(out), _state["rank"], _state["world_size"], {"steps": 0}, _state["tracker"])
+    probe = SyncProbe(RunDir(out), state.rank, state.world_size, {"steps": 0}, state.tracker)
     probe.install()
-    win["probe"], win["hooks"] = probe, []
-    for ddp in _state["ddp_modules"]():
+    win.probe = probe
+    for ddp in state.ddp_modules():
         # The DDP modules exist already: watch them, remembering the hooks added so the window can remove them.
         before = {id(d): set(d) for d in _hook_dicts(ddp)}
         probe._watch(ddp)
-        win["hooks"] += [(d, key) for d in _hook_dicts(ddp) for key in set(d) - before[id(d)]]
+        win.hooks += [(d, key) for d in _hook_dicts(ddp) for key in set(d) - before[id(d)]]
     return win
 
 
@@ -153,31 +189,34 @@ def _hook_dicts(ddp: Any) -> list[dict[Any, Any]]:
     return [ddp._forward_pre_hooks, ddp._forward_hooks, ddp.module._forward_pre_hooks]
 
 
-def _close(win: dict[str, Any]) -> None:
-    if win["what"] == "profile":
-        win["probe"].finish()
+def _close(win: _Window) -> None:
+    if win.what == "profile":
+        win.probe.finish()
         _summarise(win)
         return
-    for hooks, key in win.get("hooks", []):
+    for hooks, key in win.hooks:
         hooks.pop(key, None)
-    win["probe"].finish({})
+    win.probe.finish({})
 
 
-def _summarise(win: dict[str, Any]) -> None:
-    written = win["probe"].written
+def _summarise(win: _Window) -> None:
+    written = win.probe.written
     if not written:
         return
     from ddpdoctor.analyses.summary import summarize_trace_files
 
-    summary = summarize_trace_files(written, rank=_state["rank"])
-    write_json(win["dir"] / "ranks" / f"rank{_state['rank']}" / "summary.json", summary)
+    summary = summarize_trace_files(written, rank=win.rank)
+    write_json(win.dir / "ranks" / f"rank{win.rank}" / "summary.json", summary)
 
 
-def finish(status: dict[str, Any]) -> None:
+def finish(status: RankStatusDoc) -> None:
     """The script ended inside a capture window: write what was recorded (the bootstrap calls this)."""
-    win = _state.get("window")
-    _state["window"] = _state["pending"] = None
+    state = _live
+    if state is None:
+        return
+    win = state.window
+    state.window = state.pending = None
     if win is not None:
         _close(win)
-        write_json(win["dir"] / "ranks" / f"rank{_state['rank']}" / "done.json",
-                   {"first_step": win["base"] + 1, "last_step": status.get("steps_completed"), "cut_short": True})
+        write_json(win.dir / "ranks" / f"rank{win.rank}" / "done.json",
+                   {"first_step": win.base + 1, "last_step": status.get("steps_completed"), "cut_short": True})

@@ -4,14 +4,15 @@ from __future__ import annotations
 
 import os
 import socket
-from typing import Any
 
 import torch
+
+from ddpdoctor.probes.records import ProcessGroupDoc, RankInfoDoc, Versions
 
 ENV_PREFIXES = ("NCCL_", "TORCH_", "GLOO_", "CUDA_VISIBLE_DEVICES", "OMP_NUM_THREADS", "MASTER_", "TORCHELASTIC_")
 
 
-def versions() -> dict[str, Any]:
+def versions() -> Versions:
     nccl = None
     try:
         if torch.cuda.is_available():
@@ -33,13 +34,13 @@ def launch_env(environ: dict[str, str] | None = None) -> dict[str, str]:
     return {k: v for k, v in sorted(env.items()) if k.startswith(ENV_PREFIXES) and k != "TORCHELASTIC_ERROR_FILE"}
 
 
-def process_group_info() -> dict[str, Any] | None:
+def process_group_info() -> ProcessGroupDoc | None:
     """The default process group as this rank sees it, or None when there is none (yet)."""
     import torch.distributed as dist
 
     if not (dist.is_available() and dist.is_initialized()):
         return None
-    info: dict[str, Any] = {"backend": str(dist.get_backend()), "world_size": dist.get_world_size()}
+    info: ProcessGroupDoc = {"backend": str(dist.get_backend()), "world_size": dist.get_world_size()}
     try:
         world = dist.distributed_c10d._world
         info["groups"] = [
@@ -51,7 +52,7 @@ def process_group_info() -> dict[str, Any] | None:
     return info
 
 
-def basic(rank: int, world_size: int, local_rank: int) -> dict[str, Any]:
+def basic(rank: int, world_size: int, local_rank: int) -> RankInfoDoc:
     return {
         "rank": rank,
         "world_size": world_size,

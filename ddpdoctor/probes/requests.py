@@ -3,10 +3,11 @@ register a handler per type here, and the heartbeat probe looks them up, so neit
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Any
 
-RequestHandler = Callable[[Any, dict[str, Any]], "dict[str, Any] | None"]
+# (the heartbeat probe, the request as the monitor sent it: raw JSON) -> the reply to send, or None
+RequestHandler = Callable[[Any, dict[str, Any]], "Mapping[str, object] | None"]
 REQUEST_HANDLERS: dict[str, RequestHandler] = {}
 
 

@@ -21,11 +21,22 @@ import math
 import random
 import sys
 from collections.abc import Iterator
-from typing import Any
+from dataclasses import dataclass
+from typing import Any, Literal, cast
 
 import torch
 from torch.utils.data import DataLoader, DistributedSampler, RandomSampler, Subset
 from torch.utils.data.dataloader import _BaseDataLoaderIter, _DatasetKind
+
+from ddpdoctor.probes.records import (
+    DataDoc,
+    DatasetFingerprint,
+    EpochRecord,
+    InitConflict,
+    LoaderDoc,
+    SamplerFacts,
+    SubsetFacts,
+)
 
 MAX_INDICES = 2_000_000  # per epoch: beyond this the epoch is marked truncated (coverage is then not judged)
 MAX_HASHED_SAMPLES = 100_000  # per epoch of an iterable dataset
@@ -63,7 +74,7 @@ def _base_sampler(loader: Any) -> Any:
     return getattr(loader, "sampler", None)
 
 
-def _framework_facts() -> dict[str, Any]:
+def _framework_facts() -> SamplerFacts:
     """Lightning, when loaded: it adds the DistributedSampler itself (use_distributed_sampler), so advice about a
     loader's sampler is given in its terms."""
     if "lightning" in sys.modules or "pytorch_lightning" in sys.modules:
@@ -71,7 +82,7 @@ def _framework_facts() -> dict[str, Any]:
     return {}
 
 
-def _shard_facts(loader: Any) -> dict[str, Any]:
+def _shard_facts(loader: Any) -> SamplerFacts:
     """A batch sampler that hands each rank its share of the batches (accelerate's BatchSamplerShard: each rank
     draws the batches of the whole dataset, then keeps every num_processes-th)."""
     bs = getattr(loader, "batch_sampler", None)
@@ -81,16 +92,19 @@ def _shard_facts(loader: Any) -> dict[str, Any]:
     return {}
 
 
-def _sampler_facts(sampler: Any) -> dict[str, Any]:
-    facts: dict[str, Any] = {"class": type(sampler).__name__}
+def _sampler_facts(sampler: Any) -> SamplerFacts:
+    facts: SamplerFacts = {"class": type(sampler).__name__}
     if isinstance(sampler, DistributedSampler):
-        facts.update(
-            distributed=True, num_replicas=sampler.num_replicas, rank=sampler.rank, shuffle=bool(sampler.shuffle),
-            seed=int(sampler.seed), drop_last=bool(sampler.drop_last), total_size=int(sampler.total_size),
-        )
+        facts.update({
+            "distributed": True, "num_replicas": sampler.num_replicas, "rank": sampler.rank,
+            "shuffle": bool(sampler.shuffle), "seed": int(sampler.seed), "drop_last": bool(sampler.drop_last),
+            "total_size": int(sampler.total_size),
+        })
     else:
         facts["distributed"] = False
-        for attr in ("shuffle", "seed", "replacement", "drop_last"):
+        attrs: tuple[Literal["shuffle", "seed", "replacement", "drop_last"], ...] = (
+            "shuffle", "seed", "replacement", "drop_last")
+        for attr in attrs:
             value = getattr(sampler, attr, None)
             if isinstance(value, (bool, int, float, str)):
                 facts[attr] = value
@@ -147,13 +161,13 @@ def _sample_hash(dataset: Any, index: int) -> str:
     return h.hexdigest()
 
 
-def dataset_fingerprint(dataset: Any) -> dict[str, Any]:
+def dataset_fingerprint(dataset: Any) -> DatasetFingerprint:
     """{"len", "first", "last"} of a map-style dataset, or {"len", "error"}; "varies": True when loading the same
     sample twice gives other bytes (random augmentation), which then says nothing across ranks.
 
     The script's random streams are left exactly as they were: loading a sample may draw from them."""
     n = len(dataset)
-    out: dict[str, Any] = {"len": n}
+    out: DatasetFingerprint = {"len": n}
     if n == 0:
         return out
     np = sys.modules.get("numpy")
@@ -163,7 +177,7 @@ def dataset_fingerprint(dataset: Any) -> dict[str, Any]:
         with torch.random.fork_rng(devices=[]):
             first, last = _sample_hash(dataset, 0), _sample_hash(dataset, n - 1)
             again = (_sample_hash(dataset, 0), _sample_hash(dataset, n - 1))
-        out.update(first=first, last=last)
+        out.update({"first": first, "last": last})
         if again != (first, last):
             out["varies"] = True
     except Exception as exc:  # noqa: BLE001 - a dataset that cannot be indexed here is simply not fingerprinted
@@ -173,6 +187,25 @@ def dataset_fingerprint(dataset: Any) -> dict[str, Any]:
         if np is not None and np_state is not None:
             np.random.set_state(np_state)
     return out
+
+
+class _LoaderEntry(LoaderDoc):
+    """A loader as the probe tracks it: its data.json entry, and (underscored, not written) the loader itself and
+    the Subset index maps that lead to its root dataset."""
+
+    _maps: list[Any]
+    _loader: Any
+
+
+@dataclass(frozen=True)
+class _Originals:
+    """What ``install`` replaced, put back by ``uninstall``."""
+
+    init: Any
+    iter: Any
+    prop: Any
+    next: Any
+    set_epoch: Any
 
 
 class _RecordingIndexSampler:
@@ -196,7 +229,7 @@ class _RecordingIndexSampler:
         # generator sampler draws, so every random number is drawn in the loader's own order.
         return self._drain(self._probe.current_epoch(self._loader_id), iter(self.inner))
 
-    def _drain(self, record: dict[str, Any] | None, it: Iterator[Any]) -> Iterator[Any]:
+    def _drain(self, record: EpochRecord | None, it: Iterator[Any]) -> Iterator[Any]:
         head: list[Any] = []
         indices: list[int] | None = [] if self._probe.guard.enabled else None
         truncated = False
@@ -216,7 +249,7 @@ class _RecordingIndexSampler:
         yield from head
         yield from it
 
-    def _record(self, record: dict[str, Any], indices: list[int], batches: int, truncated: bool) -> None:
+    def _record(self, record: EpochRecord, indices: list[int], batches: int, truncated: bool) -> None:
         record["batches"] = None if truncated else batches
         record["order_hash"] = hashlib.blake2b(repr(indices).encode(), digest_size=8).hexdigest()
         record["truncated"] = truncated
@@ -241,11 +274,11 @@ class SamplerProbe:
         from ddpdoctor.probes.guard import Guard, ProbeNotes
 
         self.guard = guard if guard is not None else Guard("data", ProbeNotes(None))
-        self.loaders: list[dict[str, Any]] = []
-        self.init_conflicts: list[dict[str, Any]] = []
+        self.loaders: list[_LoaderEntry] = []
+        self.init_conflicts: list[InitConflict] = []
         self.set_epoch_calls = 0
-        self.last_record: dict[str, Any] | None = None
-        self._saved: dict[str, Any] = {}
+        self.last_record: EpochRecord | None = None
+        self._saved: _Originals | None = None
 
     def install(self) -> None:
         probe = self
@@ -254,8 +287,7 @@ class SamplerProbe:
         orig_prop = DataLoader.__dict__["_index_sampler"]
         orig_next = _BaseDataLoaderIter.__next__
         orig_set_epoch = DistributedSampler.set_epoch
-        self._saved = {"init": orig_init, "iter": orig_iter, "prop": orig_prop, "next": orig_next,
-                       "set_epoch": orig_set_epoch}
+        self._saved = _Originals(orig_init, orig_iter, orig_prop, orig_next, orig_set_epoch)
 
         # functools.wraps: frameworks read DataLoader.__init__'s signature to re-create loaders (Lightning's
         # _get_dataloader_init_args_and_kwargs when it adds the DistributedSampler; inspect.signature follows
@@ -307,14 +339,15 @@ class SamplerProbe:
         DistributedSampler.set_epoch = set_epoch  # type: ignore[method-assign,assignment]
 
     def uninstall(self) -> None:
-        if not self._saved:
+        saved = self._saved
+        if saved is None:
             return
-        DataLoader.__init__ = self._saved["init"]  # type: ignore[method-assign]
-        DataLoader.__iter__ = self._saved["iter"]  # type: ignore[method-assign]
-        DataLoader._index_sampler = self._saved["prop"]  # type: ignore[method-assign]
-        _BaseDataLoaderIter.__next__ = self._saved["next"]  # type: ignore[method-assign]
-        DistributedSampler.set_epoch = self._saved["set_epoch"]  # type: ignore[method-assign]
-        self._saved = {}
+        DataLoader.__init__ = saved.init  # type: ignore[method-assign]
+        DataLoader.__iter__ = saved.iter  # type: ignore[method-assign]
+        DataLoader._index_sampler = saved.prop  # type: ignore[method-assign]
+        _BaseDataLoaderIter.__next__ = saved.next  # type: ignore[method-assign]
+        DistributedSampler.set_epoch = saved.set_epoch  # type: ignore[method-assign]
+        self._saved = None
 
     # -- recording -----------------------------------------------------------------------------------
     def _register(self, loader: Any, kwargs: dict[str, Any]) -> None:
@@ -326,7 +359,7 @@ class SamplerProbe:
         except TypeError:
             dataset_len = None
         root, maps = _subset_maps(loader.dataset)
-        subset = None
+        subset: SubsetFacts | None = None
         if maps and not iterable:
             final = list(range(len(maps[0])))
             for m in maps:
@@ -357,7 +390,7 @@ class SamplerProbe:
             "_loader": loader,
         })
 
-    def current_epoch(self, loader_id: int) -> dict[str, Any] | None:
+    def current_epoch(self, loader_id: int) -> EpochRecord | None:
         epochs = self.loaders[loader_id]["epochs"]
         return epochs[-1] if epochs else None
 
@@ -372,7 +405,7 @@ class SamplerProbe:
             previous["peek"] = True
             for key in ("indices", "root_indices", "sample_hashes"):
                 previous.pop(key, None)
-        record: dict[str, Any] = {"epoch": len(entry["epochs"]), "batches_yielded": 0, "steps": 0}
+        record: EpochRecord = {"epoch": len(entry["epochs"]), "batches_yielded": 0, "steps": 0}
         if entry["iterable"]:
             record["sample_hashes"] = []
         else:
@@ -432,9 +465,9 @@ class SamplerProbe:
             worst = max(worst, math.ceil(left / per_step) + 1)
         return worst
 
-    def data(self) -> dict[str, Any]:
-        loaders = []
+    def data(self) -> DataDoc:
+        loaders: list[LoaderDoc] = []
         for entry in self.loaders:
-            out = {k: v for k, v in entry.items() if not k.startswith("_")}
-            loaders.append(out)
+            out = {k: v for k, v in entry.items() if not k.startswith("_")}  # the entry less its live objects
+            loaders.append(cast(LoaderDoc, out))
         return {"loaders": loaders, "init_conflicts": self.init_conflicts, "set_epoch_calls": self.set_epoch_calls}

@@ -38,6 +38,9 @@ class StepTracker:
         self.phase_s: dict[str, float] = {}
         self.recent: deque[tuple[int, float, dict[str, float]]] = deque(maxlen=64)
         self.last_record: tuple[int, float, dict[str, float]] | None = None  # the iteration that just ended
+        # When set (the ledger's NCCL source, probes/flight.py): takes each iteration's record with its wall-clock
+        # start and end instead of ``recent``, and puts it there itself once the device's figures are in.
+        self.hold: Callable[[tuple[int, float, dict[str, float]], float, float], bool] | None = None
         self.step_started = time.time()
         self.step_times: list[float] = []
         self._listeners: list[StepListener] = []
@@ -156,7 +159,8 @@ class StepTracker:
             self.step_times.append(now - self.step_started)
             self._account()
             self.last_record = (self.step + 1, now - self.step_started, self.phase_s)
-            self.recent.append(self.last_record)
+            if self.hold is None or not self.hold(self.last_record, self.step_started, now):
+                self.recent.append(self.last_record)
             self.phase_s = {}
             self.step_started = now
             self.step += 1

@@ -22,12 +22,13 @@ from __future__ import annotations
 import math
 import time
 from datetime import timedelta
-from typing import Any
+from typing import Any, cast
 
 import torch
 from torch.nn.parallel import DistributedDataParallel
 
 from ddpdoctor.probes.guard import NOTES_FILE, Guard, ProbeNotes
+from ddpdoctor.probes.records import FingerprintRow, OutsideParam, RankStatusDoc, SyncDoc, SyncModuleDoc
 from ddpdoctor.probes.sampler import SamplerProbe
 from ddpdoctor.rundir.layout import RunDir, write_json
 
@@ -102,6 +103,7 @@ class _Module:
         self.last_forward_synced: bool | None = None
         self.buffers_done_step = -1
         self.buffers_synced_now: bool | None = None  # DDP broadcast the buffers before the current forward
+        self.built_by: str | None = None
         if ddp is None:
             self.param_names = [n for n, _ in plain or []]
             self.params = [p for _, p in plain or []]
@@ -117,7 +119,7 @@ class _Module:
         self.frozen = sorted(n for n, p in named if not p.requires_grad)
         self.buffer_names = [n for n, _ in ddp.module.named_buffers()]
 
-    def describe(self) -> dict[str, Any]:
+    def describe(self) -> SyncModuleDoc:
         ddp = self.ddp
         if ddp is None:
             return {"index": self.index, "module_class": "optimizer parameters", "ddp": False,
@@ -129,6 +131,7 @@ class _Module:
             "module_class": type(ddp.module).__name__,
             "broadcast_buffers": bool(getattr(ddp, "broadcast_buffers", True)),
             "find_unused_parameters": bool(getattr(ddp, "find_unused_parameters", False)),
+            "built_by": self.built_by,
             "params": self.param_names,
             "ignored_params": self.ignored,
             "frozen_params": self.frozen,
@@ -154,10 +157,10 @@ class SyncProbe:
         self.notes = ProbeNotes(run.rank_file(rank, NOTES_FILE))
         self.guard = Guard("check-sync fingerprint", self.notes, lambda: tracker.step)
         self.modules: list[_Module] = []
-        self.grads: list[dict[str, Any]] = []
-        self.params: list[dict[str, Any]] = []
-        self.buffers: list[dict[str, Any]] = []
-        self.optimizer_params_outside_ddp: list[dict[str, Any]] = []
+        self.grads: list[FingerprintRow] = []
+        self.params: list[FingerprintRow] = []
+        self.buffers: list[FingerprintRow] = []
+        self.optimizer_params_outside_ddp: list[OutsideParam] = []
         self.sampler = SamplerProbe(Guard("check-sync data", self.notes, lambda: tracker.step))
         self.stopped_at: int | None = None
         self.stop_reason: str | None = None
@@ -211,6 +214,9 @@ class SyncProbe:
 
     def _watch(self, ddp: Any) -> None:
         mod = _Module(len(self.modules), ddp)
+        from ddpdoctor.probes.ddp_recorder import _built_by
+
+        mod.built_by = _built_by()  # the framework that built DDP, for advice in its terms (findings/framework_advice)
         self.modules.append(mod)
         ddp.register_forward_pre_hook(
             lambda m, args, kwargs: self.guard.call("the DDP module's forward", self._on_ddp_forward, mod, args, kwargs),
@@ -434,11 +440,12 @@ class SyncProbe:
         except Exception as exc:  # noqa: BLE001 - a full disk or an odd value: the job still ends as it would
             self.notes.add("check-sync", "writing sync.json and data.json", exc, self.tracker.step)
 
-    def record(self) -> dict[str, Any]:
-        def clean(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    def record(self) -> SyncDoc:
+        def clean(rows: list[FingerprintRow]) -> list[FingerprintRow]:
             # JSON has no NaN/inf: keep them as strings so the comparison still sees them.
             for row in rows:
-                row["fp"] = [None if fp is None else [v if math.isfinite(v) else repr(v) for v in fp] for fp in row["fp"]]
+                row["fp"] = [None if fp is None else [v if math.isfinite(cast(float, v)) else repr(v) for v in fp]
+                             for fp in row["fp"]]
             return rows
 
         return {
@@ -454,13 +461,13 @@ class SyncProbe:
             "modules": [m.describe() for m in self.modules],
             "optimizer_params_outside_ddp": self.optimizer_params_outside_ddp,
             "closure_steps": self.closure_steps,
-            "grads": clean([dict(r) for r in self.grads]),
-            "params": clean([dict(r) for r in self.params]),
-            "buffers": clean([dict(r) for r in self.buffers]),
+            "grads": clean([r.copy() for r in self.grads]),
+            "params": clean([r.copy() for r in self.params]),
+            "buffers": clean([r.copy() for r in self.buffers]),
             "equivalence": self._equiv.result if self._equiv is not None else None,
         }
 
-    def finish(self, status: dict[str, Any]) -> None:
+    def finish(self, status: RankStatusDoc) -> None:
         if self.stopped_at is not None:
             status["stopped_by"] = f"check-sync after {self.stopped_at} steps"
         else:

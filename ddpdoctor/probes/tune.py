@@ -14,6 +14,7 @@ from typing import Any
 from torch.nn.parallel import DistributedDataParallel
 
 from ddpdoctor.analyses.tune import OPTIONS
+from ddpdoctor.probes.records import RankStatusDoc, TuneApplied
 from ddpdoctor.probes.steps import StepTracker
 from ddpdoctor.rundir.layout import write_json
 
@@ -37,7 +38,7 @@ class TuneProbe:
         self.stop_after = int(stop_after)
         self.tracker = tracker
         self.out = out  # this rank's tune.json
-        self.applied: list[dict[str, Any]] = []  # per DDP module: the options it was built with, the hook
+        self.applied: list[TuneApplied] = []  # per DDP module: the options it was built with, the hook
         self.errors: list[str] = []
         self.losses: list[tuple[int, Any]] = []  # (iteration, detached scalar tensor): read once, at the end
         self._orig_init: Any = None
@@ -61,7 +62,7 @@ class TuneProbe:
                 if key in probe.setting:
                     bound.arguments[key] = probe.setting[key]
             orig(*bound.args, **bound.kwargs)
-            record: dict[str, Any] = {"given": given, "options": {k: probe.setting[k] for k in OPTIONS
+            record: TuneApplied = {"given": given, "options": {k: probe.setting[k] for k in OPTIONS
                                                                    if k in probe.setting}, "comm_hook": None}
             hook = probe.setting.get("comm_hook")
             if hook:
@@ -134,6 +135,6 @@ class TuneProbe:
         except OSError:
             pass  # a full disk must not change how the user's job ends
 
-    def finish(self, status: dict[str, Any]) -> None:
+    def finish(self, status: RankStatusDoc) -> None:
         self.write()
         self.uninstall()

@@ -39,19 +39,21 @@ def write_outputs(
 
     Returns the paths written. A path that cannot be written raises BadInput naming it.
     """
-    from ddpdoctor.renderers.diff_html import diff_of, diff_section_html
-    from ddpdoctor.renderers.html import write_html
-    from ddpdoctor.renderers.tensorboard import write_scalars
-
     sections = report.sections
     written: list[Path] = []
     html_targets = ([run_dir / "report.html"] if run_dir else []) + ([html] if html else [])
     for target in html_targets:
+        # Imported only when written: `analyze --json` of one trace must not pay for the HTML renderer's imports.
+        from ddpdoctor.renderers.diff_html import diff_of, diff_section_html
+        from ddpdoctor.renderers.html import write_html
+
         try:
             written.append(write_html(report, target, diff_section_html(diff_of(report))))
         except OSError as exc:
             raise BadInput(f"cannot write the HTML report ({exc.strerror or exc})", target) from exc
     if run_dir:
+        from ddpdoctor.renderers.tensorboard import write_scalars
+
         try:
             written.extend(write_scalars(sections, run_dir / "scalars"))
         except OSError as exc:

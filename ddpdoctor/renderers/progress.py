@@ -10,9 +10,6 @@ from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 from typing import Any
 
-from rich.console import Console
-from rich.progress import BarColumn, DownloadColumn, Progress, TextColumn, TimeElapsedColumn
-
 CI_VARS = ("CI", "GITHUB_ACTIONS", "GITLAB_CI", "BUILDKITE", "JENKINS_URL", "TF_BUILD")
 STEP_LINE_EVERY_S = 5.0
 
@@ -36,6 +33,10 @@ def bar(description: str, total: int | None, on: bool, unit: str = "") -> Iterat
     if not on:
         yield _nothing
         return
+    # rich only when a bar is shown: under --json or in a pipe its imports were a tenth of analysing one trace.
+    from rich.console import Console
+    from rich.progress import BarColumn, DownloadColumn, Progress, TextColumn, TimeElapsedColumn
+
     con = Console(stderr=True, force_terminal=os.environ.get("DDPDOCTOR_PROGRESS") == "1" or None)
     count = DownloadColumn() if unit == "MB" else TextColumn("{task.completed}/{task.total}")
     progress = Progress(TextColumn("{task.description}"), BarColumn(), count, TimeElapsedColumn(), console=con,

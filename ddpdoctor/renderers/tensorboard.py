@@ -1,10 +1,19 @@
-"""The TensorBoard view: per-rank, per-step scalars written with tensorboard's own writer into RUN/scalars/rankR."""
+"""The TensorBoard view: per-rank, per-step scalars written with tensorboard's own writer into RUN/scalars/rankR.
+
+A big job (more than MAX_RANK_ROWS ranks) is written as the terminal and HTML show it (renderers/rank_classes.py):
+the ranks that matter (stragglers, slowest, fastest) as rankR, and each class of alike ranks as one run,
+scalars/class-<label>, holding per step the median over its ranks: a dozen curves, not a thousand."""
 
 from __future__ import annotations
 
+import re
+import statistics
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
+
+from ddpdoctor.renderers.rank_classes import MAX_RANK_ROWS, group_ranks
+from ddpdoctor.reports.perf_json import RankJson
 
 # Tag -> (per_step field, scale, description). ms because that is what people read step times in.
 SCALARS: dict[str, tuple[str, float, str]] = {
@@ -52,11 +61,10 @@ def write_scalars(sections: dict[str, Any], scalars_dir: Path, wall_time: float 
     """
     wall = time.time() if wall_time is None else wall_time
     written: list[Path] = []
-    for rank in sections.get("ranks") or []:
-        steps = rank.get("per_step") or []
+    for name, steps, about in _series(sections):
         if not steps:
             continue
-        logdir = scalars_dir / f"rank{int(rank['rank'])}"
+        logdir = scalars_dir / name
         logdir.mkdir(parents=True, exist_ok=True)
         for old in logdir.glob(_EVENTS_GLOB):
             old.unlink()
@@ -69,9 +77,49 @@ def write_scalars(sections: dict[str, Any], scalars_dir: Path, wall_time: float 
                     # overlap_pct is null for a step without communication: write nothing rather than a fake 0.
                     if isinstance(value, (int, float)) and s.get("step") is not None:
                         _add(writer, tag, float(value) * scale, int(s["step"]), wall,
-                             None if tag in described else desc)
+                             None if tag in described else desc + about)
                         described.add(tag)
         finally:
             writer.close()
         written.append(logdir)
     return written
+
+
+def _series(sections: dict[str, Any]) -> list[tuple[str, list[dict[str, Any]], str]]:
+    """(run folder, per-step rows, what the run is) to write: every rank, or for a big job the ranks that matter
+    and one median series per class of alike ranks."""
+    ranks = [r for r in sections.get("ranks") or [] if isinstance(r, dict) and isinstance(r.get("rank"), int)]
+    stragglers = [r for r in (sections.get("stragglers") or {}).get("ranks") or [] if isinstance(r, int)]
+    groups = group_ranks(cast("list[RankJson]", ranks), stragglers, MAX_RANK_ROWS)  # the report's JSON, checked above
+    if groups is None:
+        return [(f"rank{int(r['rank'])}", r.get("per_step") or [], "") for r in ranks]
+    by_rank = {int(r["rank"]): r for r in ranks}
+    out: list[tuple[str, list[dict[str, Any]], str]] = []
+    singles: set[int] = set()
+    for g in groups:
+        if g.label in ("straggler", "slowest", "fastest", "most communication", "least communication"):
+            rank = g.ranks[0]
+            if rank not in singles:
+                singles.add(rank)
+                out.append((f"rank{rank}", by_rank[rank].get("per_step") or [], f" Rank {rank}: {g.label}."))
+            continue
+        slug = re.sub(r"[^a-z0-9]+", "-", g.label.lower().replace("%", "pct")).strip("-")
+        out.append((f"class-{slug}", _median_steps([by_rank[m] for m in g.ranks]),
+                    f" Class {g.label}: the median over rank(s) {g.ranges} ({len(g.ranks)})."))
+    return out
+
+
+def _median_steps(members: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Per step id, the median of each scalar's field over the ranks that recorded it (one pass over the rows)."""
+    fields = [f for f, _, _ in SCALARS.values()]
+    by_step: dict[int, dict[str, list[float]]] = {}
+    for m in members:
+        for s in m.get("per_step") or []:
+            if not isinstance(s.get("step"), int):
+                continue
+            cols = by_step.setdefault(s["step"], {f: [] for f in fields})
+            for f in fields:
+                if isinstance(s.get(f), (int, float)):
+                    cols[f].append(float(s[f]))
+    return [{"step": step, **{f: statistics.median(v) for f, v in cols.items() if v}}
+            for step, cols in sorted(by_step.items())]

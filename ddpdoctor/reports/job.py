@@ -13,7 +13,7 @@ from ddpdoctor.rundir.loaders import rank_statuses
 def job_report(run: RunDir, command: str, analyse_traces: bool) -> Report:
     """The run's traces analysed (``analyse_traces``: `profile`), then the run directory, the job and its
     findings."""
-    from ddpdoctor.findings.job import job_findings
+    from ddpdoctor.findings.job import disk_full_findings, job_findings
 
     manifest = manifest_mod.load_typed(run)
     statuses = rank_statuses(run)
@@ -26,4 +26,5 @@ def job_report(run: RunDir, command: str, analyse_traces: bool) -> Report:
     job = JobOutcome(exit_code=manifest.exit_code, world_size=manifest.world_size, duration_s=manifest.duration_s,
                      killed_by=manifest.killed_by)
     return Report(command, parts=[*base.parts, RunDirSection(str(run.root)), JobSection(job)],
-                  findings=[*base.findings, *job_findings(manifest, statuses)], notes=base.notes)
+                  findings=[*base.findings, *job_findings(manifest, statuses),
+                                                     *disk_full_findings(manifest, statuses)], notes=base.notes)

@@ -9,6 +9,7 @@ from typing import Any
 
 from ddpdoctor.errors import BadInput
 from ddpdoctor.findings.model import FAILURE_IDS, Finding
+from ddpdoctor.job.role import NodeInfo
 from ddpdoctor.probes.config import Schedule
 from ddpdoctor.report import Report
 from ddpdoctor.rundir.layout import RunDir
@@ -16,17 +17,19 @@ from ddpdoctor.rundir.schema import Manifest
 
 
 def assemble(run: RunDir, schedule: Schedule, *, locked: bool, nccl_debug: bool = False,
-             baseline: Path | None = None) -> Report:
+             baseline: Path | None = None, node: NodeInfo | None = None) -> Report:
     """``locked``: a live ddpdoctor still holds the run directory (see reports/watched.py); ``baseline``: a run
-    to diff this one against (reports/diff.py)."""
+    to diff this one against (reports/diff.py); ``node``: which node of a multi-node launch this is."""
     from ddpdoctor.findings.perf_verdict import apply_outcome, run_status_of
+    from ddpdoctor.reports.sections import NodeSection
     from ddpdoctor.reports.watched import watched_report
     from ddpdoctor.rundir.loaders import rank_statuses
 
     watched = watched_report(run, "profile", locked=locked, analyse_traces=True)
     findings = apply_outcome(watched.findings, run_status_of(_manifest(run)))
     window, notes = window_parts(findings, rank_statuses(run), schedule, traced=bool(run.trace_files()))
-    report = Report("profile", parts=watched.parts, findings=[*findings, *window], notes=[*watched.notes, *notes],
+    parts = [*watched.parts, *([NodeSection(node.to_json())] if node is not None else [])]
+    report = Report("profile", parts=parts, findings=[*findings, *window], notes=[*watched.notes, *notes],
                     stopped=watched.stopped)
     if nccl_debug:
         from ddpdoctor.reports.topo import add_run_topology

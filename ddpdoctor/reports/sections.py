@@ -207,10 +207,19 @@ class TuneSection(Section):
     tune: TuneJson
 
 
+@dataclass(frozen=True)
+class NodeSection(Section):
+    """Which node of a multi-node launch printed the report (docs/json.md: ``node_rank``, ``nnodes``, ``host``,
+    ``is_head``, ``head``); a job of one node has none."""
+
+    KEYS: ClassVar[tuple[str, ...]] = ("node",)
+    node: dict[str, JSON]
+
+
 COMMAND_SECTIONS: dict[str, tuple[type[Section], ...]] = {
     "analyze": (PerfSection,),
-    "profile": (PerfSection, RunDirSection, JobSection, HangSection, TopologySection, DiffSection),
-    "run": (RunDirSection, JobSection, HangSection, TopologySection),
+    "profile": (PerfSection, RunDirSection, JobSection, HangSection, TopologySection, DiffSection, NodeSection),
+    "run": (RunDirSection, JobSection, HangSection, TopologySection, NodeSection),
     "check-sync": (RunDirSection, JobSection, HangSection, SyncChecksSection),
     "capture": (RunDirSection, PerfSection, SyncChecksSection),
     "logs": (LogsSection,),

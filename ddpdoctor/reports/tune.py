@@ -65,7 +65,8 @@ def _val(iv: Interval | None) -> float | None:
 
 
 def variant_json(v: VariantResult, base: VariantResult, predicted_ms: float | None, setting: Setting,
-                 gpus_total: int | None, expected_buckets: float | None = None) -> JsonObject:
+                 gpus_total: int | None, expected_buckets: float | None = None,
+                 cfg: DDPModule | None = None) -> JsonObject:
     """One row of ``variants`` (docs/json.md): ms throughout, intervals [lo, hi] at 90%."""
     gph: JsonObject | None = None
     if gpus_total and v.diff is not None and base.step is not None and base.step.value > 0:
@@ -94,7 +95,7 @@ def variant_json(v: VariantResult, base: VariantResult, predicted_ms: float | No
         "baseline_buckets": base.buckets,
         "expected_buckets": expected_buckets,
         "numerics": v.numerics.to_json() if v.numerics else None,
-        "change": code_line(setting),
+        "change": code_line(setting, cfg),
         "gpu_hours_per_day": gph,
     }
 
@@ -104,7 +105,7 @@ def assemble(trials: list[Trial], plan: Plan, prep: Preparation, design: TuneDes
     """The tune report from the trials as read back (commands/tune_trials.py), the plan and the profiled launch's
     preparation: the comparison (analyses/tune.py), its findings (findings/tune.py), the sections and notes."""
     result = compare(trials, tolerance)
-    findings = tune_findings(result, plan.candidates, gpus_total)
+    findings = tune_findings(result, plan.candidates, gpus_total, prep.cfg)
     return _report(result, plan, prep, findings, design, script, trials, gpus_total)
 
 
@@ -116,7 +117,7 @@ def _report(result: TuneResult, plan: Plan, prep: Preparation, findings: list[Fi
     for v in result.variants:
         cand = by_label.get(v.label)
         variants.append(variant_json(v, base, cand.predicted_ms if cand else None, cand.setting if cand else {},
-                                     gpus_total, cand.expected_buckets if cand else None))
+                                     gpus_total, cand.expected_buckets if cand else None, prep.cfg))
     cfg = prep.cfg or DDPModule()
     w = prep.whatif
     section: JsonObject = {

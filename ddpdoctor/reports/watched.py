@@ -15,6 +15,7 @@ from ddpdoctor.reports.sections import HangSection, HangVerdict
 from ddpdoctor.rundir import manifest as manifest_mod
 from ddpdoctor.rundir.layout import RunDir
 from ddpdoctor.rundir.loaders import rank_statuses, rank_text
+from ddpdoctor.rundir.schema import Manifest
 
 
 def watched_report(run: RunDir, command: str, *, locked: bool, debug: bool = False,
@@ -38,8 +39,53 @@ def watched_report(run: RunDir, command: str, *, locked: bool, debug: bool = Fal
     # a rank torchrun stopped after the crash (its peers' teardown, not a problem of its own).
     followers = crashed | (torn_down_ranks(run, rank_statuses(run)) if crashed else set())
     findings = [f for f in findings if f.id != "rank-no-status" or not set(f.ranks) <= followers]
+    findings.extend(_aborted_after_finish(run, manifest_mod.load_typed(run)))
     notes = [*base.notes, *monitor_notes(_read(run.root / "heartbeats.json") or {})]
     return Report(command, parts=parts, findings=findings, notes=notes, stopped=stopped)
+
+
+def _aborted_after_finish(run: RunDir, manifest: Manifest) -> list[Finding]:
+    """`aborted-after-finish` (findings/job.py): a failed job whose every rank wrote exit status 0. Only then are
+    torchrun's failure tables (RUN/torchrun/**/torchrun.log) and the ranks' last stderr lines read."""
+    from ddpdoctor.findings.job import TERMINATE_MARK, aborted_after_finish
+
+    statuses = rank_statuses(run)
+    if not manifest.exit_code or not statuses or any(s is None or s.get("exit_code") != 0
+                                                            for s in statuses.values()):
+        return []
+    signals, roots = torchrun_signals(run)
+    last_words: dict[int, str] = {}
+    for r in statuses:
+        tail = (rank_text(run, r, "stderr.log") or "")[-65536:]
+        said = [ln.strip() for ln in tail.splitlines() if ln.lstrip().startswith(TERMINATE_MARK)]
+        if said:
+            last_words[r] = said[-1][:200]
+    found = aborted_after_finish(manifest, statuses, signals, roots, last_words)
+    return [found] if found is not None else []
+
+
+def torchrun_signals(run: RunDir) -> tuple[dict[int, str], set[int]]:
+    """rank -> the signal that ended it, and the first failure(s), from torchrun's failure tables (each node's
+    RUN/torchrun/**/torchrun.log; the table is at its end, so only the last 256 KiB are read)."""
+    from ddpdoctor import safe_io
+    from ddpdoctor.errors import BadInput
+    from ddpdoctor.logs.launchers import torchrun_failures
+    from ddpdoctor.logs.lines import split_lines
+
+    signals: dict[int, str] = {}
+    roots: set[int] = set()
+    for log in sorted(run.torchrun_logs.glob("**/torchrun.log"))[:64]:
+        try:
+            data = safe_io.read_bytes(log, 64 << 20, decompress=False)[-(256 << 10):]
+        except (OSError, BadInput):
+            continue
+        failures, _ = torchrun_failures(split_lines(str(log), data.decode(errors="replace")))
+        for f in failures:
+            if f.rank is not None and f.signal:
+                signals[f.rank] = f.signal
+                if f.is_root_cause:
+                    roots.add(f.rank)
+    return signals, roots
 
 
 def torn_down_ranks(run: RunDir, statuses: dict[int, dict[str, Any] | None]) -> set[int]:
@@ -102,7 +148,7 @@ def watch_findings(run: RunDir, debug: bool = False, stopped: bool = False) -> l
     stderr = {r: rank_text(run, r, "stderr.log") or "" for r, s in statuses.items() if s is None}
     beats = {int(r): v.get("beat") for r, v in ((_read(run.root / "heartbeats.json") or {}).get("ranks") or {}).items()}
     crashes = crash_findings(statuses, debug=debug, param_names=_param_names(run), stderr=stderr, last_beats=beats,
-                             torn_down=torn_down_ranks(run, statuses))
+                             torn_down=torn_down_ranks(run, statuses), ddp_cfg=_ddp_cfg(run))
 
     if hang is not None or stopped:  # ranks ddpdoctor stopped did not leave of their own accord
         crashes = [f for f in crashes if f.id != "rank-left-early"]
@@ -148,6 +194,15 @@ def _param_names(run: RunDir) -> dict[int, list[str]]:
         if mods:
             out[r] = [p["name"] for p in mods[0].get("parameters", [])]
     return out
+
+
+def _ddp_cfg(run: RunDir) -> dict[str, Any] | None:
+    """The lowest rank's first DDP module description (its options and ``built_by``), for advice in its terms."""
+    for r in run.ranks_present():
+        mods = (_read(run.rank_file(r, "info.json")) or {}).get("ddp_modules") or []
+        if mods and isinstance(mods[0], dict):
+            return dict(mods[0])
+    return None
 
 
 def _where(p: dict[str, Any]) -> str:

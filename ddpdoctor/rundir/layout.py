@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import os
 import re
-import socket
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -105,7 +104,7 @@ class RunDir:
                 private_dir(d)
             # One probe file per launcher: the launchers of a multi-node job share this directory, and with one
             # name a launcher's unlink found the file already gone (ENOENT, "cannot write the run directory").
-            probe = self.root / f".write-test.{socket.gethostname()}.{os.getpid()}"
+            probe = self.root / f".write-test.{os.uname().nodename}.{os.getpid()}"  # = gethostname(), no socket import
             os.close(os.open(probe, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600))
             probe.unlink(missing_ok=True)
         except OSError as exc:

@@ -82,9 +82,11 @@ def _read_optional(path: Path, schema: type[T]) -> T | None:
 
 
 def finalize(run: RunDir, exit_code: int | None, duration_s: float, killed_by: str | None,
-             ended: Mapping[str, JsonValue] | None = None) -> None:
+             ended: Mapping[str, JsonValue] | None = None, disk_full: Mapping[str, JsonValue] | None = None
+             ) -> JsonObject:
     """Merge every rank's info.json and status.json into the manifest. The manifest's own JSON is updated in
-    place, so that fields this ddpdoctor does not know (a newer one wrote them) are kept."""
+    place, so that fields this ddpdoctor does not know (a newer one wrote them) are kept. ``disk_full``: the disk
+    under the run directory filled during the run (rundir/reserve.py facts: when, what ddpdoctor could not write)."""
     ranks: list[JsonObject] = []
     ddp_modules: JsonObject = {}
     first_info: RankInfo | None = None
@@ -125,7 +127,10 @@ def finalize(run: RunDir, exit_code: int | None, duration_s: float, killed_by: s
         env=info0.env,
         ddp_modules=ddp_modules,
     )
+    if disk_full:
+        data["disk_full"] = dict(disk_full)
     write_json(run.manifest, data)
+    return data
 
 
 def load(run: RunDir) -> dict[str, Any]:

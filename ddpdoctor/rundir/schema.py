@@ -158,6 +158,8 @@ class Manifest(Artefact, kw_only=True):
     # rank -> that rank's DDP modules (keys are ranks as strings in the file)
     ddp_modules: dict[int, list[DDPModule]] = {}
     ended: RunEnded | None = None
+    # The disk under the run directory filled during the run (rundir/reserve.py): when, and what was not written
+    disk_full: dict[str, Json] | None = None
 
 
 # ---- ranks/rankR/info.json, status.json, summary.json ----------------------------------------------------------
@@ -301,6 +303,7 @@ class SyncModule(msgspec.Struct, kw_only=True):
     frozen_params: list[str] = []
     buffers: list[str] = []
     batchnorm_buffers: list[str] = []
+    built_by: str | None = None  # the framework that built this DDP module (probes/ddp_recorder._built_by)
 
 
 class SyncRow(msgspec.Struct, kw_only=True):

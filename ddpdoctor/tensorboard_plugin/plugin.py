@@ -6,6 +6,7 @@ import base64
 import hashlib
 import json
 import re
+from collections.abc import Callable
 from importlib import resources
 from pathlib import Path
 from typing import Any
@@ -37,7 +38,8 @@ class DdpdoctorPlugin(base_plugin.TBPlugin):
 
     def __init__(self, context: base_plugin.TBContext) -> None:
         self._logdir = Path(context.logdir) if context.logdir else None
-        self._timelines: dict[tuple[str, float], Any] = {}  # (run, report.json mtime) -> timeline, the last one
+        # (run, report.json mtime, ranks asked) -> timeline, the last one
+        self._timelines: dict[tuple[str, float, tuple[int, ...]], Any] = {}
 
     def frontend_metadata(self) -> base_plugin.FrontendMetadata:
         return base_plugin.FrontendMetadata(es_module_path="/index.js", tab_name="ddpdoctor", disable_reload=True)
@@ -45,7 +47,7 @@ class DdpdoctorPlugin(base_plugin.TBPlugin):
     def is_active(self) -> bool:
         return bool(self._runs())
 
-    def get_plugin_apps(self) -> dict[str, Any]:
+    def get_plugin_apps(self) -> dict[str, Callable[..., Any]]:  # route -> WSGI application
         app = wrappers.Request.application
         return {"/index.js": app(self._serve_js), "/runs": app(self._serve_runs), "/report": app(self._serve_report),
                 "/report.json": app(self._serve_report_json), "/timeline": app(self._serve_timeline)}
@@ -105,10 +107,14 @@ class DdpdoctorPlugin(base_plugin.TBPlugin):
         if found is None:
             return _json(request, {"error": "no such run"}, 404)
         name, path = found
-        key = (name, (path / "report.json").lstat().st_mtime)
+        try:
+            ranks = runs_mod.parse_ranks(request.args.get("ranks", ""))
+        except ValueError as exc:
+            return _json(request, {"error": f"ranks: {exc}"}, 400)
+        key = (name, (path / "report.json").lstat().st_mtime, tuple(ranks))
         if key not in self._timelines:
             try:
-                data = runs_mod.timeline(path)
+                data = runs_mod.timeline(path, ranks or None)
             except Exception as exc:  # noqa: BLE001 - a bad trace is shown in the tab, not a server error
                 return _json(request, {"error": str(exc)}, 422)
             self._timelines = {key: data}  # one run kept: timelines of big runs are large

@@ -6,9 +6,11 @@ from __future__ import annotations
 import os
 import stat
 from pathlib import Path
-from typing import Any
+from typing import Any, TypedDict, cast
 
+from ddpdoctor.renderers.rank_classes import MAX_RANK_ROWS, group_ranks, legend
 from ddpdoctor.report import Report
+from ddpdoctor.reports.perf_json import RankJson
 from ddpdoctor.safe_io import loads_json, read_bytes
 
 MAX_DEPTH = 4  # logdir/a/b/c/RUN: deeper folders are not searched (a log dir may hold a whole home directory)
@@ -52,6 +54,51 @@ def read_report_bytes(run: Path, decompress: bool = False) -> bytes:
     return read_bytes(run / "report.json", MAX_REPORT_BYTES, decompress=decompress, follow_links=False)
 
 
+class RunRow(TypedDict, total=False):
+    """One row of the tab's run list (``error`` alone, after ``run``, when its report.json is unreadable)."""
+
+    run: str
+    error: str
+    command: str
+    status: str
+    findings: dict[str, int]  # severity -> count
+    why: str
+    ranks: int | None
+    exit_code: int | None
+    has_traces: bool
+    mtime: float
+
+
+class TimelineTrack(TypedDict):
+    """A thread or GPU stream: each event [start_us, dur_us, depth, name_index, cat_index]."""
+
+    name: str
+    depth: int
+    events: list[list[float | int]]
+
+
+class TimelineRank(TypedDict):
+    rank: int
+    label: str
+    role: str | None
+    clock_offset_us: float
+    tracks: list[TimelineTrack]
+
+
+class Timeline(TypedDict):
+    """The tab's timeline of every rank's complete events on rank 0's clock (names and cats indexed once)."""
+
+    t0_us: float
+    ranks: list[TimelineRank]
+    names: list[str]
+    cats: list[str]
+    truncated: bool
+    events: int
+    max_events: int
+    groups: dict[str, Any] | None  # a big job: the classes of alike ranks drawn (rank_groups), else None
+    asked: list[int] | None  # the ranks a person asked to see
+    traces_not_read: int
+
 def load_report(run: Path) -> Report:
     data = loads_json(read_report_bytes(run, decompress=True))
     if not isinstance(data, dict):
@@ -61,7 +108,7 @@ def load_report(run: Path) -> Report:
     return load_typed(data)  # typed sections, as the command assembled them
 
 
-def run_summary(name: str, run: Path) -> dict[str, Any]:
+def run_summary(name: str, run: Path) -> RunRow:
     """One row of the run list: verdict, findings by severity, ranks, exit code."""
     try:
         report = load_report(run)
@@ -105,25 +152,96 @@ def _depths(events: list[tuple[float, float, int]]) -> list[int]:
     return out
 
 
-def timeline(run: Path) -> dict[str, Any]:
+def parse_ranks(text: str, limit: int = MAX_RANK_ROWS) -> list[int]:
+    """"512,600-603" -> [512, 600, 601, 602, 603]: the ranks a person asked to see, at most ``limit`` of them (a
+    range is never expanded past the limit, whatever its size). ValueError on anything else."""
+    out: list[int] = []
+    for part in text.split(","):
+        part = part.strip()
+        if not part:
+            continue
+        lo, dash, hi = part.partition("-")
+        if not lo.isdigit() or (dash and not hi.isdigit()) or len(part) > 15:
+            raise ValueError(f"not a rank or a range of ranks: {part[:20]!r}")
+        first, last = int(lo), int(hi) if dash else int(lo)
+        if last < first:
+            raise ValueError(f"empty range: {part!r}")
+        for r in range(first, min(last, first + limit) + 1):
+            if r not in out:
+                out.append(r)
+            if len(out) >= limit:
+                return out
+    return out
+
+
+def _figure(r: dict[str, Any], stepless: bool) -> float | None:
+    v = r.get("comm_us") if stepless else (r.get("step_time_us") or {}).get("median")
+    return float(v) if isinstance(v, (int, float)) and v == v else None
+
+
+def rank_groups(sections: dict[str, Any]) -> dict[str, Any] | None:
+    """At more than MAX_RANK_ROWS ranks, what the tab shows instead of one row per rank, as the terminal and the
+    HTML report do (renderers/rank_classes.py): the ranks that matter (stragglers, slowest, fastest), one row each,
+    and the classes of alike ranks as ranges, each drawn through one member (the one nearest its class's median).
+    None when every rank fits."""
+    ranks = [r for r in sections.get("ranks") or [] if isinstance(r, dict) and isinstance(r.get("rank"), int)]
+    stragglers = [r for r in (sections.get("stragglers") or {}).get("ranks") or [] if isinstance(r, int)]
+    rows = group_ranks(cast("list[RankJson]", ranks), stragglers)  # the report's JSON, checked above
+    if rows is None:
+        return None
+    stepless = not any(_figure(r, False) is not None for r in ranks)
+    by_rank = {int(r["rank"]): r for r in ranks}
+    out = []
+    for row in rows:
+        shown = row.ranks[0]
+        if len(row.ranks) > 1:
+            values = {m: v for m in row.ranks if (v := _figure(by_rank[m], stepless)) is not None}
+            known = sorted(values.values())
+            if known:
+                mid = known[len(known) // 2]
+                shown = min(values, key=lambda m: (abs(values[m] - mid), m))
+        step = (row.row.get("step_time_us") or {}).get("median") if isinstance(row.row, dict) else None
+        out.append({"label": row.label, "ranks": row.ranges, "count": len(set(row.ranks)), "shown_rank": shown,
+                    "step_time_us": step, "comm_us": row.row.get("comm_us"), "single": len(row.ranks) == 1})
+    return {"rows": out, "legend": legend(stepless), "all_ranks": len(by_rank), "max_rows": MAX_RANK_ROWS}
+
+
+def timeline(run: Path, ranks: list[int] | None = None) -> Timeline:
     """Every rank's complete ("X") events on rank 0's clock (the report's clock offsets), as compact rows:
-    tracks per rank (a thread or a GPU stream), each event [start_us, dur_us, depth, name_index, cat_index]."""
+    tracks per rank (a thread or a GPU stream), each event [start_us, dur_us, depth, name_index, cat_index].
+
+    A big job (more than MAX_RANK_ROWS ranks) is drawn through the ranks that matter and one member of each class
+    of alike ranks (rank_groups), or through ``ranks`` when asked; only those ranks' traces are read."""
     from ddpdoctor.renderers.chrome_trace import event_args, raw_text, read_trace
     from ddpdoctor.renderers.merge import TraceStats, trace_rank
 
     report = load_report(run)
     s = report.sections
+    groups = rank_groups(s)
+    roles: dict[int, str] = {}
+    if ranks:
+        wanted: set[int] | None = set(ranks[:MAX_RANK_ROWS])
+    elif groups is not None:
+        wanted = {g["shown_rank"] for g in groups["rows"]}
+        for g in reversed(groups["rows"]):  # a rank both single and a class's member is named by its single row
+            roles[g["shown_rank"]] = g["label"] if g["single"] else f"{g['label']}: ranks {g['ranks']} ({g['count']})"
+    else:
+        wanted = None
     offsets = {int(k): float(v) for k, v in (s.get("clock_offsets_us") or {}).items()
                if str(k).lstrip("-").isdigit() and isinstance(v, (int, float))}
     known = {Path(str(i.get("path"))).name: i.get("rank") for i in s.get("inputs") or [] if isinstance(i, dict)}
     names: dict[str, int] = {}
     cats: dict[str, int] = {}
-    ranks_out: list[dict[str, Any]] = []
+    ranks_out: list[TimelineRank] = []
     raw_events: list[tuple[int, str, float, float, str, str]] = []  # rank, track, ts, dur, name, cat
     hosts: dict[int, str | None] = {}
+    skipped = 0
     for i, path in enumerate(trace_files(run)):
-        trace = read_trace(path)
         rank = known.get(path.name)
+        if wanted is not None and (not isinstance(rank, int) or rank not in wanted):
+            skipped += 1  # a big job: the trace of a rank not drawn is not read (unnamed traces neither)
+            continue
+        trace = read_trace(path)
         rank = rank if isinstance(rank, int) else trace_rank(trace, path, i)
         hosts[rank] = trace.host
         offset = offsets.get(rank, 0.0)
@@ -152,7 +270,7 @@ def timeline(run: Path) -> dict[str, Any]:
     for rank, track, ts, dur, name, cat in raw_events:
         by_track.setdefault((rank, track), []).append((ts - t0, dur, name, cat))
     for rank in sorted({r for r, _ in by_track}):
-        tracks = []
+        tracks: list[TimelineTrack] = []
         for (r, track), evs in sorted(by_track.items(), key=lambda kv: (_track_order(kv[0][1]), kv[0][1])):
             if r != rank:
                 continue
@@ -161,10 +279,13 @@ def timeline(run: Path) -> dict[str, Any]:
                      cats.setdefault(cat, len(cats))] for i, (ts, dur, name, cat) in enumerate(evs)]
             tracks.append({"name": track, "depth": max(depth, default=0) + 1, "events": rows})
         host = hosts.get(rank)
-        ranks_out.append({"rank": rank, "label": f"rank {rank}" + (f" ({host})" if host else ""),
+        role = roles.get(rank)
+        ranks_out.append({"rank": rank, "label": f"rank {rank}" + (f" ({host})" if host else "")
+                          + (f" · {role}" if role else ""), "role": role,
                           "clock_offset_us": offsets.get(rank, 0.0), "tracks": tracks})
     return {"t0_us": t0, "ranks": ranks_out, "names": list(names), "cats": list(cats), "truncated": truncated,
-            "events": len(raw_events), "max_events": MAX_TIMELINE_EVENTS}
+            "events": len(raw_events), "max_events": MAX_TIMELINE_EVENTS, "groups": groups,
+            "asked": sorted(wanted) if ranks and wanted is not None else None, "traces_not_read": skipped}
 
 
 def _track_order(name: str) -> int:

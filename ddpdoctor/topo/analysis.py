@@ -5,10 +5,18 @@ from __future__ import annotations
 import re
 from collections import Counter
 from dataclasses import dataclass, field
-from typing import Any
 
 from ddpdoctor.topo import versions
 from ddpdoctor.topo.nccl_log import ConnStat, Line, NcclLog
+from ddpdoctor.topo.section_types import (
+    Channels,
+    GpuRow,
+    HostRow,
+    RankRow,
+    SystemRow,
+    TopoSummary,
+    Transports,
+)
 from ddpdoctor.topo.topo_xml import TopoSystem, nearest_nic
 
 # GPU names that mean "point-to-point NVLink or NVSwitch present" (SXM/HGX boards) and consumer boards (no P2P
@@ -156,7 +164,7 @@ def evidence_lines(lines: list[Line], limit: int = 5) -> list[str]:
     return [ln.ref() for ln in lines[:limit]]
 
 
-def summary(f: Facts) -> dict[str, Any]:
+def summary(f: Facts) -> TopoSummary:
     """The report's "summary" section: nodes x GPUs, transport inside and between nodes, GDR."""
     nets = sorted({n for h in f.log.hosts.values() for n in h.networks})
     return {
@@ -177,8 +185,8 @@ def summary(f: Facts) -> dict[str, Any]:
     }
 
 
-def hosts_section(f: Facts) -> list[dict[str, Any]]:
-    out = []
+def hosts_section(f: Facts) -> list[HostRow]:
+    out: list[HostRow] = []
     for name in sorted(f.log.hosts):
         h = f.log.hosts[name]
         vr = f.host_versions.get(name)
@@ -200,7 +208,7 @@ def hosts_section(f: Facts) -> list[dict[str, Any]]:
     return out
 
 
-def ranks_section(f: Facts) -> list[dict[str, Any]]:
+def ranks_section(f: Facts) -> list[RankRow]:
     return [
         {"rank": r, "host": i.host, "cuda_dev": i.cuda_dev, "bus_id": i.bus_id, "nranks": i.nranks,
          "gpu": i.gpu_name}
@@ -208,10 +216,10 @@ def ranks_section(f: Facts) -> list[dict[str, Any]]:
     ]
 
 
-def topology_section(systems: list[TopoSystem]) -> list[dict[str, Any]]:
-    out = []
+def topology_section(systems: list[TopoSystem]) -> list[SystemRow]:
+    out: list[SystemRow] = []
     for s in systems:
-        gpus = []
+        gpus: list[GpuRow] = []
         for g in s.gpus:
             near = nearest_nic(g, s.nets)
             gpus.append({
@@ -233,7 +241,7 @@ def topology_section(systems: list[TopoSystem]) -> list[dict[str, Any]]:
     return out
 
 
-def transports_section(f: Facts, limit: int = 500) -> dict[str, Any]:
+def transports_section(f: Facts, limit: int = 500) -> Transports:
     """Per-peer transports: line counts by kind inside/between nodes, and the (src, dst, transport) pairs."""
     conns = sorted(f.log.connections.values(), key=lambda c: (c.src, c.dst, c.transport))
     inter = {id(c) for c in f.inter_conns}
@@ -249,7 +257,7 @@ def transports_section(f: Facts, limit: int = 500) -> dict[str, Any]:
     }
 
 
-def channels_section(f: Facts) -> dict[str, Any]:
+def channels_section(f: Facts) -> Channels:
     log = f.log
 
     def first(v: tuple[int, Line] | None) -> int | None:

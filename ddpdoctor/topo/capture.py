@@ -6,6 +6,7 @@ from pathlib import Path
 from typing import Any
 
 from ddpdoctor.findings.model import Finding, Severity
+from ddpdoctor.topo.section_types import NcclNotUsed, RunTopology
 
 NCCL_DEBUG_ENV = {"NCCL_DEBUG": "INFO", "NCCL_DEBUG_SUBSYS": "INIT,ENV,NET,GRAPH"}
 TOPO_FILE = "nccl_topo.xml"
@@ -35,8 +36,8 @@ def is_run_dir(path: Path) -> bool:
     return (path / "ranks").is_dir() or (path / "manifest.json").is_file()
 
 
-def _not_used(backend: str | None, why: str) -> tuple[dict[str, Any], list[Finding]]:
-    section = {"nccl_used": False, "backend": backend, "reason": why}
+def _not_used(backend: str | None, why: str) -> tuple[NcclNotUsed, list[Finding]]:
+    section: NcclNotUsed = {"nccl_used": False, "backend": backend, "reason": why}
     return section, [Finding(
         "nccl-not-used", Severity.INFO, f"NCCL was not used ({why}): there is no fabric to check",
         evidence={"backend": backend} if backend else {},
@@ -44,7 +45,7 @@ def _not_used(backend: str | None, why: str) -> tuple[dict[str, Any], list[Findi
     )]
 
 
-def analyze_run_dir(run_dir: Path, backend: str | None) -> tuple[dict[str, Any], list[Finding]]:
+def analyze_run_dir(run_dir: Path, backend: str | None) -> tuple[RunTopology | NcclNotUsed, list[Finding]]:
     """The "topology" section and findings from RUN/ranks/rank*/{stdout.log,stderr.log,nccl_topo.xml}
     (and torchrun's per-rank logs). ``backend`` is the process group's backend when known."""
     from ddpdoctor.topo.diagnose import diagnose, read_inputs
@@ -61,7 +62,7 @@ def analyze_run_dir(run_dir: Path, backend: str | None) -> tuple[dict[str, Any],
     if inputs.log.nccl_lines == 0 and not inputs.systems:
         return _not_used(backend, "the ranks printed no NCCL lines")
     sections, findings = diagnose(inputs.log, inputs.systems)
-    section: dict[str, Any] = {"nccl_used": True, "backend": backend, **sections}
+    section: RunTopology = {"nccl_used": True, "backend": backend, **sections}
     return section, findings
 
 

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
 
 from ddpdoctor.errors import BadInput
 from ddpdoctor.findings.model import Finding
@@ -13,6 +12,7 @@ from ddpdoctor.topo import analysis, evidence
 from ddpdoctor.topo.nccl_log import NcclLog, parse_lines
 from ddpdoctor.topo.rules import log_findings
 from ddpdoctor.topo.rules_xml import xml_findings
+from ddpdoctor.topo.section_types import TopoSections
 from ddpdoctor.topo.topo_xml import TopoSystem, parse_topo_xml
 
 _SNIFF = 8192
@@ -86,7 +86,7 @@ _MEANINGLESS_WITHOUT_MPI = frozenset((
 
 
 def diagnose(log: NcclLog, systems: list[TopoSystem],
-             extra: evidence.Evidence | None = None) -> tuple[dict[str, Any], list[Finding]]:
+             extra: evidence.Evidence | None = None) -> tuple[TopoSections, list[Finding]]:
     """Report sections ("summary", "hosts", "ranks", "transports", "channels", "topology", "warnings", "inputs")
     and the findings."""
     facts = analysis.derive(log, systems)
@@ -98,7 +98,7 @@ def diagnose(log: NcclLog, systems: list[TopoSystem],
         if any(f.id == "nccl-tests-no-mpi" for f in findings):
             # Separate one-rank jobs: what would be read as the job's network, channels or rank layout is not one.
             findings = [f for f in findings if f.id not in _MEANINGLESS_WITHOUT_MPI]
-    sections: dict[str, Any] = {
+    sections: TopoSections = {
         "summary": analysis.summary(facts),
         "hosts": analysis.hosts_section(facts),
         "ranks": analysis.ranks_section(facts),

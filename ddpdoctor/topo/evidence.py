@@ -11,7 +11,8 @@ from ddpdoctor.findings.model import Finding, Severity
 
 # nccl-tests: "#  Rank  0 Group  0 Pid  1234 on  hostA device  0 [0x07] NVIDIA GeForce RTX 4090" (bus id also printed
 # as "[0000:07:00]" or "[07:00.0]" by newer builds; "Group" since nccl-tests 2.10).
-_TESTS_DEVICE = re.compile(r"#\s+Rank\s+(\d+)\s+(?:Group\s+\d+\s+)?Pid\s+(\d+)\s+on\s+(\S+)\s+device\s+(\d+)\s+"
+# Pasted into an issue or a forum the leading "#" is often gone (markdown reads it as a heading).
+_TESTS_DEVICE = re.compile(r"(?:^|#|>:)\s*Rank\s+(\d+)\s+(?:Group\s+\d+\s+)?Pid\s+(\d+)\s+on\s+(\S+)\s+device\s+(\d+)\s+"
                            r"\[([0-9a-fA-Fx:.]+)\]\s*(.*?)\s*$")
 # Open MPI's --tag-output prefix "[1,3]<stdout>:" (job, rank): which MPI rank printed the line.
 _MPI_TAG = re.compile(r"^\[\d+,(\d+)\]<std(?:out|err)>:")
@@ -41,6 +42,7 @@ class Evidence:
     devices: dict[tuple[str, int], tuple[str, str, str]] = field(default_factory=dict)  # (host, dev) -> (bus, model, line)
     tests_rank_hosts: dict[int, set[str]] = field(default_factory=dict)
     tests_rank0_mpi: set[str] = field(default_factory=set)  # mpirun --tag-output ranks whose process printed "Rank 0"
+    tests_rank0_procs: set[tuple[str, int]] = field(default_factory=set)  # (host, pid) of each process with a "Rank 0"
     switches: dict[str, list[str]] = field(default_factory=dict)  # vendor name -> lines
     p2p_off: list[str] = field(default_factory=list)
     p2p_used: bool = False
@@ -55,7 +57,7 @@ def scan(evidence: Evidence, text: str) -> None:
     """Add one log's evidence (lines are matched on cheap substrings first)."""
     for raw in text.splitlines():
         line = raw.strip()
-        if "Rank" in line and "device" in line and "#" in line[:24]:
+        if "Rank" in line and "device" in line and ("#" in line[:24] or "Rank" in line[:24]):
             m = _TESTS_DEVICE.search(line)
             if m:
                 rank, host, dev = int(m.group(1)), m.group(3), int(m.group(4))
@@ -64,6 +66,8 @@ def scan(evidence: Evidence, text: str) -> None:
                 tag = _MPI_TAG.match(line)
                 if rank == 0 and tag:
                     evidence.tests_rank0_mpi.add(tag.group(1))
+                if rank == 0 and len(evidence.tests_rank0_procs) < 4096:
+                    evidence.tests_rank0_procs.add((host, int(m.group(2))))
                 continue
         low = line.lower()
         if " nccl " not in low and "net/ofi" not in low and "libfabric" not in low and "efa" not in low:
@@ -166,14 +170,18 @@ def findings(ev: Evidence, nodes: int) -> list[Finding]:
             "nccl-tests-no-mpi", Severity.ERROR,
             (f"Every process ran its own one-GPU job ({len(ev.tests_rank0_mpi)} MPI ranks each printed 'Rank 0'"
              f" on {', '.join(hosts[:4])}" if len(hosts) == 1 else
+             f"Every process ran its own job ({len(ev.tests_rank0_procs)} processes on {len(hosts)} hosts each "
+             "printed 'Rank 0'" if multi and len(ev.tests_rank0_procs) > len(hosts) else
              f"Every node ran its own one-node job ({len(hosts)} hosts each with "
              + (f"rank {multi[0]}" if multi else "a communicator of 1 rank"))
             + "): nccl-tests built without MPI; its figures measure no communication between them",
             evidence={"hosts": hosts[:16], "ranks_on_several_hosts": sorted(multi)[:16],
-                      "mpi_ranks_printing_rank_0": sorted(ev.tests_rank0_mpi, key=int)[:16]},
+                      "mpi_ranks_printing_rank_0": sorted(ev.tests_rank0_mpi, key=int)[:16],
+                      "processes_printing_rank_0": len(ev.tests_rank0_procs)},
             advice="Rebuild nccl-tests with MPI=1 MPI_HOME=... and launch it with mpirun/srun (one process per GPU "
                    "or per node with -g); without MPI each process is rank 0 of its own job and measures nothing "
-                   "between nodes.",
+                   "between nodes. Built with MPI=1, the same happens when the mpirun comes from another MPI than "
+                   "the one nccl-tests was linked against (`ldd all_reduce_perf | grep mpi` against `which mpirun`).",
         ))
     split = {n: hosts for n, hosts in ev.comm_rank0.items() if n > 1 and len(hosts) > 1}
     if split and not multi:

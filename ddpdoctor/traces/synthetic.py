@@ -11,7 +11,7 @@ import gzip
 import json
 import re
 from pathlib import Path
-from typing import Any
+from typing import TypedDict, cast
 
 from ddpdoctor import safe_io
 
@@ -19,21 +19,56 @@ _STEP = re.compile(r"^ProfilerStep#(\d+)$")
 RANKS_PER_NODE = 8
 
 
-def load_doc(path: Path) -> dict[str, Any]:
+class TraceEvent(TypedDict, total=False):
+    """A Chrome trace event as the profiler records it (the keys this module reads or moves; others ride along)."""
+
+    ph: str
+    name: str
+    ts: float
+    dur: float
+    cat: str
+    pid: int | str
+    tid: int | str
+    args: dict[str, object]
+
+
+class PgConfig(TypedDict, total=False):
+    pg_name: str
+    pg_size: int
+    ranks: list[int] | str  # "all" once a synthetic world is too large to list
+
+
+class DistributedInfo(TypedDict, total=False):
+    backend: str
+    rank: int
+    world_size: int
+    pg_count: int
+    pg_config: list[PgConfig]
+
+
+class TraceDoc(TypedDict, total=False):
+    """A profiler trace file's JSON object (the keys this module changes; the profiler's others are copied)."""
+
+    traceEvents: list[TraceEvent]
+    distributedInfo: DistributedInfo
+    host_name: str
+
+
+def load_doc(path: Path) -> TraceDoc:
     """A trace file (.json or .json.gz) as its JSON object."""
     doc = json.loads(safe_io.read_bytes(Path(path)))
     if not isinstance(doc, dict) or not isinstance(doc.get("traceEvents"), list):
         raise ValueError(f"{path}: not a profiler trace")
-    return doc
+    return cast(TraceDoc, doc)  # checked above: an object with a list of events
 
 
-def _span(events: list[dict[str, Any]]) -> tuple[float, float]:
+def _span(events: list[TraceEvent]) -> tuple[float, float]:
     xs = [e for e in events if e.get("ph") == "X" and "ts" in e]
     t0 = min(float(e["ts"]) for e in xs)
     return t0, max(float(e["ts"]) + float(e.get("dur", 0)) for e in xs) - t0
 
 
-def repeat_steps(doc: dict[str, Any], copies: int) -> dict[str, Any]:
+def repeat_steps(doc: TraceDoc, copies: int) -> TraceDoc:
     """The trace with its events repeated ``copies`` times back to back in time, each copy's ProfilerSteps
     numbered after the previous copy's (a longer recording of the same job)."""
     events = doc["traceEvents"]
@@ -45,7 +80,7 @@ def repeat_steps(doc: dict[str, Any], copies: int) -> dict[str, Any]:
     out = list(meta)
     for c in range(copies):
         for e in body:
-            e2 = dict(e)
+            e2 = e.copy()
             if "ts" in e2:
                 e2["ts"] = round(float(e2["ts"]) + c * span, 3)
             if (m := _STEP.match(str(e2.get("name", "")))) is not None:
@@ -54,26 +89,26 @@ def repeat_steps(doc: dict[str, Any], copies: int) -> dict[str, Any]:
     return {**doc, "traceEvents": out}
 
 
-def strip_steps(doc: dict[str, Any]) -> dict[str, Any]:
+def strip_steps(doc: TraceDoc) -> TraceDoc:
     """The trace as the profiler writes it without a schedule (or a serving framework does): no ProfilerStep#N."""
     return {**doc, "traceEvents": [e for e in doc["traceEvents"] if not _STEP.match(str(e.get("name", "")))]}
 
 
-def as_rank(doc: dict[str, Any], rank: int, world: int, shift_us: float = 0.0, late_us: float = 0.0,
-            host: str | None = None) -> dict[str, Any]:
+def as_rank(doc: TraceDoc, rank: int, world: int, shift_us: float = 0.0, late_us: float = 0.0,
+            host: str | None = None) -> TraceDoc:
     """``doc`` as rank ``rank`` of ``world``: distributedInfo and process group renamed, every timestamp moved by
     ``shift_us`` (another host's clock), and with ``late_us`` > 0 every collective this rank runs starts that much
     later and ends when it did (the others no longer wait for it: it arrives last, a straggler)."""
-    out = {k: copy.deepcopy(v) for k, v in doc.items() if k != "traceEvents"}
+    out = cast(TraceDoc, {k: copy.deepcopy(v) for k, v in doc.items() if k != "traceEvents"})
     dist = out.setdefault("distributedInfo", {})
     dist["rank"], dist["world_size"] = rank, world
     for pg in dist.get("pg_config") or []:
         pg["pg_size"], pg["ranks"] = world, list(range(world)) if world <= 64 else "all"
     if host is not None:
         out["host_name"] = host
-    events = []
+    events: list[TraceEvent] = []
     for e in doc["traceEvents"]:
-        e2 = dict(e)
+        e2 = e.copy()
         if "ts" in e2 and e2.get("ph") != "M":
             e2["ts"] = float(e2["ts"]) + shift_us
             if late_us and e2.get("ph") == "X" and str(e2.get("name", "")).startswith(("gloo:", "nccl")):
@@ -85,7 +120,7 @@ def as_rank(doc: dict[str, Any], rank: int, world: int, shift_us: float = 0.0, l
     return out
 
 
-def write(doc: dict[str, Any], path: Path, level: int = 1) -> Path:
+def write(doc: TraceDoc, path: Path, level: int = 1) -> Path:
     """``doc`` as a .json.gz (or .json) trace file."""
     # The profiler's own spacing ('"rank": 3'): HTA finds a file's rank with that regular expression, and reads
     # every compact file as rank 0.
@@ -95,7 +130,7 @@ def write(doc: dict[str, Any], path: Path, level: int = 1) -> Path:
     return path
 
 
-def write_job(sources: list[dict[str, Any]], ranks: int, dest: Path, slow_rank: int | None = None,
+def write_job(sources: list[TraceDoc], ranks: int, dest: Path, slow_rank: int | None = None,
               late_us: float = 0.0, node_shift_us: float = 1000.0) -> list[Path]:
     """``ranks`` trace files under ``dest`` (rankR.pt.trace.json.gz), rank r from ``sources[r % len(sources)]``,
     RANKS_PER_NODE ranks per host (one clock each, shifted by node_shift_us per node), ``slow_rank`` late."""

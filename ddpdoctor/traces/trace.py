@@ -10,15 +10,18 @@ from __future__ import annotations
 import re
 from array import array
 from dataclasses import dataclass, field
+from operator import attrgetter
 from pathlib import Path
+from typing import NoReturn
 
 import numpy as np
 
 from ddpdoctor.errors import BadInput
 from ddpdoctor.safe_io import clean_text
-from ddpdoctor.traces.loader import EventArgs, RawTrace, decode_args, rank_from_filename
+from ddpdoctor.traces.loader import Event, EventArgs, RawTrace, decode_args, rank_from_filename
 
 _INF = float("inf")
+_TS, _DUR = attrgetter("ts"), attrgetter("dur")
 _STEP = re.compile(r"^ProfilerStep#(\d+)$")
 _WAIT = re.compile(r"wait|synchronize", re.IGNORECASE)
 BACKWARD_PREFIX = "autograd::engine::evaluate_function:"
@@ -133,6 +136,24 @@ def classify(name: str, cat: str, has_gpu: bool) -> int:
     return k
 
 
+def _bad_duration(ev: Event, path: str) -> NoReturn:
+    raise BadInput(f"event {clean_text(ev.name)[:80]!r} at ts {ev.ts} has duration {ev.dur}: durations must be "
+                   "finite and >= 0 (a damaged or hand-edited trace)", path)
+
+
+def _cpu_compute(events: list[Event], path: str) -> Spans:
+    """Columns of a CPU trace's compute ops (launch = start), with the same duration check as every other event."""
+    n = len(events)
+    start = np.fromiter(map(_TS, events), dtype=np.float64, count=n)
+    dur = np.fromiter(map(_DUR, events), dtype=np.float64, count=n)
+    end = start + dur
+    with np.errstate(invalid="ignore"):
+        bad = ~((dur >= 0.0) & np.isfinite(end))
+    if bad.any():
+        _bad_duration(events[int(np.argmax(bad))], path)
+    return Spans(start, end, start.copy())
+
+
 def build_trace(raw: RawTrace, fallback_rank: int | None = None) -> Trace:
     """Classify every complete ('X') event once."""
     dist = raw.dist
@@ -152,13 +173,14 @@ def build_trace(raw: RawTrace, fallback_rank: int | None = None) -> Trace:
 
     events = raw.events
     gloo_tids: set = set()
-    for ev in events:
-        if ev.ph == "M" and ev.name == "thread_name":
+    for ev in [e for e in events if e.ph == "M"]:  # a comprehension: the loop body runs for the few metadata events
+        if ev.name == "thread_name":
             label = decode_args(ev.args).name
             if isinstance(label, str) and "pt_gloo_runloop" in label:
                 gloo_tids.add((ev.pid, ev.tid))
     has_gpu = "kernel" in {ev.cat for ev in events if ev.ph == "X"}  # a comprehension: no generator per event
 
+    gloo_thread_ids = {tid for _, tid in gloo_tids}  # a plain tid test first: no (pid, tid) tuple per event
     steps: list[tuple[int, float, float]] = []
     # Columns as flat float arrays (start, end, launch-or-correlation per row): 24 bytes a row, no tuples.
     compute, memory, backward, data = array("d"), array("d"), array("d"), array("d")
@@ -167,6 +189,10 @@ def build_trace(raw: RawTrace, fallback_rank: int | None = None) -> Trace:
     grads: list[CpuCall] = []
     syncs: list[CpuCall] = []
     runtime: dict[int, float] = {}
+    # A CPU trace's compute ops (nearly all of its events) are only collected here, in event order; their columns
+    # are built afterwards in C (_cpu_compute): per event, one list append instead of arithmetic and a check.
+    cpu_compute: list[Event] = []
+    keep = cpu_compute.append
     nan = float("nan")
     kinds: dict[tuple[str, str], int] = {}  # names repeat: classify each (name, cat) once
     for ev in events:
@@ -178,15 +204,14 @@ def build_trace(raw: RawTrace, fallback_rank: int | None = None) -> Trace:
             k = kinds[(name, cat)] = classify(name, cat, has_gpu)
         if not k:
             continue
+        if k == K_COMPUTE:  # most events of a CPU trace: one test instead of the chain below
+            if ev.tid not in gloo_thread_ids or (ev.pid, ev.tid) not in gloo_tids:
+                keep(ev)
+            continue
         ts = ev.ts
         end = ts + ev.dur
         if not (ev.dur >= 0.0 and -_INF < end < _INF):  # NaN fails every comparison
-            raise BadInput(f"event {clean_text(name)[:80]!r} at ts {ts} has duration {ev.dur}: durations must be "
-                           "finite and >= 0 (a damaged or hand-edited trace)", raw.path)
-        if k == K_COMPUTE:  # most events of a CPU trace: one test instead of the chain below
-            if not gloo_tids or (ev.pid, ev.tid) not in gloo_tids:
-                compute.extend((ts, end, ts))
-            continue
+            _bad_duration(ev, raw.path)
         if k & K_GPU:
             # The third slot holds the correlation id until the runtime calls are known (they may come later).
             a = decode_args(ev.args)
@@ -222,9 +247,10 @@ def build_trace(raw: RawTrace, fallback_rank: int | None = None) -> Trace:
             data.extend((ts, end, ts))
             continue
         if k & K_COMPUTE and (ev.pid, ev.tid) not in gloo_tids:
-            compute.extend((ts, end, ts))
+            keep(ev)
 
-    comp, mem = Spans.of(compute), Spans.of(memory)
+    comp = _cpu_compute(cpu_compute, raw.path) if cpu_compute else Spans.of(compute)
+    mem = Spans.of(memory)
     if has_gpu:
         # Launch time of each kernel = the runtime call with its correlation id (for steps and HTA's window).
         def launch_of(corr: float) -> float:

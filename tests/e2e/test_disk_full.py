@@ -3,7 +3,12 @@
 * 0 bytes free before the launch: the run directory's lock cannot be written -> one line, exit 2 (was an ENOSPC
   traceback from launch/runlock.py). Needs root to mount a small tmpfs (else skipped).
 * A job that succeeded, and only RUN/report.html cannot be written: exit 0 by the job's verdict with one warning
-  line naming the file (was exit 2)."""
+  line naming the file (was exit 2).
+* The disk fills while a real 2-rank gloo job runs (the job's own "checkpoint" fills it at step 5 and it trains on):
+  the job is not disturbed, the ranks' status and the manifest's end go into the space ddpdoctor held back
+  (rundir/reserve.py), the report says `disk-full` (a warning) and the exit code is the job's, 0. Without the
+  reserve (DDPDOCTOR_SPACE_RESERVE_KB=0) the same run read "rank-no-status" (both ranks blamed as killed) and
+  "run-unfinished" with exit 1: the failure this fixes."""
 
 from __future__ import annotations
 
@@ -15,6 +20,37 @@ from pathlib import Path
 import pytest
 
 from tests.conftest import EXAMPLES, SCENARIOS, run_cli
+
+
+def _mount(disk: Path, size: str) -> None:
+    disk.mkdir()
+    if subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", str(disk)], capture_output=True).returncode:
+        pytest.skip("cannot mount a small tmpfs here")
+
+
+def test_disk_that_fills_during_a_real_job_gives_a_complete_verdict(tmp_path: Path) -> None:
+    disk = tmp_path / "disk"
+    _mount(disk, "768k")
+    try:
+        run = disk / "run"
+        proc = run_cli("run", "--nproc-per-node", "2", "-q", "--json", "--out", str(run),
+                       str(SCENARIOS / "fill_disk.py"), env={"FILL_PATH": str(disk / "ckpt.bin"), "STEPS_AFTER": "6"})
+        manifest = json.loads((run / "manifest.json").read_text())
+        statuses = [json.loads((run / "ranks" / f"rank{r}" / "status.json").read_text()) for r in (0, 1)]
+        saved = json.loads((run / "report.json").read_text())
+        held = [p.name for p in run.iterdir() if ".reserve." in p.name]
+        status = run_cli("status", str(run))
+    finally:
+        subprocess.run(["umount", str(disk)], capture_output=True)
+    assert "Traceback" not in proc.stderr, proc.stderr[-3000:]
+    report = json.loads(proc.stdout)
+    assert proc.returncode == 0, (proc.stderr[-2000:], report["findings"])
+    assert [s["exit_code"] for s in statuses] == [0, 0] and [s["steps_completed"] for s in statuses] == [11, 11]
+    assert manifest["finished"] and manifest["exit_code"] == 0 and manifest["disk_full"]["full_after_s"] > 0
+    (f,) = [f for f in report["findings"] if f["severity"] != "info"]
+    assert f["id"] == "disk-full" and f["severity"] == "warning" and f["evidence"]["job_exit_code"] == 0
+    assert saved["findings"] == report["findings"] and held == []  # the reserve is given back
+    assert status.returncode == 0 and "finished" in status.stdout, status.stdout + status.stderr
 
 
 def test_lock_on_a_full_disk_is_one_line(tmp_path: Path) -> None:

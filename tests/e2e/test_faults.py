@@ -88,9 +88,11 @@ def test_out_on_a_full_disk_is_one_line_and_keeps_what_fitted(tmp_path: Path, st
                        timeout=240)
         assert "Traceback" not in proc.stderr, proc.stderr[-3000:]
         if not env or stage == "late":
-            assert proc.returncode == 2, proc.stderr[-3000:]
-            last = proc.stderr.strip().splitlines()[-1]
-            assert last.startswith("ddpdoctor: error: ") and "No space left on device" in last, last
+            # The job was healthy: its verdict is the exit code; each file that did not fit is one line naming it.
+            assert proc.returncode == 0, proc.stderr[-3000:]
+            said = [ln for ln in proc.stderr.splitlines() if ln.startswith("ddpdoctor: ")]
+            assert said and all("No space left on device" in ln for ln in said), said
+            assert any("report.json" in ln and ln.startswith("ddpdoctor: warning: ") for ln in said), said
         assert not [p for p in out.rglob("*") if p.name.endswith(".tmp")]
         assert (out / "manifest.json").is_file()  # what fitted is kept
         assert _left_over(script.parent) == []

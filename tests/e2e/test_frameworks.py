@@ -68,7 +68,12 @@ def test_hf_trainer_advice_is_in_training_arguments_terms(tmp_path) -> None:
     report = json.loads(proc.stdout)
     (flag,) = [f for f in report["findings"] if f["id"] == "find-unused-parameters-unneeded"]
     assert flag["advice"].startswith("`TrainingArguments(ddp_find_unused_parameters=False)`"), flag["advice"]
-    assert "DDP(model" not in flag["advice"]
+    # Every DDP-option advice of the run (the bucket findings' bucket_cap_mb or compression hook included) is said in
+    # the HF Trainer's terms: never "DDP(model, ...)", which the user cannot write under the Trainer.
+    for f in report["findings"]:
+        assert "`DDP(model, " not in (f.get("advice") or ""), (f["id"], f["advice"])
+    info = json.loads(next((tmp_path / "hf" / "ranks").glob("rank0/info.json")).read_text())
+    assert info["ddp_modules"][0]["built_by"] == "transformers"
 
 
 @pytest.mark.skipif(importlib.util.find_spec("lightning") is None, reason="Lightning not installed (extra: frameworks)")
@@ -79,3 +84,23 @@ def test_lightning_without_its_sampler_is_advised_in_lightnings_terms(tmp_path) 
     overlap = next(f for f in report["findings"] if f["id"] == "sampler-overlap")
     assert overlap["evidence"]["cause"] == "lightning-sampler-off"
     assert "use_distributed_sampler" in overlap["advice"]
+
+
+@pytest.mark.skipif(importlib.util.find_spec("lightning") is None, reason="Lightning not installed (extra: frameworks)")
+def test_lightning_unused_layer_is_named_and_advised_in_lightnings_terms(tmp_path) -> None:
+    # Lightning 2.x replaces DDP's "Expected to have finished reduction ..." by its own message, without the
+    # parameter list: it was explained as "fix the exception in this rank's traceback", in `run` and in `logs`.
+    out = tmp_path / "unused"
+    proc = run_cli("run", "--nproc-per-node", "2", "-q", "--json", "--out", str(out),
+                   str(SCENARIOS / "lightning_ddp.py"), "--steps", "8", "--unused-layer")
+    assert proc.stdout.strip(), proc.stderr[-3000:]
+    report = json.loads(proc.stdout)
+    assert proc.returncode == 1
+    (unused,) = [f for f in report["findings"] if f["id"] == "unused-parameters"]
+    assert unused["severity"] == "error"
+    assert "`Trainer(strategy=DDPStrategy(find_unused_parameters=True))`" in unused["advice"]
+    assert "check-sync" in unused["advice"] and "DistributedDataParallel" not in unused["advice"]
+    # the same from the ranks' logs alone (the traceback passes through Lightning's files)
+    logs = run_cli("logs", "--json", *(str(p) for p in sorted(out.glob("ranks/rank*/stderr.log"))))
+    (from_logs,) = [f for f in json.loads(logs.stdout)["findings"] if f["id"] == "unused-parameters"]
+    assert "`Trainer(strategy=DDPStrategy(find_unused_parameters=True))`" in from_logs["advice"]

@@ -2,6 +2,8 @@
 stand in for two nodes (tests/e2e/test_multinode.py's helpers), the default rule with its floor scaled down
 ($DDPDOCTOR_DEFAULT_HANG_TIMEOUT=5, as tests/e2e/test_watcher_busy.py does).
 
+The two-node busy and stuck tests run each node in its own network namespace where the sandbox allows (root, iproute2).
+
 - A rank on node 1 busy in a 10 s checkpoint while the others wait: a long stall, no kill, both launchers exit 0.
 - A rank on node 1 asleep forever: a hang, culprit that rank, on both consoles.
 - A rank asleep forever while another of its threads keeps the process busy (gloo's I/O threads, NCCL's watchdog
@@ -20,7 +22,7 @@ from typing import Any
 import pytest
 
 from tests.conftest import REPO, SCENARIOS, run_cli
-from tests.e2e.test_multinode import _port, finish, start_nodes, verdict_lines
+from tests.e2e.test_multinode import _port, finish, netns_refused, node_namespaces, start_nodes, verdict_lines
 
 pytestmark = pytest.mark.slow
 FLOOR = 5.0
@@ -33,9 +35,14 @@ def pause_env(tmp_path: Path, rank: int, kind: str, pause_s: float = 0, steps: i
 
 
 def two_nodes(tmp_path: Path, env: dict[str, str], *extra: str) -> tuple[list[tuple[int, str, str]], Path]:
+    """Each node in its own network namespace where the sandbox allows (tests/e2e/test_multinode.py), else two
+    launchers on this host's loopback (the reason is printed)."""
     out = tmp_path / "job"
-    procs = start_nodes("run", "pause.py", out, 2, 2, "--startup-timeout", "300", *extra, env=env)
-    return finish(procs, timeout=300), out
+    with node_namespaces() as ns:
+        if ns is None:
+            print(f"two nodes on one loopback: {netns_refused}")
+        procs = start_nodes("run", "pause.py", out, 2, 2, "--startup-timeout", "300", *extra, env=env, netns=ns)
+        return finish(procs, timeout=300), out
 
 
 def findings(out: Path) -> list[dict[str, Any]]:
@@ -121,16 +128,27 @@ def test_live_health_is_job_wide_without_a_shared_filesystem(tmp_path: Path) -> 
 
 
 def test_a_lost_head_is_said_by_the_other_nodes(tmp_path: Path) -> None:
+    # docs/hangs.md#lost-head: node 1 says so in one line and reports what it knows (its own ranks' last state,
+    # the head's last verdict: none here), exit 1; its --json is a report with one `head-lost` finding.
     import signal
 
     out, mark = tmp_path / "job", tmp_path / "training"
     procs = start_nodes("run", "mn_healthy_slow.py", out, 2, 1, "--hang-timeout", "30", "--startup-timeout", "300",
-                        env={"MN_STEPS": "400", "MN_SLOW_S": "0", "MN_STEP_SLEEP_S": "0.1", "MN_MARK": str(mark)})
+                        "--json", env={"MN_STEPS": "400", "MN_SLOW_S": "0", "MN_STEP_SLEEP_S": "0.1",
+                                       "MN_MARK": str(mark)})
     deadline = time.time() + 300
     while time.time() < deadline and not (Path(f"{mark}.0").exists() and Path(f"{mark}.1").exists()):
         time.sleep(0.3)
     procs[0].send_signal(signal.SIGKILL)  # the head's launcher, its host gone
-    (code0, _, _), (code1, _, err1) = finish(procs, timeout=300)
+    (code0, _, _), (code1, so1, err1) = finish(procs, timeout=300)
     assert code0 == -signal.SIGKILL
     assert code1 == 1, err1[-3000:]
-    assert "the head node (127.0.0.1) was lost" in err1, err1[-3000:]
+    (line,) = [ln for ln in err1.splitlines() if "was lost" in ln]
+    assert line.startswith("ddpdoctor: the head node (127.0.0.1) was lost: it did not answer; this node (") and \
+        "its ranks: rank 1: step " in line and line.endswith("last verdict from the head: none"), line
+    doc = json.loads(so1)
+    assert doc["status"] == "error" and doc["node"]["node_rank"] == 1 and doc["node"]["is_head"] is False
+    (lost,) = doc["findings"]
+    assert lost["id"] == "head-lost" and lost["ranks"] == [1], lost
+    (rank1,) = lost["evidence"]["ranks"]
+    assert rank1["rank"] == 1 and rank1["step"] >= 1 and lost["evidence"]["last_verdict"] is None

@@ -115,3 +115,28 @@ def test_lightning_rank_slow_by_50_ms_is_named_live_and_by_profile(tmp_path: Pat
     (s,) = [f for f in json.loads(prof.stdout)["findings"] if f["id"] == "straggler-rank"]
     assert s["ranks"] == [1] and 35 < s["evidence"]["cost_ms_per_step"] < 70
     assert s["evidence"]["last_in"]["1"].split(" of ")[0] == s["evidence"]["last_in"]["1"].split(" of ")[1]
+
+
+def test_flight_recorder_source_forced_on_gloo_runs_the_real_reader_and_publishes_every_step(tmp_path: Path) -> None:
+    # The NCCL source's machinery (its thread reading torch 2.13's real Flight Recorder, held steps published in
+    # order) on a real gloo job. gloo's entries carry no CUDA-event durations, so every held step goes out as a gap
+    # with the reason, the caused-wait rule stays silent, and the job and its report are unchanged.
+    out = tmp_path / "forced"
+    proc = run_cli("run", "--nproc-per-node", "2", "-q", "--json", "--out", str(out), JOB, "--steps", "30",
+                   env={"DDPDOCTOR_LEDGER_SOURCE": "flight-recorder"}, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    report = json.loads(proc.stdout)
+    assert not _slow(report), report["findings"]
+    for rank in (0, 1):
+        ledger = json.loads((out / "ranks" / f"rank{rank}" / "ledger.json").read_text())
+        assert ledger["source"].startswith("flight-recorder") and "gloo" in ledger["source_note"]
+        steps = ledger["steps"]
+        assert [s[0] for s in steps] == list(range(1, 31))  # every step, in order, the held ones included
+        assert "ledger_gap" not in steps[0][2]  # decided at step 1's end: held from step 2 on
+        assert all("ledger_gap" in s[2] and "collective" not in s[2] for s in steps[1:])
+        assert all("host_collective" in s[2] for s in steps[1:])  # DDP's bucket wait, as the host measured it
+        fl = ledger["flight"]
+        assert fl["steps_without"] == 29 and fl["steps_with_device_time"] == 0 and fl["polls"] >= 1
+        assert "carry no duration" in fl["why_without"] and fl["error"] is None
+        grads = [c for c in ledger["collectives"] if c["op"] == "gloo:all_reduce"]
+        assert grads and grads[-1]["bytes"] > 0 and grads[-1]["state"] == "scheduled"

@@ -15,6 +15,7 @@ from typing import Any
 import pytest
 
 from tests.conftest import REPO, SCENARIOS, run_cli
+from tests.teardown import settle_cli
 
 pytestmark = pytest.mark.slow
 JOB = str(SCENARIOS / "live_job.py")
@@ -25,7 +26,8 @@ def _run(out: Path, *job_args: str, flags: tuple[str, ...] = ()) -> tuple[int, d
     proc = run_cli("run", "--nproc-per-node", "2", "-q", "--json", *flags, "--out", str(out), JOB, *job_args,
                    timeout=240)
     assert proc.stdout.strip(), proc.stderr[-3000:]
-    return proc.returncode, json.loads(proc.stdout), proc.stderr
+    report = settle_cli(proc, json.loads(proc.stdout), flags)  # torch's teardown abort alone is forgiven
+    return proc.returncode, report, proc.stderr
 
 
 def test_rank_made_slower_halfway_is_named_with_its_phase_and_status_says_finished(tmp_path: Path) -> None:

@@ -3,6 +3,8 @@ sharing one --out; the head names the culprit, every node prints the same verdic
 
 from __future__ import annotations
 
+import contextlib
+import itertools
 import json
 import os
 import random
@@ -11,6 +13,8 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
@@ -29,20 +33,64 @@ def _port() -> int:
     return reserve_port_pair()
 
 
+@dataclass(frozen=True)
+class Netns:
+    """Two network namespaces joined by a veth pair: node i runs in ``names[i]`` with address ``addrs[i]`` on
+    interface ``ifnames[i]`` (nothing of one node's network is the other's: no shared loopback)."""
+
+    names: tuple[str, str]
+    addrs: tuple[str, str]
+    ifnames: tuple[str, str]
+
+
+_NS_COUNT = itertools.count()
+
+
+@contextlib.contextmanager
+def node_namespaces() -> Iterator[Netns | None]:
+    """Each node its own network namespace where the sandbox allows (root and iproute2): a Netns, removed on
+    exit; None (with the reason in ``netns_refused``) where it does not."""
+    global netns_refused
+    if os.geteuid() != 0 or not shutil.which("ip"):
+        netns_refused = "needs root and iproute2 for network namespaces"
+        yield None
+        return
+    tag = f"{os.getpid() % 0xfff:03x}{next(_NS_COUNT) % 16:x}"
+    pair = _netns_pair(tag)
+    if pair is None:
+        netns_refused = "the sandbox refuses network namespaces"
+        yield None
+        return
+    sub = 10 + int(tag, 16) % 200
+    try:
+        yield Netns(pair, (f"10.77.{sub}.1", f"10.77.{sub}.2"), (f"v{tag}a", f"v{tag}b"))
+    finally:
+        _netns_del(*pair)
+
+
+netns_refused = ""
+
+
 def start_nodes(command: str, script: str, out: Path | list[Path], nnodes: int = 2, nproc: int = 1, *extra: str,
-                env: dict[str, str] | None = None) -> list[subprocess.Popen[str]]:
-    """``out``: one run directory for every node (a shared filesystem), or one per node."""
-    port = _port()
+                env: dict[str, str] | None = None, netns: Netns | None = None) -> list[subprocess.Popen[str]]:
+    """``out``: one run directory for every node (a shared filesystem), or one per node. ``netns``: each node in
+    its own network namespace (2 nodes), the head's address as the master address."""
+    # In namespaces of the test's own no other process can hold a port: any will do.
+    port = _port() if netns is None else random.randint(20000, 59000)
     full_env = dict(os.environ, PYTHONUNBUFFERED="1", **(env or {}))
     if not (env or {}).get("DDPDOCTOR_JOB_TOKEN"):
         full_env.pop("DDPDOCTOR_JOB_TOKEN", None)
     outs = out if isinstance(out, list) else [out] * nnodes
     procs = []
     for n in range(nnodes):
-        cmd = [sys.executable, "-m", "ddpdoctor", command, "--nnodes", str(nnodes), "--node-rank", str(n),
-               "--nproc-per-node", str(nproc), "--master-addr", "127.0.0.1", "--master-port", str(port),
+        master, node_env, prefix = "127.0.0.1", dict(full_env), []
+        if netns is not None:
+            master, prefix = netns.addrs[0], ["ip", "netns", "exec", netns.names[n]]
+            node_env["GLOO_SOCKET_IFNAME"] = netns.ifnames[n]
+        cmd = [*prefix, sys.executable, "-m", "ddpdoctor", command, "--nnodes", str(nnodes), "--node-rank", str(n),
+               "--nproc-per-node", str(nproc), "--master-addr", master, "--master-port", str(port),
                "--out", str(outs[n]), *extra, str(SCENARIOS / script)]
-        procs.append(subprocess.Popen(cmd, cwd=REPO, env=full_env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+        procs.append(subprocess.Popen(cmd, cwd=REPO, env=node_env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                                       text=True))
     return procs
 
@@ -228,30 +276,13 @@ def _netns_del(*names: str) -> None:
 
 def test_nodes_in_their_own_network_namespaces(tmp_path: Path) -> None:
     # Each node has its own network stack and address: nothing may assume 127.0.0.1 across nodes.
-    if os.geteuid() != 0 or not shutil.which("ip"):
-        pytest.skip("needs root and iproute2 for network namespaces")
-    tag = f"{random.randint(0, 0xfff):03x}"
-    pair = _netns_pair(tag)
-    if pair is None:
-        pytest.skip("the sandbox refuses network namespaces")
-    sub = 10 + int(tag, 16) % 200
-    head = f"10.77.{sub}.1"
-    # The two nodes live in network namespaces of their own, made by this test: no other process can hold a port
-    # there, so any port will do.
-    out, port = tmp_path / "job", random.randint(20000, 59000)
-    try:
-        procs = []
-        for n, (ns, ifname) in enumerate(zip(pair, (f"v{tag}a", f"v{tag}b"), strict=True)):
-            env = dict(os.environ, PYTHONUNBUFFERED="1", GLOO_SOCKET_IFNAME=ifname, MN_STUCK_RANK="1")
-            env.pop("DDPDOCTOR_JOB_TOKEN", None)
-            procs.append(subprocess.Popen(
-                ["ip", "netns", "exec", ns, sys.executable, "-m", "ddpdoctor", "run", "--nnodes", "2", "--node-rank",
-                 str(n), "--nproc-per-node", "1", "--master-addr", head, "--master-port", str(port), "--hang-timeout",
-                 str(HANG_TIMEOUT), "--startup-timeout", "300", "--out", str(out), str(SCENARIOS / "mn_stall.py")],
-                cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True))
+    with node_namespaces() as ns:
+        if ns is None:
+            pytest.skip(netns_refused)
+        out = tmp_path / "job"
+        procs = start_nodes("run", "mn_stall.py", out, 2, 1, "--hang-timeout", str(HANG_TIMEOUT), "--startup-timeout",
+                            "300", env={"MN_STUCK_RANK": "1"}, netns=ns)
         for code, _, err in finish(procs):
             assert code == 1, err[-3000:]
             assert "culprit rank(s) 1:" in verdict_lines(err)[0], err[-2000:]
-    finally:
-        _netns_del(*pair)
     assert json.loads((out / "hang.json").read_text())["diagnosis"]["culprit_ranks"] == [1]

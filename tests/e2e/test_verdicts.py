@@ -9,6 +9,7 @@ import time
 import pytest
 
 from tests.conftest import SCENARIOS, run_cli
+from tests.teardown import settle_run
 
 pytestmark = pytest.mark.slow
 
@@ -17,6 +18,7 @@ def _profile(tmp_path, script: str, *flags: str):
     out = tmp_path / "run"
     res = run_cli("profile", "--nproc-per-node", "2", "--out", str(out), "-q", "--json", *flags,
                   str(SCENARIOS / script))
+    settle_run(res, out, flags)  # torch's teardown abort alone is forgiven (tests/teardown.py)
     return out, res
 
 

@@ -1,7 +1,8 @@
 """A Lightning training script in the spirit of Lightning's own examples (a LightningModule, a Trainer with the DDP
 strategy), edited only to run on CPU/gloo: `Trainer(accelerator="cpu", strategy="ddp")` under torchrun. Lightning
 adds the DistributedSampler itself (its default), re-creating the DataLoader from its constructor's signature.
-`--sleep-rank R --sleep-ms N` makes one rank slow."""
+`--sleep-rank R --sleep-ms N` makes one rank slow; `--unused-layer` adds a layer the forward never uses (Lightning's
+DDP default, find_unused_parameters=False, then fails at the second step)."""
 
 from __future__ import annotations
 
@@ -17,9 +18,10 @@ from torch.utils.data import DataLoader, TensorDataset
 
 
 class Regressor(L.LightningModule):
-    def __init__(self, sleep_rank: int, sleep_ms: float) -> None:
+    def __init__(self, sleep_rank: int, sleep_ms: float, unused_layer: bool = False) -> None:
         super().__init__()
         self.net = nn.Sequential(nn.Linear(16, 32), nn.ReLU(), nn.Linear(32, 1))
+        self.head = nn.Linear(32, 1) if unused_layer else None  # never called in training_step
         self.sleep_rank, self.sleep_ms = sleep_rank, sleep_ms
 
     def training_step(self, batch: tuple[torch.Tensor, torch.Tensor], batch_idx: int) -> torch.Tensor:
@@ -40,6 +42,7 @@ def main() -> None:
     ap.add_argument("--sleep-rank", type=int, default=-1)
     ap.add_argument("--sleep-ms", type=float, default=0.0)
     ap.add_argument("--no-lightning-sampler", action="store_true", help="Trainer(use_distributed_sampler=False)")
+    ap.add_argument("--unused-layer", action="store_true", help="a layer that gets no gradient")
     args = ap.parse_args()
     torch.manual_seed(0)
     data = TensorDataset(torch.randn(512, 16), torch.randn(512, 1))
@@ -48,7 +51,7 @@ def main() -> None:
         os.environ.get("LOCAL_WORLD_SIZE", "1")), max_steps=args.steps, logger=False, enable_checkpointing=False,
         enable_progress_bar=False, enable_model_summary=False,
         use_distributed_sampler=not args.no_lightning_sampler)
-    trainer.fit(Regressor(args.sleep_rank, args.sleep_ms), loader)
+    trainer.fit(Regressor(args.sleep_rank, args.sleep_ms, args.unused_layer), loader)
     print(f"rank {trainer.global_rank} done at step {trainer.global_step}", flush=True)
 
 

@@ -136,3 +136,29 @@ def test_4096_ranks_mismatch_reason_is_grouped() -> None:
     d = diagnose(nodes, 4096, list(range(4096)))
     assert d.culprit_ranks == [5, 1000]
     assert "ranks 5,1000: all_gather #40" in d.reason and len(d.reason) < 600
+
+
+def test_one_verdict_builder_for_one_node_and_for_many() -> None:
+    # job/verdict.build: the same ranks' records as one node (a lone node's monitor) or as two (the head) give the
+    # same verdict; an exited rank's exit site reaches the diagnosis through its record.
+    from ddpdoctor.findings.hang import diagnose_hang, position
+    from ddpdoctor.job.rules import Limits
+    from ddpdoctor.job.verdict import build
+
+    special = {3: beat(6, phase="data", where="stall.py:11", bw_seq=None, started=T0 + 10)}
+    many, one = job(2, 2, special), job(1, 4, special)
+    v_many = build(many, 4, [0, 1, 2, 3], T0 + 30, limits=Limits(10, 600), timeout_s=10, on_hang="kill", stacks={},
+                   dumps={})
+    v_one = build(one, 4, [0, 1, 2, 3], T0 + 30, limits=Limits(10, 600), timeout_s=10, on_hang="kill", stacks={},
+                  dumps={})
+    assert v_one.to_json() == v_many.to_json()
+    assert v_one.diagnosis.culprit_ranks == [3] and v_one.diagnosis.kind == "outside-collective"
+    # The stalled ranks made no progress since the most recent start of their steps (rank 3's, at T0 + 10).
+    assert v_one.detected_after_s == 20.0 and v_one.hang_timeout_set and not v_one.in_startup
+    # The records give the positions the raw heartbeats give (findings/hang.position), an exited rank included.
+    left = {"exit_code": 0, "exception": None, "steps_completed": 6, "exit_site": "train.py:99"}
+    raw = {0: position(0, beat(6), None), 1: position(1, beat(6), left)}
+    nodes = job(1, 2, exits={1: left})
+    built = build(nodes, 2, [0], T0 + 30, limits=Limits(10, 600), timeout_s=10, on_hang="kill", stacks={}, dumps={})
+    assert built.diagnosis.positions == diagnose_hang(raw, [0]).positions
+    assert built.diagnosis.positions[1].call_site == "train.py:99"

@@ -12,6 +12,7 @@ const COLORS = {
 const STATUS_COLOR = {ok: "#15803d", warning: "#b45309", error: "#b91c1c"};
 const ROW = 13; // px per nesting level
 const GUTTER = 190; // px of track labels
+const AXIS = 16; // px of the time axis strip at the top
 
 function el(tag, attrs, ...children) {
   const node = document.createElement(tag);
@@ -94,7 +95,7 @@ class Timeline {
   constructor(host, data) {
     this.data = data;
     this.rows = []; // {y, h, rank, track, events}
-    let y = 0;
+    let y = AXIS; // the time axis has its own strip: a rank's label (a class's ranges) never runs under it
     for (const rank of data.ranks) {
       this.rows.push({y, h: 18, header: rank.label + (rank.clock_offset_us ? ` (clock shifted ${(-rank.clock_offset_us).toFixed(1)} µs)` : "")});
       y += 18;
@@ -207,7 +208,8 @@ class Timeline {
       }
       ctx.restore();
     }
-    // time axis labels at the top of the first rank's header
+    // time axis labels in their strip at the top
+    ctx.fillStyle = "#ffffff"; ctx.fillRect(0, 0, this.width, AXIS);
     ctx.fillStyle = "#374151";
     for (let i = 0; i <= 4; i++) {
       const t = this.t0 + (this.t1 - this.t0) * i / 4;
@@ -215,6 +217,7 @@ class Timeline {
     }
     this.canvas.setAttribute("data-rendered", "1");
     this.canvas.setAttribute("data-drawn", String(drawn));
+    this.canvas.setAttribute("data-ranks", this.data.ranks.map((r) => r.rank).join(","));
   }
 
   pick(x, y) {
@@ -236,6 +239,29 @@ class Timeline {
       return;
     }
   }
+}
+
+// A big job (more than data.groups.max_rows ranks): its ranks as the few that matter and classes of alike ranks with
+// ranges, as in the terminal and the HTML report, never a row per rank; any ranks can be drawn on request.
+function rankClasses(groups, draw) {
+  const body = el("tbody");
+  for (const g of groups.rows) {
+    const step = g.step_time_us == null ? "-" : fmtMs(g.step_time_us);
+    body.appendChild(el("tr", {class: g.single ? "single" : "class"},
+      el("td", {}, g.label), el("td", {}, g.ranks), el("td", {}, String(g.count)), el("td", {}, step),
+      el("td", {}, el("button", {onclick: () => draw(String(g.shown_rank))}, `rank ${g.shown_rank}`))));
+  }
+  const input = el("input", {id: "ranks-input", size: "24", placeholder: "e.g. 512,600-603"});
+  const form = el("form", {class: "tl-tools", onsubmit: (e) => { e.preventDefault(); draw(input.value); }},
+    el("span", {}, `Draw other ranks (up to ${groups.max_rows}): `), input, el("button", {type: "submit"}, "draw"),
+    el("button", {type: "button", onclick: () => { input.value = ""; draw(""); }}, "the ranks that matter"));
+  return el("div", {},
+    el("p", {class: "note"}, `${groups.all_ranks} ranks: ${groups.legend}. The timeline draws the ranks that ` +
+      "matter and one rank of each class."),
+    el("table", {class: "runs", id: "rank-classes-table"},
+      el("thead", {}, el("tr", {}, ...["who", "ranks", "count", "median step", "drawn as"].map((h) => el("th", {}, h)))),
+      body),
+    form);
 }
 
 async function showRun(run, panel) {
@@ -271,16 +297,26 @@ async function showRun(run, panel) {
     loaded = true;
     if (!run.has_traces) { tl.append(el("p", {class: "note"}, "This run has no traces (run/check-sync do not profile).")); return; }
     const status = el("p", {class: "note"}, "Loading the traces…");
-    tl.append(status);
-    try {
-      const data = await getJson(url("timeline"));
-      status.textContent = `${data.events} events of ${data.ranks.length} rank(s), all on rank 0's clock (aligned on ` +
-        `matched collectives)` + (data.truncated ? `; only the ${data.max_events} longest are drawn` : "") + ".";
-      new Timeline(tl, data);
-      document.body.setAttribute("data-timeline", "1");
-    } catch (err) {
-      status.textContent = `Could not read the traces: ${err.message}`;
-    }
+    const classes = el("div", {id: "rank-classes"});
+    const drawing = el("div", {id: "timeline-drawing"});
+    tl.append(classes, status, drawing);
+    const draw = async (ranks) => {
+      status.textContent = "Loading the traces…";
+      drawing.textContent = "";
+      try {
+        const data = await getJson(url("timeline") + (ranks ? `&ranks=${encodeURIComponent(ranks)}` : ""));
+        const of = data.groups ? ` (${data.groups.all_ranks} ranks in the job; ` +
+          (data.asked ? "the ranks asked for" : "the ranks that matter and one of each class") + " drawn)" : "";
+        status.textContent = `${data.events} events of ${data.ranks.length} rank(s)${of}, all on rank 0's clock ` +
+          `(aligned on matched collectives)` + (data.truncated ? `; only the ${data.max_events} longest are drawn` : "") + ".";
+        if (data.groups && !classes.childNodes.length) classes.append(rankClasses(data.groups, draw));
+        new Timeline(drawing, data);
+        document.body.setAttribute("data-timeline", "1");
+      } catch (err) {
+        status.textContent = `Could not read the traces: ${err.message}`;
+      }
+    };
+    await draw("");
   };
   const want = new URLSearchParams(window.location.search).get("view") === "timeline" ? "timeline" : "report";
   show(want);

@@ -1,0 +1,359 @@
+"""The shapes of what a rank writes into the run directory and sends to the monitor: status.json, info.json,
+sync.json, data.json, tune.json and the heartbeat's messages.
+
+TypedDicts, not classes: each is a JSON document the rank builds in its user's process and writes as it is, so the
+shapes type the dicts at no cost per step and without changing a byte of the files (rundir/schema.py validates
+them on the way back in). Keys a rank adds only on some paths are optional (``total=False``)."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import TypedDict
+
+# ---- heartbeat: the collective a rank is in ----------------------------------------------------------------
+
+
+class CollectiveState(TypedDict, total=False):
+    """A collective the rank entered (heartbeat.py): also status.json's failed_collective / last_collective."""
+
+    op: str
+    group: str
+    seq: int | None
+    sizes: list[list[int]]
+    call_site: str | None
+    since: float
+    step: int
+    error: str  # only in failed_collective
+
+
+class BackwardState(TypedDict):
+    """The rank is inside backward(), where DDP all-reduces its buckets: where the default group's count stands."""
+
+    call_site: str | None
+    since: float | None
+    group: str
+    seq: int | None
+
+
+class Beat(TypedDict, total=False):
+    """One heartbeat (a "beat" line to the monitor; job/record.py reads it)."""
+
+    type: str
+    rank: int
+    pid: int
+    time: float
+    step: int
+    phase: str
+    step_started: float
+    last_step_s: float | None
+    max_step_s: float | None
+    collective: CollectiveState | None
+    last_collective: CollectiveState | None
+    where: str | None
+    tid: int
+    main_tid: int | None
+    steps: list[list[object]]  # live.recent_steps: [step, seconds, {phase: seconds}]
+    summary: dict[str, float]
+    backward: BackwardState
+
+
+class Dump(TypedDict):
+    """The answer to the monitor's "dump" request."""
+
+    type: str
+    rank: int
+    stacks: str
+    flight_recorder: object  # torch's Flight Recorder JSON as torch writes it, or {"error": ...}
+
+
+class CaptureReply(TypedDict, total=False):
+    """A rank's answer to the monitor's "capture" request (probes/live.py): accepted, or the reason not."""
+
+    type: str
+    rank: int
+    id: str
+    what: str
+    accepted: bool
+    reason: str
+
+
+# ---- status.json ----------------------------------------------------------------------------------------------
+
+
+class RankStatusDoc(TypedDict, total=False):
+    """ranks/rankR/status.json as the bootstrap and the probes fill it (rundir/schema.py: RankStatus)."""
+
+    exit_code: int
+    exit_site: str | None
+    signal: str | None
+    stopped_after_window: int
+    exception: str
+    exception_type: str
+    traceback: str
+    rank: int
+    steps_completed: int
+    step_times_s: list[float]
+    duration_s: float
+    ddp_modules: int
+    traces: list[str]
+    failed_collective: CollectiveState
+    last_collective: CollectiveState
+    ended_at: float
+    stopped_by: str
+
+
+# ---- info.json ------------------------------------------------------------------------------------------------
+
+
+class Versions(TypedDict):
+    torch: str
+    cuda: str | None
+    nccl: str | None
+    cuda_available: bool
+    device_count: int
+
+
+class GroupDoc(TypedDict):
+    name: str
+    ranks: list[int]
+
+
+class ProcessGroupDoc(TypedDict, total=False):
+    backend: str
+    world_size: int
+    groups: list[GroupDoc]
+
+
+class DDPConfig(TypedDict):
+    """How a DDP module was built (ddp_recorder._config)."""
+
+    module_class: str
+    bucket_cap_mb: float | None
+    find_unused_parameters: bool
+    static_graph: bool
+    gradient_as_bucket_view: bool
+    broadcast_buffers: bool
+    built_by: str | None
+
+
+class ParamDoc(TypedDict):
+    name: str
+    numel: int
+    bytes: int
+    dtype: str
+
+
+class BucketDoc(TypedDict):
+    index: int
+    bytes: int
+    param_indices: list[int]
+    params: list[str]
+
+
+class DDPModuleDoc(DDPConfig):
+    """A DDP module's configuration, parameters and bucket layout (info.json's ddp_modules)."""
+
+    parameter_count: int
+    parameter_bytes: int
+    parameter_tensors: int
+    parameters_ignored: list[str]
+    parameters: list[ParamDoc]
+    buckets: list[BucketDoc]
+    buckets_rebuilt: bool
+    grad_ready_order: list[int]
+    iteration: int
+    world_size: int
+    backend: str | None
+    bucket_cap_bytes: int | None
+
+
+class RankInfoDoc(TypedDict, total=False):
+    """ranks/rankR/info.json (rundir/schema.py: RankInfo)."""
+
+    rank: int
+    world_size: int
+    local_rank: int
+    host: str
+    pid: int
+    host_cpus: int | None
+    local_world_size: int | None
+    versions: Versions
+    env: dict[str, str]
+    process_group: ProcessGroupDoc | None
+    ddp_modules: list[DDPModuleDoc]
+
+
+# ---- sync.json (check-sync) ---------------------------------------------------------------------------------
+
+# Per tensor [numel, sum, sum of squares, 4 samples], or None: floats in the rank, a non-finite value written as its
+# repr (JSON has no NaN).
+Fingerprints = Sequence[Sequence[float | str] | None]
+
+
+class _SyncModuleBuiltBy(TypedDict, total=False):
+    built_by: str | None  # the framework that built this DDP (Lightning, HF Trainer, accelerate); DDP modules only
+
+
+class SyncModuleDoc(_SyncModuleBuiltBy):
+    index: int
+    ddp: bool
+    module_class: str
+    broadcast_buffers: bool
+    find_unused_parameters: bool
+    params: list[str]
+    ignored_params: list[str]
+    frozen_params: list[str]
+    buffers: list[str]
+    batchnorm_buffers: list[str]
+
+
+class FingerprintRow(TypedDict, total=False):
+    """One module's fingerprints at one step: gradients (with how the forwards ran), parameters or buffers."""
+
+    step: int
+    module: int
+    synced_forwards: int
+    unsynced_forwards: int
+    reduced: bool
+    synced_by_ddp: bool | None
+    fp: Fingerprints
+
+
+class OutsideParam(TypedDict):
+    name: str
+    shape: list[int]
+
+
+class EquivalenceResult(TypedDict, total=False):
+    """sync.json's ``equivalence``: the relative error per parameter of DDP's gradient against one process's, or
+    why the check was skipped (``skipped``), or that rank 0 computed it (``computed_on``)."""
+
+    step: int
+    skipped: str
+    computed_on: int
+    world_size: int
+    caveats: list[str]
+    batch_sizes: list[int]
+    mode: str
+    relative_error: dict[str, float | str | None]
+    relative_error_per_rank_batches: dict[str, float | str | None]
+
+
+class SyncDoc(TypedDict):
+    """ranks/rankR/sync.json (rundir/schema.py: SyncRecord)."""
+
+    rank: int
+    world_size: int
+    stop_after: int
+    data_steps: int
+    stopped_at: int | None
+    stop_reason: str | None
+    steps_completed: int
+    check_seconds: float
+    probe_failed: bool
+    modules: list[SyncModuleDoc]
+    optimizer_params_outside_ddp: list[OutsideParam]
+    closure_steps: int
+    grads: list[FingerprintRow]
+    params: list[FingerprintRow]
+    buffers: list[FingerprintRow]
+    equivalence: EquivalenceResult | None
+
+
+# ---- data.json (check-sync's DataLoader recorder, probes/sampler.py) -------------------------------------------
+
+Scalar = bool | int | float | str
+
+
+# A batch sampler that hands each rank every num_processes-th batch (accelerate's BatchSamplerShard).
+ShardFacts = TypedDict("ShardFacts", {"class": str, "num_processes": int, "process_index": int})
+
+
+# What the loader's index sampler says about itself ("class" is a keyword, hence the functional form). The
+# attributes read from any sampler (shuffle, seed, ...) are whatever scalar the user's class holds.
+SamplerFacts = TypedDict("SamplerFacts", {
+    "class": str, "distributed": bool, "num_replicas": int, "rank": int, "shuffle": Scalar, "seed": Scalar,
+    "drop_last": Scalar, "replacement": Scalar, "total_size": int, "epoch": int,
+    "sharded_by": ShardFacts, "framework": str,
+}, total=False)
+
+
+class DatasetFingerprint(TypedDict, total=False):
+    """A map-style dataset's length and the hashes of its first and last samples, or why there are none."""
+
+    len: int
+    first: str
+    last: str
+    varies: bool
+    error: str
+
+
+class SubsetFacts(TypedDict):
+    """A loader over (nested) Subsets: the dataset under them and a hash of the indices they select."""
+
+    root_class: str
+    root_len: int
+    hash: str
+
+
+class EpochRecord(TypedDict, total=False):
+    """One pass over a loader (one ``iter()``); ``indices`` for the first few epochs only, ``peek`` when no step
+    followed it."""
+
+    epoch: int
+    batches_yielded: int
+    steps: int
+    sample_hashes: list[str]
+    sampler_epoch: int | None
+    len: int | None
+    batches: int | None
+    order_hash: str
+    truncated: bool
+    indices: list[int]
+    root_indices: list[int]
+    peek: bool
+
+
+class LoaderDoc(TypedDict):
+    """One DataLoader the script built, as data.json holds it."""
+
+    loader: int
+    subset: SubsetFacts | None
+    dataset_fp: DatasetFingerprint | None
+    dataset_class: str
+    dataset_len: int | None
+    iterable: bool
+    batch_size: int | None
+    drop_last: bool
+    shuffle_arg: bool
+    sampler_arg: bool
+    batch_sampler_arg: bool
+    num_workers: int
+    sampler: SamplerFacts | None
+    epochs: list[EpochRecord]
+
+
+class InitConflict(TypedDict):
+    """A DataLoader(shuffle=True, sampler=...) the constructor refused."""
+
+    error: str
+    sampler: str
+
+
+class DataDoc(TypedDict):
+    """What the recorder saw (data.json without its ``rank``)."""
+
+    loaders: list[LoaderDoc]
+    init_conflicts: list[InitConflict]
+    set_epoch_calls: int
+
+
+# ---- tune.json ----------------------------------------------------------------------------------------------
+
+
+class TuneApplied(TypedDict):
+    """What one DDP module of a trial was built with: the options the script gave, those the trial set, the hook."""
+
+    given: dict[str, object]
+    options: dict[str, object]
+    comm_hook: str | None

@@ -1,0 +1,72 @@
+"""The space held back for a run's last writes (ddpdoctor/rundir/reserve.py) and the `disk-full` finding it feeds
+(docs/findings.md#job-disk-full): by hand, on the local disk; the real full disk is tests/e2e/test_disk_full.py."""
+
+from __future__ import annotations
+
+import errno
+from pathlib import Path
+
+from ddpdoctor.findings.job import disk_full_findings, job_findings
+from ddpdoctor.rundir import reserve as reserve_mod
+from ddpdoctor.rundir.reserve import SpaceReserve
+
+
+def _held(root: Path) -> dict[str, int]:
+    return {p.name.rsplit(".", 1)[0]: p.stat().st_blocks * 512 for p in root.iterdir() if ".reserve." in p.name}
+
+
+def test_reserve_holds_real_blocks_and_gives_them_back_in_two_halves(tmp_path: Path) -> None:
+    r = SpaceReserve(tmp_path, total=256 << 10)
+    r.hold()
+    held = _held(tmp_path)
+    assert set(held) == set(reserve_mod.NAMES) and all(v >= 128 << 10 for v in held.values())  # not sparse
+    assert r.facts() is None  # nothing happened: nothing goes into the manifest
+    r.note(tmp_path / "ranks" / "rank0" / "stdout.log", OSError(errno.ENOSPC, "No space left on device"))
+    assert set(_held(tmp_path)) == {".ddpdoctor.reserve.final"}  # the ranks' half is theirs now
+    r.note(tmp_path / "ranks" / "rank0" / "stdout.log", OSError(errno.ENOSPC, "No space left on device"))
+    r.release()
+    assert _held(tmp_path) == {}
+    facts = r.facts()
+    assert facts is not None and facts["full_after_s"] is not None
+    assert facts["unwritten"] == [{"path": "ranks/rank0/stdout.log", "error": "No space left on device"}]
+
+
+def test_tick_sees_the_disk_full_once(tmp_path: Path, monkeypatch) -> None:
+    free = [10 << 20]
+    monkeypatch.setattr(reserve_mod, "free_bytes", lambda path: free[0])
+    r = SpaceReserve(tmp_path, total=64 << 10)
+    r.hold()
+    r.tick(now=r.started + 1)
+    assert r.full_after_s is None and len(_held(tmp_path)) == 2
+    free[0] = 4096
+    r.tick(now=r.started + 1.2)  # within CHECK_EVERY_S of the last look: not asked
+    assert r.full_after_s is None
+    r.tick(now=r.started + 2)
+    assert r.full_after_s == 2.0 and r.min_free == 4096 and len(_held(tmp_path)) == 1
+    r.release()
+
+
+def test_reserve_that_does_not_fit_is_said(tmp_path: Path, monkeypatch) -> None:
+    def no_room(fd: int, offset: int, length: int) -> None:
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(reserve_mod.os, "posix_fallocate", no_room)
+    monkeypatch.setattr(reserve_mod.os, "write", lambda fd, data: no_room(fd, 0, 0))
+    r = SpaceReserve(tmp_path, total=64 << 10)
+    r.hold()
+    assert r.held == [] and r.short and _held(tmp_path) == {}
+
+
+def test_disk_full_finding_by_hand() -> None:
+    facts = {"full_after_s": 11.7, "min_free_bytes": 0, "reserve_bytes": 262144, "reserve_short": False,
+             "unwritten": [{"path": "ranks/rank1/stdout.log", "error": "No space left on device"}]}
+    manifest = {"exit_code": 0, "disk_full": facts}
+    statuses = {0: {"exit_code": 0, "steps_completed": 11, "ddp_modules": 1}, 1: None}
+    (f,) = disk_full_findings(manifest, statuses)
+    assert f.id == "disk-full" and f.severity.value == "warning" and f.ranks == [1]
+    assert "11.7 s into the run" in f.title and "ranks/rank1/stdout.log" in f.title and "rank(s) [1]" in f.title
+    # the job exited 0: the missing status did not fit, it is not a rank killed by a signal
+    assert [x.id for x in job_findings(manifest, statuses)] == []
+    # a failed job keeps rank-no-status beside it (the data cannot tell a kill from a status that did not fit)
+    assert [x.id for x in job_findings({**manifest, "exit_code": 1}, statuses)] == ["rank-no-status"]
+    assert disk_full_findings({"exit_code": 0}, statuses) == []
