@@ -24,9 +24,10 @@ from __future__ import annotations
 import bisect
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any
 
 import msgspec
+
+from ddpdoctor.jsontypes import JsonObject
 
 # Flight Recorder dtype names -> bytes per element (c10's ScalarType names)
 DTYPE_BYTES = {"Float": 4, "Double": 8, "Half": 2, "BFloat16": 2, "Long": 8, "Int": 4, "Short": 2, "Char": 1,
@@ -96,7 +97,7 @@ class Collective:
     sizes: tuple[tuple[int, ...], ...] = ()
     dtypes: tuple[str, ...] = ()
 
-    def to_json(self) -> dict[str, Any]:
+    def to_json(self) -> JsonObject:
         return {"group": self.desc, "pg": self.group, "seq": self.seq, "p2p": self.p2p, "op": self.op,
                 "sizes": [list(s) for s in self.sizes], "dtypes": list(self.dtypes), "bytes": self.nbytes,
                 "enqueued_ns": self.enqueued_ns, "completed_ns": self.noticed_done_ns, "state": self.state,

@@ -15,7 +15,7 @@ from ddpdoctor.reports.sections import HangSection, HangVerdict
 from ddpdoctor.rundir import manifest as manifest_mod
 from ddpdoctor.rundir.layout import RunDir
 from ddpdoctor.rundir.loaders import rank_statuses, rank_text
-from ddpdoctor.rundir.schema import Manifest
+from ddpdoctor.rundir.schema import DDPModule, Manifest, RankInfo
 
 
 def watched_report(run: RunDir, command: str, *, locked: bool, debug: bool = False,
@@ -147,8 +147,9 @@ def watch_findings(run: RunDir, debug: bool = False, stopped: bool = False) -> l
     hang = _read(run.root / "hang.json")
     stderr = {r: rank_text(run, r, "stderr.log") or "" for r, s in statuses.items() if s is None}
     beats = {int(r): v.get("beat") for r, v in ((_read(run.root / "heartbeats.json") or {}).get("ranks") or {}).items()}
-    crashes = crash_findings(statuses, debug=debug, param_names=_param_names(run), stderr=stderr, last_beats=beats,
-                             torn_down=torn_down_ranks(run, statuses), ddp_cfg=_ddp_cfg(run))
+    infos = _infos(run)
+    crashes = crash_findings(statuses, debug=debug, param_names=_param_names(infos), stderr=stderr, last_beats=beats,
+                             torn_down=torn_down_ranks(run, statuses), ddp_cfg=_ddp_cfg(infos))
 
     if hang is not None or stopped:  # ranks ddpdoctor stopped did not leave of their own accord
         crashes = [f for f in crashes if f.id != "rank-left-early"]
@@ -185,24 +186,22 @@ def debug_findings(run: RunDir, have: set[str]) -> list[Finding]:
     return [f for f in found if f.id not in have]
 
 
-def _param_names(run: RunDir) -> dict[int, list[str]]:
+def _infos(run: RunDir) -> dict[int, RankInfo]:
+    """Each rank's info.json, typed (ranks that wrote none are left out)."""
+    from ddpdoctor.rundir import artefacts
+
+    return {r: info for r in run.ranks_present()
+            if (info := artefacts.load_optional(run.rank_file(r, "info.json"), RankInfo)) is not None}
+
+
+def _param_names(infos: dict[int, RankInfo]) -> dict[int, list[str]]:
     """Each rank's DDP parameter names in reducer order (to name DDP's "parameter indices")."""
-    out: dict[int, list[str]] = {}
-    for r in run.ranks_present():
-        info = _read(run.rank_file(r, "info.json")) or {}
-        mods = info.get("ddp_modules") or []
-        if mods:
-            out[r] = [p["name"] for p in mods[0].get("parameters", [])]
-    return out
+    return {r: [p.name for p in info.ddp_modules[0].parameters] for r, info in infos.items() if info.ddp_modules}
 
 
-def _ddp_cfg(run: RunDir) -> dict[str, Any] | None:
+def _ddp_cfg(infos: dict[int, RankInfo]) -> DDPModule | None:
     """The lowest rank's first DDP module description (its options and ``built_by``), for advice in its terms."""
-    for r in run.ranks_present():
-        mods = (_read(run.rank_file(r, "info.json")) or {}).get("ddp_modules") or []
-        if mods and isinstance(mods[0], dict):
-            return dict(mods[0])
-    return None
+    return next((info.ddp_modules[0] for _, info in sorted(infos.items()) if info.ddp_modules), None)
 
 
 def _where(p: dict[str, Any]) -> str:

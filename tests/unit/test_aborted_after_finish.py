@@ -13,10 +13,13 @@ import json
 import shutil
 from pathlib import Path
 
+import msgspec
+
 from ddpdoctor.findings.job import aborted_after_finish
 from ddpdoctor.findings.model import Severity
 from ddpdoctor.reports.run import assemble
 from ddpdoctor.rundir.layout import RunDir
+from ddpdoctor.rundir.schema import Manifest, RunEnded
 from tests.teardown import settle
 
 FIXTURE = Path(__file__).resolve().parents[1] / "fixtures" / "aborted_after_finish"
@@ -90,7 +93,7 @@ def test_either_source_names_the_rank(tmp_path: Path) -> None:
 
 
 def test_rule_by_hand() -> None:
-    manifest = {"exit_code": 1, "ended": {"how": "exited", "exit_code": 1}}
+    manifest = Manifest(exit_code=1, ended=RunEnded(how="exited", exit_code=1))
     ok = {"exit_code": 0, "steps_completed": 40}
     statuses = {0: dict(ok), 1: dict(ok), 2: dict(ok), 3: dict(ok, steps_completed=41)}
     # rank 2 aborted first; torchrun stopped 0, 1 and 3 with SIGTERM
@@ -103,5 +106,5 @@ def test_rule_by_hand() -> None:
     assert f is not None and f.ranks == [2, 3] and f.title.startswith("Ranks 2 (SIGABRT), 3 (SIGABRT)")
     assert "its steps done" in f.title  # 40 and 41 steps
     assert aborted_after_finish(manifest, statuses, {}, set(), {}) is None
-    assert aborted_after_finish(dict(manifest, exit_code=0), statuses, signals, {2}, {}) is None
+    assert aborted_after_finish(msgspec.structs.replace(manifest, exit_code=0), statuses, signals, {2}, {}) is None
     assert aborted_after_finish(manifest, {**statuses, 1: None}, signals, {2}, {}) is None

@@ -6,9 +6,12 @@ from __future__ import annotations
 import errno
 from pathlib import Path
 
+import msgspec
+
 from ddpdoctor.findings.job import disk_full_findings, job_findings
 from ddpdoctor.rundir import reserve as reserve_mod
 from ddpdoctor.rundir.reserve import SpaceReserve
+from ddpdoctor.rundir.schema import Manifest
 
 
 def _held(root: Path) -> dict[str, int]:
@@ -60,7 +63,7 @@ def test_reserve_that_does_not_fit_is_said(tmp_path: Path, monkeypatch) -> None:
 def test_disk_full_finding_by_hand() -> None:
     facts = {"full_after_s": 11.7, "min_free_bytes": 0, "reserve_bytes": 262144, "reserve_short": False,
              "unwritten": [{"path": "ranks/rank1/stdout.log", "error": "No space left on device"}]}
-    manifest = {"exit_code": 0, "disk_full": facts}
+    manifest = Manifest(exit_code=0, disk_full=facts)
     statuses = {0: {"exit_code": 0, "steps_completed": 11, "ddp_modules": 1}, 1: None}
     (f,) = disk_full_findings(manifest, statuses)
     assert f.id == "disk-full" and f.severity.value == "warning" and f.ranks == [1]
@@ -68,5 +71,5 @@ def test_disk_full_finding_by_hand() -> None:
     # the job exited 0: the missing status did not fit, it is not a rank killed by a signal
     assert [x.id for x in job_findings(manifest, statuses)] == []
     # a failed job keeps rank-no-status beside it (the data cannot tell a kill from a status that did not fit)
-    assert [x.id for x in job_findings({**manifest, "exit_code": 1}, statuses)] == ["rank-no-status"]
-    assert disk_full_findings({"exit_code": 0}, statuses) == []
+    assert [x.id for x in job_findings(msgspec.structs.replace(manifest, exit_code=1), statuses)] == ["rank-no-status"]
+    assert disk_full_findings(Manifest(exit_code=0), statuses) == []
