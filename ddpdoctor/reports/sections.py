@@ -8,11 +8,12 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any, ClassVar, TypeVar
+from typing import Any, ClassVar, TypedDict, TypeVar
 
 from ddpdoctor.report import Report, Section
 from ddpdoctor.reports.diff_json import DiffJson
 from ddpdoctor.reports.perf_json import CollectivesJson, InputJson, RankJson, StragglersJson
+from ddpdoctor.reports.sync_json import ChecksJson
 from ddpdoctor.reports.tune_json import TuneJson, VariantJson
 
 JSON = Any  # a plain JSON value (docs/json.md says its shape)
@@ -52,6 +53,15 @@ class JobSection(Section):
         return cls(JobOutcome(**{k: job.get(k) for k in ("exit_code", "world_size", "duration_s", "killed_by")}))
 
 
+class HangClassJson(TypedDict, total=False):
+    """Ranks that share a state and a stack (job/grouping.py), as the hang section lists them."""
+
+    count: int | None
+    ranks: str | None  # as ranges: "0-511,513-1023"
+    state: str | None
+    nodes: str | None
+
+
 @dataclass(frozen=True)
 class HangVerdict:
     """The "hang" object (docs/hangs.md): when and why the watch declared a hang, and where each rank stood."""
@@ -63,7 +73,7 @@ class HangVerdict:
     culprit_ranks: list[int] | None
     report: str
     ranks: dict[str, str] = field(default_factory=dict)  # rank -> one line: where it stood
-    classes: list[dict[str, JSON]] | None = None  # multi-node: ranks grouped by state and stack
+    classes: list[HangClassJson] | None = None  # multi-node: ranks grouped by state and stack
 
     def to_json(self) -> dict[str, JSON]:
         out: dict[str, JSON] = {"detected_after_s": self.detected_after_s, "hang_timeout_s": self.hang_timeout_s,
@@ -120,7 +130,7 @@ class SyncChecksSection(Section):
     """What check-sync compared across ranks (docs/check-sync.md): the "checks" object."""
 
     KEYS: ClassVar[tuple[str, ...]] = ("checks",)
-    checks: dict[str, JSON]
+    checks: ChecksJson
 
 
 @dataclass(frozen=True)

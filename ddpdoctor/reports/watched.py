@@ -11,7 +11,7 @@ from ddpdoctor.findings.job import ended_findings
 from ddpdoctor.findings.model import Finding
 from ddpdoctor.report import Report
 from ddpdoctor.reports.job import job_report
-from ddpdoctor.reports.sections import HangSection, HangVerdict
+from ddpdoctor.reports.sections import HangClassJson, HangSection, HangVerdict
 from ddpdoctor.rundir import manifest as manifest_mod
 from ddpdoctor.rundir.layout import RunDir
 from ddpdoctor.rundir.loaders import rank_statuses, rank_text
@@ -122,8 +122,8 @@ def hang_verdict(hang: dict[str, Any], report_path: str) -> HangVerdict:
         detected_after_s=hang.get("detected_after_s"), hang_timeout_s=hang.get("hang_timeout_s"),
         on_hang=hang.get("on_hang"), kind=d.get("kind"), culprit_ranks=d.get("culprit_ranks"), report=report_path,
         ranks={str(r): _where(p) for r, p in positions},
-        classes=[{k: c.get(k) for k in ("count", "ranks", "state", "nodes")} for c in classes if isinstance(c, dict)]
-        if classes else None)
+        classes=[HangClassJson(count=c.get("count"), ranks=c.get("ranks"), state=c.get("state"), nodes=c.get("nodes"))
+                 for c in classes if isinstance(c, dict)] if classes else None)
 
 
 def monitor_notes(heartbeats: dict[str, Any]) -> list[str]:
