@@ -1,8 +1,10 @@
 """The typed sections of a Report, one class per section of docs/json.md, and which sections each command's
 report may hold (so a saved report.json loads back typed: ``load_report``).
 
-Each section's fields are its top-level JSON keys, in output order; values nested inside a section (a rank's
-per-step rows, a finding's evidence) stay plain JSON: they are the contract's data, not code's."""
+Each section's fields are its top-level JSON keys, in output order. What nests inside is typed by its JSON shape
+(reports/perf_json.py, diff_json.py, tune_json.py, sync_json.py, topo/section_types.py: TypedDicts, the same whether
+the report was just assembled or loaded back from a saved report.json); what is left as ``JsonObject`` is JSON that
+no code here reads, only writes out (a finding's evidence stays a plain map)."""
 
 from __future__ import annotations
 
@@ -10,13 +12,13 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, ClassVar, TypedDict, TypeVar
 
+from ddpdoctor.jsontypes import JsonObject, JsonValue
 from ddpdoctor.report import Report, Section
 from ddpdoctor.reports.diff_json import DiffJson
 from ddpdoctor.reports.perf_json import CollectivesJson, InputJson, RankJson, StragglersJson
 from ddpdoctor.reports.sync_json import ChecksJson
 from ddpdoctor.reports.tune_json import TuneJson, VariantJson
-
-JSON = Any  # a plain JSON value (docs/json.md says its shape)
+from ddpdoctor.topo.section_types import NcclNotUsed, RunTopology
 
 
 @dataclass(frozen=True)
@@ -36,7 +38,7 @@ class JobOutcome:
     duration_s: float | None = None
     killed_by: str | None = None
 
-    def to_json(self) -> dict[str, JSON]:
+    def to_json(self) -> JsonObject:
         return {"exit_code": self.exit_code, "world_size": self.world_size, "duration_s": self.duration_s,
                 "killed_by": self.killed_by}
 
@@ -75,12 +77,13 @@ class HangVerdict:
     ranks: dict[str, str] = field(default_factory=dict)  # rank -> one line: where it stood
     classes: list[HangClassJson] | None = None  # multi-node: ranks grouped by state and stack
 
-    def to_json(self) -> dict[str, JSON]:
-        out: dict[str, JSON] = {"detected_after_s": self.detected_after_s, "hang_timeout_s": self.hang_timeout_s,
+    def to_json(self) -> JsonObject:
+        out: JsonObject = {"detected_after_s": self.detected_after_s, "hang_timeout_s": self.hang_timeout_s,
                                 "on_hang": self.on_hang, "kind": self.kind, "culprit_ranks": self.culprit_ranks,
                                 "report": self.report, "ranks": dict(self.ranks)}
         if self.classes is not None:
-            out["classes"] = self.classes
+            out["classes"] = [{"count": c.get("count"), "ranks": c.get("ranks"), "state": c.get("state"),
+                               "nodes": c.get("nodes")} for c in self.classes]
         return out
 
 
@@ -111,14 +114,14 @@ class PerfSection(Section):
     window: str
     ranks: list[RankJson]
     collectives: CollectivesJson
-    syncs: list[dict[str, JSON]]
+    syncs: list[JsonObject]
     stragglers: StragglersJson
     clock_offsets_us: dict[str, float]
-    ddp: list[dict[str, JSON]]
-    whatif: dict[str, JSON] | None = None
+    ddp: list[JsonObject]
+    whatif: JsonObject | None = None
     # docs/metrics.md#exposed-split: per rank, exposed communication as waiting / transfer / dispatch (None in
     # reports saved before it existed)
-    exposed_split: list[dict[str, JSON]] | None = None
+    exposed_split: list[JsonObject] | None = None
 
     @classmethod
     def present_in(cls, doc: Mapping[str, object]) -> bool:
@@ -138,7 +141,7 @@ class PreflightSection(Section):
     """The preflight checks table (docs/preflight.md)."""
 
     KEYS: ClassVar[tuple[str, ...]] = ("checks", "bandwidth_table", "run_dir", "duration_s")
-    checks: list[dict[str, JSON]]
+    checks: list[JsonObject]
     bandwidth_table: str | None
     run_dir: str
     duration_s: float
@@ -149,10 +152,10 @@ class LogsSection(Section):
     """What `ddpdoctor logs` read (docs/logs.md): each input, the ranks seen, event counts, the failure timeline."""
 
     KEYS: ClassVar[tuple[str, ...]] = ("inputs", "ranks_seen", "events", "timeline")
-    inputs: list[dict[str, JSON]]
+    inputs: list[JsonObject]
     ranks_seen: list[int]
     events: dict[str, int]
-    timeline: list[dict[str, JSON]]
+    timeline: list[JsonObject]
 
 
 @dataclass(frozen=True)
@@ -161,14 +164,14 @@ class TopoSection(Section):
 
     KEYS: ClassVar[tuple[str, ...]] = ("summary", "hosts", "ranks", "transports", "channels", "topology",
                                        "warnings", "inputs")
-    summary: dict[str, JSON]
-    hosts: list[dict[str, JSON]]
-    ranks: JSON
-    transports: JSON
-    channels: JSON
-    topology: list[dict[str, JSON]]
-    warnings: JSON
-    inputs: JSON
+    summary: JsonObject
+    hosts: list[JsonObject]
+    ranks: JsonValue
+    transports: JsonValue
+    channels: JsonValue
+    topology: list[JsonObject]
+    warnings: JsonValue
+    inputs: JsonValue
 
 
 @dataclass(frozen=True)
@@ -187,7 +190,7 @@ class TopologySection(Section):
     """A launch's `--nccl-debug` fabric checks: the topo sections nested under "topology"."""
 
     KEYS: ClassVar[tuple[str, ...]] = ("topology",)
-    topology: dict[str, JSON]
+    topology: RunTopology | NcclNotUsed
 
     @classmethod
     def present_in(cls, doc: Mapping[str, object]) -> bool:
@@ -223,7 +226,7 @@ class NodeSection(Section):
     ``is_head``, ``head``); a job of one node has none."""
 
     KEYS: ClassVar[tuple[str, ...]] = ("node",)
-    node: dict[str, JSON]
+    node: JsonObject
 
 
 COMMAND_SECTIONS: dict[str, tuple[type[Section], ...]] = {
