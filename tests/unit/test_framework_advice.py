@@ -3,6 +3,7 @@ framework's code was on the stack at construction, and advice names the framewor
 
 from __future__ import annotations
 
+import msgspec
 import pytest
 
 from ddpdoctor.analyses.whatif import MIB
@@ -11,6 +12,7 @@ from ddpdoctor.findings.framework_advice import comm_hook, ddp_option, framework
 from ddpdoctor.findings.perf import perf_findings
 from ddpdoctor.findings.tune import code_line
 from ddpdoctor.probes import ddp_recorder
+from ddpdoctor.rundir.schema import DDPModule
 from tests.unit.analysis_builders import analysis, fit, grads, rank, step
 
 
@@ -98,7 +100,7 @@ def test_bucket_cap_advice_is_in_the_terms_of_the_framework_that_built_ddp(built
     ({"bucket_cap_mb": 40}, True, "`DDP(model, bucket_cap_mb=10)`"),
 ])
 def test_smaller_cap_and_hook_advice_without_a_whatif(cfg, tail, expect) -> None:
-    assert expect in perf._smaller_cap_advice(cfg, tail=tail)
+    assert expect in perf._smaller_cap_advice(msgspec.convert(cfg, DDPModule), tail=tail)
 
 
 def test_tune_prints_the_line_to_change_in_the_frameworks_terms() -> None:
@@ -110,16 +112,15 @@ def test_tune_prints_the_line_to_change_in_the_frameworks_terms() -> None:
 
 
 def test_broadcast_buffers_advice_from_check_sync_in_the_frameworks_terms() -> None:
-    from ddpdoctor.analyses.sync import analyze_sync
     from ddpdoctor.findings.sync import sync_findings
-    from tests.unit.test_sync_analysis import B, W, _sync_record
+    from tests.unit.test_sync_analysis import B, W, _sync_record, analyze_sync_json
 
     modules = [{"index": 0, "params": ["w", "b"], "buffers": ["bn.running_mean"],
                 "batchnorm_buffers": ["bn.running_mean"], "broadcast_buffers": False, "built_by": "transformers"}]
     buf1 = [[B], [[1.0, 3.5, 9.0, 3.0, 3.0, 3.5, 3.0]]]
     records = {r: _sync_record(r, [[W, W]] * 2, [[W, B]] * 2, [[B], [B]] if r == 0 else buf1, modules=modules)
                for r in (0, 1)}
-    (bn,) = [f for f in sync_findings(analyze_sync(records)) if f.id == "buffer-divergence"]
+    (bn,) = [f for f in sync_findings(analyze_sync_json(records)) if f.id == "buffer-divergence"]
     assert "`TrainingArguments(ddp_broadcast_buffers=True)` (the default)" in bn.advice
 
 
