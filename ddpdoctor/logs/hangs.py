@@ -6,7 +6,7 @@ timeouts) becomes the finding, with stalled ranks merged from all of them."""
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, TypedDict
 
 from ddpdoctor.logs.events import (
     GlooTimeout,
@@ -18,6 +18,16 @@ from ddpdoctor.logs.events import (
 )
 from ddpdoctor.logs.flight_recorder import FrGroupState
 
+
+class Diverged(TypedDict):
+    """Every rank inside the same collective #seq, some (``waiting``) with nothing enqueued after it, the others
+    (``ahead``) gone on to #ahead_to; ``op``: the waiting ranks' op."""
+
+    seq: int
+    waiting: list[int]
+    ahead: list[int]
+    ahead_to: int
+    op: str | None
 
 @dataclass
 class HangAnalysis:
@@ -34,7 +44,7 @@ class HangAnalysis:
     mismatch: dict[int, RankHangState] | None = None  # ranks inside different collectives at the same seq
     # Every rank inside the same collective, some with nothing enqueued after it, others far ahead:
     # {"seq": S, "waiting": [...], "ahead": [...], "ahead_to": N, "op": the waiting ranks' op}
-    diverged: dict[str, Any] | None = None
+    diverged: Diverged | None = None
 
 
 def _last_per_rank(events: list[Any]) -> dict[int, Any]:
@@ -66,7 +76,7 @@ def from_nccl_watchdog(timeouts: list[WatchdogTimeout], states: list[WatchdogWor
     enq = {r: v["last_enqueued"] for r, v in per_rank.items() if v["last_enqueued"] is not None}
     failed = {r: v["timed_out_seq"] for r, v in per_rank.items() if v["timed_out_seq"] is not None}
     culprits: set[int] = set()
-    diverged: dict[str, Any] | None = None
+    diverged: Diverged | None = None
     inside = next(iter(set(failed.values()))) if len(set(failed.values())) == 1 else None
     if len(enq) >= 2 and len(set(enq.values())) > 1 and inside is not None and min(enq.values()) == inside \
             and set(enq) <= set(failed):

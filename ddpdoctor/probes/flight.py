@@ -20,7 +20,7 @@ import threading
 import time
 from collections import deque
 from collections.abc import Callable
-from typing import Any
+from typing import TypedDict
 
 from ddpdoctor.analyses.flight import StepTime, Timing, decode_timing, device_time
 from ddpdoctor.analyses.ledger import GAP, HOST_BLOCKED
@@ -69,6 +69,19 @@ def dump_json(backend: str | None = None) -> bytes:
         if fn is not None:
             return bytes(fn())
     return bytes(c10d._dump_fr_trace_json())  # type: ignore[attr-defined]
+
+
+class SourceSummary(TypedDict):
+    """How the Flight Recorder source did, for ledger.json (docs/metrics.md)."""
+
+    polls: int
+    poll_ms_total: float
+    ring: int
+    entries_per_s: float
+    steps_with_device_time: int
+    steps_without: int
+    why_without: str | None
+    error: str | None
 
 
 class FlightSource:
@@ -187,7 +200,7 @@ class FlightSource:
         lossless = (NEW_SHARE * self.ring) / self.rate if self.rate > 0 and self.ring > 0 else MAX_POLL_S
         self.interval = min(max(cost_s / BUDGET, MIN_POLL_S), lossless, MAX_POLL_S)
 
-    def summary(self) -> dict[str, Any]:
+    def summary(self) -> SourceSummary:
         """For ledger.json: how the source did."""
         return {"polls": self.polls, "poll_ms_total": round(self.poll_s * 1e3, 3), "ring": self.ring,
                 "entries_per_s": round(self.rate, 1), "steps_with_device_time": self.published["device"],

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import os
 import stat
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, TypedDict, cast
 
@@ -85,6 +86,25 @@ class TimelineRank(TypedDict):
     tracks: list[TimelineTrack]
 
 
+class GroupRow(TypedDict):
+    """One row of the tab's rank table at a job's scale: a rank that matters, or a class of alike ranks."""
+
+    label: str
+    ranks: str
+    count: int
+    shown_rank: int
+    step_time_us: float | None
+    comm_us: float | None
+    single: bool
+
+
+class RankGroups(TypedDict):
+    rows: list[GroupRow]
+    legend: str
+    all_ranks: int
+    max_rows: int
+
+
 class Timeline(TypedDict):
     """The tab's timeline of every rank's complete events on rank 0's clock (names and cats indexed once)."""
 
@@ -95,7 +115,7 @@ class Timeline(TypedDict):
     truncated: bool
     events: int
     max_events: int
-    groups: dict[str, Any] | None  # a big job: the classes of alike ranks drawn (rank_groups), else None
+    groups: RankGroups | None  # a big job: the classes of alike ranks drawn (rank_groups), else None
     asked: list[int] | None  # the ranks a person asked to see
     traces_not_read: int
 
@@ -174,24 +194,26 @@ def parse_ranks(text: str, limit: int = MAX_RANK_ROWS) -> list[int]:
     return out
 
 
-def _figure(r: dict[str, Any], stepless: bool) -> float | None:
+def _figure(r: RankJson, stepless: bool) -> float | None:
     v = r.get("comm_us") if stepless else (r.get("step_time_us") or {}).get("median")
     return float(v) if isinstance(v, (int, float)) and v == v else None
 
 
-def rank_groups(sections: dict[str, Any]) -> dict[str, Any] | None:
+def rank_groups(sections: Mapping[str, Any]) -> RankGroups | None:
     """At more than MAX_RANK_ROWS ranks, what the tab shows instead of one row per rank, as the terminal and the
     HTML report do (renderers/rank_classes.py): the ranks that matter (stragglers, slowest, fastest), one row each,
     and the classes of alike ranks as ranges, each drawn through one member (the one nearest its class's median).
     None when every rank fits."""
-    ranks = [r for r in sections.get("ranks") or [] if isinstance(r, dict) and isinstance(r.get("rank"), int)]
+    # The report's JSON (a boundary), each row checked for its rank before it is read as a RankJson.
+    ranks = cast("list[RankJson]", [r for r in sections.get("ranks") or []
+                                    if isinstance(r, dict) and isinstance(r.get("rank"), int)])
     stragglers = [r for r in (sections.get("stragglers") or {}).get("ranks") or [] if isinstance(r, int)]
-    rows = group_ranks(cast("list[RankJson]", ranks), stragglers)  # the report's JSON, checked above
+    rows = group_ranks(ranks, stragglers)
     if rows is None:
         return None
     stepless = not any(_figure(r, False) is not None for r in ranks)
     by_rank = {int(r["rank"]): r for r in ranks}
-    out = []
+    out: list[GroupRow] = []
     for row in rows:
         shown = row.ranks[0]
         if len(row.ranks) > 1:
@@ -200,7 +222,7 @@ def rank_groups(sections: dict[str, Any]) -> dict[str, Any] | None:
             if known:
                 mid = known[len(known) // 2]
                 shown = min(values, key=lambda m: (abs(values[m] - mid), m))
-        step = (row.row.get("step_time_us") or {}).get("median") if isinstance(row.row, dict) else None
+        step = (row.row.get("step_time_us") or {}).get("median")
         out.append({"label": row.label, "ranks": row.ranges, "count": len(set(row.ranks)), "shown_rank": shown,
                     "step_time_us": step, "comm_us": row.row.get("comm_us"), "single": len(row.ranks) == 1})
     return {"rows": out, "legend": legend(stepless), "all_ranks": len(by_rank), "max_rows": MAX_RANK_ROWS}

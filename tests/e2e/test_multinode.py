@@ -55,6 +55,7 @@ def node_namespaces() -> Iterator[Netns | None]:
         netns_refused = "needs root and iproute2 for network namespaces"
         yield None
         return
+    # A name for interfaces in network namespaces of their own (not a port): unique per process and call.
     tag = f"{os.getpid() % 0xfff:03x}{next(_NS_COUNT) % 16:x}"
     pair = _netns_pair(tag)
     if pair is None:
@@ -75,7 +76,7 @@ def start_nodes(command: str, script: str, out: Path | list[Path], nnodes: int =
                 env: dict[str, str] | None = None, netns: Netns | None = None) -> list[subprocess.Popen[str]]:
     """``out``: one run directory for every node (a shared filesystem), or one per node. ``netns``: each node in
     its own network namespace (2 nodes), the head's address as the master address."""
-    # In namespaces of the test's own no other process can hold a port: any will do.
+    # In network namespaces of their own no other process can hold a port: any will do.
     port = _port() if netns is None else random.randint(20000, 59000)
     full_env = dict(os.environ, PYTHONUNBUFFERED="1", **(env or {}))
     if not (env or {}).get("DDPDOCTOR_JOB_TOKEN"):

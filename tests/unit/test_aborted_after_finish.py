@@ -19,7 +19,7 @@ from ddpdoctor.findings.job import aborted_after_finish
 from ddpdoctor.findings.model import Severity
 from ddpdoctor.reports.run import assemble
 from ddpdoctor.rundir.layout import RunDir
-from ddpdoctor.rundir.schema import Manifest, RunEnded
+from ddpdoctor.rundir.schema import Manifest
 from tests.teardown import settle
 
 FIXTURE = Path(__file__).resolve().parents[1] / "fixtures" / "aborted_after_finish"
@@ -93,7 +93,7 @@ def test_either_source_names_the_rank(tmp_path: Path) -> None:
 
 
 def test_rule_by_hand() -> None:
-    manifest = Manifest(exit_code=1, ended=RunEnded(how="exited", exit_code=1))
+    manifest = msgspec.convert({"exit_code": 1, "ended": {"how": "exited", "exit_code": 1}}, Manifest)
     ok = {"exit_code": 0, "steps_completed": 40}
     statuses = {0: dict(ok), 1: dict(ok), 2: dict(ok), 3: dict(ok, steps_completed=41)}
     # rank 2 aborted first; torchrun stopped 0, 1 and 3 with SIGTERM

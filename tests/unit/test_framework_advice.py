@@ -3,7 +3,6 @@ framework's code was on the stack at construction, and advice names the framewor
 
 from __future__ import annotations
 
-import msgspec
 import pytest
 
 from ddpdoctor.analyses.whatif import MIB
@@ -100,7 +99,7 @@ def test_bucket_cap_advice_is_in_the_terms_of_the_framework_that_built_ddp(built
     ({"bucket_cap_mb": 40}, True, "`DDP(model, bucket_cap_mb=10)`"),
 ])
 def test_smaller_cap_and_hook_advice_without_a_whatif(cfg, tail, expect) -> None:
-    assert expect in perf._smaller_cap_advice(msgspec.convert(cfg, DDPModule), tail=tail)
+    assert expect in perf._smaller_cap_advice(DDPModule(**cfg), tail=tail)
 
 
 def test_tune_prints_the_line_to_change_in_the_frameworks_terms() -> None:

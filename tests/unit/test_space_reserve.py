@@ -63,7 +63,7 @@ def test_reserve_that_does_not_fit_is_said(tmp_path: Path, monkeypatch) -> None:
 def test_disk_full_finding_by_hand() -> None:
     facts = {"full_after_s": 11.7, "min_free_bytes": 0, "reserve_bytes": 262144, "reserve_short": False,
              "unwritten": [{"path": "ranks/rank1/stdout.log", "error": "No space left on device"}]}
-    manifest = Manifest(exit_code=0, disk_full=facts)
+    manifest = msgspec.convert({"exit_code": 0, "disk_full": facts}, Manifest)
     statuses = {0: {"exit_code": 0, "steps_completed": 11, "ddp_modules": 1}, 1: None}
     (f,) = disk_full_findings(manifest, statuses)
     assert f.id == "disk-full" and f.severity.value == "warning" and f.ranks == [1]
