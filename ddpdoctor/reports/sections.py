@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 from typing import Any, ClassVar, TypedDict, TypeVar
 
 from ddpdoctor.jsontypes import JsonObject, JsonValue
+from ddpdoctor.logs.events import TimelineRow
 from ddpdoctor.report import Report, Section
 from ddpdoctor.reports.diff_json import DiffJson
 from ddpdoctor.reports.perf_json import CollectivesJson, InputJson, RankJson, StragglersJson
@@ -136,15 +137,37 @@ class SyncChecksSection(Section):
     checks: ChecksJson
 
 
+class CheckRowJson(TypedDict, total=False):
+    """One row of preflight's checks table (preflight/checks.py CheckResult)."""
+
+    id: str
+    status: str  # "pass" | "warn" | "fail" | "skipped"
+    summary: str
+    ranks: list[int]
+    evidence: dict[str, object]
+
+
 @dataclass(frozen=True)
 class PreflightSection(Section):
     """The preflight checks table (docs/preflight.md)."""
 
     KEYS: ClassVar[tuple[str, ...]] = ("checks", "bandwidth_table", "run_dir", "duration_s")
-    checks: list[JsonObject]
+    checks: list[CheckRowJson]
     bandwidth_table: str | None
     run_dir: str
     duration_s: float
+
+
+class LogInputJson(TypedDict, total=False):
+    """One input `logs` read (logs/explain.py InputSummary)."""
+
+    name: str
+    kind: str  # "text" | "flight-recorder" | "unusable"
+    lines: int
+    ranks: list[int]
+    events: int
+    problem: str | None
+    nccl_debug: bool
 
 
 @dataclass(frozen=True)
@@ -152,10 +175,10 @@ class LogsSection(Section):
     """What `ddpdoctor logs` read (docs/logs.md): each input, the ranks seen, event counts, the failure timeline."""
 
     KEYS: ClassVar[tuple[str, ...]] = ("inputs", "ranks_seen", "events", "timeline")
-    inputs: list[JsonObject]
+    inputs: list[LogInputJson]
     ranks_seen: list[int]
     events: dict[str, int]
-    timeline: list[JsonObject]
+    timeline: list[TimelineRow]
 
 
 @dataclass(frozen=True)
