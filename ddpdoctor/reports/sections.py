@@ -12,14 +12,25 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, ClassVar, TypedDict, TypeVar
 
-from ddpdoctor.jsontypes import JsonObject, JsonValue
+from ddpdoctor.jsontypes import JsonObject
 from ddpdoctor.logs.events import TimelineRow
 from ddpdoctor.report import Report, Section
 from ddpdoctor.reports.diff_json import DiffJson
 from ddpdoctor.reports.perf_json import CollectivesJson, InputJson, RankJson, StragglersJson
 from ddpdoctor.reports.sync_json import ChecksJson
 from ddpdoctor.reports.tune_json import TuneJson, VariantJson
-from ddpdoctor.topo.section_types import NcclNotUsed, RunTopology
+from ddpdoctor.topo.section_types import (
+    Channels,
+    HostRow,
+    NcclNotUsed,
+    RunTopology,
+    SystemRow,
+    TopoInputs,
+    TopoSections,
+    TopoSummary,
+    Transports,
+)
+from ddpdoctor.topo.section_types import RankRow as TopoRankRow
 
 
 @dataclass(frozen=True)
@@ -187,14 +198,19 @@ class TopoSection(Section):
 
     KEYS: ClassVar[tuple[str, ...]] = ("summary", "hosts", "ranks", "transports", "channels", "topology",
                                        "warnings", "inputs")
-    summary: JsonObject
-    hosts: list[JsonObject]
-    ranks: JsonValue
-    transports: JsonValue
-    channels: JsonValue
-    topology: list[JsonObject]
-    warnings: JsonValue
-    inputs: JsonValue
+    summary: TopoSummary
+    hosts: list[HostRow]
+    ranks: list[TopoRankRow]
+    transports: Transports
+    channels: Channels
+    topology: list[SystemRow]
+    warnings: list[str]
+    inputs: TopoInputs
+
+    def sections(self) -> TopoSections:
+        """The sections as topo/diagnose.py builds them (the shape a launch's "topology" section nests)."""
+        return TopoSections(summary=self.summary, hosts=self.hosts, ranks=self.ranks, transports=self.transports,
+                            channels=self.channels, topology=self.topology, warnings=self.warnings, inputs=self.inputs)
 
 
 @dataclass(frozen=True)
