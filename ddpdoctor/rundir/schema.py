@@ -285,6 +285,17 @@ class HangFileDiagnosis(msgspec.Struct, kw_only=True):
     differs: list[str] = []
 
 
+class HangClass(msgspec.Struct, kw_only=True):
+    """Ranks that share a state and a stack (job/grouping.py), as a multi-node hang.json lists them."""
+
+    count: int | None = None
+    ranks: str | None = None  # as ranges: "0-511,513-1023"
+    state: str | None = None
+    representative: int | None = None
+    nodes: str | None = None
+    stack: str | None = None
+
+
 class Hang(Artefact, kw_only=True):
     detected_after_s: Number | None = None
     reported_after_s: Number | None = None
@@ -296,6 +307,7 @@ class Hang(Artefact, kw_only=True):
     stacks: dict[int, str | None] = {}
     heartbeats: dict[int, Beat | None] = {}
     flight_recorder: dict[int, Json] = {}
+    classes: list[HangClass] | None = None  # multi-node: ranks grouped by state and stack
 
 
 # ---- preflight: ranks/rankR/preflight.json and RUN/preflight.json ----------------------------------------------
