@@ -5,8 +5,8 @@ The boundaries left, by package:
 - findings/: a finding's evidence (model.py, and the rules that build one up key by key: sync.py, perf.py,
   perf_wholetrace.py, failure.py); the hang and crash rules (hang.py) and the job rules (job.py) read the rank
   status and heartbeat dicts the job layer also builds (job/state.py), typed with it in the same step;
-- reports/: the watched run's hang.json/heartbeats.json and the ranks' statuses handed to those rules (watched.py,
-  profile.py), a saved hang section's raw JSON (sections.py);
+- reports/: the ranks' statuses handed to those rules (watched.py, profile.py), a saved hang section's raw JSON
+  (sections.py);
 - renderers/: a finding's evidence shown (console.py), a trace's raw distributedInfo and event args
   (chrome_trace.py), the TensorBoard scalars' rows (tensorboard.py);
 - rundir/: the raw-JSON readers kept for tools and the status/sync rules above (artefacts.load_dict,
@@ -26,10 +26,13 @@ import pytest
 PKG = Path(__file__).resolve().parents[2] / "ddpdoctor"
 CEILINGS = {
     "analyses": 0,
-    "findings": 33,  # evidence maps x7; hang.py x23 and job.py x3: the status/heartbeat dicts shared with job/state.py
-    "reports": 7,  # watched.py x5 (hang.json, heartbeats.json, statuses), profile.py (statuses), a saved hang section
-    "renderers": 10,  # evidence shown x2, a trace's raw args x2, tensorboard.py's rows x4 (issue 29's), ...
-    "rundir": 6,  # the raw readers: artefacts.load_dict, manifest.load, loaders.rank_statuses/rank_sync_files
+    # evidence maps x5 (model, sync, perf, perf_wholetrace, failure); the rank status and heartbeat dicts of the
+    # hang/crash rules (hang.py x23) and the job rules (job.py x3), shared with job/state.py; the job layer's rank
+    # rows of head-lost (failure.py)
+    "findings": 33,
+    "reports": 4,  # the statuses handed to those rules (watched.py x2, profile.py), a saved hang section's raw JSON
+    "renderers": 10,  # evidence shown x2, a trace's raw distributedInfo and event args x2, tensorboard.py's rows x6
+    "rundir": 6,  # the raw readers: artefacts.load_dict, manifest.load, loaders.rank_statuses/rank_sync_files x2
     "commands": 4,  # click's keyword arguments x3, a preflight check's evidence
     "report.py": 2,  # Report.sections: the merged JSON view of the public API
 }
