@@ -13,6 +13,7 @@ from ddpdoctor.findings.failure import hang_finding, rank_crashed_finding
 from ddpdoctor.findings.framework_advice import ddp_option, framework_of
 from ddpdoctor.findings.model import Finding, Severity
 from ddpdoctor.jsontypes import JsonObject
+from ddpdoctor.rundir.schema import DDPModule
 
 DDP_BUCKETS = "allreduce (DDP gradient buckets)"
 
@@ -292,7 +293,7 @@ def crash_findings(statuses: dict[int, dict[str, Any] | None], debug: bool = Fal
                    param_names: dict[int, list[str]] | None = None,
                    stderr: dict[int, str] | None = None,
                    last_beats: dict[int, dict[str, Any] | None] | None = None,
-                   torn_down: set[int] | None = None, ddp_cfg: dict[str, Any] | None = None) -> list[Finding]:
+                   torn_down: set[int] | None = None, ddp_cfg: DDPModule | None = None) -> list[Finding]:
     """rank-crashed for the root cause(s), collective-mismatch when the exception says so, and
     unused-parameters from DDP's "did not receive grad" error. Victims are listed, never blamed.
 
@@ -443,7 +444,7 @@ def _num(value: Any) -> float:
 
 
 def _unused_parameters(exc: str, ranks: list[int], names: list[str] | None,
-                       ddp_cfg: dict[str, Any] | None = None) -> Finding | None:
+                       ddp_cfg: DDPModule | None = None) -> Finding | None:
     params: list[str] = []
     m = _UNUSED_NAMES.search(exc)
     unnamed = ""
