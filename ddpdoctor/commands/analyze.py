@@ -84,5 +84,6 @@ def _unfinished(paths: tuple[Path, ...]) -> list[Finding]:
         manifest = manifest_mod.load_typed(run)
         findings, _stopped = ended_findings(manifest, runlock.is_locked(run.root))
         found += [f for f in findings if f.id == "run-unfinished"]
-        found += disk_full_findings(manifest, rank_statuses(run))
+        if manifest.disk_full:  # the ranks' statuses matter only then (and a damaged one must not stop analyze)
+            found += disk_full_findings(manifest, rank_statuses(run))
     return found
