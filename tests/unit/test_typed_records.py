@@ -57,8 +57,8 @@ def test_the_pairing_check_can_fail() -> None:
 # evidence maps (a preflight check's evidence, shown and copied into the finding). The ceiling only goes down.
 CEILINGS = {
     # $DDPDOCTOR_CONFIG's options as they arrive (typed through ProbeConfig.probe_options), monitor requests x2,
-    # torch's DDP logging record, the user's DataLoader and collective kwargs, a probe-notes file read back
-    "probes": 7,
+    # torch's DDP logging record, the user's DataLoader and collective kwargs
+    "probes": 6,
     "preflight": 10,  # evidence maps x9, a check's row as the report's JSON
     "topo": 0,
     "traces": 0,
