@@ -160,9 +160,9 @@ def test_a_node_that_lost_its_head_still_watches_its_own_ranks(tmp_path: Path) -
     # finds its rank hung by the same rule, stops it, and reports the lost head.
     import signal
 
-    mark = tmp_path / "mark"
+    mark = tmp_path / "paused"  # rank 1 is asleep: the head's ranks are past the step they shared with it
     env = {"PAUSE_RANK": "1", "PAUSE_STEP": "4", "PAUSE_KIND": "sleep", "STEPS": "40", "STEP_SLEEP": "0.2",
-           "MARK_FILE": str(mark), "SCENARIO_GLOO_TIMEOUT": "600"}
+           "PAUSED_FILE": str(mark), "SCENARIO_GLOO_TIMEOUT": "600"}
     procs = start_nodes("run", "pause.py", tmp_path / "job", 2, 1, "--hang-timeout", "15", "--startup-timeout", "300",
                         "--json", env=env)
     deadline = time.time() + 300
