@@ -202,6 +202,9 @@ def main() -> None:
     print(f"NCCL source, ledger thread: one read of a full ring of {rd['entries']} entries: dump {rd['dump_ms']:.1f} ms "
           f"+ decode {rd['decode_ms']:.1f} ms (GIL held) = {rd['per_entry_us']:.2f} us per entry; read {1 / NEW_SHARE:.2f} times: "
           f"{per_coll:.1f} us per collective")
+    print(f"  peer in this run: the host source's per-collective accounting, {rank['per_collective_us']:.2f} us: the "
+          f"NCCL source costs {per_coll / rank['per_collective_us']:.0f}x that per collective, off the training thread "
+          f"but holding the GIL")
     for k in (2, 5, 10, 25):
         print(f"  {k:>2} collectives per 10 ms step: {k * per_coll / 100:.2f}% of the step (per 100 ms step: "
               f"{k * per_coll / 1000:.3f}%)")

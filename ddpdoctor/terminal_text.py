@@ -10,6 +10,11 @@ _ANSI = re.compile(r"\x1b(?:\[[0-?]*[ -/]*[@-~]|\][^\x07\x1b]*(?:\x07|\x1b\\)?|[
 _CONTROL = re.compile(r"[\x00-\x08\x0b-\x1f\x7f-\x9f]")
 
 
+def strip_ansi(text: str) -> str:
+    """Text without its colour and cursor escape sequences (a log a CI system or a coloured logger kept them in)."""
+    return _ANSI.sub("", text) if "\x1b" in text else text
+
+
 def clean_text(text: str) -> str:
     """Text from an untrusted input made safe to print: escape sequences removed, other control characters shown
     as visible escapes (``\\x1b``), tabs and newlines kept."""

@@ -1,7 +1,7 @@
-"""A 1,024-rank run directory for the views of big jobs, built in a fraction of a second: the real analysis of a
+"""A 1,024-rank run directory for the views of big jobs, built in about a second: the real analysis of a
 recorded 2-rank gloo run (tests/fixtures/analyze/gloo_2rank_mlp), its ranks repeated to 1,024 with step times set
-by hand, and every rank's trace a hard link to the recorded trace of its parity (links are refused, hard links are
-plain files). The ranks, by median step time against the recorded one:
+by hand, and every rank's trace a hard link to a copy of the recorded trace of its parity (symbolic links are refused,
+hard links are plain files). The ranks, by median step time against the recorded one:
   - 0-895: within +-2% (typical);
   - 896-1023 (the last 16 nodes of 8): 10% slower (a class "5-15% slower");
   - 513: 60% slower, and the report's straggler."""
@@ -52,12 +52,15 @@ def big_run(dest: Path, ranks: int = RANKS) -> Path:
     traces.mkdir(parents=True, mode=0o700)
     data["ranks"] = [_scaled(recorded[r % len(recorded)], r, ranks) for r in range(ranks)]
     data["inputs"] = []
+    # One copy of each recorded trace inside dest, and every rank's file a hard link to its copy (never to the
+    # repo's fixture itself, which a link would let a test change).
+    copies = [shutil.copyfile(src, dest / f"source{i}.trace.json.gz") for i, src in enumerate(sources)]
     for r in range(ranks):
         path = traces / f"rank{r}.pt.trace.json.gz"
         try:
-            os.link(sources[r % len(sources)], path)
-        except OSError:  # another file system than the repo's: a copy
-            shutil.copyfile(sources[r % len(sources)], path)
+            os.link(copies[r % len(copies)], path)
+        except OSError:  # a file system without hard links: a copy
+            shutil.copyfile(copies[r % len(copies)], path)
         data["inputs"].append({"path": str(path), "rank": r, "rank_source": "filename", "device": "cpu",
                                "events": 1})
     data["stragglers"] = {**data.get("stragglers", {}), "ranks": [STRAGGLER]}

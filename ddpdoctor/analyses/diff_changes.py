@@ -49,10 +49,10 @@ TOPOLOGY_FACTS = ("nodes", "gpus_per_node", "intra_node_transport", "inter_node_
                   "nvlink", "nccl_versions", "coll_channels", "rings", "nvls_channels")
 
 
-def facts(m: Manifest | None, topology: Mapping[str, Any] | None = None) -> dict[str, Any]:
+def facts(m: Manifest | None, topology: Mapping[str, Any] | None = None) -> JsonObject:
     """A run's manifest (and, when recorded, its NCCL topology summary) as flat facts (key -> JSON value). Empty for
     bare traces (nothing recorded)."""
-    out: dict[str, Any] = {}
+    out: JsonObject = {}
     for k in TOPOLOGY_FACTS:
         v = (topology or {}).get(k)
         if isinstance(v, list) and all(isinstance(x, (str, int, float, bool)) for x in v):

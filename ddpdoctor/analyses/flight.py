@@ -24,9 +24,10 @@ from __future__ import annotations
 import bisect
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any
 
 import msgspec
+
+from ddpdoctor.jsontypes import JsonObject
 
 # Flight Recorder dtype names -> bytes per element (c10's ScalarType names)
 DTYPE_BYTES = {"Float": 4, "Double": 8, "Half": 2, "BFloat16": 2, "Long": 8, "Int": 4, "Short": 2, "Char": 1,
@@ -96,7 +97,7 @@ class Collective:
     sizes: tuple[tuple[int, ...], ...] = ()
     dtypes: tuple[str, ...] = ()
 
-    def to_json(self) -> dict[str, Any]:
+    def to_json(self) -> JsonObject:
         return {"group": self.desc, "pg": self.group, "seq": self.seq, "p2p": self.p2p, "op": self.op,
                 "sizes": [list(s) for s in self.sizes], "dtypes": list(self.dtypes), "bytes": self.nbytes,
                 "enqueued_ns": self.enqueued_ns, "completed_ns": self.noticed_done_ns, "state": self.state,
@@ -161,11 +162,16 @@ class StepTime:
 
 
 def device_time(entries: Sequence[Timing], windows: Sequence[tuple[int, int, int]],
-                known_from_ns: int = 0) -> list[StepTime]:
+                known_from_ns: int = 0, newest_ns: int | None = None) -> list[StepTime]:
     """Per step window ``(step, start_ns, end_ns)`` (sorted, not overlapping), the device time in the collectives
     enqueued within it. ``known_from_ns``: the ring holds every entry enqueued since then (entries before it may
-    have been overwritten), so a step that began earlier is ``missing``. One collective is counted once however
-    many entries it has (the ops of a coalesced group share one sequence number; the group's entry is timed)."""
+    have been overwritten), so a step that began earlier is ``missing``. ``newest_ns``: the newest entry's enqueue
+    time (default: the newest given); a step with no collective is 0 s only when something was recorded after it
+    ended (a gradient-accumulation step), else still ``pending`` (an empty or stale recorder proves nothing). One
+    collective is counted once however many entries it has (the ops of a coalesced group share one sequence number;
+    the group's entry is timed)."""
+    if newest_ns is None:
+        newest_ns = max((e.time_created_ns for e in entries), default=-1)
     starts = [w[1] for w in windows]
     # per step: (group, p2p, seq) -> (the longest duration among its entries, or None; some entry still running)
     per: list[dict[tuple[str, bool, int], tuple[float | None, bool]]] = [{} for _ in windows]
@@ -180,10 +186,13 @@ def device_time(entries: Sequence[Timing], windows: Sequence[tuple[int, int, int
             dur = e.duration_ms / 1e3 if dur is None else max(dur, e.duration_ms / 1e3)
         per[i][key] = (dur, running or (e.duration_ms is None and not e.retired))
     out = []
-    for (step, start, _end), colls in zip(windows, per, strict=True):
+    for (step, start, end), colls in zip(windows, per, strict=True):
         if start < known_from_ns:
-            out.append(StepTime(step, None, len(colls), missing="its collectives left the Flight Recorder's ring "
-                                "before they were read (TORCH_FR_BUFFER_SIZE)"))
+            out.append(StepTime(step, None, len(colls), missing="the step's collectives left the Flight Recorder's "
+                                "ring before they were read (TORCH_FR_BUFFER_SIZE)"))
+            continue
+        if not colls and newest_ns < end:
+            out.append(StepTime(step, None, 0, pending=True))
             continue
         total, pending, untimed = 0.0, False, 0
         for dur, running in colls.values():
@@ -194,8 +203,9 @@ def device_time(entries: Sequence[Timing], windows: Sequence[tuple[int, int, int
             else:
                 untimed += 1  # retired with no duration: never timed (timing off, gloo) or timed out
         if untimed:
-            out.append(StepTime(step, None, len(colls), missing=f"{untimed} of its {len(colls)} collectives carry no "
-                                "duration (NCCL timing off: TORCH_NCCL_ENABLE_TIMING; gloo records none)"))
+            out.append(StepTime(step, None, len(colls), missing=f"{untimed} of the step's {len(colls)} collectives "
+                                "carry no duration: NCCL timing is off (TORCH_NCCL_ENABLE_TIMING) or the backend "
+                                "records none (gloo)"))
         elif pending:
             out.append(StepTime(step, None, len(colls), pending=True))
         else:

@@ -6,13 +6,13 @@ files instead of re-reading 1,000 traces on one machine."""
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
 
 import numpy as np
 
 from ddpdoctor.analyses.rank import RankResult, analyze_trace
 from ddpdoctor.analyses.results import asdict
 from ddpdoctor.errors import BadInput
+from ddpdoctor.jsontypes import JsonObject
 from ddpdoctor.rundir.schema import RankSummary
 from ddpdoctor.traces.loader import load_raw, no_gc
 from ddpdoctor.traces.trace import Spans, Trace, build_trace
@@ -60,7 +60,8 @@ def analyze_files(paths: list[Path], rank: int | None = None, window: str = "all
         return analyze_trace(merge_traces(traces), window)
 
 
-def to_dict(r: RankResult) -> dict[str, Any]:
+def to_dict(r: RankResult) -> JsonObject:
+    """summary.json's content (rundir/schema.py RankSummary)."""
     return {"schema": SCHEMA, "window": "all", **asdict(r)}
 
 
@@ -70,6 +71,6 @@ def from_summary(s: RankSummary) -> RankResult:
                       grad_ready=list(s.grad_ready), syncs=list(s.syncs), host=s.host, notes=list(s.notes))
 
 
-def summarize_trace_files(paths: list[Path], rank: int) -> dict[str, Any]:
+def summarize_trace_files(paths: list[Path], rank: int) -> JsonObject:
     """The bootstrap's entry point: this rank's traces -> summary.json content (window "all")."""
     return to_dict(analyze_files([Path(p) for p in paths], rank=rank))

@@ -313,13 +313,13 @@ class Preparation:
     grad_counts: list[int]
 
 
-def job_step_ms(step_times_s_by_rank: Sequence[Sequence[float]], first: int, last: int) -> list[float]:
+def job_step_ms(step_times_s_by_rank: Sequence[Sequence[float | None]], first: int, last: int) -> list[float]:
     """The job's time of iterations ``first``..``last - 1``: per iteration the mean over the ranks that recorded
     it, in ms. Ranks wait for each other in every all_reduce, so their iteration times agree up to where each
-    iteration's boundary falls; the mean over ranks is the job's."""
+    iteration's boundary falls; the mean over ranks is the job's. A rank's unknown time (null) is left out."""
     out = []
     for i in range(first, last):
-        vals = [float(r[i]) for r in step_times_s_by_rank if i < len(r)]
+        vals = [float(t) for r in step_times_s_by_rank if i < len(r) and (t := r[i]) is not None]
         if vals:
             out.append(1000.0 * sum(vals) / len(vals))
     return out

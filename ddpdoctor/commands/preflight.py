@@ -7,6 +7,7 @@ from __future__ import annotations
 import os
 import re
 import time
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -74,7 +75,7 @@ class Deadline:
         return None
 
 
-def _expected_world(torchrun: dict[str, Any], launcher: str) -> int | None:
+def _expected_world(torchrun: Mapping[str, object], launcher: str) -> int | None:
     if launcher == "none":
         ws = os.environ.get("WORLD_SIZE") or os.environ.get("SLURM_NTASKS")
         return int(ws) if ws and ws.isdigit() else None
@@ -192,7 +193,7 @@ def command(out: Path | None, name: str | None, overwrite: bool, launcher: str, 
          exit_code=exit_code(checks), fail_on=fail_on)
 
 
-def torchrun_rendezvous_failure(torchrun: dict[str, Any], code: int | None, killed_by: str | None,
+def torchrun_rendezvous_failure(torchrun: Mapping[str, object], code: int | None, killed_by: str | None,
                                 timeout: float) -> CheckResult:
     """The rendezvous row when torchrun's agents never formed a group: probe the endpoint from here."""
     endpoint = torchrun.get("--rdzv-endpoint")

@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import sys
 import time
+from collections.abc import Mapping
 from pathlib import Path
-from typing import Any
 
 import click
 
@@ -47,6 +47,6 @@ def command(run_dir: Path, as_json: bool, watch: bool, interval: float, fail_on:
         time.sleep(interval)
 
 
-def exit_code(st: dict[str, Any], fail_on: str) -> int:
+def exit_code(st: Mapping[str, object], fail_on: str) -> int:
     """1 for a finished job that failed (an error), or any live alert (warnings) with --fail-on warning."""
     return LiveStatus.from_json(st).exit_code_for(fail_on)

@@ -148,7 +148,7 @@ class Experiment:
     def read_trial(self, run: RunDir, label: str, rnd: int, order: int, setting: Setting,
                    exit_code: int) -> Trial:
         statuses = self._statuses(run)
-        times = [[float(t) for t in s.step_times_s] for s in statuses]
+        times = [[None if t is None else float(t) for t in s.step_times_s] for s in statuses]
         last = self.warmup + self.steps
         step_ms = job_step_ms(times, self.warmup, last)
         rank0 = min(run.ranks_present(), default=None)

@@ -10,9 +10,10 @@ from dataclasses import asdict, dataclass, field, fields
 from typing import Any
 
 from ddpdoctor.findings.failure import hang_finding, rank_crashed_finding
-from ddpdoctor.findings.framework_advice import ddp_option
+from ddpdoctor.findings.framework_advice import ddp_option, framework_of
 from ddpdoctor.findings.model import Finding, Severity
 from ddpdoctor.jsontypes import JsonObject
+from ddpdoctor.rundir.schema import DDPModule
 
 DDP_BUCKETS = "allreduce (DDP gradient buckets)"
 
@@ -292,7 +293,7 @@ def crash_findings(statuses: dict[int, dict[str, Any] | None], debug: bool = Fal
                    param_names: dict[int, list[str]] | None = None,
                    stderr: dict[int, str] | None = None,
                    last_beats: dict[int, dict[str, Any] | None] | None = None,
-                   torn_down: set[int] | None = None, ddp_cfg: dict[str, Any] | None = None) -> list[Finding]:
+                   torn_down: set[int] | None = None, ddp_cfg: DDPModule | None = None) -> list[Finding]:
     """rank-crashed for the root cause(s), collective-mismatch when the exception says so, and
     unused-parameters from DDP's "did not receive grad" error. Victims are listed, never blamed.
 
@@ -443,7 +444,7 @@ def _num(value: Any) -> float:
 
 
 def _unused_parameters(exc: str, ranks: list[int], names: list[str] | None,
-                       ddp_cfg: dict[str, Any] | None = None) -> Finding | None:
+                       ddp_cfg: DDPModule | None = None) -> Finding | None:
     params: list[str] = []
     m = _UNUSED_NAMES.search(exc)
     unnamed = ""
@@ -463,7 +464,7 @@ def _unused_parameters(exc: str, ranks: list[int], names: list[str] | None,
         "Parameters that got no gradient (their names are not in the error)",
         ranks=ranks, evidence={"ranks": ranks, "parameters": params},
         advice="Use these parameters in forward(), freeze them (requires_grad=False), or "
-               + (f"set {ddp_option(ddp_cfg, 'find_unused_parameters', True)}" if (ddp_cfg or {}).get("built_by")
+               + (f"set {ddp_option(ddp_cfg, 'find_unused_parameters', True)}" if framework_of(ddp_cfg)
                   else "pass find_unused_parameters=True to DistributedDataParallel")
                + " (it costs a graph traversal each step)." + unnamed,
     )

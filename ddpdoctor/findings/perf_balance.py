@@ -7,7 +7,7 @@ import math
 import statistics
 from collections import defaultdict
 from collections.abc import Sequence
-from typing import Any, overload
+from typing import overload
 
 import numpy as np
 
@@ -18,6 +18,7 @@ from ddpdoctor.analyses.whatif import MIB, WhatIf, ddp_config
 from ddpdoctor.findings.framework_advice import ddp_option
 from ddpdoctor.findings.model import Finding, Severity
 from ddpdoctor.findings.perf_verdict import cost, undecided
+from ddpdoctor.jsontypes import JsonObject
 
 # gradient_as_bucket_view saves one gradient-sized copy per step and that much memory; below 25 MiB (one default
 # bucket) the saving is under a millisecond on any GPU and not worth a finding.
@@ -259,7 +260,7 @@ def excess_in_comm_share(r: RankMetrics) -> float:
 
 def rule_step_variance(a: Analysis, w: WhatIf | None) -> list[Finding]:
     out: list[Finding] = []
-    noisy: dict[int, dict[str, Any]] = {}
+    noisy: dict[int, JsonObject] = {}  # rank -> its evidence
     undecided_iv: Interval | None = None
     costs: list[float] = []
     for r in a.ranks:

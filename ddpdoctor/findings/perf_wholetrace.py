@@ -11,6 +11,7 @@ from ddpdoctor.analyses.results import Analysis
 from ddpdoctor.analyses.whatif import WhatIf
 from ddpdoctor.findings.model import Finding, Severity
 from ddpdoctor.findings.perf_balance import clear_majority, ms
+from ddpdoctor.jsontypes import JsonObject
 
 NO_STEPS_ID = "no-profiler-steps"
 # Said with the finding: how to record steps.
@@ -26,7 +27,7 @@ def _spread(values: list[float]) -> dict[str, float | None]:
     return {"min": round(min(values), 3), "median": round(statistics.median(values), 3), "max": round(max(values), 3)}
 
 
-def last_arrivals(a: Analysis) -> dict[str, Any]:
+def last_arrivals(a: Analysis) -> JsonObject:
     """Who arrives last at the matched collectives: the rank last most often, how often, whether that is a clear
     majority (not chance: findings/perf_balance.clear_majority) and its median lateness there."""
     matched = a.matched or []

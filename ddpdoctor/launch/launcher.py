@@ -334,7 +334,9 @@ def _launch_locked(spec: LaunchSpec, watcher: JobWatcher | None, in_place_rank: 
     # The monitor's token reaches the ranks through their environment only (docs/trust.md).
     env.update(getattr(watcher, "rank_env", dict)())
     started = time.time()
-    reserve = SpaceReserve(spec.run_dir.root)
+    # Under --launcher none every rank is a launcher: only rank 0 (which reports) holds the full reserve, so that
+    # 1,024 ranks hold 256 KiB + 1,023 x 16 KiB on the shared disk, not 256 MiB.
+    reserve = SpaceReserve(spec.run_dir.root, total=None if in_place_rank in (None, 0) else 16 << 10)
     reserve.hold()
     tees: list[threading.Thread] = []
     console_err = None if spec.quiet else sys.stderr.buffer

@@ -407,8 +407,13 @@ class HangMonitor:
         stop the job unless --on-hang report. The job layer calls it with the head's verdict on every node."""
         self.hang = hang
         if self.run_root is not None and self.writes_run_files:
-            write_json(self.run_root / "hang.json", hang)
-            write_private_text(self.run_root / "hang.txt", hang_text(hang, extra_text))
+            try:
+                write_json(self.run_root / "hang.json", hang)
+                write_private_text(self.run_root / "hang.txt", hang_text(hang, extra_text))
+            except OSError as exc:  # a full disk (DiskFull): the verdict is still said and acted on
+                reserve = getattr(job, "reserve", None)
+                if reserve is not None:
+                    reserve.note(getattr(exc, "path", None) or self.run_root / "hang.json", exc)
         say(line)
         if self.on_hang == "kill" and job is not None:
             self._kill_all(job, signal.SIGTERM)

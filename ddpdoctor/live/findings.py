@@ -36,7 +36,8 @@ def read_alerts(run: RunDir) -> list[dict[str, Any]]:
 
 def ledger_notes(run: RunDir) -> list[str]:
     """The collective ledger's notes from every node's last snapshot (a caused wait too small to tell from a crowded
-    host's scheduling: docs/metrics.md#caused-wait)."""
+    host's scheduling: docs/metrics.md#caused-wait), and the ranks here whose ledger could not time their
+    collectives on the device (docs/metrics.md#ledger-sources)."""
     out: list[str] = []
     for node in node_names(run.root):
         try:
@@ -45,7 +46,26 @@ def ledger_notes(run: RunDir) -> list[str]:
             continue
         notes = snap.get("ledger_notes") if isinstance(snap, dict) else None
         out += [str(n) for n in notes or [] if isinstance(n, str) and n not in out][:5]
-    return out
+    return out + _blind_notes(run)
+
+
+def _blind_notes(run: RunDir) -> list[str]:
+    from ddpdoctor.job.grouping import rank_ranges
+    from ddpdoctor.rundir.loaders import rank_statuses
+
+    try:
+        statuses = rank_statuses(run)
+    except (BadInput, OSError):
+        return []  # the report names a damaged status.json itself
+    why: dict[str, list[int]] = {}
+    for rank, st in statuses.items():
+        ledger = st.get("ledger") if isinstance(st, dict) else None
+        blind = ledger.get("blind") if isinstance(ledger, dict) else None
+        if isinstance(blind, str) and blind:
+            why.setdefault(blind[:300], []).append(rank)
+    return [f"collective ledger: rank(s) {rank_ranges(ranks)} could not time their collectives on the device; "
+            f"{reason}. Who made whom wait was not judged from them (docs/metrics.md#ledger-sources)"
+            for reason, ranks in sorted(why.items(), key=lambda kv: kv[1][0])[:5]]
 
 
 def live_findings(run: RunDir) -> list[Finding]:
@@ -65,9 +85,12 @@ def live_findings(run: RunDir) -> list[Finding]:
             "slow-rank", Severity.WARNING, a.get("title", f"rank {r} is persistently slower"), [r],
             dict(ev, cost_ms_per_step=ev.get("lost_ms_per_step"), cost_pct_of_step=ev.get("pct_of_step"),
                  raised_at_step=a.get("step")),
-            f"rank {r} spends longer than the others in {ev.get('phase')} while they wait for it: look at what "
-            "differs on its host (CPU contention, `ddpdoctor topo`, thermal throttling) or in its data shard; "
-            "`ddpdoctor capture RUN --profile 5` profiles it without a restart."))
+            (f"rank {r} spends longer than the others in {ev.get('phase')} while they wait for it: look at what "
+             "differs on its host (CPU contention, `ddpdoctor topo`, thermal throttling) or in its data shard; "
+             if ev.get("phase") else
+             f"the others wait for rank {r} while none of its host phases is longer: on NCCL its GPU work is slower "
+             "(clocks, thermal throttling, a neighbour on the GPU, its data's copy to the device); ")
+            + "`ddpdoctor capture RUN --profile 5` profiles it without a restart."))
     downs = [a for a in alerts if a["id"] == "slowdown"]
     if downs:
         a = downs[-1]

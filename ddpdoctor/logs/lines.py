@@ -61,7 +61,13 @@ class LogLine:
     text: str
     logger: str = ""  # "E", "W", ... when the line had a glog header (then ``text`` is the message only)
     ts: float | None = None  # a sort key in seconds from the line's own timestamp, else the last one above it
-    bare: bool = False  # no prefix of its own (no rank, host, glog or timestamp): can continue a wrapped line
+
+
+def strip_collector(line: str) -> str:
+    """``line`` without a log collector's prefix (containerd/CRI-O, a CloudWatch paste, Ray's worker tag)."""
+    if line[:1] in _COLLECTOR_LEADS and (m := _COLLECTOR.match(line)) and m.end() < len(line):
+        return line[m.end():]
+    return line
 
 
 def _glog_ts(mmdd: str | None, clock: str | None) -> float | None:
@@ -141,25 +147,8 @@ def iter_lines(source: str, text: str, default_rank: int | None = None, work: li
     """Every line of ``text`` with the rank that wrote it (from its prefix, else ``default_rank``), one at a time,
     with a watchdog message that was wrapped onto the next lines joined back. ``work``, when given, has its first item
     raised by one per line: the deterministic count the linearity tests compare."""
-    held: LogLine | None = None
+    held: LogLine | None = None  # a watchdog message's head, waiting for its wrapped rest
     joins = 0
-    for line in _iter_lines(source, text, default_rank, work):
-        if held is not None:
-            piece = line.text.strip()
-            if (joins < _MAX_JOINS and line.bare and piece and _wrapped(held.text)
-                    and any(p in piece[:40] for p in _WRAP_PIECES)):
-                held.text = held.text.rstrip() + " " + piece
-                joins += 1
-                continue
-            yield held
-        held, joins = line, 0
-    if held is not None:
-        yield held
-
-
-def _iter_lines(source: str, text: str, default_rank: int | None = None, work: list[int] | None = None
-                ) -> Iterator[LogLine]:
-    """Every raw line of ``text`` with the rank that wrote it (from its prefix, else ``default_rank``)."""
     srun = _uses_srun_labels([_COLLECTOR.sub("", ln, count=1) for ln in itertools.islice(raw_lines(text), _SRUN_SAMPLE)])
     ts: float | None = None
     for i, raw in enumerate(raw_lines(text), start=1):
@@ -200,7 +189,25 @@ def _iter_lines(source: str, text: str, default_rank: int | None = None, work: l
             m = _ISO.match(line)
             if m:
                 ts = _iso_ts(m)
-        yield LogLine(source, i, rank, line, logger, ts, bare=line == collected)
+        if held is not None:
+            if (joins < _MAX_JOINS and line == collected and (piece := line.strip())
+                    and any(p in piece[:40] for p in _WRAP_PIECES)):
+                held.text = held.text.rstrip() + " " + piece
+                joins += 1
+                if not _wrapped(held.text):
+                    yield held
+                    held = None
+                continue
+            yield held
+            held = None
+        out = LogLine(source, i, rank, line, logger, ts)
+        # Cheap gates first: few lines name the watchdog.
+        if ("atchdog" in line or "(either an error" in line) and _wrapped(line):
+            held, joins = out, 0
+            continue
+        yield out
+    if held is not None:
+        yield held
 
 
 def split_lines(source: str, text: str, default_rank: int | None = None) -> list[LogLine]:

@@ -50,7 +50,7 @@ class Worker:
     """One rank's preflight: a record of check results, saved after each check."""
 
     def __init__(self, config: ProbeConfig) -> None:
-        self.opts = config.options
+        self.opts = config.probe_options()
         self.rank, self.world_size, self.local_rank = rank_from_env()
         self.run = RunDir(Path(config.run_dir))
         self.timeout = float(self.opts.get("check_timeout", 20))

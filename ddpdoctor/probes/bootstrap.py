@@ -39,7 +39,7 @@ class RankSession:
         self.tune: Any = None  # `ddpdoctor tune`'s probe (probes/tune.py) in a trial launch
         self.extra: list[Any] = []  # other probes: finish(status: dict) -> None, and annotate(status) if they add to it
         self.started = time.time()
-        if config.options.get("nccl_debug"):
+        if config.probe_options().get("nccl_debug"):
             from ddpdoctor.topo.capture import rank_env
 
             # Before the script can initialise NCCL: this rank's own topology dump path and debug settings.
@@ -49,7 +49,7 @@ class RankSession:
 
     def install(self) -> None:
         self.tracker.install()
-        tune = self.config.options.get("tune")
+        tune = self.config.probe_options().get("tune")
         if tune:
             from ddpdoctor.probes.tune import TuneProbe
 
@@ -70,7 +70,7 @@ class RankSession:
 
             self.profiler = ProfilerProbe(
                 self.run.traces, self.rank, self.config.schedule, self.config.record_shapes, self.config.with_stack,
-                stop_after_window=not self.config.options.get("run_to_completion", True),
+                stop_after_window=not self.config.probe_options().get("run_to_completion", True),
             )
             self.tracker.add_listener(self.profiler.on_step)
             self.profiler.start()
@@ -84,13 +84,13 @@ class RankSession:
             self.extra.append(heartbeat)
             from ddpdoctor.probes import live  # phase times for the live watch, captures on demand (h18)
 
-            live.install(self.run.root, self.rank, self.world_size, self.tracker, dict(self.config.options, mode=self.config.mode),
+            live.install(self.run.root, self.rank, self.world_size, self.tracker, {**self.config.probe_options(), "mode": self.config.mode},
                          self.ddp.live_modules)
             self.extra.append(live)
         if self.config.mode == "check-sync":
             from ddpdoctor.probes.sync import install_check_sync
 
-            self.extra.append(install_check_sync(self.run, self.rank, self.world_size, self.config.options, self.tracker))
+            self.extra.append(install_check_sync(self.run, self.rank, self.world_size, self.config.probe_options(), self.tracker))
         self.extra.append(ledger)
         if self.tune is not None:
             self.tracker.add_listener(self.tune.on_step)  # last: it ends the trial once the others have run
@@ -125,7 +125,7 @@ class RankSession:
                 getattr(probe, "annotate", lambda status: None)(status)
             except Exception:  # noqa: BLE001
                 pass
-        _write_quietly(self.run.rank_file(self.rank, "status.json"), status)
+        _write_quietly(self.run.rank_file(self.rank, "status.json"), status, FULL_DISK_WAIT_S)
         if self.profiler is not None:
             self.profiler.finish()
             status["traces"] = [p.name for p in self.profiler.written]
@@ -153,12 +153,28 @@ class RankSession:
             _write_quietly(self.run.rank_file(self.rank, "summary-error.json"), {"error": repr(exc)})
 
 
-def _write_quietly(path: Any, data: Any) -> None:
-    """A rank's own record: a full disk (OSError) must not change how the user's job ends; what fitted is kept."""
-    try:
-        write_json(path, data)
-    except OSError:
-        pass
+# A status that meets a full disk waits this long, a little at a time, for the launcher to give back the half of its
+# reserve that is the ranks' (rundir/reserve.py: it checks the free space twice a second).
+FULL_DISK_WAIT_S = 3.0
+
+
+def _write_quietly(path: Any, data: Any, wait_s: float = 0.0) -> None:
+    """A rank's own record: a full disk (OSError) must not change how the user's job ends; what fitted is kept.
+    ``wait_s``: on a full disk, try again for that long (the rank's status: the one record a verdict needs)."""
+    import errno
+
+    from ddpdoctor.rundir.artefacts import DiskFull
+
+    deadline = time.time() + wait_s
+    while True:
+        try:
+            write_json(path, data)
+            return
+        except OSError as exc:
+            full = isinstance(exc, DiskFull) or exc.errno in (errno.ENOSPC, errno.EDQUOT)
+            if not full or time.time() >= deadline:
+                return
+            time.sleep(0.25)
 
 
 def _run_script(config: ProbeConfig) -> None:

@@ -5,9 +5,37 @@ from __future__ import annotations
 import json
 import os
 from dataclasses import asdict, dataclass, field
-from typing import Any
+from typing import Any, TypedDict, cast
 
 ENV_VAR = "DDPDOCTOR_CONFIG"
+
+
+class TuneTrial(TypedDict):
+    """`ddpdoctor tune`'s trial: the DDP keyword arguments (and ``comm_hook``) it sets, and after how many steps
+    every rank stops."""
+
+    setting: dict[str, object]
+    stop_after: int
+
+
+class ProbeOptions(TypedDict, total=False):
+    """The per-mode options a command puts in $DDPDOCTOR_CONFIG; each probe reads the ones of its mode."""
+
+    mode: str  # the launch's mode, added by the bootstrap for the live watch
+    debug: bool  # run
+    nccl_debug: bool  # run, profile: NCCL_DEBUG=INFO and a topology dump per rank
+    with_stack: bool  # profile
+    run_to_completion: bool  # profile: go on after the profiled window
+    steps: int  # check-sync: iterations to fingerprint (0: all, never stop)
+    data_steps: int  # check-sync: further iterations the data recorder may run
+    equivalence: bool  # check-sync --equivalence
+    tune: TuneTrial  # a `tune` trial launch
+    backend: str  # preflight ("auto", "nccl", "gloo")
+    max_size: int | None  # preflight: the bandwidth sweep's largest message
+    max_latency_us: float | None
+    checkpoint_dir: str | None
+    min_free_gb: float
+    check_timeout: float
 
 
 # `--active auto`: at least 5 recorded steps, at most 20 (traces grow with every step).
@@ -68,6 +96,10 @@ class ProbeConfig:
     with_stack: bool = False
     monitor: str | None = None  # "host:port" of the launcher's heartbeat monitor
     options: dict[str, Any] = field(default_factory=dict)  # per-mode options (check-sync, run)
+
+    def probe_options(self) -> ProbeOptions:
+        """``options`` with its keys typed (it arrives as raw JSON from the launcher)."""
+        return cast(ProbeOptions, self.options)
 
     def to_env(self) -> str:
         return json.dumps(asdict(self))

@@ -32,6 +32,9 @@ NEW_SHARE = 0.75  # read when about this share of the ring is new: each entry re
 BUDGET = 0.002  # share of the time the reads may take (they hold the GIL), where the ring's turnover allows
 GIVE_UP_S = 120.0  # a step pending longer than this (a collective that never completes: a hang) is published as a gap
 MAX_HELD = 4096  # steps held at most (at ~100 bytes each); beyond, the oldest is published as a gap
+# Steps per read at most: the heartbeat carries what was published since its last beat and the live watch keeps 256
+# per beat (live/health.py), so a rank's series stays whole and lines up with the other ranks'.
+MAX_BATCH_STEPS = 200
 
 
 def ring_size() -> int:
@@ -71,6 +74,20 @@ def dump_json(backend: str | None = None) -> bytes:
     return bytes(c10d._dump_fr_trace_json())  # type: ignore[attr-defined]
 
 
+def grouped_dump(backend: str) -> Callable[[], bytes]:
+    """``dump_json(backend)``, refused once an NCCL default group is destroyed: ProcessGroupNCCL's recorder borrows
+    its works' CUDA events until the watchdog retires them, so a dump after the group is gone is not asked for."""
+
+    def dump() -> bytes:
+        import torch.distributed as dist
+
+        if "nccl" in backend and not (dist.is_available() and dist.is_initialized()):
+            raise RuntimeError("the NCCL process group was destroyed before its last collectives were read")
+        return dump_json(backend)
+
+    return dump
+
+
 class SourceSummary(TypedDict):
     """How the Flight Recorder source did, for ledger.json (docs/metrics.md)."""
 
@@ -97,11 +114,15 @@ class FlightSource:
         self.held: deque[tuple[Record, int, int, float]] = deque()  # record, start ns, end ns, held since
         self.last_id = -1  # the newest record id read so far
         self.rate = 0.0  # entries per second, between the last two reads
+        self.step_rate = 0.0  # steps per second, likewise
+        self.holds = 0  # steps held so far (the training thread counts)
+        self._holds_then = 0
         self.interval = MIN_POLL_S
         self.polls = 0
         self.poll_s = 0.0  # time spent in dump + decode + publish (the thread's own cost)
         self.published = {"device": 0, "gap": 0}
-        self.last_gap: str | None = None  # why the latest gap step has no device time
+        self.last_gap: str | None = None  # why most gap steps have no device time
+        self.gap_reasons: dict[str, int] = {}
         self.error: str | None = None
         self._last_poll = clock()
         self._stop = threading.Event()
@@ -111,6 +132,7 @@ class FlightSource:
     # -- the training thread ---------------------------------------------------------------------------
     def hold(self, record: Record, start_s: float, end_s: float) -> bool:
         self.held.append((record, int(start_s * 1e9), int(end_s * 1e9), self.clock()))
+        self.holds += 1
         return True
 
     # -- the ledger's thread ---------------------------------------------------------------------------
@@ -141,8 +163,11 @@ class FlightSource:
             t0 = time.perf_counter()
             try:
                 entries = decode_timing(self.dump())
-            except Exception as exc:  # noqa: BLE001 - no dump (torch without it, a failing backend): steps are gaps
+            except Exception as exc:  # noqa: BLE001 - no dump now (a group torn down, a failing backend)
                 self.error = f"{type(exc).__name__}: {exc}"[:300]
+                if not final:
+                    self._adapt(None, time.perf_counter() - t0)
+                    return 0  # the steps stay held: a later read decides them
                 entries = []
             n = self._publish(entries, final)
             cost = time.perf_counter() - t0
@@ -157,7 +182,7 @@ class FlightSource:
         # The ring keeps a contiguous run of record ids: those before the oldest one held now were overwritten, so a
         # step that began before it may have lost collectives.
         known_from = entries[0].time_created_ns if entries and entries[0].record_id > 0 else 0
-        times = device_time(entries, windows, known_from)
+        times = device_time(entries, windows, known_from, newest_ns=entries[-1].time_created_ns if entries else None)
         now = self.clock()
         forced = len(held) - MAX_HELD  # beyond MAX_HELD steps held, the oldest go out undecided
         n = 0
@@ -180,15 +205,22 @@ class FlightSource:
         else:
             phases[GAP] = 0.0
             self.published["gap"] += 1
-            self.last_gap = st.missing or ("the job ended before its collectives completed" if final else
-                                           f"its collectives did not complete within {GIVE_UP_S:.0f} s")
+            if st.missing:
+                why = st.missing
+            elif final:
+                why = "the job ended before its collectives were read complete" + (f" ({self.error})" if self.error
+                                                                                    else "")
+            else:
+                why = f"its collectives did not complete within {GIVE_UP_S:.0f} s"
+            self.gap_reasons[why] = self.gap_reasons.get(why, 0) + 1
+            self.last_gap = max(self.gap_reasons, key=lambda k: self.gap_reasons[k])  # the most frequent
         return (rec[0], rec[1], phases)
 
     def _adapt(self, entries: list[Timing] | None, cost_s: float = 0.0) -> None:
-        """The next read: as late as the ring allows without losing an entry (when NEW_SHARE of it is new), as
-        early as the cost allows (a read's cost over BUDGET; it grows with the ring's fill, so early reads, with
-        little in the ring, come fast), and within [MIN_POLL_S, MAX_POLL_S]. Where the two disagree (many
-        collectives per second), no entry is lost and the cost is what benchmarks/ledger_cost.py reports."""
+        """The next read: as late as the cost allows (a read's cost over BUDGET; it grows with the ring's fill, so
+        early reads, with little in the ring, come fast), but before an entry is lost (NEW_SHARE of the ring new)
+        and before MAX_BATCH_STEPS steps wait, within [MIN_POLL_S, MAX_POLL_S]. Where they disagree (many
+        collectives or steps per second), nothing is lost and the cost is what benchmarks/ledger_cost.py reports."""
         now = self.clock()
         elapsed = max(now - self._last_poll, 1e-3)
         self._last_poll = now
@@ -197,8 +229,12 @@ class FlightSource:
             if self.last_id >= 0:
                 self.rate = max(0, newest - self.last_id) / elapsed
             self.last_id = newest
+        holds = self.holds
+        self.step_rate = (holds - self._holds_then) / elapsed
+        self._holds_then = holds
         lossless = (NEW_SHARE * self.ring) / self.rate if self.rate > 0 and self.ring > 0 else MAX_POLL_S
-        self.interval = min(max(cost_s / BUDGET, MIN_POLL_S), lossless, MAX_POLL_S)
+        whole = MAX_BATCH_STEPS / self.step_rate if self.step_rate > 0 else MAX_POLL_S
+        self.interval = max(MIN_POLL_S, min(cost_s / BUDGET, lossless, whole, MAX_POLL_S))
 
     def summary(self) -> SourceSummary:
         """For ledger.json: how the source did."""

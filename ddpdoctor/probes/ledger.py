@@ -40,7 +40,7 @@ from typing import Any
 import torch
 
 from ddpdoctor.analyses.flight import decode
-from ddpdoctor.probes.flight import FlightSource, Record, dump_json, ring_size
+from ddpdoctor.probes.flight import MAX_BATCH_STEPS, FlightSource, Record, dump_json, grouped_dump, ring_size
 
 HOST_SOURCE = "host: autograd final callback + collective wrappers"
 DEVICE_SOURCE = "flight-recorder: CUDA-event durations"
@@ -66,6 +66,7 @@ class LedgerProbe:
         self.source_note: str | None = None  # why the source is what it is, when it is not the obvious one
         self.flight: FlightSource | None = None
         self._decided = False
+        self._blind_note: str | None = None
         # The heartbeat's per-beat numbers (job/record.RankRecord.summary), when a monitor watches the job. The full
         # per-step records (phases, with "collective" = blocked) travel in the beats' ``steps``.
         self.summary: dict[str, float] | None = None
@@ -161,7 +162,8 @@ class LedgerProbe:
         if want == "host" or (want != "flight-recorder" and "nccl" not in backend):
             return
         if ring_size() == 0:
-            self.source_note = "the Flight Recorder is off (TORCH_FR_BUFFER_SIZE=0): host source, blind to NCCL waits"
+            self.source_note = self._blind_note = ("the Flight Recorder is off (TORCH_FR_BUFFER_SIZE=0): the host "
+                                                   "source, which does not see NCCL's waits")
             return
         try:  # the groups made before the env default took effect (a launcher that set TORCH_NCCL_ENABLE_TIMING=0)
             dist.distributed_c10d._get_default_group()._enable_collectives_timing()  # type: ignore[attr-defined]
@@ -169,7 +171,10 @@ class LedgerProbe:
             pass
         self.source = DEVICE_SOURCE
         self.source_note = f"default group backend {backend}"
-        self.flight = FlightSource(self._publish, dump=functools.partial(dump_json, backend))
+        self.flight = FlightSource(self._publish, dump=grouped_dump(backend))
+        # A read publishes up to MAX_BATCH_STEPS steps at once: room for them until the heartbeat takes them.
+        self.tracker.recent = deque(self.tracker.recent, maxlen=max(self.tracker.recent.maxlen or 0,
+                                                                    2 * MAX_BATCH_STEPS))
         self.tracker.hold = self.flight.hold
         self.flight.start()
 
@@ -189,7 +194,16 @@ class LedgerProbe:
     # -- the end ------------------------------------------------------------------------------------------
     def annotate(self, status: dict[str, Any]) -> None:
         self._stop_flight()
-        status["ledger_source"] = self.source
+        status["ledger"] = {"source": self.source, "blind": self.blind()}
+
+    def blind(self) -> str | None:
+        """Why this rank's blocked time could not be measured on NCCL (None when it could, or off NCCL)."""
+        if self._blind_note is not None:
+            return self._blind_note
+        f = self.flight
+        if f is not None and f.published["gap"] and not f.published["device"]:
+            return f.last_gap or f.error
+        return None
 
     def finish(self, status: dict[str, Any]) -> None:
         from ddpdoctor.rundir.layout import write_json

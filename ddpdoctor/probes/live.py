@@ -18,7 +18,7 @@ from typing import Any
 import torch
 
 from ddpdoctor.live.protocol import CAPTURE_ID, MAX_STEPS, WINDOW_KINDS
-from ddpdoctor.probes.config import Schedule
+from ddpdoctor.probes.config import ProbeOptions, Schedule
 from ddpdoctor.probes.records import CaptureReply, RankStatusDoc
 from ddpdoctor.rundir.layout import write_json
 
@@ -45,7 +45,7 @@ class _Live:
     rank: int
     world_size: int
     tracker: Any
-    options: dict[str, Any]  # the probe options ($DDPDOCTOR_CONFIG's, raw JSON) and the mode
+    options: ProbeOptions  # the probe options and the launch's mode
     ddp_modules: Callable[[], list[Any]]
     lock: threading.Lock = field(default_factory=threading.Lock)
     pending: tuple[str, str, int, int] | None = None  # (id, what, steps, at_step): asked for, not started yet
@@ -60,7 +60,7 @@ def recent_steps(tracker: Any) -> list[list[Any]]:
     return [[s, round(d, 6), {k: round(v, 6) for k, v in ph.items()}] for s, d, ph in tracker.take_recent()]
 
 
-def install(run_dir: Path, rank: int, world_size: int, tracker: Any, options: dict[str, Any],
+def install(run_dir: Path, rank: int, world_size: int, tracker: Any, options: ProbeOptions,
             ddp_modules: Callable[[], list[Any]] = list) -> None:
     """Remember where captures go; time torch.save as the "checkpoint" phase (so a checkpoint step is not a stall).
     ``ddp_modules``: the job's live DDP modules (for check-sync windows)."""

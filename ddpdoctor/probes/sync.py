@@ -27,6 +27,7 @@ from typing import Any, cast
 import torch
 from torch.nn.parallel import DistributedDataParallel
 
+from ddpdoctor.probes.config import ProbeOptions
 from ddpdoctor.probes.guard import NOTES_FILE, Guard, ProbeNotes
 from ddpdoctor.probes.records import FingerprintRow, OutsideParam, RankStatusDoc, SyncDoc, SyncModuleDoc
 from ddpdoctor.probes.sampler import SamplerProbe
@@ -146,7 +147,7 @@ class _Module:
 
 
 class SyncProbe:
-    def __init__(self, run: RunDir, rank: int, world_size: int, options: dict[str, Any], tracker: Any) -> None:
+    def __init__(self, run: RunDir, rank: int, world_size: int, options: ProbeOptions, tracker: Any) -> None:
         self.run = run
         self.rank = rank
         self.world_size = world_size
@@ -481,7 +482,7 @@ def _write_compact(path: Any, data: Any) -> None:
     write_json(path, data, compact=True)
 
 
-def install_check_sync(run: RunDir, rank: int, world_size: int, options: dict[str, Any], tracker: Any) -> SyncProbe:
+def install_check_sync(run: RunDir, rank: int, world_size: int, options: ProbeOptions, tracker: Any) -> SyncProbe:
     """What the bootstrap calls in check-sync mode: the probe, installed and listening to step ends."""
     probe = SyncProbe(run, rank, world_size, options, tracker)
     probe.install()

@@ -33,7 +33,7 @@ class TuneProbe:
     rank stops at that iteration's end (all ranks count the same iterations, so they stop together, outside any
     collective)."""
 
-    def __init__(self, setting: dict[str, Any], stop_after: int, tracker: StepTracker, out: Any) -> None:
+    def __init__(self, setting: dict[str, object], stop_after: int, tracker: StepTracker, out: Any) -> None:
         self.setting = dict(setting)
         self.stop_after = int(stop_after)
         self.tracker = tracker

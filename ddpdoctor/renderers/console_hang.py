@@ -11,17 +11,17 @@ from ddpdoctor.report import Report
 
 def render_hang_section(report: Report, out: Any, verbose: bool) -> None:
     """The hang section (typed, or the JSON shape of a report built before sections were typed)."""
-    from ddpdoctor.reports.sections import HangSection
+    from ddpdoctor.reports.sections import HangSection, section_of
 
-    section = report.section(HangSection)
-    h = section.hang.to_json() if section is not None else report.sections.get("hang")
-    if not h:
+    section = section_of(report, HangSection)
+    if section is None:
         return
-    out.print(f"[bold red]hang[/bold red] detected after {h.get('detected_after_s')} s without progress "
-              f"(timeout {h.get('hang_timeout_s')} s); culprit rank(s): {h.get('culprit_ranks') or 'undetermined'}")
-    for c in h.get("classes") or []:
+    h = section.hang
+    out.print(f"[bold red]hang[/bold red] detected after {h.detected_after_s} s without progress "
+              f"(timeout {h.hang_timeout_s} s); culprit rank(s): {h.culprit_ranks or 'undetermined'}")
+    for c in h.classes or []:
         out.print(f"  [{c.get('count')} rank(s): {escape(str(c.get('ranks')))} on node(s) {escape(str(c.get('nodes')))}] "
                   f"{escape(str(c.get('state')))}")
-    for r, where in (h.get("ranks") or {}).items() if not h.get("classes") else ():
+    for r, where in h.ranks.items() if not h.classes else ():
         out.print(f"  rank {escape(str(r))}: {escape(where)}")
-    out.print(f"  stacks and Flight Recorder dumps: {escape(str(h.get('report')))} / hang.json")
+    out.print(f"  stacks and Flight Recorder dumps: {escape(str(h.report))} / hang.json")

@@ -13,10 +13,10 @@ from ddpdoctor.report import Report
 
 def render_sync_sections(report: Report, out: Any, verbose: bool) -> None:
     """The "checks" section: what was compared, and the data shards per epoch."""
-    from ddpdoctor.reports.sections import SyncChecksSection
+    from ddpdoctor.reports.sections import SyncChecksSection, section_of
 
-    section = report.section(SyncChecksSection)
-    checks = section.checks if section is not None else report.sections.get("checks")
+    section = section_of(report, SyncChecksSection)
+    checks = section.checks if section is not None else None
     if not checks:
         print_run_dir(report, out)
         return
@@ -27,8 +27,7 @@ def render_sync_sections(report: Report, out: Any, verbose: bool) -> None:
     table = Table(title="Cross-rank comparisons")
     for col in ("what", "steps", "comparisons", "differ", "within tolerance"):
         table.add_column(col)
-    for key in ("grads", "params", "buffers"):
-        c = checks[key]
+    for key, c in (("grads", checks["grads"]), ("params", checks["params"]), ("buffers", checks["buffers"])):
         table.add_row(key, str(len(c["steps"])), str(c["comparisons"]), str(c["diverged"]), str(c["within_tolerance"]))
     out.print(table)
     if checks["data"]:
@@ -43,6 +42,8 @@ def render_sync_sections(report: Report, out: Any, verbose: bool) -> None:
 
 
 def print_run_dir(report: Report, out: Any) -> None:
-    run_dir = report.sections.get("run_dir")
-    if run_dir:
-        out.print(f"[dim]run directory: {escape(str(run_dir))}[/dim]")
+    from ddpdoctor.reports.sections import RunDirSection, section_of
+
+    where = section_of(report, RunDirSection)
+    if where and where.run_dir:
+        out.print(f"[dim]run directory: {escape(str(where.run_dir))}[/dim]")

@@ -3,9 +3,10 @@ the topology files."""
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, cast
 
 from ddpdoctor.report import Report
+from ddpdoctor.topo.section_types import RunTopology, TopoSections
 
 
 def render_sections(report: Report, out: Any, verbose: bool) -> None:
@@ -13,16 +14,25 @@ def render_sections(report: Report, out: Any, verbose: bool) -> None:
     from rich.markup import escape
     from rich.table import Table
 
-    sections = report.sections
-    nested = sections.get("topology")
-    if sections.get("nccl_used") is False:
-        out.print(f"NCCL: not used ({escape(str(sections.get('reason')))})")
+    from ddpdoctor.reports.sections import NcclUseSection, TopologySection, TopoSection, section_of
+
+    use = section_of(report, NcclUseSection)
+    if use is not None and use.nccl_used is False:
+        out.print(f"NCCL: not used ({escape(str(use.reason))})")
         return
-    if isinstance(nested, dict):  # a profile/run report: the topo sections sit under "topology"
+    launch = section_of(report, TopologySection)
+    topo_section = section_of(report, TopoSection)
+    sections: TopoSections
+    if launch is not None:  # a profile/run report: the topo sections sit under "topology"
+        nested = launch.topology
         if not nested.get("nccl_used", True):
             out.print(f"NCCL: not used ({escape(str(nested.get('reason')))})")
             return
-        sections = nested
+        sections = cast(RunTopology, nested)
+    elif topo_section is not None:
+        sections = topo_section.sections()
+    else:
+        return
     s = sections.get("summary") or {}
     if s:
         gdr = {True: "yes", False: "no", None: "unknown"}[s.get("gdr")]

@@ -9,6 +9,8 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
+from ddpdoctor.reports.tune_json import VariantJson
+
 
 def _ms(v: Any, sign: bool = False) -> str:
     if not isinstance(v, (int, float)):
@@ -22,7 +24,7 @@ def _interval(iv: Any) -> str:
     return f"[{_ms(iv[0])}, {_ms(iv[1])}]"
 
 
-def measured(row: dict[str, Any]) -> str:
+def measured(row: VariantJson) -> str:
     """"measured -3.1 ± 1.2 ms" from the paired difference and its interval."""
     d, iv = row.get("diff_ms"), row.get("diff_interval")
     if not isinstance(d, (int, float)) or not isinstance(iv, list):
@@ -51,7 +53,7 @@ def render_tune_section(report: Any, out: Console, verbose: bool) -> None:
         return
     tune = section.tune or {}
     base = tune.get("baseline") or {}
-    rows: list[dict[str, Any]] = section.variants or []
+    rows: list[VariantJson] = section.variants or []
     table = Table(title="Step time per setting (median ms [90% interval], warm-up left out)", title_justify="left")
     for col in ("setting", "step ms", "predicted", "vs baseline", "verdict"):
         table.add_column(col, overflow="fold")

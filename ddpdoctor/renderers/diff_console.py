@@ -10,6 +10,7 @@ from rich.markup import escape
 from rich.table import Table
 
 from ddpdoctor.report import Report
+from ddpdoctor.reports.diff_json import DeltaJson, DiffJson
 from ddpdoctor.reports.sections import DiffSection
 
 LABEL = {"compute": "compute", "exposed_comm": "exposed comm", "data_wait": "data wait", "idle": "idle",
@@ -17,9 +18,10 @@ LABEL = {"compute": "compute", "exposed_comm": "exposed comm", "data_wait": "dat
          "comm_wait": "comm: waiting", "comm_transfer": "comm: transfer"}
 
 
-def _delta(d: dict[str, Any]) -> str:
+def _delta(d: DeltaJson) -> str:
     dm = d.get("delta_ms") or {}
-    lo, hi = (dm.get("interval") or [None, None])[:2]
+    iv = dm.get("interval") or []
+    lo, hi = (iv[0], iv[1]) if len(iv) >= 2 else (None, None)
     pct = d.get("pct_of_step")
     pct_s = f" ({pct:+.1f}%)" if isinstance(pct, (int, float)) else ""
     return f"{dm.get('value', 0):+.2f} ms [{lo:+.2f}, {hi:+.2f}]{pct_s}"
@@ -84,7 +86,7 @@ def render_diff_section(report: Report, out: Console, verbose: bool) -> None:
         _verbose(d, out)
 
 
-def _verbose(d: dict[str, Any], out: Console) -> None:
+def _verbose(d: DiffJson, out: Console) -> None:
     t = Table(title="parts of the step (job: each step's mean over ranks)", title_justify="left", show_edge=False)
     for col in ("part", "base ms", "new ms", "change"):
         t.add_column(col)
@@ -102,9 +104,9 @@ def _verbose(d: dict[str, Any], out: Console) -> None:
     t = Table(title="collectives (time per step per rank)", title_justify="left", show_edge=False)
     for col in ("op", "size", "calls/step", "change", "busbw GB/s"):
         t.add_column(col)
-    for c in d.get("collectives") or []:
-        t.add_row(escape(c["op"]), c["size_class"], f"{c['calls_per_step']['base']} -> {c['calls_per_step']['new']}",
-                  _delta(c), f"{_value(c['busbw_gbps']['base'])} -> {_value(c['busbw_gbps']['new'])}")
+    for cd in d.get("collectives") or []:
+        t.add_row(escape(cd["op"]), cd["size_class"], f"{cd['calls_per_step']['base']} -> {cd['calls_per_step']['new']}",
+                  _delta(cd), f"{_value(cd['busbw_gbps']['base'])} -> {_value(cd['busbw_gbps']['new'])}")
     out.print(t)
     b = d.get("buckets")
     if b:

@@ -4,10 +4,10 @@ contributors and what else changed; a section of profile's report.html and a pag
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
 
 from ddpdoctor.renderers.html import _asset, _findings_html, esc, render_html, write_page
 from ddpdoctor.report import Report
+from ddpdoctor.reports.diff_json import CompositionJson, DeltaJson, DiffJson
 from ddpdoctor.reports.sections import DiffSection
 
 COLOURS = {"compute": "#3b82f6", "exposed_comm": "#dc2626", "data_wait": "#f59e0b", "idle": "#9ca3af",
@@ -16,23 +16,24 @@ GROUPS = (("by what ran", ("compute", "exposed_comm", "data_wait", "idle")),
           ("by phase", ("data", "forward", "backward", "optimizer")))
 
 
-def _bars(comp: dict[str, dict[str, float]], parts: tuple[str, ...], title: str) -> str:
+def _bars(comp: CompositionJson, parts: tuple[str, ...], title: str) -> str:
     """Two horizontal stacked bars (base, new), one scale: the longer step fills the width."""
     width, bar_h, label_w = 640.0, 26, 48
-    longest = max((sum(comp[side].get(p, 0.0) for p in parts) for side in ("base", "new")), default=0.0) or 1.0
+    by_side = {"base": comp.get("base") or {}, "new": comp.get("new") or {}}
+    longest = max((sum(by_side[side].get(p, 0.0) for p in parts) for side in by_side), default=0.0) or 1.0
     rows = []
-    for i, side in enumerate(("base", "new")):
+    for i, side in enumerate(by_side):
         x, y = float(label_w), 8 + i * (bar_h + 10)
         rows.append(f'<text x="0" y="{y + 18}" font-size="12">{side}</text>')
         for p in parts:
-            ms = comp[side].get(p, 0.0)
+            ms = by_side[side].get(p, 0.0)
             w = (width - label_w) * ms / longest
             if w <= 0:
                 continue
             rows.append(f'<rect x="{x:.1f}" y="{y}" width="{w:.1f}" height="{bar_h}" fill="{COLOURS[p]}">'
                         f"<title>{esc(side)} {esc(p)}: {ms:.2f} ms per step</title></rect>")
             x += w
-        total = sum(comp[side].get(p, 0.0) for p in parts)
+        total = sum(by_side[side].get(p, 0.0) for p in parts)
         rows.append(f'<text x="{min(x + 4, width + 4):.1f}" y="{y + 18}" font-size="12">{total:.2f} ms</text>')
     legend = "".join(f'<span><i style="background:{COLOURS[p]}"></i>{esc(p)}</span>' for p in parts)
     return (f"<h3>{esc(title)}</h3><div class=\"legend\">{legend}</div>"
@@ -41,19 +42,19 @@ def _bars(comp: dict[str, dict[str, float]], parts: tuple[str, ...], title: str)
             + "".join(rows) + "</svg>")
 
 
-def _delta(d: dict[str, Any]) -> str:
+def _delta(d: DeltaJson) -> str:
     dm = d.get("delta_ms") or {}
     lo, hi = (dm.get("interval") or [0, 0])[:2]
     return f"{dm.get('value', 0):+.2f} ms [{lo:+.2f}, {hi:+.2f}]"
 
 
-def diff_of(report: Report) -> dict[str, Any]:
+def diff_of(report: Report) -> DiffJson:
     """The report's "diff" object ({} when it has none)."""
     section = report.section(DiffSection)
     return section.diff if section is not None else {}
 
 
-def diff_section_html(d: dict[str, Any]) -> str:
+def diff_section_html(d: DiffJson) -> str:
     """The <section id="diff"> of a report that carries a "diff" section."""
     comp = d.get("composition_ms") or {}
     if not isinstance(comp.get("base"), dict) or not isinstance(comp.get("new"), dict):

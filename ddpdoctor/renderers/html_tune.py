@@ -9,6 +9,7 @@ from typing import Any
 
 from ddpdoctor.renderers.console_tune import measured
 from ddpdoctor.reports.sections import TuneSection
+from ddpdoctor.reports.tune_json import NumericsJson
 
 
 def _esc(value: Any) -> str:
@@ -56,7 +57,8 @@ def tune_html(section: TuneSection | None) -> str:
         saved = (f"{gph['value']:+.1f} {_iv(gph.get('interval'))} at {gph.get('gpus_total')} GPUs"
                  if isinstance(gph, dict) and isinstance(gph.get("value"), (int, float))
                  and r.get("verdict") in ("faster", "slower") else "-")  # inside the noise, no cost is claimed
-        num: dict[str, Any] = r["numerics"] if isinstance(r.get("numerics"), dict) else {}
+        raw_num = r.get("numerics")
+        num: NumericsJson = raw_num if isinstance(raw_num, dict) else {}
         body.append(
             f"<tr><td class='l'>{_esc(r.get('setting'))}</td><td>{_num(r.get('step_ms'))}</td>"
             f"<td>{_esc(_iv(r.get('interval')))}</td>"

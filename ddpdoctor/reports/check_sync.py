@@ -56,7 +56,7 @@ def sync_parts(run: RunDir) -> tuple[SyncChecksSection | None, list[Finding], li
         sampler = next((s for s in facts.sampler.values() if s is not None), None)
         if sampler and sampler.shuffle and not sampler.replacement and min(facts.epochs_seen.values()) < 2:
             notes.append(_one_epoch_note(facts, analysis.steps_run, stop_after, data_steps))
-    return SyncChecksSection(_checks(analysis, shards)), findings, notes
+    return SyncChecksSection.from_json({"checks": _checks(analysis, shards)}), findings, notes
 
 
 def assemble(run: RunDir, job_exit: int | None, *, locked: bool) -> Report:

@@ -5,14 +5,18 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
+from ddpdoctor.analyses.results import Analysis
 from ddpdoctor.errors import BadInput
 from ddpdoctor.report import Report
 from ddpdoctor.reports.sections import DiffSection, TopologySection
+from ddpdoctor.rundir.layout import RunDir
+from ddpdoctor.rundir.schema import Manifest
+from ddpdoctor.topo.section_types import TopoSummary
 
 
-def _topology(run: Any) -> dict[str, Any] | None:
+def _topology(run: RunDir) -> TopoSummary | None:
     """The NCCL topology summary a `profile --nccl-debug` run's report.json holds (docs/topo.md), or None."""
     import json
 
@@ -26,10 +30,16 @@ def _topology(run: Any) -> dict[str, Any] | None:
     except (BadInput, ValueError):
         return None  # the report is a hint here; the traces are what is compared
     summary = (data.get("topology") or {}).get("summary") if isinstance(data, dict) else None
-    return summary if isinstance(summary, dict) else None
+    return _as_summary(summary)
 
 
-def _side(path: Path, which: str, topology: dict[str, Any] | None = None) -> tuple[Any, Any, dict[str, Any] | None]:
+def _as_summary(raw: object) -> TopoSummary | None:
+    """Raw JSON in (a saved report, or the topology section being assembled): taken as the summary it should be;
+    analyses/diff_changes.facts reads each fact defensively, so a damaged one costs a fact, not the diff."""
+    return cast(TopoSummary, raw) if isinstance(raw, dict) else None
+
+
+def _side(path: Path, which: str, topology: TopoSummary | None = None) -> tuple[Analysis, Manifest | None, TopoSummary | None]:
     """(Analysis, Manifest or None, topology summary or None) of one side, through analyze's own entry point; a run
     that failed is bad input. ``topology``: the side's summary when its report is still being assembled."""
     from ddpdoctor.analyses.pipeline import analyze_paths
@@ -84,7 +94,7 @@ def _operators(base: Any, new: Any, d: Any) -> tuple[list[Any], str | None]:
 
 
 def assemble(base_path: Path, new_path: Path, command: str = "diff",
-             new_topology: dict[str, Any] | None = None) -> Report:
+             new_topology: TopoSummary | None = None) -> Report:
     """The diff of two runs as a Report: the "diff" section and its findings."""
     from ddpdoctor.analyses.diff import diff
     from ddpdoctor.analyses.diff_changes import config_changes, facts
@@ -107,7 +117,7 @@ def assemble(base_path: Path, new_path: Path, command: str = "diff",
     if bman is None or nman is None:
         notes.append("traces without a run directory record no environment or configuration: "
                      "'what else changed' covers only what both runs recorded")
-    return Report(command, parts=[DiffSection(d.to_json())], findings=diff_findings(d), notes=notes)
+    return Report(command, parts=[DiffSection.from_json({"diff": d.to_json()})], findings=diff_findings(d), notes=notes)
 
 
 def add_baseline(report: Report, baseline: Path, run_root: Path) -> Report:
@@ -117,7 +127,7 @@ def add_baseline(report: Report, baseline: Path, run_root: Path) -> Report:
     summary = (topo.topology.get("summary") if topo is not None else None) or None
     try:
         d = assemble(baseline, run_root, command=report.command,
-                     new_topology=summary if isinstance(summary, dict) else None)
+                     new_topology=_as_summary(summary))
     except BadInput as exc:
         return Report(report.command, parts=report.parts, findings=report.findings,
                       notes=[*report.notes, f"not compared with the baseline: {exc}"], stopped=report.stopped)

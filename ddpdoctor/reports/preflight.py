@@ -17,7 +17,8 @@ def assemble(checks: list[CheckResult], run: RunDir, duration_s: float, killed_b
     rows = bandwidth_rows(bandwidth.evidence) if bandwidth is not None else []
     table = format_table(rows, f"all_reduce, {bandwidth.evidence.get('world_size')} ranks, "
                                "time = slowest rank's mean") if rows and bandwidth else None
-    section = PreflightSection(checks=[c.to_json() for c in checks], bandwidth_table=table, run_dir=str(run.root),
-                               duration_s=round(duration_s, 2))
+    section = PreflightSection.from_json({"checks": [c.to_json() for c in checks], "bandwidth_table": table,
+                                          "run_dir": str(run.root), "duration_s": round(duration_s, 2)})
     return Report("preflight", parts=[section], findings=[f for c in checks if (f := c.finding())],
                   notes=[f"the job was killed: {killed_by}"] if killed_by else [])
+

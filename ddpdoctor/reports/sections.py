@@ -1,19 +1,36 @@
 """The typed sections of a Report, one class per section of docs/json.md, and which sections each command's
 report may hold (so a saved report.json loads back typed: ``load_report``).
 
-Each section's fields are its top-level JSON keys, in output order; values nested inside a section (a rank's
-per-step rows, a finding's evidence) stay plain JSON: they are the contract's data, not code's."""
+Each section's fields are its top-level JSON keys, in output order. What nests inside is typed by its JSON shape
+(reports/perf_json.py, diff_json.py, tune_json.py, sync_json.py, topo/section_types.py: TypedDicts, the same whether
+the report was just assembled or loaded back from a saved report.json); what is left as ``JsonObject`` is JSON that
+no code here reads, only writes out (a finding's evidence stays a plain map)."""
 
 from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any, ClassVar, TypeVar
+from typing import Any, ClassVar, TypedDict, TypeVar
 
+from ddpdoctor.jsontypes import JsonObject
+from ddpdoctor.logs.events import TimelineRow
 from ddpdoctor.report import Report, Section
+from ddpdoctor.reports.diff_json import DiffJson
 from ddpdoctor.reports.perf_json import CollectivesJson, InputJson, RankJson, StragglersJson
-
-JSON = Any  # a plain JSON value (docs/json.md says its shape)
+from ddpdoctor.reports.sync_json import ChecksJson
+from ddpdoctor.reports.tune_json import TuneJson, VariantJson
+from ddpdoctor.topo.section_types import (
+    Channels,
+    HostRow,
+    NcclNotUsed,
+    RunTopology,
+    SystemRow,
+    TopoInputs,
+    TopoSections,
+    TopoSummary,
+    Transports,
+)
+from ddpdoctor.topo.section_types import RankRow as TopoRankRow
 
 
 @dataclass(frozen=True)
@@ -33,7 +50,7 @@ class JobOutcome:
     duration_s: float | None = None
     killed_by: str | None = None
 
-    def to_json(self) -> dict[str, JSON]:
+    def to_json(self) -> JsonObject:
         return {"exit_code": self.exit_code, "world_size": self.world_size, "duration_s": self.duration_s,
                 "killed_by": self.killed_by}
 
@@ -50,6 +67,15 @@ class JobSection(Section):
         return cls(JobOutcome(**{k: job.get(k) for k in ("exit_code", "world_size", "duration_s", "killed_by")}))
 
 
+class HangClassJson(TypedDict, total=False):
+    """Ranks that share a state and a stack (job/grouping.py), as the hang section lists them."""
+
+    count: int | None
+    ranks: str | None  # as ranges: "0-511,513-1023"
+    state: str | None
+    nodes: str | None
+
+
 @dataclass(frozen=True)
 class HangVerdict:
     """The "hang" object (docs/hangs.md): when and why the watch declared a hang, and where each rank stood."""
@@ -61,14 +87,15 @@ class HangVerdict:
     culprit_ranks: list[int] | None
     report: str
     ranks: dict[str, str] = field(default_factory=dict)  # rank -> one line: where it stood
-    classes: list[dict[str, JSON]] | None = None  # multi-node: ranks grouped by state and stack
+    classes: list[HangClassJson] | None = None  # multi-node: ranks grouped by state and stack
 
-    def to_json(self) -> dict[str, JSON]:
-        out: dict[str, JSON] = {"detected_after_s": self.detected_after_s, "hang_timeout_s": self.hang_timeout_s,
+    def to_json(self) -> JsonObject:
+        out: JsonObject = {"detected_after_s": self.detected_after_s, "hang_timeout_s": self.hang_timeout_s,
                                 "on_hang": self.on_hang, "kind": self.kind, "culprit_ranks": self.culprit_ranks,
                                 "report": self.report, "ranks": dict(self.ranks)}
         if self.classes is not None:
-            out["classes"] = self.classes
+            out["classes"] = [{"count": c.get("count"), "ranks": c.get("ranks"), "state": c.get("state"),
+                               "nodes": c.get("nodes")} for c in self.classes]
         return out
 
 
@@ -99,14 +126,14 @@ class PerfSection(Section):
     window: str
     ranks: list[RankJson]
     collectives: CollectivesJson
-    syncs: list[dict[str, JSON]]
+    syncs: list[JsonObject]
     stragglers: StragglersJson
     clock_offsets_us: dict[str, float]
-    ddp: list[dict[str, JSON]]
-    whatif: dict[str, JSON] | None = None
+    ddp: list[JsonObject]
+    whatif: JsonObject | None = None
     # docs/metrics.md#exposed-split: per rank, exposed communication as waiting / transfer / dispatch (None in
     # reports saved before it existed)
-    exposed_split: list[dict[str, JSON]] | None = None
+    exposed_split: list[JsonObject] | None = None
 
     @classmethod
     def present_in(cls, doc: Mapping[str, object]) -> bool:
@@ -118,7 +145,17 @@ class SyncChecksSection(Section):
     """What check-sync compared across ranks (docs/check-sync.md): the "checks" object."""
 
     KEYS: ClassVar[tuple[str, ...]] = ("checks",)
-    checks: dict[str, JSON]
+    checks: ChecksJson
+
+
+class CheckRowJson(TypedDict, total=False):
+    """One row of preflight's checks table (preflight/checks.py CheckResult)."""
+
+    id: str
+    status: str  # "pass" | "warn" | "fail" | "skipped"
+    summary: str
+    ranks: list[int]
+    evidence: dict[str, object]
 
 
 @dataclass(frozen=True)
@@ -126,10 +163,22 @@ class PreflightSection(Section):
     """The preflight checks table (docs/preflight.md)."""
 
     KEYS: ClassVar[tuple[str, ...]] = ("checks", "bandwidth_table", "run_dir", "duration_s")
-    checks: list[dict[str, JSON]]
+    checks: list[CheckRowJson]
     bandwidth_table: str | None
     run_dir: str
     duration_s: float
+
+
+class LogInputJson(TypedDict, total=False):
+    """One input `logs` read (logs/explain.py InputSummary)."""
+
+    name: str
+    kind: str  # "text" | "flight-recorder" | "unusable"
+    lines: int
+    ranks: list[int]
+    events: int
+    problem: str | None
+    nccl_debug: bool
 
 
 @dataclass(frozen=True)
@@ -137,10 +186,10 @@ class LogsSection(Section):
     """What `ddpdoctor logs` read (docs/logs.md): each input, the ranks seen, event counts, the failure timeline."""
 
     KEYS: ClassVar[tuple[str, ...]] = ("inputs", "ranks_seen", "events", "timeline")
-    inputs: list[dict[str, JSON]]
+    inputs: list[LogInputJson]
     ranks_seen: list[int]
     events: dict[str, int]
-    timeline: list[dict[str, JSON]]
+    timeline: list[TimelineRow]
 
 
 @dataclass(frozen=True)
@@ -149,14 +198,19 @@ class TopoSection(Section):
 
     KEYS: ClassVar[tuple[str, ...]] = ("summary", "hosts", "ranks", "transports", "channels", "topology",
                                        "warnings", "inputs")
-    summary: dict[str, JSON]
-    hosts: list[dict[str, JSON]]
-    ranks: JSON
-    transports: JSON
-    channels: JSON
-    topology: list[dict[str, JSON]]
-    warnings: JSON
-    inputs: JSON
+    summary: TopoSummary
+    hosts: list[HostRow]
+    ranks: list[TopoRankRow]
+    transports: Transports
+    channels: Channels
+    topology: list[SystemRow]
+    warnings: list[str]
+    inputs: TopoInputs
+
+    def sections(self) -> TopoSections:
+        """The sections as topo/diagnose.py builds them (the shape a launch's "topology" section nests)."""
+        return TopoSections(summary=self.summary, hosts=self.hosts, ranks=self.ranks, transports=self.transports,
+                            channels=self.channels, topology=self.topology, warnings=self.warnings, inputs=self.inputs)
 
 
 @dataclass(frozen=True)
@@ -175,7 +229,7 @@ class TopologySection(Section):
     """A launch's `--nccl-debug` fabric checks: the topo sections nested under "topology"."""
 
     KEYS: ClassVar[tuple[str, ...]] = ("topology",)
-    topology: dict[str, JSON]
+    topology: RunTopology | NcclNotUsed
 
     @classmethod
     def present_in(cls, doc: Mapping[str, object]) -> bool:
@@ -187,7 +241,7 @@ class DiffSection(Section):
     """Two runs compared (`diff`, `profile --baseline`; docs/diff.md): the "diff" object of analyses/diff.RunDiff."""
 
     KEYS: ClassVar[tuple[str, ...]] = ("diff",)
-    diff: dict[str, JSON]
+    diff: DiffJson
 
     @classmethod
     def present_in(cls, doc: Mapping[str, object]) -> bool:
@@ -201,8 +255,8 @@ class TuneSection(Section):
     every variant considered and why, the experiment's design, the what-if and the script's hash ("tune")."""
 
     KEYS: ClassVar[tuple[str, ...]] = ("variants", "tune")
-    variants: list[dict[str, JSON]]
-    tune: dict[str, JSON]
+    variants: list[VariantJson]
+    tune: TuneJson
 
 
 @dataclass(frozen=True)
@@ -211,7 +265,7 @@ class NodeSection(Section):
     ``is_head``, ``head``); a job of one node has none."""
 
     KEYS: ClassVar[tuple[str, ...]] = ("node",)
-    node: dict[str, JSON]
+    node: JsonObject
 
 
 COMMAND_SECTIONS: dict[str, tuple[type[Section], ...]] = {

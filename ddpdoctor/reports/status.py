@@ -3,9 +3,9 @@ the state object of docs/live.md (no report envelope: `status` reports a job in 
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 from ddpdoctor.jsontypes import JsonObject
 
@@ -17,7 +17,7 @@ class LiveStatus:
     command: str | None
     exit_code: int | None
     live: bool
-    health: dict[str, Any] | None  # the merged live/nodeN/health.json snapshots (docs/live.md)
+    health: JsonObject | None  # the merged live/nodeN/health.json snapshots, passed through (docs/live.md)
     age_s: float | None
 
     def to_json(self) -> JsonObject:
@@ -25,10 +25,14 @@ class LiveStatus:
                 "live": self.live, "health": self.health, "age_s": self.age_s}
 
     @classmethod
-    def from_json(cls, doc: dict[str, Any]) -> LiveStatus:
-        return cls(state=str(doc.get("state")), run_dir=str(doc.get("run_dir")), command=doc.get("command"),
-                   exit_code=doc.get("exit_code"), live=bool(doc.get("live")), health=doc.get("health"),
-                   age_s=doc.get("age_s"))
+    def from_json(cls, doc: Mapping[str, object]) -> LiveStatus:
+        """The state object (live/status.py load_status, or a saved `status --json`)."""
+        command, code, health, age = doc.get("command"), doc.get("exit_code"), doc.get("health"), doc.get("age_s")
+        return cls(state=str(doc.get("state")), run_dir=str(doc.get("run_dir")),
+                   command=command if isinstance(command, str) else None,
+                   exit_code=code if isinstance(code, int) and not isinstance(code, bool) else None,
+                   live=bool(doc.get("live")), health=dict(health) if isinstance(health, dict) else None,
+                   age_s=float(age) if isinstance(age, (int, float)) and not isinstance(age, bool) else None)
 
     def exit_code_for(self, fail_on: str) -> int:
         """1 for a finished job that failed (an error), a run whose ddpdoctor was killed ("unfinished"), or any live

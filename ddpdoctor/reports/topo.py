@@ -54,5 +54,5 @@ def add_run_topology(report: Report, run: RunDir) -> Report:
     from ddpdoctor.topo.capture import analyze_run_dir, run_backend
 
     section, findings = analyze_run_dir(run.root, run_backend(run.root))
-    return Report(report.command, parts=[*report.parts, TopologySection(dict(section))],
+    return Report(report.command, parts=[*report.parts, TopologySection(section)],
                   findings=[*report.findings, *findings], notes=report.notes, stopped=report.stopped)

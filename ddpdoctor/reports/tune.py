@@ -145,4 +145,5 @@ def _report(result: TuneResult, plan: Plan, prep: Preparation, findings: list[Fi
     if short:
         notes.append(f"some launches measured only {', '.join(map(str, short))} of the {steps} iterations asked: the "
                      f"script ended before --warmup + --steps = {design.warmup + steps} iterations")
-    return Report("tune", parts=[TuneSection(variants=variants, tune=section)], findings=findings, notes=notes)
+    return Report("tune", parts=[TuneSection.from_json({"variants": variants, "tune": section})], findings=findings,
+                  notes=notes)

@@ -11,11 +11,12 @@ from ddpdoctor.findings.job import ended_findings
 from ddpdoctor.findings.model import Finding
 from ddpdoctor.report import Report
 from ddpdoctor.reports.job import job_report
-from ddpdoctor.reports.sections import HangSection, HangVerdict
+from ddpdoctor.reports.sections import HangClassJson, HangSection, HangVerdict
+from ddpdoctor.rundir import artefacts
 from ddpdoctor.rundir import manifest as manifest_mod
 from ddpdoctor.rundir.layout import RunDir
 from ddpdoctor.rundir.loaders import rank_statuses, rank_text
-from ddpdoctor.rundir.schema import Manifest
+from ddpdoctor.rundir.schema import DDPModule, Hang, Heartbeats, Manifest, Position, RankInfo
 
 
 def watched_report(run: RunDir, command: str, *, locked: bool, debug: bool = False,
@@ -27,7 +28,7 @@ def watched_report(run: RunDir, command: str, *, locked: bool, debug: bool = Fal
     ended, stopped = ended_findings(manifest_mod.load_typed(run), locked)
     findings = [*base.findings, *ended, *watch_findings(run, debug=debug, stopped=stopped is not None)]
     parts = list(base.parts)
-    hang = _read(run.root / "hang.json")
+    hang = artefacts.load_optional(run.root / "hang.json", Hang)
     if hang is not None:
         parts.append(HangSection(hang_verdict(hang, str(run.root / "hang.txt"))))
         # Ranks killed because of the hang write no status: that is not a separate problem.
@@ -40,7 +41,7 @@ def watched_report(run: RunDir, command: str, *, locked: bool, debug: bool = Fal
     followers = crashed | (torn_down_ranks(run, rank_statuses(run)) if crashed else set())
     findings = [f for f in findings if f.id != "rank-no-status" or not set(f.ranks) <= followers]
     findings.extend(_aborted_after_finish(run, manifest_mod.load_typed(run)))
-    notes = [*base.notes, *monitor_notes(_read(run.root / "heartbeats.json") or {})]
+    notes = [*base.notes, *monitor_notes(artefacts.load_optional(run.root / "heartbeats.json", Heartbeats))]
     return Report(command, parts=parts, findings=findings, notes=notes, stopped=stopped)
 
 
@@ -112,23 +113,21 @@ def torn_down_ranks(run: RunDir, statuses: dict[int, dict[str, Any] | None]) -> 
     return out
 
 
-def hang_verdict(hang: dict[str, Any], report_path: str) -> HangVerdict:
+def hang_verdict(hang: Hang, report_path: str) -> HangVerdict:
     """The hang section from RUN/hang.json: when, the culprit, where each rank stood (or, multi-node, the classes
     of ranks that share a state and a stack, outliers first)."""
-    d = hang.get("diagnosis") or {}
-    positions = sorted((d.get("positions") or {}).items(), key=lambda kv: int(kv[0]))
-    classes = hang.get("classes")
+    d = hang.diagnosis
     return HangVerdict(
-        detected_after_s=hang.get("detected_after_s"), hang_timeout_s=hang.get("hang_timeout_s"),
-        on_hang=hang.get("on_hang"), kind=d.get("kind"), culprit_ranks=d.get("culprit_ranks"), report=report_path,
-        ranks={str(r): _where(p) for r, p in positions},
-        classes=[{k: c.get(k) for k in ("count", "ranks", "state", "nodes")} for c in classes if isinstance(c, dict)]
-        if classes else None)
+        detected_after_s=hang.detected_after_s, hang_timeout_s=hang.hang_timeout_s, on_hang=hang.on_hang,
+        kind=d.kind, culprit_ranks=d.culprit_ranks, report=report_path,
+        ranks={str(r): _where(p) for r, p in sorted(d.positions.items())},
+        classes=[HangClassJson(count=c.count, ranks=c.ranks, state=c.state, nodes=c.nodes) for c in hang.classes]
+        if hang.classes else None)
 
 
-def monitor_notes(heartbeats: dict[str, Any]) -> list[str]:
+def monitor_notes(heartbeats: Heartbeats | None) -> list[str]:
     """What the monitor refused: connections without the job's token, or messages over its limits."""
-    rejected = (heartbeats.get("monitor") or {}).get("rejected") or {}
+    rejected = ((heartbeats.monitor if heartbeats else None) or {}).get("rejected") or {}
     if not isinstance(rejected, dict) or not rejected:
         return []
     total = sum(v for v in rejected.values() if isinstance(v, int))
@@ -147,8 +146,9 @@ def watch_findings(run: RunDir, debug: bool = False, stopped: bool = False) -> l
     hang = _read(run.root / "hang.json")
     stderr = {r: rank_text(run, r, "stderr.log") or "" for r, s in statuses.items() if s is None}
     beats = {int(r): v.get("beat") for r, v in ((_read(run.root / "heartbeats.json") or {}).get("ranks") or {}).items()}
-    crashes = crash_findings(statuses, debug=debug, param_names=_param_names(run), stderr=stderr, last_beats=beats,
-                             torn_down=torn_down_ranks(run, statuses), ddp_cfg=_ddp_cfg(run))
+    infos = _infos(run)
+    crashes = crash_findings(statuses, debug=debug, param_names=_param_names(infos), stderr=stderr, last_beats=beats,
+                             torn_down=torn_down_ranks(run, statuses), ddp_cfg=_ddp_cfg(infos))
 
     if hang is not None or stopped:  # ranks ddpdoctor stopped did not leave of their own accord
         crashes = [f for f in crashes if f.id != "rank-left-early"]
@@ -185,34 +185,32 @@ def debug_findings(run: RunDir, have: set[str]) -> list[Finding]:
     return [f for f in found if f.id not in have]
 
 
-def _param_names(run: RunDir) -> dict[int, list[str]]:
+def _infos(run: RunDir) -> dict[int, RankInfo]:
+    """Each rank's info.json, typed (ranks that wrote none are left out)."""
+    from ddpdoctor.rundir import artefacts
+
+    return {r: info for r in run.ranks_present()
+            if (info := artefacts.load_optional(run.rank_file(r, "info.json"), RankInfo)) is not None}
+
+
+def _param_names(infos: dict[int, RankInfo]) -> dict[int, list[str]]:
     """Each rank's DDP parameter names in reducer order (to name DDP's "parameter indices")."""
-    out: dict[int, list[str]] = {}
-    for r in run.ranks_present():
-        info = _read(run.rank_file(r, "info.json")) or {}
-        mods = info.get("ddp_modules") or []
-        if mods:
-            out[r] = [p["name"] for p in mods[0].get("parameters", [])]
-    return out
+    return {r: [p.name for p in info.ddp_modules[0].parameters] for r, info in infos.items() if info.ddp_modules}
 
 
-def _ddp_cfg(run: RunDir) -> dict[str, Any] | None:
+def _ddp_cfg(infos: dict[int, RankInfo]) -> DDPModule | None:
     """The lowest rank's first DDP module description (its options and ``built_by``), for advice in its terms."""
-    for r in run.ranks_present():
-        mods = (_read(run.rank_file(r, "info.json")) or {}).get("ddp_modules") or []
-        if mods and isinstance(mods[0], dict):
-            return dict(mods[0])
-    return None
+    return next((info.ddp_modules[0] for _, info in sorted(infos.items()) if info.ddp_modules), None)
 
 
-def _where(p: dict[str, Any]) -> str:
+def _where(p: Position) -> str:
     """One line: where a rank stood when the hang was detected."""
-    if p.get("state") == "in-collective":
-        seq = f" #{p['seq']}" if p.get("seq") is not None else ""
-        what = f"in {p.get('op')}{seq} on {p.get('group')}" + (f" sizes {p['sizes']}" if p.get("sizes") else "")
+    if p.state == "in-collective":
+        seq = f" #{p.seq}" if p.seq is not None else ""
+        what = f"in {p.op}{seq} on {p.group}" + (f" sizes {p.sizes}" if p.sizes else "")
     else:
-        what = f"{p.get('state')} (phase {p.get('phase')})"
-    return f"{what}, step {p.get('step')}, at {p.get('call_site')}"
+        what = f"{p.state} (phase {p.phase})"
+    return f"{what}, step {p.step}, at {p.call_site}"
 
 
 def _read(path: Path) -> dict[str, Any] | None:

@@ -14,9 +14,9 @@ import os
 import threading
 import time
 from pathlib import Path
-from typing import Any
 
 from ddpdoctor.errors import BadInput
+from ddpdoctor.jsontypes import JsonObject
 from ddpdoctor.rundir.private import open_private
 
 RESERVE_ENV = "DDPDOCTOR_SPACE_RESERVE_KB"
@@ -123,7 +123,7 @@ class SpaceReserve:
                 _unlink(path)
                 self.held.remove(path)
 
-    def facts(self) -> dict[str, Any] | None:
+    def facts(self) -> JsonObject | None:
         """The manifest's ``disk_full`` (docs/json.md): None when the disk never filled and every write fitted."""
         if self.full_after_s is None and not self.unwritten:
             return None

@@ -10,10 +10,30 @@ version in VERSIONS only when an existing field changes meaning."""
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Literal
 
 import msgspec
 
+# Every artefact's schema is importable from here; the base types and check-sync's files have modules of their own
+# (schema_base.py, schema_sync.py), re-exported below.
+from ddpdoctor.rundir.schema_base import Artefact as Artefact
+from ddpdoctor.rundir.schema_base import Json as Json
+from ddpdoctor.rundir.schema_base import Number as Number
+from ddpdoctor.rundir.schema_sync import DataRecord as DataRecord
+from ddpdoctor.rundir.schema_sync import DatasetFingerprint as DatasetFingerprint
+from ddpdoctor.rundir.schema_sync import Equivalence as Equivalence
+from ddpdoctor.rundir.schema_sync import Fingerprint as Fingerprint
+from ddpdoctor.rundir.schema_sync import GatheredSync as GatheredSync
+from ddpdoctor.rundir.schema_sync import InitConflict as InitConflict
+from ddpdoctor.rundir.schema_sync import LoaderEpoch as LoaderEpoch
+from ddpdoctor.rundir.schema_sync import LoaderRecord as LoaderRecord
+from ddpdoctor.rundir.schema_sync import OutsideParam as OutsideParam
+from ddpdoctor.rundir.schema_sync import SamplerFacts as SamplerFacts
+from ddpdoctor.rundir.schema_sync import Scalar as Scalar
+from ddpdoctor.rundir.schema_sync import ShardedBy as ShardedBy
+from ddpdoctor.rundir.schema_sync import SubsetInfo as SubsetInfo
+from ddpdoctor.rundir.schema_sync import SyncModule as SyncModule
+from ddpdoctor.rundir.schema_sync import SyncRecord as SyncRecord
+from ddpdoctor.rundir.schema_sync import SyncRow as SyncRow
 from ddpdoctor.rundir.summary_records import (
     Bucket,
     CollectiveCall,
@@ -22,9 +42,6 @@ from ddpdoctor.rundir.summary_records import (
     RankMetrics,
     SyncCall,
 )
-
-Number = float  # msgspec accepts JSON integers for float fields; booleans are refused
-Json = Any  # free-form: not read by any analysis (shown or copied only)
 
 
 @dataclass(frozen=True)
@@ -39,11 +56,6 @@ class BandwidthRow:
     algbw_gbps: float
     busbw_gbps: float
     wrong: int | None = None  # nccl-tests' "#wrong" (or "error") column, when there is one
-
-
-class Artefact(msgspec.Struct, kw_only=True):
-    # 0: written before artefacts carried a version (e.g. sample_traces/).
-    schema_version: int = 0
 
 
 # ---- the DDP layout a rank recorded (info.json, manifest.json ddp_modules) -----------------------------------
@@ -182,7 +194,7 @@ class RankStatus(Artefact, kw_only=True):
     exit_code: int | None = None
     rank: int | None = None
     steps_completed: int | None = None
-    step_times_s: list[Number] = []
+    step_times_s: list[Number | None] = []  # null: a time that was NaN/Infinity (safe_io reads those as null)
     duration_s: Number | None = None
     ddp_modules: int | None = None
     traces: list[str] = []
@@ -273,6 +285,17 @@ class HangFileDiagnosis(msgspec.Struct, kw_only=True):
     differs: list[str] = []
 
 
+class HangClass(msgspec.Struct, kw_only=True):
+    """Ranks that share a state and a stack (job/grouping.py), as a multi-node hang.json lists them."""
+
+    count: int | None = None
+    ranks: str | None = None  # as ranges: "0-511,513-1023"
+    state: str | None = None
+    representative: int | None = None
+    nodes: str | None = None
+    stack: str | None = None
+
+
 class Hang(Artefact, kw_only=True):
     detected_after_s: Number | None = None
     reported_after_s: Number | None = None
@@ -284,172 +307,7 @@ class Hang(Artefact, kw_only=True):
     stacks: dict[int, str | None] = {}
     heartbeats: dict[int, Beat | None] = {}
     flight_recorder: dict[int, Json] = {}
-
-
-# ---- check-sync: ranks/rankR/sync.json, data.json, sync-all.json ------------------------------------------------
-
-# per tensor; non-finite values are written as their repr ("nan", "inf", "-inf")
-Fingerprint = list[Number | Literal["nan", "inf", "-inf"]] | None
-
-
-class SyncModule(msgspec.Struct, kw_only=True):
-    index: int
-    ddp: bool | None = None  # False: the optimizer's parameters, compared without a DDP module
-    module_class: str | None = None
-    broadcast_buffers: bool | None = None
-    find_unused_parameters: bool | None = None
-    params: list[str] = []
-    ignored_params: list[str] = []
-    frozen_params: list[str] = []
-    buffers: list[str] = []
-    batchnorm_buffers: list[str] = []
-    built_by: str | None = None  # the framework that built this DDP module (probes/ddp_recorder._built_by)
-
-
-class SyncRow(msgspec.Struct, kw_only=True):
-    step: int
-    module: int
-    fp: list[Fingerprint] = []
-    synced_by_ddp: bool | None = None
-    synced_forwards: int | None = None
-    unsynced_forwards: int | None = None
-    reduced: bool | None = None
-
-
-class OutsideParam(msgspec.Struct, kw_only=True):
-    """A parameter the optimizer updates that belongs to no DDP module."""
-
-    name: str
-    shape: list[int] = []
-
-
-class Equivalence(msgspec.Struct, kw_only=True, omit_defaults=True):
-    """The equivalence check (probes/equivalence.py): DDP's averaged gradient against one process's, per
-    parameter (a relative error, or a string saying why not), or why it was skipped. Written out as recorded."""
-
-    step: int | None = None
-    skipped: str | None = None
-    computed_on: int | None = None
-    world_size: int | None = None
-    caveats: list[str] | None = None
-    batch_sizes: list[int] | None = None
-    mode: str | None = None
-    relative_error: dict[str, float | str | None] | None = None
-    relative_error_per_rank_batches: dict[str, float | str | None] | None = None
-
-
-class SyncRecord(Artefact, kw_only=True):
-    rank: int | None = None
-    world_size: int | None = None
-    stop_after: int | None = None
-    stopped_at: int | None = None
-    steps_completed: int | None = None
-    check_seconds: Number | None = None
-    modules: list[SyncModule] = []
-    optimizer_params_outside_ddp: list[OutsideParam] = []
-    closure_steps: int | None = None  # optimizer.step(closure) calls seen (grads read when the closure returns)
-    grads: list[SyncRow] = []
-    params: list[SyncRow] = []
-    buffers: list[SyncRow] = []
-    equivalence: Equivalence | None = None
-    data_steps: int | None = None  # steps the data recorder runs past the fingerprint window
-
-
-class LoaderEpoch(msgspec.Struct, kw_only=True):
-    epoch: int | None = None
-    batches_yielded: int | None = None
-    batches: int | None = None
-    steps: int = 0
-    len: int | None = None
-    sampler_epoch: int | None = None
-    order_hash: str | None = None
-    indices: list[int] | None = None
-    root_indices: list[int] | None = None  # a Subset's indices in its root dataset
-    sample_hashes: list[str] | None = None
-    truncated: bool = False  # a capped (endless) sampler: the record spans several passes
-    peek: bool = False  # abandoned before any training step (a look at the first batch): not an epoch
-
-
-class SubsetInfo(msgspec.Struct, kw_only=True):
-    """A loader's dataset is a Subset (of a Subset ...) of a root dataset: which one, and a hash of its indices."""
-
-    root_class: str | None = None
-    root_len: int | None = None
-    hash: str | None = None
-
-
-class DatasetFingerprint(msgspec.Struct, kw_only=True):
-    """A map-style dataset's length and first and last samples' hashes (probes/sampler.py dataset_fingerprint)."""
-
-    len: int | None = None
-    first: str | None = None
-    last: str | None = None
-    varies: bool = False  # loading a sample twice gave other bytes (random augmentation)
-    error: str | None = None
-
-
-class ShardedBy(msgspec.Struct, kw_only=True):
-    """A batch sampler that hands each rank its share of the batches (accelerate's BatchSamplerShard)."""
-
-    num_processes: int | None = None
-    process_index: int | None = None
-
-
-Scalar = int | float | str | bool | None
-
-
-class SamplerFacts(msgspec.Struct, kw_only=True, rename={"class_name": "class"}):
-    """A loader's sampler as probes/sampler.py describes it."""
-
-    class_name: str | None = None
-    distributed: bool | None = None
-    num_replicas: int | None = None
-    rank: int | None = None
-    # A sampler of the script's own may hold any scalar in these attributes (probes/sampler.py copies them).
-    shuffle: Scalar = None
-    seed: Scalar = None
-    drop_last: Scalar = None
-    total_size: int | None = None
-    replacement: Scalar = None
-    epoch: int | None = None
-    sharded_by: ShardedBy | None = None
-    framework: str | None = None  # "lightning" when Lightning was loaded (it adds the DistributedSampler itself)
-
-
-class LoaderRecord(msgspec.Struct, kw_only=True):
-    loader: int
-    subset: SubsetInfo | None = None
-    dataset_fp: DatasetFingerprint | None = None
-    dataset_class: str | None = None
-    dataset_len: int | None = None
-    iterable: bool | None = None
-    batch_size: int | None = None
-    drop_last: bool | None = None
-    shuffle_arg: bool | None = None
-    sampler_arg: bool | None = None
-    batch_sampler_arg: bool | None = None
-    num_workers: int | None = None
-    sampler: SamplerFacts | None = None
-    epochs: list[LoaderEpoch] = []
-
-
-class InitConflict(msgspec.Struct, kw_only=True):
-    """DataLoader(shuffle=True) with a sampler: PyTorch refused it (``error``)."""
-
-    error: str | None = None
-    sampler: str | None = None
-
-
-class DataRecord(Artefact, kw_only=True):
-    rank: int | None = None
-    loaders: list[LoaderRecord] = []
-    init_conflicts: list[InitConflict] = []
-    set_epoch_calls: int = 0
-
-
-class GatheredSync(msgspec.Struct, kw_only=True):
-    sync: SyncRecord | None = None
-    data: DataRecord | None = None
+    classes: list[HangClass] | None = None  # multi-node: ranks grouped by state and stack
 
 
 # ---- preflight: ranks/rankR/preflight.json and RUN/preflight.json ----------------------------------------------

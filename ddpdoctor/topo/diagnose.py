@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from ddpdoctor.errors import BadInput
 from ddpdoctor.findings.model import Finding
+from ddpdoctor.logs.lines import strip_collector
 from ddpdoctor.safe_io import max_input_bytes, read_bytes
+from ddpdoctor.terminal_text import strip_ansi
 from ddpdoctor.topo import analysis, evidence
 from ddpdoctor.topo.nccl_log import NcclLog, parse_lines
 from ddpdoctor.topo.rules import log_findings
@@ -42,7 +45,27 @@ def _read_text(path: Path) -> str:
     text = data.decode("utf-8", errors="replace")
     if text[:_SNIFF].count("\ufffd") > 64:
         raise ValueError("binary data, not an NCCL log or topology XML")
+    return _as_written(text)
+
+
+def _as_written(text: str) -> str:
+    """The log as NCCL and nccl-tests wrote it: colour codes and a log collector's line prefixes (containerd,
+    CloudWatch, Ray: the same ones `logs` reads through) removed, line ends made "\n"."""
+    text = strip_ansi(text)
+    if "\r" in text:
+        text = text.replace("\r\n", "\n").replace("\r", "\n")
+    head = text[:_SNIFF].splitlines()[:50]
+    if head and sum(_uncollected(ln) != ln for ln in head) * 2 >= len(head):
+        text = "\n".join(_uncollected(ln) for ln in text.split("\n"))
     return text
+
+
+_HOST_COLUMN = re.compile(r"[\w.-]+ \| ")  # "TIME | host | line": the topo grammar reads the host from it
+
+
+def _uncollected(line: str) -> str:
+    rest = strip_collector(line)
+    return line if rest is line or _HOST_COLUMN.match(rest) else rest
 
 
 def _looks_xml(text: str) -> bool:

@@ -34,7 +34,8 @@ def test_disk_that_fills_during_a_real_job_gives_a_complete_verdict(tmp_path: Pa
     try:
         run = disk / "run"
         proc = run_cli("run", "--nproc-per-node", "2", "-q", "--json", "--out", str(run),
-                       str(SCENARIOS / "fill_disk.py"), env={"FILL_PATH": str(disk / "ckpt.bin"), "STEPS_AFTER": "6"})
+                       str(SCENARIOS / "fill_disk.py"),
+                       env={"FILL_PATH": str(disk / "ckpt.bin"), "STEPS_AFTER": "6", "STEP_SLEEP_S": "0.2"})
         manifest = json.loads((run / "manifest.json").read_text())
         statuses = [json.loads((run / "ranks" / f"rank{r}" / "status.json").read_text()) for r in (0, 1)]
         saved = json.loads((run / "report.json").read_text())
@@ -91,3 +92,44 @@ def test_profile_exits_by_the_job_when_only_report_html_cannot_be_written(tmp_pa
     warned = [ln for ln in proc.stderr.splitlines() if "report.html" in ln]
     assert len(warned) == 1 and warned[0].startswith("ddpdoctor: warning: "), proc.stderr[-2000:]
     assert (out / "report.json").is_file()
+
+
+@pytest.mark.slow
+def test_profile_on_a_disk_that_fills_keeps_its_traces_and_analyze_says_what_is_missing(tmp_path: Path) -> None:
+    """The disk fills at step 2, before the profiled window ends: the ranks write their traces into the half of the
+    reserve given back to them; `analyze RUN` later says the disk filled (its manifest's disk_full)."""
+    disk = tmp_path / "disk"
+    _mount(disk, "1536k")
+    try:
+        run = disk / "run"
+        proc = run_cli("profile", "--nproc-per-node", "2", "-q", "--json", "--active", "5", "--out", str(run),
+                       str(SCENARIOS / "fill_disk.py"),
+                       env={"FILL_PATH": str(disk / "ckpt.bin"), "FILL_AT_STEP": "2",
+                            "DDPDOCTOR_SPACE_RESERVE_KB": "512", "STEP_SLEEP_S": "0.3"}, timeout=300)
+        traces = sorted(p.name.split(".")[0] for p in (run / "traces").glob("rank*.pt.trace.json.gz"))
+        again = run_cli("analyze", "--json", str(run))
+    finally:
+        subprocess.run(["umount", str(disk)], capture_output=True)
+    assert "Traceback" not in proc.stderr + again.stderr, (proc.stderr + again.stderr)[-3000:]
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert traces == ["rank0", "rank1"]
+    report, later = json.loads(proc.stdout), json.loads(again.stdout)
+    assert "disk-full" in [f["id"] for f in report["findings"]]
+    assert "disk-full" in [f["id"] for f in later["findings"]] and again.returncode == 0
+
+
+@pytest.mark.slow
+def test_hang_verdict_that_does_not_fit_is_still_acted_on(tmp_path: Path) -> None:
+    """RUN/hang.json fails as on a full disk (rundir/artefacts.py's test hook): the watch used to die with the
+    write's exception (job SIGKILLed as a ddpdoctor error, exit 2, no report); now the hang is said and acted on,
+    the run ends as a hang (exit 1) and the report names what it lacks."""
+    run = tmp_path / "run"
+    proc = run_cli("run", "--nproc-per-node", "2", "--hang-timeout", "3", "--startup-timeout", "60", "-q", "--json",
+                   "--out", str(run), str(SCENARIOS / "stuck_in_data.py"),
+                   env={"DDPDOCTOR_TEST_ENOSPC": "*/hang.json"}, timeout=200)
+    assert "Traceback" not in proc.stderr, proc.stderr[-3000:]
+    assert proc.returncode == 1 and "hang detected" in proc.stderr, proc.stderr[-2000:]
+    manifest = json.loads((run / "manifest.json").read_text())
+    assert manifest["ended"]["how"] == "hang" and not (run / "hang.json").exists()
+    (full,) = [f for f in json.loads(proc.stdout)["findings"] if f["id"] == "disk-full"]
+    assert "hang.json" in [u["path"] for u in full["evidence"]["unwritten"]]

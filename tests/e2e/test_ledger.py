@@ -127,6 +127,8 @@ def test_flight_recorder_source_forced_on_gloo_runs_the_real_reader_and_publishe
     assert proc.returncode == 0, proc.stderr[-3000:]
     report = json.loads(proc.stdout)
     assert not _slow(report), report["findings"]
+    (note,) = [n for n in report["notes"] if n.startswith("collective ledger:")]
+    assert "rank(s) 0-1 could not time their collectives" in note and "carry no duration" in note
     for rank in (0, 1):
         ledger = json.loads((out / "ranks" / f"rank{rank}" / "ledger.json").read_text())
         assert ledger["source"].startswith("flight-recorder") and "gloo" in ledger["source_note"]
@@ -138,5 +140,7 @@ def test_flight_recorder_source_forced_on_gloo_runs_the_real_reader_and_publishe
         fl = ledger["flight"]
         assert fl["steps_without"] == 29 and fl["steps_with_device_time"] == 0 and fl["polls"] >= 1
         assert "carry no duration" in fl["why_without"] and fl["error"] is None
+        status = json.loads((out / "ranks" / f"rank{rank}" / "status.json").read_text())
+        assert status["ledger"]["source"] == ledger["source"] and "carry no duration" in status["ledger"]["blind"]
         grads = [c for c in ledger["collectives"] if c["op"] == "gloo:all_reduce"]
         assert grads and grads[-1]["bytes"] > 0 and grads[-1]["state"] == "scheduled"

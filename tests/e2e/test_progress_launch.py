@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 
 from tests.conftest import SCENARIOS, run_cli
+from tests.teardown import settle_run
 
 pytestmark = pytest.mark.slow
 
@@ -12,6 +13,7 @@ pytestmark = pytest.mark.slow
 def test_run_prints_ranks_connected_and_steps(tmp_path):
     proc = run_cli("run", "--nproc-per-node", "2", "-q", "--out", str(tmp_path / "run"), str(SCENARIOS / "healthy.py"),
                    env={"DDPDOCTOR_PROGRESS": "1"})
+    settle_run(proc, tmp_path / "run")  # torch's teardown abort alone is forgiven (tests/teardown.py)
     assert proc.returncode == 0, proc.stderr[-3000:]
     lines = [line for line in proc.stderr.splitlines() if line.startswith("ddpdoctor: ")]
     assert lines[0].startswith("ddpdoctor: starting 2 rank(s)")

@@ -13,7 +13,8 @@ import pytest
 from tests.big_job import RANKS, STRAGGLER, big_run
 from tests.e2e.test_tensorboard import TensorBoard, _browse, _raw
 
-pytestmark = [pytest.mark.slow]
+# One worker runs the module (one server), and every test starts once the server lists the run.
+pytestmark = [pytest.mark.slow, pytest.mark.xdist_group(name="tb_big_job")]
 
 
 @pytest.fixture(scope="module")
@@ -21,8 +22,11 @@ def tb_big(tmp_path_factory):
     logdir = tmp_path_factory.mktemp("tb-big") / "logs"
     big_run(logdir / "big")
     server = TensorBoard(logdir)
-    yield server
-    server.stop()
+    try:
+        server.wait_for("data/plugin/ddpdoctor/runs", lambda a: a.get("runs"))
+        yield server
+    finally:
+        server.stop()
 
 
 def test_routes_group_a_big_job(tb_big):

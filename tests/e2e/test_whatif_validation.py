@@ -11,6 +11,7 @@ import pytest
 from ddpdoctor.analyses.intervals import bootstrap
 from ddpdoctor.analyses.whatif import bucket_whatif
 from tests.conftest import EXAMPLES, run_cli
+from tests.teardown import settle_run
 
 pytestmark = pytest.mark.slow
 
@@ -43,6 +44,7 @@ def runs(tmp_path_factory):
             run_dir = tmp_path_factory.mktemp(f"cap{cap:g}-{r}")
             res = run_cli("profile", "--nproc-per-node", "2", "--out", str(run_dir), "-q", "--json", "--active", "5",
                           str(EXAMPLES / "train_mlp.py"), *SCRIPT_ARGS, "--bucket-cap-mb", f"{cap:g}")
+            settle_run(res, run_dir)  # torch's teardown abort alone is forgiven (tests/teardown.py)
             assert res.returncode == 0, res.stderr[-3000:]
             out[cap].append(analyze_paths([run_dir]))
     return out

@@ -15,8 +15,16 @@ _TABLE_HEAD = re.compile(r"^\s*(?:Failures:|Root Cause \(first observed failure\
 _RECORD = re.compile(r"^\s*\[\d+\]:\s*$")
 
 
+_HEADER = ("# source:", "# expect:", "# note:")  # the corpus file's own header (nccl-tests' "#  Rank 0" lines stay)
+
+
+def body(text: str) -> str:
+    """The log a corpus file holds, without the corpus's own header lines."""
+    return "\n".join(_lines(text)) + "\n"
+
+
 def _lines(text: str) -> list[str]:
-    return [ln for ln in text.splitlines() if not ln.startswith("# ")]  # the corpus file's own header
+    return [ln for ln in text.splitlines() if not ln.startswith(_HEADER)]
 
 
 def dedented(text: str) -> str:

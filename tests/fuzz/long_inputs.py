@@ -9,7 +9,8 @@ these are the sizes the issue reported hanging, run as a user runs them:
 * ``logs`` on a 2,000,000-line, ~130 MB log ending in a real failure (item 8).
 
     python -m tests.fuzz.long_inputs            # the full sizes: prints time and peak memory of each
-    python -m tests.fuzz.long_inputs --small    # the CI sizes (seconds)"""
+    python -m tests.fuzz.long_inputs --small    # the CI sizes (seconds)
+    python -m tests.fuzz.long_inputs analyze --steps=50000    # one command, one size changed"""
 
 from __future__ import annotations
 
@@ -98,31 +99,33 @@ class Figure:
     input_bytes: int
     make_s: float
     wall_s: float
+    cpu_s: float  # user + system of the command (and its workers): what a loaded machine does not inflate
     peak_rss_mb: float
     exit_code: int
     status: str | None  # the report's status word (None: no JSON came back)
 
     def line(self) -> str:
-        return (f"{self.label:<34} input {self.input_bytes / 1e6:8.1f} MB  wall {self.wall_s:7.1f} s  peak "
+        return (f"{self.label:<34} input {self.input_bytes / 1e6:8.1f} MB  wall {self.wall_s:7.1f} s  cpu "
+                f"{self.cpu_s:7.1f} s  peak "
                 f"{self.peak_rss_mb:7.0f} MB  exit {self.exit_code}  status {self.status}  (generated in "
                 f"{self.make_s:.1f} s)")
 
 
-def run_cli(args: list[str], timeout: float) -> tuple[int, str, float, float]:
-    """One `python -m ddpdoctor ARGS` in a child of its own: exit code, stdout, wall s, the child's peak RSS (MB)."""
+def run_cli(args: list[str], timeout: float) -> tuple[int, str, float, float, float]:
+    """One `python -m ddpdoctor ARGS` in a child of its own: exit code, stdout, wall s, CPU s, the peak RSS (MB)."""
     # A fresh child per run: RUSAGE_CHILDREN's maxrss is the largest of all children so far, so measure through
     # a wrapper that reports only its own child's figure.
     wrapper = ("import resource,subprocess,sys,time;t=time.time();p=subprocess.run(sys.argv[1:]);"
-               "w=time.time()-t;r=resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss;"
-               "sys.stderr.write(f'\\n@@figures {w} {r}\\n');sys.exit(p.returncode)")
+               "w=time.time()-t;u=resource.getrusage(resource.RUSAGE_CHILDREN);"
+               "sys.stderr.write(f'\\n@@figures {w} {u.ru_maxrss} {u.ru_utime+u.ru_stime}\\n');sys.exit(p.returncode)")
     proc = subprocess.run([sys.executable, "-c", wrapper, sys.executable, "-m", "ddpdoctor", *args],
                           capture_output=True, text=True, timeout=timeout, cwd=REPO)
-    wall, rss = 0.0, 0.0
+    wall, rss, cpu = 0.0, 0.0, 0.0
     for ln in proc.stderr.splitlines():
         if ln.startswith("@@figures "):
-            w, r = ln.split()[1:3]
-            wall, rss = float(w), int(r) / 1024
-    return proc.returncode, proc.stdout, wall, rss
+            w, r, c = ln.split()[1:4]
+            wall, rss, cpu = float(w), int(r) / 1024, float(c)
+    return proc.returncode, proc.stdout, wall, cpu, rss
 
 
 def _status(out: str) -> str | None:
@@ -155,15 +158,19 @@ def measure(sizes: dict[str, int], timeout: float = 1800.0, only: str | None = N
             t = time.time()
             path = make(Path(tmp), sizes)
             made = time.time() - t
-            code, stdout, wall, rss = run_cli(args(path), timeout)
+            code, stdout, wall, cpu, rss = run_cli(args(path), timeout)
             command, key = label.split(", ")
-            out.append(Figure(f"{command}, {key}={sizes[key]:,}", path.stat().st_size, made, wall, rss, code,
+            out.append(Figure(f"{command}, {key}={sizes[key]:,}", path.stat().st_size, made, wall, cpu, rss, code,
                               _status(stdout)))
     return out
 
 
 def main() -> None:
-    sizes = SMALL if "--small" in sys.argv else FULL
+    sizes = dict(SMALL if "--small" in sys.argv else FULL)
+    for arg in sys.argv[1:]:  # --steps=50000, --log_lines=500000, --line_bytes=27000: one size changed
+        key, _, value = arg[2:].partition("=")
+        if key in sizes and value.isdigit():
+            sizes[key] = int(value)
     only = next((a for a in sys.argv[1:] if not a.startswith("--")), None)
     print(f"sizes: {sizes}  (load {os.getloadavg()[0]:.1f}, {os.cpu_count()} cores)")
     for fig in measure(sizes, only=only):

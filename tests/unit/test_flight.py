@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import time
+from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
@@ -18,7 +19,7 @@ import pytest
 
 from ddpdoctor.analyses.flight import decode, decode_timing, device_time
 from ddpdoctor.analyses.ledger import GAP, HOST_BLOCKED, caused_wait, common_window
-from ddpdoctor.probes.flight import BUDGET, MAX_POLL_S, MIN_POLL_S, NEW_SHARE, FlightSource
+from ddpdoctor.probes.flight import BUDGET, MAX_BATCH_STEPS, MAX_POLL_S, MIN_POLL_S, NEW_SHARE, FlightSource
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "flight"
 MS = 1e-3
@@ -39,8 +40,13 @@ def test_a_real_gloo_dump_of_torch_2_13_decodes_into_ledger_rows_without_device_
             dist.all_reduce(a)
         dist.broadcast(torch.zeros(2, dtype=torch.int64), src=0)
         t1 = time.time_ns()
-        raw = dump_json()
-        rows = [c for c in decode(raw) if t0 <= c.enqueued_ns <= t1]  # the ring is process-wide
+        deadline = time.monotonic() + 30
+        while True:  # gloo retires an entry on its worker thread, just after the caller's wait returned
+            raw = dump_json()
+            rows = [c for c in decode(raw) if t0 <= c.enqueued_ns <= t1]  # the ring is process-wide
+            if all(c.retired for c in rows) or time.monotonic() > deadline:
+                break
+            time.sleep(0.01)
     finally:
         dist.destroy_process_group()
     assert [c.op for c in rows] == ["gloo:all_reduce"] * 3 + ["gloo:broadcast"]
@@ -104,7 +110,7 @@ def _window(step: int) -> tuple[int, int]:
     return T0 + (step - 1) * 100_000_000, T0 + step * 100_000_000
 
 
-def _rank_entries(rank: int, steps: range, done_until: int | None = None) -> list[dict[str, Any]]:
+def _rank_entries(rank: int, steps: Iterable[int], done_until: int | None = None) -> list[dict[str, Any]]:
     out = []
     for k in steps:
         start, _ = _window(k)
@@ -195,11 +201,15 @@ def test_the_ring_is_read_before_it_turns_over_and_as_rarely_as_its_cost_asks() 
     cost = src.poll_s - before
     assert src.rate == pytest.approx(1000.0)
     # lossless: 3/4 of the ring's 2,000 entries at 1,000 per second = 1.5 s; the cost bound: cost / BUDGET
-    assert NEW_SHARE == 0.75 and src.interval == pytest.approx(min(max(cost / BUDGET, MIN_POLL_S), 1.5))
+    assert NEW_SHARE == 0.75 and src.interval == pytest.approx(max(MIN_POLL_S, min(cost / BUDGET, 1.5)))
     now.update(t=12.0)  # nothing new for 10 s, and a read of 40 ms: 20 s by the budget, capped at MAX_POLL_S
     src._adapt(decode_timing(_dump(entries)), cost_s=0.04)
     assert src.rate == 0.0
     assert src.interval == MAX_POLL_S
+    now.update(t=13.0)  # 300 steps in a second: read before MAX_BATCH_STEPS (200) wait, 0.67 s
+    _held(src, range(4, 304))
+    src._adapt(decode_timing(_dump(entries)), cost_s=0.04)
+    assert src.step_rate == pytest.approx(300.0) and src.interval == pytest.approx(MAX_BATCH_STEPS / 300)
 
 
 def test_nccl_collectives_are_read_from_nccls_own_recorder(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -217,3 +227,95 @@ def test_nccl_collectives_are_read_from_nccls_own_recorder(monkeypatch: pytest.M
         monkeypatch.setattr(c10d, "_dump_nccl_trace_json", lambda: b'{"entries": [], "nccl": 1}', raising=False)
     assert dump_json("nccl") != generic and dump_json("cuda:nccl,cpu:gloo") == dump_json("nccl")
     assert dump_json("gloo") == generic
+
+
+def test_live_watch_on_flight_recorder_records_names_the_gpu_late_rank_with_no_phase(tmp_path: Path) -> None:
+    # The worked example's records as the NCCL source publishes them (device "collective", the host's own under
+    # "host_collective", a few gap steps) through the live watch: alert, status and the run's final finding.
+    from ddpdoctor.live.findings import live_findings
+    from ddpdoctor.live.health import LiveHealth
+    from ddpdoctor.live.status import load_status, status_text
+    from ddpdoctor.rundir.layout import RunDir
+
+    (tmp_path / "manifest.json").write_text(json.dumps({"mode": "run", "finished": False}))
+    health = LiveHealth(tmp_path, world_size=4)
+    health.local_ranks = 4
+    for s in range(1, 41):
+        for r in range(4):
+            ph = {p: v * MS for p, v in HOST_MS.items() if p != "collective"}
+            ph[HOST_BLOCKED] = 0.2 * MS
+            if s % 7 == 0 and r == 1:
+                ph[GAP] = 0.0  # rank 1 could not time this step: out of every rank's window
+            else:
+                ph["collective"] = (9.1 if r == 3 else 39.1) * MS
+            health.ingest(r, [[s, 0.1, ph]], "forward")
+    (alert,) = health.tick(now=1000.0)
+    ev = alert["evidence"]
+    assert alert["ranks"] == [3] and ev["measured_by"] == "ledger" and ev["phase"] is None
+    assert ev["caused_wait_ms_per_step"] == pytest.approx(30.0) and ev["cost_pct_of_step"] == pytest.approx(30.0)
+    # 30 steps judged over 6-40: the 35 past warm-up less the 5 that rank 1 could not time
+    assert list(ev["steps"]) == [6, 40]
+    assert "none of its host phases is longer" in alert["title"]
+    assert "waited for: rank 3 in no longer host phase (device work?), 30.0 ms per step" in status_text(
+        load_status(tmp_path, now=1000.0))
+    health.finish()
+    (f,) = live_findings(RunDir(tmp_path))
+    assert f.id == "slow-rank" and "its GPU work is slower" in f.advice
+
+
+def test_a_failed_read_keeps_steps_held_and_a_step_without_collectives_needs_a_later_entry() -> None:
+    out: list[Any] = []
+    state: dict[str, Any] = {"fail": True, "steps": [1, 2]}
+
+    def dump() -> bytes:
+        if state["fail"]:
+            raise RuntimeError("the NCCL process group was destroyed before its last collectives were read")
+        return _dump(_rank_entries(0, state["steps"]))
+
+    src = FlightSource(out.append, dump=dump, ring=2000)
+    _held(src, range(1, 4))  # step 3 issues no collective (a gradient-accumulation step under no_sync)
+    assert src.poll() == 0 and len(src.held) == 3 and "destroyed" in (src.error or "")
+    state["fail"] = False
+    assert src.poll() == 2 and len(src.held) == 1  # step 3: nothing recorded after it yet, so not known to be 0
+    state["steps"] = [1, 2, 4]  # step 4's collectives are recorded: step 3 had none
+    assert src.poll() == 1 and out[-1][0] == 3 and out[-1][2]["collective"] == 0.0
+    state["fail"] = True
+    _held(src, range(4, 5))
+    src.close()  # the last read fails: what is held goes out as a gap that says why
+    assert out[-1][0] == 4 and GAP in out[-1][2] and any("destroyed" in why for why in src.gap_reasons)
+
+
+def test_a_steps_device_time_is_linear_in_entries_and_steps() -> None:
+    # Lines of ddpdoctor executed (deterministic, not wall time) for 8x the steps and entries: about 8x; a scan of
+    # every entry per step would be ~64x.
+    from tests.unit.test_analyze_scaling import MAX_GROWTH, lines_executed
+
+    def cost(steps: int) -> int:
+        raw = _dump(_rank_entries(3, range(1, steps + 1)))
+        windows = [(k, *_window(k)) for k in range(1, steps + 1)]
+        n, times = lines_executed(lambda: device_time(decode_timing(raw), windows))
+        assert [t.seconds for t in times] == pytest.approx([9.1 * MS] * steps)
+        return n
+
+    assert cost(800) / cost(100) < MAX_GROWTH
+
+
+@pytest.mark.parametrize(("source", "user", "expected"), [("auto", None, "1"), ("auto", "0", "0"), ("host", None, None)])
+def test_the_probe_turns_nccl_timing_on_unless_the_user_set_it_or_chose_the_host_source(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, source: str, user: str | None, expected: str | None) -> None:
+    import os
+
+    from ddpdoctor.probes.ledger import LedgerProbe
+    from ddpdoctor.probes.steps import StepTracker
+
+    monkeypatch.setenv("DDPDOCTOR_LEDGER_SOURCE", source)
+    if user is None:
+        monkeypatch.delenv("TORCH_NCCL_ENABLE_TIMING", raising=False)
+    else:
+        monkeypatch.setenv("TORCH_NCCL_ENABLE_TIMING", user)
+    probe = LedgerProbe(StepTracker(), 0, tmp_path / "ledger.json")
+    probe.install()
+    try:
+        assert os.environ.get("TORCH_NCCL_ENABLE_TIMING") == expected
+    finally:
+        probe.uninstall()

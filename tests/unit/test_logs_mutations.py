@@ -9,7 +9,7 @@ from typing import Any
 import pytest
 
 from ddpdoctor.logs.explain import explain_paths, explain_texts
-from tests.fuzz.log_variants import VARIANTS
+from tests.fuzz.log_variants import VARIANTS, body
 
 FIX = Path(__file__).resolve().parents[1] / "fixtures" / "logs"
 CORPUS = sorted((FIX / "real").glob("*.log")) + sorted(FIX.glob("*.log"))
@@ -37,8 +37,7 @@ def test_every_corpus_log_reads_the_same_in_every_variant(variant: str, tmp_path
             continue  # not applicable (no failure table to cut, a single rank to interleave)
         applied += 1
         name = "rank1.log" if "rank1" in path.name else path.name  # the name may say the rank: keep it
-        original = _signature(explain_texts({name: "\n".join(ln for ln in text.splitlines()
-                                                             if not ln.startswith("# ")) + "\n"}))
+        original = _signature(explain_texts({name: body(text)}))
         p = tmp_path / name
         p.write_bytes(mutated.encode())
         report = explain_paths([str(p)])
@@ -48,4 +47,31 @@ def test_every_corpus_log_reads_the_same_in_every_variant(variant: str, tmp_path
         if got != original and not said:
             wrong.append((path.name, original, got))
     assert applied, variant
+    assert not wrong, wrong
+
+
+NCCL = sorted((FIX.parent / "nccl" / "real").glob("*.log"))
+
+
+@pytest.mark.parametrize("variant", sorted(VARIANTS))
+def test_every_nccl_corpus_log_gives_the_same_topo_findings_in_every_variant(variant: str, tmp_path: Path) -> None:
+    """`topo` reads a reformatted NCCL or nccl-tests log (colour codes, a collector's prefixes, CRLF, dedented) as its
+    original: each real NCCL log of the corpus (tests/fixtures/nccl/real) gives the same finding ids."""
+    from ddpdoctor.commands.topo import build_report
+
+    assert len(NCCL) >= 4
+    wrong = []
+    for path in NCCL:
+        mutated = VARIANTS[variant](path.read_text())
+        if mutated is None:
+            continue
+        (tmp_path / "orig").mkdir(exist_ok=True)
+        (tmp_path / "var").mkdir(exist_ok=True)
+        orig, var = tmp_path / "orig" / path.name, tmp_path / "var" / path.name
+        orig.write_text(body(path.read_text()))
+        var.write_bytes(mutated.encode())
+        want = sorted(f.id for f in build_report([orig], []).findings)
+        got = sorted(f.id for f in build_report([var], []).findings)
+        if got != want:
+            wrong.append((path.name, want, got))
     assert not wrong, wrong

@@ -73,3 +73,32 @@ def test_disk_full_finding_by_hand() -> None:
     # a failed job keeps rank-no-status beside it (the data cannot tell a kill from a status that did not fit)
     assert [x.id for x in job_findings(msgspec.structs.replace(manifest, exit_code=1), statuses)] == ["rank-no-status"]
     assert disk_full_findings(Manifest(exit_code=0), statuses) == []
+
+
+def test_a_rank_status_waits_a_little_for_room(tmp_path: Path, monkeypatch) -> None:
+    """probes/bootstrap.py: the rank's status on a full disk is tried again for a few seconds (the launcher gives
+    the ranks' half of the reserve back within half a second); any other error is given up at once."""
+    from ddpdoctor.probes import bootstrap
+
+    tries: list[int] = []
+
+    def flaky(path: Path, data: object) -> None:
+        tries.append(1)
+        if len(tries) < 3:
+            raise OSError(errno.ENOSPC, "No space left on device")
+        path.write_text("ok")
+
+    monkeypatch.setattr(bootstrap, "write_json", flaky)
+    monkeypatch.setattr(bootstrap.time, "sleep", lambda s: None)
+    bootstrap._write_quietly(tmp_path / "status.json", {}, wait_s=3.0)
+    assert len(tries) == 3 and (tmp_path / "status.json").read_text() == "ok"
+    tries.clear()
+    monkeypatch.setattr(bootstrap, "write_json", lambda p, d: (tries.append(1), (_ for _ in ()).throw(
+        OSError(errno.EACCES, "Permission denied"))))
+    bootstrap._write_quietly(tmp_path / "other.json", {}, wait_s=3.0)
+    assert len(tries) == 1  # not a full disk: no waiting
+    tries.clear()
+    monkeypatch.setattr(bootstrap, "write_json", lambda p, d: (tries.append(1), (_ for _ in ()).throw(
+        OSError(errno.ENOSPC, "No space left on device"))))
+    bootstrap._write_quietly(tmp_path / "never.json", {})  # no wait asked: one try, quietly
+    assert len(tries) == 1

@@ -51,13 +51,14 @@ def test_the_pairing_check_can_fail() -> None:
     assert "rank" in set(schema.DataRecord.__struct_fields__) - declared
 
 
-# `dict[str, Any]` left in each package, all at boundaries: raw JSON in (the probe options from $DDPDOCTOR_CONFIG,
+# `dict[str, Any]` left in each package, all at boundaries: raw JSON in (the options in $DDPDOCTOR_CONFIG,
 # a monitor's request, torch's own DDP logging record, a probe-notes file, Flight Recorder dumps, rundir's raw
 # sync.json/data.json loader), the user's own keyword arguments (DataLoader(...), a collective's call), and
 # evidence maps (a preflight check's evidence, shown and copied into the finding). The ceiling only goes down.
 CEILINGS = {
-    # probe options x6, monitor requests x2, torch's DDP logging record, DataLoader and collective kwargs, notes file
-    "probes": 12,
+    # $DDPDOCTOR_CONFIG's options as they arrive (typed through ProbeConfig.probe_options), monitor requests x2,
+    # torch's DDP logging record, the user's DataLoader and collective kwargs, a probe-notes file read back
+    "probes": 7,
     "preflight": 10,  # evidence maps x9, a check's row as the report's JSON
     "topo": 0,
     "traces": 0,
