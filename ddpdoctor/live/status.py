@@ -109,8 +109,8 @@ def status_text(st: dict[str, Any], max_ranks: int = 16) -> str:
     h = st.get("health") or {}
     head = {"finished": f"finished (exit code {st.get('exit_code')})",
             "running": "running", "starting": "starting (no iteration reported yet)",
-            "unfinished": "unfinished: ddpdoctor ended without finishing this run (killed with SIGKILL, or it "
-                          "crashed); what was recorded until then is kept",
+            "unfinished": "unfinished: ddpdoctor ended without finishing this run's record (killed with SIGKILL, "
+                          "crashed, or the disk was full when it wrote the end); what was recorded until then is kept",
             "stale": f"no live update for {st.get('age_s')} s: is its ddpdoctor still running?"}[st["state"]]
     lines = [f"{clean_text(st['run_dir'])}: {head}"]
     if not st.get("live"):

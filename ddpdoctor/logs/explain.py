@@ -6,7 +6,7 @@ from __future__ import annotations
 import json
 import re
 import sys
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 from typing import Any
@@ -16,6 +16,7 @@ from ddpdoctor.findings.model import Finding, Severity
 from ddpdoctor.logs import crashes, flight_recorder, rules, triage
 from ddpdoctor.logs.events import ChildFailure, Event, RankException, event_json
 from ddpdoctor.logs.failures import parse_failure
+from ddpdoctor.logs.flight_recorder import FrGroupState
 from ddpdoctor.logs.launchers import srun_failures, torchrun_failures
 from ddpdoctor.logs.lines import LogLine, iter_lines, rank_from_name, streams, windows
 from ddpdoctor.logs.messages import parse_line
@@ -174,7 +175,7 @@ def _fr_rank(name: str, index: int, notes: list[str]) -> int:
     return rank
 
 
-def _analyse(events: list[Event], known: set[int], fr: dict[int, dict[str, Any]], notes: list[str],
+def _analyse(events: list[Event], known: set[int], fr: dict[int, dict[str, FrGroupState]], notes: list[str],
              ts_of: dict[tuple[str, int], float] | None = None) -> list[Finding]:
     ts_of = ts_of or {}
     events = _dedupe(events)
@@ -210,7 +211,7 @@ def explain_texts(texts: dict[str, str]) -> list[Finding]:
     return _explain({name: text for name, text in texts.items()}, {}).findings
 
 
-def _explain(texts: dict[str, str], dumps: dict[str, dict[str, Any]],
+def _explain(texts: dict[str, str], dumps: dict[str, Mapping[str, object]],
              inputs: list[InputSummary] | None = None, notes: list[str] | None = None) -> Explanation:
     inputs = list(inputs or [])
     notes = list(notes or [])
@@ -233,7 +234,7 @@ def _explain(texts: dict[str, str], dumps: dict[str, dict[str, Any]],
         events += ev
         known |= ranks
         inputs.append(summary)
-    fr: dict[int, dict[str, Any]] = {}
+    fr: dict[int, dict[str, FrGroupState]] = {}
     for i, (name, dump) in enumerate(dumps.items()):
         rank = _fr_rank(name, i, notes)
         fr[rank] = flight_recorder.group_states(dump)
@@ -271,7 +272,7 @@ def _expand(paths: Iterable[str]) -> list[str]:
     return out
 
 
-def _decode(name: str, data: bytes, texts: dict[str, str], dumps: dict[str, dict[str, Any]]) -> str | None:
+def _decode(name: str, data: bytes, texts: dict[str, str], dumps: dict[str, Mapping[str, object]]) -> str | None:
     """Sort one input into texts or dumps; return a problem when it is neither."""
     if data.startswith(flight_recorder.PICKLE_MAGIC):
         dumps[name] = flight_recorder.loads_pickle(data, name)
@@ -288,7 +289,7 @@ def explain_paths(paths: Iterable[str]) -> Report:
     if not names:
         raise BadInput("no log files given")
     texts: dict[str, str] = {}
-    dumps: dict[str, dict[str, Any]] = {}
+    dumps: dict[str, Mapping[str, object]] = {}
     bad: list[InputSummary] = []
     for name in names:
         try:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import io
 import json
 import pickle
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -96,7 +97,7 @@ def _check_plain(value: Any) -> None:
         stack.extend((kid, depth + 1, False) for kid in kids if _children(kid) is not None)
 
 
-def loads_pickle(data: bytes, name: str = "<pickle>") -> dict[str, Any]:
+def loads_pickle(data: bytes, name: str = "<pickle>") -> Mapping[str, object]:
     try:
         if len(data) > MAX_PICKLE_BYTES:
             raise pickle.UnpicklingError(f"larger than {MAX_PICKLE_BYTES >> 20} MiB")
@@ -111,7 +112,7 @@ def loads_pickle(data: bytes, name: str = "<pickle>") -> dict[str, Any]:
     return value
 
 
-def loads_json(text: str | bytes, name: str = "<json>") -> dict[str, Any]:
+def loads_json(text: str | bytes, name: str = "<json>") -> Mapping[str, object]:
     try:
         value = json.loads(text)
     except (ValueError, RecursionError) as exc:
@@ -153,7 +154,7 @@ def _int(value: Any, default: int = -1) -> int:
         return default
 
 
-def _call_site(entry: dict[str, Any]) -> str | None:
+def _call_site(entry: Mapping[str, object]) -> str | None:
     """The innermost frame outside torch (NCCL dumps carry Python frames; gloo dumps carry none)."""
     frames = entry.get("frames")
     if not isinstance(frames, list):
@@ -167,7 +168,7 @@ def _call_site(entry: dict[str, Any]) -> str | None:
     return None
 
 
-def group_states(dump: dict[str, Any]) -> dict[str, FrGroupState]:
+def group_states(dump: Mapping[str, object]) -> dict[str, FrGroupState]:
     """Per process group (by pg id as a string): the last enqueued/started/completed collective and each entry."""
     states: dict[str, FrGroupState] = {}
     names: dict[str, str] = {}

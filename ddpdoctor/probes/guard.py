@@ -11,7 +11,7 @@ from __future__ import annotations
 import json
 import os
 import traceback
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any, TypedDict, TypeVar
 
@@ -88,7 +88,7 @@ class Guard:
 def read_probe_notes(rank_dirs: dict[int, Path]) -> list[str]:
     """One report note per (probe, where, error) across ranks, naming the ranks; unreadable files are skipped."""
     grouped: dict[tuple[str, str, str], list[int]] = {}
-    meta: dict[tuple[str, str, str], dict[str, Any]] = {}
+    meta: dict[tuple[str, str, str], Mapping[str, object]] = {}  # a note as read back (JSON in)
     for rank, rank_dir in sorted(rank_dirs.items()):
         path = rank_dir / NOTES_FILE
         try:

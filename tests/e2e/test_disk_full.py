@@ -14,24 +14,16 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
 from pathlib import Path
 
 import pytest
 
 from tests.conftest import EXAMPLES, SCENARIOS, run_cli
-
-
-def _mount(disk: Path, size: str) -> None:
-    disk.mkdir()
-    if subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", str(disk)], capture_output=True).returncode:
-        pytest.skip("cannot mount a small tmpfs here")
+from tests.smalldisk import small_disk
 
 
 def test_disk_that_fills_during_a_real_job_gives_a_complete_verdict(tmp_path: Path) -> None:
-    disk = tmp_path / "disk"
-    _mount(disk, "768k")
-    try:
+    with small_disk("768k") as disk:
         run = disk / "run"
         proc = run_cli("run", "--nproc-per-node", "2", "-q", "--json", "--out", str(run),
                        str(SCENARIOS / "fill_disk.py"),
@@ -41,8 +33,6 @@ def test_disk_that_fills_during_a_real_job_gives_a_complete_verdict(tmp_path: Pa
         saved = json.loads((run / "report.json").read_text())
         held = [p.name for p in run.iterdir() if ".reserve." in p.name]
         status = run_cli("status", str(run))
-    finally:
-        subprocess.run(["umount", str(disk)], capture_output=True)
     assert "Traceback" not in proc.stderr, proc.stderr[-3000:]
     report = json.loads(proc.stdout)
     assert proc.returncode == 0, (proc.stderr[-2000:], report["findings"])
@@ -54,13 +44,8 @@ def test_disk_that_fills_during_a_real_job_gives_a_complete_verdict(tmp_path: Pa
     assert status.returncode == 0 and "finished" in status.stdout, status.stdout + status.stderr
 
 
-def test_lock_on_a_full_disk_is_one_line(tmp_path: Path) -> None:
-    disk = tmp_path / "disk"
-    disk.mkdir()
-    r = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=64k", "tmpfs", str(disk)], capture_output=True)
-    if r.returncode != 0:
-        pytest.skip("cannot mount a small tmpfs here")
-    try:
+def test_lock_on_a_full_disk_is_one_line() -> None:
+    with small_disk("64k") as disk:
         fd = os.open(disk / "fill", os.O_WRONLY | os.O_CREAT, 0o600)
         try:
             while True:
@@ -70,8 +55,6 @@ def test_lock_on_a_full_disk_is_one_line(tmp_path: Path) -> None:
         finally:
             os.close(fd)
         proc = run_cli("run", "--nproc-per-node", "2", "--out", str(disk / "run"), str(SCENARIOS / "healthy.py"))
-    finally:
-        subprocess.run(["umount", str(disk)], capture_output=True)
     assert proc.returncode == 2, proc.stderr
     assert "Traceback" not in proc.stderr
     lines = proc.stderr.strip().splitlines()
@@ -98,9 +81,7 @@ def test_profile_exits_by_the_job_when_only_report_html_cannot_be_written(tmp_pa
 def test_profile_on_a_disk_that_fills_keeps_its_traces_and_analyze_says_what_is_missing(tmp_path: Path) -> None:
     """The disk fills at step 2, before the profiled window ends: the ranks write their traces into the half of the
     reserve given back to them; `analyze RUN` later says the disk filled (its manifest's disk_full)."""
-    disk = tmp_path / "disk"
-    _mount(disk, "1536k")
-    try:
+    with small_disk("1536k") as disk:
         run = disk / "run"
         proc = run_cli("profile", "--nproc-per-node", "2", "-q", "--json", "--active", "5", "--out", str(run),
                        str(SCENARIOS / "fill_disk.py"),
@@ -108,8 +89,6 @@ def test_profile_on_a_disk_that_fills_keeps_its_traces_and_analyze_says_what_is_
                             "DDPDOCTOR_SPACE_RESERVE_KB": "512", "STEP_SLEEP_S": "0.3"}, timeout=300)
         traces = sorted(p.name.split(".")[0] for p in (run / "traces").glob("rank*.pt.trace.json.gz"))
         again = run_cli("analyze", "--json", str(run))
-    finally:
-        subprocess.run(["umount", str(disk)], capture_output=True)
     assert "Traceback" not in proc.stderr + again.stderr, (proc.stderr + again.stderr)[-3000:]
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert traces == ["rank0", "rank1"]

@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 
 from tests.conftest import SCENARIOS, run_cli
+from tests.smalldisk import mount_small_tmpfs, unmount
 from tests.teardown import settle_run
 
 pytestmark = pytest.mark.slow
@@ -65,10 +66,6 @@ def test_rank_killed_by_a_signal_is_the_culprit(tmp_path: Path, sig: str) -> Non
     _analyze_reads(out)
 
 
-def _mount_small_tmpfs(where: Path, size: str) -> bool:
-    where.mkdir()
-    r = subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", str(where)], capture_output=True)
-    return r.returncode == 0
 
 
 @pytest.mark.parametrize("stage", ["early", "late"])
@@ -76,9 +73,10 @@ def test_out_on_a_full_disk_is_one_line_and_keeps_what_fitted(tmp_path: Path, st
     # early: a real 40k tmpfs fills up while the ranks write. late: the disk fills up exactly when the report is
     # written (injected at the file layer; a real tmpfs sized for that moment fits or not with the trace's size).
     script = _scenario(tmp_path, "healthy.py")
-    disk = tmp_path / "disk"
+    mounted = None if stage == "late" else mount_small_tmpfs("40k")
+    disk = mounted or tmp_path / "disk"
     env = {}
-    if stage == "late" or not _mount_small_tmpfs(disk, "40k"):
+    if mounted is None:
         # The artefact writer fails as a full disk would (rundir/artefacts.py hook).
         env["DDPDOCTOR_TEST_ENOSPC"] = "*/report.json" if stage == "late" else "*/status.json"
     try:
@@ -100,4 +98,5 @@ def test_out_on_a_full_disk_is_one_line_and_keeps_what_fitted(tmp_path: Path, st
         assert _left_over(script.parent) == []
         _analyze_reads(out)
     finally:
-        subprocess.run(["umount", str(disk)], capture_output=True)
+        if mounted is not None:
+            unmount(mounted)

@@ -4,22 +4,16 @@ small tmpfs (else skipped)."""
 
 from __future__ import annotations
 
-import subprocess
 import time
 from pathlib import Path
 
-import pytest
-
 from ddpdoctor.live.export import TensorBoardExporter
 from ddpdoctor.live.health import LiveHealth
+from tests.smalldisk import small_disk
 
 
 def test_live_scalars_stop_quietly_when_the_disk_fills(tmp_path: Path, capfd) -> None:
-    disk = tmp_path / "disk"
-    disk.mkdir()
-    if subprocess.run(["mount", "-t", "tmpfs", "-o", "size=40k", "tmpfs", str(disk)], capture_output=True).returncode:
-        pytest.skip("cannot mount a small tmpfs here")
-    try:
+    with small_disk("40k") as disk:
         health = LiveHealth(tmp_path / "run", world_size=2)
         exporter = TensorBoardExporter(disk / "scalars" / "live")
         step = 0
@@ -35,8 +29,6 @@ def test_live_scalars_stop_quietly_when_the_disk_fills(tmp_path: Path, capfd) ->
         time.sleep(0.5)  # the writer thread's failure, had it printed anything
         exporter.close()
         exporter.update(health)  # after a failure: nothing more is tried
-    finally:
-        subprocess.run(["umount", str(disk)], capture_output=True)
     err = capfd.readouterr().err
     assert "Traceback" not in err, err[-2000:]
     assert exporter.failed and "No space left on device" in exporter.failed
