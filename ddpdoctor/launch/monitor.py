@@ -165,7 +165,7 @@ class HangMonitor:
         if d.busy and not d.moving and not d.tearing_down:
             self._note_stalls(d.busy, now)
         elif hung:
-            self._on_hang(job, d.stalled, now)
+            self._on_hang(job, d.stalled, now, own_ranks_only)
 
     def limits(self) -> Limits:
         return Limits(self.hang_timeout, self.startup_timeout)
@@ -382,7 +382,7 @@ class HangMonitor:
             link.exit = {"exit_code": None, "exception": "died without a status (signal or OOM killer?)"}
 
     # -- diagnosis -----------------------------------------------------------------------------------
-    def _on_hang(self, job: RunningJob, stalled: list[int], now: float) -> None:
+    def _on_hang(self, job: RunningJob, stalled: list[int], now: float, own_ranks_only: bool = False) -> None:
         """A job of one node hung: the one verdict builder (job/verdict.build) on this node's typed records, as the
         head of many nodes builds it on every node's, plus this node's raw heartbeats."""
         with self._lock:
@@ -390,14 +390,17 @@ class HangMonitor:
         recs = self.records(now, job.started)
         node = NodeState(0, socket.gethostname(), recs, seq=0, received=now)
         stacks, dumps = self.collect(links)
-        verdict = build({0: node}, self.world_size, [r for r in stalled if r >= 0], now, limits=self.limits(),
+        world = None if own_ranks_only else self.world_size  # a node that lost its head sees only its own ranks
+        verdict = build({0: node}, world, [r for r in stalled if r >= 0], now, limits=self.limits(),
                         timeout_s=effective_timeout(recs, self.limits()), on_hang=self.on_hang, stacks=stacks,
                         dumps=dumps, since_start_s=now - job.started)
         verdict.heartbeats = {r: lk.beat for r, lk in links.items()}
         # Detection plus collecting stacks and dumps: what the issue's "within hang-timeout + 5 s" bounds.
         verdict.reported_after_s = round(verdict.detected_after_s + time.time() - now, 2)
         self.hang = verdict.to_json()
-        self.declare(job, self.hang, f"hang detected ({verdict.diagnosis.reason}); report in {self.run_root}/hang.txt")
+        alone = "on this node's own ranks (the job's head is lost) " if own_ranks_only else ""
+        self.declare(job, self.hang, f"hang detected {alone}({verdict.diagnosis.reason}); report in "
+                     f"{self.run_root}/hang.txt")
 
     def declare(self, job: RunningJob | None, hang: dict[str, Any], line: str, extra_text: str = "") -> None:
         """The job hung: write RUN/hang.json and hang.txt (``extra_text`` after the summary), say ``line``, and

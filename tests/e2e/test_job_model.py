@@ -152,3 +152,27 @@ def test_a_lost_head_is_said_by_the_other_nodes(tmp_path: Path) -> None:
     assert lost["id"] == "head-lost" and lost["ranks"] == [1], lost
     (rank1,) = lost["evidence"]["ranks"]
     assert rank1["rank"] == 1 and rank1["step"] >= 1 and lost["evidence"]["last_verdict"] is None
+
+
+def test_a_node_that_lost_its_head_still_watches_its_own_ranks(tmp_path: Path) -> None:
+    # Rank 1 (node 1) falls asleep at step 4; the head's launcher dies before its hang timeout passes. Nobody would
+    # judge the job: node 1's own watch takes over once the head has been silent for 20 s (docs/hangs.md#lost-head),
+    # finds its rank hung by the same rule, stops it, and reports the lost head.
+    import signal
+
+    mark = tmp_path / "paused"  # rank 1 is asleep: the head's ranks are past the step they shared with it
+    env = {"PAUSE_RANK": "1", "PAUSE_STEP": "4", "PAUSE_KIND": "sleep", "STEPS": "40", "STEP_SLEEP": "0.2",
+           "PAUSED_FILE": str(mark), "SCENARIO_GLOO_TIMEOUT": "600"}
+    procs = start_nodes("run", "pause.py", tmp_path / "job", 2, 1, "--hang-timeout", "15", "--startup-timeout", "300",
+                        "--json", env=env)
+    deadline = time.time() + 300
+    while time.time() < deadline and not mark.exists() and procs[0].poll() is None:
+        time.sleep(0.2)
+    procs[0].send_signal(signal.SIGKILL)
+    (_, _, _), (code1, so1, err1) = finish(procs, timeout=300)
+    assert code1 == 1, err1[-3000:]
+    assert "hang detected on this node's own ranks (the job's head is lost)" in err1, err1[-3000:]
+    (line,) = [ln for ln in err1.splitlines() if "was lost" in ln]
+    assert "its ranks: rank 1: step 4, ended" in line, line  # stopped by node 1's own watch
+    (lost,) = json.loads(so1)["findings"]
+    assert lost["id"] == "head-lost" and lost["ranks"] == [1]

@@ -3,7 +3,8 @@ other waits for it in a collective; a marker file says when the job is under way
 
 PAUSE_RANK, PAUSE_STEP, PAUSE_KIND (checkpoint | eval | checkpoint+eval (eval 3 steps after the checkpoint) |
 sleep | spin-sleep (asleep forever while another of its threads keeps burning CPU and doing I/O, as gloo's I/O
-threads, NCCL's watchdog or a data-loader thread do) | lock | read | exit0 | return), PAUSE_S, STEPS, STEP_SLEEP, MARK_FILE (written by rank 0 at step 3)."""
+threads, NCCL's watchdog or a data-loader thread do) | lock | read | exit0 | return), PAUSE_S, STEPS, STEP_SLEEP, MARK_FILE (written by rank 0 at step 3), PAUSED_FILE (written by the pausing rank
+as it pauses)."""
 
 import os
 import threading
@@ -75,6 +76,8 @@ for step in range(steps):
             raise SystemExit(0)  # BUG: leaves early, cleanly, while the other rank waits for it
         if kind == "return":
             break  # BUG: leaves the loop early; the script then ends normally
+        if env.get("PAUSED_FILE"):
+            open(env["PAUSED_FILE"], "w").close()  # for tests that act once it pauses
         pause(kind.split("+")[0])
     if rank == pause_rank and step == pause_step + 3 and "+" in kind:
         pause(kind.split("+")[1])
