@@ -45,6 +45,17 @@ from ddpdoctor.probes.flight import MAX_BATCH_STEPS, FlightSource, Record, dump_
 HOST_SOURCE = "host: autograd final callback + collective wrappers"
 DEVICE_SOURCE = "flight-recorder: CUDA-event durations"
 SOURCE_ENV = "DDPDOCTOR_LEDGER_SOURCE"  # auto (default) | host | flight-recorder
+# Until the Flight Recorder source has run on a GPU (none was lent to the round that built it), ``auto`` is the host
+# source on every backend: an always-on watch must not turn on CUDA-event timing in users' NCCL jobs on the strength
+# of tests on recorded dumps alone. DDPDOCTOR_LEDGER_SOURCE=flight-recorder opts in (docs/metrics.md#ledger-sources).
+AUTO_USES_FLIGHT_RECORDER = False
+
+
+def _wants_flight_recorder(backend: str | None = None) -> bool:
+    want = os.environ.get(SOURCE_ENV, "auto")
+    if want == "flight-recorder":
+        return True
+    return want == "auto" and AUTO_USES_FLIGHT_RECORDER and (backend is None or "nccl" in backend)
 HISTORY = 2048  # per-step summaries kept for ledger.json (a few bytes each)
 FR_KEEP = 4096  # Flight Recorder entries written at the end (its own ring is 2,000 by default)
 VERSION = 1
@@ -83,7 +94,7 @@ class LedgerProbe:
             self._originals[(mod, name)] = orig
             setattr(mod, name, self._wrap(orig))
         self.tracker.add_listener(self._on_step)
-        if os.environ.get(SOURCE_ENV, "auto") != "host":
+        if _wants_flight_recorder():
             # Read by ProcessGroupNCCL when the script creates its groups: a CUDA start event per collective, whose
             # duration the Flight Recorder then keeps. Unused by every other backend; a user's own setting stands.
             os.environ.setdefault("TORCH_NCCL_ENABLE_TIMING", "1")
@@ -157,18 +168,22 @@ class LedgerProbe:
         if not (dist.is_available() and dist.is_initialized()):
             return  # no group yet (or a job without one): the host source, asked again next step
         self._decided = True
-        want = os.environ.get(SOURCE_ENV, "auto")
         backend = str(dist.get_backend())
-        if want == "host" or (want != "flight-recorder" and "nccl" not in backend):
+        if not _wants_flight_recorder(backend):
+            if "nccl" in backend and os.environ.get(SOURCE_ENV, "auto") == "auto":
+                self.source_note = self._blind_note = (
+                    "NCCL with the host source: a peer's lateness that DDP waits for on the stream is not seen "
+                    "(DDPDOCTOR_LEDGER_SOURCE=flight-recorder reads CUDA-event durations; opt-in, not yet run on a GPU)")
             return
         if ring_size() == 0:
             self.source_note = self._blind_note = ("the Flight Recorder is off (TORCH_FR_BUFFER_SIZE=0): the host "
                                                    "source, which does not see NCCL's waits")
             return
-        try:  # the groups made before the env default took effect (a launcher that set TORCH_NCCL_ENABLE_TIMING=0)
-            dist.distributed_c10d._get_default_group()._enable_collectives_timing()  # type: ignore[attr-defined]
-        except Exception:  # noqa: BLE001 - a backend without timing: its steps go out as gaps, and ledger.json says why
-            pass
+        if os.environ.get("TORCH_NCCL_ENABLE_TIMING", "1") != "0":  # a user's own "0" stands: steps go out as gaps
+            try:  # groups made before the env default took effect
+                dist.distributed_c10d._get_default_group()._enable_collectives_timing()  # type: ignore[attr-defined]
+            except Exception:  # noqa: BLE001 - a backend without timing: its steps go out as gaps, ledger.json says why
+                pass
         self.source = DEVICE_SOURCE
         self.source_note = f"default group backend {backend}"
         self.flight = FlightSource(self._publish, dump=grouped_dump(backend))
