@@ -8,7 +8,8 @@ arrive spends only the transfer inside it and the early ranks spend wait + trans
 
 is how long the others waited for r. A rank is waited for when its median deficit over the window exceeds
 max(2 ms, 5% of the step) and its deficit exceeds half of that in 70% of the window's steps (a one-off is not);
-its phase is the one where its own work exceeds the others' most (None when none exceeds by half the threshold).
+its phase is the one where its own work exceeds the others' most (None when that excess explains less than half of
+the wait it causes).
 No cross-host clock; linear in ranks x steps (above 32 ranks the median over every rank stands for "the others":
 one rank no longer moves it). Steps a rank marks GAP (its blocked time unknown, probes/flight.py) are left out."""
 
@@ -188,9 +189,11 @@ def judge(ranks: list[int], steps: list[int], blocked: np.ndarray, own: np.ndarr
         out.append(CausedWait(
             rank=ranks[i], cost_s=float(med_deficit[i]), interval=iv,
             pct_of_step=100.0 * float(med_deficit[i]) / step_s if step_s > 0 else 0.0, step_s=step_s,
-            # No phase when none of its own work is longer by half the threshold: on NCCL, a rank slow on its GPU
-            # (the host only queues kernels) makes the others wait without a longer host phase.
-            phase=phases[k] if phases and excess[k] > threshold / 2 else None,
+            # No phase when its longest excess explains less than half the wait it causes: on NCCL, a rank slow on
+            # its GPU (the host only queues kernels) makes the others wait without a longer host phase. A share of
+            # the wait, not of the step: a loaded host stretches the step, not the share (a CI run lost the phase
+            # of a 40 ms sleep when half of 5% of a stretched step exceeded it).
+            phase=phases[k] if phases and excess[k] > 0.5 * float(med_deficit[i]) else None,
             phase_excess_s=float(excess[k]) if phases else 0.0,
             own_blocked_s=float(np.median(blocked[i])), others_blocked_s=float(np.median(others_blocked)),
             persist_frac=persist, steps=(steps[0], steps[-1]), ranks_compared=n,
