@@ -42,6 +42,7 @@ def assemble(run: RunDir, schedule: Schedule, *, locked: bool, nccl_debug: bool 
     return report
 
 
+# statuses: rundir/loaders.py rank_statuses' raw status.json documents (issue 25: typed by the job core's loader)
 def window_parts(findings: list[Finding], statuses: dict[int, dict[str, Any] | None], schedule: Schedule,
                  traced: bool) -> tuple[list[Finding], list[str]]:
     """What `profile` says about its own window (docs/profile.md): a script that ended before the profiled steps
