@@ -14,6 +14,7 @@ import pytest
 
 from ddpdoctor.preflight import record as preflight_record
 from ddpdoctor.probes import records
+from ddpdoctor.rundir import records as run_records
 from ddpdoctor.rundir import schema
 
 PKG = Path(__file__).resolve().parents[2] / "ddpdoctor"
@@ -31,6 +32,13 @@ PAIRS = [
     (records.LoaderDoc, schema.LoaderRecord, set()),
     (records.EpochRecord, schema.LoaderEpoch, set()),
     (records.Beat, schema.Beat, set()),
+    (run_records.RankExitDoc, schema.RankExit, set()),
+    (run_records.RankBeatsDoc, schema.RankBeats, set()),
+    (run_records.HeartbeatsDoc, schema.Heartbeats, set()),
+    (run_records.HangDoc, schema.Hang, set()),
+    (run_records.HangDiagnosisDoc, schema.HangFileDiagnosis, set()),
+    (run_records.PositionDoc, schema.Position, set()),
+    (run_records.RankClassDoc, schema.HangClass, set()),
     (preflight_record.RankPreflight, schema.PreflightRecord, set()),
     (preflight_record.CheckOutcome, schema.CheckRecord, set()),
     (preflight_record.DeviceFacts, schema.Devices, set()),
