@@ -16,10 +16,11 @@ from ddpdoctor.jsontypes import JsonValue
 
 
 class CollectiveState(TypedDict, total=False):
-    """A collective the rank entered (heartbeat.py): also status.json's failed_collective / last_collective."""
+    """A collective the rank entered (heartbeat.py): also status.json's failed_collective / last_collective, and
+    what the hang rules make of a rank's position (op and group None where a record did not say)."""
 
-    op: str
-    group: str
+    op: str | None
+    group: str | None
     seq: int | None
     sizes: list[list[int]]
     call_site: str | None
