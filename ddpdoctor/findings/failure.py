@@ -9,6 +9,7 @@ from __future__ import annotations
 from typing import Any
 
 from ddpdoctor.findings.model import Finding, Severity
+from ddpdoctor.rundir.records import RankStateDoc
 
 HANG_EVIDENCE = ("stalled_ranks", "culprit_ranks", "collective", "call_sites", "stacks", "detected_after_s")
 CRASH_EVIDENCE = ("rank", "exception", "traceback", "call_site")
@@ -38,10 +39,10 @@ def rank_crashed_finding(rank: int | None, title: str, advice: str, *, ranks: li
                    evidence=_checked("rank-crashed", {"rank": rank, **evidence}, CRASH_EVIDENCE), advice=advice)
 
 
-def head_lost_finding(head: str, node_rank: int, ranks: list[dict[str, Any]], last_verdict: str | None) -> Finding:
+def head_lost_finding(head: str, node_rank: int, ranks: list[RankStateDoc], last_verdict: str | None) -> Finding:
     """A node of a multi-node job lost the job's head (docs/findings.md#hangs-head-lost): what it knows, as plain
     data (its ranks' last state, the head's last verdict)."""
-    own = sorted(int(r["rank"]) for r in ranks if isinstance(r.get("rank"), int))
+    own = sorted(r["rank"] for r in ranks if isinstance(r.get("rank"), int))
     return Finding("head-lost", Severity.ERROR,
                    f"the job's head node ({head}) was lost: node {node_rank} reports what it knows of its own ranks",
                    ranks=own, evidence={"head": head, "node_rank": node_rank, "ranks": ranks,

@@ -8,7 +8,7 @@ Keys written only on some paths are optional (``total=False``)."""
 
 from __future__ import annotations
 
-from typing import TypedDict
+from typing import TypedDict, final
 
 from ddpdoctor.jsontypes import JsonValue
 
@@ -180,11 +180,11 @@ class _HangHead(TypedDict):
     stacks: dict[str, str | None]
 
 
+@final
 class HangDoc(_HangHead, total=False):
-    """RUN/hang.json. One node adds its ranks' last heartbeats, many nodes their rank classes and nodes; a node
-    acting on the head's verdict marks it ``remote``. The keys keep the order they were always written in."""
+    """RUN/hang.json. One node adds its ranks' last heartbeats, many nodes their rank classes and nodes. The keys
+    keep the order they were always written in."""
 
-    remote: bool
     heartbeats: dict[str, Beat | None]
     classes: list[RankClassDoc]
     nodes: dict[str, HangNodeDoc]
@@ -226,3 +226,32 @@ class HeartbeatsDoc(TypedDict):
     world_size: int | None
     ranks: dict[str, RankBeatsDoc]
     monitor: MonitorDoc
+
+
+# ---- a node that lost the job's head (job/verdict.py HeadLost) ------------------------------------------------
+
+
+class _RankStateHead(TypedDict):
+    rank: int
+    step: int | None
+    phase: str | None
+    at: str | None  # its call site
+
+
+class RankStateDoc(_RankStateHead, total=False):
+    """A rank's last state in words (job/verdict.rank_state): the collective it is in, how it ended."""
+
+    collective: WaitedCollective
+    exit_code: int | None
+    exception: str | None
+
+
+class HeadLostDoc(TypedDict):
+    """What a node that lost the job's head knows (docs/hangs.md#lost-head)."""
+
+    head: str
+    line: str
+    node_rank: int
+    exit_code: int
+    last_verdict: str | None
+    ranks: list[RankStateDoc]
