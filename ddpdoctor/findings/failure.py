@@ -6,7 +6,8 @@ The evidence keeps the order the caller gives it (the terminal shows the first f
 
 from __future__ import annotations
 
-from typing import Any
+from collections.abc import Mapping
+from typing import Any, TypeVar
 
 from ddpdoctor.findings.model import Finding, Severity
 from ddpdoctor.rundir.records import RankStateDoc
@@ -15,7 +16,10 @@ HANG_EVIDENCE = ("stalled_ranks", "culprit_ranks", "collective", "call_sites", "
 CRASH_EVIDENCE = ("rank", "exception", "traceback", "call_site")
 
 
-def _checked(fid: str, evidence: dict[str, Any], required: tuple[str, ...]) -> dict[str, Any]:
+Evidence = TypeVar("Evidence", bound=Mapping[str, object])  # an evidence map, checked for its required keys
+
+
+def _checked(fid: str, evidence: Evidence, required: tuple[str, ...]) -> Evidence:
     missing = [k for k in required if k not in evidence]
     if missing:  # a programming error in a rule, caught by the tests that build every finding
         raise TypeError(f"{fid} evidence lacks {missing}")

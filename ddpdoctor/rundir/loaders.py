@@ -47,6 +47,7 @@ def rank_data_records(run: RunDir) -> dict[int, DataRecord]:
             for r, d in rank_sync_files(run, "data.json").items()}
 
 
+# A boundary: the raw JSON of each rank's sync.json/data.json, validated here and typed by the two loaders above.
 def rank_sync_files(run: RunDir, name: str) -> dict[int, dict[str, Any]]:
     """rank -> the rank's NAME (sync.json or data.json), validated against its schema. Ranks that wrote none here
     (another node's run directory) come from the copy rank 0 gathered (ranks/rank0/sync-all.json), when there is

@@ -255,3 +255,17 @@ class HeadLostDoc(TypedDict):
     exit_code: int
     last_verdict: str | None
     ranks: list[RankStateDoc]
+
+
+# ---- manifest.json's "ended": how the run ended (launch/launcher.py) ---------------------------------------
+
+
+class RunEndedDoc(TypedDict, total=False):
+    """How the run ended (rundir/schema.py: RunEnded): "exited" with the job's code, "hang", "signal" (ddpdoctor
+    was stopped: which signal), "ddpdoctor-error" (ddpdoctor itself failed: the error)."""
+
+    how: str
+    exit_code: int | None
+    signal: str
+    signum: int
+    error: str

@@ -39,6 +39,7 @@ PAIRS = [
     (run_records.HangDiagnosisDoc, schema.HangFileDiagnosis, set()),
     (run_records.PositionDoc, schema.Position, set()),
     (run_records.RankClassDoc, schema.HangClass, set()),
+    (run_records.RunEndedDoc, schema.RunEnded, set()),
     (preflight_record.RankPreflight, schema.PreflightRecord, set()),
     (preflight_record.CheckOutcome, schema.CheckRecord, set()),
     (preflight_record.DeviceFacts, schema.Devices, set()),
@@ -73,11 +74,15 @@ CEILINGS = {
     "logs": 2,  # an event's JSON (any event dataclass, for debugging a parser) x2
     "tensorboard_plugin": 0,
     "sync_api.py": 2,  # rundir's raw sync.json/data.json loader, torchrun's flags
-    # The job layer (issue 24): rank messages and store values (raw JSON in), HangVerdict/HeadLost/NodeInfo JSON
-    # out, capture requests and window parts through the store, the hang.json shapes. Still to type: the
-    # monitor's per-rank beat (a msgspec Struct from the transport) and live/'s health snapshot.
-    "job": 39,
-    "launch": 27,
+    # The job core (issue 25) takes rundir/records.py's shapes (a rank's beat, exit and status, hang.json,
+    # heartbeats.json) and its own (the store's envelope, capture requests, the head's word). Left: the store's
+    # raw values (get_many x2), click's keyword arguments (launch/flags.py), evidence maps (Finding.evidence and
+    # three rules' own), the raw JSON of a run file (artefacts.load_dict,
+    # manifest.load, rundir's sync.json/data.json loader x2).
+    "job": 2,
+    "launch": 1,
+    "findings": 4,
+    "rundir": 4,
     "live": 50,
 }
 # Left out: probes/ledger.py is reworked as a Flight Recorder source (issue 28) in the same round.
