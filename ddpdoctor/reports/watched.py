@@ -90,7 +90,12 @@ def torchrun_signals(run: RunDir) -> tuple[dict[int, str], set[int]]:
     return signals, roots
 
 
+<<<<<<< HEAD
 def torn_down_ranks(run: RunDir, statuses: dict[int, RankStatusDoc | None]) -> set[int]:
+=======
+# statuses: rundir/loaders.py rank_statuses' raw status.json documents (issue 25: typed by the job core's loader)
+def torn_down_ranks(run: RunDir, statuses: dict[int, dict[str, Any] | None]) -> set[int]:
+>>>>>>> t2
     """Silent ranks (no status) whose process torchrun's agent stopped itself after another worker ended, read from
     its log (RUN/torchrun/**/torchrun.log) and the ranks' info.json pids."""
     from ddpdoctor import safe_io
@@ -215,6 +220,7 @@ def _where(p: Position) -> str:
     return f"{what}, step {p.step}, at {p.call_site}"
 
 
+# raw JSON in: a schema-checked artefact as rundir's load_dict returns it
 def _read(path: Path) -> dict[str, Any] | None:
     """A run-directory artefact, validated against its schema (rundir/schema.py); None when absent."""
     from ddpdoctor.rundir import artefacts
