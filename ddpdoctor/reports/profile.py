@@ -43,12 +43,7 @@ def assemble(run: RunDir, schedule: Schedule, *, locked: bool, nccl_debug: bool 
     return report
 
 
-<<<<<<< HEAD
 def window_parts(findings: list[Finding], statuses: dict[int, RankStatusDoc | None], schedule: Schedule,
-=======
-# statuses: rundir/loaders.py rank_statuses' raw status.json documents (issue 25: typed by the job core's loader)
-def window_parts(findings: list[Finding], statuses: dict[int, dict[str, Any] | None], schedule: Schedule,
->>>>>>> t2
                  traced: bool) -> tuple[list[Finding], list[str]]:
     """What `profile` says about its own window (docs/profile.md): a script that ended before the profiled steps
     (findings/window.py's rule), and ranks that stopped once the window was written."""

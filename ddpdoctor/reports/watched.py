@@ -90,12 +90,7 @@ def torchrun_signals(run: RunDir) -> tuple[dict[int, str], set[int]]:
     return signals, roots
 
 
-<<<<<<< HEAD
 def torn_down_ranks(run: RunDir, statuses: dict[int, RankStatusDoc | None]) -> set[int]:
-=======
-# statuses: rundir/loaders.py rank_statuses' raw status.json documents (issue 25: typed by the job core's loader)
-def torn_down_ranks(run: RunDir, statuses: dict[int, dict[str, Any] | None]) -> set[int]:
->>>>>>> t2
     """Silent ranks (no status) whose process torchrun's agent stopped itself after another worker ended, read from
     its log (RUN/torchrun/**/torchrun.log) and the ranks' info.json pids."""
     from ddpdoctor import safe_io
