@@ -12,6 +12,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, ClassVar, TypedDict, TypeVar
 
+from ddpdoctor.job.role import NodeInfoDoc
 from ddpdoctor.jsontypes import JsonObject
 from ddpdoctor.logs.events import TimelineRow
 from ddpdoctor.preflight.checks import CheckRowJson
@@ -257,7 +258,7 @@ class NodeSection(Section):
     ``is_head``, ``head``); a job of one node has none."""
 
     KEYS: ClassVar[tuple[str, ...]] = ("node",)
-    node: JsonObject
+    node: NodeInfoDoc
 
 
 COMMAND_SECTIONS: dict[str, tuple[type[Section], ...]] = {

@@ -14,6 +14,7 @@ import pytest
 
 from ddpdoctor.preflight import record as preflight_record
 from ddpdoctor.probes import records
+from ddpdoctor.rundir import records as run_records
 from ddpdoctor.rundir import schema
 
 PKG = Path(__file__).resolve().parents[2] / "ddpdoctor"
@@ -31,6 +32,14 @@ PAIRS = [
     (records.LoaderDoc, schema.LoaderRecord, set()),
     (records.EpochRecord, schema.LoaderEpoch, set()),
     (records.Beat, schema.Beat, set()),
+    (run_records.RankExitDoc, schema.RankExit, set()),
+    (run_records.RankBeatsDoc, schema.RankBeats, set()),
+    (run_records.HeartbeatsDoc, schema.Heartbeats, set()),
+    (run_records.HangDoc, schema.Hang, set()),
+    (run_records.HangDiagnosisDoc, schema.HangFileDiagnosis, set()),
+    (run_records.PositionDoc, schema.Position, set()),
+    (run_records.RankClassDoc, schema.HangClass, set()),
+    (run_records.RunEndedDoc, schema.RunEnded, set()),
     (preflight_record.RankPreflight, schema.PreflightRecord, set()),
     (preflight_record.CheckOutcome, schema.CheckRecord, set()),
     (preflight_record.DeviceFacts, schema.Devices, set()),
@@ -66,11 +75,15 @@ CEILINGS = {
     "tensorboard_plugin": 0,
     "sync_api.py": 0,
     # renderers/, reports/, commands/ and report.py: tests/unit/test_typed_reports.py
-    # The job layer (issue 24): rank messages and store values (raw JSON in), HangVerdict/HeadLost/NodeInfo JSON
-    # out, capture requests and window parts through the store, the hang.json shapes. Still to type: the
-    # monitor's per-rank beat (a msgspec Struct from the transport) and live/'s health snapshot.
-    "job": 39,
-    "launch": 27,
+    # The job core (issue 25) takes rundir/records.py's shapes (a rank's beat, exit and status, hang.json,
+    # heartbeats.json) and its own (the store's envelope, capture requests, the head's word). Left: the store's
+    # raw values (get_many x2), click's keyword arguments (launch/flags.py), evidence maps (Finding.evidence and
+    # three rules' own), the raw JSON of a run file (artefacts.load_dict,
+    # manifest.load, rundir's sync.json/data.json loader x2).
+    "job": 2,
+    "launch": 1,
+    "findings": 4,
+    "rundir": 4,
     # A rank's raw message (the monitor's plugin hook), alerts.jsonl and the monitors' capture records read back
     # (raw JSON in); everything live/ writes is typed (live/records.py).
     "live": 3,
