@@ -26,12 +26,13 @@ _RANK_TRACE = re.compile(r"^rank(\d{1,7})\.")
 
 
 class CaptureRequest(TypedDict, total=False):
-    """A capture request as it goes from the head's live watch through the store to every node's: which window
+    """A capture request as `ddpdoctor capture` leaves it in a node's control folder (live/capture.py) and as it
+    goes from the head's live watch through the store to every node's: which window
     (``what``, ``steps``), from which iteration on (``at_step``), why."""
 
     id: str
     what: str
-    steps: int
+    steps: int | None  # None: a kind without a window ("stacks"), as `ddpdoctor capture` writes it
     at_step: int
     reason: str
 

@@ -13,8 +13,9 @@ from pathlib import Path
 from typing import Any
 
 from ddpdoctor.errors import BadInput
+from ddpdoctor.job.capture_relay import CaptureRequest
 from ddpdoctor.live.health import node_names
-from ddpdoctor.live.records import CaptureRequest, PickedUp
+from ddpdoctor.live.records import PickedUp
 from ddpdoctor.live.stacks import group_stacks, stacks_text
 from ddpdoctor.live.status import load_status
 from ddpdoctor.live.watch import captures_dir, control_dir

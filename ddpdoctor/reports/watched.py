@@ -4,9 +4,6 @@ files through rundir/; the rules live in findings/hang.py and findings/job.py.""
 
 from __future__ import annotations
 
-from pathlib import Path
-from typing import Any
-
 from ddpdoctor.findings.job import ended_findings
 from ddpdoctor.findings.model import Finding
 from ddpdoctor.report import Report
@@ -108,8 +105,9 @@ def torn_down_ranks(run: RunDir, statuses: dict[int, RankStatusDoc | None]) -> s
             continue
     out = set()
     for r in silent:
-        info = _read(run.rank_file(r, "info.json")) or {}
-        if isinstance(info.get("pid"), int) and info["pid"] in pids:
+        path = run.rank_file(r, "info.json")
+        info = artefacts.load(path, RankInfo) if path.exists() else None
+        if info is not None and info.pid in pids:
             out.add(r)
     return out
 
@@ -213,11 +211,3 @@ def _where(p: Position) -> str:
     else:
         what = f"{p.state} (phase {p.phase})"
     return f"{what}, step {p.step}, at {p.call_site}"
-
-
-# raw JSON in: a schema-checked artefact as rundir's load_dict returns it
-def _read(path: Path) -> dict[str, Any] | None:
-    """A run-directory artefact, validated against its schema (rundir/schema.py); None when absent."""
-    from ddpdoctor.rundir import artefacts
-
-    return artefacts.load_dict(path) if path.exists() else None
