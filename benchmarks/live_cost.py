@@ -82,7 +82,7 @@ def messages_us(n: int = 20000, rounds: int = 5) -> tuple[float, float]:
     import threading
     from types import SimpleNamespace
 
-    from ddpdoctor.probes.heartbeat import _backward_line, _enter_line
+    from ddpdoctor.probes.heartbeat_lines import backward_line, enter_line
 
     a, b = socket.socketpair()
     threading.Thread(target=lambda: [None for _ in iter(lambda: b.recv(1 << 16), b"")], daemon=True).start()
@@ -96,8 +96,8 @@ def messages_us(n: int = 20000, rounds: int = 5) -> tuple[float, float]:
             a.sendall(make())
         return (time.perf_counter() - t0) / n * 1e6
 
-    bwd = min(timed(lambda: _backward_line("/job/train.py:91", time.time(), tracker)) for _ in range(rounds))
-    enter = min(timed(lambda: _enter_line(state)) for _ in range(rounds))
+    bwd = min(timed(lambda: backward_line("/job/train.py:91", time.time(), tracker)) for _ in range(rounds))
+    enter = min(timed(lambda: enter_line(state)) for _ in range(rounds))
     a.close()
     return bwd, enter
 

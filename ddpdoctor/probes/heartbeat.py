@@ -30,6 +30,15 @@ import torch
 import torch.distributed as dist
 
 from ddpdoctor.probes import live
+from ddpdoctor.probes.heartbeat_lines import (
+    backward_line,
+    collective_sizes,
+    enter_line,
+    group_info,
+    main_thread_site,
+    main_tid,
+    user_call_site,
+)
 from ddpdoctor.probes.records import Beat, CollectiveState, Dump, RankStatusDoc
 from ddpdoctor.probes.requests import REQUEST_HANDLERS, RequestHandler, register_request
 
@@ -46,86 +55,6 @@ DUMP_SIGNAL = signal.SIGUSR2
 TOKEN_ENV = "DDPDOCTOR_MONITOR_TOKEN"  # launch/transport.py's; not imported: a rank loads no launcher code
 REQUEST_MAX = 1 << 20  # bytes of one request line from the monitor
 TICK_S = 0.2
-_TORCH_DIR = os.path.dirname(torch.__file__) + os.sep
-_OUR_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__))) + os.sep
-
-
-def user_call_site(skip: int = 2) -> str | None:
-    """file:line of the first frame outside torch and ddpdoctor (the user's code that called us)."""
-    try:
-        frame: Any = sys._getframe(skip)
-    except ValueError:
-        return None
-    while frame is not None:
-        fname = frame.f_code.co_filename
-        if not fname.startswith((_TORCH_DIR, _OUR_DIR)) and not fname.startswith("<"):
-            return f"{fname}:{frame.f_lineno}"
-        frame = frame.f_back
-    return None
-
-
-_STDLIB = os.path.dirname(os.__file__) + os.sep
-
-
-def main_thread_site() -> str | None:
-    """file:line of the innermost user frame of the main thread (where a rank outside collectives is)."""
-    frame: Any = sys._current_frames().get(threading.main_thread().ident or -1)
-    while frame is not None:
-        fname = frame.f_code.co_filename
-        if not fname.startswith((_TORCH_DIR, _OUR_DIR, _STDLIB)) and not fname.startswith("<"):
-            return f"{fname}:{frame.f_lineno}"
-        frame = frame.f_back
-    return None
-
-
-def _main_tid() -> int | None:
-    """The training thread's kernel id: busy is judged on its own CPU and I/O (/proc/PID/task/TID), not on the
-    process, whose gloo I/O threads (NCCL's watchdog, data-loader threads) keep spinning while it is stuck."""
-    return threading.main_thread().native_id
-
-
-# args/kwargs: the user's own call of a collective, as torch.distributed received it
-def _sizes(args: tuple[Any, ...], kwargs: dict[str, Any]) -> list[list[int]]:
-    out: list[list[int]] = []
-    for a in list(args[:2]) + list(kwargs.values()):
-        if isinstance(a, torch.Tensor):
-            out.append(list(a.shape))
-        elif isinstance(a, (list, tuple)) and a and isinstance(a[0], torch.Tensor):
-            out.append(list(a[0].shape))
-    return out
-
-
-def _group_info(group: Any) -> tuple[str, int | None]:
-    """(group name, collectives launched so far on it) for ``group`` (None: the default group)."""
-    try:
-        default = dist.distributed_c10d._get_default_group()
-        pg = group if group is not None else default
-        name = "default_pg" if pg is default else dist.distributed_c10d._world.pg_names.get(pg, "?")
-        # Private ProcessGroup API, absent from torch's stubs; a backend without it lands in the except below.
-        return str(name), int(pg._get_sequence_number_for_group())  # type: ignore[union-attr]
-    except Exception:  # noqa: BLE001 - not initialised yet, or a backend without sequence numbers
-        return "default_pg", None
-
-
-def _enter_line(state: CollectiveState) -> bytes:
-    """The "enter" message, formatted by hand: json.dumps of the dict costs ~10x more on the user's thread."""
-    seq = "null" if state["seq"] is None else int(state["seq"])
-    return (
-        f'{{"type":"enter","collective":{{"op":"{state["op"]}","group":{json.dumps(state["group"])},"seq":{seq},'
-        f'"sizes":{state["sizes"]},"call_site":{json.dumps(state["call_site"])},"since":{state["since"]!r},'
-        f'"step":{state["step"]}}}}}\n'
-    ).encode()
-
-
-def _backward_line(call_site: str | None, since: float, tracker: Any) -> bytes:
-    """The "backward" message (the rank entered backward(), where DDP all-reduces its buckets), formatted by hand.
-    It carries the step and its start, so the monitor never lays "in backward" over an older step's beat."""
-    name, seq = _group_info(None)
-    return (
-        f'{{"type":"backward","step":{int(tracker.step)},"step_started":{float(tracker.step_started)!r},'
-        f'"backward":{{"call_site":{json.dumps(call_site)},"since":{since!r},"group":{json.dumps(name)},'
-        f'"seq":{"null" if seq is None else int(seq)}}}}}\n'
-    ).encode()
 
 
 class HeartbeatProbe:
@@ -234,10 +163,10 @@ class HeartbeatProbe:
             group = kwargs.get("group")
             if group is None:  # passed by position (all_reduce(t, op, group))
                 group = next((a for a in args[1:] if isinstance(a, dist.ProcessGroup)), None)
-            name, seq = _group_info(group)
+            name, seq = group_info(group)
             state: CollectiveState = {
                 "op": op, "group": name, "seq": None if seq is None else seq + 1,
-                "sizes": _sizes(args, kwargs), "call_site": user_call_site(), "since": time.time(),
+                "sizes": collective_sizes(args, kwargs), "call_site": user_call_site(), "since": time.time(),
                 "step": probe.tracker.step,
             }
             if kwargs.get("async_op"):
@@ -247,7 +176,7 @@ class HeartbeatProbe:
             probe.tracker.collective_started()  # its time counts as "collective" in the live phase shares (h18)
             # Told at once (one small send): gloo aborts the process within milliseconds of a mismatch,
             # before the next beat; the monitor then still knows which collective this rank was in.
-            probe._send_raw(_enter_line(state))
+            probe._send_raw(enter_line(state))
             try:
                 return fn(*args, **kwargs)
             except BaseException as exc:
@@ -280,12 +209,12 @@ class HeartbeatProbe:
                 probe.tracker.phase = "backward"
                 # Told at once, as a collective's "enter" is: DDP's bucket all-reduces run in here, and a peer's
                 # mismatch can abort this rank within milliseconds, before the next beat says where it was.
-                probe._send_raw(_backward_line(probe.backward_site, probe.backward_since, probe.tracker))
+                probe._send_raw(backward_line(probe.backward_site, probe.backward_since, probe.tracker))
             try:
                 return orig(*args, **kwargs)
             except BaseException as exc:
                 if outer:
-                    name, seq = _group_info(None)
+                    name, seq = group_info(None)
                     probe.failed_collective = {
                         "op": "backward (DDP gradient all-reduce)", "group": name, "seq": seq, "sizes": [],
                         "call_site": probe.backward_site, "step": probe.tracker.step,
@@ -308,14 +237,14 @@ class HeartbeatProbe:
             "phase": t.phase, "step_started": t.step_started, "last_step_s": t.step_times[-1] if t.step_times else None,
             "max_step_s": max(t.step_times[1:], default=None) if len(t.step_times) > 1 else None,
             "collective": self.collective, "last_collective": self.last_collective,
-            "where": main_thread_site(), "tid": threading.get_native_id(), "main_tid": _main_tid(),
+            "where": main_thread_site(), "tid": threading.get_native_id(), "main_tid": main_tid(),
             "steps": live.recent_steps(t),  # per-iteration times and phases, for the live health watch (h18)
         }
         if self.summary:  # the last step's small numbers (e.g. probes/ledger.py's): RankRecord.summary
             out["summary"] = dict(self.summary)
         if self.backward_since is not None:
             # DDP's reducer all-reduces buckets during backward: where the default group's count stands.
-            name, seq = _group_info(None)
+            name, seq = group_info(None)
             out["backward"] = {"call_site": self.backward_site, "since": self.backward_since, "group": name, "seq": seq}
         return out
 
@@ -345,7 +274,7 @@ class HeartbeatProbe:
             sock.settimeout(2.0)
             self._sock = sock
             self._send({"type": "hello", "token": self._token, "rank": self.rank, "pid": os.getpid(),
-                        "world_size": self.world_size, "main_tid": _main_tid()})
+                        "world_size": self.world_size, "main_tid": main_tid()})
         except OSError:
             self._sock = None
 

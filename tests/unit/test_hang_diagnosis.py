@@ -167,7 +167,7 @@ def test_a_rank_back_from_a_long_checkpoint_entering_backward_is_moving_not_hung
     from types import SimpleNamespace
 
     from ddpdoctor.launch.monitor import STUCK_S
-    from ddpdoctor.probes.heartbeat import _backward_line
+    from ddpdoctor.probes.heartbeat_lines import backward_line
 
     now = time.time()
     started = now - 70.0  # step 4 ended 70 s ago; rank 0 then wrote a checkpoint for 70 s
@@ -177,7 +177,7 @@ def test_a_rank_back_from_a_long_checkpoint_entering_backward_is_moving_not_hung
                  1: RankLink(1, beat=beat(4, "backward", step_started=started,
                                           backward={"call_site": "train.py:31", "since": started, "seq": 9}))}
     tracker = SimpleNamespace(step=4, step_started=started)
-    mon._on_message(0, json.loads(_backward_line("train.py:31", now, tracker)))
+    mon._on_message(0, json.loads(backward_line("train.py:31", now, tracker)))
     b0 = mon.links[0].beat
     assert b0["step"] == 4 and b0["step_started"] == started and b0["where"] == "train.py:40"
     assert position(0, b0, None).op == DDP_BUCKETS and position(0, b0, None).call_site == "train.py:31"

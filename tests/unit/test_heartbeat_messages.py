@@ -4,15 +4,15 @@ from __future__ import annotations
 
 import json
 
-from ddpdoctor.probes.heartbeat import _enter_line, user_call_site
+from ddpdoctor.probes.heartbeat_lines import enter_line, user_call_site
 
 
 def test_enter_line_round_trips() -> None:
     state = {"op": "all_reduce", "group": "default_pg", "seq": 3, "sizes": [[1, 4], []],
              "call_site": '/x/"odd" dir/y.py:3', "since": 1795364881.9044087, "step": 3}
-    assert json.loads(_enter_line(state)) == {"type": "enter", "collective": state}
+    assert json.loads(enter_line(state)) == {"type": "enter", "collective": state}
     state.update(seq=None, call_site=None)
-    assert json.loads(_enter_line(state))["collective"] == state
+    assert json.loads(enter_line(state))["collective"] == state
 
 
 def test_user_call_site_is_the_caller_outside_ddpdoctor() -> None:
