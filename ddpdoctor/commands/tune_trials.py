@@ -81,7 +81,7 @@ class Experiment:
     # -- 1. the profiled launch: what can matter for this model -------------------------------------------------
     def profile(self, extra_caps: list[float]) -> Preparation:
         from ddpdoctor.analyses.pipeline import analyze_paths
-        from ddpdoctor.findings.perf_balance import rule_ddp_flags
+        from ddpdoctor.findings.perf_ddp_flags import rule_ddp_flags
         from ddpdoctor.findings.tune import gradients_per_step
 
         run = RunDir(self.root / "profile")

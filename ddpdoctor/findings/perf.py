@@ -18,11 +18,11 @@ from ddpdoctor.findings.perf_balance import (
     median_step_us,
     ms,
     rule_data_wait,
-    rule_ddp_flags,
     rule_step_variance,
     rule_stragglers,
     run_step_us,
 )
+from ddpdoctor.findings.perf_ddp_flags import rule_ddp_flags
 from ddpdoctor.findings.perf_sync_in_backward import rule_sync_in_backward
 from ddpdoctor.findings.perf_verdict import (
     COMM_GROUP,

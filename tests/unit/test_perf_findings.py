@@ -243,9 +243,10 @@ def test_every_threshold_is_a_documented_constant():
     from pathlib import Path
 
     doc = (Path(__file__).resolve().parents[2] / "docs" / "findings.md").read_text()
-    from ddpdoctor.findings import perf_balance
+    from ddpdoctor.findings import perf_balance, perf_ddp_flags, perf_sync_in_backward, perf_whatif
 
-    names = [n for m in (perf, perf_balance) for n in vars(m) if n.isupper() and not n.startswith("_")
+    names = [n for m in (perf, perf_balance, perf_ddp_flags, perf_sync_in_backward, perf_whatif)
+             for n in vars(m) if n.isupper() and not n.startswith("_")
              and n not in {"RULES", "MIB"}]
     assert len(names) > 15 and all(n in doc for n in names), [n for n in names if n not in doc]
     for rule in perf.RULES:
