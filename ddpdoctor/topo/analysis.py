@@ -7,7 +7,7 @@ from collections import Counter
 from dataclasses import dataclass, field
 
 from ddpdoctor.topo import versions
-from ddpdoctor.topo.nccl_log import ConnStat, Line, NcclLog
+from ddpdoctor.topo.parsed_log import ConnStat, Line, NcclLog
 from ddpdoctor.topo.section_types import (
     Channels,
     GpuRow,

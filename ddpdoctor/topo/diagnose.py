@@ -12,7 +12,8 @@ from ddpdoctor.logs.lines import strip_collector
 from ddpdoctor.safe_io import max_input_bytes, read_bytes
 from ddpdoctor.terminal_text import strip_ansi
 from ddpdoctor.topo import analysis, evidence
-from ddpdoctor.topo.nccl_log import NcclLog, parse_lines
+from ddpdoctor.topo.nccl_log import parse_lines
+from ddpdoctor.topo.parsed_log import NcclLog
 from ddpdoctor.topo.rules import log_findings
 from ddpdoctor.topo.rules_xml import xml_findings
 from ddpdoctor.topo.section_types import TopoSections

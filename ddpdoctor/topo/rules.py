@@ -8,7 +8,7 @@ from collections.abc import Callable
 from ddpdoctor.findings.model import Finding, Severity
 from ddpdoctor.topo import versions
 from ddpdoctor.topo.analysis import Facts, evidence_lines
-from ddpdoctor.topo.nccl_log import Line
+from ddpdoctor.topo.parsed_log import Line
 from ddpdoctor.topo.rules_common import env as _env
 from ddpdoctor.topo.rules_common import env_all as _env_all
 from ddpdoctor.topo.rules_gpu import (

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from ddpdoctor.topo.analysis import Facts
-from ddpdoctor.topo.nccl_log import HostInfo, Line
+from ddpdoctor.topo.parsed_log import HostInfo, Line
 
 
 def env(host: HostInfo, name: str) -> tuple[str, Line] | None:

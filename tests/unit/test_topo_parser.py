@@ -9,7 +9,8 @@ from hypothesis import strategies as st
 
 from ddpdoctor.topo import versions
 from ddpdoctor.topo.diagnose import diagnose
-from ddpdoctor.topo.nccl_log import NcclLog, parse_lines, parse_text, transport_kind
+from ddpdoctor.topo.nccl_log import parse_lines, parse_text, transport_kind
+from ddpdoctor.topo.parsed_log import NcclLog
 from ddpdoctor.topo.topo_xml import nearest_nic, parse_topo_xml, path_type
 
 FIX = Path(__file__).resolve().parents[1] / "fixtures" / "nccl"
