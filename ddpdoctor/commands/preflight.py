@@ -34,10 +34,10 @@ from ddpdoctor.preflight.merge import (
     MergeOptions,
     load_records,
     merge,
-    topology_input,
 )
 from ddpdoctor.preflight.netprobe import probe_tcp
 from ddpdoctor.preflight.record import Records
+from ddpdoctor.preflight.topology_check import topology_input
 from ddpdoctor.probes.config import ProbeOptions
 from ddpdoctor.report import Report
 from ddpdoctor.rundir.layout import RunDir

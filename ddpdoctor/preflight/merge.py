@@ -17,6 +17,7 @@ from ddpdoctor.findings.model import Finding
 from ddpdoctor.preflight.checks import CHECKS, FAIL, PASS, SKIPPED, WARN, CheckResult
 from ddpdoctor.preflight.nccltable import BandwidthRow, plateau_busbw
 from ddpdoctor.preflight.record import CheckOutcome, IbPort, RankPreflight, Records
+from ddpdoctor.preflight.topology_check import check_topology
 
 # Expected busbw floor across nodes: this share of the slowest node's summed ACTIVE IB/RoCE port rate (GB/s).
 # Healthy 2-node runs reach 1.2x (8x400G, ../shared nccl_tests 01) and 1.7x (8x200G TCPXO, 02) of that sum; the same
@@ -371,35 +372,6 @@ def check_clock_skew(records: Records, opts: MergeOptions) -> CheckResult:
     if skew >= CLOCK_SKEW_WARN_MS:
         return CheckResult("clock_skew", WARN, summary, evidence, [int(worst_rank)], advice)
     return CheckResult("clock_skew", PASS, summary, evidence)
-
-
-def topology_input(result: Any) -> list[Finding] | str:
-    """Normalise ddpdoctor.topo.capture.analyze_run_dir's (section, findings) into findings, or the reason there
-    are none (NCCL not used, no NCCL lines)."""
-    if isinstance(result, tuple) and len(result) == 2:
-        section, findings = result
-        if isinstance(section, dict) and section.get("nccl_used") is False:
-            return f"NCCL not used: {section.get('reason', 'no NCCL output')}"
-        result = findings
-    if isinstance(result, list) and all(isinstance(f, Finding) for f in result):
-        return result
-    return "the topology analysis returned no findings list"
-
-
-def check_topology(topo: list[Finding] | str | None) -> CheckResult:
-    """The topo helper's findings (a list), or why they are absent (a string). Info findings do not warn."""
-    if topo is None or isinstance(topo, str):
-        return CheckResult("nccl_topology", SKIPPED, topo or "NCCL not used", {})
-    worst = max((f.severity.rank for f in topo), default=-1)
-    status = FAIL if worst >= 2 else WARN if worst == 1 else PASS
-    serious = [f for f in topo if f.severity.rank >= 1]
-    summary = (f"{len(serious)} findings: {', '.join(f.id for f in serious[:4])}" if serious
-               else "no topology problems")
-    evidence = {"findings": [{"id": f.id, "severity": f.severity.value, "title": f.title, "advice": f.advice}
-                             for f in topo]}
-    ranks = sorted({r for f in serious for r in f.ranks})
-    return CheckResult("nccl_topology", status, summary, evidence, ranks,
-                       "See each topology finding's advice (docs/findings.md).")
 
 
 def merge(records: Records, opts: MergeOptions, topo: list[Finding] | str | None = None) -> list[CheckResult]:

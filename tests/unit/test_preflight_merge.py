@@ -7,8 +7,9 @@ import copy
 import pytest
 
 from ddpdoctor.preflight.checks import CHECKS, exit_code
-from ddpdoctor.preflight.merge import MergeOptions, check_topology, merge, slow_ranks
+from ddpdoctor.preflight.merge import MergeOptions, merge, slow_ranks
 from ddpdoctor.preflight.nccltable import make_row
+from ddpdoctor.preflight.topology_check import check_topology
 
 
 def _rec(rank: int, world: int = 2, host: str = "node0", gflops: float = 100.0) -> dict:
@@ -163,7 +164,7 @@ def test_topology_rows():
 
 def test_topology_input_from_analyze_run_dir_shape():
     from ddpdoctor.findings.model import Finding, Severity
-    from ddpdoctor.preflight.merge import topology_input
+    from ddpdoctor.preflight.topology_check import topology_input
 
     not_used = ({"nccl_used": False, "reason": "the ranks printed no NCCL lines"}, [])
     assert topology_input(not_used) == "NCCL not used: the ranks printed no NCCL lines"
