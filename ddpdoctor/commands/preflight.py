@@ -202,6 +202,7 @@ def torchrun_rendezvous_failure(torchrun: Mapping[str, object], code: int | None
         host, _, port = str(endpoint).rpartition(":")
     else:
         host, port = str(torchrun.get("--master-addr", "")), str(torchrun.get("--master-port", ""))
+    # an evidence map (shown and copied into the finding as it is)
     evidence: dict[str, Any] = {"stage": "torchrun node rendezvous", "torchrun_exit_code": code, "killed_by": killed_by,
                                 "endpoint": f"{host}:{port}" if host else None}
     cause = "unknown"

@@ -216,6 +216,7 @@ def _where(p: Position) -> str:
     return f"{what}, step {p.step}, at {p.call_site}"
 
 
+# raw JSON in: a schema-checked artefact as rundir's load_dict returns it
 def _read(path: Path) -> dict[str, Any] | None:
     """A run-directory artefact, validated against its schema (rundir/schema.py); None when absent."""
     from ddpdoctor.rundir import artefacts
