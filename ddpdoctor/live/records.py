@@ -12,6 +12,10 @@ from collections.abc import Mapping, Sequence
 from typing import TypedDict
 
 from ddpdoctor.analyses.ledger import CausedWaitJson
+
+# What `ddpdoctor capture` leaves in a node's control folder (RUN/live/NODE/control/req-ID.json) is the request the
+# job's head relays to the other nodes: one shape, defined in the job layer below live/.
+from ddpdoctor.job.capture_relay import CaptureRequest as CaptureRequest
 from ddpdoctor.jsontypes import JsonObject
 
 
@@ -150,16 +154,6 @@ class StatusDoc(TypedDict):
     live: bool
     health: Mapping[str, object] | None
     age_s: float | None
-
-
-class CaptureRequest(TypedDict, total=False):
-    """What `ddpdoctor capture` leaves in a node's control folder (RUN/live/NODE/control/req-ID.json)."""
-
-    id: str
-    what: str  # "profile" | "check-sync" | "stacks"
-    steps: int | None
-    at_step: int  # several nodes: the one iteration every node starts on
-    reason: str
 
 
 class PickedUp(TypedDict):
