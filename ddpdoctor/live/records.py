@@ -13,6 +13,10 @@ from collections.abc import Mapping, Sequence
 from typing import TypedDict
 
 from ddpdoctor.analyses.ledger import CausedWaitJson
+
+# What `ddpdoctor capture` leaves in a node's control folder (RUN/live/NODE/control/req-ID.json) is the request the
+# job's head relays to the other nodes: one shape, defined in the job layer below live/.
+from ddpdoctor.job.capture_relay import CaptureRequest as CaptureRequest
 from ddpdoctor.jsontypes import JsonObject
 
 

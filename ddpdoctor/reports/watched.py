@@ -1,6 +1,6 @@
 """The report of a watched run (run, profile, check-sync): the job's own findings, then the hang, crash and --debug
 findings, and the typed hang section. Reads RUN/hang.json, RUN/heartbeats.json and the ranks' status and stderr
-files through rundir/; the rules live in findings/hang.py and findings/job.py."""
+files through rundir/; the rules live in findings/hang.py, findings/crash.py and findings/job.py."""
 
 from __future__ import annotations
 
@@ -92,7 +92,7 @@ def torn_down_ranks(run: RunDir, statuses: dict[int, RankStatusDoc | None]) -> s
     its log (RUN/torchrun/**/torchrun.log) and the ranks' info.json pids."""
     from ddpdoctor import safe_io
     from ddpdoctor.errors import BadInput
-    from ddpdoctor.findings.hang import torchrun_stopped_pids
+    from ddpdoctor.findings.crash import torchrun_stopped_pids
 
     silent = [r for r, s in statuses.items() if s is None]
     if not silent:
@@ -138,7 +138,8 @@ def monitor_notes(heartbeats: Heartbeats | None) -> list[str]:
 def watch_findings(run: RunDir, debug: bool = False, stopped: bool = False) -> list[Finding]:
     """Findings from RUN/hang.json, the ranks' status files and (with --debug) their stderr. ``stopped``: ddpdoctor
     was stopped by a signal and stopped the job, so ranks that died of that stop are not crashes."""
-    from ddpdoctor.findings.hang import crash_findings, hang_findings, is_victim, stall_findings
+    from ddpdoctor.findings.crash import crash_findings, is_victim
+    from ddpdoctor.findings.hang import hang_findings, stall_findings
 
     findings: list[Finding] = []
     statuses = rank_statuses(run)
