@@ -13,7 +13,7 @@ import re
 from dataclasses import dataclass
 from statistics import mean
 
-from ddpdoctor.rundir.schema import BandwidthRow  # the record a preflight.json carries
+from ddpdoctor.rundir.schema_preflight import BandwidthRow  # the record a preflight.json carries
 
 DTYPE_BYTES = {"float": 4, "half": 2, "bfloat16": 2, "double": 8, "int32": 4, "int64": 8, "int8": 1, "uint8": 1}
 

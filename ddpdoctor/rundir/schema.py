@@ -9,15 +9,15 @@ version in VERSIONS only when an existing field changes meaning."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 import msgspec
 
-# Every artefact's schema is importable from here; the base types and check-sync's files have modules of their own
-# (schema_base.py, schema_sync.py), re-exported below.
+# Every artefact's schema is importable from here; the base types, check-sync's files and the preflight's have
+# modules of their own (schema_base.py, schema_sync.py, schema_preflight.py), re-exported below.
 from ddpdoctor.rundir.schema_base import Artefact as Artefact
 from ddpdoctor.rundir.schema_base import Json as Json
 from ddpdoctor.rundir.schema_base import Number as Number
+from ddpdoctor.rundir.schema_preflight import PreflightGathered as PreflightGathered
+from ddpdoctor.rundir.schema_preflight import PreflightRecord as PreflightRecord
 from ddpdoctor.rundir.schema_sync import DataRecord as DataRecord
 from ddpdoctor.rundir.schema_sync import DatasetFingerprint as DatasetFingerprint
 from ddpdoctor.rundir.schema_sync import Equivalence as Equivalence
@@ -42,21 +42,6 @@ from ddpdoctor.rundir.summary_records import (
     RankMetrics,
     SyncCall,
 )
-
-
-@dataclass(frozen=True)
-class BandwidthRow:
-    """One all_reduce size of a bandwidth sweep, as nccl-tests prints it (preflight/nccltable.py computes it)."""
-
-    size_bytes: int
-    count: int
-    dtype: str
-    redop: str
-    time_us: float
-    algbw_gbps: float
-    busbw_gbps: float
-    wrong: int | None = None  # nccl-tests' "#wrong" (or "error") column, when there is one
-
 
 # ---- the DDP layout a rank recorded (info.json, manifest.json ddp_modules) -----------------------------------
 
@@ -308,63 +293,6 @@ class Hang(Artefact, kw_only=True):
     heartbeats: dict[int, Beat | None] = {}
     flight_recorder: dict[int, Json] = {}
     classes: list[HangClass] | None = None  # multi-node: ranks grouped by state and stack
-
-
-# ---- preflight: ranks/rankR/preflight.json and RUN/preflight.json ----------------------------------------------
-
-class ProbeCause(msgspec.Struct, kw_only=True):
-    cause: str | None = None
-    detail: str | None = None
-
-
-class CheckEvidence(msgspec.Struct, kw_only=True):
-    """The evidence fields the preflight merge reads (each check fills some of them)."""
-
-    missing_ranks: list[int] = []
-    probe: ProbeCause | None = None
-    error: str | None = None
-    master_addr: str | None = None
-    master_port: int | str | None = None
-    latency_us: Number | None = None
-    world_size: int | None = None
-    rows: list[BandwidthRow] = []  # the nccl-tests row dataclass itself
-    gflops: Number | None = None
-    offsets: dict[int, ClockOffset] = {}
-
-
-class ClockOffset(msgspec.Struct, kw_only=True):
-    offset_ms: Number
-    rtt_ms: Number
-
-
-class CheckRecord(msgspec.Struct, kw_only=True):
-    status: str = "fail"
-    summary: str | None = None
-    evidence: CheckEvidence = msgspec.field(default_factory=CheckEvidence)
-    seconds: Number | None = None
-
-
-class Devices(msgspec.Struct, kw_only=True):
-    cuda_available: bool | None = None
-    count: int | None = None
-    uuid: str | list[str] | None = None
-
-
-class PreflightRecord(Artefact, kw_only=True):
-    rank: int
-    world_size: int | None = None
-    local_rank: int | None = None
-    host: str | None = None
-    backend: str | None = None
-    env: dict[str, str | None] = {}
-    dist_env: dict[str, str | None] = {}
-    versions: dict[str, str | int | float | bool | None] = {}
-    devices: Devices | None = None
-    checks: dict[str, CheckRecord] = {}
-
-
-class PreflightGathered(Artefact, kw_only=True):
-    ranks: dict[int, PreflightRecord] = {}
 
 
 class ReportFile(Artefact, kw_only=True):

@@ -15,7 +15,7 @@ import pytest
 from ddpdoctor.preflight import record as preflight_record
 from ddpdoctor.probes import records
 from ddpdoctor.rundir import records as run_records
-from ddpdoctor.rundir import schema
+from ddpdoctor.rundir import schema, schema_preflight
 
 PKG = Path(__file__).resolve().parents[2] / "ddpdoctor"
 
@@ -41,8 +41,8 @@ PAIRS = [
     (run_records.RankClassDoc, schema.HangClass, set()),
     (run_records.RunEndedDoc, schema.RunEnded, set()),
     (preflight_record.RankPreflight, schema.PreflightRecord, set()),
-    (preflight_record.CheckOutcome, schema.CheckRecord, set()),
-    (preflight_record.DeviceFacts, schema.Devices, set()),
+    (preflight_record.CheckOutcome, schema_preflight.CheckRecord, set()),
+    (preflight_record.DeviceFacts, schema_preflight.Devices, set()),
 ]
 
 
