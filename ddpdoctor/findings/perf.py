@@ -8,9 +8,10 @@ from collections import defaultdict
 from collections.abc import Callable
 from typing import Any
 
+from ddpdoctor.analyses.bucket_replay import MIB
 from ddpdoctor.analyses.intervals import bootstrap
 from ddpdoctor.analyses.results import Analysis
-from ddpdoctor.analyses.whatif import CANDIDATE_CAPS_MB, MIB, WhatIf, bucket_whatif, ddp_config
+from ddpdoctor.analyses.whatif import CANDIDATE_CAPS_MB, WhatIf, bucket_whatif, ddp_config
 from ddpdoctor.findings.framework_advice import comm_hook, ddp_option
 from ddpdoctor.findings.model import Finding, Severity
 from ddpdoctor.findings.perf_balance import (

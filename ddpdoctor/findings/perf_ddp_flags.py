@@ -5,8 +5,9 @@ from __future__ import annotations
 
 from collections import defaultdict
 
+from ddpdoctor.analyses.bucket_replay import MIB
 from ddpdoctor.analyses.results import Analysis
-from ddpdoctor.analyses.whatif import MIB, WhatIf, ddp_config
+from ddpdoctor.analyses.whatif import WhatIf, ddp_config
 from ddpdoctor.findings.framework_advice import ddp_option
 from ddpdoctor.findings.model import Finding, Severity
 

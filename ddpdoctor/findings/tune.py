@@ -7,9 +7,10 @@ from collections import defaultdict
 from dataclasses import dataclass, field
 from typing import Any
 
+from ddpdoctor.analyses.bucket_replay import MIB
 from ddpdoctor.analyses.results import Analysis
 from ddpdoctor.analyses.tune import BASELINE, OPTIONS, Setting, TuneResult, VariantResult, gpu_hours_per_day
-from ddpdoctor.analyses.whatif import MIB, WhatIf
+from ddpdoctor.analyses.whatif import WhatIf
 from ddpdoctor.findings.framework_advice import comm_hook, ddp_option, framework_of
 from ddpdoctor.findings.model import Finding, Severity
 from ddpdoctor.jsontypes import JsonObject

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from ddpdoctor.analyses.whatif import MIB
+from ddpdoctor.analyses.bucket_replay import MIB
 from ddpdoctor.findings import perf
 from ddpdoctor.findings.framework_advice import comm_hook, ddp_option, framework_of_files
 from ddpdoctor.findings.perf import perf_findings

@@ -6,7 +6,8 @@ from types import SimpleNamespace
 
 import pytest
 
-from ddpdoctor.analyses.whatif import MIB, bucket_whatif
+from ddpdoctor.analyses.bucket_replay import MIB
+from ddpdoctor.analyses.whatif import bucket_whatif
 from ddpdoctor.findings import perf
 from ddpdoctor.findings.model import Finding, Severity
 from ddpdoctor.findings.perf import perf_findings

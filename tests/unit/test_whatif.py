@@ -4,14 +4,14 @@ from __future__ import annotations
 
 import pytest
 
-from ddpdoctor.analyses.whatif import (
+from ddpdoctor.analyses.bucket_replay import (
     MIB,
     Grad,
     assign_buckets,
     bucket_limits,
-    bucket_whatif,
     simulate_step,
 )
+from ddpdoctor.analyses.whatif import bucket_whatif
 from tests.unit.analysis_builders import analysis, bucket, fit, grads, rank, step
 
 
@@ -188,7 +188,7 @@ def test_sizes_from_buckets_give_up_when_a_bucket_gets_no_gradient():
 
 
 def test_lanes_run_all_reduces_at_once_as_gloo_does():
-    from ddpdoctor.analyses.whatif import Grad, simulate_step
+    from ddpdoctor.analyses.bucket_replay import Grad, simulate_step
 
     # Two 1000-byte buckets (cap 1000 B), both ready at t=0, 100 B/us, no latency, backward ends at 0.
     grads = [Grad(0.0, 1000), Grad(0.0, 1000)]
@@ -201,8 +201,8 @@ def test_lanes_run_all_reduces_at_once_as_gloo_does():
 
 
 def test_observed_lanes_is_the_peak_overlap_per_step():
+    from ddpdoctor.analyses.bucket_replay import observed_lanes
     from ddpdoctor.analyses.results import Bucket
-    from ddpdoctor.analyses.whatif import observed_lanes
 
     def b(step, start, end):
         return Bucket(rank=0, step=step, index=0, bytes=1, start_us=start, end_us=end, dur_us=end - start,

@@ -1,0 +1,124 @@
+"""DDP's gradient bucketing and all_reduce queue, replayed (pure): the bucket limits a cap gives, how DDP assigns
+gradients in ready order to buckets, one simulated step on as many communication lanes as the run showed, and how
+many lanes that was (docs/whatif.md; analyses/whatif.py runs it for every candidate cap)."""
+
+from __future__ import annotations
+
+import statistics
+from collections import defaultdict
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from ddpdoctor.analyses.results import Bucket
+
+MIB = 1024 * 1024
+# torch.distributed._DEFAULT_FIRST_BUCKET_BYTES (1 MiB). DDP caps the first bucket (the last layers' gradients)
+# at this size ONLY when bucket_cap_mb is left at its default; an explicit bucket_cap_mb caps every bucket,
+# the first included (torch 2.13 nn/parallel/distributed.py, _BucketCapacityConfig.create; checked by running it).
+DEFAULT_FIRST_BUCKET_BYTES = 1 * MIB
+DEFAULT_BUCKET_CAP_MB = 25.0
+
+
+@dataclass(frozen=True)
+class Grad:
+    """One parameter's gradient became ready at ``t_us`` (``bytes`` of gradient)."""
+
+    t_us: float
+    bytes: int
+
+
+@dataclass
+class SimBucket:
+    index: int
+    bytes: int
+    params: int
+    ready_us: float  # its last gradient is ready
+    start_us: float  # its all_reduce starts (when launched and a communication lane is free)
+    end_us: float
+
+
+@dataclass
+class StepSim:
+    """One simulated step of one rank."""
+
+    buckets: list[SimBucket]
+    backward_end_us: float
+    exposed_us: float  # communication still running after backward ended: max(0, last end - backward end)
+    comm_us: float
+
+
+def bucket_limits(bucket_cap_mb: float | None) -> list[int]:
+    """DDP's size limits for (first bucket, every later bucket). ``None`` means the default (25 MiB, first 1 MiB)."""
+    if bucket_cap_mb is None:
+        return [DEFAULT_FIRST_BUCKET_BYTES, int(DEFAULT_BUCKET_CAP_MB * MIB)]
+    cap = int(bucket_cap_mb * MIB)
+    return [cap, cap]
+
+
+def assign_buckets(sizes: Sequence[int], limits: Sequence[int]) -> list[list[int]]:
+    """Indices of ``sizes`` (gradients in ready order) per bucket, as DDP's compute_bucket_assignment_by_size
+    does after its rebuild: add a gradient, close the bucket once it holds >= its limit (so one gradient larger
+    than the cap is a bucket of its own, and a bucket may overshoot by its last gradient). ``limits[k]`` is the
+    k-th bucket's limit; the last one repeats."""
+    if not limits:
+        raise ValueError("limits must not be empty")
+    out: list[list[int]] = []
+    cur: list[int] = []
+    size = 0
+    limit = limits[0]  # the current bucket's; looked up again only when a bucket closes
+    for i, s in enumerate(sizes):
+        cur.append(i)
+        size += s
+        if size >= limit:
+            out.append(cur)
+            cur, size = [], 0
+            limit = limits[min(len(out), len(limits) - 1)]
+    if cur:
+        out.append(cur)
+    return out
+
+
+def simulate_step(grads: Sequence[Grad], limits: Sequence[int], latency_us: float, bytes_per_us: float,
+                  backward_end_us: float | None = None, lanes: int = 1) -> StepSim:
+    """Bucket ``grads`` (sorted here by ready time), launch each bucket when its last gradient is ready and the
+    previous bucket was launched (DDP launches in bucket order), and run each all_reduce on the first free of
+    ``lanes`` communication lanes (1: one NCCL stream, a serial queue; gloo runs 2 worker threads):
+    start = max(launched, earliest lane free), dur = latency + bytes / bytes_per_us."""
+    ordered = sorted(grads, key=lambda g: g.t_us)
+    if not ordered:
+        return StepSim([], backward_end_us or 0.0, 0.0, 0.0)
+    bw_end = max(backward_end_us if backward_end_us is not None else ordered[-1].t_us, ordered[-1].t_us)
+    buckets: list[SimBucket] = []
+    launched = float("-inf")
+    lane_free = [float("-inf")] * max(1, lanes)
+    sizes = [g.bytes for g in ordered]
+    for b, idx in enumerate(assign_buckets(sizes, limits)):
+        # A bucket is a run of consecutive gradients in ready order: its bytes a slice's sum, ready at its last.
+        nbytes = sum(sizes[idx[0]:idx[-1] + 1])
+        ready = ordered[idx[-1]].t_us
+        launched = max(launched, ready)
+        lane = min(range(len(lane_free)), key=lane_free.__getitem__)
+        start = max(launched, lane_free[lane])
+        end = start + latency_us + nbytes / bytes_per_us
+        buckets.append(SimBucket(b, nbytes, len(idx), ready, start, end))
+        lane_free[lane] = end
+    comm = sum(b.end_us - b.start_us for b in buckets)
+    return StepSim(buckets, bw_end, max(0.0, max(b.end_us for b in buckets) - bw_end), comm)
+
+
+def observed_lanes(buckets: Sequence[Bucket]) -> int:
+    """How many all_reduces ran at once in this run: the most bucket intervals overlapping at one instant, per
+    (rank, step), median over them (at least 1). Durations measured while sharing the link are per-lane rates, so
+    the simulation must run as many at once as the run did."""
+    by_step: dict[tuple[int, int], list[tuple[float, float]]] = defaultdict(list)
+    for b in buckets:
+        by_step[(b.rank, b.step)].append((b.start_us, b.end_us))
+    peaks = []
+    for spans in by_step.values():
+        events = sorted([(s, 1) for s, _ in spans] + [(e, -1) for _, e in spans])  # an end before a start at a tie
+        running = peak = 0
+        for _, delta in events:
+            running += delta
+            peak = max(peak, running)
+        peaks.append(peak)
+    return max(1, int(statistics.median(peaks))) if peaks else 1
