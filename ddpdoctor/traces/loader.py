@@ -157,7 +157,11 @@ def no_gc() -> Iterator[None]:
 def load_raw(path: Path) -> RawTrace:
     """Decode one trace file; raise BadInput (one line naming the file) when it is not a usable trace."""
     path = Path(path)
-    data = read_bytes(path)
+    return raw_from_bytes(read_bytes(path), path)
+
+
+def raw_from_bytes(data: bytes, path: Path) -> RawTrace:
+    """Decode one trace file's bytes (read_bytes); BadInput as load_raw."""
     if not data.strip():
         raise BadInput("empty file", path)
     with no_gc():
