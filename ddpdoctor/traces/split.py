@@ -9,6 +9,7 @@ error. Each worker holds only its range's events: peak memory is the file's byte
 
 from __future__ import annotations
 
+import mmap
 import os
 import pickle
 import re
@@ -18,14 +19,25 @@ from typing import NamedTuple
 
 import msgspec
 
+from ddpdoctor import safe_io
 from ddpdoctor.errors import BadInput
-from ddpdoctor.traces.loader import _DOC, _EVENTS, RawTrace, TraceDoc, no_gc, raw_from_bytes, read_bytes
+from ddpdoctor.traces.loader import (
+    _DOC,
+    _EVENTS,
+    RawTrace,
+    TraceDoc,
+    load_raw,
+    no_gc,
+    raw_from_bytes,
+    read_bytes,
+)
 from ddpdoctor.traces.trace import Part, Trace, assemble, build_trace, scan
 
 MIN_SPLIT_BYTES = 32 << 20  # below this, forking and pickling cost more than a core saves
 _MAX_EDGE = 4 << 20  # the head (before the array) and tail (after it) are decoded as one small document
 _KEY = re.compile(rb'"traceEvents"\s*:\s*\[')
 _BETWEEN = re.compile(rb"\}\s*,\s*\{")  # between two events (or inside a string or a nested array: checked)
+Buffer = bytes | bytearray | mmap.mmap  # the file's bytes, or a private (writable) copy or map of them
 _DECODE_ERRORS = (msgspec.DecodeError, msgspec.ValidationError, UnicodeDecodeError, RecursionError)
 
 
@@ -36,7 +48,7 @@ class Cut(NamedTuple):
     doc: TraceDoc
 
 
-def _edges(data: bytes) -> tuple[int, int, TraceDoc] | None:
+def _edges(data: Buffer) -> tuple[int, int, TraceDoc] | None:
     """(position of the array's '[', of its ']', the document without its events), when head and tail decode."""
     m = _KEY.search(data, 0, _MAX_EDGE)
     if m is None:
@@ -64,7 +76,7 @@ def _edges(data: bytes) -> tuple[int, int, TraceDoc] | None:
     return None
 
 
-def cut(data: bytes, n: int) -> Cut | None:
+def cut(data: Buffer, n: int) -> Cut | None:
     """The events' byte ranges, about equal, at most n; None when the document's shape is not the usual one."""
     edges = _edges(data)
     if edges is None:
@@ -73,7 +85,7 @@ def cut(data: bytes, n: int) -> Cut | None:
     return Cut(cut_at(data, lb, rb, [lb + 1 + (rb - lb - 1) * k // n for k in range(1, n)]), doc)
 
 
-def cut_at(data: bytes, lb: int, rb: int, targets: list[int]) -> list[tuple[int, int]]:
+def cut_at(data: Buffer, lb: int, rb: int, targets: list[int]) -> list[tuple[int, int]]:
     """Ranges of the array data[lb:rb + 1] cut at the first `},{` after each target (in increasing order)."""
     ranges: list[tuple[int, int]] = []
     start = lb + 1
@@ -89,12 +101,22 @@ def cut_at(data: bytes, lb: int, rb: int, targets: list[int]) -> list[tuple[int,
     return ranges
 
 
-def decode_range(data: bytes, start: int, end: int) -> list:  # type: ignore[type-arg]
-    """The events of one range (raises msgspec's errors where the range is not a whole run of events)."""
-    return _EVENTS.decode(b"[" + memoryview(data)[start:end] + b"]")
+def decode_range(data: Buffer, start: int, end: int) -> list:  # type: ignore[type-arg]
+    """The events of one range (raises msgspec's errors where the range is not a whole run of events). A writable
+    buffer (a private map of the file) gets the brackets in place, in the byte before and the byte after the range
+    (a separator or blank) and back: no copy of the range."""
+    if isinstance(data, bytes):
+        return _EVENTS.decode(b"[" + memoryview(data)[start:end] + b"]")
+    before, after = data[start - 1], data[end]
+    data[start - 1], data[end] = 0x5B, 0x5D  # '[' and ']'
+    try:
+        # The view is not released: the events' raw args point into it, and keep the buffer alive as they do.
+        return _EVENTS.decode(memoryview(data)[start - 1:end + 1])
+    finally:
+        data[start - 1], data[end] = before, after
 
 
-def _reduce(data: bytes, start: int, end: int, path: str) -> Part | None:
+def _reduce(data: Buffer, start: int, end: int, path: str) -> Part | None:
     """One range's columns as a GPU trace's (they do not depend on the thread names: only a CPU trace's gloo
     threads do); None where the range does not decode or holds a damaged event."""
     try:
@@ -139,13 +161,13 @@ def _fork_map(fn: Callable[..., Part | None], jobs: list[tuple]) -> list[Part | 
             os.waitpid(pid, 0)
 
 
-def split_trace(data: bytes, path: Path, workers: int, fallback_rank: int | None = None) -> Trace | None:
+def split_trace(data: Buffer, path: Path, workers: int, fallback_rank: int | None = None) -> Trace | None:
     """The trace read by ``workers`` processes, or None where the one-pass reader must read it."""
     c = cut(data, workers)
     return reduce_cut(data, path, c, fallback_rank) if c is not None and len(c.ranges) > 1 else None
 
 
-def reduce_cut(data: bytes, path: Path, c: Cut, fallback_rank: int | None = None) -> Trace | None:
+def reduce_cut(data: Buffer, path: Path, c: Cut, fallback_rank: int | None = None) -> Trace | None:
     """The trace from its ranges, one process each; None where a range does not decode as a run of events."""
     parts = [a for a in _fork_map(_reduce, [(data, s, e, str(path)) for s, e in c.ranges]) if a is not None]
     if len(parts) < len(c.ranges):
@@ -156,13 +178,30 @@ def reduce_cut(data: bytes, path: Path, c: Cut, fallback_rank: int | None = None
     return assemble(RawTrace(str(path), [], doc.distributedInfo, doc.host_name), parts, True, fallback_rank)
 
 
+def _map_private(path: Path) -> mmap.mmap | None:
+    """A big uncompressed trace mapped copy-on-write (no read copy: the pages come from the page cache, and the
+    brackets written per range stay private); None for a small, compressed or oversized file."""
+    st = safe_io.check_regular(path)
+    if st.st_size < MIN_SPLIT_BYTES or st.st_size > safe_io.max_input_bytes():
+        return None
+    try:
+        with open(path, "rb") as fh:
+            if fh.read(2) == safe_io.GZIP_MAGIC:
+                return None
+            return mmap.mmap(fh.fileno(), 0, access=mmap.ACCESS_COPY)
+    except (OSError, ValueError):
+        return None
+
+
 def load_trace(path: Path, fallback_rank: int | None = None, workers: int = 1) -> Trace:
     """One trace file as a Trace; a big one on up to ``workers`` cores (fork, where the system has it)."""
     path = Path(path)
-    data = read_bytes(path)
     with no_gc():
-        if workers > 1 and len(data) >= MIN_SPLIT_BYTES and hasattr(os, "fork"):
-            trace = split_trace(data, path, workers, fallback_rank)
-            if trace is not None:
+        if workers > 1 and hasattr(os, "fork"):
+            mapped = _map_private(path)
+            data: Buffer = mapped if mapped is not None else read_bytes(path)
+            if len(data) >= MIN_SPLIT_BYTES and (trace := split_trace(data, path, workers, fallback_rank)):
                 return trace
-        return build_trace(raw_from_bytes(data, path), fallback_rank)
+            if isinstance(data, bytes):
+                return build_trace(raw_from_bytes(data, path), fallback_rank)
+        return build_trace(load_raw(path), fallback_rank)
