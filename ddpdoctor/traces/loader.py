@@ -78,26 +78,11 @@ _EVENTS = msgspec.json.Decoder(list[Event])
 _ARGS = msgspec.json.Decoder(EventArgs)
 
 
-_ARGS_LIST = msgspec.json.Decoder(list[EventArgs | None])
-_ARGS_ERRORS = (msgspec.DecodeError, msgspec.ValidationError, UnicodeDecodeError, RecursionError)
-
-
 def decode_args(raw: msgspec.Raw) -> EventArgs:
     try:
         return _ARGS.decode(raw)
-    except _ARGS_ERRORS:
+    except (msgspec.DecodeError, msgspec.ValidationError, UnicodeDecodeError, RecursionError):
         return EventArgs()
-
-
-def correlations(raws: list[msgspec.Raw]) -> list[int | None]:
-    """decode_args(raw).correlation for each, in one decode of them all (a GPU trace has one per kernel and one per
-    runtime call: one call each costs twice the parse); one by one where one of them would not decode."""
-    if not raws:
-        return []
-    try:
-        return [None if a is None else a.correlation for a in _ARGS_LIST.decode(b"[" + b",".join(raws) + b"]")]
-    except _ARGS_ERRORS:
-        return [decode_args(r).correlation for r in raws]
 
 
 @dataclass

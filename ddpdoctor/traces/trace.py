@@ -14,12 +14,11 @@ from operator import attrgetter
 from pathlib import Path
 from typing import NoReturn
 
-import msgspec
 import numpy as np
 
 from ddpdoctor.errors import BadInput
 from ddpdoctor.safe_io import clean_text
-from ddpdoctor.traces.loader import Event, EventArgs, RawTrace, correlations, decode_args, rank_from_filename
+from ddpdoctor.traces.loader import Event, EventArgs, RawTrace, decode_args, rank_from_filename
 
 _INF = float("inf")
 _TS, _DUR = attrgetter("ts"), attrgetter("dur")
@@ -189,11 +188,6 @@ def scan(events: list[Event], has_gpu: bool, gloo_tids: set[tuple[int | str, int
     keep = cpu_compute.append
     nan = float("nan")
     kinds: dict[tuple[str, str], int] = {}  # names repeat: classify each (name, cat) once
-    # The args of kernels and runtime calls (a GPU trace's most numerous events) are decoded together, after the loop.
-    comp_args: list[msgspec.Raw] = []
-    mem_args: list[msgspec.Raw] = []
-    runtime_args: list[msgspec.Raw] = []
-    runtime_ts = array("d")
     for ev in events:
         if ev.ph != "X":
             continue
@@ -213,21 +207,19 @@ def scan(events: list[Event], has_gpu: bool, gloo_tids: set[tuple[int | str, int
             _bad_duration(ev, path)
         if k & K_GPU:
             # The third slot holds the correlation id until the runtime calls are known (they may come later).
+            a = decode_args(ev.args)
+            corr = nan if a.correlation is None else float(a.correlation)
             if k & K_GCOMM:
-                a = decode_args(ev.args)
-                comm.append(CommEvent(name, ts, end, nan if a.correlation is None else float(a.correlation), ev.tid, a))
-            elif k & K_GMEM:
-                memory.extend((ts, end, nan))
-                mem_args.append(ev.args)
+                comm.append(CommEvent(name, ts, end, corr, ev.tid, a))
             else:
-                compute.extend((ts, end, nan))
-                comp_args.append(ev.args)
+                (memory if k & K_GMEM else compute).extend((ts, end, corr))
             continue
         if k & K_SYNC:
             syncs.append(CpuCall(name, ts, end, None))
         if k & K_RUNTIME:
-            runtime_ts.append(ts)
-            runtime_args.append(ev.args)
+            a = decode_args(ev.args)
+            if a.correlation is not None:
+                runtime[a.correlation] = ts
             continue
         if k & K_STEP:
             m = _STEP.match(name)
@@ -249,13 +241,6 @@ def scan(events: list[Event], has_gpu: bool, gloo_tids: set[tuple[int | str, int
             continue
         if k & K_COMPUTE and (ev.pid, ev.tid) not in gloo_tids:
             keep(ev)
-    for flat, raws in ((compute, comp_args), (memory, mem_args)):
-        if raws:
-            corr = np.array([nan if c is None else float(c) for c in correlations(raws)], dtype=np.float64)
-            np.frombuffer(flat, dtype=np.float64).reshape(-1, 3)[:, 2] = corr
-    for c, t in zip(correlations(runtime_args), runtime_ts, strict=True):
-        if c is not None:
-            runtime[c] = t
     part.has_kernels = any(cat == "kernel" for _, cat in kinds)
     if cpu_compute:
         part.cpu_compute = _cpu_compute(cpu_compute, path)
