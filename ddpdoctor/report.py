@@ -119,6 +119,7 @@ class Report:
                 f"findings={[f.id for f in self.findings]}, status={self.status!r})")
 
     @property
+    # the public API's read view of the JSON (``report.sections["job"]["exit_code"]``): a boundary
     def sections(self) -> dict[str, Any]:
         """Every section's JSON, merged in the order of ``parts``. Kept for readers of the JSON shape, such as the
         public ``ddpdoctor.check_sync(...).sections["job"]``. Setting a key adds it as a RawSection: the older

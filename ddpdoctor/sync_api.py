@@ -4,20 +4,13 @@ from __future__ import annotations
 
 import sys
 import tempfile
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
 from ddpdoctor.errors import BadInput
 from ddpdoctor.report import Report
 from ddpdoctor.rundir.layout import RunDir
-
-
-def load_rank_files(run: RunDir, name: str) -> dict[int, dict[str, Any]]:
-    """rank -> the rank's sync.json or data.json (ddpdoctor/rundir/loaders.py: ``rank_sync_files``)."""
-    from ddpdoctor.rundir.loaders import rank_sync_files
-
-    return rank_sync_files(run, name)
 
 
 def sync_report(run: RunDir, report: Report | None = None) -> Report:
@@ -63,7 +56,7 @@ def run_check_sync(spec: Any, watcher: Any = None,
 
 def check_sync(script: str, *script_args: str, nproc_per_node: int = 2, steps: int = 5, equivalence: bool = False,
                data_steps: int = 500,
-               out: str | Path | None = None, torchrun: dict[str, Any] | None = None, quiet: bool = True) -> Report:
+               out: str | Path | None = None, torchrun: Mapping[str, str | int | bool] | None = None, quiet: bool = True) -> Report:
     """Run SCRIPT under `ddpdoctor check-sync` and return its Report (``.status``, ``.findings``, ``.to_json()``).
 
     For test suites::

@@ -18,6 +18,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from statistics import median
+from typing import TypedDict
 
 import numpy as np
 
@@ -50,6 +51,24 @@ class LedgerConfig:
 DEFAULT = LedgerConfig()
 
 
+class CausedWaitJson(TypedDict):
+    """A CausedWait as JSON (the live snapshot's "waited_for", a slow-rank alert's evidence): ms, rounded."""
+
+    rank: int
+    phase: str | None
+    cost_ms_per_step: float
+    cost_pct_of_step: float
+    caused_wait_ms_per_step: float
+    interval_ms: JsonObject  # analyses/intervals.py Interval.to_json: value, interval [lo, hi], n
+    step_ms: float
+    phase_excess_ms: float
+    own_blocked_ms: float
+    others_blocked_ms: float
+    persist_frac: float
+    steps: list[int]  # [first, last] of the window
+    ranks_compared: int
+
+
 @dataclass(frozen=True)
 class CausedWait:
     """One rank the others wait for, over ``steps`` (first, last) of the window."""
@@ -67,7 +86,7 @@ class CausedWait:
     steps: tuple[int, int]
     ranks_compared: int
 
-    def to_json(self) -> JsonObject:
+    def to_json(self) -> CausedWaitJson:
         return {
             "rank": self.rank, "phase": self.phase, "cost_ms_per_step": round(self.cost_s * 1e3, 3),
             "cost_pct_of_step": round(self.pct_of_step, 1), "caused_wait_ms_per_step": round(self.cost_s * 1e3, 3),

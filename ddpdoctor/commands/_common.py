@@ -151,6 +151,7 @@ def default_run_dir(name: str | None) -> Path:
     return Path("ddpdoctor-runs") / name
 
 
+# kwargs: click's parsed options of the command, as click hands them over (a boundary: the user's own flags)
 def pop_launch_spec(mode: str, kwargs: dict[str, Any], *, as_json: bool, **fields: Any) -> Any:
     """The LaunchSpec of a launching command, from the click arguments `launch_options` added (taken out of
     ``kwargs``); ``fields`` are the command's own (schedule, options, env)."""

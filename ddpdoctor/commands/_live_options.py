@@ -20,6 +20,7 @@ def live_options(fn: Callable[..., Any]) -> Callable[..., Any]:
     return fn
 
 
+# kwargs: click's parsed options of the command, as click hands them over (a boundary: the user's own flags)
 def pop_live(kwargs: dict[str, Any]) -> Any:
     """The LiveWatch of the options `live_options` added to ``kwargs`` (BadInput for values that cannot work)."""
     from ddpdoctor.live.watch import LiveWatch

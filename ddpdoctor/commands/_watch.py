@@ -11,6 +11,7 @@ import click
 from ddpdoctor.launch.monitor import HangMonitor, make_watcher
 
 
+# kwargs: click's parsed options of the command, as click hands them over (a boundary: the user's own flags)
 def pop_watcher(kwargs: dict[str, Any]) -> HangMonitor:
     """The watcher of the --hang-timeout/--startup-timeout/--on-hang values `watch_options` added to ``kwargs``."""
     return make_watcher(kwargs.pop("hang_timeout"), kwargs.pop("startup_timeout"), kwargs.pop("on_hang"))

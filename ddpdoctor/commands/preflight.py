@@ -38,6 +38,7 @@ from ddpdoctor.preflight.merge import (
 )
 from ddpdoctor.preflight.netprobe import probe_tcp
 from ddpdoctor.preflight.record import Records
+from ddpdoctor.probes.config import ProbeOptions
 from ddpdoctor.report import Report
 from ddpdoctor.rundir.layout import RunDir
 
@@ -161,7 +162,7 @@ def command(out: Path | None, name: str | None, overwrite: bool, launcher: str, 
         # torchrun's own node rendezvous waits 10-15 min by default: bound it so a missing node is reported in time.
         t = int(max(check_timeout * 3, 5))
         torchrun["--rdzv-conf"] = f"join_timeout={t},timeout={t}"
-    options = {"backend": backend, "max_size": parse_size(max_size) if max_size else None,
+    options: ProbeOptions = {"backend": backend, "max_size": parse_size(max_size) if max_size else None,
                "max_latency_us": max_latency_us, "checkpoint_dir": checkpoint_dir, "min_free_gb": min_free_gb,
                "check_timeout": check_timeout}
     run = RunDir(out or default_run_dir(name or f"preflight-{time.strftime('%Y%m%d-%H%M%S')}"))
@@ -201,6 +202,7 @@ def torchrun_rendezvous_failure(torchrun: Mapping[str, object], code: int | None
         host, _, port = str(endpoint).rpartition(":")
     else:
         host, port = str(torchrun.get("--master-addr", "")), str(torchrun.get("--master-port", ""))
+    # an evidence map (shown and copied into the finding as it is)
     evidence: dict[str, Any] = {"stage": "torchrun node rendezvous", "torchrun_exit_code": code, "killed_by": killed_by,
                                 "endpoint": f"{host}:{port}" if host else None}
     cause = "unknown"

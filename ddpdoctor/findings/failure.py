@@ -6,15 +6,20 @@ The evidence keeps the order the caller gives it (the terminal shows the first f
 
 from __future__ import annotations
 
-from typing import Any
+from collections.abc import Mapping
+from typing import Any, TypeVar
 
 from ddpdoctor.findings.model import Finding, Severity
+from ddpdoctor.rundir.records import RankStateDoc
 
 HANG_EVIDENCE = ("stalled_ranks", "culprit_ranks", "collective", "call_sites", "stacks", "detected_after_s")
 CRASH_EVIDENCE = ("rank", "exception", "traceback", "call_site")
 
 
-def _checked(fid: str, evidence: dict[str, Any], required: tuple[str, ...]) -> dict[str, Any]:
+Evidence = TypeVar("Evidence", bound=Mapping[str, object])  # an evidence map, checked for its required keys
+
+
+def _checked(fid: str, evidence: Evidence, required: tuple[str, ...]) -> Evidence:
     missing = [k for k in required if k not in evidence]
     if missing:  # a programming error in a rule, caught by the tests that build every finding
         raise TypeError(f"{fid} evidence lacks {missing}")
@@ -38,10 +43,10 @@ def rank_crashed_finding(rank: int | None, title: str, advice: str, *, ranks: li
                    evidence=_checked("rank-crashed", {"rank": rank, **evidence}, CRASH_EVIDENCE), advice=advice)
 
 
-def head_lost_finding(head: str, node_rank: int, ranks: list[dict[str, Any]], last_verdict: str | None) -> Finding:
+def head_lost_finding(head: str, node_rank: int, ranks: list[RankStateDoc], last_verdict: str | None) -> Finding:
     """A node of a multi-node job lost the job's head (docs/findings.md#hangs-head-lost): what it knows, as plain
     data (its ranks' last state, the head's last verdict)."""
-    own = sorted(int(r["rank"]) for r in ranks if isinstance(r.get("rank"), int))
+    own = sorted(r["rank"] for r in ranks if isinstance(r.get("rank"), int))
     return Finding("head-lost", Severity.ERROR,
                    f"the job's head node ({head}) was lost: node {node_rank} reports what it knows of its own ranks",
                    ranks=own, evidence={"head": head, "node_rank": node_rank, "ranks": ranks,

@@ -6,13 +6,24 @@ from __future__ import annotations
 
 import re
 from collections import Counter
-from dataclasses import asdict, dataclass, field, fields
-from typing import Any
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import TypedDict
 
 from ddpdoctor.findings.failure import hang_finding, rank_crashed_finding
 from ddpdoctor.findings.framework_advice import ddp_option, framework_of
 from ddpdoctor.findings.model import Finding, Severity
-from ddpdoctor.jsontypes import JsonObject
+from ddpdoctor.rundir.records import (
+    Beat,
+    CollectiveState,
+    HangDiagnosisDoc,
+    HangDoc,
+    PositionDoc,
+    RankExitDoc,
+    RankStatusDoc,
+    StallDoc,
+    WaitedCollective,
+)
 from ddpdoctor.rundir.schema import DDPModule
 
 DDP_BUCKETS = "allreduce (DDP gradient buckets)"
@@ -51,32 +62,32 @@ class HangDiagnosis:
     kind: str  # "rank-exited", "outside-collective", "seq-behind", "mismatch", "unknown"
     stalled_ranks: list[int]
     culprit_ranks: list[int]
-    collective: dict[str, Any] | None
+    collective: WaitedCollective | None
     positions: dict[int, RankPosition]
     reason: str
     differs: list[str] = field(default_factory=list)  # for a mismatch: "op", "sizes", "group"
 
-    def to_json(self) -> JsonObject:
+    def to_json(self) -> HangDiagnosisDoc:
         # Field by field, not asdict(self): that deep-copies every rank's position once more (3 s at 32,768 ranks).
-        d: JsonObject = {f.name: getattr(self, f.name) for f in fields(self) if f.name != "positions"}
-        d["collective"] = dict(self.collective) if self.collective is not None else None
-        d["stalled_ranks"], d["culprit_ranks"], d["differs"] = list(self.stalled_ranks), list(self.culprit_ranks), \
-            list(self.differs)
-        d["positions"] = {str(r): _position_json(p) for r, p in self.positions.items()}
-        return {k: d[k] for k in [f.name for f in fields(self)]}
+        # In the dataclass's field order, as hang.json has always had it.
+        return {"kind": self.kind, "stalled_ranks": list(self.stalled_ranks), "culprit_ranks": list(self.culprit_ranks),
+                "collective": WaitedCollective(**self.collective) if self.collective is not None else None,
+                "positions": {str(r): _position_json(p) for r, p in self.positions.items()},
+                "reason": self.reason, "differs": list(self.differs)}
 
 
-def _position_json(p: RankPosition) -> JsonObject:
+def _position_json(p: RankPosition) -> PositionDoc:
     return {"rank": p.rank, "state": p.state, "phase": p.phase, "step": p.step, "op": p.op, "group": p.group,
             "seq": p.seq, "sizes": [list(s) for s in p.sizes], "call_site": p.call_site, "exit_code": p.exit_code}
 
 
-def position(rank: int, beat: dict[str, Any] | None, exit_info: dict[str, Any] | None) -> RankPosition:
+def position(rank: int, beat: Beat | None, exit_info: RankExitDoc | None) -> RankPosition:
     """One rank's position from its last heartbeat (and its exit message, when it ended)."""
     if exit_info is not None:
-        last = (beat or {}).get("last_collective") or {}
-        return RankPosition(rank, "exited", phase=(beat or {}).get("phase"), step=exit_info.get("steps_completed"),
-                            call_site=exit_info.get("exit_site") or last.get("call_site") or (beat or {}).get("where"),
+        b: Beat = beat or {}
+        last: CollectiveState = b.get("last_collective") or {}
+        return RankPosition(rank, "exited", phase=b.get("phase"), step=exit_info.get("steps_completed"),
+                            call_site=exit_info.get("exit_site") or last.get("call_site") or b.get("where"),
                             exit_code=exit_info.get("exit_code"))
     if beat is None:
         return RankPosition(rank, "no-heartbeat")
@@ -92,7 +103,7 @@ def position(rank: int, beat: dict[str, Any] | None, exit_info: dict[str, Any] |
     return RankPosition(rank, "outside-collective", beat.get("phase"), beat.get("step"), call_site=beat.get("where"))
 
 
-def _key(p: RankPosition) -> tuple[Any, ...]:
+def _key(p: RankPosition) -> tuple[str | None, str | None, list[list[int]] | None]:
     return (p.op, p.group, [list(s) for s in p.sizes] if p.op != DDP_BUCKETS else None)
 
 
@@ -103,7 +114,7 @@ def diagnose_hang(positions: dict[int, RankPosition], stalled: list[int]) -> Han
     waiting_on = _collective_of(list(inside.values()))
 
     def diag(kind: str, culprits: list[int], reason: str, differs: list[str] | None = None,
-             coll: dict[str, Any] | None = waiting_on) -> HangDiagnosis:
+             coll: WaitedCollective | None = waiting_on) -> HangDiagnosis:
         return HangDiagnosis(kind, sorted(stalled), sorted(culprits), coll, positions, reason, differs or [])
 
     gone = sorted(r for r, p in positions.items() if p.state in ("exited", "no-heartbeat"))
@@ -115,7 +126,7 @@ def diagnose_hang(positions: dict[int, RankPosition], stalled: list[int]) -> Han
         return diag("outside-collective", outside, f"rank(s) {outside} are outside any collective while rank(s) "
                     f"{sorted(inside)} wait in {_describe(waiting_on)}")
     if inside and len(inside) == len(positions):
-        by_group: dict[Any, dict[int, RankPosition]] = {}
+        by_group: dict[str | None, dict[int, RankPosition]] = {}
         for r, p in inside.items():
             by_group.setdefault(p.group, {})[r] = p
         for ranks in by_group.values():
@@ -141,25 +152,30 @@ def diagnose_hang(positions: dict[int, RankPosition], stalled: list[int]) -> Han
             ps = list(inside.values())
             differs = [f for f in ("op", "group", "sizes") if len({repr(getattr(p, f)) for p in ps}) > 1]
             return diag("mismatch", culprits, "ranks are in different collectives at the same point: "
-                        + ", ".join(f"rank {r}: {_describe(asdict(p))}" for r, p in sorted(inside.items())),
+                        + ", ".join(f"rank {r}: {_describe_position(p)}" for r, p in sorted(inside.items())),
                         differs, coll=waiting_on)
     return diag("unknown", [], "every rank is in the same state; no culprit can be told apart "
                 "(a slow or broken network, a deadlock in the script, or a collective every rank is waiting in)")
 
 
-def _collective_of(ps: list[RankPosition]) -> dict[str, Any] | None:
+def _collective_of(ps: list[RankPosition]) -> WaitedCollective | None:
     if not ps:
         return None
     p = max(ps, key=lambda p: (p.seq or 0))
     return {"op": p.op, "seq": p.seq, "group": p.group}
 
 
-def _describe(c: dict[str, Any] | None) -> str:
+def _describe(c: WaitedCollective | None) -> str:
     if not c:
         return "a collective"
     seq = f" #{c['seq']}" if c.get("seq") is not None else ""
-    sizes = f" sizes {c['sizes']}" if c.get("sizes") else ""
-    return f"{c.get('op')}{seq} on {c.get('group')}{sizes}"
+    return f"{c.get('op')}{seq} on {c.get('group')}"
+
+
+def _describe_position(p: RankPosition) -> str:
+    seq = f" #{p.seq}" if p.seq is not None else ""
+    sizes = f" sizes {p.sizes}" if p.sizes else ""
+    return f"{p.op}{seq} on {p.group}{sizes}"
 
 
 # -- findings ------------------------------------------------------------------------------------------
@@ -182,10 +198,10 @@ HANG_ADVICE = {
 }
 
 
-def hang_findings(hang: dict[str, Any], debug: bool = False) -> list[Finding]:
+def hang_findings(hang: HangDoc, debug: bool = False) -> list[Finding]:
     """``hang`` is RUN/hang.json as the monitor wrote it."""
     d = hang["diagnosis"]
-    positions = d.get("positions", {})
+    positions: dict[str, PositionDoc] = d.get("positions", {})
     call_sites = {r: p.get("call_site") for r, p in positions.items()}
     stacks = {str(r): s for r, s in hang.get("stacks", {}).items()}
     advice = HANG_ADVICE.get(d["kind"], HANG_ADVICE["unknown"])
@@ -201,12 +217,27 @@ def hang_findings(hang: dict[str, Any], debug: bool = False) -> list[Finding]:
     )]
     if d["kind"] == "mismatch":
         out.append(_mismatch_finding(
-            {int(r): p for r, p in positions.items() if p.get("state") == "in-collective"}, d.get("differs", []), debug))
+            {int(r): _at(p) for r, p in positions.items() if p.get("state") == "in-collective"}, d.get("differs", []),
+            debug))
     return out
 
 
-def _mismatch_finding(colls: dict[int, dict[str, Any]], differs: list[str], debug: bool,
-                      gloo_detail: dict[str, Any] | None = None) -> Finding:
+def _at(p: PositionDoc) -> CollectiveState:
+    """A rank's position in hang.json as the collective it is in (the keys a mismatch's evidence shows)."""
+    return {"op": p.get("op"), "group": p.get("group"), "seq": p.get("seq"), "sizes": p.get("sizes"),
+            "call_site": p.get("call_site")}
+
+
+class GlooSizes(TypedDict):
+    """Gloo's "Received data size doesn't match" numbers, for a mismatch's evidence."""
+
+    rank: int
+    received_bytes: int
+    expected_bytes: int
+
+
+def _mismatch_finding(colls: Mapping[int, CollectiveState], differs: list[str], debug: bool,
+                      gloo_detail: GlooSizes | None = None) -> Finding:
     advice = HANG_ADVICE["mismatch"]
     if not debug:
         advice += " `ddpdoctor run --debug` makes torch check each collective's fingerprint."
@@ -225,7 +256,7 @@ def _mismatch_finding(colls: dict[int, dict[str, Any]], differs: list[str], debu
     )
 
 
-def stall_findings(stalls: list[dict[str, Any]]) -> list[Finding]:
+def stall_findings(stalls: list[StallDoc]) -> list[Finding]:
     """``long-stall`` (warning): a rank that spent longer than the hang timeout outside any collective while still
     working (CPU, I/O or a moving stack), so the monitor kept watching instead of calling it a hang."""
     out = []
@@ -256,7 +287,16 @@ _FATAL = re.compile(r"^Fatal Python error: (.+)$", re.M)
 _FH_FRAME = re.compile(r'^\s*File "([^"]+)", line (\d+) in (\S+)', re.M)
 
 
-def fatal_error(stderr: str) -> dict[str, Any] | None:
+class FatalError(TypedDict):
+    """What the stderr of a rank that died without a Python exception says (fatal_error)."""
+
+    exception: str
+    traceback: str
+    call_site: str | None
+    op: str | None  # the public torch.distributed function it was in
+
+
+def fatal_error(stderr: str) -> FatalError | None:
     """A rank that died without a Python exception (C++ abort, segfault): what its stderr says.
 
     Returns {"exception", "traceback", "call_site"} from the C++ "terminate called ... what():" line and
@@ -283,16 +323,23 @@ def _is_user_file(path: str) -> bool:
     return "site-packages" in path or "/lib/python3" not in path
 
 
-def _beat_collective(rank: int, last_beats: dict[int, dict[str, Any] | None] | None) -> dict[str, Any]:
+def _beat_collective(rank: int, last_beats: Mapping[int, Beat | None] | None) -> CollectiveState:
     """The collective (DDP's bucket all-reduce for a rank in backward()) the rank's last heartbeat shows it in."""
     p = position(rank, (last_beats or {}).get(rank), None)
     return {"op": p.op, "group": p.group, "seq": p.seq, "sizes": p.sizes, "call_site": p.call_site} if p.op else {}
 
 
-def crash_findings(statuses: dict[int, dict[str, Any] | None], debug: bool = False,
+class FailedRank(RankStatusDoc, total=False):
+    """A failed rank as crash_findings weighs it: its status, or what its stderr or a signal says; ``died``: the
+    process died (no Python exception of its own)."""
+
+    died: bool
+
+
+def crash_findings(statuses: Mapping[int, RankStatusDoc | None], debug: bool = False,
                    param_names: dict[int, list[str]] | None = None,
                    stderr: dict[int, str] | None = None,
-                   last_beats: dict[int, dict[str, Any] | None] | None = None,
+                   last_beats: Mapping[int, Beat | None] | None = None,
                    torn_down: set[int] | None = None, ddp_cfg: DDPModule | None = None) -> list[Finding]:
     """rank-crashed for the root cause(s), collective-mismatch when the exception says so, and
     unused-parameters from DDP's "did not receive grad" error. Victims are listed, never blamed.
@@ -301,13 +348,13 @@ def crash_findings(statuses: dict[int, dict[str, Any] | None], debug: bool = Fal
     heartbeat (``last_beats``) says which collective they were in. ``torn_down``: ranks torchrun itself stopped
     after another rank ended (its "Sending process PID closing signal"), victims when they left no status."""
     torn_down = torn_down or set()
-    failed = {r: s for r, s in statuses.items() if s and s.get("exception")}
+    failed: dict[int, FailedRank] = {r: {**s} for r, s in statuses.items() if s and s.get("exception")}
     for r, s in statuses.items():
         if s is None and stderr and r in stderr and (fatal := fatal_error(stderr[r])):
             p = position(r, (last_beats or {}).get(r), None)
-            coll = _beat_collective(r, last_beats) or {"op": fatal["op"]}
+            coll: CollectiveState = _beat_collective(r, last_beats) or {"op": fatal["op"]}
             failed[r] = {"exception": fatal["exception"], "traceback": fatal["traceback"], "died": True,
-                         "failed_collective": dict(coll, call_site=fatal["call_site"] or p.call_site)}
+                         "failed_collective": {**coll, "call_site": fatal["call_site"] or p.call_site}}
     if not failed:
         # A rank a signal ended (at start-up, before any peer could fail) while torchrun stopped every silent one.
         signalled = _signalled(statuses, failed)
@@ -323,7 +370,7 @@ def crash_findings(statuses: dict[int, dict[str, Any] | None], debug: bool = Fal
             "rank; torchrun then stopped the others.",
             exception=s["exception"], traceback="",
             call_site=(s.get("failed_collective") or {}).get("call_site"), victims=victims)]
-    roots = {r: s for r, s in failed.items() if not is_victim(s["exception"])}
+    roots = {r: s for r, s in failed.items() if not is_victim(s.get("exception") or "")}
     victims = sorted(r for r in failed if r not in roots)
     if not roots and (left := left_early(statuses, failed)):
         # Every failure is a peer's connection error, and a rank had already returned: it is the culprit.
@@ -331,33 +378,35 @@ def crash_findings(statuses: dict[int, dict[str, Any] | None], debug: bool = Fal
     silent = sorted(r for r, s in statuses.items() if s is None and r not in failed and r not in torn_down)
     if not roots and silent:
         # A rank killed outright (SIGKILL, the OOM killer) writes nothing; its peers' connection errors follow from it.
-        roots = {r: {"exception": "killed by a signal, leaving no status or message (SIGKILL or the OOM killer?)",
-                     "died": True} for r in silent}
+        roots = {r: FailedRank(exception="killed by a signal, leaving no status or message (SIGKILL or the OOM "
+                                         "killer?)", died=True) for r in silent}
     elif not roots and (signalled := _signalled(statuses, failed)):
         # A rank killed by a signal it did not catch (SIGTERM, SIGINT by hand or a scheduler) writes its status and
         # no exception; its peers' connection errors follow from it (it used to be the peer that was blamed).
-        roots = {signalled: dict(failed.get(signalled) or {}, **_signal_root(statuses[signalled] or {}))}
+        roots = {signalled: {**(failed.get(signalled) or {}), **_signal_root(statuses[signalled] or {})}}
     elif not roots:  # everyone is a victim: the first to fail is the best guess
         first = min(failed, key=lambda r: failed[r].get("ended_at") or 0)
         roots = {first: failed[first]}
         victims = [r for r in victims if r != first]
     out: list[Finding] = []
     for r, s in sorted(roots.items()):
-        exc = s["exception"]
-        fc = s.get("failed_collective") or {}
+        exc = s.get("exception") or ""
+        fc: CollectiveState = s.get("failed_collective") or {}
         if any(p in exc for p in MISMATCH_PATTERNS):
             # A status cut short (the rank killed before its last write) leaves the last heartbeat to say where it was.
-            colls = {rr: (ss.get("failed_collective") or ss.get("last_collective") or _beat_collective(rr, last_beats))
-                     for rr, ss in failed.items()}
+            colls: dict[int, CollectiveState] = {
+                rr: (ss.get("failed_collective") or ss.get("last_collective") or _beat_collective(rr, last_beats))
+                for rr, ss in failed.items()}
             ps = [c for c in colls.values() if c.get("op")]
             differs = [f for f in ("op", "group", "sizes") if len({repr(c.get(f)) for c in ps}) > 1]
             m = _GLOO_SIZES.search(exc)
-            detail = {"rank": r, "received_bytes": int(m.group(1)), "expected_bytes": int(m.group(2))} if m else None
+            detail: GlooSizes | None = ({"rank": r, "received_bytes": int(m.group(1)), "expected_bytes": int(m.group(2))}
+                                        if m else None)
             if detail and "bytes" not in differs:
                 differs.append("bytes")
             out.append(_mismatch_finding(colls, differs, debug, detail))
         unused = _unused_parameters(exc, sorted(r2 for r2, s2 in roots.items() if any(
-            p.search(s2["exception"]) for p in (_UNUSED_INDICES, _UNUSED_NAMES, _UNUSED_LIGHTNING))),
+            p.search(s2.get("exception") or "") for p in (_UNUSED_INDICES, _UNUSED_NAMES, _UNUSED_LIGHTNING))),
             (param_names or {}).get(r), ddp_cfg)
         if unused is not None:
             out.append(unused)
@@ -381,15 +430,15 @@ def torchrun_stopped_pids(text: str) -> set[int]:
     return {int(m.group(1)) for m in _TORCHRUN_STOPS.finditer(text)}
 
 
-def _signalled(statuses: dict[int, dict[str, Any] | None], failed: dict[int, dict[str, Any]]) -> int | None:
+def _signalled(statuses: Mapping[int, RankStatusDoc | None], failed: Mapping[int, FailedRank]) -> int | None:
     """The first rank (by when it ended) that a signal ended without an exception of its own, if any. Ranks that
     torchrun stopped after it (SIGTERM too) ended later."""
-    hit = [(s.get("ended_at") if isinstance(s.get("ended_at"), (int, float)) else float("inf"), r)
+    hit = [(_num(s.get("ended_at"), float("inf")), r)
            for r, s in statuses.items() if s and s.get("signal") and not s.get("exception")]
     return min(hit)[1] if hit else None
 
 
-def _signal_root(status: dict[str, Any]) -> dict[str, Any]:
+def _signal_root(status: RankStatusDoc) -> FailedRank:
     site = status.get("exit_site")
     where = f" at {site}" if isinstance(site, str) and site else ""
     step = status.get("steps_completed")
@@ -398,7 +447,7 @@ def _signal_root(status: dict[str, Any]) -> dict[str, Any]:
             "died": True, "failed_collective": status.get("last_collective") or {}}
 
 
-def left_early(statuses: dict[int, dict[str, Any] | None], failed: dict[int, dict[str, Any]]) -> list[int]:
+def left_early(statuses: Mapping[int, RankStatusDoc | None], failed: Mapping[int, FailedRank]) -> list[int]:
     """Ranks that returned (any exit code, no exception, not killed by a signal) before the first victim failed:
     the others were still waiting for them in a collective (issues 12.4, 16.5)."""
     first_failure = min((_num(s.get("ended_at")) for s in failed.values()), default=0.0)
@@ -415,12 +464,13 @@ def left_early(statuses: dict[int, dict[str, Any] | None], failed: dict[int, dic
     return sorted(out)
 
 
-def left_early_finding(rank: int, status: dict[str, Any], failed: dict[int, dict[str, Any]]) -> Finding:
-    last = status.get("last_collective") if isinstance(status.get("last_collective"), dict) else {}
+def left_early_finding(rank: int, status: RankStatusDoc, failed: Mapping[int, FailedRank]) -> Finding:
+    got = status.get("last_collective")
+    last: CollectiveState | None = got if isinstance(got, dict) else {}
     site = status.get("exit_site")
     where = f"at {site}" if site else f"after its last collective at {(last or {}).get('call_site')}"
     step = status.get("steps_completed")
-    waiting = {r: (s.get("failed_collective") or {}) for r, s in sorted(failed.items())}
+    waiting: dict[int, CollectiveState] = {r: (s.get("failed_collective") or {}) for r, s in sorted(failed.items())}
     ops = sorted({str(c.get("op")) for c in waiting.values() if c.get("op")})
     code = status.get("exit_code")
     how = "exited with code 0" if code in (0, None) else f"exited with code {code}"
@@ -439,8 +489,9 @@ def left_early_finding(rank: int, status: dict[str, Any], failed: dict[int, dict
     )
 
 
-def _num(value: Any) -> float:
-    return float(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else 0.0
+def _num(value: object, default: float = 0.0) -> float:
+    """A number from a status file (which a killed rank may have left short), or ``default``."""
+    return float(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else default
 
 
 def _unused_parameters(exc: str, ranks: list[int], names: list[str] | None,

@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
-from typing import Any
+from collections.abc import Mapping
 
 from ddpdoctor.findings.model import Finding, Severity, Stopped
+from ddpdoctor.rundir.records import RankStatusDoc
 from ddpdoctor.rundir.schema import Manifest
 
 
-def job_findings(manifest: Manifest, statuses: dict[int, dict[str, Any] | None]) -> list[Finding]:
+def job_findings(manifest: Manifest, statuses: Mapping[int, RankStatusDoc | None]) -> list[Finding]:
     """``statuses`` maps each rank to its status.json (None when the rank wrote none)."""
     findings: list[Finding] = []
     ranks = sorted(statuses)
@@ -47,7 +48,7 @@ def job_findings(manifest: Manifest, statuses: dict[int, dict[str, Any] | None])
     return findings
 
 
-def disk_full_findings(manifest: Manifest, statuses: dict[int, dict[str, Any] | None]) -> list[Finding]:
+def disk_full_findings(manifest: Manifest, statuses: Mapping[int, RankStatusDoc | None]) -> list[Finding]:
     """`disk-full`: the disk under the run directory filled during the run (the manifest's ``disk_full``, written
     by the launcher from rundir/reserve.py): when, what ddpdoctor could not write, the ranks whose status.json is
     missing (from a job that exited 0: the status did not fit; else rank-no-status says they may have been killed)."""
@@ -131,7 +132,7 @@ def ended_findings(manifest: Manifest, locked: bool) -> tuple[list[Finding], Sto
 TERMINATE_MARK = "terminate called"
 
 
-def aborted_after_finish(manifest: Manifest, statuses: dict[int, dict[str, Any] | None],
+def aborted_after_finish(manifest: Manifest, statuses: Mapping[int, RankStatusDoc | None],
                          signals: dict[int, str], root_causes: set[int],
                          last_words: dict[int, str]) -> Finding | None:
     """Every rank finished its script and wrote exit status 0, yet the job's exit code is not 0 because a rank died

@@ -28,7 +28,7 @@ class Finding:
     severity: Severity
     title: str
     ranks: list[int] = field(default_factory=list)
-    evidence: dict[str, Any] = field(default_factory=dict)
+    evidence: dict[str, Any] = field(default_factory=dict)  # a boundary: each rule's own evidence map, shown as JSON
     advice: str = ""
 
     def to_json(self) -> JsonObject:

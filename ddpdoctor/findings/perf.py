@@ -190,7 +190,7 @@ def rule_exposed_comm(a: Analysis, w: WhatIf | None) -> list[Finding]:
     # The wait for a late rank is straggler-rank's: said beside the transfer, so the two figures add up.
     waiting = f" in transfer (and {whole.value - iv.value:.0f}% waiting for a late rank)" \
         if whole.value - iv.value >= 1.0 else ""
-    evidence: dict[str, Any] = {
+    evidence: dict[str, Any] = {  # an evidence map (Finding.evidence): shown and copied as it is
         **cost(exposed_us, _step_us(a)),
         "exposed_transfer_pct_of_step": iv.to_json(),
         "exposed_comm_pct_of_step": whole.to_json(),

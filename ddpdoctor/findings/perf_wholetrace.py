@@ -53,7 +53,7 @@ def rule_no_steps(a: Analysis, w: WhatIf | None) -> list[Finding]:
     total_comm = sum(r.comm_us for r in comm)
     total_ov = sum(r.overlap_us for r in comm)
     arrivals = last_arrivals(a)
-    evidence: dict[str, Any] = {
+    evidence: dict[str, Any] = {  # an evidence map (Finding.evidence): shown and copied as it is
         "ranks": len(a.ranks),
         "overlap_pct": None if total_comm <= 0 else round(100.0 * total_ov / total_comm, 1),
         "comm_ms_by_rank": _spread([r.comm_us / 1000.0 for r in comm]),

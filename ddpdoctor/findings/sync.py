@@ -38,7 +38,7 @@ def _divergence_finding(check: TensorCheck, id_: str, severity: Severity, never_
     if check.kind == "grad" and step in never_reduced_steps:
         title += " (this step's backward was never reduced: see grads-never-synced)"
     worst: TensorDiff = max(first, key=lambda d: d.max_rel_diff)
-    evidence: dict[str, Any] = {
+    evidence: dict[str, Any] = {  # an evidence map (Finding.evidence): shown and copied as it is
         "step": step,
         "parameters": names[:NAMES_SHOWN] if check.kind != "buffer" else None,
         "buffers": names[:NAMES_SHOWN] if check.kind == "buffer" else None,

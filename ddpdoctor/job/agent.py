@@ -13,18 +13,21 @@ import json
 import socket
 import threading
 import time
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
 
 from ddpdoctor.job import grouping, state
-from ddpdoctor.job.capture_relay import HeadCaptures, NodeCaptures
+from ddpdoctor.job.capture_relay import CaptureRequest, HeadCaptures, NodeCaptures
 from ddpdoctor.job.record import LongStall, RankRecord
 from ddpdoctor.job.relay import HeadRelay, NodeRelay
 from ddpdoctor.job.role import JobRole, NodeInfo
 from ddpdoctor.job.rules import HangGate, Limits, StallDecision, auto_hang_timeout, decide
 from ddpdoctor.job.store import JobStore, JobStoreError, job_port, shared_token
-from ddpdoctor.job.verdict import HeadLost, HeadWord, build, rank_line
+from ddpdoctor.job.verdict import HeadLost, HeadWord, RemoteVerdict, build, rank_line
+from ddpdoctor.jsontypes import JsonObject, JsonValue
+from ddpdoctor.rundir.records import HangDoc, RankMessage
 
 
 class NodePort(Protocol):
@@ -41,17 +44,17 @@ class NodePort(Protocol):
 
     def rank_ids(self) -> list[int]: ...
 
-    def collect_stacks(self) -> tuple[dict[int, str | None], dict[int, Any]]: ...
+    def collect_stacks(self) -> tuple[dict[int, str | None], dict[int, JsonValue]]: ...
 
     def note_stalls(self, ranks: list[int], now: float) -> None: ...
 
-    def act(self, hang: dict[str, Any], line: str, extra_text: str = "") -> None: ...
+    def act(self, hang: HangDoc | RemoteVerdict, line: str, extra_text: str = "") -> None: ...
 
-    def replay(self, rank: int, msg: dict[str, Any]) -> None: ...
+    def replay(self, rank: int, msg: RankMessage) -> None: ...
 
     def say(self, line: str) -> None: ...
 
-    def deliver(self, req: dict[str, Any]) -> None: ...
+    def deliver(self, req: CaptureRequest) -> None: ...
 
     def decide_local(self, job: Any, now: float, own_ranks_only: bool = False) -> None: ...
 
@@ -205,7 +208,7 @@ class JobAgent:
         if names:
             self.store.delete(self._head_caps.take(self.store.get_many(names)))
 
-    def on_request(self, monitor: Any, req: dict[str, Any]) -> list[int]:
+    def on_request(self, monitor: Any, req: CaptureRequest) -> list[int]:
         """HangMonitor.forward: a capture request left on the head goes to every other live node through the store;
         the node ranks it went to. Another node forwards nothing (capture the head's run directory)."""
         if not self.is_head or self.store is None or self._head_caps is None:
@@ -220,7 +223,7 @@ class JobAgent:
     def on_start(self, monitor: Any) -> None:
         self.start(time.time())
 
-    def on_message(self, monitor: Any, rank: int, msg: dict[str, Any]) -> None:
+    def on_message(self, monitor: Any, rank: int, msg: RankMessage) -> None:
         """A node relays its ranks' iteration records to the head (whose live watch judges the whole job); the
         node's own live watch (after this plugin) then sees none of them."""
         if not self.is_head and msg.get("type") == "beat":
@@ -232,7 +235,8 @@ class JobAgent:
         if self.is_head:
             self._decide(job.started)
         elif self.verdict is not None:
-            self.monitor.act({"remote": True, **self.verdict.to_json()}, self.verdict.line)
+            remote: RemoteVerdict = {"remote": True, **self.verdict.to_json()}
+            self.monitor.act(remote, self.verdict.line)
         elif self._contact and now - self._contact > HEAD_SILENT_S:
             # The head is silent (its host or launcher died): nobody judges for the job, so this node judges its
             # own ranks with the same rule, as a job of one node would (ranks of other nodes are not counted).
@@ -329,7 +333,7 @@ class JobAgent:
         self.store.put("req", {"id": 1, "what": "stacks"})
         stacks, dumps = self.monitor.collect_stacks()
         deadline = time.time() + STACKS_WAIT_S
-        remote: dict[str, Any] = {}
+        remote: dict[str, object] = {}  # each node's stacks as read off the store (raw JSON in: checked below)
         while time.time() < deadline and len(remote) < len(live):
             try:
                 remote.update(self.store.get_many([f"stacks/{n}" for n in live if f"stacks/{n}" not in remote]))
@@ -480,7 +484,7 @@ class JobAgent:
         """Which node this is, for the report every node prints."""
         return NodeInfo(self.role.node_rank, self.role.nnodes, self.host, self.is_head, self._head_host)
 
-    def publish_report(self, doc: dict[str, Any]) -> None:
+    def publish_report(self, doc: JsonObject) -> None:
         """The head: hand the job's report (report.json's document) to every node, and wait until each has it."""
         if self.store is None or not self.is_head:
             return
@@ -490,8 +494,9 @@ class JobAgent:
             return
         self._wait_acks("report-ack", REPORT_WAIT_S)
 
-    def job_report(self) -> dict[str, Any] | None:
-        """Another node: the head's report of the whole job; None when the head is lost (it did not answer)."""
+    def job_report(self) -> JsonObject | None:
+        """Another node: the head's report of the whole job (Report.to_json() as the head published it, loaded typed
+        again by the caller); None when the head is lost (it did not answer)."""
         if self.store is None or self.is_head or self._head_lost:
             return None
         deadline = time.time() + END_WAIT_S
@@ -536,7 +541,7 @@ def _tail(stack: str | None, lines: int = 80) -> str | None:
     return "\n".join(stack.splitlines()[-lines:])[-16000:]
 
 
-def write_missing(run_root: Path, files: dict[str, Any]) -> None:
+def write_missing(run_root: Path, files: Mapping[str, object]) -> None:
     """Write the ranks' files gathered through the store that the run directory lacks (no shared filesystem)."""
     for per_node in files.values():
         if not isinstance(per_node, dict):
@@ -554,7 +559,7 @@ def write_missing(run_root: Path, files: dict[str, Any]) -> None:
                     path.write_text(text)
 
 
-def merge_stalls(run_root: Path, remote: dict[str, Any]) -> None:
+def merge_stalls(run_root: Path, remote: Mapping[str, object]) -> None:
     """Add the other nodes' long stalls (their busy ranks, with stacks) to RUN/heartbeats.json's, which the head's
     monitor wrote with its own: the report's long-stall findings are the job's."""
     from ddpdoctor.rundir.layout import write_json

@@ -14,14 +14,67 @@ from __future__ import annotations
 import base64
 import os
 import re
+from collections.abc import Mapping
 from pathlib import Path
-from typing import Any
+from typing import TypedDict
 
 MAX_RANK_BYTES = 16 << 20  # raw bytes of one rank's window files sent through the store (base64 adds a third)
 MAX_REQUESTS = 8  # the head keeps its last few requests in the store: a node that polls late still sees them
 CAPTURE_ID = re.compile(r"^[A-Za-z0-9_-]{1,64}$")
 _FILE = re.compile(r"^(ranks/rank\d{1,7}/[A-Za-z0-9_.-]{1,128}|traces/[A-Za-z0-9_.-]{1,200})$")
 _RANK_TRACE = re.compile(r"^rank(\d{1,7})\.")
+
+
+class CaptureRequest(TypedDict, total=False):
+    """A capture request as it goes from the head's live watch through the store to every node's: which window
+    (``what``, ``steps``), from which iteration on (``at_step``), why."""
+
+    id: str
+    what: str
+    steps: int
+    at_step: int
+    reason: str
+
+
+class PublishedRequests(TypedDict):
+    """The store's "capture" value: the head's last few requests."""
+
+    reqs: list[CaptureRequest]
+
+
+class WindowRecord(TypedDict):
+    """A node's capture record for one window (its live watch's record, its stacks and the ranks' replies), as it
+    goes back to the head."""
+
+    record: str
+    stacks: str | None
+    replies: str
+    dir: str
+    name: str
+
+
+class RankParts(TypedDict):
+    """One rank's window files as they go back to the head: {relative path: base64}, and those too large."""
+
+    files: dict[str, str]
+    left_out: list[str]
+
+
+def capture_request(raw: Mapping[str, object]) -> CaptureRequest:
+    """The keys of a request a node acts on, from the live watch's request or the store (raw JSON in: a value of
+    the wrong type is left out)."""
+    out: CaptureRequest = {}
+    if isinstance(cid := raw.get("id"), str):
+        out["id"] = cid
+    if isinstance(what := raw.get("what"), str):
+        out["what"] = what
+    if isinstance(steps := raw.get("steps"), int) and not isinstance(steps, bool):
+        out["steps"] = steps
+    if isinstance(at := raw.get("at_step"), int) and not isinstance(at, bool):
+        out["at_step"] = at
+    if isinstance(reason := raw.get("reason"), str):
+        out["reason"] = reason
+    return out
 
 
 def window(run_root: Path, cid: str) -> Path:
@@ -67,28 +120,30 @@ class NodeCaptures:
         self._sent_record: dict[str, bytes] = {}
         self._sent_ranks: set[tuple[str, int]] = set()
 
-    def new_requests(self, published: Any) -> list[dict[str, Any]]:
-        """The head's requests this node has not taken yet (junk is skipped)."""
+    def new_requests(self, published: object) -> list[CaptureRequest]:
+        """The head's requests this node has not taken yet (``published``: the store's raw value; junk is
+        skipped)."""
         reqs = published.get("reqs") if isinstance(published, dict) else None
         out = []
-        for req in reqs if isinstance(reqs, list) else []:
-            if isinstance(req, dict) and isinstance(req.get("id"), str) and CAPTURE_ID.match(req["id"]) \
-                    and req["id"] not in self.taken:
-                self.taken.add(req["id"])
+        for raw in reqs if isinstance(reqs, list) else []:
+            req = capture_request(raw) if isinstance(raw, dict) else {}
+            cid = req.get("id")
+            if cid is not None and CAPTURE_ID.match(cid) and cid not in self.taken:
+                self.taken.add(cid)
                 out.append(req)
         return out
 
-    def outgoing(self) -> list[tuple[str, Any]]:
+    def outgoing(self) -> list[tuple[str, WindowRecord | RankParts]]:
         """(store name, value) for every part of a taken window that is new: the node's record (with its stacks
         and the ranks' replies) whenever it changed, and each rank's files once its done.json exists."""
-        out: list[tuple[str, Any]] = []
+        out: list[tuple[str, WindowRecord | RankParts]] = []
         for cid in sorted(self.taken):
             win = window(self.run_root, cid)
             # The live watch names this node node<N> (torchrun) or rank<N> (--launcher none: a node per rank).
             live = next((f"{k}{self.node}" for k in ("node", "rank")
                          if (win / f"capture-{k}{self.node}.json").is_file()), None)
             rec = _read(win / f"capture-{live}.json", 1 << 20) if live else None
-            if rec is None:
+            if live is None or rec is None:
                 continue
             stacks = _read(win / f"stacks-{live}.json", 64 << 20)
             replies = _read(win / "replies.jsonl", 1 << 20)
@@ -114,7 +169,7 @@ class NodeCaptures:
         return sorted(int(n[4:]) for n in names if n[4:].isdigit() and (win / "ranks" / n / "done.json").is_file())
 
     @staticmethod
-    def _rank_files(win: Path, rank: int) -> dict[str, Any]:
+    def _rank_files(win: Path, rank: int) -> RankParts:
         """The rank's window files as {relative path: base64}; done.json is written last on the head."""
         files: dict[str, str] = {}
         left_out: list[str] = []
@@ -146,18 +201,18 @@ class HeadCaptures:
 
     def __init__(self, run_root: Path) -> None:
         self.run_root = run_root
-        self.requests: list[dict[str, Any]] = []
+        self.requests: list[CaptureRequest] = []
         self.waiting: dict[str, list[int]] = {}  # capture id -> nodes asked
         self._ranks: dict[tuple[str, int], set[int]] = {}  # (cid, node) -> ranks still to take
         self._taken: set[tuple[str, int, int]] = set()
         self._records: dict[tuple[str, int], str] = {}  # the last record written per (cid, node)
         self.left_out: dict[str, dict[int, list[str]]] = {}  # cid -> rank -> files too large to relay
 
-    def forward(self, req: dict[str, Any], nodes: list[int]) -> dict[str, Any]:
-        """Remember ``req`` for ``nodes``; the value to publish under "capture" (the last few requests)."""
-        item: dict[str, Any] = {k: req[k] for k in ("id", "what", "steps", "at_step", "reason") if k in req}
-        self.requests = [*self.requests, item][-MAX_REQUESTS:]
-        self.waiting[str(req["id"])] = list(nodes)
+    def forward(self, req: Mapping[str, object], nodes: list[int]) -> PublishedRequests:
+        """Remember ``req`` (its keys a node acts on) for ``nodes``; the value to publish under "capture" (the last
+        few requests)."""
+        self.requests = [*self.requests, capture_request(req)][-MAX_REQUESTS:]
+        self.waiting[str(req.get("id"))] = list(nodes)
         for old in list(self.waiting)[:-MAX_REQUESTS]:
             del self.waiting[old]
         return {"reqs": self.requests}
@@ -171,7 +226,8 @@ class HeadCaptures:
                 out += [rank_key(n, cid, r) for r in sorted(self._ranks.get((cid, n), ()))]
         return out
 
-    def take(self, got: dict[str, Any]) -> list[str]:
+    def take(self, got: Mapping[str, object]) -> list[str]:
+        """``got``: the store's raw values by name (each checked here)."""
         """Write what arrived; return the names of the ranks' parts taken (the caller deletes them from the store)."""
         done = []
         for name, value in got.items():
@@ -203,7 +259,8 @@ class HeadCaptures:
                 done.append(name)
         return done
 
-    def _record(self, win: Path, cid: str, node: int, value: dict[str, Any]) -> None:
+    def _record(self, win: Path, cid: str, node: int, value: Mapping[str, object]) -> None:
+        """``value``: a node's WindowRecord as read off the store (raw JSON: each value checked)."""
         import json
 
         try:
@@ -226,14 +283,16 @@ class HeadCaptures:
         if isinstance(mine, dict) and "relayed_from" not in mine:
             return  # the node wrote it here itself (a shared filesystem): its own file is the newest
         win.mkdir(mode=0o700, parents=True, exist_ok=True)
-        if isinstance(value.get("replies"), str) and value["replies"]:
-            _write(win / f"replies-{live}.jsonl", value["replies"].encode(), replace=True)
-        if isinstance(value.get("stacks"), str):
-            _write(win / f"stacks-{live}.json", value["stacks"].encode(), replace=True)
+        replies, stacks = value.get("replies"), value.get("stacks")
+        if isinstance(replies, str) and replies:
+            _write(win / f"replies-{live}.jsonl", replies.encode(), replace=True)
+        if isinstance(stacks, str):
+            _write(win / f"stacks-{live}.json", stacks.encode(), replace=True)
         _write(win / f"capture-{live}.json", json.dumps(rec).encode(), replace=True)
 
     @staticmethod
-    def _files(win: Path, value: dict[str, Any]) -> None:
+    def _files(win: Path, value: Mapping[str, object]) -> None:
+        """``value``: a node's RankParts as read off the store (raw JSON: each value checked)."""
         files = value.get("files")
         if not isinstance(files, dict):
             return

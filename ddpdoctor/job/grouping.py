@@ -6,9 +6,9 @@ from __future__ import annotations
 import re
 from collections.abc import Iterable
 from dataclasses import dataclass, field
-from typing import Any
 
 from ddpdoctor.findings.hang import RankPosition
+from ddpdoctor.rundir.records import RankClassDoc
 
 
 def rank_ranges(ranks: Iterable[int]) -> str:
@@ -76,7 +76,7 @@ class RankClass:
     def ranges(self) -> str:
         return rank_ranges(self.ranks)
 
-    def to_json(self) -> dict[str, Any]:
+    def to_json(self) -> RankClassDoc:
         return {"count": self.count, "ranks": self.ranges, "state": self.state, "representative": self.representative,
                 "nodes": rank_ranges(self.nodes), "stack": self.stack}
 

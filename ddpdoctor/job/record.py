@@ -7,12 +7,13 @@ a few dozen bytes per rank per beat. Times are ages measured on the publishing n
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from typing import Any
 
 import msgspec
 
 from ddpdoctor.findings.hang import DDP_BUCKETS
+from ddpdoctor.rundir.records import Beat, RankExitDoc, StallDoc
 
 VERSION = 2
 MAX_SIZES = 4  # tensor shapes kept per collective: enough to tell a mismatch, bounded at any scale
@@ -59,13 +60,13 @@ def _age(now: float, at: float | None) -> float | None:
     return None if at is None else round(max(0.0, now - at), 2)
 
 
-def record(rank: int, beat: dict[str, Any] | None, exit_info: dict[str, Any] | None, now: float,
+def record(rank: int, beat: Beat | None, exit_info: RankExitDoc | None, now: float,
            job_started: float, active_at: float | None = None, moved_at: float | None = None,
            exit_at: float | None = None) -> RankRecord:
     """One rank's record from its last heartbeat and exit message (as the node's monitor holds them) and the
     monitor's own observations (``active_at``: its training thread's last CPU, I/O or position change)."""
     rec = RankRecord(rank, idle_s=_age(now, active_at), moved_s=_age(now, moved_at), exit_age_s=_age(now, exit_at))
-    b = beat or {}
+    b: Beat = beat or {}
     if beat is not None:
         rec.step = int(_num(b.get("step")) or 0)
         rec.phase = cut(b.get("phase"), 40)
@@ -115,8 +116,9 @@ class LongStall:
     stack: str | None = None
     stalled_s: float = 0.0
 
-    def to_json(self) -> dict[str, object]:
-        return asdict(self)
+    def to_json(self) -> StallDoc:
+        return {"rank": self.rank, "step": self.step, "phase": self.phase, "call_site": self.call_site,
+                "since": self.since, "stack": self.stack, "stalled_s": self.stalled_s}
 
 
 _DECODER = msgspec.json.Decoder(list[RankRecord])

@@ -9,9 +9,16 @@ publication, never a record: the head skips sequence numbers it has taken."""
 from __future__ import annotations
 
 from collections import deque
-from typing import Any
+from typing import Any, TypedDict
 
 MAX_PER_RANK = 64  # iteration records a node keeps per rank while the head has not taken them
+
+
+class RelayPayload(TypedDict):
+    """What a node publishes under ``live/N``: its items not yet acknowledged, each [seq, rank, steps, phase] (a
+    compact list on the wire; ``steps`` as the rank's heartbeat gave them)."""
+
+    items: list[list[Any]]
 
 
 class NodeRelay:
@@ -32,7 +39,7 @@ class NodeRelay:
             old = self._items.popleft()  # the oldest first: a head that does not read loses history, not memory
             self._per_rank[old[1]] -= len(old[2])
 
-    def payload(self, seq: int) -> dict[str, Any] | None:
+    def payload(self, seq: int) -> RelayPayload | None:
         """What to publish now (every item not yet acknowledged; new ones take ``seq``); None when nothing waits."""
         if not self._items:
             return None

@@ -3,8 +3,9 @@
 from __future__ import annotations
 
 import os
+from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypedDict
 
 DEFAULT_MASTER_PORT = 29500
 
@@ -27,6 +28,16 @@ class JobRole:
         return f"{self.master_addr}:{self.master_port}/{self.nnodes}/{self.rdzv_id}"
 
 
+class NodeInfoDoc(TypedDict):
+    """Which node of the job a report comes from (the report's ``node``)."""
+
+    node_rank: int
+    nnodes: int
+    host: str
+    is_head: bool
+    head: str | None
+
+
 @dataclass(frozen=True)
 class NodeInfo:
     """Which node printed a report of a multi-node job (the report's ``node`` key, docs/json.md)."""
@@ -37,7 +48,7 @@ class NodeInfo:
     is_head: bool
     head: str | None  # the head node's host name (None while this node has not heard from it)
 
-    def to_json(self) -> dict[str, Any]:
+    def to_json(self) -> NodeInfoDoc:
         return {"node_rank": self.node_rank, "nnodes": self.nnodes, "host": self.host, "is_head": self.is_head,
                 "head": self.head}
 
@@ -50,7 +61,7 @@ def _max_nodes(value: Any) -> int:
         return 1
 
 
-def job_role(torchrun: dict[str, Any], launcher: str = "torchrun",
+def job_role(torchrun: Mapping[str, str | int | bool], launcher: str = "torchrun",
              scheduler_env: dict[str, str] | None = None) -> JobRole | None:
     """The role of a multi-node torchrun launch (--nnodes > 1), None for a single-node one.
 

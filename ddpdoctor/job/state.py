@@ -9,13 +9,27 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TypedDict
 
 from ddpdoctor.findings.hang import HangDiagnosis, RankPosition, diagnose_hang, position
 from ddpdoctor.job.grouping import rank_ranges
 from ddpdoctor.job.record import VERSION, RankRecord, decode, encode, record
+from ddpdoctor.rundir.records import Beat, CollectiveState, RankExitDoc, RankStatusDoc
 
-__all__ = ["VERSION", "NodeState", "RankRecord", "envelope", "record"]
+__all__ = ["VERSION", "NodeEnvelope", "NodeState", "RankRecord", "envelope", "record"]
+
+
+class NodeEnvelope(TypedDict):
+    """What a node publishes under ``node/N`` in the job store (versioned: ``v``): its ranks' records as one JSON
+    text (job/record.encode), a sequence number that moves on every publication, its job's exit code once over."""
+
+    v: int
+    node: int
+    host: str
+    seq: int
+    ranks: str
+    end: int | None
+
 
 @dataclass
 class NodeState:
@@ -29,18 +43,22 @@ class NodeState:
     end: int | None = None  # the node's job exit code, once its launcher finished
     lost: bool = False
 
-    def update(self, env: dict[str, Any], now: float) -> None:
-        """Take a newer envelope (a repeated seq is the same publication: its age keeps growing)."""
+    def update(self, env: object, now: float) -> None:
+        """Take a newer envelope (a NodeEnvelope; a repeated seq is the same publication: its age keeps growing).
+        It is raw JSON off the store, so it is taken as a plain object and each value checked as it is read."""
+        if not isinstance(env, dict):
+            return
         seq = int(env.get("seq", -1))
         if seq != self.seq:
             self.seq, self.received = seq, now
             self.host = str(env.get("host") or self.host)
             self.ranks = decode(env.get("ranks"))
-            self.end = env.get("end") if isinstance(env.get("end"), int) else None
+            end = env.get("end")
+            self.end = end if isinstance(end, int) else None
             self.lost = False
 
 
-def envelope(node: int, host: str, seq: int, ranks: list[RankRecord], end: int | None = None) -> dict[str, Any]:
+def envelope(node: int, host: str, seq: int, ranks: list[RankRecord], end: int | None = None) -> NodeEnvelope:
     """What a node publishes: its ranks' records, a sequence number that moves on every publication."""
     return {"v": VERSION, "node": node, "host": host, "seq": seq, "ranks": encode(ranks), "end": end}
 
@@ -87,13 +105,17 @@ def to_position(rec: RankRecord | None, rank: int) -> RankPosition:
     """A record as the hang rules' RankPosition (through findings.hang.position, so both agree)."""
     if rec is None or (rec.step is None and rec.exit is None):
         return RankPosition(rank, "no-heartbeat")
-    beat: dict[str, Any] = {"step": rec.step, "phase": rec.phase, "where": rec.where}
+    beat: Beat = {"where": rec.where}
+    if rec.step is not None:
+        beat["step"] = rec.step
+    if rec.phase is not None:
+        beat["phase"] = rec.phase
     c = rec.coll
     if c and len(c) >= 4:
         beat["collective"] = {"op": c[0], "group": c[1], "seq": c[2], "call_site": c[3], "sizes": rec.sizes or []}
     x = rec.exit
-    exit_info = {"exit_code": x[0], "exception": x[1], "steps_completed": x[2],
-                 "exit_site": x[3] if len(x) > 3 else None} if x and len(x) >= 3 else None
+    exit_info: RankExitDoc | None = {"exit_code": x[0], "exception": x[1], "steps_completed": x[2],
+                                     "exit_site": x[3] if len(x) > 3 else None} if x and len(x) >= 3 else None
     if exit_info is not None and "collective" in beat:
         beat["last_collective"] = beat["collective"]
     return position(rank, beat if rec.step is not None else None, exit_info)
@@ -153,9 +175,9 @@ def _by_collective(pos: dict[int, RankPosition]) -> dict[str, list[int]]:
     return dict(sorted(out.items(), key=lambda kv: len(kv[1])))
 
 
-def statuses(nodes: dict[int, NodeState]) -> dict[int, dict[str, Any] | None]:
+def statuses(nodes: dict[int, NodeState]) -> dict[int, RankStatusDoc | None]:
     """Every published rank's status as findings.hang.crash_findings reads status.json (None: still running)."""
-    out: dict[int, dict[str, Any] | None] = {}
+    out: dict[int, RankStatusDoc | None] = {}
     for st in nodes.values():
         for rec in st.ranks:
             x = rec.exit
@@ -163,7 +185,8 @@ def statuses(nodes: dict[int, NodeState]) -> dict[int, dict[str, Any] | None]:
                 out[rec.rank] = None
                 continue
             c = rec.coll
-            failed = {"op": c[0], "group": c[1], "seq": c[2], "call_site": c[3]} if c and len(c) >= 4 else None
+            failed: CollectiveState | None = ({"op": c[0], "group": c[1], "seq": c[2], "call_site": c[3]}
+                                              if c and len(c) >= 4 else None)
             out[rec.rank] = {"exit_code": x[0], "exception": x[1], "steps_completed": x[2], "failed_collective": failed}
     return out
 
@@ -173,4 +196,4 @@ def crash_root(nodes: dict[int, NodeState]) -> list[int]:
     from ddpdoctor.findings.hang import crash_findings
 
     st = {r: s for r, s in statuses(nodes).items() if s and s.get("exception")}
-    return sorted({r for f in crash_findings(dict(st)) if f.id == "rank-crashed" for r in f.ranks})
+    return sorted({r for f in crash_findings(st) if f.id == "rank-crashed" for r in f.ranks})

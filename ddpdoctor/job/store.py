@@ -163,6 +163,7 @@ class JobStore:
             value = self._store.get(self.ns + name)
         return self.unseal(name, bytes(value))
 
+    # A boundary: raw JSON off the store (any node's value, of any version); every reader checks what it takes.
     def get_many(self, names: list[str]) -> dict[str, Any]:
         """Values of the names that exist (one multi_get for those seen before, a check for the others)."""
         out: dict[str, Any] = {}

@@ -6,12 +6,14 @@ head is gone."""
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TypedDict, final
 
 from ddpdoctor.findings.hang import HangDiagnosis, RankPosition
 from ddpdoctor.job import state
 from ddpdoctor.job.record import RankRecord
 from ddpdoctor.job.rules import Limits
+from ddpdoctor.jsontypes import JsonValue
+from ddpdoctor.rundir.records import Beat, HangDoc, HangNodeDoc, HeadLostDoc, RankClassDoc, RankStateDoc
 
 
 @dataclass
@@ -24,14 +26,14 @@ class HangVerdict:
     on_hang: str  # kill | report
     diagnosis: HangDiagnosis
     stacks: dict[int, str | None] = field(default_factory=dict)
-    flight_recorder: dict[int, Any] = field(default_factory=dict)
+    flight_recorder: dict[int, JsonValue] = field(default_factory=dict)  # torch's own JSON, passed through
     reported_after_s: float = 0.0  # detection plus collecting stacks and dumps (bounded by timeout + 5 s)
-    heartbeats: dict[int, Any] | None = None  # one node: each rank's last heartbeat
-    classes: list[dict[str, Any]] | None = None  # many nodes: ranks grouped by state and stack
-    nodes: dict[int, dict[str, Any]] | None = None  # many nodes: host, lost, ranks of each
+    heartbeats: dict[int, Beat | None] | None = None  # one node: each rank's last heartbeat
+    classes: list[RankClassDoc] | None = None  # many nodes: ranks grouped by state and stack
+    nodes: dict[int, HangNodeDoc] | None = None  # many nodes: host, lost, ranks of each
 
-    def to_json(self) -> dict[str, Any]:
-        out: dict[str, Any] = {
+    def to_json(self) -> HangDoc:
+        out: HangDoc = {
             "detected_after_s": self.detected_after_s, "hang_timeout_s": self.hang_timeout_s,
             "hang_timeout_set": self.hang_timeout_set, "startup_timeout_s": self.startup_timeout_s,
             "in_startup": self.in_startup, "on_hang": self.on_hang, "diagnosis": self.diagnosis.to_json(),
@@ -50,7 +52,7 @@ class HangVerdict:
 
 def build(nodes: dict[int, state.NodeState], world_size: int | None, stalled: list[int], now: float, *,
           limits: Limits, timeout_s: float, on_hang: str, stacks: dict[int, str | None],
-          dumps: dict[int, Any], since_start_s: float | None = None,
+          dumps: dict[int, JsonValue], since_start_s: float | None = None,
           where: tuple[dict[int, RankPosition], dict[int, int]] | None = None) -> HangVerdict:
     """The one builder of the hang verdict, for a job of one node (its monitor's records as one NodeState) and on
     the head of many (every node's): the culprit from every rank's typed record (job/state.diagnose, the rules of
@@ -69,6 +71,26 @@ def build(nodes: dict[int, state.NodeState], world_size: int | None, stalled: li
         stacks=stacks, flight_recorder=dumps)
 
 
+class _HeadWordHead(TypedDict):
+    line: str
+    code: int
+    head: str
+    report: str
+
+
+class HeadWordDoc(_HeadWordHead, total=False):
+    """HeadWord as it goes through the job store."""
+
+    on_hang: str
+
+
+@final
+class RemoteVerdict(HeadWordDoc):
+    """The head's hang verdict as another node acts on it (its monitor's ``hang``: that node writes no hang.json)."""
+
+    remote: bool
+
+
 @dataclass(frozen=True)
 class HeadWord:
     """What the head tells every node through the job store: its hang verdict as it declares it (``verdict``) or
@@ -80,8 +102,8 @@ class HeadWord:
     report: str
     on_hang: str | None = None  # a hang verdict: what every node does with its ranks (kill | report)
 
-    def to_json(self) -> dict[str, object]:
-        out: dict[str, object] = {"line": self.line, "code": self.code, "head": self.head, "report": self.report}
+    def to_json(self) -> HeadWordDoc:
+        out: HeadWordDoc = {"line": self.line, "code": self.code, "head": self.head, "report": self.report}
         if self.on_hang is not None:
             out["on_hang"] = self.on_hang
         return out
@@ -109,14 +131,14 @@ class HeadLost:
     last_verdict: str | None = None
     exit_code: int = 1
 
-    def to_json(self) -> dict[str, Any]:
+    def to_json(self) -> HeadLostDoc:
         return {"head": self.head, "line": self.line, "node_rank": self.node_rank, "exit_code": self.exit_code,
                 "last_verdict": self.last_verdict, "ranks": [rank_state(r) for r in self.ranks]}
 
 
-def rank_state(rec: RankRecord) -> dict[str, Any]:
+def rank_state(rec: RankRecord) -> RankStateDoc:
     """A rank's record in words: its step, phase, the collective it is in, how it ended."""
-    out: dict[str, Any] = {"rank": rec.rank, "step": rec.step, "phase": rec.phase, "at": rec.where}
+    out: RankStateDoc = {"rank": rec.rank, "step": rec.step, "phase": rec.phase, "at": rec.where}
     if rec.coll:
         out["collective"] = {"op": rec.coll[0], "group": rec.coll[1], "seq": rec.coll[2]}
     if rec.exit:

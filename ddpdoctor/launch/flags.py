@@ -154,9 +154,15 @@ def _cache_file() -> Path | None:
     return Path(base) / "ddpdoctor" / "torchrun-flags.json"
 
 
-def pop_torchrun_values(kwargs: dict[str, Any]) -> dict[str, Any]:
-    """Take the torchrun flags out of a click kwargs dict: {dashed name: value} for those given."""
-    given: dict[str, Any] = {}
+# A torchrun flag's value as given: its text (a flag that takes one), True (a switch), or a number (the Python API).
+FlagValue = str | int | bool
+
+
+# A boundary: click's keyword arguments for the whole command, whatever its other options are.
+def pop_torchrun_values(kwargs: dict[str, Any]) -> dict[str, FlagValue]:
+    """Take the torchrun flags out of a click kwargs dict (the command's keyword arguments, as click gives them:
+    a boundary): {dashed name: value} for those given."""
+    given: dict[str, FlagValue] = {}
     for flag in torchrun_flags():
         value = kwargs.pop(flag.dest, None)
         if value not in (None, False):
@@ -164,7 +170,7 @@ def pop_torchrun_values(kwargs: dict[str, Any]) -> dict[str, Any]:
     return given
 
 
-def torchrun_argv(given: dict[str, Any]) -> list[str]:
+def torchrun_argv(given: dict[str, FlagValue]) -> list[str]:
     """Render given flags back into torchrun's command line, in torchrun's own spelling."""
     known = {f.name: f for f in torchrun_flags()}
     argv: list[str] = []

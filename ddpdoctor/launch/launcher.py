@@ -20,17 +20,21 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
 
+import msgspec
+
 from ddpdoctor.errors import BadInput
 from ddpdoctor.job.agent import attach_agent
 from ddpdoctor.job.role import JobRole, job_role
+from ddpdoctor.jsontypes import JsonObject
 from ddpdoctor.launch import runlock
-from ddpdoctor.launch.flags import torchrun_argv
+from ddpdoctor.launch.flags import FlagValue, torchrun_argv
 from ddpdoctor.launch.proctree import descendants, kill_group
 from ddpdoctor.launch.torchrun_shim import BIND_ENV as STORE_BIND_ENV
-from ddpdoctor.probes.config import ENV_VAR, ProbeConfig, Schedule, rank_from_env
+from ddpdoctor.probes.config import ENV_VAR, ProbeConfig, ProbeOptions, Schedule, rank_from_env
 from ddpdoctor.rundir import manifest as manifest_mod
 from ddpdoctor.rundir.layout import RunDir
 from ddpdoctor.rundir.private import claim_run_root, open_private, private_dir
+from ddpdoctor.rundir.records import RunEndedDoc
 from ddpdoctor.rundir.reserve import SpaceReserve
 
 BOOTSTRAP = Path(__file__).resolve().parents[1] / "probes" / "bootstrap.py"
@@ -53,10 +57,10 @@ class LaunchSpec:
     script: str
     script_args: list[str]
     run_dir: RunDir
-    torchrun: dict[str, Any] = field(default_factory=dict)  # torchrun flags as given
+    torchrun: dict[str, FlagValue] = field(default_factory=dict)  # torchrun flags as given
     launcher: str = "torchrun"  # or "none": the scheduler started one process per rank
     schedule: Schedule = field(default_factory=Schedule)
-    options: dict[str, Any] = field(default_factory=dict)
+    options: ProbeOptions = field(default_factory=lambda: ProbeOptions())  # the mode's options for the probes
     env: dict[str, str] = field(default_factory=dict)  # extra environment for the ranks
     quiet: bool = False  # don't echo rank output to the console
     output_to_stderr: bool = False  # keep stdout clean for --json
@@ -137,7 +141,7 @@ def _rank_env(spec: LaunchSpec, monitor: str | None) -> dict[str, str]:
         as_module=spec.as_module,
         schedule=spec.schedule,
         monitor=monitor,
-        options=spec.options,
+        options=dict(spec.options),
     )
     env = dict(os.environ)
     env.update(spec.env)
@@ -171,12 +175,18 @@ def _torchrun_command(spec: LaunchSpec) -> list[str]:
             str(spec.program or BOOTSTRAP)]
 
 
-def single_node(torchrun: dict[str, Any]) -> bool:
+def _as_json(options: ProbeOptions) -> JsonObject:
+    """The probe options as the manifest's plain JSON (they are JSON values already: no copy is kept)."""
+    out: JsonObject = msgspec.to_builtins(options)
+    return out
+
+
+def single_node(torchrun: dict[str, FlagValue]) -> bool:
     nnodes = str(torchrun.get("--nnodes") or "1")
     return nnodes in ("1", "1:1")
 
 
-def store_bind_address(torchrun: dict[str, Any]) -> str | None:
+def store_bind_address(torchrun: dict[str, FlagValue]) -> str | None:
     """Where torchrun's TCP stores listen: loopback for a single-node job; for a multi-node job the endpoint's
     address when it is a literal IP address, else None (torchrun's own choice: every interface)."""
     if single_node(torchrun):
@@ -318,7 +328,7 @@ def launch(spec: LaunchSpec, watcher: JobWatcher | None = None) -> LaunchResult:
         _make_private(spec.run_dir, root_too=ours)
         if (in_place_rank in (None, 0) and (role is None or role.is_head)) or spec.program is not None:
             manifest_mod.write_initial(spec.run_dir, spec.mode, spec.script, list(spec.script_args), spec.launcher,
-                                       spec.torchrun, asdict(spec.schedule), spec.options)
+                                       spec.torchrun, asdict(spec.schedule), _as_json(spec.options))
         return _launch_locked(spec, watcher, in_place_rank, scheduler_env, role, user_umask)
     finally:
         os.umask(user_umask)
@@ -366,7 +376,7 @@ def _launch_locked(spec: LaunchSpec, watcher: JobWatcher | None, in_place_rank: 
                 _tee(proc.stderr, rdir / "stderr.log", console_err, on_error=reserve.note)]
     job = RunningJob(spec=spec, proc=proc, started=started, reserve=reserve)
     stopper = Stopper(job)
-    ended: dict[str, Any] | None = None
+    ended: RunEndedDoc | None = None
     try:
         stopper.install()
         while proc.poll() is None:
@@ -430,7 +440,7 @@ def _launch_locked(spec: LaunchSpec, watcher: JobWatcher | None, in_place_rank: 
                         killed_by=job.killed_by, signum=stopper.signum, job=agent)
 
 
-def _finalize(spec: LaunchSpec, code: int | None, started: float, job: RunningJob, ended: dict[str, Any]) -> None:
+def _finalize(spec: LaunchSpec, code: int | None, started: float, job: RunningJob, ended: RunEndedDoc) -> None:
     """The manifest's end, written into the space held back for it (rundir/reserve.py). When even that does not
     fit: one line, and the run reads as unfinished (`status`, `analyze`)."""
     reserve = job.reserve

@@ -25,10 +25,11 @@ import socket
 import sys
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypedDict
 
+from ddpdoctor.job.capture_relay import CaptureRequest, capture_request
 from ddpdoctor.job.record import LongStall, RankRecord, record
 from ddpdoctor.job.rules import (
     CRASH_GRACE_S,
@@ -45,11 +46,21 @@ from ddpdoctor.job.rules import (
     just_moved,
 )
 from ddpdoctor.job.state import NodeState
-from ddpdoctor.job.verdict import build
+from ddpdoctor.job.verdict import RemoteVerdict, build
+from ddpdoctor.jsontypes import JsonValue
 from ddpdoctor.launch.proctree import activity, in_tree, signal_own
 from ddpdoctor.launch.stacks import faulthandler_dump, py_spy_dump
 from ddpdoctor.launch.transport import TOKEN_ENV, Listener
 from ddpdoctor.rundir.layout import RunDir, write_json, write_private_text
+from ddpdoctor.rundir.records import (
+    Beat,
+    HangDoc,
+    HeartbeatsDoc,
+    MonitorDoc,
+    RankBeatsDoc,
+    RankExitDoc,
+    RankMessage,
+)
 
 if TYPE_CHECKING:
     from ddpdoctor.launch.launcher import LaunchSpec, RunningJob
@@ -64,9 +75,9 @@ __all__ = ["CRASH_GRACE_S", "MIN_HANG_TIMEOUT_S", "STEP_MULTIPLE", "STUCK_S", "a
 class RankLink:
     rank: int
     pid: int | None = None  # as the rank said; acted on only after proctree.in_tree confirms it
-    beat: dict[str, Any] | None = None
-    exit: dict[str, Any] | None = None
-    dump: dict[str, Any] | None = None
+    beat: Beat | None = None  # its last beat, with the "enter" and "backward" lines since folded in
+    exit: RankExitDoc | None = None
+    dump: RankMessage | None = None  # its answer to the last "dump" request
     last_seen: float | None = None
     heartbeat_tid: int | None = None  # the heartbeat thread's own CPU and I/O do not count as the rank's
     main_tid: int | None = None  # the training thread: its own CPU and I/O are what "busy" means
@@ -74,6 +85,28 @@ class RankLink:
     moved_at: float | None = None  # last time its messages showed a new position (step, phase, collective)
     activity: tuple[int, int] | None = None
     exit_at: float | None = None
+
+
+class RankSnapshot(TypedDict):
+    """One rank's state as the monitor's plugins see it (snapshot())."""
+
+    rank: int
+    beat: Beat | None
+    exit: RankExitDoc | None
+    last_seen: float | None
+    active_at: float | None
+    connected: bool
+
+
+class MonitorRequest(TypedDict, total=False):
+    """What the monitor asks a rank (its heartbeat thread answers with a message of the same ``type``): "dump"
+    (its stacks and Flight Recorder dump) or "capture" (a profiler window, probes/live.py)."""
+
+    type: str
+    id: str
+    what: str
+    steps: int
+    at_step: int
 
 
 def expected_world(spec: LaunchSpec) -> int | None:
@@ -96,7 +129,7 @@ class HangMonitor:
         self.on_hang = on_hang
         self.links: dict[int, RankLink] = {}
         self.world_size: int | None = None
-        self.hang: dict[str, Any] | None = None
+        self.hang: HangDoc | RemoteVerdict | None = None  # a node acting on the head's verdict holds the head's word
         self.run_root: Any = None
         self.run_dir: RunDir | None = None
         self.token = secrets.token_hex(32)  # handed to the ranks in their environment only (rank_env)
@@ -180,25 +213,27 @@ class HangMonitor:
         how it ended died: a signal, an abort in C++)."""
         with self._lock:
             links = sorted(self.links.items())
-        died = {"exit_code": None, "exception": "died without a status (killed by a signal, or aborted)"}
+        died: RankExitDoc = {"exit_code": None, "exception": "died without a status (killed by a signal, or aborted)"}
         return [record(r, lk.beat, lk.exit or (died if ended else None), now, job_started, lk.active_at,
                        lk.moved_at, lk.exit_at) for r, lk in links]
 
-    def act(self, hang: dict[str, Any], line: str, extra_text: str = "") -> None:
+    def act(self, hang: HangDoc | RemoteVerdict, line: str, extra_text: str = "") -> None:
         """The job's verdict is a hang: declare it on this node (its files, its console, its ranks)."""
         if self.hang is None:
             self.declare(self._job, hang, line, extra_text)
 
-    def replay(self, rank: int, msg: dict[str, Any]) -> None:
+    def replay(self, rank: int, msg: RankMessage) -> None:
         """A message of a rank on another node (relayed by the job layer) to this node's plugins (its live watch)."""
         self._call("on_message", self, rank, msg)
 
     def say(self, line: str) -> None:
         say(line)
 
-    def forward(self, req: dict[str, Any]) -> list[int]:
-        """A capture request left on this node (live/watch.py), to the job's other nodes: the plugins' ``on_request``
-        (the job layer puts it in the job store) return the node ranks it went to."""
+    def forward(self, raw: Mapping[str, object]) -> list[int]:
+        """A capture request left on this node (live/watch.py: the client's request as it came, raw JSON), to the
+        job's other nodes: the plugins' ``on_request`` (the job layer puts it in the job store) return the node
+        ranks it went to."""
+        req = capture_request(raw)
         out: list[int] = []
         for plugin in self.plugins:
             fn: Callable[..., Any] | None = getattr(plugin, "on_request", None)
@@ -210,7 +245,7 @@ class HangMonitor:
                 self.plugin_errors += 1
         return out
 
-    def deliver(self, req: dict[str, Any]) -> None:
+    def deliver(self, req: CaptureRequest) -> None:
         """A capture request the head handed to this node through the job store, to this node's live watch."""
         self._call("on_job_request", self, req)
 
@@ -218,7 +253,7 @@ class HangMonitor:
         with self._lock:
             return sorted(self.links)
 
-    def collect_stacks(self) -> tuple[dict[int, str | None], dict[int, Any]]:
+    def collect_stacks(self) -> tuple[dict[int, str | None], dict[int, JsonValue]]:
         with self._lock:
             links = dict(self.links)
         return self.collect(links)
@@ -231,24 +266,26 @@ class HangMonitor:
         if self.listener is not None:
             self.listener.close()
         if self.run_root is not None and self.writes_run_files:
-            beats = {str(r): {"beat": lk.beat, "exit": lk.exit} for r, lk in sorted(self.links.items())}
-            monitor = {"rejected": dict(self.listener.rejected) if self.listener else {},
-                       "plugin_errors": self.plugin_errors, "stalls": [s.to_json() for s in self.stalls.values()]}
+            beats: dict[str, RankBeatsDoc] = {str(r): {"beat": lk.beat, "exit": lk.exit}
+                                              for r, lk in sorted(self.links.items())}
+            monitor: MonitorDoc = {"rejected": dict(self.listener.rejected) if self.listener else {},
+                                   "plugin_errors": self.plugin_errors,
+                                   "stalls": [s.to_json() for s in self.stalls.values()]}
+            doc: HeartbeatsDoc = {"world_size": self.world_size, "ranks": beats, "monitor": monitor}
             try:
-                write_json(self.run_root / "heartbeats.json",
-                           {"world_size": self.world_size, "ranks": beats, "monitor": monitor})
+                write_json(self.run_root / "heartbeats.json", doc)
             except OSError:
                 pass
 
     # -- plugin API ----------------------------------------------------------------------------------
-    def snapshot(self) -> dict[int, dict[str, Any]]:
+    def snapshot(self) -> dict[int, RankSnapshot]:
         """Every rank's state as plain data: beat (step, phase, collective, call site ...), exit, connection."""
         with self._lock:
             links = dict(self.links)
         return {r: {"rank": r, "beat": lk.beat, "exit": lk.exit, "last_seen": lk.last_seen, "active_at": lk.active_at,
                     "connected": bool(self.listener and self.listener.connected(r))} for r, lk in links.items()}
 
-    def send(self, rank: int, msg: dict[str, Any]) -> bool:
+    def send(self, rank: int, msg: MonitorRequest) -> bool:
         """Send one request to ``rank`` (its heartbeat thread answers with a message of the same type)."""
         if self.listener is None:
             return False
@@ -309,7 +346,7 @@ class HangMonitor:
     def _note_stalls(self, ranks: list[int], now: float) -> None:
         for r in ranks:
             lk = self.links[r]
-            beat = lk.beat or {}
+            beat: Beat = lk.beat or {}
             step = int(_num(beat.get("step")))
             key = (r, step)
             since = _num(beat.get("step_started"), now) if step else now
@@ -321,7 +358,7 @@ class HangMonitor:
             self.stalls[key].stalled_s = round(now - since, 1)
 
     # -- messages (on the listener's thread) ----------------------------------------------------------
-    def _on_hello(self, msg: dict[str, Any]) -> tuple[int | None, str | None]:
+    def _on_hello(self, msg: RankMessage) -> tuple[int | None, str | None]:
         rank, world, pid = msg.get("rank"), msg.get("world_size"), msg.get("pid")
         if not all(isinstance(v, int) and not isinstance(v, bool) for v in (rank, world, pid)):
             return None, "bad-hello"
@@ -340,7 +377,7 @@ class HangMonitor:
             link.main_tid = main_tid if isinstance(main_tid, int) else link.main_tid
         return rank, None
 
-    def _on_message(self, rank: int, msg: dict[str, Any]) -> None:
+    def _on_message(self, rank: int, msg: RankMessage) -> None:
         link = self.links[rank]
         link.last_seen = time.time()
         kind = msg.get("type")
@@ -348,23 +385,27 @@ class HangMonitor:
         if kind == "beat":
             if link.beat is None or link.beat.get("where") != msg.get("where"):
                 link.active_at = link.last_seen  # its Python position moved
-            if isinstance(msg.get("tid"), int):
-                link.heartbeat_tid = msg["tid"]
-            if isinstance(msg.get("main_tid"), int):
-                link.main_tid = msg["main_tid"]
+            tid, main_tid = msg.get("tid"), msg.get("main_tid")
+            if isinstance(tid, int):
+                link.heartbeat_tid = tid
+            if isinstance(main_tid, int):
+                link.main_tid = main_tid
             link.beat = msg
         elif kind == "enter":
-            link.beat = dict(link.beat or {"rank": rank, "step": 0}, collective=msg.get("collective"))
+            before_enter: Beat = link.beat or {"rank": rank, "step": 0}
+            link.beat = {**before_enter, "collective": msg.get("collective")}
         elif kind == "backward":  # entered backward() (DDP's bucket all-reduces), with its step: the beat's rest follows
-            link.beat = dict(link.beat or {"rank": rank}, step=msg.get("step", 0), step_started=msg.get("step_started"),
-                             phase="backward", collective=None, backward=msg.get("backward"))
+            before_bw: Beat = link.beat or {"rank": rank}
+            link.beat = {**before_bw, "step": msg.get("step", 0), "step_started": msg.get("step_started"),
+                         "phase": "backward", "collective": None, "backward": msg.get("backward")}
         elif kind == "dump":
             link.dump = msg
             for stall in self.stalls.values():
                 if stall.rank == rank and stall.stack is None and isinstance(msg.get("stacks"), str):
                     stall.stack = msg["stacks"]
         elif kind == "exit":
-            link.exit = msg.get("status") if isinstance(msg.get("status"), dict) else {}
+            status = msg.get("status")
+            link.exit = status if isinstance(status, dict) else {}
             link.exit_at = link.last_seen
         if _place(link.beat) != before:
             link.moved_at = link.last_seen
@@ -402,11 +443,12 @@ class HangMonitor:
         self.declare(job, self.hang, f"hang detected {alone}({verdict.diagnosis.reason}); report in "
                      f"{self.run_root}/hang.txt")
 
-    def declare(self, job: RunningJob | None, hang: dict[str, Any], line: str, extra_text: str = "") -> None:
+    def declare(self, job: RunningJob | None, hang: HangDoc | RemoteVerdict, line: str, extra_text: str = "") -> None:
         """The job hung: write RUN/hang.json and hang.txt (``extra_text`` after the summary), say ``line``, and
         stop the job unless --on-hang report. The job layer calls it with the head's verdict on every node."""
         self.hang = hang
-        if self.run_root is not None and self.writes_run_files:
+        # Only the node that judged writes the verdict (a node acting on the head's word writes none).
+        if self.run_root is not None and self.writes_run_files and "diagnosis" in hang:
             try:
                 write_json(self.run_root / "hang.json", hang)
                 write_private_text(self.run_root / "hang.txt", hang_text(hang, extra_text))
@@ -419,7 +461,7 @@ class HangMonitor:
             self._kill_all(job, signal.SIGTERM)
             self._kill_at = time.time() + KILL_GRACE_S
 
-    def collect(self, links: dict[int, RankLink]) -> tuple[dict[int, str | None], dict[int, Any]]:
+    def collect(self, links: dict[int, RankLink]) -> tuple[dict[int, str | None], dict[int, JsonValue]]:
         """Every live rank's stack (py-spy, else its heartbeat dump, else faulthandler) and Flight Recorder dump."""
         live = {r: lk for r, lk in links.items() if lk.exit is None}
         asked = set()
@@ -439,11 +481,12 @@ class HangMonitor:
         while time.time() < deadline and any(live[r].dump is None for r in asked):
             time.sleep(0.05)
         stacks: dict[int, str | None] = {}  # None: every way failed; hang_text says so
-        dumps: dict[int, Any] = {}
+        dumps: dict[int, JsonValue] = {}
         for r, lk in live.items():
-            dump = lk.dump or {}
+            dump: RankMessage = lk.dump or {}
             dumps[r] = dump.get("flight_recorder")
-            text = dump.get("stacks") if isinstance(dump.get("stacks"), str) else None
+            got = dump.get("stacks")
+            text = got if isinstance(got, str) else None
             if not (spy.get(r) or text) and self.run_dir is not None:
                 text = faulthandler_dump(own.get(r), self.root_pid, self.run_dir.rank_file(r, "stacks.txt"))
             stacks[r] = spy.get(r) or text
@@ -461,20 +504,20 @@ def say(line: str) -> None:
     print(f"ddpdoctor: {line}", file=sys.stderr, flush=True)
 
 
-def _place(beat: dict[str, Any] | None) -> tuple[Any, ...]:
+def _place(beat: Beat | None) -> tuple[int | None, str | None, str, str]:
     """Where a rank is, as far as hangs go: its step, phase, collective and backward() entry."""
-    b = beat or {}
+    b: Beat = beat or {}
     coll, bw = b.get("collective"), b.get("backward")
     return (b.get("step"), b.get("phase"), repr(coll.get("since") if isinstance(coll, dict) else coll),
             repr(bw.get("since") if isinstance(bw, dict) else bw))
 
 
-def _num(value: Any, default: float = 0.0) -> float:
+def _num(value: object, default: float = 0.0) -> float:
     """A number from a rank's message, or ``default`` for anything else (a message never crashes the monitor)."""
     return float(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else default
 
 
-def hang_text(hang: dict[str, Any], classes: str = "") -> str:
+def hang_text(hang: HangDoc, classes: str = "") -> str:
     """RUN/hang.txt: what hung, the culprit, each rank's position and stack (``classes``: the job layer's ranks
     grouped by state and stack, shown instead of one line and one stack per rank)."""
     d = hang["diagnosis"]

@@ -17,7 +17,9 @@ import time
 from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, cast
+
+from ddpdoctor.rundir.records import RankMessage
 
 TOKEN_ENV = "DDPDOCTOR_MONITOR_TOKEN"
 HELLO_MAX = 4096  # bytes of the first line of a connection
@@ -27,8 +29,8 @@ MAX_PENDING = 16  # unauthenticated connections at once; the oldest goes when an
 RECV_BYTES = 1 << 16
 
 # on_hello(msg) -> (rank, None) to accept, (None, reason) to refuse.
-HelloCheck = Callable[[dict[str, Any]], tuple[int | None, str | None]]
-MessageHandler = Callable[[int, dict[str, Any]], None]
+HelloCheck = Callable[[RankMessage], tuple[int | None, str | None]]
+MessageHandler = Callable[[int, RankMessage], None]
 CloseHandler = Callable[[int], None]
 
 
@@ -192,7 +194,8 @@ class Listener:
         if not isinstance(msg, dict):
             self.rejected["bad-message"] += 1  # from the job itself: ignore the line, keep the rank
             return
-        self.on_message(conn.rank, msg)
+        # Raw JSON from the rank's socket, typed as the lines a rank sends: the monitor checks each value it acts on.
+        self.on_message(conn.rank, cast(RankMessage, msg))
 
     def _authenticate(self, conn: _Conn, msg: Any) -> None:
         if not isinstance(msg, dict) or msg.get("type") != "hello":
@@ -202,7 +205,7 @@ class Listener:
         if not isinstance(token, str) or not hmac.compare_digest(token.encode(), self.token):
             self._drop(conn, "bad-token")
             return
-        rank, reason = self.on_hello(msg)
+        rank, reason = self.on_hello(cast(RankMessage, msg))
         if rank is None:
             self._drop(conn, reason or "bad-hello")
             return

@@ -8,11 +8,13 @@ import json
 import math
 import os
 import time
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
 from ddpdoctor.errors import BadInput
 from ddpdoctor.live.health import node_names
+from ddpdoctor.live.records import CaptureRequest, PickedUp
 from ddpdoctor.live.stacks import group_stacks, stacks_text
 from ddpdoctor.live.status import load_status
 from ddpdoctor.live.watch import captures_dir, control_dir
@@ -46,12 +48,12 @@ def request(run_root: Path, what: str, steps: int | None) -> tuple[str, list[str
         raise BadInput("not a live `ddpdoctor run` job (no live control folder: the job ran without ddpdoctor's "
                        "live watch, or its ddpdoctor is gone)", run_root)
     cid = f"cap-{time.strftime('%Y%m%d-%H%M%S')}-{os.getpid()}"
-    req: dict[str, Any] = {"id": cid, "what": what, "steps": steps}
-    h = st.get("health") or {}
-    if len(nodes) > 1 and isinstance(h.get("step"), int):
+    req: CaptureRequest = {"id": cid, "what": what, "steps": steps}
+    h = st["health"] or {}
+    if len(nodes) > 1 and isinstance(step := h.get("step"), int):
         # One iteration for every node: past the furthest rank by ~3 s of iterations (beats, polls, relay).
         rate = h.get("steps_per_s")
-        req["at_step"] = h["step"] + max(3, math.ceil(3 * rate) if isinstance(rate, (int, float)) else 3)
+        req["at_step"] = step + max(3, math.ceil(3 * rate) if isinstance(rate, (int, float)) else 3)
     body = json.dumps(req).encode()
     for node in nodes:
         ctl = control_dir(run_root, node)
@@ -66,11 +68,11 @@ def request(run_root: Path, what: str, steps: int | None) -> tuple[str, list[str
     return cid, nodes
 
 
-def wait_picked_up(run_root: Path, cid: str, nodes: list[str]) -> dict[str, Any]:
+def wait_picked_up(run_root: Path, cid: str, nodes: list[str]) -> PickedUp:
     """The nodes' records of the request (RUN/captures/<id>/capture-NODE.json), merged: ranks together."""
     out = captures_dir(run_root) / cid
     deadline = time.time() + PICKUP_S
-    records: dict[str, dict[str, Any]] = {}
+    records: dict[str, dict[str, Any]] = {}  # raw JSON in: the monitors' capture-NODE.json (watch.py), read as is
     nodes = list(nodes)
     while time.time() < deadline and len(records) < len(nodes):
         for node in list(nodes):
@@ -95,7 +97,7 @@ def wait_picked_up(run_root: Path, cid: str, nodes: list[str]) -> dict[str, Any]
             "missing_nodes": missing}
 
 
-def wait_window(run_root: Path, cid: str, state: dict[str, Any], timeout_s: float) -> Path:
+def wait_window(run_root: Path, cid: str, state: PickedUp, timeout_s: float) -> Path:
     """Wait until every rank wrote its window (ranks/rankR/done.json); return the window folder."""
     if state.get("error"):
         raise CaptureFailed(f"the monitor refused the request: {state['error']}")
@@ -129,7 +131,7 @@ def wait_stacks(run_root: Path, cid: str, nodes: list[str], timeout_s: float) ->
     out = captures_dir(run_root) / cid
     deadline = time.time() + timeout_s
     stacks: dict[int, str | None] = {}
-    beats: dict[int, dict[str, Any]] = {}
+    beats: dict[int, Mapping[str, object]] = {}
     pending = set(nodes)
     while pending and time.time() < deadline:
         for node in sorted(pending):
@@ -182,7 +184,7 @@ def _done_path(window: Path, rank: int) -> Path:
     return window / "ranks" / f"rank{rank}" / "done.json"
 
 
-def _window_done(window: Path, rank: int) -> dict[str, Any] | None:
+def _window_done(window: Path, rank: int) -> Mapping[str, object] | None:
     """That rank's done.json as an object; None while it has not written one (or wrote something else)."""
     try:
         data = read_json(_done_path(window, rank))

@@ -9,6 +9,7 @@ from ddpdoctor.errors import BadInput
 
 if TYPE_CHECKING:
     from ddpdoctor.live.health import LiveHealth
+    from ddpdoctor.live.records import HealthSnapshot
 
 MAX_RANK_SERIES = 64  # per-rank TensorBoard tags beyond this many ranks would drown the job-level ones
 
@@ -102,7 +103,7 @@ class PrometheusExporter:
         from ddpdoctor.live.metrics_http import MetricsServer
 
         self.registry = CollectorRegistry()
-        self.snapshot: dict[str, Any] = {}
+        self.snapshot: HealthSnapshot | None = None  # the latest (None before the first)
         self.registry.register(_Collector(self))
         try:
             self._server: MetricsServer | None = MetricsServer(
@@ -113,7 +114,7 @@ class PrometheusExporter:
         self.port = self._server.port
 
     def update(self, health: LiveHealth) -> None:
-        self.snapshot = health.last_snapshot or {}
+        self.snapshot = health.last_snapshot
 
     def close(self) -> None:
         if self._server is not None:

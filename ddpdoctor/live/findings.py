@@ -15,8 +15,9 @@ from ddpdoctor.safe_io import read_text
 MAX_ALERT_BYTES = 4 << 20
 
 
-def read_alerts(run: RunDir) -> list[dict[str, Any]]:
-    """Every node's alert records, oldest first (malformed lines skipped; a missing or unreadable file is none)."""
+def read_alerts(run: RunDir) -> list[dict[str, Any]]:  # raw JSON in: the lines as written, read by key below
+    """Every node's alert records (live/records.py Alert), oldest first (malformed lines skipped; a missing or
+    unreadable file is none). Their evidence is copied into the findings as it is."""
     text = ""
     for node in node_names(run.root):
         try:
@@ -73,10 +74,7 @@ def live_findings(run: RunDir) -> list[Finding]:
     (those that recurred at a fixed period by the end of the run are dropped: evaluation or checkpoint work)."""
     alerts = read_alerts(run)
     out: list[Finding] = []
-    slow: dict[int, dict[str, Any]] = {}
-    for a in alerts:
-        if a["id"] == "slow-rank" and a.get("ranks"):
-            slow[int(a["ranks"][0])] = a
+    slow = {int(a["ranks"][0]): a for a in alerts if a["id"] == "slow-rank" and a.get("ranks")}  # the latest
     step_ms = None
     for r, a in sorted(slow.items()):
         ev = a.get("evidence") or {}

@@ -19,11 +19,19 @@ from collections import deque
 from collections.abc import Callable
 from pathlib import Path
 from statistics import median
-from typing import Any
+from typing import IO
 
 import numpy as np
 
-from ddpdoctor.analyses.ledger import caused_wait
+from ddpdoctor.analyses.ledger import CausedWaitJson, caused_wait
+from ddpdoctor.live.records import (
+    Alert,
+    HealthSnapshot,
+    Outlier,
+    RankHealth,
+    SlowdownEvidence,
+    SlowRankEvidence,
+)
 from ddpdoctor.live.rules import (
     DEFAULT_CONFIG,
     LOSS_PHASES,
@@ -67,7 +75,7 @@ class LiveHealth:
     """Thread-safe: ``ingest`` runs on the monitor's connection handlers, ``tick``/``finish`` on its poll loop."""
 
     def __init__(self, run_root: Path, world_size: int | None = None, config: HealthConfig = DEFAULT_CONFIG,
-                 eval_interval_s: float = 1.0, on_alert: Callable[[dict[str, Any]], None] | None = None,
+                 eval_interval_s: float = 1.0, on_alert: Callable[[Alert], None] | None = None,
                  node: str = "node0") -> None:
         self.root = node_dir(run_root, node)
         self.node = node
@@ -81,15 +89,15 @@ class LiveHealth:
         self.pending: dict[int, dict[int, StepRecord]] = {}  # step -> rank -> record, until every rank has it
         self.baseline: list[JobPoint] = []
         self.series: deque[JobPoint] = deque(maxlen=JOB_HISTORY)
-        self.alerts: list[dict[str, Any]] = []
+        self.alerts: list[Alert] = []
         self.caused_s: dict[int, float] = {}  # per rank: how long the others wait for it per step (the ledger)
         self.split_s: dict[int, tuple[float, float, float]] = {}  # per rank: blocked, waiting, transfer per step
-        self.waited_for: list[dict[str, Any]] = []  # the ranks the others persistently wait for, now
+        self.waited_for: list[CausedWaitJson] = []  # the ranks the others persistently wait for, now
         self.ledger_notes: list[str] = []
         self.started = time.time()
-        self.last_snapshot: dict[str, Any] | None = None
+        self.last_snapshot: HealthSnapshot | None = None
         self.cost_s = 0.0  # the monitor's own time in ingest + tick (reported in the snapshot)
-        self._raised: set[tuple[str, Any]] = set()
+        self._raised: set[tuple[str, int | str]] = set()  # (alert id, its rank, step or "job")
         self._outlier_steps: set[int] = set()
         self._new_points: list[JobPoint] = []
         self._series_lines = 0
@@ -100,7 +108,7 @@ class LiveHealth:
             (self.root / name).unlink(missing_ok=True)
 
     # -- input ---------------------------------------------------------------------------------------
-    def ingest(self, rank: int, steps: Any, phase: str | None = None) -> None:
+    def ingest(self, rank: int, steps: object, phase: str | None = None) -> None:
         """One beat's iterations: ``[[step, seconds, {phase: seconds}], ...]`` (malformed entries are skipped)."""
         t0 = time.perf_counter()
         with self._lock:
@@ -118,7 +126,7 @@ class LiveHealth:
         self.cost_s += time.perf_counter() - t0
 
     # -- evaluation ----------------------------------------------------------------------------------
-    def tick(self, now: float | None = None, force: bool = False) -> list[dict[str, Any]]:
+    def tick(self, now: float | None = None, force: bool = False) -> list[Alert]:
         """Run the rules when due; write the live files; return the alerts raised now."""
         now = time.time() if now is None else now
         # Above 1,000 ranks a pass costs ~80 ms per 1,000 ranks (benchmarks/live_cost.py): space them out so the
@@ -139,7 +147,7 @@ class LiveHealth:
                 self.on_alert(alert)
         return fresh
 
-    def finish(self) -> list[dict[str, Any]]:
+    def finish(self) -> list[Alert]:
         """The job ended: last evaluation, and a snapshot that says so."""
         fresh = self.tick(force=True)
         with self._lock:
@@ -171,8 +179,8 @@ class LiveHealth:
             self._new_points.append(point)
 
     def _evaluate(self, per_rank: dict[int, list[StepRecord]], series: list[JobPoint],
-                  now: float) -> list[dict[str, Any]]:
-        fresh: list[dict[str, Any]] = []
+                  now: float) -> list[Alert]:
+        fresh: list[Alert] = []
         slow = _with_caused_wait(slow_ranks(per_rank, self.cfg), self._ledger(per_rank))
         for ev in slow:
             fresh += self._raise("slow-rank", ev["rank"], ev, now,
@@ -188,37 +196,38 @@ class LiveHealth:
         else:
             self._rearm("slowdown", set())
         before = set(self._outlier_steps)
-        for ev in outliers(series[-(self.cfg.stall_history + 64):], self.cfg, sorted(before)):
-            if ev["step"] in before:
+        for o in outliers(series[-(self.cfg.stall_history + 64):], self.cfg, sorted(before)):
+            if o["step"] in before:
                 continue  # judged on an earlier tick
-            self._outlier_steps.add(ev["step"])
-            if ev["kind"] != "stall":
+            self._outlier_steps.add(o["step"])
+            if o["kind"] != "stall":
                 continue
-            where = f" (rank {ev['rank']}, {ev['phase']})" if ev.get("rank") is not None else ""
-            fresh += self._raise("stall", ev["step"], ev, now,
-                                 f"step {ev['step']} took {ev['seconds']:.2f} s, {ev['seconds'] / ev['usual_s']:.0f}x "
-                                 f"the usual {ev['usual_s'] * 1e3:.0f} ms{where}",
-                                 ranks=[ev["rank"]] if ev.get("rank") is not None else [],
-                                 cost_ms=ev["excess_s"] * 1e3)
+            rank = o["rank"]
+            where = f" (rank {rank}, {o['phase']})" if rank is not None else ""
+            fresh += self._raise("stall", o["step"], o, now,
+                                 f"step {o['step']} took {o['seconds']:.2f} s, {o['seconds'] / o['usual_s']:.0f}x "
+                                 f"the usual {o['usual_s'] * 1e3:.0f} ms{where}",
+                                 ranks=[rank] if rank is not None else [],
+                                 cost_ms=o["excess_s"] * 1e3)
         return fresh
 
-    def _raise(self, kind: str, key: Any, evidence: dict[str, Any], now: float, title: str, ranks: list[int],
-               cost_ms: float) -> list[dict[str, Any]]:
+    def _raise(self, kind: str, key: int | str, evidence: SlowRankEvidence | SlowdownEvidence | Outlier, now: float,
+               title: str, ranks: list[int], cost_ms: float) -> list[Alert]:
         if (kind, key) in self._raised or len(self.alerts) >= MAX_ALERTS:
             return []
         self._raised.add((kind, key))
         step = max((h[-1].step for h in self.ranks.values() if h), default=0)
-        alert = {"id": kind, "time": round(now, 3), "step": step, "title": title, "ranks": ranks,
+        alert: Alert = {"id": kind, "time": round(now, 3), "step": step, "title": title, "ranks": ranks,
                  "cost_ms": round(cost_ms, 3), "evidence": evidence}
         self.alerts.append(alert)
         _append_line(self.root / "alerts.jsonl", alert)
         return [alert]
 
-    def _rearm(self, kind: str, still: set[Any]) -> None:
+    def _rearm(self, kind: str, still: set[int]) -> None:
         """A condition that cleared may be raised again if it comes back."""
         self._raised = {(k, key) for k, key in self._raised if k != kind or key in still}
 
-    def _ledger(self, per_rank: dict[int, list[StepRecord]]) -> list[dict[str, Any]]:
+    def _ledger(self, per_rank: dict[int, list[StepRecord]]) -> list[CausedWaitJson]:
         """The collective ledger's verdict (analyses/ledger.py): who the others wait for, kept for the snapshot."""
         # This monitor runs on its ranks' host: with fewer usable cores than ranks plus launcher, a wait of a few
         # scheduler slices is the OS's choice of which rank runs (a note, not a slow rank).
@@ -235,11 +244,11 @@ class LiveHealth:
 
     # -- output --------------------------------------------------------------------------------------
     def snapshot(self, now: float, per_rank: dict[int, list[StepRecord]], series: list[JobPoint],
-                 finished: bool) -> dict[str, Any]:
+                 finished: bool) -> HealthSnapshot:
         recent = [p.seconds for p in series[-self.cfg.window_steps:] if p.step > self.cfg.warmup_steps] or \
             [p.seconds for p in series[-self.cfg.window_steps:]]
         step_s = float(np.median(recent)) if recent else None
-        ranks: dict[str, Any] = {}
+        ranks: dict[str, RankHealth] = {}
         for r, recs in sorted(per_rank.items()):
             tail = recs[-self.cfg.window_steps:]
             if not tail:
@@ -249,11 +258,17 @@ class LiveHealth:
             phases = {p: median([x.phases.get(p, 0.0) for x in tail]) for p in _phase_names(tail)}
             total = sum(phases.values()) or 1.0
             busy = sum(v for p, v in phases.items() if p in LOSS_PHASES)
-            ranks[str(r)] = {"step": tail[-1].step, "step_ms": round(med * 1e3, 3), "busy_ms": round(busy * 1e3, 3),
-                             "phase_share": {p: round(v / total, 4) for p, v in phases.items()},
-                             "phase_now": self.phase_now.get(r),
-                             "caused_wait_ms": round(self.caused_s.get(r, 0.0) * 1e3, 3),
-                             **_split_ms(self.split_s.get(r))}
+            row: RankHealth = {"step": tail[-1].step, "step_ms": round(med * 1e3, 3),
+                               "busy_ms": round(busy * 1e3, 3),
+                               "phase_share": {p: round(v / total, 4) for p, v in phases.items()},
+                               "phase_now": self.phase_now.get(r),
+                               "caused_wait_ms": round(self.caused_s.get(r, 0.0) * 1e3, 3)}
+            split = self.split_s.get(r)
+            if split is not None:
+                row["blocked_ms"] = round(split[0] * 1e3, 3)
+                row["waiting_ms"] = round(split[1] * 1e3, 3)
+                row["transfer_ms"] = round(split[2] * 1e3, 3)
+            ranks[str(r)] = row
         slowest = sorted(ranks, key=lambda r: -ranks[r]["busy_ms"])[:5]
         return {
             "version": VERSION, "node": self.node, "updated": round(now, 3), "started": round(self.started, 3), "finished": finished,
@@ -294,27 +309,22 @@ class LiveHealth:
             self._series_lines = len(kept)
 
 
-def _split_ms(split: tuple[float, float, float] | None) -> dict[str, float]:
-    if split is None:
-        return {}
-    return {"blocked_ms": round(split[0] * 1e3, 3), "waiting_ms": round(split[1] * 1e3, 3),
-            "transfer_ms": round(split[2] * 1e3, 3)}
-
-
-def _with_caused_wait(slow: list[dict[str, Any]], waited: list[dict[str, Any]]) -> list[dict[str, Any]]:
+def _with_caused_wait(slow: list[SlowRankEvidence], waited: list[CausedWaitJson]) -> list[SlowRankEvidence]:
     """One slow-rank per rank: a rank the others wait for (the ledger) carries that wait as its cost and the phase
     where its own work exceeds theirs; a rank only the phase comparison names keeps its phase excess."""
     by_rank = {ev["rank"]: ev for ev in slow}
-    out = []
+    out: list[SlowRankEvidence] = []
     for c in waited:
-        ev = dict(by_rank.pop(c["rank"], {}), **c)
-        ev.update(lost_ms_per_step=c["cost_ms_per_step"], pct_of_step=c["cost_pct_of_step"], measured_by="ledger")
+        ev: SlowRankEvidence = {**by_rank.pop(c["rank"], {}), **c}  # the ledger's figures win
+        ev["lost_ms_per_step"] = c["cost_ms_per_step"]
+        ev["pct_of_step"] = c["cost_pct_of_step"]
+        ev["measured_by"] = "ledger"
         out.append(ev)
     out += by_rank.values()
     return sorted(out, key=lambda a: -a["lost_ms_per_step"])
 
 
-def _slow_title(ev: dict[str, Any]) -> str:
+def _slow_title(ev: SlowRankEvidence) -> str:
     if ev.get("measured_by") == "ledger":
         return (f"rank {ev['rank']} makes the others wait {ev['lost_ms_per_step']:.1f} ms per step "
                 f"({ev['pct_of_step']}% of the step); " + (f"it is slower in {ev['phase']}" if ev.get("phase") else
@@ -330,7 +340,9 @@ def _phase_names(recs: list[StepRecord]) -> list[str]:
     return list(names)
 
 
-def _record(item: Any) -> StepRecord | None:
+def _record(item: object) -> StepRecord | None:
+    if not isinstance(item, (list, tuple)) or len(item) != 3:
+        return None
     try:
         step, secs, phases = item
         if not isinstance(phases, dict):
@@ -353,12 +365,12 @@ def _job_point(step: int, recs: dict[int, StepRecord]) -> JobPoint:
                     top_rank, top_phase)
 
 
-def _open_append(path: Path) -> Any:
+def _open_append(path: Path) -> IO[str]:
     """Append to a run-directory file created owner-only (0600, docs/trust.md)."""
     return os.fdopen(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600), "a")
 
 
-def _append_line(path: Path, data: dict[str, Any]) -> None:
+def _append_line(path: Path, data: Alert) -> None:
     try:
         with _open_append(path) as f:
             f.write(json.dumps(data, separators=(",", ":"), default=str) + "\n")

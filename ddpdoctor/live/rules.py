@@ -2,7 +2,8 @@
 
 Inputs are plain data (so tests hand them synthetic series, thousands of ranks): a rank's iterations as
 ``StepRecord`` (step, seconds, {phase: seconds}) and the job's series as ``JobPoint`` (one per step: the median
-rank's time). Outputs are plain dicts (the alert's evidence), never printed or written here.
+rank's time). Outputs are the alert's evidence as JSON-ready TypedDicts (live/records.py), never printed or written
+here.
 
 Why phases and not step times: DDP synchronises every iteration, so every rank's step takes as long as the slowest
 one's. A slow rank shows as more time in a phase it runs alone (data, forward, optimizer, ...) while the others
@@ -10,10 +11,13 @@ wait for it in backward (DDP's gradient all-reduce) or in a blocking collective;
 
 from __future__ import annotations
 
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TypeVar
 
 import numpy as np
+
+from ddpdoctor.live.records import Outlier, SlowdownEvidence, SlowRankEvidence
 
 WAIT_PHASES = ("backward", "collective")
 LOSS_PHASES = ("data", "forward", "optimizer", "eval", "checkpoint", "other")
@@ -73,7 +77,7 @@ def common_steps(per_rank: dict[int, list[StepRecord]], cfg: HealthConfig) -> li
     return sorted(s for s in common if s > cfg.warmup_steps)[-cfg.window_steps:]
 
 
-def slow_ranks(per_rank: dict[int, list[StepRecord]], cfg: HealthConfig = DEFAULT_CONFIG) -> list[dict[str, Any]]:
+def slow_ranks(per_rank: dict[int, list[StepRecord]], cfg: HealthConfig = DEFAULT_CONFIG) -> list[SlowRankEvidence]:
     """Ranks persistently slower than the others, with the phase where each loses its time (largest loss first).
 
     For each iteration and phase, a rank's excess is its time minus the median of the other ranks' (every rank's
@@ -99,7 +103,7 @@ def slow_ranks(per_rank: dict[int, list[StepRecord]], cfg: HealthConfig = DEFAUL
     threshold = max(cfg.slow_rank_min_s, cfg.slow_rank_rel * step_s)
     everyone = np.median(t, axis=0) if len(ranks) > 32 else None
     nloss = len(LOSS_PHASES)
-    out = []
+    out: list[SlowRankEvidence] = []
     for i, r in enumerate(ranks):
         others = everyone if everyone is not None else np.median(np.delete(t, i, axis=0), axis=0)
         excess = t[i] - others  # (steps, phases)
@@ -120,7 +124,7 @@ def slow_ranks(per_rank: dict[int, list[StepRecord]], cfg: HealthConfig = DEFAUL
     return sorted(out, key=lambda a: -a["lost_ms_per_step"])
 
 
-def slowdown(series: list[JobPoint], cfg: HealthConfig = DEFAULT_CONFIG) -> dict[str, Any] | None:
+def slowdown(series: list[JobPoint], cfg: HealthConfig = DEFAULT_CONFIG) -> SlowdownEvidence | None:
     """The job's step time now (median of the last ``window_steps``) against its own first ``baseline_steps``
     after warm-up: a regression above max(15%, 4 robust sigmas of the baseline). Medians ignore the occasional
     evaluation or checkpoint step."""
@@ -149,17 +153,20 @@ def slowdown(series: list[JobPoint], cfg: HealthConfig = DEFAULT_CONFIG) -> dict
     }
 
 
-def _most_common(values: list[Any]) -> Any:
+T = TypeVar("T")
+
+
+def _most_common(values: list[T]) -> T | None:
     return max(set(values), key=values.count) if values else None
 
 
 def outliers(series: list[JobPoint], cfg: HealthConfig = DEFAULT_CONFIG,
-             known: list[int] | None = None) -> list[dict[str, Any]]:
+             known: list[int] | None = None) -> list[Outlier]:
     """Steps far above the usual, each classified: "stall", "periodic" (evaluation or checkpoint time, or a step
     that recurs at a fixed period with earlier outliers) or nothing. ``usual``: median of the preceding
     ``stall_history`` iterations (at least 10). ``known``: outlier steps found earlier (older than ``series``)."""
     pts = [p for p in series if p.step > cfg.warmup_steps]
-    out: list[dict[str, Any]] = []
+    out: list[Outlier] = []
     for i, p in enumerate(pts):
         if i < 10:
             continue
@@ -190,9 +197,10 @@ def _period(earlier: list[int], step: int) -> int | None:
     return None
 
 
-def recurring_after_all(found: list[dict[str, Any]]) -> set[int]:
-    """At the end of the run: stall steps that later turned out to be one of three or more equally spaced outliers."""
-    steps = sorted(o["step"] for o in found)
+def recurring_after_all(found: Sequence[Mapping[str, object]]) -> set[int]:
+    """At the end of the run: stall steps that later turned out to be one of three or more equally spaced outliers.
+    ``found``: the stalls' evidence as read back from alerts.jsonl (a step that is not an integer is left out)."""
+    steps = sorted(s for o in found if isinstance(s := o.get("step"), int))
     seen = set(steps)
     out: set[int] = set()
     for a in steps:

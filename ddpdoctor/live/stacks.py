@@ -4,9 +4,10 @@ so the odd rank out is read before the 1,000 that agree."""
 from __future__ import annotations
 
 import re
-from typing import Any
+from collections.abc import Mapping
 
 from ddpdoctor.job.grouping import rank_ranges, stack_key
+from ddpdoctor.live.records import StackClass
 
 __all__ = ["group_stacks", "main_thread", "rank_ranges", "stacks_text"]
 
@@ -24,19 +25,20 @@ def main_thread(stack: str) -> str:
     return "\n".join(line.rstrip() for line in lines)
 
 
-def group_stacks(stacks: dict[int, str | None], beats: dict[int, dict[str, Any]]) -> list[dict[str, Any]]:
-    """Classes of ranks sharing a main-thread stack and phase: count, ranks (ranges), one representative stack."""
+def group_stacks(stacks: dict[int, str | None], beats: Mapping[int, Mapping[str, object]]) -> list[StackClass]:
+    """Classes of ranks sharing a main-thread stack and phase: count, ranks (ranges), one representative stack.
+    ``beats``: each rank's last beat as the monitors wrote it (its "phase" and "step" are read, untrusted)."""
     classes: dict[tuple[str, str], list[int]] = {}
     for r, s in stacks.items():
         key = (stack_key(main_thread(s)) if s else "(no stack could be taken)", str((beats.get(r) or {}).get("phase")))
         classes.setdefault(key, []).append(r)
-    groups = [{"count": len(rs), "ranks": rank_ranges(rs), "phase": phase, "steps": sorted(
-        {int(s) for r in rs if isinstance(s := (beats.get(r) or {}).get("step"), int)})[:5],
+    groups: list[StackClass] = [{"count": len(rs), "ranks": rank_ranges(rs), "phase": phase, "steps": sorted(
+        {step for r in rs if isinstance(step := (beats.get(r) or {}).get("step"), int)})[:5],
         "stack": stack} for (stack, phase), rs in classes.items()]
     return sorted(groups, key=lambda g: (g["count"], g["ranks"]))
 
 
-def stacks_text(groups: list[dict[str, Any]]) -> str:
+def stacks_text(groups: list[StackClass]) -> str:
     lines = [f"{len(groups)} class(es) of stacks, smallest first", ""]
     for g in groups:
         lines += [f"--- {g['count']} rank(s): {g['ranks']}; phase {g['phase']}; step {g['steps']} ---", g["stack"], ""]

@@ -5,19 +5,21 @@ from __future__ import annotations
 
 import math
 import time
+from collections.abc import Mapping
 from pathlib import Path
-from typing import Any
 
 from ddpdoctor.errors import BadInput
 from ddpdoctor.launch.runlock import is_locked
 from ddpdoctor.live.health import node_dir, node_names
+from ddpdoctor.live.records import MergedHealth, StatusDoc
 from ddpdoctor.safe_io import clean_text, json_depth_ok, loads_json, read_bytes
 
 MAX_STATE_BYTES = 32 << 20
 STALE_S = 30.0  # no snapshot for this long while the manifest says running: the watcher may be gone
 
 
-def _json(path: Path, limit: int) -> dict[str, Any] | None:
+def _json(path: Path, limit: int) -> Mapping[str, object] | None:
+    """A JSON object from the run directory, untrusted (read by key and narrowed); None when the file is absent."""
     try:
         raw = read_bytes(path, limit)
     except BadInput:
@@ -35,7 +37,7 @@ def _json(path: Path, limit: int) -> dict[str, Any] | None:
     return data
 
 
-def load_status(run_root: Path, now: float | None = None) -> dict[str, Any]:
+def load_status(run_root: Path, now: float | None = None) -> StatusDoc:
     """{"state": "running"|"finished"|"unfinished"|"stale"|"starting", "run_dir", "command", "exit_code",
     "health": snapshot}. "unfinished": the manifest says running but no live ddpdoctor holds the run's lock."""
     now = time.time() if now is None else now
@@ -58,39 +60,43 @@ def load_status(run_root: Path, now: float | None = None) -> dict[str, Any]:
         state = "stale"
     else:
         state = "running"
-    return {"state": state, "run_dir": str(run_root), "command": manifest.get("mode") or manifest.get("command"),
-            "exit_code": manifest.get("exit_code"), "live": health is not None, "health": health,
+    command = manifest.get("mode") or manifest.get("command")
+    code = manifest.get("exit_code")
+    return {"state": state, "run_dir": str(run_root), "command": command if isinstance(command, str) else None,
+            "exit_code": code if isinstance(code, int) and not isinstance(code, bool) else None,
+            "live": health is not None, "health": health,
             "age_s": round(now - updated, 1) if health and (updated := _num(health.get("updated"))) else None}
 
 
-def _num(v: Any) -> float | None:
+def _num(v: object) -> float | None:
     """A finite number from an untrusted file, else None (a string, a list, NaN: never a traceback)."""
     if isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v):
         return float(v)
     return None
 
 
-def _cell(v: Any, missing: str = "-") -> str:
+def _cell(v: object, missing: str = "-") -> str:
     """A number as the file gave it (an int stays an int), or ``missing``."""
     return missing if _num(v) is None else str(v)
 
 
-def merge_nodes(snaps: list[dict[str, Any]]) -> dict[str, Any]:
-    """One job view from every node's snapshot: ranks together, the slowest by busy time, alerts in time order."""
+def merge_nodes(snaps: list[Mapping[str, object]]) -> Mapping[str, object]:
+    """One job view from every node's snapshot (as read, untrusted): ranks together, the slowest by busy time,
+    alerts in time order. One node's snapshot is shown as it is."""
     if len(snaps) == 1:
         return snaps[0]
-    ranks: dict[str, Any] = {}
+    ranks: dict[str, object] = {}
     for h in snaps:
         part = h.get("ranks")
         if isinstance(part, dict):
             ranks.update(part)
-    alerts = sorted((a for h in snaps for a in (h.get("alerts") or []) if isinstance(a, dict)),
+    alerts = sorted((a for h in snaps for a in _list(h.get("alerts")) if isinstance(a, dict)),
                     key=lambda a: _num(a.get("time")) or 0.0)
     step_ms = [x for h in snaps if (x := _num(h.get("step_ms"))) is not None]
     steps = [x for h in snaps if (x := _num(h.get("step"))) is not None]
     updated = [x for h in snaps if (x := _num(h.get("updated"))) is not None]
-    busy = {r: _num((v or {}).get("busy_ms")) or 0.0 for r, v in ranks.items() if isinstance(v, dict)}
-    return {
+    busy = {r: _num(v.get("busy_ms")) or 0.0 for r, v in ranks.items() if isinstance(v, dict)}
+    merged: MergedHealth = {
         "version": snaps[0].get("version"), "nodes": [h.get("node") for h in snaps],
         "updated": max(updated) if updated else None, "finished": all(h.get("finished") for h in snaps),
         "world_size": max((_num(h.get("world_size")) or 0 for h in snaps), default=0) or None,
@@ -99,20 +105,28 @@ def merge_nodes(snaps: list[dict[str, Any]]) -> dict[str, Any]:
         "steps_per_s": round(1e3 / max(step_ms), 3) if step_ms and max(step_ms) > 0 else None,
         "slowest_ranks": [int(r) for r in sorted(busy, key=lambda r: -busy[r]) if r.isdigit()][:5], "ranks": ranks,
         "alerts": alerts[-50:], "alerts_total": sum(int(_num(h.get("alerts_total")) or 0) for h in snaps),
-        "waited_for": sorted((w for h in snaps for w in (h.get("waited_for") or []) if isinstance(w, dict)),
+        "waited_for": sorted((w for h in snaps for w in _list(h.get("waited_for")) if isinstance(w, dict)),
                              key=lambda w: -(_num(w.get("cost_ms_per_step")) or 0.0))[:5],
     }
+    return merged
 
 
-def status_text(st: dict[str, Any], max_ranks: int = 16) -> str:
-    """The terminal view: one header line, the job line, the slowest ranks, the alerts."""
-    h = st.get("health") or {}
+def _list(v: object) -> list[object]:
+    """A list from an untrusted file, else none (what `or []` gave for a missing or empty value)."""
+    return v if isinstance(v, list) else []
+
+
+def status_text(st: Mapping[str, object], max_ranks: int = 16) -> str:
+    """The terminal view: one header line, the job line, the slowest ranks, the alerts. ``st``: the state object
+    (load_status, or `status --json` read back), untrusted."""
+    health = st.get("health")
+    h: Mapping[str, object] = health if isinstance(health, Mapping) else {}
     head = {"finished": f"finished (exit code {st.get('exit_code')})",
             "running": "running", "starting": "starting (no iteration reported yet)",
             "unfinished": "unfinished: ddpdoctor ended without finishing this run's record (killed with SIGKILL, "
                           "crashed, or the disk was full when it wrote the end); what was recorded until then is kept",
-            "stale": f"no live update for {st.get('age_s')} s: is its ddpdoctor still running?"}[st["state"]]
-    lines = [f"{clean_text(st['run_dir'])}: {head}"]
+            "stale": f"no live update for {st.get('age_s')} s: is its ddpdoctor still running?"}[str(st["state"])]
+    lines = [f"{clean_text(str(st['run_dir']))}: {head}"]
     if not st.get("live"):
         if st["state"] == "finished":
             lines.append("  no live state in this run (recorded without `ddpdoctor run`'s live watch)")
@@ -120,15 +134,18 @@ def status_text(st: dict[str, Any], max_ranks: int = 16) -> str:
     lines.append(f"  step {_cell(h.get('step'))}  ·  {_cell(h.get('steps_per_s'))} steps/s  ·  step time "
                  f"{_cell(h.get('step_ms'))} ms  ·  {_cell(h.get('ranks_reporting'))}/{_cell(h.get('world_size'), '?')} "
                  "ranks reporting")
-    ranks = h.get("ranks") if isinstance(h.get("ranks"), dict) else {}
+    raw_ranks = h.get("ranks")
+    ranks: Mapping[str, object] = raw_ranks if isinstance(raw_ranks, dict) else {}
     slow = h.get("slowest_ranks")
     slowest = [str(r) for r in slow] if isinstance(slow, list) else []
     if ranks:
         lines.append("  rank   step   step ms   busy ms   now        phase shares (busy = outside backward/collective)")
         shown = slowest + [r for r in sorted(ranks, key=lambda x: int(x) if x.isdigit() else 0) if r not in slowest]
         for r in shown[:max_ranks]:
-            v: dict[str, Any] = ranks[r] if isinstance(ranks.get(r), dict) else {}
-            share = v["phase_share"] if isinstance(v.get("phase_share"), dict) else {}
+            row = ranks.get(r)
+            v: Mapping[str, object] = row if isinstance(row, dict) else {}
+            raw_share = v.get("phase_share")
+            share: Mapping[object, object] = raw_share if isinstance(raw_share, dict) else {}
             numeric = [(p, n) for p, x in share.items() if (n := _num(x)) is not None]
             shares = "  ".join(f"{clean_text(str(p))} {100 * n:.0f}%"
                                for p, n in sorted(numeric, key=lambda kv: -kv[1])[:4])
@@ -142,7 +159,7 @@ def status_text(st: dict[str, Any], max_ranks: int = 16) -> str:
             where = clean_text(str(w.get("phase"))) if w.get("phase") else "no longer host phase (device work?)"
             lines.append(f"  waited for: rank {clean_text(str(w.get('rank')))} in {where}, "
                          f"{_cell(w.get('cost_ms_per_step'))} ms per step ({_cell(w.get('cost_pct_of_step'))}% of the step)")
-    alerts = [a for a in h.get("alerts") or [] if isinstance(a, dict)] if isinstance(h.get("alerts"), list) else []
+    alerts = [a for a in _list(h.get("alerts")) if isinstance(a, dict)]
     lines.append(f"  alerts: {_cell(h.get('alerts_total', len(alerts)))}" + ("" if alerts else " (none)"))
     for a in alerts[-10:]:
         lines.append(f"    step {a.get('step')}: {clean_text(str(a.get('id')))}: {clean_text(str(a.get('title')))}")

@@ -14,11 +14,13 @@ import stat
 import sys
 import threading
 import time
+from collections.abc import Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from ddpdoctor.live.health import LiveHealth, node_dir
 from ddpdoctor.live.protocol import CAPTURE_ID, MAX_STEPS, WINDOW_KINDS
+from ddpdoctor.live.records import Alert, CaptureRecord
 from ddpdoctor.live.rules import DEFAULT_CONFIG, HealthConfig
 from ddpdoctor.rundir.layout import write_json
 
@@ -63,7 +65,8 @@ class LiveWatch:
         self._next_poll = 0.0
         self._last_auto: float | None = None
         self._monitor: HangMonitor | None = None
-        self._from_job: list[dict[str, Any]] = []  # requests the head forwarded (job store), taken on the poll loop
+        # requests the head forwarded (job store), taken on the poll loop; raw JSON, checked in _dispatch
+        self._from_job: list[Mapping[str, object]] = []
 
     # -- monitor plugin hooks ------------------------------------------------------------------------
     def on_start(self, monitor: HangMonitor) -> None:
@@ -82,7 +85,8 @@ class LiveWatch:
         threading.Thread(target=_preload_tensorboard, name="ddpdoctor-tb-import", daemon=True).start()
 
     def on_message(self, monitor: HangMonitor, rank: int, msg: dict[str, Any]) -> None:
-        """Every authenticated message from a rank (the monitor's loop thread): keep it fast."""
+        """Every authenticated message from a rank (the monitor's loop thread): keep it fast. ``msg`` is the rank's
+        raw JSON (the monitor's plugin hook, launch/monitor.py); its "steps" are taken out of it, unchecked here."""
         if self.health is None:
             return
         kind = msg.get("type")
@@ -109,7 +113,7 @@ class LiveWatch:
             for req in taken:
                 self._dispatch(req, from_job=True)
 
-    def on_job_request(self, monitor: HangMonitor, req: dict[str, Any]) -> None:
+    def on_job_request(self, monitor: HangMonitor, req: Mapping[str, object]) -> None:
         """A request the job's head forwarded through the job store (job/agent.py): dispatched on the poll loop."""
         self._from_job.append(req)
 
@@ -124,7 +128,7 @@ class LiveWatch:
             shutil.rmtree(control_dir(self.root, self.node), ignore_errors=True)
 
     # -- alerts --------------------------------------------------------------------------------------
-    def _on_alert(self, alert: dict[str, Any]) -> None:
+    def _on_alert(self, alert: Alert) -> None:
         if self.echo:
             print(f"ddpdoctor: {alert['id']}: {alert['title']}", file=sys.stderr, flush=True)
         if (self.capture_on_slowdown_s is not None and alert["id"] in ("slowdown", "slow-rank")
@@ -134,10 +138,11 @@ class LiveWatch:
             self._dispatch({"id": cid, "what": "profile", "steps": self.auto_steps, "reason": alert["id"]})
 
     # -- captures ------------------------------------------------------------------------------------
-    def _take_requests(self) -> list[dict[str, Any]]:
+    def _take_requests(self) -> list[Mapping[str, object]]:
+        """The requests in the control folder, as JSON objects (raw: checked in _dispatch), each file taken once."""
         assert self.root is not None
         ctl = control_dir(self.root, self.node)
-        out = []
+        out: list[Mapping[str, object]] = []
         try:
             names = sorted(e.name for e in os.scandir(ctl) if e.name.startswith("req-") and e.name.endswith(".json"))
         except OSError:
@@ -167,12 +172,12 @@ class LiveWatch:
                 out.append(req)
         return out
 
-    def _dispatch(self, req: dict[str, Any], from_job: bool = False) -> None:
+    def _dispatch(self, req: Mapping[str, object], from_job: bool = False) -> None:
         """Relay a request to this node's ranks; a request left here by the client (not ``from_job``) also goes to
         the job's other nodes through the job store (the record's ``forwarded`` names them for the client)."""
         assert self.root is not None and self._monitor is not None
         cid, what, steps = str(req.get("id")), req.get("what"), req.get("steps")
-        if not CAPTURE_ID.match(cid) or what not in CAPTURE_KINDS:
+        if not CAPTURE_ID.match(cid) or not isinstance(what, str) or what not in CAPTURE_KINDS:
             return
         out = captures_dir(self.root) / cid
         record = out / f"capture-{self.node}.json"  # one per node: every node's monitor relays to its own ranks
@@ -181,8 +186,9 @@ class LiveWatch:
         out.mkdir(parents=True, mode=0o700, exist_ok=True)
         monitor = self._monitor
         links = {r: st for r, st in monitor.snapshot().items() if st["exit"] is None and st["connected"]}
-        state = {"id": cid, "what": what, "steps": steps, "requested": time.time(), "ranks": sorted(links),
-                 "world_size": monitor.world_size, "reason": req.get("reason", "ddpdoctor capture")}
+        state: CaptureRecord = {"id": cid, "what": what, "steps": steps, "requested": time.time(),
+                                "ranks": sorted(links), "world_size": monitor.world_size,
+                                "reason": req.get("reason", "ddpdoctor capture")}
         if what in WINDOW_KINDS:
             if not isinstance(steps, int) or not 1 <= steps <= MAX_STEPS:
                 write_json(record, dict(state, error=f"steps must be 1..{MAX_STEPS}"))
@@ -196,7 +202,8 @@ class LiveWatch:
             # ahead of the furthest rank by about 2.5 s of iterations, at least 3: beats may be up to 1 s old, the
             # relay takes one send plus the heartbeat thread's next select (0.2 s), and a loaded host adds more.
             at = max(((st["beat"] or {}).get("step") or 0) for st in links.values()) if links else 0
-            rate = (self.health.last_snapshot or {}).get("steps_per_s") if self.health else None
+            snap = self.health.last_snapshot if self.health else None
+            rate = snap["steps_per_s"] if snap else None
             at += max(3, int(2.5 * rate) + 2 if isinstance(rate, (int, float)) else 3)
             # Several nodes: the client chose one iteration for all of them (their monitors see different beats).
             asked_at = req.get("at_step")
@@ -229,7 +236,7 @@ class LiveWatch:
         kind = self.node.rstrip("0123456789")
         return [f"{kind}{n}" for n in nodes]
 
-    def _stacks(self, out: Path, record: Path, links: dict[int, Any], state: dict[str, Any]) -> None:
+    def _stacks(self, out: Path, record: Path, links: dict[int, Any], state: CaptureRecord) -> None:
         """This node's ranks' stacks, raw, owner-only: the client groups every node's together."""
         assert self._monitor is not None
         with self._monitor._lock:
@@ -249,7 +256,7 @@ def _preload_tensorboard() -> None:
         pass
 
 
-def _append_reply(path: Path, rank: int, msg: dict[str, Any]) -> None:
+def _append_reply(path: Path, rank: int, msg: Mapping[str, object]) -> None:
     try:
         with os.fdopen(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600), "a") as f:
             f.write(json.dumps({"rank": rank, "accepted": bool(msg.get("accepted")),

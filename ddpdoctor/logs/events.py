@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field
-from typing import Any, TypedDict
+from typing import TypedDict
+
+from ddpdoctor.jsontypes import JsonObject
 
 
 @dataclass(frozen=True)
@@ -251,7 +253,8 @@ Event = (
 )
 
 
-def event_json(event: Any) -> dict[str, Any]:
-    out = asdict(event)
+def event_json(event: Event) -> JsonObject:
+    """One parsed event's fields as JSON, with its kind (the debugging dump of logs/explain.py events_json)."""
+    out: JsonObject = asdict(event)
     out["kind"] = type(event).__name__
     return out

@@ -13,6 +13,7 @@ from typing import Any
 
 from ddpdoctor.errors import BadInput
 from ddpdoctor.findings.model import Finding, Severity
+from ddpdoctor.jsontypes import JsonObject
 from ddpdoctor.logs import crashes, flight_recorder, rules, triage
 from ddpdoctor.logs.events import ChildFailure, Event, RankException, event_json
 from ddpdoctor.logs.failures import parse_failure
@@ -325,6 +326,6 @@ def explain_paths(paths: Iterable[str]) -> Report:
     return Report("logs", sections=sections, findings=result.findings, notes=notes)
 
 
-def events_json(texts: dict[str, str]) -> list[dict[str, Any]]:
+def events_json(texts: dict[str, str]) -> list[JsonObject]:
     """Every parsed event as JSON (for debugging a parser against a new log)."""
     return [event_json(e) for e in _explain(dict(texts), {}).events]

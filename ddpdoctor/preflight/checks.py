@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, TypedDict
 
 from ddpdoctor.findings.model import Finding, Severity
 
@@ -29,16 +29,27 @@ CHECKS: dict[str, str] = {
 _SEVERITY = {FAIL: Severity.ERROR, WARN: Severity.WARNING}
 
 
+class CheckRowJson(TypedDict, total=False):
+    """One row of preflight's checks table in the report (docs/json.md `preflight`): CheckResult.to_json, or a
+    saved report's row (every key optional there)."""
+
+    id: str
+    status: str  # "pass" | "warn" | "fail" | "skipped"
+    summary: str
+    ranks: list[int]
+    evidence: dict[str, object]
+
+
 @dataclass
 class CheckResult:
     id: str
     status: str
     summary: str  # one line for the table
-    evidence: dict[str, Any] = field(default_factory=dict)
+    evidence: dict[str, Any] = field(default_factory=dict)  # an evidence map: free-form per check, shown as is
     ranks: list[int] = field(default_factory=list)  # the ranks at fault (fail/warn)
     advice: str = ""
 
-    def to_json(self) -> dict[str, Any]:
+    def to_json(self) -> CheckRowJson:
         return {"id": self.id, "status": self.status, "summary": self.summary, "ranks": list(self.ranks),
                 "evidence": self.evidence}
 
@@ -52,7 +63,7 @@ class CheckResult:
             ranks=list(self.ranks), evidence=self._finding_evidence(), advice=self.advice,
         )
 
-    def _finding_evidence(self) -> dict[str, Any]:
+    def _finding_evidence(self) -> dict[str, Any]:  # the Finding's evidence map (findings/model.py)
         # The finding carries what explains the verdict; bulky tables stay in the check row.
         evidence = {k: v for k, v in self.evidence.items() if k not in ("rows", "traceback")}
         per_rank = evidence.get("per_rank")

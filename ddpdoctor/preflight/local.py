@@ -134,6 +134,7 @@ def checkpoint_dir(path: str | None, min_free_gb: float, rank: int) -> CheckOutc
         return {"status": SKIPPED, "summary": "no --checkpoint-dir given", "evidence": {}}
     target = Path(path)
     created: list[Path] = []
+    # an evidence map (free-form per check: shown and copied into the finding)
     evidence: dict[str, Any] = {"path": str(target), "host": socket.gethostname()}
     try:
         missing = [p for p in [target, *target.parents] if not p.exists()]

@@ -140,6 +140,7 @@ def check_rendezvous(records: Records, opts: MergeOptions) -> CheckResult:
     no_result = [r for r in _expected_ranks(records, opts) if r not in got]
     missing_seen = sorted({m for res in failed.values() for m in res.get("evidence", {}).get("missing_ranks", [])})
     causes = [res["evidence"]["probe"]["cause"] for res in failed.values() if res.get("evidence", {}).get("probe")]
+    # an evidence map (free-form per check: shown and copied into the finding)
     evidence: dict[str, Any] = {"world_size": world, "seconds": {r: res.get("seconds") for r, res in got.items()}}
     if not failed and not no_result:
         slowest = max((res.get("seconds") or 0.0 for res in got.values()), default=0.0)
@@ -174,6 +175,7 @@ def _same_everywhere(cid: str, records: Records, values_of: Literal["versions", 
     table: dict[str, dict[int, Any]] = {k: {r: _values(rec, values_of).get(k) for r, rec in records.items()}
                                         for k in keys}
     differing = {k: v for k, v in table.items() if len({json.dumps(x) for x in v.values()}) > 1}
+    # an evidence map (free-form per check: shown and copied into the finding)
     evidence: dict[str, Any] = {values_of: {k: next(iter(v.values())) for k, v in table.items() if k not in differing},
                                 "differing": differing}
     if not differing:
@@ -216,6 +218,7 @@ def check_per_rank(cid: str, records: Records, opts: MergeOptions, advice: str =
     for r, res in got.items():
         by_status[res.get("status", FAIL)].append(r)
     silent = [r for r in _expected_ranks(records, opts) if r not in got]
+    # an evidence map (free-form per check: shown and copied into the finding)
     evidence: dict[str, Any] = {"per_rank": {r: {"status": res.get("status"), "summary": res.get("summary"),
                                                  **res.get("evidence", {})} for r, res in got.items()}}
     for status in (FAIL, WARN):
@@ -256,6 +259,7 @@ def check_latency(records: Records, opts: MergeOptions) -> CheckResult:
     return CheckResult("allreduce_latency", res["status"], res["summary"], res.get("evidence", {}))
 
 
+# evidence: the bandwidth check's evidence map as the rank wrote it (its "rows" are BandwidthRow's fields)
 def bandwidth_rows(evidence: dict[str, Any]) -> list[BandwidthRow]:
     return [BandwidthRow(**row) for row in evidence.get("rows", [])]
 

@@ -154,6 +154,7 @@ class Worker:
         agent_store = os.environ.get("TORCHELASTIC_USE_AGENT_STORE", "").lower() == "true"
         td = timedelta(seconds=self.timeout)
         started = time.monotonic()
+        # an evidence map (free-form per check: shown and copied into the finding)
         evidence: dict[str, Any] = {"master_addr": addr, "master_port": port, "timeout_s": self.timeout,
                                     "agent_store": agent_store}
         stage = "connect to the rendezvous store"

@@ -84,6 +84,7 @@ def _main_tid() -> int | None:
     return threading.main_thread().native_id
 
 
+# args/kwargs: the user's own call of a collective, as torch.distributed received it
 def _sizes(args: tuple[Any, ...], kwargs: dict[str, Any]) -> list[list[int]]:
     out: list[list[int]] = []
     for a in list(args[:2]) + list(kwargs.values()):

@@ -90,6 +90,7 @@ def window_dir(run_dir: Path, capture_id: str) -> Path:
     return run_dir / "captures" / capture_id
 
 
+# req: the monitor's capture message as it arrived (raw JSON in), checked here
 def on_capture_request(probe: Any, req: dict[str, Any]) -> CaptureReply:
     """Accept a capture request (from the heartbeat thread); the main thread starts it at the chosen step end."""
     state = _live

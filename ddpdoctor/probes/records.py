@@ -10,51 +10,13 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import TypedDict
 
-# ---- heartbeat: the collective a rank is in ----------------------------------------------------------------
+# The heartbeat's and status.json's shapes live at the bottom (the monitor and the rules share them).
+from ddpdoctor.rundir.records import BackwardState as BackwardState
+from ddpdoctor.rundir.records import Beat as Beat
+from ddpdoctor.rundir.records import CollectiveState as CollectiveState
+from ddpdoctor.rundir.records import RankStatusDoc as RankStatusDoc
 
-
-class CollectiveState(TypedDict, total=False):
-    """A collective the rank entered (heartbeat.py): also status.json's failed_collective / last_collective."""
-
-    op: str
-    group: str
-    seq: int | None
-    sizes: list[list[int]]
-    call_site: str | None
-    since: float
-    step: int
-    error: str  # only in failed_collective
-
-
-class BackwardState(TypedDict):
-    """The rank is inside backward(), where DDP all-reduces its buckets: where the default group's count stands."""
-
-    call_site: str | None
-    since: float | None
-    group: str
-    seq: int | None
-
-
-class Beat(TypedDict, total=False):
-    """One heartbeat (a "beat" line to the monitor; job/record.py reads it)."""
-
-    type: str
-    rank: int
-    pid: int
-    time: float
-    step: int
-    phase: str
-    step_started: float
-    last_step_s: float | None
-    max_step_s: float | None
-    collective: CollectiveState | None
-    last_collective: CollectiveState | None
-    where: str | None
-    tid: int
-    main_tid: int | None
-    steps: list[list[object]]  # live.recent_steps: [step, seconds, {phase: seconds}]
-    summary: dict[str, float]
-    backward: BackwardState
+# ---- heartbeat -----------------------------------------------------------------------------------------------
 
 
 class Dump(TypedDict):
@@ -78,28 +40,6 @@ class CaptureReply(TypedDict, total=False):
 
 
 # ---- status.json ----------------------------------------------------------------------------------------------
-
-
-class RankStatusDoc(TypedDict, total=False):
-    """ranks/rankR/status.json as the bootstrap and the probes fill it (rundir/schema.py: RankStatus)."""
-
-    exit_code: int
-    exit_site: str | None
-    signal: str | None
-    stopped_after_window: int
-    exception: str
-    exception_type: str
-    traceback: str
-    rank: int
-    steps_completed: int
-    step_times_s: list[float]
-    duration_s: float
-    ddp_modules: int
-    traces: list[str]
-    failed_collective: CollectiveState
-    last_collective: CollectiveState
-    ended_at: float
-    stopped_by: str
 
 
 # ---- info.json ------------------------------------------------------------------------------------------------

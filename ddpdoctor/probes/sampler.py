@@ -350,6 +350,7 @@ class SamplerProbe:
         self._saved = None
 
     # -- recording -----------------------------------------------------------------------------------
+    # kwargs: the user's own DataLoader(...) keyword arguments
     def _register(self, loader: Any, kwargs: dict[str, Any]) -> None:
         loader_id = len(self.loaders)
         loader.__dict__["_ddpdoctor_loader_id"] = loader_id

@@ -4,7 +4,7 @@ time: the file's bytes stay in memory once, the events are decoded and dropped a
 from __future__ import annotations
 
 import gc
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -63,7 +63,7 @@ class Trace:
     path: Path
     start: int  # index of the array's "["
     end: int  # index just past its "]"
-    dist: dict[str, Any] = field(default_factory=dict)
+    dist: Mapping[str, object] = field(default_factory=dict)  # the trace's distributedInfo, raw (rank, backend read)
     host: str | None = None
 
     @property
@@ -187,7 +187,8 @@ def read_trace(path: Path) -> Trace:
     return Trace(raw, path, start, end, dist if isinstance(dist, dict) else {}, host)
 
 
-def event_args(ev: ChromeEvent) -> dict[str, Any]:
+def event_args(ev: ChromeEvent) -> Mapping[str, object]:
+    """An event's args, decoded (free-form per event: read by key, never trusted)."""
     if isinstance(ev.args, msgspec.Raw):
         try:
             value = msgspec.json.decode(ev.args)

@@ -3,8 +3,7 @@
 from __future__ import annotations
 
 import json
-from collections.abc import Callable
-from typing import Any
+from collections.abc import Callable, Mapping
 
 from rich.console import Console
 from rich.markup import escape
@@ -21,7 +20,7 @@ def console() -> Console:
     return Console(highlight=False, soft_wrap=False)
 
 
-def _evidence_line(evidence: dict[str, Any]) -> str:
+def _evidence_line(evidence: Mapping[str, object]) -> str:  # a finding's evidence map, only read
     """The whole evidence (--verbose): every key, nothing cut."""
     parts = []
     for k, v in evidence.items():
@@ -30,7 +29,7 @@ def _evidence_line(evidence: dict[str, Any]) -> str:
     return "; ".join(parts)
 
 
-def _fact(v: Any, depth: int = 0) -> str | None:
+def _fact(v: object, depth: int = 0) -> str | None:
     """A compact rendering of one evidence value, or None when it is too big for the short view."""
     if isinstance(v, float):
         return f"{v:.0f}" if abs(v) >= 1000 else f"{v:.4g}"
@@ -47,7 +46,7 @@ def _fact(v: Any, depth: int = 0) -> str | None:
     return None
 
 
-def _short_evidence(evidence: dict[str, Any], max_facts: int = 6) -> str:
+def _short_evidence(evidence: Mapping[str, object], max_facts: int = 6) -> str:
     """The facts a title rests on: measured values (nested per-rank values included) and, always, the thresholds
     they were compared with, each whole; the line wraps under a hanging indent instead of being cut."""
     parts: list[str] = []

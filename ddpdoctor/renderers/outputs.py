@@ -39,8 +39,8 @@ def write_outputs(
 
     Returns the paths written. A path that cannot be written raises BadInput naming it.
     """
-    sections = report.sections
     written: list[Path] = []
+    perf = section_of(report, PerfSection)
     html_targets = ([run_dir / "report.html"] if run_dir else []) + ([html] if html else [])
     for target in html_targets:
         # Imported only when written: `analyze --json` of one trace must not pay for the HTML renderer's imports.
@@ -51,11 +51,11 @@ def write_outputs(
             written.append(write_html(report, target, diff_section_html(diff_of(report))))
         except OSError as exc:
             raise BadInput(f"cannot write the HTML report ({exc.strerror or exc})", target) from exc
-    if run_dir:
+    if run_dir and perf is not None:  # the scalars are the performance section's per-step rows
         from ddpdoctor.renderers.tensorboard import write_scalars
 
         try:
-            written.extend(write_scalars(sections, run_dir / "scalars"))
+            written.extend(write_scalars(perf, run_dir / "scalars"))
         except OSError as exc:
             raise BadInput(f"cannot write TensorBoard scalars ({exc.strerror or exc})", run_dir / "scalars") from exc
     if merge:
@@ -65,7 +65,6 @@ def write_outputs(
         from ddpdoctor.renderers.progress import bar
 
         with bar("merging traces", sum(sizes.values()), show_progress, unit="MB") as advance:
-            perf = section_of(report, PerfSection)
             written.append(merge_traces(traces, merge, perf.clock_offsets_us if perf else None, _input_ranks(perf),
                                         on_file=lambda p: advance(sizes.get(p, 0))))
     return written

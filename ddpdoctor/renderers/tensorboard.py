@@ -9,11 +9,13 @@ from __future__ import annotations
 import re
 import statistics
 import time
+from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Any, cast
+from typing import Any
 
 from ddpdoctor.renderers.rank_classes import MAX_RANK_ROWS, group_ranks
 from ddpdoctor.reports.perf_json import RankJson
+from ddpdoctor.reports.sections import PerfSection
 
 # Tag -> (per_step field, scale, description). ms because that is what people read step times in.
 SCALARS: dict[str, tuple[str, float, str]] = {
@@ -53,7 +55,7 @@ def _add(writer: Any, tag: str, value: float, step: int, wall: float, descriptio
         writer.add_scalar(tag, value, step, wall_time=wall)
 
 
-def write_scalars(sections: dict[str, Any], scalars_dir: Path, wall_time: float | None = None) -> list[Path]:
+def write_scalars(perf: PerfSection, scalars_dir: Path, wall_time: float | None = None) -> list[Path]:
     """Write one event file per rank under ``scalars_dir/rankR``; returns the rank directories written.
 
     Steps are the profiler's step numbers, so runs of the same script line up in TensorBoard. A rank's old
@@ -61,7 +63,7 @@ def write_scalars(sections: dict[str, Any], scalars_dir: Path, wall_time: float 
     """
     wall = time.time() if wall_time is None else wall_time
     written: list[Path] = []
-    for name, steps, about in _series(sections):
+    for name, steps, about in _series(perf):
         if not steps:
             continue
         logdir = scalars_dir / name
@@ -72,11 +74,12 @@ def write_scalars(sections: dict[str, Any], scalars_dir: Path, wall_time: float 
         try:
             described: set[str] = set()
             for s in steps:
+                step = s.get("step")
                 for tag, (field_name, scale, desc) in SCALARS.items():
                     value = s.get(field_name)
                     # overlap_pct is null for a step without communication: write nothing rather than a fake 0.
-                    if isinstance(value, (int, float)) and s.get("step") is not None:
-                        _add(writer, tag, float(value) * scale, int(s["step"]), wall,
+                    if isinstance(value, (int, float)) and isinstance(step, (int, float)):
+                        _add(writer, tag, float(value) * scale, int(step), wall,
                              None if tag in described else desc + about)
                         described.add(tag)
         finally:
@@ -85,16 +88,21 @@ def write_scalars(sections: dict[str, Any], scalars_dir: Path, wall_time: float 
     return written
 
 
-def _series(sections: dict[str, Any]) -> list[tuple[str, list[dict[str, Any]], str]]:
+# One run's per-step rows: a rank's recorded steps, or a class's medians (step and the scalars' fields only).
+Rows = Sequence[Mapping[str, object]]
+
+
+def _series(perf: PerfSection) -> list[tuple[str, Rows, str]]:
     """(run folder, per-step rows, what the run is) to write: every rank, or for a big job the ranks that matter
     and one median series per class of alike ranks."""
-    ranks = [r for r in sections.get("ranks") or [] if isinstance(r, dict) and isinstance(r.get("rank"), int)]
-    stragglers = [r for r in (sections.get("stragglers") or {}).get("ranks") or [] if isinstance(r, int)]
-    groups = group_ranks(cast("list[RankJson]", ranks), stragglers, MAX_RANK_ROWS)  # the report's JSON, checked above
+    # A saved report may be damaged or older: only rows with an integer rank are plotted.
+    ranks = [r for r in perf.ranks or [] if isinstance(r, dict) and isinstance(r.get("rank"), int)]
+    stragglers = [r for r in (perf.stragglers or {}).get("ranks") or [] if isinstance(r, int)]
+    groups = group_ranks(ranks, stragglers, MAX_RANK_ROWS)
     if groups is None:
         return [(f"rank{int(r['rank'])}", r.get("per_step") or [], "") for r in ranks]
     by_rank = {int(r["rank"]): r for r in ranks}
-    out: list[tuple[str, list[dict[str, Any]], str]] = []
+    out: list[tuple[str, Rows, str]] = []
     singles: set[int] = set()
     for g in groups:
         if g.label in ("straggler", "slowest", "fastest", "most communication", "least communication"):
@@ -109,17 +117,19 @@ def _series(sections: dict[str, Any]) -> list[tuple[str, list[dict[str, Any]], s
     return out
 
 
-def _median_steps(members: list[dict[str, Any]]) -> list[dict[str, Any]]:
+def _median_steps(members: list[RankJson]) -> list[dict[str, float]]:
     """Per step id, the median of each scalar's field over the ranks that recorded it (one pass over the rows)."""
     fields = [f for f, _, _ in SCALARS.values()]
     by_step: dict[int, dict[str, list[float]]] = {}
     for m in members:
         for s in m.get("per_step") or []:
-            if not isinstance(s.get("step"), int):
+            step = s.get("step")
+            if not isinstance(step, int):
                 continue
-            cols = by_step.setdefault(s["step"], {f: [] for f in fields})
+            cols = by_step.setdefault(step, {f: [] for f in fields})
             for f in fields:
-                if isinstance(s.get(f), (int, float)):
-                    cols[f].append(float(s[f]))
+                value = s.get(f)
+                if isinstance(value, (int, float)):
+                    cols[f].append(float(value))
     return [{"step": step, **{f: statistics.median(v) for f, v in cols.items() if v}}
             for step, cols in sorted(by_step.items())]

@@ -13,6 +13,7 @@ from ddpdoctor.job.role import NodeInfo
 from ddpdoctor.probes.config import Schedule
 from ddpdoctor.report import Report
 from ddpdoctor.rundir.layout import RunDir
+from ddpdoctor.rundir.records import RankStatusDoc
 from ddpdoctor.rundir.schema import Manifest
 
 
@@ -42,7 +43,7 @@ def assemble(run: RunDir, schedule: Schedule, *, locked: bool, nccl_debug: bool 
     return report
 
 
-def window_parts(findings: list[Finding], statuses: dict[int, dict[str, Any] | None], schedule: Schedule,
+def window_parts(findings: list[Finding], statuses: dict[int, RankStatusDoc | None], schedule: Schedule,
                  traced: bool) -> tuple[list[Finding], list[str]]:
     """What `profile` says about its own window (docs/profile.md): a script that ended before the profiled steps
     (findings/window.py's rule), and ranks that stopped once the window was written."""

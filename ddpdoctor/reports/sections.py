@@ -12,8 +12,10 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, ClassVar, TypedDict, TypeVar
 
+from ddpdoctor.job.role import NodeInfoDoc
 from ddpdoctor.jsontypes import JsonObject
 from ddpdoctor.logs.events import TimelineRow
+from ddpdoctor.preflight.checks import CheckRowJson
 from ddpdoctor.report import Report, Section
 from ddpdoctor.reports.diff_json import DiffJson
 from ddpdoctor.reports.perf_json import CollectivesJson, InputJson, RankJson, StragglersJson
@@ -107,6 +109,7 @@ class HangSection(Section):
     @classmethod
     def from_json(cls, doc: Mapping[str, object]) -> HangSection:
         raw = doc.get("hang")
+        # raw JSON in: a saved report's "hang" object, taken key by key into the typed HangVerdict
         h: dict[str, Any] = raw if isinstance(raw, dict) else {}
         return cls(HangVerdict(
             detected_after_s=h.get("detected_after_s"), hang_timeout_s=h.get("hang_timeout_s"),
@@ -146,16 +149,6 @@ class SyncChecksSection(Section):
 
     KEYS: ClassVar[tuple[str, ...]] = ("checks",)
     checks: ChecksJson
-
-
-class CheckRowJson(TypedDict, total=False):
-    """One row of preflight's checks table (preflight/checks.py CheckResult)."""
-
-    id: str
-    status: str  # "pass" | "warn" | "fail" | "skipped"
-    summary: str
-    ranks: list[int]
-    evidence: dict[str, object]
 
 
 @dataclass(frozen=True)
@@ -265,7 +258,7 @@ class NodeSection(Section):
     ``is_head``, ``head``); a job of one node has none."""
 
     KEYS: ClassVar[tuple[str, ...]] = ("node",)
-    node: JsonObject
+    node: NodeInfoDoc
 
 
 COMMAND_SECTIONS: dict[str, tuple[type[Section], ...]] = {

@@ -15,7 +15,8 @@ from ddpdoctor.reports.sections import HangClassJson, HangSection, HangVerdict
 from ddpdoctor.rundir import artefacts
 from ddpdoctor.rundir import manifest as manifest_mod
 from ddpdoctor.rundir.layout import RunDir
-from ddpdoctor.rundir.loaders import rank_statuses, rank_text
+from ddpdoctor.rundir.loaders import hang_doc, heartbeats_doc, rank_statuses, rank_text
+from ddpdoctor.rundir.records import RankStatusDoc
 from ddpdoctor.rundir.schema import DDPModule, Hang, Heartbeats, Manifest, Position, RankInfo
 
 
@@ -89,7 +90,7 @@ def torchrun_signals(run: RunDir) -> tuple[dict[int, str], set[int]]:
     return signals, roots
 
 
-def torn_down_ranks(run: RunDir, statuses: dict[int, dict[str, Any] | None]) -> set[int]:
+def torn_down_ranks(run: RunDir, statuses: dict[int, RankStatusDoc | None]) -> set[int]:
     """Silent ranks (no status) whose process torchrun's agent stopped itself after another worker ended, read from
     its log (RUN/torchrun/**/torchrun.log) and the ranks' info.json pids."""
     from ddpdoctor import safe_io
@@ -143,9 +144,10 @@ def watch_findings(run: RunDir, debug: bool = False, stopped: bool = False) -> l
 
     findings: list[Finding] = []
     statuses = rank_statuses(run)
-    hang = _read(run.root / "hang.json")
+    hang = hang_doc(run)
+    heartbeats = heartbeats_doc(run)
     stderr = {r: rank_text(run, r, "stderr.log") or "" for r, s in statuses.items() if s is None}
-    beats = {int(r): v.get("beat") for r, v in ((_read(run.root / "heartbeats.json") or {}).get("ranks") or {}).items()}
+    beats = {int(r): v.get("beat") for r, v in ((heartbeats.get("ranks") if heartbeats else None) or {}).items()}
     infos = _infos(run)
     crashes = crash_findings(statuses, debug=debug, param_names=_param_names(infos), stderr=stderr, last_beats=beats,
                              torn_down=torn_down_ranks(run, statuses), ddp_cfg=_ddp_cfg(infos))
@@ -156,7 +158,7 @@ def watch_findings(run: RunDir, debug: bool = False, stopped: bool = False) -> l
         findings.extend(hang_findings(hang, debug=debug))
         # After a hang, ranks killed by ddpdoctor are victims, not crashes.
         crashes = [f for f in crashes if f.id != "rank-crashed" or "SIGTERM" not in str(f.evidence.get("exception"))]
-    stalls = ((_read(run.root / "heartbeats.json") or {}).get("monitor") or {}).get("stalls") or []
+    stalls = (heartbeats["monitor"].get("stalls") if heartbeats and heartbeats.get("monitor") else None) or []
     findings.extend(stall_findings(stalls if isinstance(stalls, list) else []))
     if stopped:
         crashes = [f for f in crashes if f.id != "rank-crashed" or not is_victim(str(f.evidence.get("exception")))]
@@ -213,6 +215,7 @@ def _where(p: Position) -> str:
     return f"{what}, step {p.step}, at {p.call_site}"
 
 
+# raw JSON in: a schema-checked artefact as rundir's load_dict returns it
 def _read(path: Path) -> dict[str, Any] | None:
     """A run-directory artefact, validated against its schema (rundir/schema.py); None when absent."""
     from ddpdoctor.rundir import artefacts

@@ -146,6 +146,7 @@ def load(path: Path, schema: Any = None) -> Any:
     return validate(decode_json(path), schema, _label(path))
 
 
+# A boundary: a file's own JSON object (raw JSON in, validated), which the typed loaders narrow or cast.
 def load_dict(path: Path, schema: Any = None) -> dict[str, Any]:
     """Read and validate one artefact, returned as the file's own JSON object (unknown fields kept): for code
     that still reads dicts. Every known field has been checked against its type."""

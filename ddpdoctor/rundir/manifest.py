@@ -14,6 +14,7 @@ from ddpdoctor.errors import BadInput
 from ddpdoctor.jsontypes import JsonObject, JsonValue
 from ddpdoctor.rundir import artefacts
 from ddpdoctor.rundir.layout import RunDir, write_json
+from ddpdoctor.rundir.records import RunEndedDoc
 from ddpdoctor.rundir.schema import Manifest, RankInfo, RankStatus
 
 T = TypeVar("T")
@@ -82,7 +83,7 @@ def _read_optional(path: Path, schema: type[T]) -> T | None:
 
 
 def finalize(run: RunDir, exit_code: int | None, duration_s: float, killed_by: str | None,
-             ended: Mapping[str, JsonValue] | None = None, disk_full: Mapping[str, JsonValue] | None = None
+             ended: RunEndedDoc | None = None, disk_full: Mapping[str, JsonValue] | None = None
              ) -> JsonObject:
     """Merge every rank's info.json and status.json into the manifest. The manifest's own JSON is updated in
     place, so that fields this ddpdoctor does not know (a newer one wrote them) are kept. ``disk_full``: the disk
@@ -133,6 +134,7 @@ def finalize(run: RunDir, exit_code: int | None, duration_s: float, killed_by: s
     return data
 
 
+# A boundary: manifest.json's raw JSON, for tools that show it as written.
 def load(run: RunDir) -> dict[str, Any]:
     """manifest.json as its raw JSON (for tools that show it as written), every known field checked against its
     type (BadInput naming the field otherwise). ddpdoctor itself reads ``load_typed``."""

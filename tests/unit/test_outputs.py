@@ -14,6 +14,7 @@ from ddpdoctor.errors import BadInput
 from ddpdoctor.renderers.outputs import write_outputs
 from ddpdoctor.renderers.tensorboard import write_scalars
 from ddpdoctor.report import Report
+from ddpdoctor.reports.sections import PerfSection
 from tests.views_fixtures import FIXTURES, findings, sections
 
 TRACES = sorted((FIXTURES / "traces").glob("*.pt.trace.json.gz"))
@@ -47,8 +48,8 @@ def test_run_dir_gets_html_and_scalars(tmp_path):
 def test_rewriting_scalars_replaces_them_and_skips_null(tmp_path):
     s = sections()
     s["ranks"][0]["per_step"][0].update(comm_us=0.0, overlap_pct=None)
-    write_scalars(s, tmp_path)
-    write_scalars(s, tmp_path)
+    write_scalars(PerfSection.from_json(s), tmp_path)
+    write_scalars(PerfSection.from_json(s), tmp_path)
     files = list((tmp_path / "rank0").glob("events.out.tfevents.*"))
     assert len(files) == 1
     rank0 = _scalars(tmp_path / "rank0")

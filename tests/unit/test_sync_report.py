@@ -8,7 +8,8 @@ import pytest
 
 from ddpdoctor.errors import BadInput
 from ddpdoctor.rundir.layout import RunDir
-from ddpdoctor.sync_api import load_rank_files, sync_report
+from ddpdoctor.rundir.loaders import rank_sync_records
+from ddpdoctor.sync_api import sync_report
 
 FP = [2.0, 1.0, 1.0, 0.5, 0.5, 0.5, 0.5]
 
@@ -32,7 +33,7 @@ def test_ranks_of_another_node_come_from_rank0s_gathered_copy(tmp_path):
     (tmp_path / "ranks" / "rank0" / "data.json").write_text(json.dumps(_data(0)))
     gathered = {str(r): {"sync": _record(r, FP if r == 0 else other), "data": _data(r)} for r in (0, 1)}
     (tmp_path / "ranks" / "rank0" / "sync-all.json").write_text(json.dumps(gathered))
-    assert sorted(load_rank_files(run, "sync.json")) == [0, 1]
+    assert sorted(rank_sync_records(run)) == [0, 1]
     report = sync_report(run)
     (f,) = report.findings
     assert f.id == "param-divergence" and f.ranks == [1] and f.evidence["max_abs_diff"] == 0.5

@@ -76,10 +76,11 @@ def test_scalars_of_a_big_job_are_the_ranks_that_matter_and_class_medians(big, t
     from tensorboard.util import tensor_util
 
     from ddpdoctor.renderers.tensorboard import write_scalars
+    from ddpdoctor.reports.sections import PerfSection
     from tests.big_job import SLOW_CLASS, factor
 
     sections = json.loads((big / "report.json").read_text())
-    written = write_scalars(sections, tmp_path / "scalars", wall_time=1_700_000_000.0)
+    written = write_scalars(PerfSection.from_json(sections), tmp_path / "scalars", wall_time=1_700_000_000.0)
     names = sorted(p.name for p in written)
     fastest = next(g["shown_rank"] for g in rank_groups(sections)["rows"] if g["label"] == "fastest")
     assert names == sorted([f"rank{STRAGGLER}", f"rank{fastest}", "class-typical", "class-5-15pct-slower",

@@ -7,8 +7,8 @@ The boundaries left, by package:
   status and heartbeat dicts the job layer also builds (job/state.py), typed with it in the same step;
 - reports/: the ranks' statuses handed to those rules (watched.py, profile.py), a saved hang section's raw JSON
   (sections.py);
-- renderers/: a finding's evidence shown (console.py), a trace's raw distributedInfo and event args
-  (chrome_trace.py), the TensorBoard scalars' rows (tensorboard.py);
+- renderers/: none (a finding's evidence shown and a trace's raw distributedInfo and event args are read as
+  ``Mapping[str, object]``; the TensorBoard scalars render the typed PerfSection);
 - rundir/: the raw-JSON readers kept for tools and the status/sync rules above (artefacts.load_dict,
   manifest.load, loaders.rank_statuses, loaders.rank_sync_files);
 - commands/: click's keyword arguments (pop_live, pop_watcher, pop_launch_spec), a check's evidence (preflight.py);
@@ -31,7 +31,7 @@ CEILINGS = {
     # rows of head-lost (failure.py)
     "findings": 33,
     "reports": 4,  # the statuses handed to those rules (watched.py x2, profile.py), a saved hang section's raw JSON
-    "renderers": 10,  # evidence shown x2, a trace's raw distributedInfo and event args x2, tensorboard.py's rows x6
+    "renderers": 0,
     "rundir": 6,  # the raw readers: artefacts.load_dict, manifest.load, loaders.rank_statuses/rank_sync_files x2
     "commands": 4,  # click's keyword arguments x3, a preflight check's evidence
     "report.py": 2,  # Report.sections: the merged JSON view of the public API
