@@ -8,7 +8,9 @@ process whose peak RSS comes from os.wait4:
   1. `python -m ddpdoctor analyze FILE --json` end to end (interpreter start included);
   2. HTA: TraceAnalysis(trace_dir) + get_comm_comp_overlap() (HTA's own worker processes included in its time);
   3. orjson.loads of the same bytes with the garbage collector off (parse only, the floor for any JSON reader);
-  4. ddpdoctor's own read, decode, classification and per-rank analysis of the file, in CPU seconds (MB/s per core).
+  4. ddpdoctor's own read, decode, classification and per-rank analysis of the file, in CPU seconds (MB/s per core),
+     in one process and as analyze reads one big trace: cut into byte ranges decoded by one process per usable core
+     (their CPU seconds included).
 Prints the times, ratios and peak RSS / file size. Nothing here asserts: timings are noisy on a shared machine.
 
 ddpdoctor's own modules are byte-compiled first, as `pip install` does and as HTA's installed modules are: in an
@@ -86,13 +88,23 @@ def measure(argv: list[str], env: dict[str, str] | None = None) -> tuple[float, 
 
 
 PARSE = """
-import gc, sys, time
+import resource, sys, time
 from pathlib import Path
-from ddpdoctor.traces.loader import load_raw
+from ddpdoctor.analyses.pipeline import usable_cores
+from ddpdoctor.traces.loader import load_raw, no_gc
+from ddpdoctor.traces.split import load_trace
 from ddpdoctor.traces.trace import build_trace
 from ddpdoctor.analyses.rank import analyze_trace
-t = time.process_time(); raw = load_raw(Path(sys.argv[1])); t1 = time.process_time()
-analyze_trace(build_trace(raw)); print(t1 - t, time.process_time() - t)
+path = Path(sys.argv[1])
+def cpu():
+    a, b = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)
+    return a.ru_utime + a.ru_stime + b.ru_utime + b.ru_stime
+with no_gc():
+    t = time.process_time(); raw = load_raw(path); t1 = time.process_time()
+    analyze_trace(build_trace(raw)); t2 = time.process_time()
+    del raw
+    n = usable_cores(); c, w = cpu(), time.perf_counter()
+    load_trace(path, workers=n); print(t1 - t, t2 - t, n, cpu() - c, time.perf_counter() - w)
 """
 
 
@@ -141,10 +153,13 @@ def main() -> None:
           f"= {size_mb / dd_cpu:5.0f} MB/s per core; peak RSS {dd_rss:5.0f} MB ({dd_rss / size_mb:.2f}x file); "
           f"steps={rank['steps']} overlap_pct={rank['overlap_pct']:.2f}")
     _, _, out = measure([py, "-c", PARSE, str(big)])
-    parse_s, reduce_s = (float(x) for x in out.split())
+    parse_s, reduce_s, n, split_cpu, split_wall = (float(x) for x in out.split())
     print(f"ddpdoctor read + decode (load_raw): {parse_s:6.2f} CPU s = {size_mb / parse_s:5.0f} MB/s per core; "
           f"with classification and the rank's analysis: {reduce_s:6.2f} CPU s = {size_mb / reduce_s:5.0f} MB/s per "
           "core (target >= 150)")
+    print(f"  the same trace read and classified by {n:.0f} processes (traces/split.py, as analyze does): "
+          f"{split_wall:6.2f} s wall, {split_cpu:6.2f} CPU s (workers included) = {size_mb / split_cpu:5.0f} MB/s "
+          "per core")
 
     oj_wall, oj_rss, out = measure([py, "-c", ORJSON, str(big)])
     oj = float(out.strip())
