@@ -9,6 +9,7 @@ error. Each worker holds only its range's events: peak memory is the file's byte
 
 from __future__ import annotations
 
+import contextlib
 import mmap
 import os
 import pickle
@@ -161,10 +162,23 @@ def _fork_map(fn: Callable[..., Part | None], jobs: list[tuple]) -> list[Part | 
             os.waitpid(pid, 0)
 
 
+def _has_devices(doc: TraceDoc) -> bool:
+    """The profiler recorded GPU devices (Kineto writes deviceProperties for each): a trace of GPU kernels, whose
+    ranges are reduced alone. A CPU trace's ranges would not be (its gloo threads are named anywhere in the file),
+    and learning that from the workers would cost a second read."""
+    try:
+        devices = msgspec.json.decode(doc.deviceProperties)
+    except _DECODE_ERRORS:
+        return False
+    return isinstance(devices, list) and bool(devices)
+
+
 def split_trace(data: Buffer, path: Path, workers: int, fallback_rank: int | None = None) -> Trace | None:
     """The trace read by ``workers`` processes, or None where the one-pass reader must read it."""
     c = cut(data, workers)
-    return reduce_cut(data, path, c, fallback_rank) if c is not None and len(c.ranges) > 1 else None
+    if c is None or len(c.ranges) < 2 or not _has_devices(c.doc):
+        return None
+    return reduce_cut(data, path, c, fallback_rank)
 
 
 def reduce_cut(data: Buffer, path: Path, c: Cut, fallback_rank: int | None = None) -> Trace | None:
@@ -199,9 +213,13 @@ def load_trace(path: Path, fallback_rank: int | None = None, workers: int = 1) -
     with no_gc():
         if workers > 1 and hasattr(os, "fork"):
             mapped = _map_private(path)
-            data: Buffer = mapped if mapped is not None else read_bytes(path)
-            if len(data) >= MIN_SPLIT_BYTES and (trace := split_trace(data, path, workers, fallback_rank)):
-                return trace
-            if isinstance(data, bytes):
+            if mapped is None:  # small or compressed: read (and decompressed) once, split if big
+                data = read_bytes(path)
+                if len(data) >= MIN_SPLIT_BYTES and (trace := split_trace(data, path, workers, fallback_rank)):
+                    return trace
                 return build_trace(raw_from_bytes(data, path), fallback_rank)
+            if trace := split_trace(mapped, path, workers, fallback_rank):
+                return trace
+            with contextlib.suppress(BufferError):  # unmapped before the file is read again: one copy in memory
+                mapped.close()
         return build_trace(load_raw(path), fallback_rank)

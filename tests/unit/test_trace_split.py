@@ -103,9 +103,9 @@ def test_load_trace_falls_back_to_one_pass(tmp_path: Path, monkeypatch: pytest.M
     path = tmp_path / "rank0.json"
     path.write_bytes(data)
     assert_same(split.load_trace(path, workers=2), serial(data, path))
-    # A CPU trace (no kernels) and a bare event array are read in one pass.
+    # A CPU trace (no devices, or devices and no kernel) and a bare event array are read in one pass.
     cpu = {"traceEvents": [x("ProfilerStep#1", 0, 10), x("aten::mm", 1, 2)] * 3}
-    for doc in (cpu, cpu["traceEvents"]):
+    for doc in (cpu, {**cpu, "deviceProperties": [{"id": 0}]}, cpu["traceEvents"]):
         path.write_bytes(json.dumps(doc).encode())
         assert split.split_trace(path.read_bytes(), path, 2) is None
         assert_same(split.load_trace(path, workers=2), serial(path.read_bytes(), path))
