@@ -14,6 +14,7 @@ import mmap
 import os
 import pickle
 import re
+import sys
 from collections.abc import Callable
 from pathlib import Path
 from typing import NamedTuple
@@ -159,7 +160,8 @@ def _fork_map(fn: Callable[..., Part | None], jobs: list[tuple]) -> list[Part | 
         for r in unread:  # the parent failed first: a child blocked on a full pipe gets EPIPE and exits
             os.close(r)
         for pid, _ in children:
-            os.waitpid(pid, 0)
+            with contextlib.suppress(ChildProcessError):  # reaped already (a caller's SIGCHLD handler)
+                os.waitpid(pid, 0)
 
 
 def _has_devices(doc: TraceDoc) -> bool:
@@ -208,10 +210,10 @@ def _map_private(path: Path) -> mmap.mmap | None:
 
 
 def load_trace(path: Path, fallback_rank: int | None = None, workers: int = 1) -> Trace:
-    """One trace file as a Trace; a big one on up to ``workers`` cores (fork, where the system has it)."""
+    """One trace file as a Trace; a big GPU trace on up to ``workers`` cores (forked workers, on Linux)."""
     path = Path(path)
     with no_gc():
-        if workers > 1 and hasattr(os, "fork"):
+        if workers > 1 and sys.platform.startswith("linux"):  # macOS system libraries are not fork-safe
             mapped = _map_private(path)
             if mapped is None:  # small or compressed: read (and decompressed) once, split if big
                 data = read_bytes(path)
