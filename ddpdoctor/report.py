@@ -118,8 +118,8 @@ class Report:
         return (f"Report(command={self.command!r}, parts={[type(p).__name__ for p in self.parts]}, "
                 f"findings={[f.id for f in self.findings]}, status={self.status!r})")
 
-    @property
     # the public API's read view of the JSON (``report.sections["job"]["exit_code"]``): a boundary
+    @property
     def sections(self) -> dict[str, Any]:
         """Every section's JSON, merged in the order of ``parts``. Kept for readers of the JSON shape, such as the
         public ``ddpdoctor.check_sync(...).sections["job"]``. Setting a key adds it as a RawSection: the older

@@ -1,6 +1,6 @@
 """The one builder of each job-failure finding that two sources see: `hang` and `rank-crashed` come from a watched
-run (findings/hang.py: heartbeats, status files) and from the logs of a job that ran without ddpdoctor
-(logs/rules.py, logs/crashes.py). Both build them here: the id, the severity and the evidence keys every source
+run (findings/hang.py and findings/crash.py: heartbeats, status files) and from the logs of a job that ran without
+ddpdoctor (logs/rules.py, logs/crashes.py). Both build them here: the id, the severity and the evidence keys every source
 must give are written once (docs/findings.md: hangs-hang and logs-hang, hangs-rank-crashed and logs-rank-crashed).
 The evidence keeps the order the caller gives it (the terminal shows the first few)."""
 

@@ -1,13 +1,11 @@
-"""Performance findings: pure rules from an Analysis to Findings (docs/findings.md explains every threshold)."""
+"""Performance findings: the overlap rules (exposed communication, its tail, bucket sizes, the first bucket) and
+the walk of every performance rule over an Analysis (docs/findings.md explains every threshold)."""
 
 from __future__ import annotations
 
-import bisect
-import itertools
 import statistics
 from collections import defaultdict
 from collections.abc import Callable
-from dataclasses import replace
 from typing import Any
 
 from ddpdoctor.analyses.intervals import bootstrap
@@ -23,15 +21,17 @@ from ddpdoctor.findings.perf_balance import (
     rule_ddp_flags,
     rule_step_variance,
     rule_stragglers,
+    run_step_us,
 )
+from ddpdoctor.findings.perf_sync_in_backward import rule_sync_in_backward
 from ddpdoctor.findings.perf_verdict import (
     COMM_GROUP,
     cost,
     group_root_causes,
     merge_undecided,
-    step_samples,
     undecided,
 )
+from ddpdoctor.findings.perf_whatif import cap_advice, exposed_noise_us, on_transfer, rule_whatif, transfer_us
 from ddpdoctor.findings.perf_wholetrace import rule_no_steps
 from ddpdoctor.jsontypes import JsonObject
 from ddpdoctor.rundir.schema import DDPModule
@@ -56,60 +56,6 @@ LATENCY_SHARE_WARN = 1 / 3
 # The first gradient all_reduce starting after half of the backward window: the first bucket waited for gradients
 # of more than half the model, so at most half the backward can hide communication.
 FIRST_BUCKET_LATE_SHARE = 0.5
-# Synchronising calls inside backward: a single cudaDeviceSynchronize / .item() per step stalls the CPU until all
-# queued work, communication included, is done; any such call inside the backward window is worth naming.
-SYNC_NAMES = ("cudaDeviceSynchronize", "cudaStreamSynchronize", "aten::item", "aten::_local_scalar_dense")
-SYNC_COPY_NAMES = ("aten::_to_copy", "aten::copy_", "aten::to")  # .cpu() copies: named only with "cpu" evidence
-# The bucket what-if is reported when its predicted saving reaches 2% of a step (info) or 10% (warning).
-WHATIF_INFO_PCT = 2.0
-WHATIF_WARN_PCT = 10.0
-
-
-def _recommends(w: WhatIf | None, noise_us: float = 0.0) -> bool:
-    """The what-if recommends a cap only when its layout differs from the current one (more or fewer buckets) and
-    the predicted saving is worth reporting and larger than the run's own noise in exposed communication."""
-    if (w is None or not w.available or w.best_bucket_cap_mb is None
-            or (w.saving_pct_of_step or 0.0) < WHATIF_INFO_PCT or (w.saving_us_per_step or 0.0) <= noise_us):
-        return False
-    best = next((p for p in w.predictions if p.bucket_cap_mb == w.best_bucket_cap_mb), None)
-    return best is None or best.buckets_per_step != w.current_buckets_per_step
-
-
-def _waits(a: Analysis) -> dict[tuple[int, int], float]:
-    """(rank, step) -> the part of its exposed communication spent waiting for a late peer (docs/metrics.md)."""
-    return {(c.rank, step): w for c in a.comm_split for step, w in c.wait_by_step.items()}
-
-
-def transfer_us(a: Analysis) -> dict[tuple[int, int], float]:
-    """(rank, step) -> exposed transfer: exposed communication less the wait for a late peer. The overlap rules,
-    exposed-comm-high and the bucket what-if rest on it: buckets and compression cannot shorten a wait."""
-    waits = _waits(a)
-    return {(r.rank, s.step): max(0.0, s.exposed_comm_us - waits.get((r.rank, s.step), 0.0))
-            for r in a.ranks for s in r.per_step}
-
-
-def _exposed_noise_us(a: Analysis) -> float:
-    """Half the interval of exposed transfer per step: a predicted saving below it cannot be told from noise."""
-    iv = bootstrap(list(transfer_us(a).values()) if any(r.comm_us > 0 for r in a.ranks) else [])
-    return iv.half_width if iv is not None and iv.measurable else 0.0
-
-
-def _cap_advice(whatif: WhatIf | None, fallback: str, noise_us: float = 0.0, cfg: DDPModule | None = None) -> str:
-    """The what-if's cap when it recommends one, else ``fallback`` (without the what-if), or why no cap helps; said
-    in the terms of the framework that built DDP (``cfg``: the DDP description)."""
-    if not _recommends(whatif, noise_us):
-        if whatif is not None and whatif.available:
-            return ("The bucket what-if finds no bucket_cap_mb that would hide more of it (same bucket layout, or a "
-                    "saving within the run's noise); larger per-rank batches (more compute per byte) or fp16 "
-                    f"gradient compression ({comm_hook(cfg, plain='`fp16_compress_hook`')}) shrink what must be hidden.")
-        return fallback
-    assert whatif is not None and whatif.best_bucket_cap_mb is not None
-    text = (f"{ddp_option(cfg, 'bucket_cap_mb', whatif.best_bucket_cap_mb)}: the bucket what-if predicts "
-            f"{ms(whatif.saving_us_per_step)} ms less exposed communication per step")
-    if whatif.fit_error_pct_of_step is not None and whatif.fit_error_pct_of_step > (whatif.saving_pct_of_step or 0.0):
-        text += (f" (but it reproduces this run only within {whatif.fit_error_pct_of_step:.0f}% of a step: "
-                 "profile again to confirm)")
-    return text + "."
 
 
 def _single_bucket(a: Analysis) -> int | None:
@@ -123,10 +69,6 @@ def _single_bucket(a: Analysis) -> int | None:
     # One bucket at ANY cap: under the smallest cap the what-if tries (1 MiB). A larger model in one bucket because
     # of a large cap is a different story: a smaller cap does help it.
     return total if 0 < total <= min(CANDIDATE_CAPS_MB) * MIB else None
-
-
-def _step_us(a: Analysis) -> float | None:
-    return median_or_none([v for r in a.ranks if (v := median_step_us(r))])
 
 
 # ------------------------------------------------------------------------------------------------------- rules
@@ -191,7 +133,7 @@ def rule_exposed_comm(a: Analysis, w: WhatIf | None) -> list[Finding]:
     waiting = f" in transfer (and {whole.value - iv.value:.0f}% waiting for a late rank)" \
         if whole.value - iv.value >= 1.0 else ""
     evidence: dict[str, Any] = {  # an evidence map (Finding.evidence): shown and copied as it is
-        **cost(exposed_us, _step_us(a)),
+        **cost(exposed_us, run_step_us(a)),
         "exposed_transfer_pct_of_step": iv.to_json(),
         "exposed_comm_pct_of_step": whole.to_json(),
         "exposed_split": [c.to_json() for c in a.comm_split if c.rank in {r.rank for r in hot}],
@@ -220,9 +162,9 @@ def rule_exposed_comm(a: Analysis, w: WhatIf | None) -> list[Finding]:
         "exposed-comm-high", Severity.WARNING,
         f"Communication not hidden by compute takes {iv.value:.0f}% of step time{waiting}",
         ranks=[r.rank for r in hot], evidence=evidence,
-        advice=_cap_advice(w, "See the overlap findings for the cause; larger per-rank batches (more compute per "
-                           f"byte) or fp16 gradient compression ({comm_hook(ddp_config(a))}) shrink what must be "
-                           "hidden.", _exposed_noise_us(a), ddp_config(a)),
+        advice=cap_advice(w, "See the overlap findings for the cause; larger per-rank batches (more compute per "
+                          f"byte) or fp16 gradient compression ({comm_hook(ddp_config(a))}) shrink what must be "
+                          "hidden.", exposed_noise_us(a), ddp_config(a)),
     )]
 
 
@@ -266,11 +208,11 @@ def rule_comm_tail(a: Analysis, w: WhatIf | None) -> list[Finding]:
         "comm-tail-after-backward", Severity.WARNING,
         f"The last bucket's all_reduce runs {ms(tail_us)} ms after backward has ended",
         ranks=ranks,
-        evidence={**cost(tail_us, _step_us(a)), "tail_pct_of_step": iv.to_json(), "tail_ms_median": evidence_ms,
+        evidence={**cost(tail_us, run_step_us(a)), "tail_pct_of_step": iv.to_json(), "tail_ms_median": evidence_ms,
                   "tail_pct_of_step_by_rank": shares,
                   "last_bucket_mb": None if lb is None else round(lb / MIB, 2), "threshold_pct": TAIL_WARN_PCT},
-        advice=_cap_advice(w, _smaller_cap_advice(ddp_config(a), tail=True, sizes_known=_bucket_sizes_known(a)),
-                           _exposed_noise_us(a), ddp_config(a)),
+        advice=cap_advice(w, _smaller_cap_advice(ddp_config(a), tail=True, sizes_known=_bucket_sizes_known(a)),
+                          exposed_noise_us(a), ddp_config(a)),
     )]
 
 
@@ -302,13 +244,13 @@ def rule_small_buckets(a: Analysis, w: WhatIf | None) -> list[Finding]:
         "buckets-latency-bound", sev,
         f"{n_small:g} of {n_all:g} gradient buckets per step are under 1 MiB: latency-bound all_reduces",
         ranks=ranks,
-        evidence={**cost(n_all * lat if lat else None, _step_us(a)),
+        evidence={**cost(n_all * lat if lat else None, run_step_us(a)),
                   "small_buckets_per_step": n_small, "buckets_per_step": n_all,
                   "small_bucket_median_kib": round((median_or_none([float(s) for s in sizes]) or 0) / 1024, 1),
                   "fitted_latency_us": lat, "latency_share_of_comm": None if share is None else round(share, 3)},
-        advice=_cap_advice(w, "Raise the bucket size so each all_reduce moves enough bytes: "
-                           f"{ddp_option(ddp_config(a), 'bucket_cap_mb', 25)} (the default) or more.",
-                           _exposed_noise_us(a), ddp_config(a)),
+        advice=cap_advice(w, "Raise the bucket size so each all_reduce moves enough bytes: "
+                          f"{ddp_option(ddp_config(a), 'bucket_cap_mb', 25)} (the default) or more.",
+                          exposed_noise_us(a), ddp_config(a)),
     )]
 
 
@@ -348,10 +290,10 @@ def rule_first_bucket_late(a: Analysis, w: WhatIf | None) -> list[Finding]:
     return [Finding(
         "first-bucket-late", Severity.WARNING, title,
         ranks=sorted(late),
-        evidence={**cost(exposed, _step_us(a)), "first_allreduce_at_backward_pct": iv.to_json(),
+        evidence={**cost(exposed, run_step_us(a)), "first_allreduce_at_backward_pct": iv.to_json(),
                   "by_rank_pct": {str(k): round(100 * v, 1) for k, v in sorted(late.items())},
                   "bucket_cap_mb": cfg.bucket_cap_mb, "threshold_pct": threshold},
-        advice=_cap_advice(w, _smaller_cap_advice(cfg, sizes_known=_bucket_sizes_known(a)), _exposed_noise_us(a), cfg),
+        advice=cap_advice(w, _smaller_cap_advice(cfg, sizes_known=_bucket_sizes_known(a)), exposed_noise_us(a), cfg),
     )]
 
 
@@ -391,113 +333,6 @@ def _smaller_cap_advice(cfg: DDPModule | None, tail: bool = False, sizes_known: 
             "starts the first all_reduce earlier.")
 
 
-def _sync_name(ev: Any) -> str | None:
-    name = str(getattr(ev, "name", ""))
-    if any(name.startswith(s) for s in SYNC_NAMES):
-        return name
-    if name in SYNC_COPY_NAMES and "cpu" in str(getattr(ev, "detail", "")).lower():
-        return name + " (.cpu())"
-    return None
-
-
-def _inside_item(syncs: list[Any]) -> Callable[[Any], bool]:
-    """Whether a call lies inside one of its rank's ``aten::item`` calls (.item() records aten::item with
-    aten::_local_scalar_dense inside it: only the outer call counts). Per rank, the items are sorted by start with
-    the running maximum of their ends, so each question is one binary search: linear in calls, not calls x items
-    (which at 128 ranks was most of analyze's time)."""
-    spans: dict[Any, list[tuple[float, float]]] = defaultdict(list)
-    for e in syncs:
-        if str(getattr(e, "name", "")) == "aten::item":
-            t = float(getattr(e, "t_us", 0.0))
-            spans[getattr(e, "rank", None)].append((t, t + float(getattr(e, "dur_us", 0.0))))
-    index: dict[Any, tuple[list[float], list[float]]] = {}
-    for rk, v in spans.items():
-        v.sort()
-        starts = [s for s, _ in v]
-        reach = list(itertools.accumulate((e for _, e in v), max))
-        index[rk] = (starts, reach)
-
-    def inside(ev: Any) -> bool:
-        got = index.get(getattr(ev, "rank", None))
-        if got is None:
-            return False
-        t = float(getattr(ev, "t_us", -1.0))
-        i = bisect.bisect_right(got[0], t)  # items starting at or before t; one of them reaches t if the furthest does
-        return i > 0 and got[1][i - 1] >= t
-
-    return inside
-
-
-def rule_sync_in_backward(a: Analysis, w: WhatIf | None) -> list[Finding]:
-    """Reads ``analysis.syncs`` (SyncCall: rank, step, name, t_us, dur_us, detail)."""
-    syncs = getattr(a, "syncs", None) or []
-    if not syncs:
-        return []
-    # Sync calls are CPU events: compare with the CPU's backward window (on GPU traces backward_*_us is the span
-    # of the backward kernels); older analyses without the CPU window use backward_*_us.
-    windows = {(r.rank, s.step): (getattr(s, "cpu_backward_start_us", None) or s.backward_start_us,
-                                  getattr(s, "cpu_backward_end_us", None) or s.backward_end_us)
-               for r in a.ranks for s in r.per_step}
-    hits: dict[str, list[Any]] = defaultdict(list)
-    inside_item = _inside_item(syncs)
-    for ev in syncs:
-        if str(getattr(ev, "name", "")) == "aten::_local_scalar_dense" and inside_item(ev):
-            continue
-        name = _sync_name(ev)
-        ev_rank, ev_step = getattr(ev, "rank", None), getattr(ev, "step", None)
-        win = windows.get((ev_rank, ev_step)) if ev_rank is not None and ev_step is not None else None
-        if name is None or win is None or win[0] is None or win[1] is None:
-            continue
-        if win[0] <= float(getattr(ev, "t_us", -1.0)) <= win[1]:
-            hits[name].append(ev)
-    if not hits:
-        return []
-    all_hits = [e for v in hits.values() for e in v]
-    ranks = sorted({e.rank for e in all_hits})
-    # On a CPU-only rank .item() waits for nothing (no device queue): the same code would stall a GPU job, so it
-    # is reported, as info.
-    cpu_only = all(r.device == "cpu" for r in a.ranks if r.rank in ranks)
-    return [Finding(
-        "sync-in-backward", Severity.INFO if cpu_only else Severity.WARNING,
-        f"{len(all_hits)} synchronising call(s) inside backward"
-        + (" (CPU run: they would serialise communication on GPUs)" if cpu_only else " serialise communication"),
-        ranks=ranks,
-        evidence={**cost(sum(float(getattr(e, "dur_us", 0.0)) for e in all_hits) / max(1, step_samples(a)) / max(1, len(ranks)),
-                       _step_us(a)),
-                  "calls": {n: len(v) for n, v in sorted(hits.items())},
-                  "steps": sorted({e.step for e in all_hits}),
-                  "time_ms": round(sum(float(getattr(e, "dur_us", 0.0)) for e in all_hits) / 1000, 3)},
-        advice="Remove `.item()`, `.cpu()`, `torch.cuda.synchronize()` from backward hooks and the loss path "
-        "before `backward()` completes; log scalars after `optimizer.step()` (or accumulate them on device).",
-    )]
-
-
-def rule_whatif(a: Analysis, w: WhatIf | None) -> list[Finding]:
-    if not _recommends(w, _exposed_noise_us(a)) or w is None or w.saving_pct_of_step is None \
-            or w.best_bucket_cap_mb is None:
-        return []
-    # A warning needs a model that reproduces this run better than the saving it promises.
-    trusted = w.fit_error_pct_of_step is not None and w.fit_error_pct_of_step <= w.saving_pct_of_step
-    sev = Severity.WARNING if w.saving_pct_of_step >= WHATIF_WARN_PCT and trusted else Severity.INFO
-    return [Finding(
-        "bucket-cap-whatif", sev,
-        f"bucket_cap_mb={w.best_bucket_cap_mb:g} is predicted to save {ms(w.saving_us_per_step)} ms per step",
-        ranks=sorted({r.rank for r in a.ranks}),
-        evidence={**cost(w.saving_us_per_step, w.step_time_us), "current_bucket_cap_mb": w.current_bucket_cap_mb,
-                  "current_buckets_per_step": w.current_buckets_per_step,
-                  "predicted_buckets_per_step": {f"{p.bucket_cap_mb:g}": p.buckets_per_step for p in w.predictions},
-                  "noise_ms": ms(_exposed_noise_us(a)),
-                  "predicted_exposed_ms": {f"{p.bucket_cap_mb:g}": ms(p.exposed_comm_us) for p in w.predictions},
-                  "current_predicted_exposed_ms": ms(w.current_predicted_exposed_us),
-                  "current_measured_exposed_ms": ms(w.measured_exposed_us),
-                  "saving_pct_of_step": round(w.saving_pct_of_step, 1),
-                  "fit_error_pct_of_step": None if w.fit_error_pct_of_step is None else round(w.fit_error_pct_of_step, 1),
-                  "latency_us": w.latency_us, "bytes_per_us": w.bytes_per_us,
-                  "bandwidth_source": w.bandwidth_source, "grad_source": w.grad_source},
-        advice=f"{ddp_option(ddp_config(a), 'bucket_cap_mb', w.best_bucket_cap_mb)}, then profile again to confirm.",
-    )]
-
-
 RULES: tuple[Callable[[Analysis, WhatIf | None], list[Finding]], ...] = (
     rule_no_communication, rule_exposed_comm, rule_comm_tail, rule_small_buckets, rule_first_bucket_late,
     rule_sync_in_backward, rule_ddp_flags, rule_stragglers, rule_step_variance, rule_data_wait, rule_whatif,
@@ -517,18 +352,6 @@ def perf_findings(analysis: Analysis, whatif: WhatIf | None = None) -> list[Find
         out = [f for f in out if f.id not in COMM_GROUP or f.id == "exposed-comm-high"]
     return group_root_causes(merge_undecided(out, analysis))
 
-
-def on_transfer(w: WhatIf, a: Analysis) -> WhatIf:
-    """The what-if's saving capped at the exposed transfer per step (median): what a bucket layout can win back is
-    communication, not the wait for a late peer that the simulated exposed time also holds."""
-    if not w.available or w.saving_us_per_step is None or not a.comm_split:
-        return w
-    tr = list(transfer_us(a).values())
-    cap = statistics.median(tr) if tr else 0.0
-    if w.saving_us_per_step <= cap:
-        return w
-    step = w.step_time_us or 0.0
-    return replace(w, saving_us_per_step=cap, saving_pct_of_step=100.0 * cap / step if step > 0 else None)
 
 
 def perf_report_parts(analysis: Analysis) -> tuple[JsonObject, list[Finding]]:

@@ -73,6 +73,10 @@ def median_step_us(r: RankMetrics) -> float | None:
     return r.step_time_us.get("median") if r.step_time_us else None
 
 
+def run_step_us(a: Analysis) -> float | None:
+    return median_or_none([v for r in a.ranks if (v := median_step_us(r))])
+
+
 def rule_ddp_flags(a: Analysis, w: WhatIf | None) -> list[Finding]:
     cfg = ddp_config(a)
     if not cfg:

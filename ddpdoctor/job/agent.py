@@ -518,7 +518,7 @@ class JobAgent:
         """The job's one line: the head's hang verdict, else a lost node, else the crash's root cause."""
         if self.verdict is not None:
             return self.verdict.line
-        from ddpdoctor.findings.hang import is_victim
+        from ddpdoctor.findings.crash import is_victim
 
         st = state.statuses(self.nodes)
         roots = [r for r in state.crash_root(self.nodes)

@@ -26,12 +26,14 @@ _RANK_TRACE = re.compile(r"^rank(\d{1,7})\.")
 
 
 class CaptureRequest(TypedDict, total=False):
-    """A capture request as it goes from the head's live watch through the store to every node's: which window
-    (``what``, ``steps``), from which iteration on (``at_step``), why."""
+    """A capture request: what `ddpdoctor capture` leaves in a node's control folder (live/capture.py), and what
+    the head's live watch hands every other node through the store: which window (``what``: "profile",
+    "check-sync" or "stacks"; ``steps``), from which iteration on (``at_step``: several nodes start on the same
+    one), why."""
 
     id: str
     what: str
-    steps: int
+    steps: int | None  # None: a kind without a window ("stacks"), as `ddpdoctor capture` writes it
     at_step: int
     reason: str
 

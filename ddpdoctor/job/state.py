@@ -176,7 +176,7 @@ def _by_collective(pos: dict[int, RankPosition]) -> dict[str, list[int]]:
 
 
 def statuses(nodes: dict[int, NodeState]) -> dict[int, RankStatusDoc | None]:
-    """Every published rank's status as findings.hang.crash_findings reads status.json (None: still running)."""
+    """Every published rank's status as findings.crash.crash_findings reads status.json (None: still running)."""
     out: dict[int, RankStatusDoc | None] = {}
     for st in nodes.values():
         for rec in st.ranks:
@@ -193,7 +193,7 @@ def statuses(nodes: dict[int, NodeState]) -> dict[int, RankStatusDoc | None]:
 
 def crash_root(nodes: dict[int, NodeState]) -> list[int]:
     """The rank(s) whose failure is the root cause (crash_findings' rules, job-wide); [] when none failed."""
-    from ddpdoctor.findings.hang import crash_findings
+    from ddpdoctor.findings.crash import crash_findings
 
     st = {r: s for r, s in statuses(nodes).items() if s and s.get("exception")}
     return sorted({r for f in crash_findings(st) if f.id == "rank-crashed" for r in f.ranks})

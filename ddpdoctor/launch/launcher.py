@@ -1,14 +1,13 @@
 """Starts the user's script on every rank with ddpdoctor's bootstrap: through torchrun, or in place under SLURM/MPI.
 
 The launcher owns the job's process tree: it writes the manifest, starts the ranks, lets a watcher
-(heartbeat monitor) look at them while they run, and collects each rank's output and exit status."""
+(heartbeat monitor) look at them while they run, and collects each rank's output and exit status. The launch as
+data is launch/spec.py (LaunchSpec, RunningJob, LaunchResult: imported from here too), the ranks' output
+launch/rank_io.py, the signals that stop it launch/stopper.py."""
 
 from __future__ import annotations
 
-import ipaddress
 import os
-import re
-import shutil
 import signal
 import subprocess
 import sys
@@ -16,9 +15,8 @@ import threading
 import time
 import uuid
 from collections.abc import Callable
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict
 from pathlib import Path
-from typing import Any, Protocol
 
 import msgspec
 
@@ -27,109 +25,34 @@ from ddpdoctor.job.agent import attach_agent
 from ddpdoctor.job.role import JobRole, job_role
 from ddpdoctor.jsontypes import JsonObject
 from ddpdoctor.launch import runlock
-from ddpdoctor.launch.flags import FlagValue, torchrun_argv
-from ddpdoctor.launch.proctree import descendants, kill_group
+from ddpdoctor.launch.flags import torchrun_argv
+from ddpdoctor.launch.rank_io import (
+    collect_torchrun_logs,
+    echo_torchrun_failure,
+    is_rank_line,
+    node_logs,
+    tee,
+    wait_for_ranks,
+)
+from ddpdoctor.launch.spec import (
+    JobWatcher,
+    LaunchResult,
+    LaunchSpec,
+    RunningJob,
+    store_bind_address,
+    validate,
+)
+from ddpdoctor.launch.stopper import Stopper
 from ddpdoctor.launch.torchrun_shim import BIND_ENV as STORE_BIND_ENV
-from ddpdoctor.probes.config import ENV_VAR, ProbeConfig, ProbeOptions, Schedule, rank_from_env
+from ddpdoctor.probes.config import ENV_VAR, ProbeConfig, ProbeOptions, rank_from_env
 from ddpdoctor.rundir import manifest as manifest_mod
 from ddpdoctor.rundir.layout import RunDir
-from ddpdoctor.rundir.private import claim_run_root, open_private, private_dir
+from ddpdoctor.rundir.private import claim_run_root, private_dir
 from ddpdoctor.rundir.records import RunEndedDoc
 from ddpdoctor.rundir.reserve import SpaceReserve
 
 BOOTSTRAP = Path(__file__).resolve().parents[1] / "probes" / "bootstrap.py"
 PACKAGE_PARENT = Path(__file__).resolve().parents[2]
-
-
-class JobWatcher(Protocol):
-    """Something that watches a running job (the heartbeat monitor). ``address`` goes to the ranks."""
-
-    def start(self, spec: LaunchSpec) -> str | None: ...
-
-    def check(self, job: RunningJob) -> None: ...
-
-    def stop(self, job: RunningJob) -> None: ...
-
-
-@dataclass
-class LaunchSpec:
-    mode: str  # "profile", "run", "check-sync"
-    script: str
-    script_args: list[str]
-    run_dir: RunDir
-    torchrun: dict[str, FlagValue] = field(default_factory=dict)  # torchrun flags as given
-    launcher: str = "torchrun"  # or "none": the scheduler started one process per rank
-    schedule: Schedule = field(default_factory=Schedule)
-    options: ProbeOptions = field(default_factory=lambda: ProbeOptions())  # the mode's options for the probes
-    env: dict[str, str] = field(default_factory=dict)  # extra environment for the ranks
-    quiet: bool = False  # don't echo rank output to the console
-    output_to_stderr: bool = False  # keep stdout clean for --json
-    overwrite: bool = False  # replace an earlier run in the same run directory
-    program: Path | None = None  # a Python file every rank runs instead of the bootstrap (preflight's worker)
-    job_id: str | None = None  # launchers of one job (its nodes) share --out: launch/runlock.py
-
-    @property
-    def as_module(self) -> bool:
-        return bool(self.torchrun.get("--module"))
-
-
-@dataclass
-class RunningJob:
-    spec: LaunchSpec
-    proc: subprocess.Popen[bytes]
-    started: float
-    killed_by: str | None = None
-    reserve: SpaceReserve | None = None  # room for the last writes on a disk that fills (rundir/reserve.py)
-
-    def kill(self, reason: str, sig: int = signal.SIGTERM) -> None:
-        """Signal every process of the job: torchrun's process group and each process below it (torchrun starts
-        every worker in a session of its own, so the group alone misses the ranks). PIDs come from /proc, from
-        the tree ddpdoctor started, never from a message."""
-        self.killed_by = self.killed_by or reason
-        for pid in sorted(descendants(self.proc.pid)):
-            try:
-                os.kill(pid, sig)
-            except (ProcessLookupError, PermissionError):
-                pass
-        kill_group(self.proc.pid, sig)
-
-
-@dataclass
-class LaunchResult:
-    exit_code: int
-    run_dir: RunDir
-    duration_s: float
-    killed_by: str | None = None
-    reports: bool = True  # False for ranks other than 0 under --launcher none: rank 0 reports for the job
-    signum: int | None = None  # the signal that stopped ddpdoctor (and so the job); the command exits 128+signum
-    note: str | None = None  # a node that does not report: the head's verdict, printed instead of a report
-    job: Any = None  # a job of several nodes: its agent (job/agent.JobAgent: node_info, publish_report, job_report)
-
-
-def validate(spec: LaunchSpec) -> None:
-    if spec.torchrun.get("--no-python"):
-        raise BadInput("--no-python is not supported: ddpdoctor attaches its probes to a Python script")
-    if not spec.as_module:
-        path = Path(spec.script)
-        if not path.exists():
-            raise BadInput("script not found", spec.script)
-        if not path.is_file():
-            raise BadInput("not a file", spec.script)
-        if not os.access(path, os.R_OK):
-            raise BadInput("script is not readable", spec.script)
-        from ddpdoctor.launch.spawn_check import spawn_problem
-
-        problem = spawn_problem(path)  # mp.spawn: found now, not after the 600 s start-up timeout
-        if problem:
-            raise BadInput(problem, spec.script)
-    if spec.launcher not in ("torchrun", "none"):
-        raise BadInput(f"--launcher must be torchrun or none, not {spec.launcher!r}")
-    s = spec.schedule
-    if min(s.wait, s.warmup) < 0 or s.active < 1 or s.repeat < 1:
-        raise BadInput("--wait and --warmup must be >= 0, --active and --repeat >= 1")
-    nproc = spec.torchrun.get("--nproc-per-node")
-    if nproc is not None and not (str(nproc).isdigit() and int(nproc) > 0) and nproc not in ("gpu", "cpu", "auto"):
-        raise BadInput(f"--nproc-per-node must be a positive integer, gpu, cpu or auto, not {nproc!r}")
 
 
 def _rank_env(spec: LaunchSpec, monitor: str | None) -> dict[str, str]:
@@ -149,13 +72,6 @@ def _rank_env(spec: LaunchSpec, monitor: str | None) -> dict[str, str]:
     env["PYTHONPATH"] = os.pathsep.join(p for p in (str(PACKAGE_PARENT), env.get("PYTHONPATH", "")) if p)
     env.setdefault("PYTHONUNBUFFERED", "1")
     return env
-
-
-def node_logs(spec: LaunchSpec) -> Path:
-    """Where this launcher's torchrun logs go: RUN/torchrun, or RUN/torchrun/nodeN for a node of a multi-node job
-    (the nodes share the run directory; each copies its own ranks' logs)."""
-    role = job_role(spec.torchrun, spec.launcher)
-    return spec.run_dir.torchrun_logs / f"node{role.node_rank}" if role else spec.run_dir.torchrun_logs
 
 
 def _torchrun_command(spec: LaunchSpec) -> list[str]:
@@ -181,25 +97,6 @@ def _as_json(options: ProbeOptions) -> JsonObject:
     return out
 
 
-def single_node(torchrun: dict[str, FlagValue]) -> bool:
-    nnodes = str(torchrun.get("--nnodes") or "1")
-    return nnodes in ("1", "1:1")
-
-
-def store_bind_address(torchrun: dict[str, FlagValue]) -> str | None:
-    """Where torchrun's TCP stores listen: loopback for a single-node job; for a multi-node job the endpoint's
-    address when it is a literal IP address, else None (torchrun's own choice: every interface)."""
-    if single_node(torchrun):
-        return "127.0.0.1"
-    endpoint = str(torchrun.get("--rdzv-endpoint") or torchrun.get("--master-addr") or "")
-    host = endpoint.rsplit(":", 1)[0] if endpoint.count(":") == 1 else endpoint.strip("[]").rsplit("]:", 1)[0]
-    try:
-        ipaddress.ip_address(host)
-    except ValueError:
-        return None
-    return host
-
-
 def _slurm_env() -> dict[str, str]:
     """Under srun/mpirun with --launcher none: torchrun-style variables from the scheduler's."""
     env = os.environ
@@ -211,62 +108,6 @@ def _slurm_env() -> dict[str, str]:
         job = env.get("SLURM_JOB_ID", "0")
         out["MASTER_PORT"] = str(20000 + int(job) % 20000) if job.isdigit() else "29500"
     return out
-
-
-def _tee(stream: Any, path: Path, echo: Any, keep: Callable[[bytes], bool] | None = None,
-         on_error: Callable[[Path, BaseException], None] | None = None) -> threading.Thread:
-    """Copy ``stream`` into ``path`` (owner-only) and, for the lines ``keep`` accepts (all by default), to ``echo``.
-    A write that fails (a full disk) stops the copy into the file, says so through ``on_error``, and the stream is
-    still drained and echoed: the job must never block on a pipe nobody reads."""
-
-    def pump(echo: Any = echo) -> None:
-        f: Any = None
-        try:
-            path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
-            f = os.fdopen(open_private(path), "wb")  # never through a link planted in its place (docs/trust.md)
-        except (OSError, BadInput) as exc:
-            if on_error is not None:
-                on_error(path, exc)
-        try:
-            for line in iter(stream.readline, b""):
-                if f is not None:
-                    try:
-                        f.write(line)
-                        f.flush()
-                    except OSError as exc:
-                        if on_error is not None:
-                            on_error(path, exc)
-                        _close_quietly(f)
-                        f = None
-                if echo is not None and (keep is None or keep(line)):
-                    try:
-                        echo.write(line)
-                        echo.flush()
-                    except (OSError, ValueError):
-                        echo = None  # the terminal went away (SIGHUP): keep logging
-        finally:
-            _close_quietly(f)
-
-    t = threading.Thread(target=pump, daemon=True)
-    t.start()
-    return t
-
-
-def _close_quietly(f: Any) -> None:
-    try:
-        if f is not None:
-            f.close()
-    except OSError:  # its last buffered bytes did not fit either
-        pass
-
-
-# torchrun's --tee prefixes each rank's line with "[<role><local rank>]:"; everything else on its stderr is its
-# own (agent logs, SignalException tracebacks when it is stopped): that goes to RUN/torchrun/torchrun.log only.
-_RANK_LINE = re.compile(rb"^\[[A-Za-z_]*\d+\]:")
-
-
-def _is_rank_line(line: bytes) -> bool:
-    return bool(_RANK_LINE.match(line))
 
 
 def _parent_death_preexec() -> Callable[[], None]:
@@ -360,7 +201,7 @@ def _launch_locked(spec: LaunchSpec, watcher: JobWatcher | None, in_place_rank: 
             stderr=subprocess.PIPE, preexec_fn=_parent_death_preexec(), umask=user_umask,
         )
         node_logs(spec).mkdir(mode=0o700, parents=True, exist_ok=True)
-        tees = [_tee(proc.stderr, node_logs(spec) / "torchrun.log", sys.stderr.buffer, _is_rank_line, reserve.note)]
+        tees = [tee(proc.stderr, node_logs(spec) / "torchrun.log", sys.stderr.buffer, is_rank_line, reserve.note)]
     else:
         assert scheduler_env is not None
         env.update(scheduler_env)
@@ -372,8 +213,8 @@ def _launch_locked(spec: LaunchSpec, watcher: JobWatcher | None, in_place_rank: 
             stdout=subprocess.PIPE, stderr=subprocess.PIPE, preexec_fn=_parent_death_preexec(), umask=user_umask,
         )
         out = None if spec.quiet else (sys.stderr.buffer if spec.output_to_stderr else sys.stdout.buffer)
-        tees = [_tee(proc.stdout, rdir / "stdout.log", out, on_error=reserve.note),
-                _tee(proc.stderr, rdir / "stderr.log", console_err, on_error=reserve.note)]
+        tees = [tee(proc.stdout, rdir / "stdout.log", out, on_error=reserve.note),
+                tee(proc.stderr, rdir / "stderr.log", console_err, on_error=reserve.note)]
     job = RunningJob(spec=spec, proc=proc, started=started, reserve=reserve)
     stopper = Stopper(job)
     ended: RunEndedDoc | None = None
@@ -416,7 +257,7 @@ def _launch_locked(spec: LaunchSpec, watcher: JobWatcher | None, in_place_rank: 
         collect_torchrun_logs(spec.run_dir, node_logs(spec), set(agent.monitor.rank_ids()) if agent is not None else None,
                               on_error=reserve.note)
         if code and not spec.run_dir.ranks_present():
-            _echo_torchrun_failure(spec.run_dir, node_logs(spec))
+            echo_torchrun_failure(spec.run_dir, node_logs(spec))
     if agent is not None:
         # Multi-node: the head waits for every node and reports for the job; the others print its verdict.
         outcome = agent.finish(spec.run_dir.root, code or 0)
@@ -463,128 +304,3 @@ def _make_private(run: RunDir, root_too: bool) -> None:
             private_dir(d)
         except (OSError, BadInput):
             pass
-
-
-def _echo_torchrun_failure(run: RunDir, logs: Path) -> None:
-    """torchrun failed before any rank started (bad flags, rendezvous): its own words are the only explanation."""
-    from ddpdoctor.safe_io import clean_text
-
-    try:
-        text = (logs / "torchrun.log").read_text(errors="replace")
-    except OSError:
-        return
-    tail = "\n".join(text.strip().splitlines()[-25:])
-    if tail:
-        sys.stderr.write(clean_text(tail) + "\n")
-
-
-STOP_GRACE_S = 10.0  # after the signal, the job's processes have this long to write what they recorded
-STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT)
-
-
-class Stopper:
-    """ddpdoctor's handlers for the signals that stop it: record the first, stop the job as torchrun would be
-    stopped, SIGKILL every process of the job that is left after STOP_GRACE_S or at a second signal."""
-
-    def __init__(self, job: RunningJob) -> None:
-        self.job = job
-        self.signum: int | None = None
-        self.kill_at: float | None = None
-        self._old: dict[int, Any] = {}
-
-    def install(self) -> None:
-        for s in STOP_SIGNALS:
-            self._old[s] = signal.signal(s, self._on_signal)
-
-    def restore(self) -> None:
-        for s, h in self._old.items():
-            signal.signal(s, h)
-        self._old.clear()
-
-    def _on_signal(self, signum: int, frame: Any) -> None:
-        if signum == signal.SIGHUP:
-            _detach_from_terminal()
-        if self.signum is not None:  # a second signal: the user insists
-            self.job.kill(self.job.killed_by or f"signal {signal.Signals(signum).name}", signal.SIGKILL)
-            return
-        self.signum = signum
-        # As torchrun itself would be stopped: it forwards the signal to every worker and waits for them. SIGHUP
-        # and SIGQUIT become SIGTERM, so the ranks unwind and write what they recorded (probes/bootstrap.py).
-        self.job.killed_by = self.job.killed_by or f"signal {signal.Signals(signum).name}"
-        try:
-            os.kill(self.job.proc.pid, signal.SIGINT if signum == signal.SIGINT else signal.SIGTERM)
-        except ProcessLookupError:
-            pass
-        self.kill_at = time.time() + STOP_GRACE_S
-
-    def tick(self) -> None:
-        if self.kill_at is not None and time.time() >= self.kill_at:
-            self.kill_at = None
-            self.job.kill(self.job.killed_by or "stopped", signal.SIGKILL)
-
-
-def _detach_from_terminal() -> None:
-    """After SIGHUP the terminal is gone: writes to it would fail (EIO), so the report goes to /dev/null instead of
-    ending in a traceback. Output redirected to a file or a pipe is kept."""
-    try:
-        null = os.open(os.devnull, os.O_WRONLY)
-    except OSError:
-        return
-    for fd in (1, 2):
-        try:
-            if os.isatty(fd):
-                os.dup2(null, fd)
-        except OSError:
-            pass
-    os.close(null)
-
-
-def wait_for_ranks(run: RunDir, world_size: int, timeout_s: float = 60.0) -> None:
-    """Under --launcher none rank 0 reports for the job: give the other ranks' probes time to write their files."""
-    deadline = time.time() + timeout_s
-    while time.time() < deadline:
-        if all(run.rank_file(r, "status.json").exists() for r in range(world_size)):
-            time.sleep(0.5)  # the summary is written right after the status
-            return
-        time.sleep(0.2)
-
-
-def collect_torchrun_logs(run: RunDir, logs: Path | None = None, ranks: set[int] | None = None,
-                          on_error: Callable[[Path, BaseException], None] | None = None) -> None:
-    """Copy torchrun's per-local-rank logs (under ``logs``) to RUN/ranks/rankR/{stdout,stderr}.log (the latest
-    attempt); ``ranks``: this node's ranks, when other nodes' ranks share the run directory. A copy that does not
-    fit (a full disk) goes to ``on_error`` (the logs stay under torchrun/), or raises one line without it."""
-    local_to_rank: dict[int, int] = {}
-    for rank in run.ranks_present():
-        if ranks is not None and rank not in ranks:
-            continue
-        info = run.rank_file(rank, "info.json")
-        try:
-            import json
-
-            local_to_rank[int(json.loads(info.read_text())["local_rank"])] = rank
-        except (OSError, ValueError, KeyError, TypeError):
-            continue
-    attempts = sorted((logs or run.torchrun_logs).glob("*/attempt_*"), key=lambda p: p.stat().st_mtime)
-    if not attempts:
-        return
-    latest = attempts[-1]
-    for local_dir in latest.iterdir():
-        if not local_dir.name.isdigit():
-            continue
-        rank = local_to_rank.get(int(local_dir.name), int(local_dir.name))
-        for stream in ("stdout", "stderr"):
-            src = local_dir / f"{stream}.log"
-            if src.exists():
-                dst = run.rank_file(rank, f"{stream}.log")
-                try:
-                    private_dir(dst.parent)
-                    with open(src, "rb") as fsrc, os.fdopen(open_private(dst), "wb") as fdst:
-                        shutil.copyfileobj(fsrc, fdst)
-                except OSError as exc:  # a full disk: one line naming the file (the logs stay under torchrun/)
-                    from ddpdoctor.rundir.artefacts import write_error
-
-                    dst.unlink(missing_ok=True)
-                    if on_error is None:
-                        raise write_error(exc, dst) from exc
-                    on_error(dst, exc)

@@ -63,7 +63,7 @@ from ddpdoctor.rundir.records import (
 )
 
 if TYPE_CHECKING:
-    from ddpdoctor.launch.launcher import LaunchSpec, RunningJob
+    from ddpdoctor.launch.spec import LaunchSpec, RunningJob
 
 KILL_GRACE_S = 3.0
 MAX_WORLD = 1 << 20

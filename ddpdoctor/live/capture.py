@@ -10,11 +10,11 @@ import os
 import time
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Any
 
 from ddpdoctor.errors import BadInput
+from ddpdoctor.job.capture_relay import CaptureRequest
 from ddpdoctor.live.health import node_names
-from ddpdoctor.live.records import CaptureRequest, PickedUp
+from ddpdoctor.live.records import PickedUp
 from ddpdoctor.live.stacks import group_stacks, stacks_text
 from ddpdoctor.live.status import load_status
 from ddpdoctor.live.watch import captures_dir, control_dir
@@ -72,7 +72,7 @@ def wait_picked_up(run_root: Path, cid: str, nodes: list[str]) -> PickedUp:
     """The nodes' records of the request (RUN/captures/<id>/capture-NODE.json), merged: ranks together."""
     out = captures_dir(run_root) / cid
     deadline = time.time() + PICKUP_S
-    records: dict[str, dict[str, Any]] = {}  # raw JSON in: the monitors' capture-NODE.json (watch.py), read as is
+    records: dict[str, Mapping[str, object]] = {}  # the monitors' capture-NODE.json (watch.py), read back: untrusted
     nodes = list(nodes)
     while time.time() < deadline and len(records) < len(nodes):
         for node in list(nodes):
@@ -80,10 +80,12 @@ def wait_picked_up(run_root: Path, cid: str, nodes: list[str]) -> PickedUp:
                 rec = json.loads((out / f"capture-{node}.json").read_text())
             except (OSError, ValueError):
                 continue
+            if not isinstance(rec, dict):
+                continue  # not a monitor's record (it writes one JSON object)
             records[node] = rec
             # Without a shared filesystem the head forwarded the request through the job store; those nodes'
             # records (and their ranks' window files) arrive here relayed by the head (job/capture_relay.py).
-            fwd = rec.get("forwarded") if isinstance(rec, dict) else None
+            fwd = rec.get("forwarded")
             nodes += [n for n in (fwd if isinstance(fwd, list) else []) if isinstance(n, str) and n not in nodes]
         time.sleep(0.2)
     if not records:
@@ -91,7 +93,8 @@ def wait_picked_up(run_root: Path, cid: str, nodes: list[str]) -> PickedUp:
             (control_dir(run_root, node) / f"req-{cid}.json").unlink(missing_ok=True)
         raise CaptureFailed(f"the job's monitor did not take the request within {PICKUP_S:.0f} s (has the job ended?)")
     errors = [str(r["error"]) for r in records.values() if r.get("error")]
-    ranks = sorted({int(x) for r in records.values() for x in r.get("ranks") or []})
+    ranks = sorted({x for r in records.values() if isinstance(rs := r.get("ranks"), list) for x in rs
+                    if isinstance(x, int)})
     missing = [n for n in nodes if n not in records]
     return {"nodes": sorted(records), "ranks": ranks, "error": errors[0] if errors else None,
             "missing_nodes": missing}

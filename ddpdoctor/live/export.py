@@ -3,6 +3,7 @@ Prometheus endpoint (prometheus_client) on the address given with --metrics-addr
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from ddpdoctor.errors import BadInput
@@ -26,7 +27,7 @@ def parse_addr(addr: str) -> tuple[str, int]:
 class TensorBoardExporter:
     """Job step time, steps/s and (up to 64 ranks) each rank's step and busy time, one point per new iteration."""
 
-    def __init__(self, logdir: Any) -> None:
+    def __init__(self, logdir: Path) -> None:
         self.logdir = logdir
         self._writer: Any = None
         self._written = 0

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import json
-from typing import Any
+from collections.abc import Mapping
 
 from ddpdoctor.errors import BadInput
 from ddpdoctor.findings.model import Finding, Severity
@@ -15,16 +15,17 @@ from ddpdoctor.safe_io import read_text
 MAX_ALERT_BYTES = 4 << 20
 
 
-def read_alerts(run: RunDir) -> list[dict[str, Any]]:  # raw JSON in: the lines as written, read by key below
+def read_alerts(run: RunDir) -> list[Mapping[str, object]]:
     """Every node's alert records (live/records.py Alert), oldest first (malformed lines skipped; a missing or
-    unreadable file is none). Their evidence is copied into the findings as it is."""
+    unreadable file is none). Read back from the run directory, so untrusted: narrowed where read, their evidence
+    copied into the findings as it is."""
     text = ""
     for node in node_names(run.root):
         try:
             text += read_text(node_dir(run.root, node) / "alerts.jsonl", MAX_ALERT_BYTES) + "\n"
         except (BadInput, OSError):
             continue
-    out = []
+    out: list[Mapping[str, object]] = []
     for line in text.splitlines():
         try:
             rec = json.loads(line)
@@ -32,7 +33,7 @@ def read_alerts(run: RunDir) -> list[dict[str, Any]]:  # raw JSON in: the lines 
             continue
         if isinstance(rec, dict) and rec.get("id") in ("slow-rank", "slowdown", "stall"):
             out.append(rec)
-    return sorted(out, key=lambda a: a["time"] if isinstance(a.get("time"), (int, float)) else 0.0)
+    return sorted(out, key=lambda a: t if isinstance(t := a.get("time"), (int, float)) else 0.0)
 
 
 def ledger_notes(run: RunDir) -> list[str]:
@@ -74,13 +75,13 @@ def live_findings(run: RunDir) -> list[Finding]:
     (those that recurred at a fixed period by the end of the run are dropped: evaluation or checkpoint work)."""
     alerts = read_alerts(run)
     out: list[Finding] = []
-    slow = {int(a["ranks"][0]): a for a in alerts if a["id"] == "slow-rank" and a.get("ranks")}  # the latest
+    slow = {ranks[0]: a for a in alerts if a["id"] == "slow-rank" and (ranks := _ranks(a))}  # each rank's latest
     step_ms = None
     for r, a in sorted(slow.items()):
-        ev = a.get("evidence") or {}
+        ev = _evidence(a)
         step_ms = ev.get("step_ms")
         out.append(Finding(
-            "slow-rank", Severity.WARNING, a.get("title", f"rank {r} is persistently slower"), [r],
+            "slow-rank", Severity.WARNING, str(a.get("title", f"rank {r} is persistently slower")), [r],
             dict(ev, cost_ms_per_step=ev.get("lost_ms_per_step"), cost_pct_of_step=ev.get("pct_of_step"),
                  raised_at_step=a.get("step")),
             (f"rank {r} spends longer than the others in {ev.get('phase')} while they wait for it: look at what "
@@ -92,26 +93,44 @@ def live_findings(run: RunDir) -> list[Finding]:
     downs = [a for a in alerts if a["id"] == "slowdown"]
     if downs:
         a = downs[-1]
-        ev = a.get("evidence") or {}
+        ev = _evidence(a)
         out.append(Finding(
-            "slowdown", Severity.WARNING, a.get("title", "the job's step time regressed"), [],
+            "slowdown", Severity.WARNING, str(a.get("title", "the job's step time regressed")), [],
             dict(ev, cost_pct_of_step=ev.get("pct_slower"), raised_at_step=a.get("step")),
             f"the step time rose from step {ev.get('since_step')}: compare a profile window now "
             "(`ddpdoctor capture RUN --profile 5`) with the run's first steps; look for memory growth, a slower "
             "data source, a degraded link or a neighbour on the host."))
     stalls = [a for a in alerts if a["id"] == "stall"]
-    periodic = recurring_after_all([a.get("evidence") or {"step": a.get("step")} for a in stalls])
-    stalls = [a for a in stalls if (a.get("evidence") or {}).get("step") not in periodic]
+    periodic = recurring_after_all([_evidence(a) or {"step": a.get("step")} for a in stalls])
+    stalls = [a for a in stalls if _evidence(a).get("step") not in periodic]
     if stalls:
-        evs = [a.get("evidence") or {} for a in stalls]
-        total_ms = sum(float(e.get("excess_s") or 0) * 1e3 for e in evs)
-        steps_seen = max(int(e.get("step") or 0) for e in evs) or 1
+        evs = [_evidence(a) for a in stalls]
+        total_ms = sum(_num(e.get("excess_s")) * 1e3 for e in evs)
+        steps_seen = int(max(_num(e.get("step")) for e in evs)) or 1
+        longest = max((x for e in evs if isinstance(x := e.get("seconds"), (int, float))), default=None)
         out.append(Finding(
             "stall", Severity.WARNING,
-            f"{len(stalls)} step(s) took far longer than usual without hanging (longest {max(e['seconds'] for e in evs)} s)",
-            sorted({r for a in stalls for r in a.get("ranks") or []}),
+            f"{len(stalls)} step(s) took far longer than usual without hanging (longest {longest} s)",
+            sorted({r for a in stalls for r in _ranks(a)}),
             {"stalls": evs[:20], "total_excess_ms": round(total_ms, 1),
              "cost_ms_per_step": round(total_ms / steps_seen, 3), "step_ms": step_ms},
             "a long step that does not recur is a one-off wait: I/O (data, filesystem), a host hiccup or a slow "
             "collective; `ddpdoctor capture RUN --stacks` shows where every rank is while it happens."))
     return out
+
+
+def _evidence(alert: Mapping[str, object]) -> Mapping[str, object]:
+    """An alert's evidence as read back: its object, or none."""
+    ev = alert.get("evidence")
+    return ev if isinstance(ev, dict) else {}
+
+
+def _ranks(alert: Mapping[str, object]) -> list[int]:
+    """An alert's ranks as read back (what is not an integer left out)."""
+    ranks = alert.get("ranks")
+    return [r for r in ranks if isinstance(r, int)] if isinstance(ranks, list) else []
+
+
+def _num(v: object) -> float:
+    """A number as read back, else 0 (what ``or 0`` gave for a missing one)."""
+    return float(v) if isinstance(v, (int, float)) else 0.0

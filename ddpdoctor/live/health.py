@@ -97,7 +97,7 @@ class LiveHealth:
         self.started = time.time()
         self.last_snapshot: HealthSnapshot | None = None
         self.cost_s = 0.0  # the monitor's own time in ingest + tick (reported in the snapshot)
-        self._raised: set[tuple[str, int | str]] = set()  # (alert id, its rank, step or "job")
+        self._raised: set[tuple[str, int | str]] = set()  # (alert id, the rank, step or "job" it is about)
         self._outlier_steps: set[int] = set()
         self._new_points: list[JobPoint] = []
         self._series_lines = 0
@@ -218,7 +218,7 @@ class LiveHealth:
         self._raised.add((kind, key))
         step = max((h[-1].step for h in self.ranks.values() if h), default=0)
         alert: Alert = {"id": kind, "time": round(now, 3), "step": step, "title": title, "ranks": ranks,
-                 "cost_ms": round(cost_ms, 3), "evidence": evidence}
+                        "cost_ms": round(cost_ms, 3), "evidence": evidence}
         self.alerts.append(alert)
         _append_line(self.root / "alerts.jsonl", alert)
         return [alert]

@@ -1,5 +1,6 @@
 """The shapes of the live watch's JSON (docs/live.md): the rules' evidence, an alert, a node's health snapshot
-(RUN/live/NODE/health.json), `status`'s state object, and a capture's request and records (RUN/captures/ID).
+(RUN/live/NODE/health.json), `status`'s state object, and a capture's records (RUN/captures/ID; the request
+itself is job/capture_relay.py's CaptureRequest, the same through the control folder and the job store).
 
 TypedDicts, not classes: these are JSON documents written as they are built (alerts.jsonl, health.json, the
 Prometheus exporter's source), so the shapes type the dicts without changing a byte of them. What is read back from
@@ -12,6 +13,10 @@ from collections.abc import Mapping, Sequence
 from typing import TypedDict
 
 from ddpdoctor.analyses.ledger import CausedWaitJson
+
+# What `ddpdoctor capture` leaves in a node's control folder (RUN/live/NODE/control/req-ID.json) is the request the
+# job's head relays to the other nodes: one shape, defined in the job layer below live/.
+from ddpdoctor.job.capture_relay import CaptureRequest as CaptureRequest
 from ddpdoctor.jsontypes import JsonObject
 
 
@@ -150,16 +155,6 @@ class StatusDoc(TypedDict):
     live: bool
     health: Mapping[str, object] | None
     age_s: float | None
-
-
-class CaptureRequest(TypedDict, total=False):
-    """What `ddpdoctor capture` leaves in a node's control folder (RUN/live/NODE/control/req-ID.json)."""
-
-    id: str
-    what: str  # "profile" | "check-sync" | "stacks"
-    steps: int | None
-    at_step: int  # several nodes: the one iteration every node starts on
-    reason: str
 
 
 class PickedUp(TypedDict):

@@ -16,8 +16,9 @@ import threading
 import time
 from collections.abc import Mapping
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
+from ddpdoctor.job.capture_relay import CaptureRequest
 from ddpdoctor.live.health import LiveHealth, node_dir
 from ddpdoctor.live.protocol import CAPTURE_ID, MAX_STEPS, WINDOW_KINDS
 from ddpdoctor.live.records import Alert, CaptureRecord
@@ -25,7 +26,9 @@ from ddpdoctor.live.rules import DEFAULT_CONFIG, HealthConfig
 from ddpdoctor.rundir.layout import write_json
 
 if TYPE_CHECKING:
-    from ddpdoctor.launch.monitor import HangMonitor
+    from ddpdoctor.launch.monitor import HangMonitor, RankSnapshot
+    from ddpdoctor.live.export import PrometheusExporter, TensorBoardExporter
+    from ddpdoctor.rundir.records import RankMessage
 
 POLL_S = 0.5
 MAX_REQUEST_BYTES = 4096
@@ -56,7 +59,7 @@ class LiveWatch:
         self.echo = echo
         self.health: LiveHealth | None = None
         self.root: Path | None = None
-        self.exporters: list[Any] = []
+        self.exporters: list[PrometheusExporter | TensorBoardExporter] = []
         if metrics_addr:
             from ddpdoctor.live.export import PrometheusExporter, parse_addr
 
@@ -65,8 +68,7 @@ class LiveWatch:
         self._next_poll = 0.0
         self._last_auto: float | None = None
         self._monitor: HangMonitor | None = None
-        # requests the head forwarded (job store), taken on the poll loop; raw JSON, checked in _dispatch
-        self._from_job: list[Mapping[str, object]] = []
+        self._from_job: list[CaptureRequest] = []  # requests the head forwarded (job store), taken on the poll loop
 
     # -- monitor plugin hooks ------------------------------------------------------------------------
     def on_start(self, monitor: HangMonitor) -> None:
@@ -84,9 +86,9 @@ class LiveWatch:
         # tensorboard takes ~0.5 s to import: not on the poll loop that also detects hangs.
         threading.Thread(target=_preload_tensorboard, name="ddpdoctor-tb-import", daemon=True).start()
 
-    def on_message(self, monitor: HangMonitor, rank: int, msg: dict[str, Any]) -> None:
-        """Every authenticated message from a rank (the monitor's loop thread): keep it fast. ``msg`` is the rank's
-        raw JSON (the monitor's plugin hook, launch/monitor.py); its "steps" are taken out of it, unchecked here."""
+    def on_message(self, monitor: HangMonitor, rank: int, msg: RankMessage) -> None:
+        """Every authenticated message from a rank (the monitor's loop thread): keep it fast. A beat's "steps" are
+        taken out of it (LiveHealth.ingest skips malformed entries)."""
         if self.health is None:
             return
         kind = msg.get("type")
@@ -113,7 +115,7 @@ class LiveWatch:
             for req in taken:
                 self._dispatch(req, from_job=True)
 
-    def on_job_request(self, monitor: HangMonitor, req: Mapping[str, object]) -> None:
+    def on_job_request(self, monitor: HangMonitor, req: CaptureRequest) -> None:
         """A request the job's head forwarded through the job store (job/agent.py): dispatched on the poll loop."""
         self._from_job.append(req)
 
@@ -236,7 +238,7 @@ class LiveWatch:
         kind = self.node.rstrip("0123456789")
         return [f"{kind}{n}" for n in nodes]
 
-    def _stacks(self, out: Path, record: Path, links: dict[int, Any], state: CaptureRecord) -> None:
+    def _stacks(self, out: Path, record: Path, links: dict[int, RankSnapshot], state: CaptureRecord) -> None:
         """This node's ranks' stacks, raw, owner-only: the client groups every node's together."""
         assert self._monitor is not None
         with self._monitor._lock:

@@ -18,24 +18,28 @@ from __future__ import annotations
 import functools
 import hashlib
 import math
-import random
-import sys
 from collections.abc import Iterator
 from dataclasses import dataclass
-from typing import Any, Literal, cast
+from typing import Any, cast
 
 import torch
-from torch.utils.data import DataLoader, DistributedSampler, RandomSampler, Subset
+from torch.utils.data import DataLoader, DistributedSampler
 from torch.utils.data.dataloader import _BaseDataLoaderIter, _DatasetKind
 
+from ddpdoctor.probes.dataset_hashes import dataset_fingerprint, hash_rows
 from ddpdoctor.probes.records import (
     DataDoc,
-    DatasetFingerprint,
     EpochRecord,
     InitConflict,
     LoaderDoc,
-    SamplerFacts,
     SubsetFacts,
+)
+from ddpdoctor.probes.sampler_facts import (
+    base_sampler,
+    framework_facts,
+    sampler_facts,
+    shard_facts,
+    subset_maps,
 )
 
 MAX_INDICES = 2_000_000  # per epoch: beyond this the epoch is marked truncated (coverage is then not judged)
@@ -49,144 +53,6 @@ def _flatten(item: Any) -> list[int]:
     if isinstance(item, torch.Tensor):
         return [int(i) for i in item.reshape(-1).tolist()]
     return [int(item)]
-
-
-def _subset_maps(dataset: Any) -> tuple[Any, list[Any]]:
-    """The dataset under nested Subsets, and the index lists that lead to it (outermost first)."""
-    maps: list[Any] = []
-    while isinstance(dataset, Subset):
-        maps.append(dataset.indices)
-        dataset = dataset.dataset
-    return dataset, maps
-
-
-def _base_sampler(loader: Any) -> Any:
-    """The index sampler under the batch sampler, through wrappers that keep theirs as .batch_sampler (accelerate's
-    BatchSamplerShard, after accelerator.prepare(loader))."""
-    batch_sampler = getattr(loader, "batch_sampler", None)
-    for _ in range(4):
-        inner = getattr(batch_sampler, "sampler", None)
-        if inner is not None:
-            return inner
-        batch_sampler = getattr(batch_sampler, "batch_sampler", None)
-        if batch_sampler is None:
-            break
-    return getattr(loader, "sampler", None)
-
-
-def _framework_facts() -> SamplerFacts:
-    """Lightning, when loaded: it adds the DistributedSampler itself (use_distributed_sampler), so advice about a
-    loader's sampler is given in its terms."""
-    if "lightning" in sys.modules or "pytorch_lightning" in sys.modules:
-        return {"framework": "lightning"}
-    return {}
-
-
-def _shard_facts(loader: Any) -> SamplerFacts:
-    """A batch sampler that hands each rank its share of the batches (accelerate's BatchSamplerShard: each rank
-    draws the batches of the whole dataset, then keeps every num_processes-th)."""
-    bs = getattr(loader, "batch_sampler", None)
-    n, index = getattr(bs, "num_processes", None), getattr(bs, "process_index", None)
-    if isinstance(n, int) and isinstance(index, int):
-        return {"sharded_by": {"class": type(bs).__name__, "num_processes": n, "process_index": index}}
-    return {}
-
-
-def _sampler_facts(sampler: Any) -> SamplerFacts:
-    facts: SamplerFacts = {"class": type(sampler).__name__}
-    if isinstance(sampler, DistributedSampler):
-        facts.update({
-            "distributed": True, "num_replicas": sampler.num_replicas, "rank": sampler.rank,
-            "shuffle": bool(sampler.shuffle), "seed": int(sampler.seed), "drop_last": bool(sampler.drop_last),
-            "total_size": int(sampler.total_size),
-        })
-    else:
-        facts["distributed"] = False
-        attrs: tuple[Literal["shuffle", "seed", "replacement", "drop_last"], ...] = (
-            "shuffle", "seed", "replacement", "drop_last")
-        for attr in attrs:
-            value = getattr(sampler, attr, None)
-            if isinstance(value, (bool, int, float, str)):
-                facts[attr] = value
-        if isinstance(sampler, RandomSampler) or type(sampler).__name__ == "SubsetRandomSampler":
-            facts.setdefault("shuffle", True)
-        seed = getattr(sampler, "initial_seed", None)  # accelerate's SeedableRandomSampler: the seed it shuffles with
-        if isinstance(seed, int) and "seed" not in facts:
-            facts["seed"] = seed
-    epoch = getattr(sampler, "epoch", None)
-    if isinstance(epoch, int):
-        facts["epoch"] = epoch
-    return facts
-
-
-def _hash_rows(batch: Any) -> list[str]:
-    """One short hash per sample: the rows of the first tensor found in the batch."""
-    leaf = batch
-    while isinstance(leaf, (list, tuple)) and leaf:
-        leaf = leaf[0]
-    if isinstance(leaf, dict) and leaf:
-        leaf = next(iter(leaf.values()))
-    if not isinstance(leaf, torch.Tensor) or leaf.dim() == 0:
-        return []
-    rows = leaf.detach().cpu().contiguous()
-    return [hashlib.blake2b(r.numpy().tobytes(), digest_size=8).hexdigest() for r in rows]
-
-
-def _sample_bytes(item: Any, h: Any, depth: int = 0) -> None:
-    """Feed one dataset sample into hash ``h``: tensors and arrays by content, plain values by repr."""
-    if depth > 6:
-        return
-    if isinstance(item, torch.Tensor):
-        t = item.detach().cpu().contiguous()
-        h.update(f"{t.dtype}{tuple(t.shape)}".encode())
-        h.update(t.reshape(-1).view(torch.uint8).numpy().tobytes() if t.numel() else b"")
-    elif isinstance(item, (list, tuple)):
-        for v in item:
-            _sample_bytes(v, h, depth + 1)
-    elif isinstance(item, dict):
-        for k in sorted(item, key=str):
-            h.update(repr(k).encode())
-            _sample_bytes(item[k], h, depth + 1)
-    elif isinstance(item, (int, float, str, bytes, bool)) or item is None:
-        h.update(repr(item).encode())
-    elif callable(getattr(item, "tobytes", None)):  # numpy arrays, PIL images
-        h.update(item.tobytes())
-    else:
-        h.update(type(item).__name__.encode())
-
-
-def _sample_hash(dataset: Any, index: int) -> str:
-    h = hashlib.blake2b(digest_size=8)
-    _sample_bytes(dataset[index], h)
-    return h.hexdigest()
-
-
-def dataset_fingerprint(dataset: Any) -> DatasetFingerprint:
-    """{"len", "first", "last"} of a map-style dataset, or {"len", "error"}; "varies": True when loading the same
-    sample twice gives other bytes (random augmentation), which then says nothing across ranks.
-
-    The script's random streams are left exactly as they were: loading a sample may draw from them."""
-    n = len(dataset)
-    out: DatasetFingerprint = {"len": n}
-    if n == 0:
-        return out
-    np = sys.modules.get("numpy")
-    py_state = random.getstate()
-    np_state = np.random.get_state() if np is not None else None
-    try:
-        with torch.random.fork_rng(devices=[]):
-            first, last = _sample_hash(dataset, 0), _sample_hash(dataset, n - 1)
-            again = (_sample_hash(dataset, 0), _sample_hash(dataset, n - 1))
-        out.update({"first": first, "last": last})
-        if again != (first, last):
-            out["varies"] = True
-    except Exception as exc:  # noqa: BLE001 - a dataset that cannot be indexed here is simply not fingerprinted
-        out["error"] = type(exc).__name__
-    finally:
-        random.setstate(py_state)
-        if np is not None and np_state is not None:
-            np.random.set_state(np_state)
-    return out
 
 
 class _LoaderEntry(LoaderDoc):
@@ -359,7 +225,7 @@ class SamplerProbe:
             dataset_len: int | None = len(loader.dataset)
         except TypeError:
             dataset_len = None
-        root, maps = _subset_maps(loader.dataset)
+        root, maps = subset_maps(loader.dataset)
         subset: SubsetFacts | None = None
         if maps and not iterable:
             final = list(range(len(maps[0])))
@@ -385,8 +251,8 @@ class SamplerProbe:
             "sampler_arg": kwargs.get("sampler") is not None,
             "batch_sampler_arg": kwargs.get("batch_sampler") is not None,
             "num_workers": int(loader.num_workers),
-            "sampler": None if iterable else {**_sampler_facts(_base_sampler(loader)), **_shard_facts(loader),
-                                              **_framework_facts()},
+            "sampler": None if iterable else {**sampler_facts(base_sampler(loader)), **shard_facts(loader),
+                                              **framework_facts()},
             "epochs": [],
             "_loader": loader,
         })
@@ -410,7 +276,7 @@ class SamplerProbe:
         if entry["iterable"]:
             record["sample_hashes"] = []
         else:
-            sampler = _base_sampler(loader)
+            sampler = base_sampler(loader)
             record["sampler_epoch"] = getattr(sampler, "epoch", None) if isinstance(getattr(sampler, "epoch", None), int) else None
             try:
                 record["len"] = len(loader)
@@ -436,7 +302,7 @@ class SamplerProbe:
         self.last_record = record
         hashes = record.get("sample_hashes")
         if hashes is not None and len(hashes) < MAX_HASHED_SAMPLES:
-            hashes.extend(_hash_rows(data)[: MAX_HASHED_SAMPLES - len(hashes)])
+            hashes.extend(hash_rows(data)[: MAX_HASHED_SAMPLES - len(hashes)])
 
     def on_step(self, step: int) -> None:
         """An optimizer step ended: the loader that yielded the last batch is a training loader."""

@@ -28,12 +28,12 @@ import torch
 from torch.nn.parallel import DistributedDataParallel
 
 from ddpdoctor.probes.config import ProbeOptions
+from ddpdoctor.probes.fingerprints import WatchedModule, fingerprints
 from ddpdoctor.probes.guard import NOTES_FILE, Guard, ProbeNotes
-from ddpdoctor.probes.records import FingerprintRow, OutsideParam, RankStatusDoc, SyncDoc, SyncModuleDoc
+from ddpdoctor.probes.records import FingerprintRow, OutsideParam, RankStatusDoc, SyncDoc
 from ddpdoctor.probes.sampler import SamplerProbe
 from ddpdoctor.rundir.layout import RunDir, write_json
 
-SAMPLES = 4  # sampled elements per tensor, at fixed positions
 GATHER_TIMEOUT_S = 120  # the separate gloo group's timeout: a missing rank delays the stop, never hangs it
 MAX_CHECKED_STEPS = 200  # with --steps 0 (run to the end) the first 200 steps are checked, so sync.json stays small
 DATA_STEPS = 500  # default: steps past --steps the data recorder may run on to see a shuffling loader's 2nd epoch
@@ -47,105 +47,6 @@ class CheckSyncStop(SystemExit):
         self.step = step
 
 
-_POSITIONS: dict[tuple[int, Any], torch.Tensor] = {}
-
-
-def _positions(n: int, device: Any) -> torch.Tensor:
-    key = (n, device)
-    pos = _POSITIONS.get(key)
-    if pos is None:
-        pos = _POSITIONS[key] = torch.tensor([(k * (n - 1)) // (SAMPLES - 1) for k in range(SAMPLES)], device=device)
-    return pos
-
-
-def _table(flats: list[torch.Tensor]) -> list[list[float]]:
-    """Fingerprint rows of same-device, same-dtype flat tensors with a few ops per tensor and one host copy."""
-    sums = torch.stack([f.sum() for f in flats])
-    squares = torch.stack([f.dot(f) for f in flats])
-    samples = torch.stack([f.index_select(0, _positions(f.numel(), f.device)) for f in flats])
-    numel = torch.tensor([float(f.numel()) for f in flats], dtype=torch.float64)
-    # Sums accumulate in the tensor's own precision: converting every element to float64 first costs
-    # 30x more, and determinism (not precision) is what a cross-rank comparison needs.
-    body = torch.cat([sums[:, None], squares[:, None], samples], dim=1).to(torch.float64).cpu()
-    return torch.cat([numel[:, None], body], dim=1).tolist()
-
-
-def fingerprints(tensors: list[torch.Tensor | None]) -> list[list[float] | None]:
-    """Per tensor: [numel, sum, sum of squares, v_0 .. v_3] as float64 (v_k at position k*(n-1)//3), or None.
-
-    O(elements) on the tensor's device and one host transfer per device and dtype for the whole list."""
-    groups: dict[Any, list[tuple[int, torch.Tensor]]] = {}
-    out: list[list[float] | None] = [None] * len(tensors)
-    for i, t in enumerate(tensors):
-        if t is None:
-            continue
-        flat = t.detach().reshape(-1)
-        if flat.dtype not in (torch.float32, torch.float64):
-            flat = flat.float()  # half, bfloat16, integer buffers
-        if flat.numel() == 0:
-            out[i] = [0.0] * (3 + SAMPLES)
-            continue
-        groups.setdefault((flat.device, flat.dtype), []).append((i, flat))
-    for items in groups.values():
-        for (i, _), row in zip(items, _table([f for _, f in items]), strict=True):
-            out[i] = row
-    return out
-
-
-class _Module:
-    """One DDP module under watch (or, without DDP, the optimizer's parameters: ``ddp`` is None)."""
-
-    def __init__(self, index: int, ddp: Any, plain: list[tuple[str, Any]] | None = None) -> None:
-        self.index = index
-        self.ddp = ddp
-        self.used = False  # a forward (or, without DDP, an optimizer step) ran in this iteration
-        self.synced_forwards = 0
-        self.unsynced_forwards = 0
-        self.last_forward_synced: bool | None = None
-        self.buffers_done_step = -1
-        self.buffers_synced_now: bool | None = None  # DDP broadcast the buffers before the current forward
-        self.built_by: str | None = None
-        if ddp is None:
-            self.param_names = [n for n, _ in plain or []]
-            self.params = [p for _, p in plain or []]
-            self.ignored: list[str] = []
-            self.frozen: list[str] = []
-            self.buffer_names: list[str] = []
-            return
-        ignored = set(getattr(ddp, "parameters_to_ignore", ()) or ())
-        named = list(ddp.module.named_parameters())
-        self.param_names = [n for n, p in named if p.requires_grad and n not in ignored]
-        self.params = [p for n, p in named if p.requires_grad and n not in ignored]
-        self.ignored = sorted(n for n, p in named if n in ignored)
-        self.frozen = sorted(n for n, p in named if not p.requires_grad)
-        self.buffer_names = [n for n, _ in ddp.module.named_buffers()]
-
-    def describe(self) -> SyncModuleDoc:
-        ddp = self.ddp
-        if ddp is None:
-            return {"index": self.index, "module_class": "optimizer parameters", "ddp": False,
-                    "params": self.param_names, "ignored_params": [], "frozen_params": [], "buffers": [],
-                    "batchnorm_buffers": [], "broadcast_buffers": False, "find_unused_parameters": False}
-        return {
-            "index": self.index,
-            "ddp": True,
-            "module_class": type(ddp.module).__name__,
-            "broadcast_buffers": bool(getattr(ddp, "broadcast_buffers", True)),
-            "find_unused_parameters": bool(getattr(ddp, "find_unused_parameters", False)),
-            "built_by": self.built_by,
-            "params": self.param_names,
-            "ignored_params": self.ignored,
-            "frozen_params": self.frozen,
-            "buffers": self.buffer_names,
-            "batchnorm_buffers": [
-                f"{mn}.{bn}" if mn else bn
-                for mn, m in ddp.module.named_modules()
-                if isinstance(m, torch.nn.modules.batchnorm._BatchNorm)
-                for bn, _ in m.named_buffers(recurse=False)
-            ],
-        }
-
-
 class SyncProbe:
     def __init__(self, run: RunDir, rank: int, world_size: int, options: ProbeOptions, tracker: Any) -> None:
         self.run = run
@@ -157,7 +58,7 @@ class SyncProbe:
         self.equivalence = bool(options.get("equivalence", False))
         self.notes = ProbeNotes(run.rank_file(rank, NOTES_FILE))
         self.guard = Guard("check-sync fingerprint", self.notes, lambda: tracker.step)
-        self.modules: list[_Module] = []
+        self.modules: list[WatchedModule] = []
         self.grads: list[FingerprintRow] = []
         self.params: list[FingerprintRow] = []
         self.buffers: list[FingerprintRow] = []
@@ -214,7 +115,7 @@ class SyncProbe:
         self._group = None
 
     def _watch(self, ddp: Any) -> None:
-        mod = _Module(len(self.modules), ddp)
+        mod = WatchedModule(len(self.modules), ddp)
         from ddpdoctor.probes.ddp_recorder import _built_by
 
         mod.built_by = _built_by()  # the framework that built DDP, for advice in its terms (findings/framework_advice)
@@ -237,7 +138,7 @@ class SyncProbe:
         if seen is not None and len(seen) < 10_000 and self.guard.enabled:
             seen.setdefault(id(module), module)
 
-    def _on_ddp_forward(self, mod: _Module, args: Any, kwargs: Any) -> None:
+    def _on_ddp_forward(self, mod: WatchedModule, args: Any, kwargs: Any) -> None:
         ddp = mod.ddp
         if not torch.is_grad_enabled():
             return  # evaluation: DDP reduces nothing for it
@@ -256,7 +157,7 @@ class SyncProbe:
         if self._equiv is not None:
             self._equiv.on_forward(mod, args, kwargs)
 
-    def _on_inner_forward(self, mod: _Module) -> None:
+    def _on_inner_forward(self, mod: WatchedModule) -> None:
         step = self.tracker.step
         if not self._checking(step) or not torch.is_grad_enabled() or mod.buffers_done_step == step or not mod.buffer_names:
             return
@@ -343,7 +244,7 @@ class SyncProbe:
                  for g, group in enumerate(optimizer.param_groups)
                  for i, p in enumerate(group["params"]) if p.requires_grad]
         if plain:
-            self.modules.append(_Module(0, None, plain))
+            self.modules.append(WatchedModule(0, None, plain))
 
     def _note_params_outside_ddp(self, optimizer: Any) -> None:
         inside = {id(p) for mod in self.modules if mod.ddp is not None for p in mod.ddp.module.parameters()}

@@ -11,11 +11,13 @@ import statistics
 import time
 from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ddpdoctor.renderers.rank_classes import MAX_RANK_ROWS, group_ranks
 from ddpdoctor.reports.perf_json import RankJson
-from ddpdoctor.reports.sections import PerfSection
+
+if TYPE_CHECKING:  # the live monitor imports this module for its writer alone (live/export.py)
+    from ddpdoctor.reports.sections import PerfSection
 
 # Tag -> (per_step field, scale, description). ms because that is what people read step times in.
 SCALARS: dict[str, tuple[str, float, str]] = {

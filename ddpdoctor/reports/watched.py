@@ -1,11 +1,8 @@
 """The report of a watched run (run, profile, check-sync): the job's own findings, then the hang, crash and --debug
 findings, and the typed hang section. Reads RUN/hang.json, RUN/heartbeats.json and the ranks' status and stderr
-files through rundir/; the rules live in findings/hang.py and findings/job.py."""
+files through rundir/; the rules live in findings/hang.py, findings/crash.py and findings/job.py."""
 
 from __future__ import annotations
-
-from pathlib import Path
-from typing import Any
 
 from ddpdoctor.findings.job import ended_findings
 from ddpdoctor.findings.model import Finding
@@ -95,7 +92,7 @@ def torn_down_ranks(run: RunDir, statuses: dict[int, RankStatusDoc | None]) -> s
     its log (RUN/torchrun/**/torchrun.log) and the ranks' info.json pids."""
     from ddpdoctor import safe_io
     from ddpdoctor.errors import BadInput
-    from ddpdoctor.findings.hang import torchrun_stopped_pids
+    from ddpdoctor.findings.crash import torchrun_stopped_pids
 
     silent = [r for r, s in statuses.items() if s is None]
     if not silent:
@@ -108,8 +105,9 @@ def torn_down_ranks(run: RunDir, statuses: dict[int, RankStatusDoc | None]) -> s
             continue
     out = set()
     for r in silent:
-        info = _read(run.rank_file(r, "info.json")) or {}
-        if isinstance(info.get("pid"), int) and info["pid"] in pids:
+        path = run.rank_file(r, "info.json")
+        info = artefacts.load(path, RankInfo) if path.exists() else None
+        if info is not None and info.pid in pids:
             out.add(r)
     return out
 
@@ -140,7 +138,8 @@ def monitor_notes(heartbeats: Heartbeats | None) -> list[str]:
 def watch_findings(run: RunDir, debug: bool = False, stopped: bool = False) -> list[Finding]:
     """Findings from RUN/hang.json, the ranks' status files and (with --debug) their stderr. ``stopped``: ddpdoctor
     was stopped by a signal and stopped the job, so ranks that died of that stop are not crashes."""
-    from ddpdoctor.findings.hang import crash_findings, hang_findings, is_victim, stall_findings
+    from ddpdoctor.findings.crash import crash_findings, is_victim
+    from ddpdoctor.findings.hang import hang_findings, stall_findings
 
     findings: list[Finding] = []
     statuses = rank_statuses(run)
@@ -213,11 +212,3 @@ def _where(p: Position) -> str:
     else:
         what = f"{p.state} (phase {p.phase})"
     return f"{what}, step {p.step}, at {p.call_site}"
-
-
-# raw JSON in: a schema-checked artefact as rundir's load_dict returns it
-def _read(path: Path) -> dict[str, Any] | None:
-    """A run-directory artefact, validated against its schema (rundir/schema.py); None when absent."""
-    from ddpdoctor.rundir import artefacts
-
-    return artefacts.load_dict(path) if path.exists() else None

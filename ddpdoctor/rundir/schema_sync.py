@@ -100,7 +100,7 @@ class SubsetInfo(msgspec.Struct, kw_only=True):
 
 
 class DatasetFingerprint(msgspec.Struct, kw_only=True):
-    """A map-style dataset's length and first and last samples' hashes (probes/sampler.py dataset_fingerprint)."""
+    """A map-style dataset's length and first and last samples' hashes (probes/dataset_hashes.py dataset_fingerprint)."""
 
     len: int | None = None
     first: str | None = None
@@ -120,13 +120,13 @@ Scalar = int | float | str | bool | None
 
 
 class SamplerFacts(msgspec.Struct, kw_only=True, rename={"class_name": "class"}):
-    """A loader's sampler as probes/sampler.py describes it."""
+    """A loader's sampler as probes/sampler_facts.py describes it."""
 
     class_name: str | None = None
     distributed: bool | None = None
     num_replicas: int | None = None
     rank: int | None = None
-    # A sampler of the script's own may hold any scalar in these attributes (probes/sampler.py copies them).
+    # A sampler of the script's own may hold any scalar in these attributes (probes/sampler_facts.py copies them).
     shuffle: Scalar = None
     seed: Scalar = None
     drop_last: Scalar = None

@@ -18,6 +18,7 @@ from pathlib import Path
 import pytest
 
 from ddpdoctor.renderers.tensorboard import write_scalars
+from ddpdoctor.reports.sections import PerfSection
 from tests.ports import reserve_port
 from tests.views_fixtures import profiled_run, sections
 
@@ -83,7 +84,7 @@ class TensorBoard:
 def logdir() -> Path:
     """logs/run: a real 2-rank profile run; logs/fixture: scalars of the hand-written sections."""
     root = profiled_run().parent
-    write_scalars(sections(), root / "fixture" / "scalars", wall_time=1_700_000_000.0)
+    write_scalars(PerfSection.from_json(sections()), root / "fixture" / "scalars", wall_time=1_700_000_000.0)
     return root
 
 

@@ -2,15 +2,8 @@
 
 from __future__ import annotations
 
-from ddpdoctor.findings.hang import (
-    DDP_BUCKETS,
-    crash_findings,
-    diagnose_hang,
-    fatal_error,
-    hang_findings,
-    is_victim,
-    position,
-)
+from ddpdoctor.findings.crash import crash_findings, fatal_error, is_victim
+from ddpdoctor.findings.hang import DDP_BUCKETS, diagnose_hang, hang_findings, position
 from ddpdoctor.launch.monitor import HangMonitor, RankLink, auto_hang_timeout
 
 

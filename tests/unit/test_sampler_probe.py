@@ -122,7 +122,7 @@ def test_a_peek_is_not_an_epoch_and_its_indices_are_dropped():
 def test_dataset_fingerprint_leaves_random_streams_alone_and_spots_varying_samples():
     import random
 
-    from ddpdoctor.probes.sampler import dataset_fingerprint
+    from ddpdoctor.probes.dataset_hashes import dataset_fingerprint
 
     class Augmented(torch.utils.data.Dataset):
         def __len__(self):

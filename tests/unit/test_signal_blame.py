@@ -3,7 +3,7 @@ connection it closed (issue 26, item 10: 3 of 3 profiles blamed rank 0's "Connec
 
 from __future__ import annotations
 
-from ddpdoctor.findings.hang import crash_findings
+from ddpdoctor.findings.crash import crash_findings
 
 PEER = ("RuntimeError: [../third_party/gloo/gloo/transport/tcp/pair.cc:553] Connection closed by peer "
         "[127.0.0.1]:17323. This is typically caused by a remote worker crashing.")
@@ -52,7 +52,7 @@ TORCHRUN_LOG = ("W1125 13:54:31.053000 1344 torch/distributed/elastic/multiproce
 
 def test_a_rank_sigterm_ended_at_start_up_is_blamed_not_the_peer_torchrun_stopped():
     """Rank 1 SIGTERMed before any collective; rank 0, stuck in init, was stopped by torchrun and left no status."""
-    from ddpdoctor.findings.hang import torchrun_stopped_pids
+    from ddpdoctor.findings.crash import torchrun_stopped_pids
 
     assert torchrun_stopped_pids(TORCHRUN_LOG) == {1411}
     statuses = {0: None, 1: dict(_term(1, 100.0), steps_completed=0, last_collective=None)}

@@ -12,7 +12,7 @@ from ddpdoctor.analyses.sync import RTOL, analyze_sync, compare_fingerprints
 from ddpdoctor.findings.sync import sync_findings
 from ddpdoctor.findings.sync_data import data_findings
 from ddpdoctor.probes.equivalence import relative_error
-from ddpdoctor.probes.sync import fingerprints
+from ddpdoctor.probes.fingerprints import fingerprints
 from ddpdoctor.rundir.schema import DataRecord, SyncRecord
 
 

@@ -5,8 +5,7 @@ The boundaries left, by package:
 - findings/: a finding's evidence (model.py, and the rules that build one up key by key: sync.py, perf.py,
   perf_wholetrace.py, failure.py); the hang and crash rules (hang.py) and the job rules (job.py) read the rank
   status and heartbeat dicts the job layer also builds (job/state.py), typed with it in the same step;
-- reports/: the ranks' statuses handed to those rules (watched.py, profile.py), a saved hang section's raw JSON
-  (sections.py);
+- reports/: a saved hang section's raw JSON (sections.py);
 - renderers/: none (a finding's evidence shown and a trace's raw distributedInfo and event args are read as
   ``Mapping[str, object]``; the TensorBoard scalars render the typed PerfSection);
 - rundir/: the raw-JSON readers kept for tools and the status/sync rules above (artefacts.load_dict,
@@ -30,7 +29,7 @@ CEILINGS = {
     # hang/crash rules (hang.py x23) and the job rules (job.py x3), shared with job/state.py; the job layer's rank
     # rows of head-lost (failure.py)
     "findings": 33,
-    "reports": 4,  # the statuses handed to those rules (watched.py x2, profile.py), a saved hang section's raw JSON
+    "reports": 1,  # a saved hang section's raw JSON (sections.py)
     "renderers": 0,
     "rundir": 6,  # the raw readers: artefacts.load_dict, manifest.load, loaders.rank_statuses/rank_sync_files x2
     "commands": 4,  # click's keyword arguments x3, a preflight check's evidence

@@ -11,7 +11,8 @@ from pathlib import Path
 import pytest
 
 from ddpdoctor.errors import BadInput
-from ddpdoctor.findings.hang import crash_findings, stall_findings
+from ddpdoctor.findings.crash import crash_findings
+from ddpdoctor.findings.hang import stall_findings
 from ddpdoctor.findings.job import ended_findings
 from ddpdoctor.launch import runlock
 from ddpdoctor.report import Report

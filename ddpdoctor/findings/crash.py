@@ -1,0 +1,285 @@
+"""Crash diagnosis: which rank's failure is the root cause, from the ranks' status files, their stderr and last
+heartbeats (pure functions); the others' errors are victims, listed and never blamed.
+
+Findings: ``rank-crashed`` (built by findings/failure.py), ``rank-left-early``, ``unused-parameters``, and
+``collective-mismatch`` when an exception says so (docs/findings.md)."""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping
+from typing import TypedDict
+
+from ddpdoctor.findings.failure import rank_crashed_finding
+from ddpdoctor.findings.framework_advice import ddp_option, framework_of
+from ddpdoctor.findings.hang import GlooSizes, mismatch_finding, position
+from ddpdoctor.findings.model import Finding, Severity
+from ddpdoctor.rundir.records import Beat, CollectiveState, RankStatusDoc
+from ddpdoctor.rundir.schema import DDPModule
+
+# A rank whose exception says one of these failed because a peer went away or the job was torn down.
+VICTIM_PATTERNS = (
+    "Connection closed by peer", "Connection reset by peer", "remote worker crashing", "Broken pipe",
+    "Timed out waiting", "Socket Timeout", "watchdog", "communicator was aborted", "NCCL Error 6",
+    "ProcessGroupNCCL is aborted", "SIGTERM", "KeyboardInterrupt", "SystemExit",
+)
+MISMATCH_PATTERNS = ("Received data size doesn't match", "Detected mismatch between collectives")
+_UNUSED_NAMES = re.compile(r"Parameters which did not receive grad for rank (\d+): ([^\n]+)")
+_UNUSED_INDICES = re.compile(r"Parameter indices which did not receive grad for rank (\d+): ([\d ]+)")
+# Lightning 2.x (DDPStrategy.on_exception) replaces DDP's message, and with it the list of parameters.
+_UNUSED_LIGHTNING = re.compile(r"It looks like your LightningModule has parameters that were not used in producing")
+
+
+def is_victim(exception: str) -> bool:
+    return any(p.lower() in exception.lower() for p in VICTIM_PATTERNS)
+
+
+_TERMINATE = re.compile(r"terminate called after throwing an instance of '([^']+)'\n\s*what\(\):\s*(.+)")
+_GLOO_SIZES = re.compile(r"(\d+) vs (\d+)\. Received data size doesn't match")
+_FATAL = re.compile(r"^Fatal Python error: (.+)$", re.M)
+_FH_FRAME = re.compile(r'^\s*File "([^"]+)", line (\d+) in (\S+)', re.M)
+
+
+class FatalError(TypedDict):
+    """What the stderr of a rank that died without a Python exception says (fatal_error)."""
+
+    exception: str
+    traceback: str
+    call_site: str | None
+    op: str | None  # the public torch.distributed function it was in
+
+
+def fatal_error(stderr: str) -> FatalError | None:
+    """A rank that died without a Python exception (C++ abort, segfault): what its stderr says.
+
+    Returns {"exception", "traceback", "call_site"} from the C++ "terminate called ... what():" line and
+    Python's faulthandler block ("Fatal Python error: ..." then the current thread's frames)."""
+    fatal = _FATAL.search(stderr)
+    term = _TERMINATE.search(stderr)
+    if not fatal and not term:
+        return None
+    exception = f"{term.group(1)}: {term.group(2).strip()}" if term else f"Fatal Python error: {fatal.group(1)}"  # type: ignore[union-attr]
+    tb = stderr[fatal.start():] if fatal else ""
+    tb = tb.split("\nExtension modules:")[0].strip()
+    # faulthandler lists threads newest first: the last block with frames is the main thread.
+    blocks = [b for b in re.split(r"\n(?=(?:Current thread|Thread) 0x)", tb) if _FH_FRAME.search(b)]
+    frames = _FH_FRAME.findall(blocks[-1]) if blocks else []
+    call_site = next((f"{p}:{n}" for p, n, _ in frames if _is_user_file(p)), None)
+    # The public torch.distributed function it was in: the outermost frame of distributed_c10d.py.
+    ops = [fn for p, _, fn in frames if p.endswith("distributed_c10d.py")]
+    return {"exception": exception, "traceback": tb, "call_site": call_site, "op": ops[-1] if ops else None}
+
+
+def _is_user_file(path: str) -> bool:
+    if path.startswith("<") or "/torch/" in path or "/ddpdoctor/" in path:
+        return False
+    return "site-packages" in path or "/lib/python3" not in path
+
+
+def _beat_collective(rank: int, last_beats: Mapping[int, Beat | None] | None) -> CollectiveState:
+    """The collective (DDP's bucket all-reduce for a rank in backward()) the rank's last heartbeat shows it in."""
+    p = position(rank, (last_beats or {}).get(rank), None)
+    return {"op": p.op, "group": p.group, "seq": p.seq, "sizes": p.sizes, "call_site": p.call_site} if p.op else {}
+
+
+class FailedRank(RankStatusDoc, total=False):
+    """A failed rank as crash_findings weighs it: its status, or what its stderr or a signal says; ``died``: the
+    process died (no Python exception of its own)."""
+
+    died: bool
+
+
+def crash_findings(statuses: Mapping[int, RankStatusDoc | None], debug: bool = False,
+                   param_names: dict[int, list[str]] | None = None,
+                   stderr: dict[int, str] | None = None,
+                   last_beats: Mapping[int, Beat | None] | None = None,
+                   torn_down: set[int] | None = None, ddp_cfg: DDPModule | None = None) -> list[Finding]:
+    """rank-crashed for the root cause(s), collective-mismatch when the exception says so, and
+    unused-parameters from DDP's "did not receive grad" error. Victims are listed, never blamed.
+
+    ``stderr`` (rank -> its stderr text) explains ranks that died without a status file; their last
+    heartbeat (``last_beats``) says which collective they were in. ``torn_down``: ranks torchrun itself stopped
+    after another rank ended (its "Sending process PID closing signal"), victims when they left no status."""
+    torn_down = torn_down or set()
+    failed: dict[int, FailedRank] = {r: {**s} for r, s in statuses.items() if s and s.get("exception")}
+    for r, s in statuses.items():
+        if s is None and stderr and r in stderr and (fatal := fatal_error(stderr[r])):
+            p = position(r, (last_beats or {}).get(r), None)
+            coll: CollectiveState = _beat_collective(r, last_beats) or {"op": fatal["op"]}
+            failed[r] = {"exception": fatal["exception"], "traceback": fatal["traceback"], "died": True,
+                         "failed_collective": {**coll, "call_site": fatal["call_site"] or p.call_site}}
+    if not failed:
+        # A rank a signal ended (at start-up, before any peer could fail) while torchrun stopped every silent one.
+        signalled = _signalled(statuses, failed)
+        silent_roots = [r for r, s in statuses.items() if s is None and r not in torn_down]
+        if signalled is None or silent_roots:
+            return []
+        failed = {signalled: _signal_root(statuses[signalled] or {})}
+        victims = sorted(r for r, s in statuses.items() if s is None)
+        s = failed[signalled]
+        return [rank_crashed_finding(
+            signalled, f"Rank {signalled} failed first (the process died): {s['exception']}",
+            "A signal from outside the job (a user's kill, a scheduler's preemption or time limit) ended this "
+            "rank; torchrun then stopped the others.",
+            exception=s["exception"], traceback="",
+            call_site=(s.get("failed_collective") or {}).get("call_site"), victims=victims)]
+    roots = {r: s for r, s in failed.items() if not is_victim(s.get("exception") or "")}
+    victims = sorted(r for r in failed if r not in roots)
+    if not roots and (left := left_early(statuses, failed)):
+        # Every failure is a peer's connection error, and a rank had already returned: it is the culprit.
+        return [left_early_finding(r, statuses[r] or {}, failed) for r in left]
+    silent = sorted(r for r, s in statuses.items() if s is None and r not in failed and r not in torn_down)
+    if not roots and silent:
+        # A rank killed outright (SIGKILL, the OOM killer) writes nothing; its peers' connection errors follow from it.
+        roots = {r: FailedRank(exception="killed by a signal, leaving no status or message (SIGKILL or the OOM "
+                                         "killer?)", died=True) for r in silent}
+    elif not roots and (signalled := _signalled(statuses, failed)):
+        # A rank killed by a signal it did not catch (SIGTERM, SIGINT by hand or a scheduler) writes its status and
+        # no exception; its peers' connection errors follow from it (it used to be the peer that was blamed).
+        roots = {signalled: {**(failed.get(signalled) or {}), **_signal_root(statuses[signalled] or {})}}
+    elif not roots:  # everyone is a victim: the first to fail is the best guess
+        first = min(failed, key=lambda r: failed[r].get("ended_at") or 0)
+        roots = {first: failed[first]}
+        victims = [r for r in victims if r != first]
+    out: list[Finding] = []
+    for r, s in sorted(roots.items()):
+        exc = s.get("exception") or ""
+        fc: CollectiveState = s.get("failed_collective") or {}
+        if any(p in exc for p in MISMATCH_PATTERNS):
+            # A status cut short (the rank killed before its last write) leaves the last heartbeat to say where it was.
+            colls: dict[int, CollectiveState] = {
+                rr: (ss.get("failed_collective") or ss.get("last_collective") or _beat_collective(rr, last_beats))
+                for rr, ss in failed.items()}
+            ps = [c for c in colls.values() if c.get("op")]
+            differs = [f for f in ("op", "group", "sizes") if len({repr(c.get(f)) for c in ps}) > 1]
+            m = _GLOO_SIZES.search(exc)
+            detail: GlooSizes | None = ({"rank": r, "received_bytes": int(m.group(1)), "expected_bytes": int(m.group(2))}
+                                        if m else None)
+            if detail and "bytes" not in differs:
+                differs.append("bytes")
+            out.append(mismatch_finding(colls, differs, debug, detail))
+        unused = _unused_parameters(exc, sorted(r2 for r2, s2 in roots.items() if any(
+            p.search(s2.get("exception") or "") for p in (_UNUSED_INDICES, _UNUSED_NAMES, _UNUSED_LIGHTNING))),
+            (param_names or {}).get(r), ddp_cfg)
+        if unused is not None:
+            out.append(unused)
+        died = " (the process died)" if s.get("died") else ""
+        first_note = " first" if len(roots) == 1 and victims else ""
+        out.append(rank_crashed_finding(
+            r, f"Rank {r} failed{first_note}{died}: {exc.splitlines()[0][:300]}",
+            "This rank's exception is the root cause; the other ranks' errors (connection closed, "
+            "timeouts) follow from it." if victims else "Fix the exception in this rank's traceback.",
+            exception=exc, traceback=s.get("traceback", ""), call_site=fc.get("call_site"), victims=victims,
+        ))
+    return _dedupe(out)
+
+
+_TORCHRUN_STOPS = re.compile(r"Sending process (\d+) closing signal SIG")
+
+
+def torchrun_stopped_pids(text: str) -> set[int]:
+    """PIDs torchrun's agent stopped itself (after another worker ended): "Sending process 1411 closing signal
+    SIGTERM" in its log."""
+    return {int(m.group(1)) for m in _TORCHRUN_STOPS.finditer(text)}
+
+
+def _signalled(statuses: Mapping[int, RankStatusDoc | None], failed: Mapping[int, FailedRank]) -> int | None:
+    """The first rank (by when it ended) that a signal ended without an exception of its own, if any. Ranks that
+    torchrun stopped after it (SIGTERM too) ended later."""
+    hit = [(_num(s.get("ended_at"), float("inf")), r)
+           for r, s in statuses.items() if s and s.get("signal") and not s.get("exception")]
+    return min(hit)[1] if hit else None
+
+
+def _signal_root(status: RankStatusDoc) -> FailedRank:
+    site = status.get("exit_site")
+    where = f" at {site}" if isinstance(site, str) and site else ""
+    step = status.get("steps_completed")
+    after = f" after {step} iteration(s)" if isinstance(step, int) else ""
+    return {"exception": f"killed by {status.get('signal')} (exit code {status.get('exit_code')}){where}{after}",
+            "died": True, "failed_collective": status.get("last_collective") or {}}
+
+
+def left_early(statuses: Mapping[int, RankStatusDoc | None], failed: Mapping[int, FailedRank]) -> list[int]:
+    """Ranks that returned (any exit code, no exception, not killed by a signal) before the first victim failed:
+    the others were still waiting for them in a collective (issues 12.4, 16.5)."""
+    first_failure = min((_num(s.get("ended_at")) for s in failed.values()), default=0.0)
+    out = []
+    for r, s in statuses.items():
+        if not s or r in failed or s.get("exception") or s.get("signal"):
+            continue
+        code = s.get("exit_code")
+        if isinstance(code, int) and code > 128:  # killed (SIGTERM from torchrun or ddpdoctor), not left
+            continue
+        ended = _num(s.get("ended_at"))
+        if ended and (not first_failure or ended <= first_failure):
+            out.append(r)
+    return sorted(out)
+
+
+def left_early_finding(rank: int, status: RankStatusDoc, failed: Mapping[int, FailedRank]) -> Finding:
+    got = status.get("last_collective")
+    last: CollectiveState | None = got if isinstance(got, dict) else {}
+    site = status.get("exit_site")
+    where = f"at {site}" if site else f"after its last collective at {(last or {}).get('call_site')}"
+    step = status.get("steps_completed")
+    waiting: dict[int, CollectiveState] = {r: (s.get("failed_collective") or {}) for r, s in sorted(failed.items())}
+    ops = sorted({str(c.get("op")) for c in waiting.values() if c.get("op")})
+    code = status.get("exit_code")
+    how = "exited with code 0" if code in (0, None) else f"exited with code {code}"
+    return Finding(
+        "rank-left-early", Severity.ERROR,
+        f"Rank {rank} {how} at step {step} ({where}) while rank(s) {sorted(failed)} still waited for it in "
+        f"{', '.join(ops) or 'a collective'}; their errors (connection closed by peer) follow from it",
+        ranks=[rank],
+        evidence={"rank": rank, "exit_code": code, "step": step, "call_site": site or (last or {}).get("call_site"),
+                  "last_collective": last or None, "victims": sorted(failed),
+                  "waiting_in": {str(r): {k: c.get(k) for k in ("op", "group", "seq", "call_site")}
+                                 for r, c in waiting.items()}},
+        advice="Every rank must run the same collectives: this rank ended its loop (or the script) early. Give every "
+               "rank the same number of iterations (DistributedSampler(drop_last=True), the same stopping "
+               "condition on every rank, e.g. decided on rank 0 and broadcast), or use DDP's join() for uneven inputs.",
+    )
+
+
+def _num(value: object, default: float = 0.0) -> float:
+    """A number from a status file (which a killed rank may have left short), or ``default``."""
+    return float(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else default
+
+
+def _unused_parameters(exc: str, ranks: list[int], names: list[str] | None,
+                       ddp_cfg: DDPModule | None = None) -> Finding | None:
+    params: list[str] = []
+    m = _UNUSED_NAMES.search(exc)
+    unnamed = ""
+    if m:
+        params = [p.strip() for p in m.group(2).split(",") if p.strip()]
+    elif m := _UNUSED_INDICES.search(exc):
+        idx = [int(i) for i in m.group(2).split()]
+        params = [names[i] if names and i < len(names) else f"index {i}" for i in idx]
+    elif _UNUSED_LIGHTNING.search(exc):
+        unnamed = (" Lightning replaces DDP's message and the names in it (even under TORCH_DISTRIBUTED_DEBUG=INFO): "
+                   "`ddpdoctor check-sync` names the parameters that never get a gradient.")
+    else:
+        return None
+    return Finding(
+        "unused-parameters", Severity.ERROR,
+        f"Parameters that got no gradient: {', '.join(params)}" if params else
+        "Parameters that got no gradient (their names are not in the error)",
+        ranks=ranks, evidence={"ranks": ranks, "parameters": params},
+        advice="Use these parameters in forward(), freeze them (requires_grad=False), or "
+               + (f"set {ddp_option(ddp_cfg, 'find_unused_parameters', True)}" if framework_of(ddp_cfg)
+                  else "pass find_unused_parameters=True to DistributedDataParallel")
+               + " (it costs a graph traversal each step)." + unnamed,
+    )
+
+
+def _dedupe(findings: list[Finding]) -> list[Finding]:
+    seen: set[str] = set()
+    out = []
+    for f in findings:
+        key = f.id if f.id in ("collective-mismatch", "unused-parameters") else f"{f.id}:{f.ranks}"
+        if key not in seen:
+            seen.add(key)
+            out.append(f)
+    return out
