@@ -31,7 +31,7 @@ from ddpdoctor.traces.loader import (
     load_raw,
     no_gc,
     raw_from_bytes,
-    read_bytes,
+    read_buffer,
 )
 from ddpdoctor.traces.trace import Part, Trace, assemble, build_trace, scan
 
@@ -216,7 +216,7 @@ def load_trace(path: Path, fallback_rank: int | None = None, workers: int = 1) -
         if workers > 1 and sys.platform.startswith("linux"):  # macOS system libraries are not fork-safe
             mapped = _map_private(path)
             if mapped is None:  # small or compressed: read (and decompressed) once, split if big
-                data = read_bytes(path)
+                data = read_buffer(path)
                 if len(data) >= MIN_SPLIT_BYTES and (trace := split_trace(data, path, workers, fallback_rank)):
                     return trace
                 return build_trace(raw_from_bytes(data, path), fallback_rank)

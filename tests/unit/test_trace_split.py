@@ -103,6 +103,9 @@ def test_load_trace_falls_back_to_one_pass(tmp_path: Path, monkeypatch: pytest.M
     path = tmp_path / "rank0.json"
     path.write_bytes(data)
     assert_same(split.load_trace(path, workers=2), serial(data, path))
+    gz = tmp_path / "rank0.json.gz"  # decompressed into a bytearray: the ranges get their brackets in place
+    gz.write_bytes(gzip.compress(data))
+    assert_same(split.load_trace(gz, workers=2), serial(data, gz))
     # A CPU trace (no devices, or devices and no kernel) and a bare event array are read in one pass.
     cpu = {"traceEvents": [x("ProfilerStep#1", 0, 10), x("aten::mm", 1, 2)] * 3}
     for doc in (cpu, {**cpu, "deviceProperties": [{"id": 0}]}, cpu["traceEvents"]):
