@@ -33,7 +33,7 @@ from ddpdoctor.traces.loader import (
     raw_from_bytes,
     read_buffer,
 )
-from ddpdoctor.traces.trace import Part, Trace, assemble, build_trace, scan
+from ddpdoctor.traces.trace import Part, Trace, build_trace, join_parts, scan
 
 MIN_SPLIT_BYTES = 32 << 20  # below this, forking and pickling cost more than a core saves
 _MAX_EDGE = 4 << 20  # the head (before the array) and tail (after it) are decoded as one small document
@@ -191,7 +191,7 @@ def reduce_cut(data: Buffer, path: Path, c: Cut, fallback_rank: int | None = Non
     if not any(p.has_kernels for p in parts) or not sum(p.n_events for p in parts):
         return None  # a CPU trace (its gloo threads need the whole trace), or no events at all
     doc = c.doc
-    return assemble(RawTrace(str(path), [], doc.distributedInfo, doc.host_name), parts, True, fallback_rank)
+    return join_parts(RawTrace(str(path), [], doc.distributedInfo, doc.host_name), parts, True, fallback_rank)
 
 
 def _map_private(path: Path) -> mmap.mmap | None:

@@ -157,7 +157,7 @@ def _cpu_compute(events: list[Event], path: str) -> Spans:
 @dataclass
 class Part:
     """A run of events reduced to columns: a whole trace, or one byte range of a big GPU trace's events reduced in a
-    worker process (traces/split.py). Only these columns cross a process boundary; `assemble` joins the parts."""
+    worker process (traces/split.py). Only these columns cross a process boundary; `join_parts` makes the Trace."""
 
     n_events: int = 0
     has_kernels: bool = False  # an 'X' event of category "kernel" among these events
@@ -257,7 +257,7 @@ def build_trace(raw: RawTrace, fallback_rank: int | None = None) -> Trace:
             if isinstance(label, str) and "pt_gloo_runloop" in label:
                 gloo_tids.add((ev.pid, ev.tid))
     has_gpu = "kernel" in {ev.cat for ev in events if ev.ph == "X"}  # a comprehension: no generator per event
-    return assemble(raw, [scan(events, has_gpu, gloo_tids, raw.path)], has_gpu, fallback_rank)
+    return join_parts(raw, [scan(events, has_gpu, gloo_tids, raw.path)], has_gpu, fallback_rank)
 
 
 def _joined(parts: list[Part], name: str) -> array:
@@ -270,7 +270,7 @@ def _joined(parts: list[Part], name: str) -> array:
     return out
 
 
-def assemble(raw: RawTrace, parts: list[Part], has_gpu: bool, fallback_rank: int | None = None) -> Trace:
+def join_parts(raw: RawTrace, parts: list[Part], has_gpu: bool, fallback_rank: int | None = None) -> Trace:
     """One trace from the columns of its parts (in event order) and its file's metadata (``raw.events`` unused)."""
     dist = raw.dist
     notes = list(raw.notes)
