@@ -10,7 +10,6 @@ error. Each worker holds only its range's events: peak memory is the file's byte
 from __future__ import annotations
 
 import contextlib
-import mmap
 import os
 import pickle
 import re
@@ -39,7 +38,7 @@ MIN_SPLIT_BYTES = 32 << 20  # below this, forking and pickling cost more than a 
 _MAX_EDGE = 4 << 20  # the head (before the array) and tail (after it) are decoded as one small document
 _KEY = re.compile(rb'"traceEvents"\s*:\s*\[')
 _BETWEEN = re.compile(rb"\}\s*,\s*\{")  # between two events (or inside a string or a nested array: checked)
-Buffer = bytes | bytearray | mmap.mmap  # the file's bytes, or a private (writable) copy or map of them
+Buffer = bytes | bytearray  # the file's bytes, or a private (writable) copy of them
 _DECODE_ERRORS = (msgspec.DecodeError, msgspec.ValidationError, UnicodeDecodeError, RecursionError)
 
 
@@ -194,9 +193,10 @@ def reduce_cut(data: Buffer, path: Path, c: Cut, fallback_rank: int | None = Non
     return join_parts(RawTrace(str(path), [], doc.distributedInfo, doc.host_name), parts, True, fallback_rank)
 
 
-def _map_private(path: Path) -> mmap.mmap | None:
-    """A big uncompressed trace mapped copy-on-write (no read copy: the pages come from the page cache, and the
-    brackets written per range stay private); None for a small, compressed or oversized file."""
+def _read_private(path: Path) -> bytearray | None:
+    """A big uncompressed trace read once into a private, writable buffer (the brackets written per range stay
+    ours; no second copy); None for a small, compressed or oversized file. Read, not mapped: a file truncated
+    while a map of it is read kills the process with SIGBUS, and a trace may be rewritten under us."""
     st = safe_io.check_regular(path)
     if st.st_size < MIN_SPLIT_BYTES or st.st_size > safe_io.max_input_bytes():
         return None
@@ -204,7 +204,12 @@ def _map_private(path: Path) -> mmap.mmap | None:
         with open(path, "rb") as fh:
             if fh.read(2) == safe_io.GZIP_MAGIC:
                 return None
-            return mmap.mmap(fh.fileno(), 0, access=mmap.ACCESS_COPY)
+            fh.seek(0)
+            buf = bytearray(st.st_size)
+            got = fh.readinto(buf)
+            if got != st.st_size or fh.read(1):  # the file changed size meanwhile: the one-pass reader decides
+                return None
+            return buf
     except (OSError, ValueError):
         return None
 
@@ -214,7 +219,7 @@ def load_trace(path: Path, fallback_rank: int | None = None, workers: int = 1) -
     path = Path(path)
     with no_gc():
         if workers > 1 and sys.platform.startswith("linux"):  # macOS system libraries are not fork-safe
-            mapped = _map_private(path)
+            mapped = _read_private(path)
             if mapped is None:  # small or compressed: read (and decompressed) once, split if big
                 data = read_buffer(path)
                 if len(data) >= MIN_SPLIT_BYTES and (trace := split_trace(data, path, workers, fallback_rank)):
@@ -222,6 +227,5 @@ def load_trace(path: Path, fallback_rank: int | None = None, workers: int = 1) -
                 return build_trace(raw_from_bytes(data, path), fallback_rank)
             if trace := split_trace(mapped, path, workers, fallback_rank):
                 return trace
-            with contextlib.suppress(BufferError):  # unmapped before the file is read again: one copy in memory
-                mapped.close()
+            del mapped  # freed before the file is read again: one copy in memory
         return build_trace(load_raw(path), fallback_rank)
