@@ -65,6 +65,14 @@ def check_regular(path: Path, follow_links: bool = True) -> os.stat_result:
 def read_bytes(path: Path, limit: int | None = None, decompress: bool = True, follow_links: bool = True) -> bytes:
     """A regular file's bytes, gzip (by magic bytes) decompressed as a stream; BadInput past ``limit`` bytes,
     on a corrupt or truncated stream (naming the byte offset), or when the file cannot be read."""
+    data = read_buffer(path, limit, decompress, follow_links)
+    return data if isinstance(data, bytes) else bytes(data)
+
+
+def read_buffer(path: Path, limit: int | None = None, decompress: bool = True,
+                follow_links: bool = True) -> bytes | bytearray:
+    """read_bytes, but decompressed data is the bytearray it was decompressed into (no copy of a 100 MB trace;
+    traces/split.py writes into its own private copy)."""
     path = Path(path)
     limit = max_input_bytes() if limit is None else limit
     st = check_regular(path, follow_links)
@@ -88,7 +96,7 @@ def read_bytes(path: Path, limit: int | None = None, decompress: bool = True, fo
         return _gunzip_stream(fh, head, path, limit)
 
 
-def _gunzip_stream(fh, head: bytes, path: Path, limit: int) -> bytes:  # type: ignore[no-untyped-def]
+def _gunzip_stream(fh, head: bytes, path: Path, limit: int) -> bytearray:  # type: ignore[no-untyped-def]
     out = bytearray()
     consumed = 0
     d = zlib.decompressobj(16 + zlib.MAX_WBITS)
@@ -117,14 +125,14 @@ def _gunzip_stream(fh, head: bytes, path: Path, limit: int) -> bytes:  # type: i
             data = rest
     if not d.eof:
         raise BadInput(f"gzip data is truncated at byte {consumed}", path)
-    return bytes(out)
+    return out
 
 
 def gunzip_bytes(data: bytes, limit: int, name: str = "<stdin>") -> bytes:
     """gzip data already in memory (stdin) decompressed with the same cap and errors as ``read_bytes``."""
     import io
 
-    return _gunzip_stream(io.BytesIO(data[2:]), data[:2], Path(name), limit)
+    return bytes(_gunzip_stream(io.BytesIO(data[2:]), data[:2], Path(name), limit))
 
 
 def _too_big(size: int | None, limit: int) -> str:

@@ -8,6 +8,14 @@ import sys
 from pathlib import Path
 
 import pytest
+from hypothesis import HealthCheck, settings
+
+# Property tests are the same on every run (derandomize: examples seeded from the test's name, no example
+# database) and never fail on this loaded 2-core machine's timing (no deadline, no "too slow" health check):
+# a test fails on behaviour only. A test's own @settings overrides only the fields it names.
+settings.register_profile("ddpdoctor", derandomize=True, database=None, deadline=None,
+                          suppress_health_check=[HealthCheck.too_slow])
+settings.load_profile("ddpdoctor")
 
 REPO = Path(__file__).resolve().parents[1]
 SHARED = REPO.parent / "shared"

@@ -89,7 +89,7 @@ def discover(paths: list[Path], opts: AnalyzeOptions) -> tuple[list[_Unit], Mani
     return units, manifest
 
 
-def _reduce(unit: _Unit, window: str) -> RankResult:
+def _reduce(unit: _Unit, window: str, workers: int = 1) -> RankResult:
     note = None
     if unit.summary is not None:
         try:
@@ -103,15 +103,15 @@ def _reduce(unit: _Unit, window: str) -> RankResult:
             if not unit.files:
                 raise
             note = f"{exc}; its trace was read instead"  # a damaged summary: the trace itself is the truth
-    result = summ.analyze_files(unit.files, rank=unit.rank, window=window)
+    result = summ.analyze_files(unit.files, rank=unit.rank, window=window, workers=workers)
     if note:
         result.notes.append(note)
     return result
 
 
-def _reduce_safe(unit: _Unit, window: str) -> RankResult | tuple[str, str | None]:
+def _reduce_safe(unit: _Unit, window: str, workers: int = 1) -> RankResult | tuple[str, str | None]:
     try:
-        return _reduce(unit, window)
+        return _reduce(unit, window, workers)
     except BadInput as exc:
         return exc.problem, exc.path
 
@@ -146,9 +146,11 @@ def reduce_all(units: list[_Unit], opts: AnalyzeOptions) -> tuple[list[RankResul
                 tick(_unit_bytes(futures[done]))
             out = [f.result() for f in futures]
     else:
+        # One trace to read: its own events shared among the cores (traces/split.py; big GPU traces only).
+        share = opts.workers or usable_cores()
         out = []
         for u in units:
-            out.append(_reduce_safe(u, opts.window))
+            out.append(_reduce_safe(u, opts.window, share))
             tick(_unit_bytes(u))
     good = [r for r in out if isinstance(r, RankResult)]
     bad = [r for r in out if not isinstance(r, RankResult)]

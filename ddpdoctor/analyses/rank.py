@@ -3,6 +3,7 @@ per ProfilerStep and in total, for the window "all" (every event) or "hta" (work
 
 from __future__ import annotations
 
+import math
 import statistics
 from array import array
 from collections.abc import Callable
@@ -45,7 +46,17 @@ def _pct(part: float, whole: float) -> float | None:
 
 
 def _p(values: list[float], q: float) -> float | None:
-    return float(np.percentile(values, q)) if values else None
+    """np.percentile(values, q) (its default, linear method, to the bit): numpy's own pulls in numpy.ma, a tenth
+    of the start-up of `analyze` on one trace."""
+    if not values:
+        return None
+    v = sorted(values)
+    x = (len(v) - 1) * (q / 100)
+    if x >= len(v) - 1:
+        return float(v[-1])
+    lo = math.floor(x)
+    t, a, b = x - lo, float(v[lo]), float(v[lo + 1])
+    return b - (b - a) * (1 - t) if t >= 0.5 else a + (b - a) * t  # numpy's _lerp, exact at either end
 
 
 def _comm_spans(trace: Trace) -> Spans:

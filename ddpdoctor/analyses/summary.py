@@ -14,8 +14,9 @@ from ddpdoctor.analyses.results import asdict
 from ddpdoctor.errors import BadInput
 from ddpdoctor.jsontypes import JsonObject
 from ddpdoctor.rundir.schema import RankSummary
-from ddpdoctor.traces.loader import load_raw, no_gc
-from ddpdoctor.traces.trace import Spans, Trace, build_trace
+from ddpdoctor.traces.loader import no_gc
+from ddpdoctor.traces.split import load_trace
+from ddpdoctor.traces.trace import Spans, Trace
 
 SCHEMA = 1
 
@@ -50,9 +51,10 @@ def merge_traces(traces: list[Trace]) -> Trace:
     )
 
 
-def analyze_files(paths: list[Path], rank: int | None = None, window: str = "all") -> RankResult:
+def analyze_files(paths: list[Path], rank: int | None = None, window: str = "all", workers: int = 1) -> RankResult:
+    """One rank's traces reduced; ``workers``: processes that may share one big trace's decoding."""
     with no_gc():  # one rank's trace: everything built here lives until the summary is made
-        traces = [build_trace(load_raw(Path(p)), fallback_rank=rank) for p in paths]
+        traces = [load_trace(Path(p), fallback_rank=rank, workers=workers) for p in paths]
         if rank is not None:
             for t in traces:
                 if t.rank_source != "distributedInfo":

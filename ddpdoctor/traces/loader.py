@@ -97,7 +97,13 @@ class RawTrace:
 def read_bytes(path: Path) -> bytes:
     """The file's JSON bytes, bounded (safe_io: regular files only, gzip by its magic bytes decompressed as a
     stream with a cap, a corrupt or truncated stream named with its byte offset)."""
-    data = safe_io.read_bytes(path)
+    data = read_buffer(path)
+    return data if isinstance(data, bytes) else bytes(data)
+
+
+def read_buffer(path: Path) -> bytes | bytearray:
+    """read_bytes, with decompressed data left in the bytearray it was decompressed into (no copy)."""
+    data = safe_io.read_buffer(path)
     if path.suffix == ".gz" and not _was_gzip(path):
         raise BadInput("named .gz but is not gzip-compressed", path)
     return data
@@ -108,7 +114,7 @@ def _was_gzip(path: Path) -> bool:
         return fh.read(2) == GZIP_MAGIC
 
 
-def _decode(data: bytes, path: Path) -> tuple[TraceDoc, list[str]]:
+def _decode(data: bytes | bytearray, path: Path) -> tuple[TraceDoc, list[str]]:
     notes: list[str] = []
     try:
         return _DOC.decode(data), notes
@@ -134,7 +140,7 @@ def _decode(data: bytes, path: Path) -> tuple[TraceDoc, list[str]]:
         raise BadInput(f"JSON nested too deeply (more than {sys.getrecursionlimit()} levels)", path) from exc
 
 
-def _bare_events(data: bytes, path: Path) -> list[Event]:
+def _bare_events(data: bytes | bytearray, path: Path) -> list[Event]:
     try:
         return _EVENTS.decode(data)
     except (msgspec.ValidationError, msgspec.DecodeError, RecursionError) as exc:
@@ -157,7 +163,11 @@ def no_gc() -> Iterator[None]:
 def load_raw(path: Path) -> RawTrace:
     """Decode one trace file; raise BadInput (one line naming the file) when it is not a usable trace."""
     path = Path(path)
-    data = read_bytes(path)
+    return raw_from_bytes(read_buffer(path), path)
+
+
+def raw_from_bytes(data: bytes | bytearray, path: Path) -> RawTrace:
+    """Decode one trace file's bytes (read_bytes); BadInput as load_raw."""
     if not data.strip():
         raise BadInput("empty file", path)
     with no_gc():

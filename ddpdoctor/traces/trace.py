@@ -154,41 +154,34 @@ def _cpu_compute(events: list[Event], path: str) -> Spans:
     return Spans(start, end, start.copy())
 
 
-def build_trace(raw: RawTrace, fallback_rank: int | None = None) -> Trace:
-    """Classify every complete ('X') event once."""
-    dist = raw.dist
-    notes = list(raw.notes)
-    if dist is not None and dist.rank is not None:
-        rank, source = int(dist.rank), "distributedInfo"
-    elif (r := rank_from_filename(raw.path)) is not None:
-        rank, source = r, "filename"
-    else:
-        rank, source = (fallback_rank or 0), "order"
-        notes.append(f"{Path(raw.path).name}: no distributedInfo and no rank in the file name; rank {rank} by order")
-    groups: dict[str, int] = {}
-    if dist is not None and dist.pg_config:
-        for pg in dist.pg_config:
-            if pg.pg_name is not None and pg.pg_size:
-                groups[pg.pg_name] = int(pg.pg_size)
+@dataclass
+class Part:
+    """A run of events reduced to columns: a whole trace, or one byte range of a big GPU trace's events reduced in a
+    worker process (traces/split.py). Only these columns cross a process boundary; `join_parts` makes the Trace."""
 
-    events = raw.events
-    gloo_tids: set = set()
-    for ev in [e for e in events if e.ph == "M"]:  # a comprehension: the loop body runs for the few metadata events
-        if ev.name == "thread_name":
-            label = decode_args(ev.args).name
-            if isinstance(label, str) and "pt_gloo_runloop" in label:
-                gloo_tids.add((ev.pid, ev.tid))
-    has_gpu = "kernel" in {ev.cat for ev in events if ev.ph == "X"}  # a comprehension: no generator per event
+    n_events: int = 0
+    has_kernels: bool = False  # an 'X' event of category "kernel" among these events
+    steps: list[tuple[int, float, float]] = field(default_factory=list)
+    # Flat (start, end, launch-or-correlation) rows: 24 bytes a row, no tuples.
+    compute: array = field(default_factory=lambda: array("d"))
+    memory: array = field(default_factory=lambda: array("d"))
+    backward: array = field(default_factory=lambda: array("d"))
+    data: array = field(default_factory=lambda: array("d"))
+    comm: list[CommEvent] = field(default_factory=list)
+    enqueues: list[CpuCall] = field(default_factory=list)
+    grads: list[CpuCall] = field(default_factory=list)
+    syncs: list[CpuCall] = field(default_factory=list)
+    runtime: dict[int, float] = field(default_factory=dict)  # correlation id -> CPU time of the launching call
+    cpu_compute: Spans | None = None  # CPU traces only (built in the process that holds the whole trace)
 
+
+def scan(events: list[Event], has_gpu: bool, gloo_tids: set[tuple[int | str, int | str]], path: str) -> Part:
+    """Classify every complete ('X') event once, into columns."""
+    part = Part(n_events=len(events))
     gloo_thread_ids = {tid for _, tid in gloo_tids}  # a plain tid test first: no (pid, tid) tuple per event
-    steps: list[tuple[int, float, float]] = []
-    # Columns as flat float arrays (start, end, launch-or-correlation per row): 24 bytes a row, no tuples.
-    compute, memory, backward, data = array("d"), array("d"), array("d"), array("d")
-    comm: list[CommEvent] = []
-    enqueues: list[CpuCall] = []
-    grads: list[CpuCall] = []
-    syncs: list[CpuCall] = []
-    runtime: dict[int, float] = {}
+    steps = part.steps
+    compute, memory, backward, data = part.compute, part.memory, part.backward, part.data
+    comm, enqueues, grads, syncs, runtime = part.comm, part.enqueues, part.grads, part.syncs, part.runtime
     # A CPU trace's compute ops (nearly all of its events) are only collected here, in event order; their columns
     # are built afterwards in C (_cpu_compute): per event, one list append instead of arithmetic and a check.
     cpu_compute: list[Event] = []
@@ -211,7 +204,7 @@ def build_trace(raw: RawTrace, fallback_rank: int | None = None) -> Trace:
         ts = ev.ts
         end = ts + ev.dur
         if not (ev.dur >= 0.0 and -_INF < end < _INF):  # NaN fails every comparison
-            _bad_duration(ev, raw.path)
+            _bad_duration(ev, path)
         if k & K_GPU:
             # The third slot holds the correlation id until the runtime calls are known (they may come later).
             a = decode_args(ev.args)
@@ -248,9 +241,62 @@ def build_trace(raw: RawTrace, fallback_rank: int | None = None) -> Trace:
             continue
         if k & K_COMPUTE and (ev.pid, ev.tid) not in gloo_tids:
             keep(ev)
+    part.has_kernels = any(cat == "kernel" for _, cat in kinds)
+    if cpu_compute:
+        part.cpu_compute = _cpu_compute(cpu_compute, path)
+    return part
 
-    comp = _cpu_compute(cpu_compute, raw.path) if cpu_compute else Spans.of(compute)
-    mem = Spans.of(memory)
+
+def build_trace(raw: RawTrace, fallback_rank: int | None = None) -> Trace:
+    """Classify every complete ('X') event once."""
+    events = raw.events
+    gloo_tids: set[tuple[int | str, int | str]] = set()
+    for ev in [e for e in events if e.ph == "M"]:  # a comprehension: the loop body runs for the few metadata events
+        if ev.name == "thread_name":
+            label = decode_args(ev.args).name
+            if isinstance(label, str) and "pt_gloo_runloop" in label:
+                gloo_tids.add((ev.pid, ev.tid))
+    has_gpu = "kernel" in {ev.cat for ev in events if ev.ph == "X"}  # a comprehension: no generator per event
+    return join_parts(raw, [scan(events, has_gpu, gloo_tids, raw.path)], has_gpu, fallback_rank)
+
+
+def _joined(parts: list[Part], name: str) -> array:
+    cols = [getattr(p, name) for p in parts]
+    if len(cols) == 1:
+        return cols[0]
+    out = array("d")
+    for c in cols:
+        out.extend(c)
+    return out
+
+
+def join_parts(raw: RawTrace, parts: list[Part], has_gpu: bool, fallback_rank: int | None = None) -> Trace:
+    """One trace from the columns of its parts (in event order) and its file's metadata (``raw.events`` unused)."""
+    dist = raw.dist
+    notes = list(raw.notes)
+    if dist is not None and dist.rank is not None:
+        rank, source = int(dist.rank), "distributedInfo"
+    elif (r := rank_from_filename(raw.path)) is not None:
+        rank, source = r, "filename"
+    else:
+        rank, source = (fallback_rank or 0), "order"
+        notes.append(f"{Path(raw.path).name}: no distributedInfo and no rank in the file name; rank {rank} by order")
+    groups: dict[str, int] = {}
+    if dist is not None and dist.pg_config:
+        for pg in dist.pg_config:
+            if pg.pg_name is not None and pg.pg_size:
+                groups[pg.pg_name] = int(pg.pg_size)
+
+    one = parts[0] if len(parts) == 1 else None
+    comm = one.comm if one else [c for p in parts for c in p.comm]
+    runtime = one.runtime if one else {}
+    if not one:
+        for p in parts:
+            runtime.update(p.runtime)  # in event order: a repeated correlation id keeps its last call, as in one pass
+    cpu_comp = one.cpu_compute if one else None
+    comp = cpu_comp if cpu_comp is not None else Spans.of(_joined(parts, "compute"))
+    mem = Spans.of(_joined(parts, "memory"))
+    nan = float("nan")
     if has_gpu:
         # Launch time of each kernel = the runtime call with its correlation id (for steps and HTA's window).
         def launch_of(corr: float) -> float:
@@ -261,6 +307,7 @@ def build_trace(raw: RawTrace, fallback_rank: int | None = None) -> Trace:
         for c in comm:
             c.launch = launch_of(c.launch)
     comm.sort(key=lambda c: c.start)
+    steps = one.steps if one else [s for p in parts for s in p.steps]
     steps.sort(key=lambda s: s[1])
     return Trace(
         path=raw.path,
@@ -270,17 +317,16 @@ def build_trace(raw: RawTrace, fallback_rank: int | None = None) -> Trace:
         backend=dist.backend if dist else None,
         host=raw.host,
         device="gpu" if has_gpu else "cpu",
-        n_events=len(events),
+        n_events=sum(p.n_events for p in parts),
         groups=groups,
         steps=steps,
         compute=comp,
         comm=comm,
         memory=mem,
-        backward=Spans.of(backward),
-        data_wait=Spans.of(data),
-        enqueues=sorted(enqueues, key=lambda c: c.start),
-        grads=sorted(grads, key=lambda c: c.end),
-        syncs=syncs,
+        backward=Spans.of(_joined(parts, "backward")),
+        data_wait=Spans.of(_joined(parts, "data")),
+        enqueues=sorted((c for p in parts for c in p.enqueues), key=lambda c: c.start),
+        grads=sorted((c for p in parts for c in p.grads), key=lambda c: c.end),
+        syncs=[c for p in parts for c in p.syncs],
         notes=notes,
     )
-

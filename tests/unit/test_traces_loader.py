@@ -92,7 +92,7 @@ def test_rank_from_filename(name, rank):
     assert rank_from_filename(name) == rank
 
 
-@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow])
 @given(cut=st.integers(0, len(GOOD)), flip=st.integers(0, len(GOOD) - 1), byte=st.integers(0, 255),
        gz=st.booleans())
 def test_fuzz_loader_never_raises_anything_but_badinput(tmp_path, cut, flip, byte, gz):
@@ -123,7 +123,7 @@ event = st.fixed_dictionaries({
 })
 
 
-@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow])
 @given(events=st.lists(event, min_size=1, max_size=40))
 def test_fuzz_analysis_of_arbitrary_events(tmp_path, events):
     p = write(tmp_path / "e.json", {"traceEvents": events})
