@@ -104,7 +104,7 @@ def cut_at(data: Buffer, lb: int, rb: int, targets: list[int]) -> list[tuple[int
 
 def decode_range(data: Buffer, start: int, end: int) -> list:  # type: ignore[type-arg]
     """The events of one range (raises msgspec's errors where the range is not a whole run of events). A writable
-    buffer (a private map of the file) gets the brackets in place, in the byte before and the byte after the range
+    buffer (a private copy of the file) gets the brackets in place, in the byte before and the byte after the range
     (a separator or blank) and back: no copy of the range."""
     if isinstance(data, bytes):
         return _EVENTS.decode(b"[" + memoryview(data)[start:end] + b"]")
@@ -198,8 +198,8 @@ def _read_private(path: Path) -> bytearray | None:
     ours; no second copy); None for a small, compressed or oversized file. Read, not mapped: a file truncated
     while a map of it is read kills the process with SIGBUS, and a trace may be rewritten under us."""
     st = safe_io.check_regular(path)
-    if st.st_size < MIN_SPLIT_BYTES or st.st_size > safe_io.max_input_bytes():
-        return None
+    if st.st_size < MIN_SPLIT_BYTES or st.st_size > safe_io.max_input_bytes() or path.suffix == ".gz":
+        return None  # a ".gz" is read_buffer's to check (named .gz but not gzip is bad input)
     try:
         with open(path, "rb") as fh:
             if fh.read(2) == safe_io.GZIP_MAGIC:
@@ -215,17 +215,15 @@ def _read_private(path: Path) -> bytearray | None:
 
 
 def load_trace(path: Path, fallback_rank: int | None = None, workers: int = 1) -> Trace:
-    """One trace file as a Trace; a big GPU trace on up to ``workers`` cores (forked workers, on Linux)."""
+    """One trace file as a Trace, its bytes read once; a big GPU trace on up to ``workers`` cores (forked workers,
+    on Linux)."""
     path = Path(path)
     with no_gc():
         if workers > 1 and sys.platform.startswith("linux"):  # macOS system libraries are not fork-safe
-            mapped = _read_private(path)
-            if mapped is None:  # small or compressed: read (and decompressed) once, split if big
-                data = read_buffer(path)
-                if len(data) >= MIN_SPLIT_BYTES and (trace := split_trace(data, path, workers, fallback_rank)):
-                    return trace
-                return build_trace(raw_from_bytes(data, path), fallback_rank)
-            if trace := split_trace(mapped, path, workers, fallback_rank):
+            private = _read_private(path)
+            # small or compressed: read (and decompressed) as the one-pass reader reads it
+            data: Buffer = private if private is not None else read_buffer(path)
+            if len(data) >= MIN_SPLIT_BYTES and (trace := split_trace(data, path, workers, fallback_rank)):
                 return trace
-            del mapped  # freed before the file is read again: one copy in memory
+            return build_trace(raw_from_bytes(data, path), fallback_rank)  # the same bytes, not a second read
         return build_trace(load_raw(path), fallback_rank)
