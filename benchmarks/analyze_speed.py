@@ -23,6 +23,7 @@ import argparse
 import compileall
 import gzip
 import json
+import math
 import os
 import re
 import subprocess
@@ -44,6 +45,12 @@ def build(source: Path, target_mb: float, dest: Path) -> Path:
     xs = [e for e in events if e.get("ph") == "X"]
     t0 = min(e["ts"] for e in xs)
     span = max(e["ts"] + e.get("dur", 0) for e in xs) - t0 + 100.0
+    # Timestamps stay as the profiler wrote them: integer microseconds (older Kineto, as in the A100 sample) shift by
+    # an integer span and stay integers; a shift that made them "1661203462598509.0" would give every copy a
+    # 17-digit decimal no profiler writes, which JSON readers parse on their slow, exact path.
+    integral = all(isinstance(e.get("ts", 0), int) for e in events)
+    if integral:
+        span = math.ceil(span)
     meta = [e for e in events if e.get("ph") == "M"]
     body = [e for e in events if e.get("ph") != "M"]
     nsteps = max((int(m.group(1)) for e in body if (m := _STEP.match(str(e.get("name", ""))))), default=0) + 1
@@ -59,7 +66,7 @@ def build(source: Path, target_mb: float, dest: Path) -> Path:
             for e in body:
                 e2 = dict(e)
                 if "ts" in e2:
-                    e2["ts"] = round(e2["ts"] + c * span, 3)
+                    e2["ts"] = e2["ts"] + c * span if integral else round(e2["ts"] + c * span, 3)
                 if (m := _STEP.match(str(e2.get("name", "")))) is not None:
                     e2["name"] = f"ProfilerStep#{int(m.group(1)) + c * nsteps}"
                 shifted.append(e2)
@@ -138,7 +145,7 @@ def main() -> None:
     args = ap.parse_args()
     source = args.source or sorted(DEFAULT_SOURCE.glob("rank0.*"))[0]
     big = OUT / f"big-{source.name.split('.')[0]}" / "rank0.pt.trace.json"
-    if not big.exists() or big.stat().st_size < args.mb * 1e6:
+    if not big.exists() or big.stat().st_size < args.mb * 1e6 or big.stat().st_mtime < Path(__file__).stat().st_mtime:
         build(source, args.mb, big)
     size_mb = big.stat().st_size / 1e6
     py = sys.executable
