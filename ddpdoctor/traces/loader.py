@@ -140,21 +140,13 @@ _ARGS = msgspec.json.Decoder(EventArgs)
 
 
 class Correlation(msgspec.Struct, gc=False):
-    """The one args field of a kernel or a runtime call that is read for every one of them."""
+    """The one args field read for every kernel and runtime call (traces/scan.py): decoded alone, their other args
+    are skipped, not built."""
 
     correlation: int | None = None
 
 
 _CORRELATION = msgspec.json.Decoder(Correlation)
-
-
-def correlation_of(raw: msgspec.Raw) -> int | None:
-    """args.correlation (the link between a kernel and the runtime call that launched it); None when absent or
-    damaged. A decoder of that one field: a kernel's or a runtime call's other args are skipped, not built."""
-    try:
-        return _CORRELATION.decode(raw).correlation
-    except (msgspec.DecodeError, msgspec.ValidationError, UnicodeDecodeError, RecursionError):
-        return None
 
 
 def complete_events(events: list[AnyEvent]) -> list[Event | XEvent]:

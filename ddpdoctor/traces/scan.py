@@ -14,17 +14,21 @@ from array import array
 from dataclasses import dataclass, field
 from typing import NoReturn
 
+import msgspec
+
 from ddpdoctor.errors import BadInput
 from ddpdoctor.safe_io import clean_text
 from ddpdoctor.traces.loader import (
+    _CORRELATION,
     AnyEvent,
     Event,
     EventArgs,
     XEvent,
     complete_events,
-    correlation_of,
     decode_args,
 )
+
+_ARGS_ERRORS = (msgspec.DecodeError, msgspec.ValidationError, UnicodeDecodeError, RecursionError)
 
 _INF = float("inf")
 _STEP = re.compile(r"^ProfilerStep#(\d+)$")
@@ -142,12 +146,17 @@ def scan_complete(xs: list[Event | XEvent], n_events: int, has_gpu: bool, gloo_t
     cpu_compute: list[Event | XEvent] = []
     keep = cpu_compute.append
     nan = float("nan")
-    kinds: dict[tuple[str, str], int] = {}  # names repeat: classify each (name, cat) once
+    # Names repeat: each (category, name) is classified once. A dict per category: no (name, cat) tuple per event.
+    kinds: dict[str, dict[str, int]] = {}
+    corr = _CORRELATION.decode
     for ev in xs:
-        name, cat = ev.name, ev.cat
-        k = kinds.get((name, cat))
+        name = ev.name
+        of_cat = kinds.get(ev.cat)
+        if of_cat is None:
+            of_cat = kinds[ev.cat] = {}
+        k = of_cat.get(name)
         if k is None:
-            k = kinds[(name, cat)] = classify(name, cat, has_gpu)
+            k = of_cat[name] = classify(name, ev.cat, has_gpu)
         if not k:
             continue
         if k == K_COMPUTE:  # most events of a CPU trace: one test instead of the chain below
@@ -165,13 +174,20 @@ def scan_complete(xs: list[Event | XEvent], n_events: int, has_gpu: bool, gloo_t
                 comm.append(CommEvent(name, ts, end, nan if a.correlation is None else float(a.correlation),
                                       ev.tid, a))
             else:
-                c = correlation_of(ev.args)
+                try:  # args.correlation alone (a decoder of that one field, inline: one call per kernel)
+                    c = corr(ev.args).correlation
+                except _ARGS_ERRORS:
+                    c = None
                 (memory if k & K_GMEM else compute).extend((ts, end, nan if c is None else float(c)))
             continue
         if k & K_SYNC:
             syncs.append(CpuCall(name, ts, end, None))
         if k & K_RUNTIME:
-            if (c := correlation_of(ev.args)) is not None:
+            try:
+                c = corr(ev.args).correlation
+            except _ARGS_ERRORS:
+                c = None
+            if c is not None:
                 runtime[c] = ts
             continue
         if k & K_STEP:
@@ -194,7 +210,7 @@ def scan_complete(xs: list[Event | XEvent], n_events: int, has_gpu: bool, gloo_t
             continue
         if k & K_COMPUTE and (ev.pid, ev.tid) not in gloo_tids:
             keep(ev)
-    part.has_kernels = any(cat == "kernel" for _, cat in kinds)
+    part.has_kernels = "kernel" in kinds
     if cpu_compute:
         part.cpu_compute = cpu_compute
     return part
