@@ -204,6 +204,8 @@ class TopoSection(Section):
 
     def sections(self) -> TopoSections:
         """The sections as topo/diagnose.py builds them (the shape a launch's "topology" section nests)."""
+        from ddpdoctor.topo.section_types import TopoSections
+
         return TopoSections(summary=self.summary, hosts=self.hosts, ranks=self.ranks, transports=self.transports,
                             channels=self.channels, topology=self.topology, warnings=self.warnings, inputs=self.inputs)
 
