@@ -1,6 +1,8 @@
 """Speed and memory of `ddpdoctor analyze` on a >= 100 MB trace, against HTA and orjson measured in the same run.
 
     python benchmarks/analyze_speed.py [--mb 110] [--source TRACE] [--skip-hta] [--repeat N]
+    python benchmarks/analyze_speed.py --trace FILE [--skip-hta] [--repeat N]   (an existing trace, as it is; HTA
+                                                                                reads the folder it is in)
 
 Builds benchmarks/out/big-SOURCE/rank0.pt.trace.json (uncompressed) from time-shifted copies of a recorded CPU trace
 (default: the 2-rank gloo fixture of the tests; each copy's ProfilerSteps renumbered), then runs, each in a fresh
@@ -139,18 +141,20 @@ def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--mb", type=float, default=110.0)
     ap.add_argument("--source", type=Path, default=None)
+    ap.add_argument("--trace", type=Path, default=None, help="measure this uncompressed trace file as it is")
     ap.add_argument("--skip-hta", action="store_true")
     ap.add_argument("--repeat", type=int, default=1, help="run ddpdoctor and HTA this many times, alternating, "
                     "and compare their fastest runs (a shared machine's load comes and goes)")
     args = ap.parse_args()
-    source = args.source or sorted(DEFAULT_SOURCE.glob("rank0.*"))[0]
-    big = OUT / f"big-{source.name.split('.')[0]}" / "rank0.pt.trace.json"
-    if not big.exists() or big.stat().st_size < args.mb * 1e6 or big.stat().st_mtime < Path(__file__).stat().st_mtime:
+    source = args.trace or args.source or sorted(DEFAULT_SOURCE.glob("rank0.*"))[0]
+    big = args.trace or OUT / f"big-{source.name.split('.')[0]}" / "rank0.pt.trace.json"
+    if args.trace is None and (not big.exists() or big.stat().st_size < args.mb * 1e6
+                               or big.stat().st_mtime < Path(__file__).stat().st_mtime):
         build(source, args.mb, big)
     size_mb = big.stat().st_size / 1e6
     py = sys.executable
     compileall.compile_dir(REPO / "ddpdoctor", quiet=1)  # into __pycache__ (git-ignored), as pip install does
-    print(f"trace: {big} ({size_mb:.1f} MB, built from {source.name})")
+    print(f"trace: {big} ({size_mb:.1f} MB, {'as it is' if args.trace else 'built from ' + source.name})")
 
     print(f"machine: {os.cpu_count()} cores, load {os.getloadavg()[0]:.1f}: wall times measure the load too; "
           "CPU seconds (user + system, worker processes included) measure the work")
