@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import contextlib
 import gc
+import mmap
 import os
 import pickle
 import re
@@ -101,11 +102,20 @@ class FileSource:
             raise FileChanged
 
     def events(self, start: int, end: int) -> list[AnyEvent]:
-        """The events of [start, end), read into a buffer one byte longer at each end for the brackets."""
-        buf = bytearray(end - start + 2)
-        buf[0], buf[-1] = 0x5B, 0x5D  # '[' and ']'
-        self.read_into(memoryview(buf)[1:-1], start)
-        return _tagged_or_any(buf)
+        """The events of [start, end), mapped copy-on-write (no copy of the bytes; the brackets written into the
+        separators before and after the range change this process's pages only). Only a reading process (a forked
+        child) maps: a file truncated under a map kills the process that reads it, and a dead child is a range
+        that did not decode, read again by the one-pass reader."""
+        at = (start - 1) // mmap.ALLOCATIONGRANULARITY * mmap.ALLOCATIONGRANULARITY
+        mm = mmap.mmap(self.fd, end + 1 - at, offset=at, access=mmap.ACCESS_COPY)
+        lo, hi = start - 1 - at, end - at
+        mm[lo], mm[hi] = 0x5B, 0x5D  # '[' and ']'
+        # The view is not released: the events' raw args point into it, and keep the map alive as they do.
+        events = _tagged_or_any(memoryview(mm)[lo:hi + 1])
+        now = os.fstat(self.fd)
+        if (now.st_size, now.st_mtime_ns) != (self.st.st_size, self.st.st_mtime_ns):
+            raise FileChanged
+        return events
 
 
 @dataclass
@@ -234,7 +244,7 @@ def _reduce(src: Source, start: int, end: int, path: str) -> Part | None:
     gc.disable()  # a child's own: nothing it builds is in a cycle, and it exits when done
     try:
         return scan(src.events(start, end), True, set(), path)
-    except (*_DECODE_ERRORS, BadInput, FileChanged, OSError):
+    except (*_DECODE_ERRORS, BadInput, FileChanged, OSError, ValueError):  # ValueError: a map past a shrunk end
         return None
 
 
@@ -327,7 +337,11 @@ def split_trace(data: Buffer, path: Path, workers: int, fallback_rank: int | Non
 def reduce_cut(data: Buffer | Source, path: Path, c: Cut, fallback_rank: int | None = None) -> Trace | None:
     """The trace from its ranges, one process each; None where a range does not decode as a run of events."""
     src = _source(data)
-    return _joined(_fork_map(_reduce, [(src, s, e, str(path)) for s, e in c.ranges]), path, c, fallback_rank)
+    jobs = [(src, s, e, str(path)) for s, e in c.ranges]
+    # A file's ranges are mapped, each by a forked child (never by this process: see FileSource.events); a buffer's
+    # first range is reduced here.
+    answers = _gather(_spawn(_reduce, jobs)) if isinstance(src, FileSource) else _fork_map(_reduce, jobs)
+    return _joined(answers, path, c, fallback_rank)
 
 
 def _joined(answers: list[Part | None], path: Path, c: Cut, fallback_rank: int | None) -> Trace | None:
