@@ -19,6 +19,7 @@ which gives the same columns or the same error.
 from __future__ import annotations
 
 import contextlib
+import faulthandler
 import gc
 import mmap
 import os
@@ -261,6 +262,7 @@ def _spawn(fn: Callable[..., Part | None], jobs: list[tuple]) -> list[Child]:  #
             if pid == 0:  # the child: compute, send, and leave without running the parent's exit handlers
                 code = 1
                 try:
+                    faulthandler.disable()  # a child killed by SIGBUS (a map of a truncated file) dies quietly
                     os.close(r)
                     blob = pickle.dumps(fn(*job), protocol=pickle.HIGHEST_PROTOCOL)
                     with os.fdopen(w, "wb") as fh:

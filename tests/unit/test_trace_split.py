@@ -6,6 +6,7 @@ from __future__ import annotations
 import gzip
 import json
 import os
+import signal
 from pathlib import Path
 
 import msgspec
@@ -14,6 +15,7 @@ import pytest
 
 from ddpdoctor.analyses.rank import analyze_trace
 from ddpdoctor.analyses.results import asdict
+from ddpdoctor.errors import BadInput
 from ddpdoctor.traces import split
 from ddpdoctor.traces.loader import Event, MEvent, OtherEvent, XEvent, raw_from_bytes
 from ddpdoctor.traces.trace import Trace, build_trace
@@ -214,3 +216,25 @@ def test_an_unknown_phase_is_read_by_the_reader_of_last_resort(tmp_path: Path) -
     assert t.n_events == u.n_events + 2
     u.n_events = t.n_events
     assert_same(t, u)
+
+
+def _die_by_sigbus() -> None:
+    os.kill(os.getpid(), signal.SIGBUS)  # what reading a map of a file truncated meanwhile does
+
+
+def test_a_reader_killed_by_a_signal_is_a_range_that_did_not_decode(tmp_path: Path,
+                                                                    monkeypatch: pytest.MonkeyPatch) -> None:
+    assert split._gather(split._spawn(_die_by_sigbus, [()])) == [None]
+    # A file cut short after its plan: its ranges no longer map or decode; the one-pass reader names the problem.
+    monkeypatch.setattr(split, "MIN_SPLIT_BYTES", 0)
+    data = json.dumps(tricky_doc()).encode()
+    path = tmp_path / "rank0.json"
+    path.write_bytes(data)
+    with split._open_big(path) as src:
+        assert src is not None
+        c = split._plan(src, 2)
+        assert c is not None
+        os.truncate(path, len(data) // 2)
+        assert split.reduce_cut(src, path, c) is None
+    with pytest.raises(BadInput, match="truncated JSON"):
+        split.load_trace(path, workers=2)
