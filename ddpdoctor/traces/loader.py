@@ -109,7 +109,6 @@ class TraceDoc(msgspec.Struct):
     host_name: str | None = None
 
 
-
 class EventArgs(msgspec.Struct):
     """The args fields any analysis reads (decoded lazily, per event)."""
 

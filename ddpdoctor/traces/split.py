@@ -409,8 +409,9 @@ def load_trace(path: Path, fallback_rank: int | None = None, workers: int = 1) -
                         if c is not None and (trace := reduce_cut(src, path, c, fallback_rank)):
                             return trace
             data = read_buffer(path)  # small or compressed (decompressed), or not split: read whole
-            if len(data) >= MIN_SPLIT_BYTES and (trace := split_trace(data, path, workers, fallback_rank)):
-                return trace
+            if src is None and len(data) >= MIN_SPLIT_BYTES and (trace := split_trace(data, path, workers,
+                                                                                      fallback_rank)):
+                return trace  # (a file whose ranges were planned and failed is not cut again)
             return build_trace(raw_from_bytes(data, path), fallback_rank)  # the same bytes, not a second read
         return build_trace(raw_from_bytes(read_buffer(path), path), fallback_rank)
 
