@@ -25,45 +25,36 @@ from ddpdoctor.errors import BadInput
 GZIP_MAGIC = b"\x1f\x8b"
 
 
-class Event(msgspec.Struct, gc=False):
+class _Fields(msgspec.Struct, gc=False):
+    """What a complete or metadata event carries that any analysis reads (args kept as raw JSON)."""
+
+    name: str = ""
+    cat: str = ""
+    pid: int | str = 0
+    tid: int | str = 0
+    ts: float = 0.0
+    dur: float = 0.0
+    args: msgspec.Raw = msgspec.Raw(b"null")
+
+
+class Event(_Fields, gc=False):
     """Any event, whatever its phase (the reader of last resort, and the shape tests build)."""
 
     ph: str = ""
-    name: str = ""
-    cat: str = ""
-    pid: int | str = 0
-    tid: int | str = 0
-    ts: float = 0.0
-    dur: float = 0.0
-    args: msgspec.Raw = msgspec.Raw(b"null")
 
 
 # The fast reader tells events apart by their phase, as msgspec's tagged union: a complete ('X') event gets every
-# field, a metadata ('M') event the few it has, and an event of any other phase of the Chrome trace format (flow
-# arrows, instants, counters: a third of a GPU trace's events, none of them read by an analysis) no field at all, so
-# its name, timestamps and args are skipped by the parser instead of built and thrown away. ``ph`` stays readable
-# as a class attribute. A phase outside the format's set, or an event without one, fails this reader and the file
-# is read again with ``Event`` (the same result, or the same error, as before).
-class XEvent(msgspec.Struct, gc=False, tag_field="ph", tag="X"):
+# field, a metadata ('M') event the same, and an event of any other phase of the Chrome trace format (flow arrows,
+# instants, counters: a third of a GPU trace's events, none of them read by an analysis) no field at all, so its
+# name, timestamps and args are skipped by the parser instead of built and thrown away. ``ph`` stays readable as a
+# class attribute. A phase outside the format's set, or an event without one, fails this reader and the file is
+# read again with ``Event`` (the same result, or the same error, as before).
+class XEvent(_Fields, gc=False, tag_field="ph", tag="X"):
     ph: ClassVar[str] = "X"
-    name: str = ""
-    cat: str = ""
-    pid: int | str = 0
-    tid: int | str = 0
-    ts: float = 0.0
-    dur: float = 0.0
-    args: msgspec.Raw = msgspec.Raw(b"null")
 
 
-class MEvent(msgspec.Struct, gc=False, tag_field="ph", tag="M"):
+class MEvent(_Fields, gc=False, tag_field="ph", tag="M"):
     ph: ClassVar[str] = "M"
-    name: str = ""
-    cat: str = ""
-    pid: int | str = 0
-    tid: int | str = 0
-    ts: float = 0.0
-    dur: float = 0.0
-    args: msgspec.Raw = msgspec.Raw(b"null")
 
 
 class OtherEvent(msgspec.Struct, gc=False, tag_field="ph"):

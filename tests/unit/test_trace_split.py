@@ -3,10 +3,12 @@ and a cut that lands inside a string or a nested array is refused, never trusted
 
 from __future__ import annotations
 
+import contextlib
 import gzip
 import json
 import os
 import signal
+from collections.abc import Iterator
 from pathlib import Path
 
 import msgspec
@@ -148,15 +150,21 @@ def test_a_window_search_finds_a_boundary_across_windows(tmp_path: Path, monkeyp
         assert split._boundary(split.BufferSource(data), at, rb) == want, at
 
 
-def test_a_file_that_changes_while_read_is_read_again(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+@contextlib.contextmanager
+def planned(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[tuple[Path, split.FileSource, split.Cut]]:
+    """The tricky trace written to a file, open, and cut in two (as if big)."""
     monkeypatch.setattr(split, "MIN_SPLIT_BYTES", 0)
-    data = json.dumps(tricky_doc()).encode()
     path = tmp_path / "rank0.json"
-    path.write_bytes(data)
+    path.write_bytes(json.dumps(tricky_doc()).encode())
     with split._open_big(path) as src:
         assert src is not None
         c = split._plan(src, 2)
         assert c is not None
+        yield path, src, c
+
+
+def test_a_file_that_changes_while_read_is_read_again(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    with planned(tmp_path, monkeypatch) as (path, src, c):
         with path.open("ab") as fh:  # grows after it was opened: its size no longer matches
             fh.write(b"  ")
         assert split.reduce_cut(src, path, c) is None
@@ -226,15 +234,8 @@ def test_a_reader_killed_by_a_signal_is_a_range_that_did_not_decode(tmp_path: Pa
                                                                     monkeypatch: pytest.MonkeyPatch) -> None:
     assert split._gather(split._spawn(_die_by_sigbus, [()])) == [None]
     # A file cut short after its plan: its ranges no longer map or decode; the one-pass reader names the problem.
-    monkeypatch.setattr(split, "MIN_SPLIT_BYTES", 0)
-    data = json.dumps(tricky_doc()).encode()
-    path = tmp_path / "rank0.json"
-    path.write_bytes(data)
-    with split._open_big(path) as src:
-        assert src is not None
-        c = split._plan(src, 2)
-        assert c is not None
-        os.truncate(path, len(data) // 2)
+    with planned(tmp_path, monkeypatch) as (path, src, c):
+        os.truncate(path, path.stat().st_size // 2)
         assert split.reduce_cut(src, path, c) is None
     with pytest.raises(BadInput, match="truncated JSON"):
         split.load_trace(path, workers=2)
