@@ -1,6 +1,8 @@
 """Speed and memory of `ddpdoctor analyze` on a >= 100 MB trace, against HTA and orjson measured in the same run.
 
     python benchmarks/analyze_speed.py [--mb 110] [--source TRACE] [--skip-hta] [--repeat N]
+    python benchmarks/analyze_speed.py --trace FILE [--skip-hta] [--repeat N]   (an existing trace, as it is; HTA
+                                                                                reads the folder it is in)
 
 Builds benchmarks/out/big-SOURCE/rank0.pt.trace.json (uncompressed) from time-shifted copies of a recorded CPU trace
 (default: the 2-rank gloo fixture of the tests; each copy's ProfilerSteps renumbered), then runs, each in a fresh
@@ -23,6 +25,7 @@ import argparse
 import compileall
 import gzip
 import json
+import math
 import os
 import re
 import subprocess
@@ -44,6 +47,12 @@ def build(source: Path, target_mb: float, dest: Path) -> Path:
     xs = [e for e in events if e.get("ph") == "X"]
     t0 = min(e["ts"] for e in xs)
     span = max(e["ts"] + e.get("dur", 0) for e in xs) - t0 + 100.0
+    # Timestamps stay as the profiler wrote them: integer microseconds (older Kineto, as in the A100 sample) shift by
+    # an integer span and stay integers; a shift that made them "1661203462598509.0" would give every copy a
+    # 17-digit decimal no profiler writes, which JSON readers parse on their slow, exact path.
+    integral = all(isinstance(e.get("ts", 0), int) for e in events)
+    if integral:
+        span = math.ceil(span)
     meta = [e for e in events if e.get("ph") == "M"]
     body = [e for e in events if e.get("ph") != "M"]
     nsteps = max((int(m.group(1)) for e in body if (m := _STEP.match(str(e.get("name", ""))))), default=0) + 1
@@ -59,7 +68,7 @@ def build(source: Path, target_mb: float, dest: Path) -> Path:
             for e in body:
                 e2 = dict(e)
                 if "ts" in e2:
-                    e2["ts"] = round(e2["ts"] + c * span, 3)
+                    e2["ts"] = e2["ts"] + c * span if integral else round(e2["ts"] + c * span, 3)
                 if (m := _STEP.match(str(e2.get("name", "")))) is not None:
                     e2["name"] = f"ProfilerStep#{int(m.group(1)) + c * nsteps}"
                 shifted.append(e2)
@@ -132,18 +141,20 @@ def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--mb", type=float, default=110.0)
     ap.add_argument("--source", type=Path, default=None)
+    ap.add_argument("--trace", type=Path, default=None, help="measure this uncompressed trace file as it is")
     ap.add_argument("--skip-hta", action="store_true")
     ap.add_argument("--repeat", type=int, default=1, help="run ddpdoctor and HTA this many times, alternating, "
                     "and compare their fastest runs (a shared machine's load comes and goes)")
     args = ap.parse_args()
-    source = args.source or sorted(DEFAULT_SOURCE.glob("rank0.*"))[0]
-    big = OUT / f"big-{source.name.split('.')[0]}" / "rank0.pt.trace.json"
-    if not big.exists() or big.stat().st_size < args.mb * 1e6:
+    source = args.trace or args.source or sorted(DEFAULT_SOURCE.glob("rank0.*"))[0]
+    big = args.trace or OUT / f"big-{source.name.split('.')[0]}" / "rank0.pt.trace.json"
+    if args.trace is None and (not big.exists() or big.stat().st_size < args.mb * 1e6
+                               or big.stat().st_mtime < Path(__file__).stat().st_mtime):
         build(source, args.mb, big)
     size_mb = big.stat().st_size / 1e6
     py = sys.executable
     compileall.compile_dir(REPO / "ddpdoctor", quiet=1)  # into __pycache__ (git-ignored), as pip install does
-    print(f"trace: {big} ({size_mb:.1f} MB, built from {source.name})")
+    print(f"trace: {big} ({size_mb:.1f} MB, {'as it is' if args.trace else 'built from ' + source.name})")
 
     print(f"machine: {os.cpu_count()} cores, load {os.getloadavg()[0]:.1f}: wall times measure the load too; "
           "CPU seconds (user + system, worker processes included) measure the work")

@@ -11,7 +11,8 @@ from typing import Any
 
 from ddpdoctor.analyses.results import Bucket, CollectiveCall, GradReady
 from ddpdoctor.traces.loader import EventArgs
-from ddpdoctor.traces.trace import CommEvent, CpuCall, Trace
+from ddpdoctor.traces.scan import CommEvent, CpuCall
+from ddpdoctor.traces.trace import Trace
 
 DTYPE_BYTES = {
     "float": 4, "float32": 4, "c10::float": 4, "double": 8, "float64": 8, "c10::half": 2, "half": 2, "float16": 2,

@@ -10,7 +10,7 @@ from typing import Any
 
 from ddpdoctor.analyses.diff_stats import Delta, delta
 from ddpdoctor.jsontypes import JsonObject
-from ddpdoctor.traces.loader import RawTrace
+from ddpdoctor.traces.loader import RawTrace, complete_events
 
 # Operators named in a diff: the largest changes among those that count.
 TOP_OPS = 5
@@ -33,8 +33,9 @@ def op_steps(raw: RawTrace, rank: int) -> OpSteps:
     """Self time (an operator's duration less its children's on the same thread) of CPU operators, and the duration
     of GPU kernels and copies, summed per name and ProfilerStep (by start time; a kernel that starts after its step's
     end counts in the next one). Sorting per thread: O(n log n)."""
-    steps = sorted((ev.ts, ev.ts + ev.dur, int(ev.name.split("#", 1)[1])) for ev in raw.events
-                   if ev.ph == "X" and ev.name.startswith("ProfilerStep#") and ev.name.split("#", 1)[1].isdigit())
+    xs = complete_events(raw.events)
+    steps = sorted((ev.ts, ev.ts + ev.dur, int(ev.name.split("#", 1)[1])) for ev in xs
+                   if ev.name.startswith("ProfilerStep#") and ev.name.split("#", 1)[1].isdigit())
     starts = [s[0] for s in steps]
     per_step: dict[str, dict[int, float]] = defaultdict(lambda: defaultdict(float))
 
@@ -43,8 +44,8 @@ def op_steps(raw: RawTrace, rank: int) -> OpSteps:
         return steps[i][2] if i >= 0 and (t < steps[i][1] or i == len(steps) - 1) else None
 
     threads: dict[tuple[Any, Any], list[tuple[float, float, str]]] = defaultdict(list)
-    for ev in raw.events:
-        if ev.ph != "X" or ev.name.startswith("ProfilerStep#"):
+    for ev in xs:
+        if ev.name.startswith("ProfilerStep#"):
             continue
         if ev.cat in GPU_CATS:
             s = step_of(ev.ts)

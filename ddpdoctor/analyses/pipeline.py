@@ -4,7 +4,6 @@ ddpdoctor/reports/analyze.py's (analyses never start rules)."""
 
 from __future__ import annotations
 
-import os
 from collections import defaultdict
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -20,6 +19,7 @@ from ddpdoctor.rundir import artefacts
 from ddpdoctor.rundir.layout import RunDir
 from ddpdoctor.rundir.schema import Manifest, RankSummary
 from ddpdoctor.traces.loader import rank_from_filename
+from ddpdoctor.traces.split import usable_cores
 
 TRACE_SUFFIXES = (".json", ".json.gz")
 
@@ -121,14 +121,6 @@ def _unit_bytes(unit: _Unit) -> int:
         return sum(f.stat().st_size for f in unit.files) if unit.summary is None else 0
     except OSError:
         return 0
-
-
-def usable_cores() -> int:
-    """The cores this process may run on (its CPU affinity: a SLURM or container allotment), not the machine's."""
-    try:
-        return max(1, len(os.sched_getaffinity(0)))
-    except (AttributeError, OSError):
-        return os.cpu_count() or 1
 
 
 def reduce_all(units: list[_Unit], opts: AnalyzeOptions) -> tuple[list[RankResult], list[str]]:

@@ -40,6 +40,17 @@ if TYPE_CHECKING:
 def command(paths: tuple[Path, ...], window: str, reread: bool, workers: int | None, verbose: bool,
             html_path: Path | None, merge_path: Path | None, max_input_mb: float | None, as_json: bool,
             fail_on: str) -> None:
+    from ddpdoctor.traces import split
+
+    if max_input_mb is not None:
+        os.environ["DDPDOCTOR_MAX_INPUT_MB"] = str(max_input_mb)  # the trace-reading worker processes inherit it
+    # A big GPU trace named here is being read on every core while the analyses (numpy...) are imported.
+    with split.prefetch(list(paths), workers or split.usable_cores()):
+        _analyze(paths, window, reread, workers, verbose, html_path, merge_path, as_json, fail_on)
+
+
+def _analyze(paths: tuple[Path, ...], window: str, reread: bool, workers: int | None, verbose: bool,
+             html_path: Path | None, merge_path: Path | None, as_json: bool, fail_on: str) -> None:
     from ddpdoctor.analyses.pipeline import AnalyzeOptions, analyze_paths
     from ddpdoctor.renderers import progress
     from ddpdoctor.renderers.merge import trace_paths
@@ -47,8 +58,6 @@ def command(paths: tuple[Path, ...], window: str, reread: bool, workers: int | N
     from ddpdoctor.reports.analyze import assemble
     from ddpdoctor.traces.loader import no_gc
 
-    if max_input_mb is not None:
-        os.environ["DDPDOCTOR_MAX_INPUT_MB"] = str(max_input_mb)  # the trace-reading worker processes inherit it
     show = progress.enabled(as_json)
     # No cyclic garbage collection while the report is built and printed: what this builds (columns, summaries,
     # the report's sections) holds no cycles, and the collector's passes over it freed nothing and cost ~3% of

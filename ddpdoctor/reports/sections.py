@@ -10,29 +10,31 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any, ClassVar, TypedDict, TypeVar
+from typing import TYPE_CHECKING, Any, ClassVar, TypedDict, TypeVar
 
-from ddpdoctor.job.role import NodeInfoDoc
 from ddpdoctor.jsontypes import JsonObject
-from ddpdoctor.logs.events import TimelineRow
-from ddpdoctor.preflight.checks import CheckRowJson
 from ddpdoctor.report import Report, Section
-from ddpdoctor.reports.diff_json import DiffJson
-from ddpdoctor.reports.perf_json import CollectivesJson, InputJson, RankJson, StragglersJson
-from ddpdoctor.reports.sync_json import ChecksJson
-from ddpdoctor.reports.tune_json import TuneJson, VariantJson
-from ddpdoctor.topo.section_types import (
-    Channels,
-    HostRow,
-    NcclNotUsed,
-    RunTopology,
-    SystemRow,
-    TopoInputs,
-    TopoSections,
-    TopoSummary,
-    Transports,
-)
-from ddpdoctor.topo.section_types import RankRow as TopoRankRow
+
+if TYPE_CHECKING:  # shapes named in annotations only: not imported by a command that has no such section
+    from ddpdoctor.job.role import NodeInfoDoc
+    from ddpdoctor.logs.events import TimelineRow
+    from ddpdoctor.preflight.checks import CheckRowJson
+    from ddpdoctor.reports.diff_json import DiffJson
+    from ddpdoctor.reports.perf_json import CollectivesJson, InputJson, RankJson, StragglersJson
+    from ddpdoctor.reports.sync_json import ChecksJson
+    from ddpdoctor.reports.tune_json import TuneJson, VariantJson
+    from ddpdoctor.topo.section_types import (
+        Channels,
+        HostRow,
+        NcclNotUsed,
+        RunTopology,
+        SystemRow,
+        TopoInputs,
+        TopoSections,
+        TopoSummary,
+        Transports,
+    )
+    from ddpdoctor.topo.section_types import RankRow as TopoRankRow
 
 
 @dataclass(frozen=True)
@@ -202,6 +204,8 @@ class TopoSection(Section):
 
     def sections(self) -> TopoSections:
         """The sections as topo/diagnose.py builds them (the shape a launch's "topology" section nests)."""
+        from ddpdoctor.topo.section_types import TopoSections
+
         return TopoSections(summary=self.summary, hosts=self.hosts, ranks=self.ranks, transports=self.transports,
                             channels=self.channels, topology=self.topology, warnings=self.warnings, inputs=self.inputs)
 

@@ -1,22 +1,34 @@
 """One big GPU trace read on several cores: its traceEvents array cut into byte ranges at event boundaries, each range
-decoded and reduced to columns (trace.scan) in a forked worker; only the columns come back, pickled through a pipe.
+read, decoded and reduced to columns (scan.Part) by its own process; only the columns come back, pickled through a
+pipe.
+
+Where the bytes come from (a Source): an uncompressed file is read range by range, each process reading its own
+range with pread (the reads run in parallel, and no process holds the whole file); a compressed one is decompressed
+first and its buffer shared with forked children. Only the file's head and tail (its metadata) and a few KB at each
+cut are read by the process that plans the cut.
 
 The cut is checked, not trusted: a range decodes as a list of events only when it starts and ends where the one-pass
 parse would be between two events (a cut inside a string or a nested array leaves a range that is not a whole JSON
 array), and the file's other fields are decoded from its head and tail around an empty array. Anything else (a
-damaged file, a CPU trace, a cut that fails) is read by the one-pass path, which gives the same columns or the same
-error. Each worker holds only its range's events: peak memory is the file's bytes plus one range's events."""
+damaged file, a CPU trace, a cut that fails, a file that changed while it was read) is read by the one-pass path,
+which gives the same columns or the same error.
+
+`prefetch` starts the reading processes for a trace named on the command line before the analyses are imported
+(numpy alone takes as long to import as a core takes to decode 40 MB); `load_trace` collects them."""
 
 from __future__ import annotations
 
 import contextlib
+import gc
 import os
 import pickle
 import re
+import stat
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
 from pathlib import Path
-from typing import NamedTuple
+from typing import TYPE_CHECKING, NamedTuple
 
 import msgspec
 
@@ -25,20 +37,28 @@ from ddpdoctor.errors import BadInput
 from ddpdoctor.traces.loader import (
     _DOC,
     _EVENTS,
+    _TAGGED_EVENTS,
+    AnyEvent,
     RawTrace,
     TraceDoc,
-    load_raw,
     no_gc,
     raw_from_bytes,
     read_buffer,
 )
-from ddpdoctor.traces.trace import Part, Trace, build_trace, join_parts, scan
+from ddpdoctor.traces.scan import Part, scan
+
+if TYPE_CHECKING:
+    from ddpdoctor.traces.trace import (
+        Trace,  # numpy: imported where a Trace is made, not by a reading process
+    )
 
 MIN_SPLIT_BYTES = 32 << 20  # below this, forking and pickling cost more than a core saves
 _MAX_EDGE = 4 << 20  # the head (before the array) and tail (after it) are decoded as one small document
+_WINDOW = 64 << 10  # read at a cut's target to find the next boundary (an event is a few hundred bytes)
+_OVERLAP = 256  # windows overlap: a boundary `}  ,  {` across two windows is seen whole in the second
 _KEY = re.compile(rb'"traceEvents"\s*:\s*\[')
 _BETWEEN = re.compile(rb"\}\s*,\s*\{")  # between two events (or inside a string or a nested array: checked)
-Buffer = bytes | bytearray  # the file's bytes, or a private (writable) copy of them
+Buffer = bytes | bytearray  # a file's bytes in memory, or a private (writable) copy of them
 _DECODE_ERRORS = (msgspec.DecodeError, msgspec.ValidationError, UnicodeDecodeError, RecursionError)
 
 
@@ -49,90 +69,183 @@ class Cut(NamedTuple):
     doc: TraceDoc
 
 
-def _edges(data: Buffer) -> tuple[int, int, TraceDoc] | None:
+class FileChanged(Exception):
+    """The file changed (size or modification time) while its ranges were read: the one-pass reader decides."""
+
+
+@dataclass
+class FileSource:
+    """An open regular file, read by offset (pread), and what fstat said of it when it was opened."""
+
+    fd: int
+    st: os.stat_result
+
+    @property
+    def size(self) -> int:
+        return self.st.st_size
+
+    def read(self, offset: int, n: int) -> bytes:
+        out = bytearray(n)
+        self.read_into(memoryview(out), offset)
+        return bytes(out)
+
+    def read_into(self, view: memoryview, offset: int) -> None:
+        got = 0
+        while got < len(view):
+            n = os.preadv(self.fd, [view[got:]], offset + got)
+            if n <= 0:
+                raise FileChanged  # shorter than it was
+            got += n
+        now = os.fstat(self.fd)
+        if (now.st_size, now.st_mtime_ns) != (self.st.st_size, self.st.st_mtime_ns):
+            raise FileChanged
+
+    def events(self, start: int, end: int) -> list[AnyEvent]:
+        """The events of [start, end), read into a buffer one byte longer at each end for the brackets."""
+        buf = bytearray(end - start + 2)
+        buf[0], buf[-1] = 0x5B, 0x5D  # '[' and ']'
+        self.read_into(memoryview(buf)[1:-1], start)
+        return _tagged_or_any(buf)
+
+
+@dataclass
+class BufferSource:
+    """A trace's bytes in memory (decompressed, or read whole): forked children see them without a copy."""
+
+    data: Buffer
+
+    @property
+    def size(self) -> int:
+        return len(self.data)
+
+    def read(self, offset: int, n: int) -> bytes:
+        return bytes(self.data[offset:offset + n])
+
+    def events(self, start: int, end: int) -> list[AnyEvent]:
+        return decode_range(self.data, start, end)
+
+
+Source = FileSource | BufferSource
+
+
+def _source(data: Buffer | Source) -> Source:
+    return data if isinstance(data, (FileSource, BufferSource)) else BufferSource(data)
+
+
+def _edges(data: Buffer | Source) -> tuple[int, int, TraceDoc] | None:
     """(position of the array's '[', of its ']', the document without its events), when head and tail decode."""
-    m = _KEY.search(data, 0, _MAX_EDGE)
+    src = _source(data)
+    head = src.read(0, min(src.size, _MAX_EDGE))
+    m = _KEY.search(head)
     if m is None:
         return None
     lb = m.end() - 1
     # The head, closed right after the key, decodes only where the key is a field of the top-level object (not
     # inside a string or a nested object).
     try:
-        _DOC.decode(data[:lb] + b"[]}")
+        _DOC.decode(head[:lb] + b"[]}")
     except _DECODE_ERRORS:
         return None
-    rb = len(data)
+    at = max(lb + 1, src.size - _MAX_EDGE)
+    tail = src.read(at, src.size - at)
+    rb = len(tail)
     for _ in range(8):  # the last ']' whose tail completes the document (a ']' inside a tail string is skipped)
-        rb = data.rfind(b"]", max(lb, len(data) - _MAX_EDGE), rb)
-        if rb <= lb:
+        rb = tail.rfind(b"]", 0, rb)
+        if rb < 0:
             return None
-        tail = data[rb + 1:]
-        if b'"traceEvents"' in tail:
+        rest = tail[rb + 1:]
+        if b'"traceEvents"' in rest:
             return None  # a second traceEvents field: the one-pass reader decides what that means
         try:
-            doc = _DOC.decode(data[:lb] + b"[]" + tail)
+            doc = _DOC.decode(head[:lb] + b"[]" + rest)
         except _DECODE_ERRORS:
             continue
-        return (lb, rb, doc) if not doc.traceEvents else None
+        return (lb, at + rb, doc) if not doc.traceEvents else None
     return None
 
 
-def cut(data: Buffer, n: int) -> Cut | None:
+def cut(data: Buffer | Source, n: int) -> Cut | None:
     """The events' byte ranges, about equal, at most n; None when the document's shape is not the usual one."""
-    edges = _edges(data)
+    src = _source(data)
+    edges = _edges(src)
     if edges is None:
         return None
     lb, rb, doc = edges
-    return Cut(cut_at(data, lb, rb, [lb + 1 + (rb - lb - 1) * k // n for k in range(1, n)]), doc)
+    return Cut(cut_at(src, lb, rb, [lb + 1 + (rb - lb - 1) * k // n for k in range(1, n)]), doc)
 
 
-def cut_at(data: Buffer, lb: int, rb: int, targets: list[int]) -> list[tuple[int, int]]:
-    """Ranges of the array data[lb:rb + 1] cut at the first `},{` after each target (in increasing order)."""
+def _boundary(src: Source, at: int, rb: int) -> tuple[int, int] | None:
+    """(start, end) of the first `},{` at or after ``at`` and before ``rb``, read window by window."""
+    while at < rb:
+        n = min(_WINDOW, rb - at)
+        m = _BETWEEN.search(src.read(at, n))
+        if m is not None:
+            return at + m.start(), at + m.end()
+        if at + n >= rb:
+            return None
+        at += n - _OVERLAP
+    return None
+
+
+def cut_at(data: Buffer | Source, lb: int, rb: int, targets: list[int]) -> list[tuple[int, int]]:
+    """Ranges of the array [lb, rb] cut at the first `},{` after each target (in increasing order)."""
+    src = _source(data)
     ranges: list[tuple[int, int]] = []
     start = lb + 1
     for target in targets:
         if target <= start:
             continue
-        m = _BETWEEN.search(data, target, rb)
-        if m is None:
+        b = _boundary(src, target, rb)
+        if b is None:
             break
-        ranges.append((start, m.start() + 1))
-        start = m.end() - 1
+        ranges.append((start, b[0] + 1))
+        start = b[1] - 1
     ranges.append((start, rb))
     return ranges
 
 
-def decode_range(data: Buffer, start: int, end: int) -> list:  # type: ignore[type-arg]
-    """The events of one range (raises msgspec's errors where the range is not a whole run of events). A writable
-    buffer (a private copy of the file) gets the brackets in place, in the byte before and the byte after the range
-    (a separator or blank) and back: no copy of the range."""
+def decode_range(data: Buffer, start: int, end: int) -> list[AnyEvent]:
+    """The events of one range (raises msgspec's errors where the range is not a whole run of events), by phase
+    (loader.XEvent...) or, where an event's phase is not one of the format's, as loader.Event. A writable buffer (a
+    private copy of the file) gets the brackets in place, in the byte before and the byte after the range (a
+    separator or blank) and back: no copy of the range."""
     if isinstance(data, bytes):
-        return _EVENTS.decode(b"[" + memoryview(data)[start:end] + b"]")
+        return _tagged_or_any(b"[" + memoryview(data)[start:end] + b"]")
     before, after = data[start - 1], data[end]
     data[start - 1], data[end] = 0x5B, 0x5D  # '[' and ']'
     try:
         # The view is not released: the events' raw args point into it, and keep the buffer alive as they do.
-        return _EVENTS.decode(memoryview(data)[start - 1:end + 1])
+        return _tagged_or_any(memoryview(data)[start - 1:end + 1])
     finally:
         data[start - 1], data[end] = before, after
 
 
-def _reduce(data: Buffer, start: int, end: int, path: str) -> Part | None:
-    """One range's columns as a GPU trace's (they do not depend on the thread names: only a CPU trace's gloo
-    threads do); None where the range does not decode or holds a damaged event."""
+def _tagged_or_any(buf: Buffer | memoryview) -> list[AnyEvent]:
     try:
-        return scan(decode_range(data, start, end), True, set(), path)
-    except (*_DECODE_ERRORS, BadInput):
+        events: list[AnyEvent] = _TAGGED_EVENTS.decode(buf)
+        return events
+    except msgspec.ValidationError:
+        return list(_EVENTS.decode(buf))
+
+
+def _reduce(src: Source, start: int, end: int, path: str) -> Part | None:
+    """One range's columns as a GPU trace's (they do not depend on the thread names: only a CPU trace's gloo
+    threads do); None where the range does not decode, holds a damaged event, or the file changed."""
+    gc.disable()  # a child's own: nothing it builds is in a cycle, and it exits when done
+    try:
+        return scan(src.events(start, end), True, set(), path)
+    except (*_DECODE_ERRORS, BadInput, FileChanged, OSError):
         return None
 
 
-def _fork_map(fn: Callable[..., Part | None], jobs: list[tuple]) -> list[Part | None]:  # type: ignore[type-arg]
-    """fn(*job) for every job, the first in this process and each other in a forked child (which sees the parent's
-    memory, so the file's bytes are not copied); a child that dies answers None."""
-    children: list[tuple[int, int]] = []  # (pid, read end of its pipe)
-    unread: set[int] = set()
+Child = tuple[int, int]  # (pid, read end of its pipe)
+
+
+def _spawn(fn: Callable[..., Part | None], jobs: list[tuple]) -> list[Child]:  # type: ignore[type-arg]
+    """fn(*job) for each job in a forked child (which sees the parent's memory: a buffer is not copied)."""
+    children: list[Child] = []
     try:
-        for job in jobs[1:]:
+        for job in jobs:
             r, w = os.pipe()
             pid = os.fork()
             if pid == 0:  # the child: compute, send, and leave without running the parent's exit handlers
@@ -147,20 +260,45 @@ def _fork_map(fn: Callable[..., Part | None], jobs: list[tuple]) -> list[Part | 
                     os._exit(code)
             os.close(w)
             children.append((pid, r))
-            unread.add(r)
-        out: list[Part | None] = [fn(*jobs[0])]
-        for _, r in children:
-            unread.discard(r)
+    except BaseException:
+        _reap(children)
+        raise
+    return children
+
+
+def _gather(children: list[Child]) -> list[Part | None]:
+    """Each child's answer, in order (None for one that died); every child reaped, even when this fails."""
+    out: list[Part | None] = []
+    try:
+        for i, (_, r) in enumerate(children):
             with os.fdopen(r, "rb") as fh:
+                children[i] = (children[i][0], -1)  # closed by the `with`, whatever happens
                 blob = fh.read()
             out.append(pickle.loads(blob) if blob else None)
         return out
     finally:
-        for r in unread:  # the parent failed first: a child blocked on a full pipe gets EPIPE and exits
-            os.close(r)
-        for pid, _ in children:
-            with contextlib.suppress(ChildProcessError):  # reaped already (a caller's SIGCHLD handler)
-                os.waitpid(pid, 0)
+        _reap(children)
+
+
+def _reap(children: list[Child]) -> None:
+    for _, r in children:  # a child blocked on a full pipe gets EPIPE and exits
+        if r >= 0:
+            with contextlib.suppress(OSError):
+                os.close(r)
+    for pid, _ in children:
+        with contextlib.suppress(ChildProcessError):  # reaped already (a caller's SIGCHLD handler)
+            os.waitpid(pid, 0)
+
+
+def _fork_map(fn: Callable[..., Part | None], jobs: list[tuple]) -> list[Part | None]:  # type: ignore[type-arg]
+    """fn(*job) for every job, the first in this process and each other in a forked child."""
+    children = _spawn(fn, jobs[1:])
+    try:
+        first = fn(*jobs[0])
+    except BaseException:
+        _reap(children)
+        raise
+    return [first, *_gather(children)]
 
 
 def _has_devices(doc: TraceDoc) -> bool:
@@ -174,17 +312,28 @@ def _has_devices(doc: TraceDoc) -> bool:
     return isinstance(devices, list) and bool(devices)
 
 
+def _plan(src: Source, workers: int) -> Cut | None:
+    c = cut(src, workers)
+    return c if c is not None and len(c.ranges) >= 2 and _has_devices(c.doc) else None
+
+
 def split_trace(data: Buffer, path: Path, workers: int, fallback_rank: int | None = None) -> Trace | None:
-    """The trace read by ``workers`` processes, or None where the one-pass reader must read it."""
-    c = cut(data, workers)
-    if c is None or len(c.ranges) < 2 or not _has_devices(c.doc):
-        return None
-    return reduce_cut(data, path, c, fallback_rank)
+    """The trace in memory read by ``workers`` processes, or None where the one-pass reader must read it."""
+    src = BufferSource(data)
+    c = _plan(src, workers)
+    return reduce_cut(src, path, c, fallback_rank) if c is not None else None
 
 
-def reduce_cut(data: Buffer, path: Path, c: Cut, fallback_rank: int | None = None) -> Trace | None:
+def reduce_cut(data: Buffer | Source, path: Path, c: Cut, fallback_rank: int | None = None) -> Trace | None:
     """The trace from its ranges, one process each; None where a range does not decode as a run of events."""
-    parts = [a for a in _fork_map(_reduce, [(data, s, e, str(path)) for s, e in c.ranges]) if a is not None]
+    src = _source(data)
+    return _joined(_fork_map(_reduce, [(src, s, e, str(path)) for s, e in c.ranges]), path, c, fallback_rank)
+
+
+def _joined(answers: list[Part | None], path: Path, c: Cut, fallback_rank: int | None) -> Trace | None:
+    from ddpdoctor.traces.trace import join_parts  # numpy: not needed by a reading process
+
+    parts = [a for a in answers if a is not None]
     if len(parts) < len(c.ranges):
         return None  # undecodable, or a damaged event: the one-pass reader names the first problem, as always
     if not any(p.has_kernels for p in parts) or not sum(p.n_events for p in parts):
@@ -193,37 +342,127 @@ def reduce_cut(data: Buffer, path: Path, c: Cut, fallback_rank: int | None = Non
     return join_parts(RawTrace(str(path), [], doc.distributedInfo, doc.host_name), parts, True, fallback_rank)
 
 
-def _read_private(path: Path) -> bytearray | None:
-    """A big uncompressed trace read once into a private, writable buffer (the brackets written per range stay
-    ours; no second copy); None for a small, compressed or oversized file. Read, not mapped: a file truncated
-    while a map of it is read kills the process with SIGBUS, and a trace may be rewritten under us."""
+@contextlib.contextmanager
+def _open_big(path: Path) -> Iterator[FileSource | None]:
+    """A big uncompressed trace file, open for reading by offset; None for a small, compressed or oversized one
+    (read whole by read_buffer, which names what is wrong with it)."""
     st = safe_io.check_regular(path)
     if st.st_size < MIN_SPLIT_BYTES or st.st_size > safe_io.max_input_bytes() or path.suffix == ".gz":
-        return None  # a ".gz" is read_buffer's to check (named .gz but not gzip is bad input)
+        yield None  # a ".gz" is read_buffer's to check (named .gz but not gzip is bad input)
+        return
     try:
-        with open(path, "rb") as fh:
-            if fh.read(2) == safe_io.GZIP_MAGIC:
-                return None
-            fh.seek(0)
-            buf = bytearray(st.st_size)
-            got = fh.readinto(buf)
-            if got != st.st_size or fh.read(1):  # the file changed size meanwhile: the one-pass reader decides
-                return None
-            return buf
-    except (OSError, ValueError):
-        return None
+        fd = os.open(path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0))
+    except OSError:
+        yield None
+        return
+    try:
+        now = os.fstat(fd)
+        same = stat.S_ISREG(now.st_mode) and (now.st_dev, now.st_ino) == (st.st_dev, st.st_ino)
+        yield FileSource(fd, now) if same and os.pread(fd, 2, 0) != safe_io.GZIP_MAGIC else None
+    finally:
+        os.close(fd)
+
+
+def usable_cores() -> int:
+    """The cores this process may run on (its CPU affinity: a SLURM or container allotment), not the machine's."""
+    try:
+        return max(1, len(os.sched_getaffinity(0)))
+    except (AttributeError, OSError):
+        return os.cpu_count() or 1
+
+
+def _parallel() -> bool:
+    return sys.platform.startswith("linux")  # macOS system libraries are not fork-safe
 
 
 def load_trace(path: Path, fallback_rank: int | None = None, workers: int = 1) -> Trace:
-    """One trace file as a Trace, its bytes read once; a big GPU trace on up to ``workers`` cores (forked workers,
-    on Linux)."""
+    """One trace file as a Trace; a big GPU trace on up to ``workers`` cores (forked workers, on Linux): its ranges
+    read and decoded in parallel (one started by `prefetch` is collected)."""
+    from ddpdoctor.traces.trace import build_trace
+
     path = Path(path)
     with no_gc():
-        if workers > 1 and sys.platform.startswith("linux"):  # macOS system libraries are not fork-safe
-            private = _read_private(path)
-            # small or compressed: read (and decompressed) as the one-pass reader reads it
-            data: Buffer = private if private is not None else read_buffer(path)
+        pending = _PREFETCHED.pop(str(path), None)
+        if pending is not None and (trace := pending.collect(path, fallback_rank)) is not None:
+            return trace
+        if workers > 1 and _parallel():
+            with _open_big(path) as src:
+                if src is not None:
+                    with contextlib.suppress(FileChanged, OSError):
+                        c = _plan(src, workers)
+                        if c is not None and (trace := reduce_cut(src, path, c, fallback_rank)):
+                            return trace
+            data = read_buffer(path)  # small or compressed (decompressed), or not split: read whole
             if len(data) >= MIN_SPLIT_BYTES and (trace := split_trace(data, path, workers, fallback_rank)):
                 return trace
             return build_trace(raw_from_bytes(data, path), fallback_rank)  # the same bytes, not a second read
-        return build_trace(load_raw(path), fallback_rank)
+        return build_trace(raw_from_bytes(read_buffer(path), path), fallback_rank)
+
+
+@dataclass
+class Pending:
+    """A trace whose ranges are being read by child processes (prefetch); the file stays open until collected."""
+
+    fd: int
+    cut: Cut
+    children: list[Child]
+
+    def collect(self, path: Path, fallback_rank: int | None) -> Trace | None:
+        """The trace, when the path still names the file that was opened and every range decoded."""
+        try:
+            st, opened = os.stat(path), os.fstat(self.fd)
+            if (st.st_dev, st.st_ino) != (opened.st_dev, opened.st_ino):
+                self.discard()
+                return None
+            return _joined(_gather(self.children), path, self.cut, fallback_rank)
+        except OSError:
+            self.discard()
+            return None
+        finally:
+            self.children = []
+            self._close()
+
+    def discard(self) -> None:
+        _reap(self.children)
+        self.children = []
+        self._close()
+
+    def _close(self) -> None:
+        if self.fd >= 0:
+            os.close(self.fd)
+            self.fd = -1
+
+
+_PREFETCHED: dict[str, Pending] = {}
+
+
+@contextlib.contextmanager
+def prefetch(paths: list[Path], workers: int) -> Iterator[None]:
+    """Start reading each big uncompressed GPU trace file among ``paths`` on ``workers`` cores now, while the caller
+    imports and prepares; `load_trace` of that path collects it. Whatever is not collected is discarded on exit.
+    Anything not a big GPU trace file is left alone (and read as usual)."""
+    try:
+        if workers > 1 and _parallel():
+            for path in paths:
+                with contextlib.suppress(BadInput, FileChanged, OSError):
+                    _start(Path(path), workers)
+        yield
+    finally:
+        for key in list(_PREFETCHED):
+            _PREFETCHED.pop(key).discard()
+
+
+def _start(path: Path, workers: int) -> None:
+    if str(path) in _PREFETCHED or not path.is_file():
+        return
+    with _open_big(path) as src:
+        if src is None or (c := _plan(src, workers)) is None:
+            return
+        fd = os.dup(src.fd)  # kept open (for the children, and to check the path still names it) until collected
+    try:
+        _PREFETCHED[str(path)] = Pending(fd, c, _spawn(_reduce, [(FileSource(fd, src.st), s, e, str(path))
+                                                                  for s, e in c.ranges]))
+    except BaseException:
+        os.close(fd)
+        raise
+

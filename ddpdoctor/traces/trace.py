@@ -1,45 +1,29 @@
-"""Classifies a decoded trace's events (compute / communication / memory / steps / backward / data wait) into columns.
-
-GPU traces: communication = NCCL/RCCL kernels, memory = Memcpy/Memset, compute = every other kernel.
-CPU traces (gloo): communication = `gloo:*` work (on the pt_gloo_runloop threads); compute = the training
-threads' CPU ops, not counting ProfilerStep wrappers, data loading (counted as data wait), waits, and the
-c10d enqueue calls. See docs/metrics.md."""
+"""A rank's trace as columns (Trace): the Parts of traces/scan.py joined, kernels given their launch times.
+See docs/metrics.md."""
 
 from __future__ import annotations
 
-import re
 from array import array
 from dataclasses import dataclass, field
 from operator import attrgetter
 from pathlib import Path
-from typing import NoReturn
 
 import numpy as np
 
-from ddpdoctor.errors import BadInput
-from ddpdoctor.safe_io import clean_text
-from ddpdoctor.traces.loader import Event, EventArgs, RawTrace, decode_args, rank_from_filename
+from ddpdoctor.traces.loader import (
+    Event,
+    RawTrace,
+    XEvent,
+    complete_events,
+    decode_args,
+    metadata_events,
+    rank_from_filename,
+)
+from ddpdoctor.traces.scan import CommEvent, CpuCall, Part, bad_duration, scan_complete
 
-_INF = float("inf")
+__all__ = ["CommEvent", "CpuCall", "Part", "Spans", "Trace", "build_trace", "join_parts"]
+
 _TS, _DUR = attrgetter("ts"), attrgetter("dur")
-_STEP = re.compile(r"^ProfilerStep#(\d+)$")
-_WAIT = re.compile(r"wait|synchronize", re.IGNORECASE)
-BACKWARD_PREFIX = "autograd::engine::evaluate_function:"
-DATA_PREFIX = "enumerate(DataLoader)"
-ACCUMULATE_GRAD = "torch::autograd::AccumulateGrad"
-SYNC_NAMES = ("cudaDeviceSynchronize", "cudaStreamSynchronize", "cudaEventSynchronize", "aten::item",
-              "aten::_local_scalar_dense")
-_CPU_CATS = {"cpu_op", "user_annotation", "python_function"}
-_RUNTIME_CATS = {"cuda_runtime", "cuda_driver", "runtime", "cuda_api"}
-
-
-def is_comm_kernel(name: str) -> bool:
-    low = name.lower()
-    return (low.startswith("nccl") and "kernel" in low) or "rccl" in low
-
-
-def is_memory(name: str, cat: str) -> bool:
-    return cat in ("gpu_memcpy", "gpu_memset") or name.startswith(("Memcpy", "Memset"))
 
 
 @dataclass
@@ -65,24 +49,6 @@ class Spans:
 
 
 @dataclass
-class CommEvent:
-    name: str
-    start: float
-    end: float
-    launch: float  # NaN when unknown
-    tid: int | str
-    args: EventArgs
-
-
-@dataclass
-class CpuCall:
-    name: str
-    start: float
-    end: float
-    args: EventArgs | None
-
-
-@dataclass
 class Trace:
     path: str
     rank: int
@@ -105,43 +71,7 @@ class Trace:
     notes: list[str] = field(default_factory=list)
 
 
-K_STEP, K_COMM, K_ENQ, K_GRAD, K_DATA, K_COMPUTE, K_BWD = 1, 2, 4, 8, 16, 32, 64
-K_GCOMM, K_GMEM, K_GCOMP, K_RUNTIME, K_SYNC = 128, 256, 512, 1024, 2048
-K_GPU = K_GCOMM | K_GMEM | K_GCOMP
-
-
-def classify(name: str, cat: str, has_gpu: bool) -> int:
-    """What an 'X' event is, as K_* flags (0: not used by any analysis)."""
-    if has_gpu and cat in ("kernel", "gpu_memcpy", "gpu_memset"):
-        if cat == "kernel" and is_comm_kernel(name):
-            return K_GCOMM
-        return K_GMEM if is_memory(name, cat) else K_GCOMP
-    k = K_SYNC if name.startswith(SYNC_NAMES) else 0
-    if has_gpu and cat in _RUNTIME_CATS:
-        return k | K_RUNTIME
-    if name.startswith("ProfilerStep#"):
-        return k | K_STEP if cat in _CPU_CATS else k
-    if name.startswith("gloo:"):
-        return k | (0 if has_gpu else K_COMM)
-    if name.startswith(("c10d::", "record_param_comms", "nccl:")):
-        return k | K_ENQ
-    if name.startswith(BACKWARD_PREFIX):
-        k |= K_BWD
-    if name == ACCUMULATE_GRAD:
-        k |= K_GRAD
-    if name.startswith(DATA_PREFIX):
-        return k | K_DATA
-    if not has_gpu and cat in _CPU_CATS and not _WAIT.search(name):
-        k |= K_COMPUTE
-    return k
-
-
-def _bad_duration(ev: Event, path: str) -> NoReturn:
-    raise BadInput(f"event {clean_text(ev.name)[:80]!r} at ts {ev.ts} has duration {ev.dur}: durations must be "
-                   "finite and >= 0 (a damaged or hand-edited trace)", path)
-
-
-def _cpu_compute(events: list[Event], path: str) -> Spans:
+def _cpu_compute(events: list[Event | XEvent], path: str) -> Spans:
     """Columns of a CPU trace's compute ops (launch = start), with the same duration check as every other event."""
     n = len(events)
     start = np.fromiter(map(_TS, events), dtype=np.float64, count=n)
@@ -150,114 +80,22 @@ def _cpu_compute(events: list[Event], path: str) -> Spans:
     with np.errstate(invalid="ignore"):
         bad = ~((dur >= 0.0) & np.isfinite(end))
     if bad.any():
-        _bad_duration(events[int(np.argmax(bad))], path)
+        bad_duration(events[int(np.argmax(bad))], path)
     return Spans(start, end, start.copy())
-
-
-@dataclass
-class Part:
-    """A run of events reduced to columns: a whole trace, or one byte range of a big GPU trace's events reduced in a
-    worker process (traces/split.py). Only these columns cross a process boundary; `join_parts` makes the Trace."""
-
-    n_events: int = 0
-    has_kernels: bool = False  # an 'X' event of category "kernel" among these events
-    steps: list[tuple[int, float, float]] = field(default_factory=list)
-    # Flat (start, end, launch-or-correlation) rows: 24 bytes a row, no tuples.
-    compute: array = field(default_factory=lambda: array("d"))
-    memory: array = field(default_factory=lambda: array("d"))
-    backward: array = field(default_factory=lambda: array("d"))
-    data: array = field(default_factory=lambda: array("d"))
-    comm: list[CommEvent] = field(default_factory=list)
-    enqueues: list[CpuCall] = field(default_factory=list)
-    grads: list[CpuCall] = field(default_factory=list)
-    syncs: list[CpuCall] = field(default_factory=list)
-    runtime: dict[int, float] = field(default_factory=dict)  # correlation id -> CPU time of the launching call
-    cpu_compute: Spans | None = None  # CPU traces only (built in the process that holds the whole trace)
-
-
-def scan(events: list[Event], has_gpu: bool, gloo_tids: set[tuple[int | str, int | str]], path: str) -> Part:
-    """Classify every complete ('X') event once, into columns."""
-    part = Part(n_events=len(events))
-    gloo_thread_ids = {tid for _, tid in gloo_tids}  # a plain tid test first: no (pid, tid) tuple per event
-    steps = part.steps
-    compute, memory, backward, data = part.compute, part.memory, part.backward, part.data
-    comm, enqueues, grads, syncs, runtime = part.comm, part.enqueues, part.grads, part.syncs, part.runtime
-    # A CPU trace's compute ops (nearly all of its events) are only collected here, in event order; their columns
-    # are built afterwards in C (_cpu_compute): per event, one list append instead of arithmetic and a check.
-    cpu_compute: list[Event] = []
-    keep = cpu_compute.append
-    nan = float("nan")
-    kinds: dict[tuple[str, str], int] = {}  # names repeat: classify each (name, cat) once
-    for ev in events:
-        if ev.ph != "X":
-            continue
-        name, cat = ev.name, ev.cat
-        k = kinds.get((name, cat))
-        if k is None:
-            k = kinds[(name, cat)] = classify(name, cat, has_gpu)
-        if not k:
-            continue
-        if k == K_COMPUTE:  # most events of a CPU trace: one test instead of the chain below
-            if ev.tid not in gloo_thread_ids or (ev.pid, ev.tid) not in gloo_tids:
-                keep(ev)
-            continue
-        ts = ev.ts
-        end = ts + ev.dur
-        if not (ev.dur >= 0.0 and -_INF < end < _INF):  # NaN fails every comparison
-            _bad_duration(ev, path)
-        if k & K_GPU:
-            # The third slot holds the correlation id until the runtime calls are known (they may come later).
-            a = decode_args(ev.args)
-            corr = nan if a.correlation is None else float(a.correlation)
-            if k & K_GCOMM:
-                comm.append(CommEvent(name, ts, end, corr, ev.tid, a))
-            else:
-                (memory if k & K_GMEM else compute).extend((ts, end, corr))
-            continue
-        if k & K_SYNC:
-            syncs.append(CpuCall(name, ts, end, None))
-        if k & K_RUNTIME:
-            a = decode_args(ev.args)
-            if a.correlation is not None:
-                runtime[a.correlation] = ts
-            continue
-        if k & K_STEP:
-            m = _STEP.match(name)
-            if m:
-                steps.append((int(m.group(1)), ts, end))
-            continue
-        if k & K_COMM:
-            comm.append(CommEvent(name, ts, end, ts, ev.tid, decode_args(ev.args)))
-            continue
-        if k & K_ENQ:
-            enqueues.append(CpuCall(name, ts, end, decode_args(ev.args)))
-            continue
-        if k & K_BWD:
-            backward.extend((ts, end, ts))
-        if k & K_GRAD:
-            grads.append(CpuCall(name, ts, end, decode_args(ev.args)))
-        if k & K_DATA:
-            data.extend((ts, end, ts))
-            continue
-        if k & K_COMPUTE and (ev.pid, ev.tid) not in gloo_tids:
-            keep(ev)
-    part.has_kernels = any(cat == "kernel" for _, cat in kinds)
-    if cpu_compute:
-        part.cpu_compute = _cpu_compute(cpu_compute, path)
-    return part
 
 
 def build_trace(raw: RawTrace, fallback_rank: int | None = None) -> Trace:
     """Classify every complete ('X') event once."""
     events = raw.events
     gloo_tids: set[tuple[int | str, int | str]] = set()
-    for ev in [e for e in events if e.ph == "M"]:  # a comprehension: the loop body runs for the few metadata events
+    for ev in metadata_events(events):
         if ev.name == "thread_name":
             label = decode_args(ev.args).name
             if isinstance(label, str) and "pt_gloo_runloop" in label:
                 gloo_tids.add((ev.pid, ev.tid))
-    has_gpu = "kernel" in {ev.cat for ev in events if ev.ph == "X"}  # a comprehension: no generator per event
-    return join_parts(raw, [scan(events, has_gpu, gloo_tids, raw.path)], has_gpu, fallback_rank)
+    xs = complete_events(events)
+    has_gpu = "kernel" in {ev.cat for ev in xs}  # a comprehension: no generator per event
+    return join_parts(raw, [scan_complete(xs, len(events), has_gpu, gloo_tids, raw.path)], has_gpu, fallback_rank)
 
 
 def _joined(parts: list[Part], name: str) -> array:
@@ -293,8 +131,8 @@ def join_parts(raw: RawTrace, parts: list[Part], has_gpu: bool, fallback_rank: i
     if not one:
         for p in parts:
             runtime.update(p.runtime)  # in event order: a repeated correlation id keeps its last call, as in one pass
-    cpu_comp = one.cpu_compute if one else None
-    comp = cpu_comp if cpu_comp is not None else Spans.of(_joined(parts, "compute"))
+    cpu_events = one.cpu_compute if one else None
+    comp = _cpu_compute(cpu_events, raw.path) if cpu_events else Spans.of(_joined(parts, "compute"))
     mem = Spans.of(_joined(parts, "memory"))
     nan = float("nan")
     if has_gpu:

@@ -81,3 +81,19 @@ def test_empty_dir_and_duplicate_ranks_exit_2(tmp_path: Path):
     write(tmp_path / "b.json.gz", cpu_trace(0))
     proc = run_cli("analyze", str(tmp_path))
     assert proc.returncode == 2 and "two traces claim rank 0" in proc.stderr
+
+
+@pytest.mark.shared
+def test_big_gpu_trace_read_on_every_core_reports_as_one_core(tmp_path: Path):
+    """A big uncompressed GPU trace named on the command line is read by several processes started before the
+    analyses are imported (traces/split.prefetch): the report is the one a single process writes."""
+    import gzip
+
+    from tests.conftest import shared_path
+
+    path = tmp_path / "rank3.pt.trace.json"
+    path.write_bytes(gzip.decompress(shared_path("traces", "a100_8gpu_rank3", "control.json.gz").read_bytes()))
+    assert path.stat().st_size >= 32 << 20  # big enough to be split (traces/split.MIN_SPLIT_BYTES)
+    many, one = _json(str(path), "--workers", "3"), _json(str(path), "--workers", "1")
+    assert many == one
+    assert many["ranks"][0]["device"] == "gpu" and many["ranks"][0]["steps"] > 0

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import gzip
 import json
+import os
 from pathlib import Path
 
 import msgspec
@@ -14,7 +15,7 @@ import pytest
 from ddpdoctor.analyses.rank import analyze_trace
 from ddpdoctor.analyses.results import asdict
 from ddpdoctor.traces import split
-from ddpdoctor.traces.loader import raw_from_bytes
+from ddpdoctor.traces.loader import Event, MEvent, OtherEvent, XEvent, raw_from_bytes
 from ddpdoctor.traces.trace import Trace, build_trace
 from tests.conftest import shared_path
 from tests.unit.tracebuild import gpu_trace, x
@@ -112,3 +113,104 @@ def test_load_trace_falls_back_to_one_pass(tmp_path: Path, monkeypatch: pytest.M
         path.write_bytes(json.dumps(doc).encode())
         assert split.split_trace(path.read_bytes(), path, 2) is None
         assert_same(split.load_trace(path, workers=2), serial(path.read_bytes(), path))
+
+
+@pytest.mark.shared
+@pytest.mark.parametrize("workers", [2, 3])
+def test_file_ranges_read_by_offset_equal_one_pass(tmp_path: Path, workers: int) -> None:
+    """An uncompressed file is cut by reading only its head, its tail and a window at each cut; each range is read by
+    the process that decodes it. Same columns as the one-pass reader."""
+    data = gzip.decompress(shared_path("traces", "a100_8gpu_rank3", "control.json.gz").read_bytes())
+    path = tmp_path / "rank3.pt.trace.json"
+    path.write_bytes(data)
+    with split._open_big(path) as src:
+        assert isinstance(src, split.FileSource)
+        c = split._plan(src, workers)
+        assert c is not None and [r for r in c.ranges] == split.cut(data, workers).ranges  # type: ignore[union-attr]
+        t = split.reduce_cut(src, path, c)
+    assert t is not None
+    one_pass = serial(data, path)
+    assert_same(t, one_pass)
+    assert_same(split.load_trace(path, workers=workers), one_pass)
+
+
+def test_a_window_search_finds_a_boundary_across_windows(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Cut targets whose next boundary lies windows away, or across two windows' edge, give the same ranges as a
+    search of the whole buffer."""
+    monkeypatch.setattr(split, "_WINDOW", 300)
+    data = json.dumps(tricky_doc(), indent=1).encode()  # `},\n  {`: a boundary with blanks in it
+    lb, rb, _ = split._edges(data)  # type: ignore[misc]
+    for at in range(lb + 1, rb, 7):
+        m = split._BETWEEN.search(data, at, rb)
+        want = None if m is None else (m.start(), m.end())
+        assert split._boundary(split.BufferSource(data), at, rb) == want, at
+
+
+def test_a_file_that_changes_while_read_is_read_again(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(split, "MIN_SPLIT_BYTES", 0)
+    data = json.dumps(tricky_doc()).encode()
+    path = tmp_path / "rank0.json"
+    path.write_bytes(data)
+    with split._open_big(path) as src:
+        assert src is not None
+        c = split._plan(src, 2)
+        assert c is not None
+        with path.open("ab") as fh:  # grows after it was opened: its size no longer matches
+            fh.write(b"  ")
+        assert split.reduce_cut(src, path, c) is None
+        with pytest.raises(split.FileChanged):
+            src.events(*c.ranges[0])
+    assert_same(split.load_trace(path, workers=2), serial(path.read_bytes(), path))
+
+
+def test_prefetch_is_collected_by_load_trace(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(split, "MIN_SPLIT_BYTES", 0)
+    data = json.dumps(tricky_doc()).encode()
+    path, other = tmp_path / "rank0.json", tmp_path / "rank1.json"
+    path.write_bytes(data)
+    other.write_bytes(json.dumps(gpu_trace(1)).encode())
+    small = tmp_path / "small.json.gz"
+    small.write_bytes(gzip.compress(data))
+    with split.prefetch([path, small, tmp_path, tmp_path / "missing.json"], 2):
+        assert list(split._PREFETCHED) == [str(path)]  # only a big uncompressed GPU trace file is started
+        pending = split._PREFETCHED[str(path)]
+        assert len(pending.children) == 2
+        assert_same(split.load_trace(path, workers=2), serial(data, path))
+        assert not split._PREFETCHED and pending.fd == -1 and not pending.children
+    # The path names another file by the time it is loaded: that file is read, not what was prefetched.
+    with split.prefetch([path], 2):
+        pending = split._PREFETCHED[str(path)]
+        other.replace(path)
+        got = split.load_trace(path, workers=2)
+        assert got.rank == 1
+        assert_same(got, serial(path.read_bytes(), path))
+    # Never collected: discarded on the way out, its processes reaped and its file closed.
+    path.write_bytes(data)
+    with split.prefetch([path], 2):
+        pending = split._PREFETCHED[str(path)]
+        fd, pids = pending.fd, [pid for pid, _ in pending.children]
+    assert not split._PREFETCHED and pending.fd == -1
+    with pytest.raises(OSError):
+        os.fstat(fd)
+    for pid in pids:
+        with pytest.raises(ChildProcessError):
+            os.waitpid(pid, os.WNOHANG)
+
+
+def test_an_unknown_phase_is_read_by_the_reader_of_last_resort(tmp_path: Path) -> None:
+    """Events are decoded by phase; a phase outside the Chrome format's set (or none) still reads, as before."""
+    known = tricky_doc()
+    known["traceEvents"] += [{"ph": "M", "name": "thread_name", "pid": 1, "tid": 7, "args": {"name": "stream 7"}},
+                             {"ph": "s", "id": 1, "ts": 1, "pid": 1, "tid": 1, "cat": "ac2g", "name": "ac2g"}]
+    doc = json.loads(json.dumps(known))
+    doc["traceEvents"].append({"ph": "Z", "name": "future", "ts": 1})
+    doc["traceEvents"].append({"name": "no phase", "ts": 2})
+    raw = raw_from_bytes(json.dumps(doc).encode(), tmp_path / "t.json")
+    assert all(type(e) is Event for e in raw.events)
+    plain = raw_from_bytes(json.dumps(known).encode(), tmp_path / "t.json")
+    kinds = {type(e) for e in plain.events}
+    assert {XEvent, MEvent} < kinds and any(issubclass(k, OtherEvent) and k.ph == "s" for k in kinds)
+    t, u = build_trace(raw), build_trace(plain)
+    assert t.n_events == u.n_events + 2
+    u.n_events = t.n_events
+    assert_same(t, u)

@@ -3,7 +3,18 @@ cause, and the window finding."""
 
 from __future__ import annotations
 
-from ddpdoctor.analyses.intervals import Interval, bootstrap, suggested_active
+import math
+import random
+import statistics
+
+from ddpdoctor.analyses.intervals import (
+    RESAMPLES,
+    SEED,
+    Interval,
+    bootstrap,
+    randbelow_many,
+    suggested_active,
+)
 from ddpdoctor.findings.model import Finding, Severity, ordered
 from ddpdoctor.findings.perf_verdict import (
     apply_outcome,
@@ -26,6 +37,24 @@ def test_bootstrap_is_deterministic_and_brackets_the_value():
     one = bootstrap([7.0])
     assert one is not None and not one.measurable and one.undecided(5.0) and not one.above(5.0)
     assert bootstrap([]) is None
+
+
+def test_bulk_draws_are_the_draws_of_randrange():
+    """The bootstrap draws its indices in bulk (intervals.randbelow_many): the very values random.randrange gives one
+    at a time, so every interval is what the per-value loop computed (the recorded verdicts were checked against it)."""
+    for n in (2, 3, 5, 17, 24, 64, 100, 255, 257, 1000, 2**31 + 5, 2**32 - 1):
+        for seed in (0, 7):
+            one = random.Random(seed)
+            assert randbelow_many(random.Random(seed), n, 3000).tolist() == [one.randrange(n) for _ in range(3000)]
+    # The interval itself, against the per-value loop written out.
+    vals = [10.0, 12.0, 11.0, 30.0, 9.0, 10.5, 14.0]
+    for stat in (statistics.fmean, statistics.median, lambda v: max(v) - min(v)):
+        rng = random.Random(SEED)
+        stats = sorted(float(stat([vals[rng.randrange(7)] for _ in range(7)])) for _ in range(RESAMPLES))
+        iv = bootstrap(vals, stat)
+        assert iv is not None
+        assert (iv.lo, iv.hi) == (min(stats[int(0.05 * (RESAMPLES - 1))], iv.value),
+                                  max(stats[math.ceil(0.95 * (RESAMPLES - 1))], iv.value))
 
 
 def test_a_figure_over_its_threshold_with_a_wide_interval_is_undecided():
