@@ -48,3 +48,25 @@ def run_cli(*args: str, cwd: Path | None = None, env: dict[str, str] | None = No
 @pytest.fixture
 def cli():
     return run_cli
+
+
+@pytest.hookimpl(trylast=True)
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Keep `--dist loadgroup` grouping (CI's `pytest -n 2 --dist loadgroup`) on pytest >= 9.2.
+
+    xdist 3.8 tags a test marked ``xdist_group(NAME)`` by appending ``@NAME`` to the legacy ``_nodeid`` field, and
+    its scheduler groups by that suffix. pytest 9.2 keeps a structured ``_id`` instead and no longer reads
+    ``_nodeid``, so the tag is lost and grouped tests are spread over both workers
+    (pytest-dev/pytest-xdist#1386): every module-scoped run a group shares is then made once per worker. Put the
+    same tag on the id pytest reads, where xdist's did not take (a no-op once xdist sets it itself)."""
+    if not getattr(config.option, "loadgroup", False):  # set on xdist workers under --dist loadgroup
+        return
+    for item in items:
+        names = {str(m.args[0] if m.args else m.kwargs.get("name", "default"))
+                 for m in item.iter_markers("xdist_group")}
+        if not names:
+            continue
+        suffix = "@" + "_".join(sorted(names))  # xdist's own spelling of the tag
+        node_id = getattr(item, "_id", None)
+        if node_id is not None and not item.nodeid.endswith(suffix):
+            item._id = type(node_id).parse(item.nodeid + suffix)

@@ -10,7 +10,8 @@ import pytest
 
 from tests.conftest import SCENARIOS, run_cli
 
-pytestmark = pytest.mark.slow
+# One worker runs the whole module (--dist loadgroup), so its module-scoped run is made once, not once per worker.
+pytestmark = [pytest.mark.slow, pytest.mark.xdist_group(name="diff")]
 
 SLEEP_MS = 30.0
 JOB = str(SCENARIOS / "diff_job.py")

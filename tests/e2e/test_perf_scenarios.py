@@ -9,7 +9,8 @@ import pytest
 
 from tests.conftest import SCENARIOS, run_cli
 
-pytestmark = pytest.mark.slow
+# One worker runs the whole module (--dist loadgroup), so its module-scoped run is made once, not once per worker.
+pytestmark = [pytest.mark.slow, pytest.mark.xdist_group(name="perf_scenarios")]
 
 
 @pytest.fixture(scope="module")

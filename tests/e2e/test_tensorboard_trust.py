@@ -21,7 +21,8 @@ import pytest
 from tests.conftest import SAMPLE_RUN
 from tests.e2e.test_tensorboard import TensorBoard
 
-pytestmark = pytest.mark.slow
+# One worker runs the whole module (--dist loadgroup), so its module-scoped run is made once, not once per worker.
+pytestmark = [pytest.mark.slow, pytest.mark.xdist_group(name="tensorboard_trust")]
 NOBODY = ["setpriv", "--reuid", "65534", "--regid", "65534", "--clear-groups"]
 SECRET = '{"secret": "root only"}'
 

@@ -14,7 +14,8 @@ import pytest
 
 from tests.conftest import EXAMPLES, SCENARIOS, run_cli
 
-pytestmark = pytest.mark.slow
+# One worker runs the whole module (--dist loadgroup), so its module-scoped run is made once, not once per worker.
+pytestmark = [pytest.mark.slow, pytest.mark.xdist_group(name="tune")]
 
 # 64*256 + 2*256*256 + 256*10 weights, ~0.6 MB of gradients: one bucket at the default cap, several at 0.1 MB.
 SCRIPT_ARGS = ["--steps-per-epoch", "12", "--width", "256", "--layers", "4"]

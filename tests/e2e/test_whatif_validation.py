@@ -13,7 +13,8 @@ from ddpdoctor.analyses.whatif import bucket_whatif
 from tests.conftest import EXAMPLES, run_cli
 from tests.teardown import settle_run
 
-pytestmark = pytest.mark.slow
+# One worker runs the whole module (--dist loadgroup), so its module-scoped run is made once, not once per worker.
+pytestmark = [pytest.mark.slow, pytest.mark.xdist_group(name="whatif_validation")]
 
 CAPS = (1.0, 100.0)
 # 6 Linear(1024, 1024)-sized layers, 17.1 MB of gradients: one bucket at cap 100, five at cap 1; a batch of 128
