@@ -2,10 +2,10 @@
 read, decoded and reduced to columns (scan.Part) by its own process; only the columns come back, pickled through a
 pipe.
 
-Where the bytes come from (a Source): an uncompressed file is read range by range, each process reading its own
-range with pread (the reads run in parallel, and no process holds the whole file); a compressed one is decompressed
-first and its buffer shared with forked children. Only the file's head and tail (its metadata) and a few KB at each
-cut are read by the process that plans the cut.
+Where the bytes come from (a Source): an uncompressed file is read range by range, each reading child mapping its
+own range copy-on-write (the reads run in parallel, and no process holds the whole file); a compressed one is
+decompressed first and its buffer shared with forked children. Only the file's head and tail (its metadata) and a
+window at each cut are read (pread) by the process that plans the cut.
 
 The cut is checked, not trusted: a range decodes as a list of events only when it starts and ends where the one-pass
 parse would be between two events (a cut inside a string or a nested array leaves a range that is not a whole JSON
