@@ -398,7 +398,7 @@ def load_trace(path: Path, fallback_rank: int | None = None, workers: int = 1) -
 
     path = Path(path)
     with no_gc():
-        pending = _PREFETCHED.pop(str(path), None)
+        pending = _PREFETCHED.pop(fid, None) if (fid := _file_id(path)) is not None else None
         if pending is not None and (trace := pending.collect(path, fallback_rank)) is not None:
             return trace
         if workers > 1 and _parallel():
@@ -421,14 +421,16 @@ class Pending:
     """A trace whose ranges are being read by child processes (prefetch); the file stays open until collected."""
 
     fd: int
+    st: os.stat_result  # the file when it was opened
     cut: Cut
     children: list[Child]
 
     def collect(self, path: Path, fallback_rank: int | None) -> Trace | None:
-        """The trace, when the path still names the file that was opened and every range decoded."""
+        """The trace, when the path still names the file that was opened, unchanged, and every range decoded."""
         try:
-            st, opened = os.stat(path), os.fstat(self.fd)
-            if (st.st_dev, st.st_ino) != (opened.st_dev, opened.st_ino):
+            named, now = os.stat(path), os.fstat(self.fd)
+            if (named.st_dev, named.st_ino, now.st_size, now.st_mtime_ns) != \
+                    (self.st.st_dev, self.st.st_ino, self.st.st_size, self.st.st_mtime_ns):
                 self.discard()
                 return None
             return _joined(_gather(self.children), path, self.cut, fallback_rank)
@@ -450,7 +452,17 @@ class Pending:
             self.fd = -1
 
 
-_PREFETCHED: dict[str, Pending] = {}
+_PREFETCHED: dict[tuple[int, int], Pending] = {}  # (device, inode) of the file -> its reading processes
+
+
+def _file_id(path: Path) -> tuple[int, int] | None:
+    """What a prefetched file is known by: the same file named by another path (relative, through a link) is found,
+    and a path that names another file by now is not."""
+    try:
+        st = os.stat(path)
+    except OSError:
+        return None
+    return st.st_dev, st.st_ino
 
 
 @contextlib.contextmanager
@@ -470,15 +482,15 @@ def prefetch(paths: list[Path], workers: int) -> Iterator[None]:
 
 
 def _start(path: Path, workers: int) -> None:
-    if str(path) in _PREFETCHED or not path.is_file():
+    if not path.is_file() or _file_id(path) in _PREFETCHED:
         return
     with _open_big(path) as src:
         if src is None or (c := _plan(src, workers)) is None:
             return
         fd = os.dup(src.fd)  # kept open (for the children, and to check the path still names it) until collected
     try:
-        _PREFETCHED[str(path)] = Pending(fd, c, _spawn(_reduce, [(FileSource(fd, src.st), s, e, str(path))
-                                                                  for s, e in c.ranges]))
+        jobs = [(FileSource(fd, src.st), s, e, str(path)) for s, e in c.ranges]
+        _PREFETCHED[(src.st.st_dev, src.st.st_ino)] = Pending(fd, src.st, c, _spawn(_reduce, jobs))
     except BaseException:
         os.close(fd)
         raise

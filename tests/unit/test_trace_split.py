@@ -182,22 +182,32 @@ def test_prefetch_is_collected_by_load_trace(tmp_path: Path, monkeypatch: pytest
     small = tmp_path / "small.json.gz"
     small.write_bytes(gzip.compress(data))
     with split.prefetch([path, small, tmp_path, tmp_path / "missing.json"], 2):
-        assert list(split._PREFETCHED) == [str(path)]  # only a big uncompressed GPU trace file is started
-        pending = split._PREFETCHED[str(path)]
+        assert list(split._PREFETCHED) == [split._file_id(path)]  # only a big uncompressed GPU trace file
+        pending = split._PREFETCHED[split._file_id(path)]  # type: ignore[index]
         assert len(pending.children) == 2
-        assert_same(split.load_trace(path, workers=2), serial(data, path))
+        # Found by the file it names: a relative path, or a link to it, is the same file.
+        link = tmp_path / "link.json"
+        link.symlink_to(path)
+        assert_same(split.load_trace(link, workers=2), serial(data, link))
         assert not split._PREFETCHED and pending.fd == -1 and not pending.children
     # The path names another file by the time it is loaded: that file is read, not what was prefetched.
     with split.prefetch([path], 2):
-        pending = split._PREFETCHED[str(path)]
         other.replace(path)
         got = split.load_trace(path, workers=2)
         assert got.rank == 1
         assert_same(got, serial(path.read_bytes(), path))
-    # Never collected: discarded on the way out, its processes reaped and its file closed.
+    # Changed in place after it was read: not collected, read again.
     path.write_bytes(data)
     with split.prefetch([path], 2):
-        pending = split._PREFETCHED[str(path)]
+        pending = split._PREFETCHED[split._file_id(path)]  # type: ignore[index]
+        with path.open("r+b") as fh:
+            fh.seek(0, os.SEEK_END)
+            fh.write(b" ")
+        assert pending.collect(path, None) is None and not pending.children and pending.fd == -1
+        assert_same(split.load_trace(path, workers=2), serial(path.read_bytes(), path))
+    # Never collected: discarded on the way out, its processes reaped and its file closed.
+    with split.prefetch([path], 2):
+        pending = split._PREFETCHED[split._file_id(path)]  # type: ignore[index]
         fd, pids = pending.fd, [pid for pid, _ in pending.children]
     assert not split._PREFETCHED and pending.fd == -1
     with pytest.raises(OSError):
