@@ -128,6 +128,12 @@ def _gunzip_stream(fh, head: bytes, path: Path, limit: int) -> bytearray:  # typ
     return out
 
 
+def gunzip_open(fh, path: Path, limit: int | None = None) -> bytearray:  # type: ignore[no-untyped-def]
+    """An open gzip file (read from its start) decompressed with the same cap and errors as ``read_buffer``."""
+    fh.seek(0)
+    return _gunzip_stream(fh, fh.read(2), path, max_input_bytes() if limit is None else limit)
+
+
 def gunzip_bytes(data: bytes, limit: int, name: str = "<stdin>") -> bytes:
     """gzip data already in memory (stdin) decompressed with the same cap and errors as ``read_bytes``."""
     import io

@@ -27,10 +27,11 @@ import pickle
 import re
 import stat
 import sys
+import zlib
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, NamedTuple
+from typing import TYPE_CHECKING, NamedTuple, TypeVar
 
 import msgspec
 
@@ -250,9 +251,10 @@ def _reduce(src: Source, start: int, end: int, path: str) -> Part | None:
 
 
 Child = tuple[int, int]  # (pid, read end of its pipe)
+T = TypeVar("T")
 
 
-def _spawn(fn: Callable[..., Part | None], jobs: list[tuple]) -> list[Child]:  # type: ignore[type-arg]
+def _spawn(fn: Callable[..., object], jobs: list[tuple]) -> list[Child]:  # type: ignore[type-arg]
     """fn(*job) for each job in a forked child (which sees the parent's memory: a buffer is not copied)."""
     children: list[Child] = []
     try:
@@ -278,15 +280,17 @@ def _spawn(fn: Callable[..., Part | None], jobs: list[tuple]) -> list[Child]:  #
     return children
 
 
-def _gather(children: list[Child]) -> list[Part | None]:
-    """Each child's answer, in order (None for one that died); every child reaped, even when this fails."""
-    out: list[Part | None] = []
+def _gather(children: list[Child], kind: type[T]) -> list[T | None]:
+    """Each child's answer, in order (None for one that died or sent something else); every child reaped, even
+    when this fails."""
+    out: list[T | None] = []
     try:
         for i, (_, r) in enumerate(children):
             with os.fdopen(r, "rb") as fh:
                 children[i] = (children[i][0], -1)  # closed by the `with`, whatever happens
                 blob = fh.read()
-            out.append(pickle.loads(blob) if blob else None)
+            answer = pickle.loads(blob) if blob else None
+            out.append(answer if isinstance(answer, kind) else None)
         return out
     finally:
         _reap(children)
@@ -310,7 +314,7 @@ def _fork_map(fn: Callable[..., Part | None], jobs: list[tuple]) -> list[Part | 
     except BaseException:
         _reap(children)
         raise
-    return [first, *_gather(children)]
+    return [first, *_gather(children, Part)]
 
 
 def _has_devices(doc: TraceDoc) -> bool:
@@ -342,7 +346,7 @@ def reduce_cut(data: Buffer | Source, path: Path, c: Cut, fallback_rank: int | N
     jobs = [(src, s, e, str(path)) for s, e in c.ranges]
     # A file's ranges are mapped, each by a forked child (never by this process: see FileSource.events); a buffer's
     # first range is reduced here.
-    answers = _gather(_spawn(_reduce, jobs)) if isinstance(src, FileSource) else _fork_map(_reduce, jobs)
+    answers = _gather(_spawn(_reduce, jobs), Part) if isinstance(src, FileSource) else _fork_map(_reduce, jobs)
     return _joined(answers, path, c, fallback_rank)
 
 
@@ -417,12 +421,22 @@ def load_trace(path: Path, fallback_rank: int | None = None, workers: int = 1) -
 
 
 @dataclass
+class Reduced:
+    """A compressed trace reduced by its reading child: the parts of its ranges and its cut."""
+
+    parts: list[Part]
+    cut: Cut
+
+
+@dataclass
 class Pending:
-    """A trace whose ranges are being read by child processes (prefetch); the file stays open until collected."""
+    """A trace being read by child processes (prefetch): one child per range of an uncompressed file (``cut`` known),
+    or one child that decompresses a compressed file and reduces its ranges (``cut`` None: it comes back with the
+    parts). The file stays open until collected."""
 
     fd: int
     st: os.stat_result  # the file when it was opened
-    cut: Cut
+    cut: Cut | None
     children: list[Child]
 
     def collect(self, path: Path, fallback_rank: int | None) -> Trace | None:
@@ -433,7 +447,10 @@ class Pending:
                     (self.st.st_dev, self.st.st_ino, self.st.st_size, self.st.st_mtime_ns):
                 self.discard()
                 return None
-            return _joined(_gather(self.children), path, self.cut, fallback_rank)
+            if self.cut is not None:
+                return _joined(_gather(self.children, Part), path, self.cut, fallback_rank)
+            [reduced] = _gather(self.children, Reduced)
+            return _joined(list(reduced.parts), path, reduced.cut, fallback_rank) if reduced else None
         except OSError:
             self.discard()
             return None
@@ -467,13 +484,13 @@ def _file_id(path: Path) -> tuple[int, int] | None:
 
 @contextlib.contextmanager
 def prefetch(paths: list[Path], workers: int) -> Iterator[None]:
-    """Start reading each big uncompressed GPU trace file among ``paths`` on ``workers`` cores now, while the caller
-    imports and prepares; `load_trace` of that path collects it. Whatever is not collected is discarded on exit.
-    Anything not a big GPU trace file is left alone (and read as usual)."""
+    """Start reading each big GPU trace file among ``paths`` on ``workers`` cores now, while the caller imports and
+    prepares; `load_trace` of that path collects it. Whatever is not collected is discarded on exit. Anything not a
+    big GPU trace file is left alone (and read as usual)."""
     try:
         if workers > 1 and _parallel():
             for path in paths:
-                with contextlib.suppress(BadInput, FileChanged, OSError):
+                with contextlib.suppress(BadInput, FileChanged, OSError, ValueError):
                     _start(Path(path), workers)
         yield
     finally:
@@ -485,13 +502,73 @@ def _start(path: Path, workers: int) -> None:
     if not path.is_file() or _file_id(path) in _PREFETCHED:
         return
     with _open_big(path) as src:
-        if src is None or (c := _plan(src, workers)) is None:
+        if src is not None:
+            if (c := _plan(src, workers)) is not None:
+                fd = os.dup(src.fd)  # kept open (for the children, and to check the path names it) until collected
+                _register(fd, src.st, c, _reduce, [(FileSource(fd, src.st), s, e, str(path)) for s, e in c.ranges])
             return
-        fd = os.dup(src.fd)  # kept open (for the children, and to check the path still names it) until collected
+    st = safe_io.check_regular(path)
+    if fd := _open_gpu_gzip(path, st):
+        _register(fd, st, None, _reduce_gzip, [(fd, st, path, workers)])
+
+
+def _register(fd: int, st: os.stat_result, cut: Cut | None, fn: Callable[..., object],
+              jobs: list[tuple]) -> None:  # type: ignore[type-arg]
     try:
-        jobs = [(FileSource(fd, src.st), s, e, str(path)) for s, e in c.ranges]
-        _PREFETCHED[(src.st.st_dev, src.st.st_ino)] = Pending(fd, src.st, c, _spawn(_reduce, jobs))
+        _PREFETCHED[(st.st_dev, st.st_ino)] = Pending(fd, st, cut, _spawn(fn, jobs))
     except BaseException:
         os.close(fd)
         raise
 
+
+_GZ_HEAD_IN = 1 << 16  # compressed bytes read at a time to find the head
+
+
+def _open_gpu_gzip(path: Path, st: os.stat_result) -> int:
+    """An open file descriptor of a gzip file whose trace is big (the size its trailer gives, modulo 4 GiB) and
+    records GPU devices in its head; 0 for anything else."""
+    if st.st_size < 64:
+        return 0
+    fd = os.open(path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0))
+    try:
+        now = os.fstat(fd)
+        if (now.st_dev, now.st_ino) != (st.st_dev, st.st_ino) or os.pread(fd, 2, 0) != safe_io.GZIP_MAGIC:
+            raise FileChanged
+        if int.from_bytes(os.pread(fd, 4, now.st_size - 4), "little") < MIN_SPLIT_BYTES:
+            raise FileChanged  # small once decompressed: read whole, as usual
+        d = zlib.decompressobj(16 + zlib.MAX_WBITS)
+        head, at = bytearray(), 0
+        while len(head) < _MAX_EDGE and not d.eof:
+            chunk = d.unconsumed_tail or os.pread(fd, _GZ_HEAD_IN, at)
+            if not d.unconsumed_tail:
+                at += len(chunk)
+            if not chunk:
+                break
+            head += d.decompress(chunk, _MAX_EDGE - len(head))
+        m = _KEY.search(head)
+        if m is None or not _has_devices(_DOC.decode(bytes(head[:m.end() - 1]) + b"[]}")):
+            raise FileChanged  # not a GPU trace (or not the usual shape): read as usual
+        return fd
+    except (FileChanged, OSError, zlib.error, *_DECODE_ERRORS):
+        os.close(fd)
+        return 0
+
+
+def _reduce_gzip(fd: int, st: os.stat_result, path: Path, workers: int) -> Reduced | None:
+    """In a reading child: the compressed file decompressed (bounded, as read_buffer does), cut, and its ranges
+    reduced by this process and forked grandchildren; None where the one-pass reader must read it."""
+    gc.disable()
+    try:
+        with os.fdopen(os.dup(fd), "rb") as fh:
+            data = safe_io.gunzip_open(fh, path)
+        now = os.fstat(fd)
+        if (now.st_size, now.st_mtime_ns) != (st.st_size, st.st_mtime_ns) or len(data) < MIN_SPLIT_BYTES:
+            return None
+        src = BufferSource(data)
+        c = _plan(src, workers)
+        if c is None:
+            return None
+        parts = _fork_map(_reduce, [(src, s, e, str(path)) for s, e in c.ranges])
+        return Reduced([p for p in parts if p is not None], c) if all(parts) else None
+    except (BadInput, OSError, *_DECODE_ERRORS):
+        return None

@@ -174,17 +174,27 @@ def test_a_file_that_changes_while_read_is_read_again(tmp_path: Path, monkeypatc
 
 
 def test_prefetch_is_collected_by_load_trace(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(split, "MIN_SPLIT_BYTES", 0)
     data = json.dumps(tricky_doc()).encode()
-    path, other = tmp_path / "rank0.json", tmp_path / "rank1.json"
+    monkeypatch.setattr(split, "MIN_SPLIT_BYTES", len(data) - 1)  # the tricky trace is "big", the others small
+    path, other, gz = tmp_path / "rank0.json", tmp_path / "rank1.json", tmp_path / "rank0.json.gz"
     path.write_bytes(data)
+    gz.write_bytes(gzip.compress(data))
     other.write_bytes(json.dumps(gpu_trace(1)).encode())
-    small = tmp_path / "small.json.gz"
-    small.write_bytes(gzip.compress(data))
-    with split.prefetch([path, small, tmp_path, tmp_path / "missing.json"], 2):
-        assert list(split._PREFETCHED) == [split._file_id(path)]  # only a big uncompressed GPU trace file
+    small_gz, cpu_gz = tmp_path / "small.json.gz", tmp_path / "cpu.json.gz"
+    small_gz.write_bytes(gzip.compress(other.read_bytes()))
+    cpu = {"traceEvents": [x("ProfilerStep#1", 0, 10), x("aten::mm", 1, 2)] * 200}
+    cpu_gz.write_bytes(gzip.compress(json.dumps(cpu).encode()))
+    assert len(other.read_bytes()) < len(data) <= len(json.dumps(cpu))
+    with split.prefetch([path, gz, other, small_gz, cpu_gz, tmp_path, tmp_path / "missing.json"], 2):
+        # Only the big GPU trace files: read by offset in ranges, or decompressed and cut by one reading process.
+        assert list(split._PREFETCHED) == [split._file_id(path), split._file_id(gz)]
         pending = split._PREFETCHED[split._file_id(path)]  # type: ignore[index]
-        assert len(pending.children) == 2
+        assert len(pending.children) == 2 and pending.cut is not None
+        zipped = split._PREFETCHED[split._file_id(gz)]  # type: ignore[index]
+        assert len(zipped.children) == 1 and zipped.cut is None
+        got = split._PREFETCHED.pop(split._file_id(gz)).collect(gz, None)  # type: ignore[arg-type]  # as load_trace
+        assert got is not None and not zipped.children and zipped.fd == -1
+        assert_same(got, serial(data, gz))
         # Found by the file it names: a relative path, or a link to it, is the same file.
         link = tmp_path / "link.json"
         link.symlink_to(path)
@@ -242,7 +252,7 @@ def _die_by_sigbus() -> None:
 
 def test_a_reader_killed_by_a_signal_is_a_range_that_did_not_decode(tmp_path: Path,
                                                                     monkeypatch: pytest.MonkeyPatch) -> None:
-    assert split._gather(split._spawn(_die_by_sigbus, [()])) == [None]
+    assert split._gather(split._spawn(_die_by_sigbus, [()]), split.Part) == [None]
     # A file cut short after its plan: its ranges no longer map or decode; the one-pass reader names the problem.
     with planned(tmp_path, monkeypatch) as (path, src, c):
         os.truncate(path, path.stat().st_size // 2)
