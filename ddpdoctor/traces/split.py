@@ -484,14 +484,14 @@ def _file_id(path: Path) -> tuple[int, int] | None:
 
 @contextlib.contextmanager
 def prefetch(paths: list[Path], workers: int) -> Iterator[None]:
-    """Start reading each big GPU trace file among ``paths`` on ``workers`` cores now, while the caller imports and
-    prepares; `load_trace` of that path collects it. Whatever is not collected is discarded on exit. Anything not a
-    big GPU trace file is left alone (and read as usual)."""
+    """When ``paths`` is one big GPU trace file, start reading it on ``workers`` cores now, while the caller imports
+    and prepares; `load_trace` of that path collects it. Whatever is not collected is discarded on exit. Anything
+    else is left alone and read as usual: several files are read one per process (analyses/pipeline.py), and
+    starting them all at once would hold every rank's events at the same time."""
     try:
-        if workers > 1 and _parallel():
-            for path in paths:
-                with contextlib.suppress(BadInput, FileChanged, OSError, ValueError):
-                    _start(Path(path), workers)
+        if len(paths) == 1 and workers > 1 and _parallel():
+            with contextlib.suppress(BadInput, FileChanged, OSError, ValueError):
+                _start(Path(paths[0]), workers)
         yield
     finally:
         for key in list(_PREFETCHED):
