@@ -89,25 +89,36 @@ def torchrun_signals(run: RunDir) -> tuple[dict[int, str], set[int]]:
 
 def torn_down_ranks(run: RunDir, statuses: dict[int, RankStatusDoc | None]) -> set[int]:
     """Silent ranks (no status) whose process torchrun's agent stopped itself after another worker ended, read from
-    its log (RUN/torchrun/**/torchrun.log) and the ranks' info.json pids."""
+    its log (RUN/torchrun/**/torchrun.log) and the ranks' info.json pids. A rank stopped before its probe wrote
+    info.json (still starting while another rank already failed) is known by that log's failure table instead:
+    ended by SIGTERM, torchrun's closing signal, and not the first observed failure."""
     from ddpdoctor import safe_io
     from ddpdoctor.errors import BadInput
     from ddpdoctor.findings.crash import torchrun_stopped_pids
+    from ddpdoctor.logs.launchers import torchrun_failures
+    from ddpdoctor.logs.lines import split_lines
 
     silent = [r for r, s in statuses.items() if s is None]
     if not silent:
         return set()
     pids: set[int] = set()
+    by_table: set[int] = set()
     for log in sorted(run.torchrun_logs.glob("**/torchrun.log"))[:64]:
         try:
-            pids |= torchrun_stopped_pids(safe_io.read_bytes(log, 64 << 20, decompress=False).decode(errors="replace"))
+            text = safe_io.read_bytes(log, 64 << 20, decompress=False).decode(errors="replace")
         except (OSError, BadInput):
             continue
+        stopped = torchrun_stopped_pids(text)
+        pids |= stopped
+        if stopped:  # the table is at the log's end (as torchrun_signals reads it)
+            failures, _ = torchrun_failures(split_lines(str(log), text[-(256 << 10):]))
+            by_table |= {f.rank for f in failures
+                         if f.rank is not None and f.signal == "SIGTERM" and not f.is_root_cause}
     out = set()
     for r in silent:
         path = run.rank_file(r, "info.json")
         info = artefacts.load(path, RankInfo) if path.exists() else None
-        if info is not None and info.pid in pids:
+        if (info.pid in pids) if info is not None else (r in by_table):
             out.add(r)
     return out
 

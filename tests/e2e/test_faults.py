@@ -53,13 +53,16 @@ def test_rank_killed_by_a_signal_is_the_culprit(tmp_path: Path, sig: str) -> Non
     assert proc.returncode == 1, proc.stderr[-3000:]
     report = json.loads(proc.stdout)
     # Rank 1 is the only rank blamed; rank 0's connection error is the consequence. Whether rank 0 lived to write
-    # that error before the job was stopped depends on timing: with it, rank 1 is the crash that "failed first";
-    # without it, rank 1 is the rank that "ended without a status".
+    # that error before the job was stopped depends on timing: with it, rank 1 is the crash that "failed first"
+    # (rank 0 its victim); without it, rank 1 is the rank that "ended without a status", or, where its own stderr
+    # says why it died (SEGV: "Fatal Python error"), the crash that "failed", with no victim to name.
     errors = [f for f in report["findings"] if f["severity"] == "error"]
     assert errors and all(f["ranks"] == [1] for f in errors), report["findings"]
     crashed = [f for f in errors if f["id"] == "rank-crashed"]
     if crashed:
-        assert "failed first" in crashed[0]["title"] and "died" in crashed[0]["title"]
+        victims = crashed[0]["evidence"]["victims"]
+        assert victims in ([], [0]) and "died" in crashed[0]["title"], crashed
+        assert ("failed first" in crashed[0]["title"]) == (victims == [0]), crashed
     else:
         assert [f["id"] for f in errors] == ["rank-no-status"], report["findings"]
     assert _left_over(script.parent) == []
