@@ -117,6 +117,8 @@ class EventArgs(msgspec.Struct):
     name: Any = None  # metadata events: thread_name / process_name
 
 
+# What decoding untrusted JSON with msgspec can raise (RecursionError: nesting past msgspec's own bound).
+DECODE_ERRORS = (msgspec.DecodeError, msgspec.ValidationError, UnicodeDecodeError, RecursionError)
 _DOC = msgspec.json.Decoder(TraceDoc)
 _EVENTS = msgspec.json.Decoder(list[Event])
 _TAGGED_DOC = msgspec.json.Decoder(msgspec.defstruct("TaggedDoc", [
@@ -152,7 +154,7 @@ def metadata_events(events: list[AnyEvent]) -> list[Event | MEvent]:
 def decode_args(raw: msgspec.Raw) -> EventArgs:
     try:
         return _ARGS.decode(raw)
-    except (msgspec.DecodeError, msgspec.ValidationError, UnicodeDecodeError, RecursionError):
+    except DECODE_ERRORS:
         return EventArgs()
 
 
@@ -244,7 +246,7 @@ def raw_from_bytes(data: bytes | bytearray, path: Path) -> RawTrace:
     with no_gc():
         try:
             fast: _TaggedDoc | None = cast(_TaggedDoc, _TAGGED_DOC.decode(data))
-        except (msgspec.DecodeError, msgspec.ValidationError, UnicodeDecodeError, RecursionError):
+        except DECODE_ERRORS:
             fast = None  # read again by the reader of last resort, which names the problem or reads what this cannot
         if fast is not None:
             events: list[AnyEvent] = fast.traceEvents

@@ -14,12 +14,11 @@ from array import array
 from dataclasses import dataclass, field
 from typing import NoReturn
 
-import msgspec
-
 from ddpdoctor.errors import BadInput
 from ddpdoctor.safe_io import clean_text
 from ddpdoctor.traces.loader import (
     _CORRELATION,
+    DECODE_ERRORS,
     AnyEvent,
     Event,
     EventArgs,
@@ -27,8 +26,6 @@ from ddpdoctor.traces.loader import (
     complete_events,
     decode_args,
 )
-
-_ARGS_ERRORS = (msgspec.DecodeError, msgspec.ValidationError, UnicodeDecodeError, RecursionError)
 
 _INF = float("inf")
 _STEP = re.compile(r"^ProfilerStep#(\d+)$")
@@ -176,7 +173,7 @@ def scan_complete(xs: list[Event | XEvent], n_events: int, has_gpu: bool, gloo_t
             else:
                 try:  # args.correlation alone (a decoder of that one field, inline: one call per kernel)
                     c = corr(ev.args).correlation
-                except _ARGS_ERRORS:
+                except DECODE_ERRORS:
                     c = None
                 (memory if k & K_GMEM else compute).extend((ts, end, nan if c is None else float(c)))
             continue
@@ -185,7 +182,7 @@ def scan_complete(xs: list[Event | XEvent], n_events: int, has_gpu: bool, gloo_t
         if k & K_RUNTIME:
             try:
                 c = corr(ev.args).correlation
-            except _ARGS_ERRORS:
+            except DECODE_ERRORS:
                 c = None
             if c is not None:
                 runtime[c] = ts

@@ -41,6 +41,7 @@ from ddpdoctor.traces.loader import (
     _DOC,
     _EVENTS,
     _TAGGED_EVENTS,
+    DECODE_ERRORS,
     AnyEvent,
     RawTrace,
     TraceDoc,
@@ -62,7 +63,6 @@ _OVERLAP = 256  # windows overlap: a boundary `}  ,  {` across two windows is se
 _KEY = re.compile(rb'"traceEvents"\s*:\s*\[')
 _BETWEEN = re.compile(rb"\}\s*,\s*\{")  # between two events (or inside a string or a nested array: checked)
 Buffer = bytes | bytearray  # a file's bytes in memory, or a private (writable) copy of them
-_DECODE_ERRORS = (msgspec.DecodeError, msgspec.ValidationError, UnicodeDecodeError, RecursionError)
 
 
 class Cut(NamedTuple):
@@ -74,6 +74,12 @@ class Cut(NamedTuple):
 
 class FileChanged(Exception):
     """The file changed (size or modification time) while its ranges were read: the one-pass reader decides."""
+
+
+def _changed(fd: int, st: os.stat_result) -> bool:
+    """The open file's size or modification time differs from ``st`` (it was written since)."""
+    now = os.fstat(fd)
+    return (now.st_size, now.st_mtime_ns) != (st.st_size, st.st_mtime_ns)
 
 
 @dataclass
@@ -88,19 +94,19 @@ class FileSource:
         return self.st.st_size
 
     def read(self, offset: int, n: int) -> bytes:
-        out = bytearray(n)
-        self.read_into(memoryview(out), offset)
-        return bytes(out)
-
-    def read_into(self, view: memoryview, offset: int) -> None:
-        got = 0
-        while got < len(view):
-            n = os.preadv(self.fd, [view[got:]], offset + got)
-            if n <= 0:
+        parts, got = [], 0
+        while got < n:
+            part = os.pread(self.fd, n - got, offset + got)
+            if not part:
                 raise FileChanged  # shorter than it was
-            got += n
-        now = os.fstat(self.fd)
-        if (now.st_size, now.st_mtime_ns) != (self.st.st_size, self.st.st_mtime_ns):
+            parts.append(part)
+            got += len(part)
+        self.check()
+        return parts[0] if len(parts) == 1 else b"".join(parts)
+
+    def check(self) -> None:
+        """FileChanged when the file's size or modification time is no longer what it was when opened."""
+        if _changed(self.fd, self.st):
             raise FileChanged
 
     def events(self, start: int, end: int) -> list[AnyEvent]:
@@ -114,9 +120,7 @@ class FileSource:
         mm[lo], mm[hi] = 0x5B, 0x5D  # '[' and ']'
         # The view is not released: the events' raw args point into it, and keep the map alive as they do.
         events = _tagged_or_any(memoryview(mm)[lo:hi + 1])
-        now = os.fstat(self.fd)
-        if (now.st_size, now.st_mtime_ns) != (self.st.st_size, self.st.st_mtime_ns):
-            raise FileChanged
+        self.check()
         return events
 
 
@@ -156,7 +160,7 @@ def _edges(data: Buffer | Source) -> tuple[int, int, TraceDoc] | None:
     # inside a string or a nested object).
     try:
         _DOC.decode(head[:lb] + b"[]}")
-    except _DECODE_ERRORS:
+    except DECODE_ERRORS:
         return None
     at = max(lb + 1, src.size - _MAX_EDGE)
     tail = src.read(at, src.size - at)
@@ -170,7 +174,7 @@ def _edges(data: Buffer | Source) -> tuple[int, int, TraceDoc] | None:
             return None  # a second traceEvents field: the one-pass reader decides what that means
         try:
             doc = _DOC.decode(head[:lb] + b"[]" + rest)
-        except _DECODE_ERRORS:
+        except DECODE_ERRORS:
             continue
         return (lb, at + rb, doc) if not doc.traceEvents else None
     return None
@@ -246,7 +250,7 @@ def _reduce(src: Source, start: int, end: int, path: str) -> Part | None:
     gc.disable()  # a child's own: nothing it builds is in a cycle, and it exits when done
     try:
         return scan(src.events(start, end), True, set(), path)
-    except (*_DECODE_ERRORS, BadInput, FileChanged, OSError, ValueError):  # ValueError: a map past a shrunk end
+    except (*DECODE_ERRORS, BadInput, FileChanged, OSError, ValueError):  # ValueError: a map past a shrunk end
         return None
 
 
@@ -323,7 +327,7 @@ def _has_devices(doc: TraceDoc) -> bool:
     and learning that from the workers would cost a second read."""
     try:
         devices = msgspec.json.decode(doc.deviceProperties)
-    except _DECODE_ERRORS:
+    except DECODE_ERRORS:
         return False
     return isinstance(devices, list) and bool(devices)
 
@@ -371,16 +375,25 @@ def _open_big(path: Path) -> Iterator[FileSource | None]:
         yield None  # a ".gz" is read_buffer's to check (named .gz but not gzip is bad input)
         return
     try:
-        fd = os.open(path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0))
-    except OSError:
+        fd, now = _open_as(path, st)
+    except (FileChanged, OSError):
         yield None
         return
     try:
-        now = os.fstat(fd)
-        same = stat.S_ISREG(now.st_mode) and (now.st_dev, now.st_ino) == (st.st_dev, st.st_ino)
-        yield FileSource(fd, now) if same and os.pread(fd, 2, 0) != safe_io.GZIP_MAGIC else None
+        yield FileSource(fd, now) if os.pread(fd, 2, 0) != safe_io.GZIP_MAGIC else None
     finally:
         os.close(fd)
+
+
+def _open_as(path: Path, st: os.stat_result) -> tuple[int, os.stat_result]:
+    """The path opened for reading (never blocking on a FIFO), with what fstat says of it; FileChanged when it is
+    not the regular file ``st`` described (replaced between the stat and the open)."""
+    fd = os.open(path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0))
+    now = os.fstat(fd)
+    if not stat.S_ISREG(now.st_mode) or (now.st_dev, now.st_ino) != (st.st_dev, st.st_ino):
+        os.close(fd)
+        raise FileChanged
+    return fd, now
 
 
 def usable_cores() -> int:
@@ -402,7 +415,8 @@ def load_trace(path: Path, fallback_rank: int | None = None, workers: int = 1) -
 
     path = Path(path)
     with no_gc():
-        pending = _PREFETCHED.pop(fid, None) if (fid := _file_id(path)) is not None else None
+        fid = _file_id(path) if _PREFETCHED else None  # (no stat per file of a 1,024-rank job)
+        pending = _PREFETCHED.pop(fid, None) if fid is not None else None
         if pending is not None and (trace := pending.collect(path, fallback_rank)) is not None:
             return trace
         if workers > 1 and _parallel():
@@ -442,9 +456,8 @@ class Pending:
     def collect(self, path: Path, fallback_rank: int | None) -> Trace | None:
         """The trace, when the path still names the file that was opened, unchanged, and every range decoded."""
         try:
-            named, now = os.stat(path), os.fstat(self.fd)
-            if (named.st_dev, named.st_ino, now.st_size, now.st_mtime_ns) != \
-                    (self.st.st_dev, self.st.st_ino, self.st.st_size, self.st.st_mtime_ns):
+            named = os.stat(path)
+            if (named.st_dev, named.st_ino) != (self.st.st_dev, self.st.st_ino) or _changed(self.fd, self.st):
                 self.discard()
                 return None
             if self.cut is not None:
@@ -529,10 +542,12 @@ def _open_gpu_gzip(path: Path, st: os.stat_result) -> int:
     records GPU devices in its head; 0 for anything else."""
     if st.st_size < 64:
         return 0
-    fd = os.open(path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0))
     try:
-        now = os.fstat(fd)
-        if (now.st_dev, now.st_ino) != (st.st_dev, st.st_ino) or os.pread(fd, 2, 0) != safe_io.GZIP_MAGIC:
+        fd, now = _open_as(path, st)
+    except (FileChanged, OSError):
+        return 0
+    try:
+        if os.pread(fd, 2, 0) != safe_io.GZIP_MAGIC:
             raise FileChanged
         if int.from_bytes(os.pread(fd, 4, now.st_size - 4), "little") < MIN_SPLIT_BYTES:
             raise FileChanged  # small once decompressed: read whole, as usual
@@ -549,7 +564,7 @@ def _open_gpu_gzip(path: Path, st: os.stat_result) -> int:
         if m is None or not _has_devices(_DOC.decode(bytes(head[:m.end() - 1]) + b"[]}")):
             raise FileChanged  # not a GPU trace (or not the usual shape): read as usual
         return fd
-    except (FileChanged, OSError, zlib.error, *_DECODE_ERRORS):
+    except (FileChanged, OSError, zlib.error, *DECODE_ERRORS):
         os.close(fd)
         return 0
 
@@ -561,8 +576,7 @@ def _reduce_gzip(fd: int, st: os.stat_result, path: Path, workers: int) -> Reduc
     try:
         with os.fdopen(os.dup(fd), "rb") as fh:
             data = safe_io.gunzip_open(fh, path)
-        now = os.fstat(fd)
-        if (now.st_size, now.st_mtime_ns) != (st.st_size, st.st_mtime_ns) or len(data) < MIN_SPLIT_BYTES:
+        if _changed(fd, st) or len(data) < MIN_SPLIT_BYTES:
             return None
         src = BufferSource(data)
         c = _plan(src, workers)
@@ -570,5 +584,5 @@ def _reduce_gzip(fd: int, st: os.stat_result, path: Path, workers: int) -> Reduc
             return None
         parts = _fork_map(_reduce, [(src, s, e, str(path)) for s, e in c.ranges])
         return Reduced([p for p in parts if p is not None], c) if all(parts) else None
-    except (BadInput, OSError, *_DECODE_ERRORS):
+    except (BadInput, OSError, *DECODE_ERRORS):
         return None
