@@ -14,6 +14,7 @@ from typing import TypedDict
 from ddpdoctor.findings.failure import hang_finding
 from ddpdoctor.findings.model import Finding, Severity
 from ddpdoctor.rundir.records import (
+    WAIT_OPS,
     Beat,
     CollectiveState,
     HangDiagnosisDoc,
@@ -281,9 +282,15 @@ def reconcile(d: HangDiagnosis, stacks: Mapping[int, str | None], dumps: Mapping
     states = {r: stack_state(stacks.get(r)) for r in d.positions}
     pos = dict(d.positions)
     changed = False
+    generic = set(WAIT_OPS.values())
     for r, p in d.positions.items():
         v, st = views[r], states[r]
-        if p.state == "outside-collective" and st == "collective":
+        if p.state == "in-collective" and p.op in generic and v is not None and p.group in v.pending:
+            named = v.pending[p.group]  # a wait the heartbeat saw but had not named yet: the dump names it
+            pos[r] = RankPosition(r, "in-collective", p.phase, p.step, named.op, p.group, named.seq, named.sizes,
+                                  p.call_site)
+            changed = True
+        elif p.state == "outside-collective" and st == "collective":
             wait = _pending_of(v)
             pos[r] = RankPosition(r, "in-collective", p.phase, p.step, wait.op if wait else "collective (stack)",
                                   wait.group if wait else None, wait.seq if wait else None,

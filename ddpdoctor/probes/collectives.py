@@ -8,8 +8,8 @@ Two layers, each the lowest one that is cheap on the pinned torch (2.13):
   and its buffer broadcast through ``dist._broadcast_coalesced`` in C++, FSDP2's ``all_gather_into_tensor`` /
   ``all_gather_single``, functional collectives and DTensor redistributions, ``_coalescing_manager``). Its
   ``pg_status`` (per group: last enqueued, last completed sequence number) costs ~4 us to read
-  (``_dump_fr_trace_json(includeCollectives=False)``), so the heartbeat thread reads it at every beat; the entries
-  (a whole ring, ~10 us an entry) are read only when the rank has waited in the same collective for a beat, and at
+  (``_dump_fr_trace_json(includeCollectives=False)``), so the heartbeat thread reads it at a beat while the training
+  thread waits; the entries (a whole ring, ~40 us an entry here) only when a wait has lasted NAME_AFTER_S, and at
   verdict time.
 - **Blocking** (the training thread is inside a collective): no hook below Python exists on gloo
   (``_register_on_completion_hook`` is NCCL-only, ``Work._get_duration`` raises), so three class/module attributes
@@ -38,11 +38,12 @@ import torch
 import torch.distributed as dist
 
 from ddpdoctor.probes.records import CollectiveState
+from ddpdoctor.rundir.records import WAIT_OPS
 
-# What a wait is called when the Flight Recorder has not named it yet.
-WAIT_OPS = {"wait": "wait (async collective)", "broadcast_coalesced": "broadcast (DDP buffers/parameters)",
-            "wait_tensor": "wait_tensor (functional collective)"}
-NAME_AFTER_S = 0.8  # the entries are read once a wait has lasted this long (a stuck or slow collective only)
+# A wait is named from the ring's entries once it has lasted this long: a read of a full ring (2,000 entries) costs
+# ~0.1 s holding the GIL here (benchmarks/collective_source_cost.py), which a slow but healthy collective must not
+# pay; a hang's verdict names it from the rank's dump in any case.
+NAME_AFTER_S = 10.0
 
 
 class GroupStatus(TypedDict):

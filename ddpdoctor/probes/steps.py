@@ -178,15 +178,12 @@ class StepTracker:
             if threading.get_ident() != tracker._main:
                 return orig(it)
             tracker._loading += 1
-            before = tracker._phase
-            if before != "data":
-                tracker.phase = "data"
+            if tracker._phase != "data":
+                tracker.phase = "data"  # until the next forward: the batch's copy to the device is data too
             try:
                 return orig(it)
             finally:
                 tracker._loading -= 1
-                if before != "data" and tracker._phase == "data":
-                    tracker.phase = before  # a batch fetched inside a step (a second loader): back to that phase
 
         self._orig_next = orig
         _BaseDataLoaderIter.__next__ = __next__  # type: ignore[method-assign,assignment]

@@ -31,6 +31,12 @@ class CollectiveState(TypedDict, total=False):
     source: str  # who saw it: absent for a torch.distributed call; "flight-recorder" or "wait" (probes/collectives.py)
 
 
+# What probes/collectives.py calls a wait before the Flight Recorder names its collective (the hang verdict names it
+# from the rank's dump: findings/hang.reconcile).
+WAIT_OPS = {"wait": "wait (async collective)", "broadcast_coalesced": "broadcast (DDP buffers/parameters)",
+            "wait_tensor": "wait_tensor (functional collective)"}
+
+
 class BackwardState(TypedDict):
     """The rank is inside backward(), where DDP all-reduces its buckets: where the default group's count stands."""
 

@@ -11,7 +11,8 @@ MODEL:
   twice per optimizer step;
 - ``fsdp``: FSDP2 ``fully_shard`` on two blocks and the root (gloo, CPU).
 
-FAULT: ``none``; ``hang`` (rank 1 stops forever at step 3: before its forward, or for fsdp inside the first block,
+FAULT: ``none``; ``slowdata`` (every rank's transforms take 2 ms a sample: data loading is a large share of the
+step, on every rank alike); ``hang`` (rank 1 stops forever at step 3: before its forward, or for fsdp inside the first block,
 before the second block's all-gather); ``slow`` (rank 1 spends 50 ms more per step in its data loading, before the
 forward: the others wait for it in the buffer broadcast)."""
 
@@ -48,6 +49,8 @@ class Normalize(nn.Module):
 
 class Jitter(nn.Module):
     def forward(self, x):
+        if FAULT == "slowdata":
+            time.sleep(0.002)
         return x + 0.01 * torch.randn_like(x)
 
 
