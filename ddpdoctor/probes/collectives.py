@@ -1,5 +1,5 @@
 """The one collective source inside a rank: what the training thread waits in, and which collectives the rank's
-process groups have enqueued and completed, whoever issued them (docs/hangs.md#collective-source).
+process groups have enqueued and completed, whoever issued them (docs/hangs.md#the-collective-source).
 
 Two layers, each the lowest one that is cheap on the pinned torch (2.13):
 
