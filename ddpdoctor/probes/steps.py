@@ -6,6 +6,7 @@ optimizers) are ignored until a forward runs again. ``ddpdoctor.step()`` switche
 
 from __future__ import annotations
 
+import sys
 import threading
 import time
 from collections import deque
@@ -58,6 +59,7 @@ class StepTracker:
         self._loading = 0  # inside a DataLoader iterator's __next__
         self._wrapped = False  # a DDP/FSDP module has run its forward: only those switch the phase from now on
         self._root_types: tuple[type, ...] = _root_types()
+        self._fsdp_pending = True
         self._lock = threading.Lock()
         self._main = threading.main_thread().ident
 
@@ -131,6 +133,9 @@ class StepTracker:
             return  # the hot path: every submodule of a training forward
         if self._loading:
             return  # a transform in the data pipeline: still data loading
+        if self._fsdp_pending and "torch.distributed.fsdp" in sys.modules:
+            self._fsdp_pending = False  # the script imported FSDP: its classes are roots too (never imported here)
+            self._root_types = self._root_types + _fsdp_types()
         if isinstance(module, self._root_types):
             self._wrapped = True
         elif self._wrapped or self._phase == "backward":
@@ -215,7 +220,7 @@ class StepTracker:
 
 
 def _root_types() -> tuple[type, ...]:
-    """The classes whose forward is "the model's forward": DDP, FSDP (FSDP1) and fully_shard's FSDPModule."""
+    """The classes whose forward is "the model's forward": DDP here; FSDP's are added once imported (_fsdp_types)."""
     out: list[type] = []
     try:
         from torch.nn.parallel import DistributedDataParallel
@@ -223,10 +228,14 @@ def _root_types() -> tuple[type, ...]:
         out.append(DistributedDataParallel)
     except ImportError:
         pass
+    return tuple(out)
+
+
+def _fsdp_types() -> tuple[type, ...]:
+    """FSDP (FSDP1) and fully_shard's FSDPModule, once the script has imported them (importing them here would cost
+    every rank seconds at start-up)."""
     try:
         from torch.distributed.fsdp import FSDPModule, FullyShardedDataParallel
-
-        out += [FSDPModule, FullyShardedDataParallel]
     except ImportError:
-        pass
-    return tuple(out)
+        return ()
+    return (FSDPModule, FullyShardedDataParallel)
