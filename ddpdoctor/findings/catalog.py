@@ -46,6 +46,8 @@ CATALOG: tuple[FindingKind, ...] = (
     K("rank-no-status", "job", "EI", "ddpdoctor.findings.job"),
     K("no-steps-seen", "job", "W", "ddpdoctor.findings.job"),
     K("no-ddp", "job", "I", "ddpdoctor.findings.job"),
+    K("parallelism", "job", "I", "ddpdoctor.findings.parallelism"),
+    K("parallelism-differs", "job", "W", "ddpdoctor.findings.parallelism"),
     K("not-measurable", "perf", "I", "ddpdoctor.findings.perf_verdict"),
     K("profile-window-not-reached", "perf", "W", "ddpdoctor.findings.window"),
     K("exposed-comm-high", "perf", "WI", "ddpdoctor.findings.perf"),
