@@ -104,6 +104,8 @@ CATALOG: tuple[FindingKind, ...] = (
     K("grad-divergence", "sync", "EI", "ddpdoctor.findings.sync"),
     K("param-divergence", "sync", "EI", "ddpdoctor.findings.sync"),
     K("buffer-divergence", "sync", "EWI", "ddpdoctor.findings.sync"),
+    K("shard-layout-differs", "sync", "E", "ddpdoctor.findings.sync"),
+    K("nothing-compared", "sync", "W", "ddpdoctor.findings.sync"),
     K("grads-never-synced", "sync", "E", "ddpdoctor.findings.sync"),
     K("ddp-equivalence", "sync", "EI", "ddpdoctor.findings.sync"),
     K("unused-parameters", "sync", "EWI", "ddpdoctor.findings.sync"),

@@ -296,7 +296,7 @@ def _describe_dtensors(roots: list[Any], skip: set[int], meshes: list[MeshDoc]) 
             count += 1
             if len(out) < MAX_DTENSOR_PARAMS:
                 out.append({"name": name, "mesh": mesh_index(p.device_mesh, meshes),
-                            "placements": [str(pl) for pl in p.placements], "shape": [int(s) for s in p.shape]})
+                            "placements": [repr(pl) for pl in p.placements], "shape": [int(s) for s in p.shape]})
     return out, count
 
 

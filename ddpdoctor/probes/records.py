@@ -189,8 +189,20 @@ class RankInfoDoc(TypedDict, total=False):
 Fingerprints = Sequence[Sequence[float | str] | None]
 
 
+class EqualGroupDoc(TypedDict):
+    """Ranks that must hold a parameter equal (this rank among them) and the mesh dims they replicate over."""
+
+    ranks: list[int]
+    over: list[str]
+
+
 class _SyncModuleBuiltBy(TypedDict, total=False):
     built_by: str | None  # the framework that built this DDP (Lightning, HF Trainer, accelerate); DDP modules only
+    # DTensor parameters (probes/fingerprints.placement_map): per parameter None (every rank), -1 (sharded: layout
+    # only) or an index into equal_groups; param_layouts: global shape, mesh and placements
+    equal_groups: list[EqualGroupDoc]
+    param_equal_group: list[int | None]
+    param_layouts: list[str | None]
 
 
 class SyncModuleDoc(_SyncModuleBuiltBy):

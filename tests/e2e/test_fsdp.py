@@ -82,3 +82,37 @@ def test_hsdp_on_a_2x2_mesh(hsdp_run):
     assert not ids & DDP_ONLY, ids
     f = next(f for f in report["findings"] if f["id"] == "parallelism")
     assert "HSDP" in f["title"] and "replicated over 'replicate'" in f["title"]
+
+
+def _check_sync(tmp_path_factory, name: str, nproc: int, *script_args: str) -> tuple[object, dict, int]:
+    out = tmp_path_factory.mktemp(name)
+    args = ("check-sync", "--nproc-per-node", str(nproc), "--json", "--out", str(out))
+    proc = run_cli(*args, SCRIPT, *script_args, timeout=400)
+    report = settle_cli(proc, json.loads(proc.stdout), args)
+    return out, report, proc.returncode
+
+
+def test_check_sync_names_a_replicated_dtensor_weight_and_its_mesh_dim(tmp_path_factory):
+    # TP on a 1-D "tp" mesh of 2 ranks; rank 1 scales its copy of the Replicate()d LayerNorm weight after step 0.
+    _, report, code = _check_sync(tmp_path_factory, "tp_drift", 2, "--mesh", "tp", "--bug", "drift", "--steps", "8")
+    assert code == 1, report
+    f = next(f for f in report["findings"] if f["id"] == "param-divergence")
+    assert f["severity"] == "error" and f["ranks"] == [1] and f["evidence"]["step"] == 1
+    assert "3.weight" in f["evidence"]["parameters"] and f["evidence"]["mesh_dims"] == ["tp"]
+    assert "mesh dim 'tp'" in f["title"] and "no DistributedDataParallel" not in f["title"]
+    # the column- and row-sharded weights are never compared by value, only by layout
+    assert not any(p in f["evidence"]["parameters"] for p in ("0.weight", "2.weight"))
+    checks = report["checks"]
+    assert checks["layouts"] == {"comparisons": 6, "differ": 0}
+
+
+def test_check_sync_hsdp_compares_replicas_over_the_replicate_dim(tmp_path_factory):
+    _, report, code = _check_sync(tmp_path_factory, "hsdp_sync", 4, "--mesh", "hsdp", "--steps", "6")
+    assert code == 0, report
+    assert report["status"] == "ok"
+    checks = report["checks"]
+    # 8 parameters x 2 replica pairs ((0,2) and (1,3) over 'replicate') x 5 checked steps; every rank's layout
+    # of the 8 against rank 0's
+    assert checks["params"]["comparisons"] == 8 * 2 * checks["steps_checked"] and checks["params"]["diverged"] == 0
+    assert checks["layouts"] == {"comparisons": 24, "differ": 0}
+    assert not {f["id"] for f in report["findings"]} & {"param-divergence", "nothing-compared", "no-ddp"}

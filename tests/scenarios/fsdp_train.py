@@ -40,7 +40,7 @@ if args.mesh == "tp":
 
     mesh = init_device_mesh("cpu", (world,), mesh_dim_names=("tp",))
     model = nn.Sequential(nn.Linear(W, W), nn.ReLU(), nn.Linear(W, W), nn.LayerNorm(W))
-    parallelize_module(model, mesh, {"0": ColwiseParallel(), "2": RowwiseParallel()})
+    parallelize_module(model, mesh, {"0": ColwiseParallel(), "2": RowwiseParallel(use_local_output=False)})
     norm = model[3]
     norm.weight = nn.Parameter(distribute_tensor(norm.weight.detach(), mesh, [Replicate()]))
     norm.bias = nn.Parameter(distribute_tensor(norm.bias.detach(), mesh, [Replicate()]))
