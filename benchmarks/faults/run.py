@@ -58,8 +58,12 @@ def machine() -> str:
 
 
 def plan(scenarios: list[Scenario], healthy_runs: int) -> list[Scenario]:
-    """The runs: every scenario once, then healthy scenarios again in turn until ``healthy_runs`` healthy runs."""
-    runs = list(scenarios)
+    """The runs: every scenario once, the families taken in turn (a run stopped early still covers every family),
+    then healthy scenarios again in turn until ``healthy_runs`` healthy runs."""
+    families: dict[str, list[Scenario]] = {}
+    for s in scenarios:
+        families.setdefault("healthy" if s.healthy else s.job, []).append(s)
+    runs = [s for group in itertools.zip_longest(*families.values()) for s in group if s is not None]
     healthy = [s for s in scenarios if s.healthy]
     n = len(healthy)
     for s in itertools.cycle(healthy) if healthy else []:
@@ -111,6 +115,8 @@ def main() -> int:
                    help="repeat the healthy scenarios until this many healthy runs (full: 100; quick: none)")
     p.add_argument("--out", type=Path, default=None, help="default: benchmarks/out/faults-TIER")
     p.add_argument("--keep", action="store_true", help="keep every run directory")
+    p.add_argument("--merge", type=Path, nargs="+", default=None, metavar="RESULTS_JSON",
+                   help="no runs: the table of these results.json files together (runs split between processes)")
     a = p.parse_args()
     if a.list:
         from scenarios import SIMULATED
@@ -128,7 +134,13 @@ def main() -> int:
     out.mkdir(parents=True, exist_ok=True)
     header = (f"# Fault benchmark, tier {a.tier}\n\ncommit {_commit()}, {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}"
               f", {machine()}\n\ncommand: `python benchmarks/faults/run.py {' '.join(sys.argv[1:])}`")
-    if a.tier == "simulated":
+    if a.merge:
+        results = {}
+        for path in a.merge:
+            for tool, outs in json.loads(path.read_text()).items():
+                results.setdefault(tool, []).extend(outs)
+        header = header.replace("command: ", f"merged from {', '.join(str(m) for m in a.merge)}; command: ")
+    elif a.tier == "simulated":
         from simulated import run_simulated
         results = run_simulated()
     else:

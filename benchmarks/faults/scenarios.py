@@ -63,14 +63,14 @@ def _all() -> list[Scenario]:
     s: list[Scenario] = []
     # -- hangs -------------------------------------------------------------------------------------------
     s += [
-        _hang("hang-skip-allreduce-2r", "skip-allreduce", "collective-mismatch", tiers=("quick", "full")),
+        _hang("hang-skip-allreduce-2r", "skip-allreduce", "collective-mismatch"),
         _hang("hang-skip-allreduce-4r", "skip-allreduce", "collective-mismatch", rank=2, nproc=4),
         _hang("hang-extra-collective-2r", "extra-collective", "collective-mismatch"),
         _hang("hang-extra-collective-4r", "extra-collective", "collective-mismatch", rank=3, nproc=4),
         _hang("hang-shape-mismatch-2r", "shape-mismatch", "collective-mismatch"),
         _hang("hang-shape-mismatch-4r", "shape-mismatch", "collective-mismatch", rank=1, nproc=4),
         _hang("hang-op-mismatch-4r", "op-mismatch", "collective-mismatch", rank=2, nproc=4),
-        _hang("hang-exit-early-2r", "exit-early", "left-early", tiers=("quick", "full")),
+        _hang("hang-exit-early-2r", "exit-early", "left-early"),
         _hang("hang-exit-early-4r", "exit-early", "left-early", rank=3, nproc=4),
         _hang("hang-loader-exhausted-2r", "loader-exhausted", "left-early", rank=0),
         _hang("hang-stuck-io-2r", "stuck-io", "stuck", tiers=("quick", "full")),
@@ -78,7 +78,7 @@ def _all() -> list[Scenario]:
         _hang("hang-stuck-lock-2r", "stuck-lock", "stuck"),
         _hang("hang-stuck-loader-2r", "stuck-loader", "stuck"),
         _hang("hang-stuck-worker-2r", "stuck-worker", "stuck"),
-        _hang("hang-teardown-2r", "teardown", "stuck"),
+        _hang("hang-teardown-2r", "teardown", "stuck", timeout_s=120.0),
         # two nodes of 2 ranks (two launchers), the culprit on the second node
         _hang("hang-stuck-io-2n", "stuck-io", "stuck", rank=3, nnodes=2),
         _hang("hang-exit-early-2n", "exit-early", "left-early", rank=2, nnodes=2),
@@ -87,7 +87,7 @@ def _all() -> list[Scenario]:
     # -- crashes -----------------------------------------------------------------------------------------
     for sig in SIGNALS:
         s.append(Scenario(f"crash-signal-{sig.lower()}-2r", "crash", f"signal-{sig}", "crash", (1,),
-                          tiers=("quick", "full") if sig in ("SEGV",) else ("full",)))
+                          tiers=("full",)))
     s += [
         Scenario("crash-signal-kill-4r", "crash", "signal-KILL", "crash", (2,), nproc=4, fault_rank=2),
         Scenario("crash-exception-2r", "crash", "exception", "crash", (1,), tiers=("quick", "full")),
@@ -103,7 +103,7 @@ def _all() -> list[Scenario]:
     # -- stragglers --------------------------------------------------------------------------------------
     for phase in ("forward", "backward", "data", "optimizer"):
         s.append(Scenario(f"straggler-{phase}-2r", "straggler", phase, f"straggler:{phase}", (1,),
-                          tiers=("quick", "full") if phase == "data" else ("full",)))
+                          ))
     s += [
         Scenario("straggler-forward-4r", "straggler", "forward", "straggler:forward", (2,), nproc=4, fault_rank=2),
         Scenario("straggler-host-contention-2r", "straggler", "host-contention", "straggler", (1,)),
@@ -115,8 +115,7 @@ def _all() -> list[Scenario]:
     div = dict(job="diverge", command="check-sync", fault_step=2)
     s += [
         Scenario("diverge-nan-4r", fault="nan", cause="divergence:nan", culprits=(2,), nproc=4, fault_rank=2, **div),
-        Scenario("diverge-skip-step-4r", fault="skip-step", cause="divergence:params", culprits=(1,), nproc=4,
-                 tiers=("quick", "full"), **div),
+        Scenario("diverge-skip-step-4r", fault="skip-step", cause="divergence:params", culprits=(1,), nproc=4, **div),
         Scenario("diverge-param-edit-4r", fault="param-edit", cause="divergence:params", culprits=(3,), nproc=4,
                  fault_rank=3, **div),
         Scenario("diverge-grad-scale-4r", fault="grad-scale", cause="divergence:grads", culprits=(2,), nproc=4,

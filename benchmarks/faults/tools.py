@@ -123,7 +123,9 @@ def read_ddpdoctor(report: dict[str, Any]) -> tuple[list[int] | None, str | None
     fs = [f for f in report.get("findings", []) if f.get("severity") in ("error", "warning")]
     ids = [f["id"] for f in fs]
     by = {f["id"]: f for f in reversed(fs)}  # the first of each id
-    quiet = [i for i in ids if i in ("long-stall",)]
+    # Said, not blamed: a long stall (busy, not hung) and torch's own abort at interpreter exit after every rank
+    # finished (docs/findings.md#job-aborted-after-finish); both are counted apart in the table.
+    quiet = [i for i in ids if i in ("long-stall", "aborted-after-finish")]
     culprits: list[int] | None = None
     cause: str | None = None
     if "hang" in by:
