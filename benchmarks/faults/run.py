@@ -30,7 +30,7 @@ sys.path.insert(0, str(HERE))
 
 import score  # noqa: E402
 from scenarios import SCENARIOS, Scenario, tier  # noqa: E402
-from tools import REPO, TOOLS, Outcome, run_ddpdoctor, run_torchrun  # noqa: E402
+from tools import REPO, TOOLS, Outcome, read_ddpdoctor, run_ddpdoctor, run_torchrun  # noqa: E402
 
 
 def _commit() -> str:
@@ -104,6 +104,18 @@ def run_real(scenarios: list[Scenario], tools: list[str], out: Path, healthy_run
     return results
 
 
+def rejudge(o: dict[str, Any]) -> dict[str, Any]:
+    """A stored run judged again with this version's reading and scoring: ddpdoctor's answer from the findings it
+    kept (so a change in how a report is read applies to every stored run alike), then the marks."""
+    if o.get("tool") == "ddpdoctor" and o.get("ran") and o.get("findings"):
+        culprits, cause, _, warnings = read_ddpdoctor({"findings": o["findings"]})
+        o.update(culprits=culprits, cause=cause, alarm=cause is not None, warnings=warnings)
+        if cause is None:
+            o["time_to_verdict_s"] = None
+    o["judged"] = score.judge(o)
+    return o
+
+
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--tier", choices=("quick", "full", "simulated", "gpu"), default="quick")
@@ -138,7 +150,7 @@ def main() -> int:
         results = {}
         for path in a.merge:
             for tool, outs in json.loads(path.read_text()).items():
-                results.setdefault(tool, []).extend(outs)
+                results.setdefault(tool, []).extend(rejudge(o) for o in outs)
         header = header.replace("command: ", f"merged from {', '.join(str(m) for m in a.merge)}; command: ")
     elif a.tier == "simulated":
         from simulated import run_simulated

@@ -54,6 +54,7 @@ class Outcome:
     exit_codes: list[int | None] = field(default_factory=list)
     said: str = ""  # the tool's own words (its verdict line or finding ids), for the table's reader
     warnings: list[str] = field(default_factory=list)  # warnings that blame nobody (long-stall)
+    findings: list[dict[str, Any]] = field(default_factory=list)  # ddpdoctor: its error/warning findings, kept
 
     @property
     def time_to_verdict_s(self) -> float | None:
@@ -139,7 +140,9 @@ def read_ddpdoctor(report: dict[str, Any]) -> tuple[list[int] | None, str | None
         ev = f.get("evidence", {})
         culprits = [ev["rank"]] if isinstance(ev.get("rank"), int) else list(f.get("ranks") or [])
         text = json.dumps(ev).lower()
-        cause = "oom" if ("oom" in text or "out of memory" in text) else "crash"
+        # "killed by a signal ... (SIGKILL or the OOM killer)" names both: only an OOM said alone is an OOM verdict.
+        said_oom = ("oom" in text or "out of memory" in text) and "sigkill or the oom" not in text
+        cause = "oom" if said_oom else "crash"
     elif "rank-no-status" in by:
         culprits, cause = list(by["rank-no-status"].get("ranks") or []), "crash"
     elif "head-lost" in by:
@@ -192,6 +195,12 @@ def run_ddpdoctor(sc: Scenario, work: Path) -> Outcome:
         o.cause = "no-report" if o.alarm else None
         return o
     o.culprits, o.cause, ids, o.warnings = read_ddpdoctor(report)
+    o.findings = [{k: f.get(k) for k in ("id", "severity", "ranks", "title", "evidence")}
+                  for f in report.get("findings", []) if f.get("severity") in ("error", "warning")]
+    for f in o.findings:  # stacks and positions are kilobytes per rank: the run directory has them
+        ev = f.get("evidence")
+        if isinstance(ev, dict):
+            f["evidence"] = {k: v for k, v in ev.items() if k not in ("stacks", "positions", "flight_recorder")}
     o.alarm = o.cause is not None
     o.said = ",".join(dict.fromkeys(ids)) or "ok"
     if o.alarm:
