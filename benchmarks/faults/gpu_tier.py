@@ -131,7 +131,7 @@ def check_preflight(out: Path, n: int) -> dict[str, Any]:
 
 
 def check_sync(out: Path, n: int) -> dict[str, Any]:
-    res = {}
+    res: dict[str, Any] = {}
     code, doc, dt = ddpdoctor(out, "check-sync", ["check-sync", "--nproc-per-node", str(n), "--json", "--out",
                                                   str(out / "check-sync"), "--overwrite", str(JOB)],
                               env={"STEPS": "10"}, timeout=120)
@@ -172,7 +172,7 @@ def main() -> int:
     out.mkdir(parents=True, exist_ok=True)
     ranks = min(n, 2)
     t0 = time.time()
-    results = []
+    results: list[dict[str, Any]] = []
     for check in (check_profile, check_ledger, check_preflight, check_sync, check_nccl_hang):
         if time.time() - t0 > BUDGET_S:
             results.append({"check": check.__name__, "ok": None, "detail": "not run: the 8-minute budget is spent"})

@@ -18,7 +18,7 @@ import sys
 import torch
 from torch.distributed.elastic.multiprocessing.errors import record
 
-_dumped = []
+_dumped: list[bool] = []
 
 
 def dump_flight_recorder() -> None:
@@ -27,7 +27,7 @@ def dump_flight_recorder() -> None:
         return
     _dumped.append(True)
     try:
-        data = torch._C._distributed_c10d._dump_fr_trace()
+        data = torch._C._distributed_c10d._dump_fr_trace()  # type: ignore[attr-defined]
     except Exception as e:  # noqa: BLE001 - recorded, not raised: the dump is best effort, as on NCCL
         print(f"flight recorder dump failed: {e}", file=sys.stderr, flush=True)
         return

@@ -146,6 +146,7 @@ def main() -> int:
     out.mkdir(parents=True, exist_ok=True)
     header = (f"# Fault benchmark, tier {a.tier}\n\ncommit {_commit()}, {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}"
               f", {machine()}\n\ncommand: `python benchmarks/faults/run.py {' '.join(sys.argv[1:])}`")
+    results: dict[str, list[dict[str, Any]]]
     if a.merge:
         results = {}
         for path in a.merge:

@@ -55,8 +55,18 @@ class Scenario:
         return self.cause == "straggler" and predicted.startswith("straggler")
 
 
-def _hang(name: str, fault: str, cause: str, rank: int = 1, nproc: int = 2, nnodes: int = 1, **kw: object) -> Scenario:
-    return Scenario(name, "hang", fault, cause, (rank,), nproc, nnodes, fault_rank=rank, **kw)  # type: ignore[arg-type]
+
+def _div(name: str, fault: str, cause: str, culprits: tuple[int, ...] | None, nproc: int = 2, nnodes: int = 1,
+         fault_rank: int = 1, accept: tuple[str, ...] = ()) -> Scenario:
+    """A divergence scenario: jobs/diverge.py under ddpdoctor's check-sync, the fault from step 2."""
+    return Scenario(name, "diverge", fault, cause, culprits, nproc, nnodes, fault_rank=fault_rank, fault_step=2,
+                    command="check-sync", accept=accept)
+
+
+def _hang(name: str, fault: str, cause: str, rank: int = 1, nproc: int = 2, nnodes: int = 1,
+          timeout_s: float = 240.0, tiers: tuple[str, ...] = ("full",)) -> Scenario:
+    return Scenario(name, "hang", fault, cause, (rank,), nproc, nnodes, fault_rank=rank, timeout_s=timeout_s,
+                    tiers=tiers)
 
 
 def _all() -> list[Scenario]:
@@ -112,23 +122,18 @@ def _all() -> list[Scenario]:
         Scenario("straggler-data-2n", "straggler", "data", "straggler:data", (3,), nnodes=2, fault_rank=3),
     ]
     # -- divergence (ddpdoctor's check-sync) ---------------------------------------------------------------
-    div = dict(job="diverge", command="check-sync", fault_step=2)
     s += [
-        Scenario("diverge-nan-4r", fault="nan", cause="divergence:nan", culprits=(2,), nproc=4, fault_rank=2, **div),
-        Scenario("diverge-skip-step-4r", fault="skip-step", cause="divergence:params", culprits=(1,), nproc=4, **div),
-        Scenario("diverge-param-edit-4r", fault="param-edit", cause="divergence:params", culprits=(3,), nproc=4,
-                 fault_rank=3, **div),
-        Scenario("diverge-grad-scale-4r", fault="grad-scale", cause="divergence:grads", culprits=(2,), nproc=4,
-                 fault_rank=2, accept=("divergence:params",), **div),
-        Scenario("diverge-no-sync-4r", fault="no-sync", cause="divergence:grads", culprits=(1,), nproc=4,
-                 accept=("divergence:params",), **div),
-        Scenario("diverge-buffers-2r", fault="buffers", cause="divergence:buffers", culprits=None, **div),
-        Scenario("diverge-sampler-none-2r", fault="sampler-none", cause="divergence:data", culprits=None, **div),
-        Scenario("diverge-sampler-no-set-epoch-2r", fault="sampler-no-set-epoch", cause="divergence:data",
-                 culprits=None, **div),
-        Scenario("diverge-sampler-seeds-2r", fault="sampler-seeds", cause="divergence:data", culprits=None, **div),
-        Scenario("diverge-skip-step-2n", fault="skip-step", cause="divergence:params", culprits=(3,), nnodes=2,
-                 fault_rank=3, **div),
+        _div("diverge-nan-4r", "nan", "divergence:nan", (2,), nproc=4, fault_rank=2),
+        _div("diverge-skip-step-4r", "skip-step", "divergence:params", (1,), nproc=4),
+        _div("diverge-param-edit-4r", "param-edit", "divergence:params", (3,), nproc=4, fault_rank=3),
+        _div("diverge-grad-scale-4r", "grad-scale", "divergence:grads", (2,), nproc=4, fault_rank=2,
+             accept=("divergence:params",)),
+        _div("diverge-no-sync-4r", "no-sync", "divergence:grads", (1,), nproc=4, accept=("divergence:params",)),
+        _div("diverge-buffers-2r", "buffers", "divergence:buffers", None),
+        _div("diverge-sampler-none-2r", "sampler-none", "divergence:data", None),
+        _div("diverge-sampler-no-set-epoch-2r", "sampler-no-set-epoch", "divergence:data", None),
+        _div("diverge-sampler-seeds-2r", "sampler-seeds", "divergence:data", None),
+        _div("diverge-skip-step-2n", "skip-step", "divergence:params", (3,), nnodes=2, fault_rank=3),
     ]
     # -- healthy jobs with traps -------------------------------------------------------------------------
     s += [
