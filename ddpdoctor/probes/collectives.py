@@ -129,6 +129,7 @@ class CollectiveSource:
         self.kind: str | None = None  # the wait the training thread is in now (a WAIT_OPS key)
         self.since: float | None = None  # when it began (time.time())
         self.waits = 0  # waits seen on the training thread (tests, the benchmark)
+        self.failed: CollectiveState | None = None  # the first wait that raised, named (status.json)
         self._depth = 0
         self._main = threading.main_thread().ident
         self._originals: list[tuple[Any, str, Any]] = []
@@ -172,6 +173,9 @@ class CollectiveSource:
             source._enter(kind)
             try:
                 return fn(*args, **kwargs)
+            except BaseException as exc:
+                source._failed(kind, exc)
+                raise
             finally:
                 source._exit()
 
@@ -185,6 +189,30 @@ class CollectiveSource:
             self.since = time.time()
             self.waits += 1
             self.tracker.collective_started()
+
+    def _failed(self, kind: str, exc: BaseException) -> None:
+        """A wait that raised (a peer died, gloo's size check, a timeout): status.json's failed_collective, named by
+        the Flight Recorder's first collective pending (the error path only: its cost does not matter)."""
+        if self.failed is not None:
+            return
+        try:
+            from ddpdoctor.probes.heartbeat_lines import user_call_site
+
+            first = pending(fr_status())
+            default = default_group_name()
+            group = min(first, key=lambda g: (g != default, g)) if first else None
+            state: CollectiveState = {
+                "op": WAIT_OPS.get(kind, kind), "group": group_label(group, None, default) if group else None,
+                "seq": first.get(group) if group else None, "sizes": [], "call_site": user_call_site(3),
+                "since": self.since or time.time(), "step": self.tracker.step, "source": "flight-recorder",
+                "error": f"{type(exc).__name__}: {exc}"[:2000]}
+            if group is not None and state["seq"] is not None:
+                named = self._name(group, int(state["seq"]), default)
+                if named is not None:
+                    state.update({"op": named["op"], "sizes": named["sizes"]})
+            self.failed = state
+        except Exception:  # noqa: BLE001 - the user's exception is what matters; this is only its label
+            pass
 
     def _exit(self) -> None:
         self._depth -= 1
