@@ -108,11 +108,10 @@ def default_group_name() -> str | None:
         return None
 
 
-def group_label(name: str, desc: str | None = None, default: str | None = None) -> str:
-    """The group as the heartbeat names it: ``default_pg`` for the default group, else its name."""
-    if name == (default if default is not None else default_group_name()):
-        return "default_pg"
-    return name if not desc or desc in ("undefined", "") else f"{name}:{desc}"
+def group_label(name: str, default: str | None = None) -> str:
+    """The group as the heartbeat's wrappers name it (heartbeat_lines.group_info): ``default_pg`` for the default
+    group, else its name, so that every source's records of one group compare equal."""
+    return "default_pg" if name == (default if default is not None else default_group_name()) else name
 
 
 def pending(status: dict[str, GroupStatus]) -> dict[str, int]:
@@ -202,7 +201,7 @@ class CollectiveSource:
             default = default_group_name()
             group = min(first, key=lambda g: (g != default, g)) if first else None
             state: CollectiveState = {
-                "op": WAIT_OPS.get(kind, kind), "group": group_label(group, None, default) if group else None,
+                "op": WAIT_OPS.get(kind, kind), "group": group_label(group, default) if group else None,
                 "seq": first.get(group) if group else None, "sizes": [], "call_site": user_call_site(3),
                 "since": self.since or time.time(), "step": self.tracker.step, "source": "flight-recorder",
                 "error": f"{type(exc).__name__}: {exc}"[:2000]}
@@ -237,7 +236,7 @@ class CollectiveSource:
             group = min(first, key=lambda g: (g != default, g))  # the default group first, where most waits are
             seq = first[group]
         state: CollectiveState = {"op": WAIT_OPS.get(kind, kind),
-                                  "group": group_label(group, None, default) if group else None,
+                                  "group": group_label(group, default) if group else None,
                                   "seq": seq, "sizes": [], "call_site": call_site, "since": since,
                                   "step": self.tracker.step, "source": "flight-recorder" if first else "wait"}
         if group is not None and seq is not None and time.time() - since >= NAME_AFTER_S:
@@ -258,8 +257,7 @@ class CollectiveSource:
             pg = e.get("process_group") or []
             name = str(pg[0]) if isinstance(pg, list) and pg else ""
             if name == group and _int(e.get("collective_seq_id")) == seq and not e.get("is_p2p"):
-                desc = str(pg[1]) if isinstance(pg, list) and len(pg) > 1 else None
-                found = {"op": op_name(e.get("profiling_name")), "group": group_label(name, desc, default),
+                found = {"op": op_name(e.get("profiling_name")), "group": group_label(name, default),
                          "seq": seq, "sizes": [list(s) for s in (e.get("input_sizes") or [])][:4],
                          "dtypes": [str(d) for d in (e.get("input_dtypes") or [])][:4], "call_site": None}
                 break
