@@ -44,3 +44,22 @@ def test_fsdp_ranges_and_the_nodes_that_wrap_them_are_not_compute(tmp_path):
     # forward all-gather: the main thread waited in work.wait()). Counting FSDP's ranges as compute said 100 %.
     assert r.overlap_us == pytest.approx(8.0) and r.overlap_pct == pytest.approx(100 * 8 / 28, abs=0.1)
     assert r.exposed_comm_us == pytest.approx(20.0)
+
+
+def test_unit_collectives_worked_by_hand(tmp_path):
+    # The same step, with unit "0"'s reduce-scatter issued at the end of backward inside
+    # FSDP::post_backward_reduce (0) [95,99): enqueued at 95.5, run by gloo (as gloo:all_reduce) [96,98.5).
+    doc = fsdp_cpu_trace()
+    doc["traceEvents"] += [x("FSDP::post_backward_reduce (0)", 95, 4, cat=UA),
+                           x("c10d::_reduce_scatter_base_", 95.5, 0.5),
+                           x("gloo:all_reduce", 96, 2.5, tid=GLOO, cat=UA)]
+    a = analyze_paths([write(tmp_path / "rank0.json", doc)])
+    ag, rs = a.fsdp  # the all-reduce [60,70) runs outside every FSDP range: no unit's
+    assert (ag.unit, ag.op, ag.phase, ag.prefetched, ag.synchronous, ag.first) == ("0", "all_gather", "forward",
+                                                                                   False, True, True)
+    assert (ag.start_us, ag.dur_us, ag.exposed_us) == (5.0, 18.0, 18.0)  # nothing computes during [5,23)
+    assert (rs.unit, rs.op, rs.phase, rs.synchronous) == ("0", "reduce_scatter", "backward", True)
+    assert (rs.dur_us, rs.exposed_us) == (2.5, 2.5)
+    [row] = a.to_sections()["fsdp_units"]["units"]  # one step, one rank: ms per step
+    assert row["all_gather_forward_ms"] == 0.018 and row["reduce_scatter_exposed_ms"] == 0.003
+    assert row["first"] is True and row["forward_prefetched"] is False
