@@ -38,6 +38,7 @@ class RankSession:
         self.ddp = DDPRecorder()
         self.parallelism = ParallelismRecorder(lambda: self.ddp.count)
         self.profiler: Any = None
+        self.collectives: Any = None  # probes/collectives.CollectiveSource, installed first
         self.tune: Any = None  # `ddpdoctor tune`'s probe (probes/tune.py) in a trial launch
         self.extra: list[Any] = []  # other probes: finish(status: dict) -> None, and annotate(status) if they add to it
         self.started = time.time()
@@ -51,6 +52,12 @@ class RankSession:
 
     def install(self) -> None:
         self.tracker.install()
+        from ddpdoctor.probes.collectives import CollectiveSource
+
+        # The waits no torch.distributed call wraps count as "collective" on the phase clock (the ledger's blocked
+        # time) in every mode; the heartbeat names them.
+        self.collectives = CollectiveSource(self.tracker)
+        self.collectives.install()
         tune = self.config.probe_options().get("tune")
         if tune:
             from ddpdoctor.probes.tune import TuneProbe
@@ -81,7 +88,7 @@ class RankSession:
             from ddpdoctor.probes.heartbeat import HeartbeatProbe
 
             heartbeat = HeartbeatProbe(self.config.monitor, self.rank, self.world_size, self.tracker,
-                                       self.run.rank_file(self.rank, "stacks.txt"))
+                                       self.run.rank_file(self.rank, "stacks.txt"), source=self.collectives)
             heartbeat.install()
             ledger.summary = heartbeat.summary  # the last step's blocked time rides in the job's rank record
             self.extra.append(heartbeat)
@@ -95,6 +102,7 @@ class RankSession:
 
             self.extra.append(install_check_sync(self.run, self.rank, self.world_size, self.config.probe_options(), self.tracker))
         self.extra.append(ledger)
+        self.extra.append(self.collectives)
         if self.tune is not None:
             self.tracker.add_listener(self.tune.on_step)  # last: it ends the trial once the others have run
         _write_quietly(self.run.rank_file(self.rank, "info.json"), self.info)

@@ -27,6 +27,14 @@ class CollectiveState(TypedDict, total=False):
     since: float
     step: int
     error: str  # only in failed_collective
+    dtypes: list[str]  # the Flight Recorder's input dtypes, where it named the collective
+    source: str  # who saw it: absent for a torch.distributed call; "flight-recorder" or "wait" (probes/collectives.py)
+
+
+# What probes/collectives.py calls a wait before the Flight Recorder names its collective (the hang verdict names it
+# from the rank's dump: findings/hang.reconcile).
+WAIT_OPS = {"wait": "wait (async collective)", "broadcast_coalesced": "broadcast (DDP buffers/parameters)",
+            "wait_tensor": "wait_tensor (functional collective)"}
 
 
 class BackwardState(TypedDict):
@@ -139,8 +147,7 @@ class PositionDoc(TypedDict):
     exit_code: int | None
 
 
-class HangDiagnosisDoc(TypedDict):
-    """The culprit and why (findings/hang.py HangDiagnosis)."""
+class _HangDiagnosisHead(TypedDict):
 
     kind: str
     stalled_ranks: list[int]
@@ -149,6 +156,12 @@ class HangDiagnosisDoc(TypedDict):
     positions: dict[str, PositionDoc]
     reason: str
     differs: list[str]
+
+
+class HangDiagnosisDoc(_HangDiagnosisHead, total=False):
+    """The culprit and why (findings/hang.py HangDiagnosis)."""
+
+    sources: dict[str, list[str]]  # per rank named: the sources that agree (findings/hang.reconcile)
 
 
 class RankClassDoc(TypedDict):

@@ -334,6 +334,7 @@ class HangFileDiagnosis(msgspec.Struct, kw_only=True):
     collective: dict[str, Json] | None = None
     positions: dict[int, Position] = {}
     differs: list[str] = []
+    sources: dict[int, list[str]] = {}
 
 
 class HangClass(msgspec.Struct, kw_only=True):
