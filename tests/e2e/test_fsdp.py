@@ -104,6 +104,9 @@ def test_check_sync_names_a_replicated_dtensor_weight_and_its_mesh_dim(tmp_path_
     assert not any(p in f["evidence"]["parameters"] for p in ("0.weight", "2.weight"))
     checks = report["checks"]
     assert checks["layouts"] == {"comparisons": 6, "differ": 0}
+    # both TP ranks read the same batches (one data-parallel rank): no sampler finding, and the report says why
+    assert not any(f["id"].startswith("sampler-") for f in report["findings"]), report["findings"]
+    assert any("per data-parallel group" in n and "[0, 1]" in n for n in report["notes"]), report["notes"]
 
 
 def test_check_sync_hsdp_compares_replicas_over_the_replicate_dim(tmp_path_factory):
