@@ -99,6 +99,8 @@ CATALOG: tuple[FindingKind, ...] = (
     K("nccl-error", "logs", "E", "ddpdoctor.logs.triage"),
     K("cuda-error", "logs", "E", "ddpdoctor.logs.triage"),
     K("watchdog-stuck", "logs", "E", "ddpdoctor.logs.triage"),
+    K("param-ready-twice", "logs", "E", "ddpdoctor.logs.triage"),
+    K("fsdp-error", "logs", "E", "ddpdoctor.logs.triage"),
     K("job-stopped", "logs", "EW", "ddpdoctor.logs.triage"),
     K("store-failure", "logs", "E", "ddpdoctor.logs.triage"),
     K("peer-lost", "logs", "E", "ddpdoctor.logs.triage"),
