@@ -6,14 +6,17 @@ stream with a cap, and JSON nesting is bounded before it is decoded."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import math
 import os
 import re
+import secrets
 import stat
 import zlib
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
+from typing import IO, Any
 
 from ddpdoctor.errors import BadInput
 from ddpdoctor.terminal_text import clean_text
@@ -290,3 +293,34 @@ def dumps_json(value: Any, **kwargs: Any) -> str:
     import msgspec  # a dependency; imported here so that modules reading files only do not pay for it
 
     return msgspec.json.format(text, indent=indent)
+
+
+# -- writing ---------------------------------------------------------------------------------------------------
+def temp_name(path: Path) -> Path:
+    """A temporary name beside ``path`` nobody can predict (128 random bits): another user who may create names in
+    that folder cannot plant a link there beforehand for ddpdoctor to write through."""
+    return path.with_name(f".{path.name[:200]}.{secrets.token_hex(16)}.tmp")
+
+
+@contextlib.contextmanager
+def atomic_file(path: Path, mode: int = 0o600) -> Iterator[IO[bytes]]:
+    """Every file ddpdoctor writes: a new file under an unpredictable name beside ``path``, created with
+    O_EXCL|O_NOFOLLOW (never through a link, never an existing file) and mode ``mode`` (0600 by default), then
+    renamed over ``path`` once complete (a crash or a full disk leaves the old file or none, never half of one; the
+    rename replaces a link at ``path`` itself, never its target). Removed on any failure. Raises OSError."""
+    tmp = temp_name(path)
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, mode)
+    try:
+        with os.fdopen(fd, "wb") as fh:
+            yield fh
+        os.replace(tmp, path)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            tmp.unlink()
+        raise
+
+
+def write_atomic(path: Path, data: bytes | str, mode: int = 0o600) -> None:
+    """``data`` into ``path`` through atomic_file (text as UTF-8). Raises OSError."""
+    with atomic_file(path, mode) as fh:
+        fh.write(data.encode("utf-8") if isinstance(data, str) else data)

@@ -43,7 +43,13 @@ def sync_parts(run: RunDir) -> tuple[SyncChecksSection | None, list[Finding], li
         notes.append(f"the script ended after {analysis.steps_run} of the {stop_after} steps asked for")
     if not analysis.modules:
         notes.append("no DistributedDataParallel module was built: gradients, parameters and buffers were not compared")
-    elif all(m.ddp is False for m in analysis.modules):
+    elif all(m.ddp is False for m in analysis.modules) and any(m.param_layouts for m in analysis.modules):
+        notes.append("no DistributedDataParallel module was built: the parameters the optimizer updates were "
+                     "compared across the ranks their placements say must hold them equal (a DTensor Replicate()d "
+                     "over a mesh dim across that dim, a plain tensor across every rank; a sharded one by layout "
+                     f"only): {analysis.params.comparisons} parameter and {analysis.layouts.comparisons} layout "
+                     "comparison(s)")
+    elif all(m.ddp is False for m in analysis.modules) and analysis.params.comparisons:
         notes.append("no DistributedDataParallel module was built: the parameters the optimizer updates were "
                      "compared across ranks")
     elif analysis.grads.comparisons == 0 and analysis.params.comparisons > 0:
@@ -97,7 +103,7 @@ def _checks(analysis: SyncAnalysis, shards: DataAnalysis) -> JsonObject:
         return {"comparisons": check.comparisons, "steps": sorted(set(check.steps)), "diverged": len(check.diverged),
                 "within_tolerance": len(check.within_tolerance), "first_step": check.first_step}
 
-    return {
+    out: JsonObject = {
         "ranks": analysis.ranks,
         "steps_checked": analysis.steps_checked,
         "steps_run": analysis.steps_run,
@@ -113,3 +119,6 @@ def _checks(analysis: SyncAnalysis, shards: DataAnalysis) -> JsonObject:
                   "missing": e.missing} for e in shards.epochs],
         "equivalence": msgspec.to_builtins(analysis.equivalence),
     }
+    if analysis.layouts.comparisons:
+        out["layouts"] = {"comparisons": analysis.layouts.comparisons, "differ": len(analysis.layouts.differ)}
+    return out
