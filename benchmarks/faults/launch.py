@@ -37,6 +37,14 @@ def _read(stream, sink: list[tuple[float, str]] | list[str], timed: bool) -> Non
 
 
 def _stop(p: subprocess.Popen[str]) -> None:
+    """As a scheduler's time limit would: SIGTERM to the launcher alone (a tool that reports on a stop gets to),
+    then to the launch's whole process group, then SIGKILL."""
+    p.send_signal(signal.SIGTERM)
+    try:
+        p.wait(20)
+        return
+    except subprocess.TimeoutExpired:
+        pass
     for sig, wait in ((signal.SIGTERM, 10), (signal.SIGKILL, 10)):
         try:
             os.killpg(p.pid, sig)  # the group this launch started (start_new_session), nothing else

@@ -2,8 +2,8 @@
 them (typed rank records, one NodeState per node: ddpdoctor/job/), with one fault each. No process is launched:
 this checks the verdict's logic and cost at sizes this machine cannot launch. What it cannot check: transport,
 heartbeats, timing of real nodes (benchmarks/job_scale.py runs the real head against a simulated publisher).
-Time to verdict here is the head's own CPU time for the decision (the stall rule, the diagnosis), not a wall time
-from a fault."""
+Time to verdict here is the wall time of the head's decision (the stall rule, the diagnosis) in this process, not a
+time from a fault."""
 
 from __future__ import annotations
 
@@ -103,6 +103,7 @@ def run_simulated() -> dict[str, list[dict[str, Any]]]:
     for sc in CASES:
         d = judge_case(sc)
         d["judged"] = score.judge(d)
-        print(f"{sc.name:40s} {score._cell(d)}  ({d['wall_s'] * 1000:.0f} ms of the head's CPU)", flush=True)
+        print(f"{sc.name:40s} {score._cell(d)}  ({d['wall_s'] * 1000:.0f} ms: the head's decision, wall clock)",
+              flush=True)
         out.append(d)
     return {"ddpdoctor (simulated job rules)": out}

@@ -60,6 +60,8 @@ CATALOG: tuple[FindingKind, ...] = (
     K("find-unused-parameters-on", "perf", "I", "ddpdoctor.findings.perf_ddp_flags"),
     K("gradient-as-bucket-view-off", "perf", "I", "ddpdoctor.findings.perf_ddp_flags"),
     K("straggler-rank", "perf", "W", "ddpdoctor.findings.perf_balance"),
+    K("fsdp-no-prefetch", "perf", "WI", "ddpdoctor.findings.perf_fsdp"),
+    K("fsdp-comm-synchronous", "perf", "I", "ddpdoctor.findings.perf_fsdp"),
     K("step-time-variance", "perf", "W", "ddpdoctor.findings.perf_balance"),
     K("step-time-rank-skew", "perf", "W", "ddpdoctor.findings.perf_balance"),
     K("data-loading-wait", "perf", "W", "ddpdoctor.findings.perf_balance"),

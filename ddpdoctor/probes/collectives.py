@@ -108,11 +108,10 @@ def default_group_name() -> str | None:
         return None
 
 
-def group_label(name: str, desc: str | None = None, default: str | None = None) -> str:
-    """The group as the heartbeat names it: ``default_pg`` for the default group, else its name."""
-    if name == (default if default is not None else default_group_name()):
-        return "default_pg"
-    return name if not desc or desc in ("undefined", "") else f"{name}:{desc}"
+def group_label(name: str, default: str | None = None) -> str:
+    """The group as the heartbeat's wrappers name it (heartbeat_lines.group_info): ``default_pg`` for the default
+    group, else its name, so that every source's records of one group compare equal."""
+    return "default_pg" if name == (default if default is not None else default_group_name()) else name
 
 
 def pending(status: dict[str, GroupStatus]) -> dict[str, int]:
@@ -129,6 +128,7 @@ class CollectiveSource:
         self.kind: str | None = None  # the wait the training thread is in now (a WAIT_OPS key)
         self.since: float | None = None  # when it began (time.time())
         self.waits = 0  # waits seen on the training thread (tests, the benchmark)
+        self.failed: CollectiveState | None = None  # the first wait that raised, named (status.json)
         self._depth = 0
         self._main = threading.main_thread().ident
         self._originals: list[tuple[Any, str, Any]] = []
@@ -172,6 +172,9 @@ class CollectiveSource:
             source._enter(kind)
             try:
                 return fn(*args, **kwargs)
+            except BaseException as exc:
+                source._failed(kind, exc)
+                raise
             finally:
                 source._exit()
 
@@ -185,6 +188,30 @@ class CollectiveSource:
             self.since = time.time()
             self.waits += 1
             self.tracker.collective_started()
+
+    def _failed(self, kind: str, exc: BaseException) -> None:
+        """A wait that raised (a peer died, gloo's size check, a timeout): status.json's failed_collective, named by
+        the Flight Recorder's first collective pending (the error path only: its cost does not matter)."""
+        if self.failed is not None:
+            return
+        try:
+            from ddpdoctor.probes.heartbeat_lines import user_call_site
+
+            first = pending(fr_status())
+            default = default_group_name()
+            group = min(first, key=lambda g: (g != default, g)) if first else None
+            state: CollectiveState = {
+                "op": WAIT_OPS.get(kind, kind), "group": group_label(group, default) if group else None,
+                "seq": first.get(group) if group else None, "sizes": [], "call_site": user_call_site(3),
+                "since": self.since or time.time(), "step": self.tracker.step, "source": "flight-recorder",
+                "error": f"{type(exc).__name__}: {exc}"[:2000]}
+            if group is not None and state["seq"] is not None:
+                named = self._name(group, int(state["seq"]), default)
+                if named is not None:
+                    state.update({"op": named["op"], "sizes": named["sizes"]})
+            self.failed = state
+        except Exception:  # noqa: BLE001 - the user's exception is what matters; this is only its label
+            pass
 
     def _exit(self) -> None:
         self._depth -= 1
@@ -209,7 +236,7 @@ class CollectiveSource:
             group = min(first, key=lambda g: (g != default, g))  # the default group first, where most waits are
             seq = first[group]
         state: CollectiveState = {"op": WAIT_OPS.get(kind, kind),
-                                  "group": group_label(group, None, default) if group else None,
+                                  "group": group_label(group, default) if group else None,
                                   "seq": seq, "sizes": [], "call_site": call_site, "since": since,
                                   "step": self.tracker.step, "source": "flight-recorder" if first else "wait"}
         if group is not None and seq is not None and time.time() - since >= NAME_AFTER_S:
@@ -230,8 +257,7 @@ class CollectiveSource:
             pg = e.get("process_group") or []
             name = str(pg[0]) if isinstance(pg, list) and pg else ""
             if name == group and _int(e.get("collective_seq_id")) == seq and not e.get("is_p2p"):
-                desc = str(pg[1]) if isinstance(pg, list) and len(pg) > 1 else None
-                found = {"op": op_name(e.get("profiling_name")), "group": group_label(name, desc, default),
+                found = {"op": op_name(e.get("profiling_name")), "group": group_label(name, default),
                          "seq": seq, "sizes": [list(s) for s in (e.get("input_sizes") or [])][:4],
                          "dtypes": [str(d) for d in (e.get("input_dtypes") or [])][:4], "call_site": None}
                 break

@@ -112,8 +112,11 @@ class HeartbeatProbe:
     def annotate(self, status: RankStatusDoc) -> None:
         """Add the collective this rank failed in and its last one to its status. RankSession calls it before the
         first write of status.json: a rank that torchrun kills while its profiler exports (a peer aborted) keeps it."""
-        if self.failed_collective is not None:
-            status["failed_collective"] = self.failed_collective
+        failed = self.failed_collective
+        if failed is None and self.source is not None:
+            failed = self.source.failed  # a wait no torch.distributed call of the script's made (FSDP2, DDP's buffers)
+        if failed is not None:
+            status["failed_collective"] = failed
         if self.last_collective is not None:
             status["last_collective"] = self.last_collective
         elif self.backward_site is not None:  # DDP's all-reduces run inside backward(): its call site stands for them

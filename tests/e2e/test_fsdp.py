@@ -104,6 +104,9 @@ def test_check_sync_names_a_replicated_dtensor_weight_and_its_mesh_dim(tmp_path_
     assert not any(p in f["evidence"]["parameters"] for p in ("0.weight", "2.weight"))
     checks = report["checks"]
     assert checks["layouts"] == {"comparisons": 6, "differ": 0}
+    # both TP ranks read the same batches (one data-parallel rank): no sampler finding, and the report says why
+    assert not any(f["id"].startswith("sampler-") for f in report["findings"]), report["findings"]
+    assert any("per data-parallel group" in n and "[0, 1]" in n for n in report["notes"]), report["notes"]
 
 
 def test_check_sync_hsdp_compares_replicas_over_the_replicate_dim(tmp_path_factory):
@@ -116,3 +119,41 @@ def test_check_sync_hsdp_compares_replicas_over_the_replicate_dim(tmp_path_facto
     assert checks["params"]["comparisons"] == 8 * 2 * checks["steps_checked"] and checks["params"]["diverged"] == 0
     assert checks["layouts"] == {"comparisons": 24, "differ": 0}
     assert not {f["id"] for f in report["findings"]} & {"param-divergence", "nothing-compared", "no-ddp"}
+
+
+@pytest.fixture(scope="module")
+def prefetch_run(tmp_path_factory):
+    return _profile(tmp_path_factory, "fsdp_prefetch", 2, "--steps", "10", "--prefetch")
+
+
+def test_overlap_is_not_counted_from_fsdp_ranges(fsdp_run):
+    # FSDP2 on CPU issues its all-gathers synchronously: the main thread waits, so most of the communication is
+    # exposed. Counting FSDP's own ranges as compute said 100% overlap and 0 ms exposed (issue 37).
+    _, report = fsdp_run
+    for r in report["ranks"]:
+        assert r["overlap_pct"] < 50.0 and r["exposed_comm_us"] > 0.25 * r["comm_us"], r
+
+
+def test_unit_inventory_names_every_unit_with_its_collectives(fsdp_run):
+    _, report = fsdp_run
+    units = report["fsdp_units"]["units"]
+    assert [u["unit"] for u in units] == ["0", "2", "4", "6"]
+    for u in units:
+        assert u["all_gather_forward_ms"] > 0 and u["reduce_scatter_ms"] > 0 and u["params"] > 0
+        assert u["forward_prefetched"] is False
+    assert units[0]["first"] is True and not any(u["first"] for u in units[1:])
+    # the last unit's backward all-gather is its own; the others' are prefetched by FSDP2 one unit deep
+    assert all(u["all_gather_backward_ms"] > 0 for u in units)
+
+
+def test_no_prefetch_is_found_without_prefetch_and_not_with_it(fsdp_run, prefetch_run):
+    _, plain = fsdp_run
+    _, prefetched = prefetch_run
+    f = next(f for f in plain["findings"] if f["id"] == "fsdp-no-prefetch")
+    # every unit but the first (whose all-gather is unavoidable, and said so) is named
+    assert set(f["evidence"]["units"]) == {"2", "4", "6"} and f["evidence"]["first_unit"] == "0"
+    assert "set_modules_to_forward_prefetch" in f["advice"]
+    assert "fsdp-no-prefetch" not in {f["id"] for f in prefetched["findings"]}
+    units = prefetched["fsdp_units"]["units"]
+    assert [u["forward_prefetched"] for u in units] == [False, True, True, True]
+    assert not {f["id"] for f in prefetched["findings"]} & DDP_ONLY
