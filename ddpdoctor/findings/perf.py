@@ -241,10 +241,10 @@ def _without_waiting(a: Analysis, per_rank: dict[int, float]) -> tuple[float | N
     return own, max(0.0, everyone - own)
 
 
-def _priced(a: Analysis, per_rank: dict[int, float], fallback: float | None) -> dict[str, Any]:
+def _priced(a: Analysis, per_rank: dict[int, float], fallback: float | None) -> dict[str, float | None]:
     """The finding's cost per step with the waiting part removed, and that part, named in the evidence."""
     own, removed = _without_waiting(a, per_rank)
-    out: dict[str, Any] = dict(cost(own if removed is not None else fallback, run_step_us(a)))
+    out = cost(own if removed is not None else fallback, run_step_us(a))
     out["waiting_for_straggler_removed_ms_per_step"] = None if removed is None else ms(removed)
     return out
 
