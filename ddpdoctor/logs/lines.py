@@ -136,7 +136,12 @@ def _host_labels(sample: list[str]) -> frozenset[str]:
 # joined with the next unless that one starts a record of its own (a prefix, a glog header, a traceback line) or
 # starts like the line itself (repeated records of one length are not a wrap).
 _WRAP_MIN = 60
-_NOT_A_PIECE = re.compile(r"^(?:\[|[IWEF]\d{4} |Traceback|\s+File \"|\d{4}-\d\d-\d\d|[A-Z]+:[\w.]+:|[\w.-]+:\d+:\d+ \[\d)")
+_NOT_A_PIECE = re.compile(
+    r"^(?:\[|[IWEF]\d{4} |Traceback|\s+File \"|\d{4}-\d\d-\d\d|[A-Z]+:[\w.]+:|[\w.-]+:\d+:\d+ \[\d"
+    # a record of its own after a fixed-width line (a progress bar's): the shell's and the launchers' reports, an
+    # exception line, a chain marker, NCCL's and torch's own lines
+    r"|\s*(?:Killed|Aborted|Segmentation fault|Bus error|terminate called|what\(\)|srun:|slurmstepd:|During handling"
+    r"|The above exception|Last error|nccl[A-Z]|NCCL |(?:[\w.]+\.)?[A-Z]\w*(?:Error|Exception|Interrupt|Warning)\b))")
 
 
 def _wrap_width(sample: list[str]) -> int | None:

@@ -172,3 +172,11 @@ def test_mp_spawn_reraise_names_the_child_and_the_users_call_site() -> None:
     (f,) = explain_texts({"spawn.log": text})
     assert f.id == "rank-crashed" and f.ranks == [1] and "ValueError: corrupt sample" in f.title
     assert f.evidence["call_site"] == "/home/u/train.py:22"
+
+
+def test_undoing_a_hard_wrap_never_swallows_a_record_after_fixed_width_lines() -> None:
+    # Progress bars are lines of one width, like a terminal's wrap: what follows them stays a record of its own.
+    bar = " 4{i}%|####      | 4{i}/100 [00:10<00:12,  4.51it/s] loss=0.6931 lr=0.0001 grad=1.23 step=4{i} "
+    text = "".join(bar.format(i=i) + "\n" for i in range(5)) + "Killed\n"
+    found = explain_texts({"rank1.log": text})
+    assert [f.id for f in found] == ["rank-crashed"] and "SIGKILL" in found[0].title
