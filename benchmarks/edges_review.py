@@ -1,7 +1,7 @@
 """Re-run issue 26's attacks and faults on this machine and print what happened to each, with counts.
 
     python benchmarks/edges_review.py            # every group (a few minutes on 2 cores)
-    python benchmarks/edges_review.py faults     # one group: attacks, escapes, inputs, faults
+    python benchmarks/edges_review.py faults     # one group: attacks, escapes, inputs, faults, round4
 
 * attacks (as uid 65534 through `setpriv`, when root and setpriv are here): another user's --out with links planted
   as a rank log, the lock and the report; a --out everyone may write; --out as a link; a parent folder writable by
@@ -13,6 +13,9 @@
   a rank that aborts at teardown after finishing (`aborted-after-finish`, job exit kept); a disk that fills during
   the job (tmpfs, when mount works: exit 0 and `disk-full`); ddpdoctor itself SIGKILLed (`status` unfinished, no
   process of the job left).
+* round4 (issue 40): uid 65534 lists, reads and deletes the job store's keys, replays and moves values; the head's
+  final word deleted; links planted for --html/--merge's old temporary names; a TensorBoard client bound to
+  127.0.0.X with the server's port number; a run folder swapped for a link while the tab reads it.
 
 Each line: what was done, how many times, how many came out as expected, and the first unexpected outcome."""
 
@@ -180,14 +183,14 @@ def faults(repeat: int = 2) -> None:
             n += 1
             return base / f"run{n}"
 
-        for sig in ("TERM", "KILL", "SEGV", "ABRT"):
+        for sig, victim in (("TERM", 1), ("KILL", 1), ("SEGV", 1), ("ABRT", 1), ("TERM", 0)):
             outs = []
             for _ in range(repeat):
-                code, report = _run_json(nxt(), "rank_signal.py", {"FAULT_SIGNAL": sig})
+                code, report = _run_json(nxt(), "rank_signal.py", {"FAULT_SIGNAL": sig, "FAULT_RANK": str(victim)})
                 serious = _serious(report)
-                ok = code == 1 and serious and serious[0][0] == "rank-crashed" and serious[0][1] == [1]
+                ok = code == 1 and serious and serious[0][0] == "rank-crashed" and serious[0][1] == [victim]
                 outs.append("" if ok else f"exit {code}, findings {serious}")
-            record(f"fault: rank 1 killed by SIG{sig} (culprit rank 1)", outs)
+            record(f"fault: rank {victim} killed by SIG{sig} (culprit rank {victim})", outs)
         outs = []
         for _ in range(repeat):
             code, report = _run_json(nxt(), "abort_at_exit.py")
@@ -236,7 +239,273 @@ def faults(repeat: int = 2) -> None:
         record("fault: ddpdoctor itself SIGKILLed (no orphan, unfinished)", outs)
 
 
-GROUPS: dict[str, Callable[[], None]] = {"attacks": attacks, "escapes": escapes, "inputs": inputs, "faults": faults}
+# -- issue 40: the job store, planted temporary links, the TensorBoard tab's peers -----------------------------
+_STORE_SPY = """
+import datetime, sys, zlib
+import torch.distributed as dist
+store = dist.TCPStore("127.0.0.1", int(sys.argv[1]), is_master=False, timeout=datetime.timedelta(seconds=10))
+keys = store.list_keys()
+leaked = 0
+for k in keys:
+    v = bytes(store.get(k))
+    texts = [v]
+    for start in range(0, 72):
+        try:
+            texts.append(zlib.decompressobj().decompress(v[start:], 1 << 22))
+        except zlib.error:
+            pass
+    leaked += any(m in t for t in texts for m in (b"SECRET-MARKER", b"verdict", b"files/", b"Traceback"))
+    leaked += any(m in k for m in ("verdict", "files", "node", "final"))
+print(len(keys), leaked)
+for k in keys:
+    store.delete_key(k)  # and deletes what it found
+"""
+
+
+def store_privacy(repeat: int = 5) -> None:
+    """A job store hosted by root, values put by a node; uid 65534 lists, reads and deletes every key. Expected:
+    nothing readable; the values the head then reads are missing, never forged."""
+    if os.geteuid() != 0 or shutil.which("setpriv") is None:
+        print("store: skipped (needs root and setpriv)")
+        return
+    sys.path.insert(0, str(REPO))
+    from ddpdoctor.job.store import JobStore
+    from tests.ports import reserve_port
+
+    outs: list[str] = []
+    for i in range(repeat):
+        head = JobStore("127.0.0.1", reserve_port(), f"{i:032d}", is_head=True, connect_timeout_s=10)
+        node = JobStore("127.0.0.1", head.port, f"{i:032d}", is_head=False, connect_timeout_s=10)
+        node.put("files/1", {"3": {"stderr.log": "Traceback (most recent call last): SECRET-MARKER " * 50}})
+        node.put("verdict", {"line": "job hung: culprit rank 3 SECRET-MARKER"})
+        head.put("final", {"line": "job finished", "code": 0, "head": "h", "report": "r"})
+        proc = subprocess.run([*NOBODY, sys.executable, "-c", _STORE_SPY, str(head.port)], capture_output=True,
+                              text=True, timeout=120, cwd="/")
+        try:
+            nkeys, leaked = (int(x) for x in proc.stdout.split())
+        except ValueError:
+            outs.append(f"spy failed: {proc.stderr.strip()[-200:]}")
+            continue
+        ok = nkeys == 3 and leaked == 0 and head.get("verdict") is None and head.rejected == 0
+        outs.append("" if ok else f"{nkeys} keys, {leaked} leaked, rejected {head.rejected}")
+        head.close()
+    record("attack (uid 65534): list, read, delete the job store", outs)
+    outs = []
+    for i in range(repeat):
+        head = JobStore("127.0.0.1", reserve_port(), f"{i:032d}", is_head=True, connect_timeout_s=10)
+        node = JobStore("127.0.0.1", head.port, f"{i:032d}", is_head=False, connect_timeout_s=10)
+        import datetime
+
+        import torch.distributed as dist
+
+        raw = dist.TCPStore("127.0.0.1", head.port, is_master=False, timeout=datetime.timedelta(seconds=10))
+        node.put("node/1", {"step": 1})
+        old = bytes(raw.get(head.key_of("node/1")))
+        node.put("node/1", {"step": 2})
+        head.get("node/1")
+        raw.set(head.key_of("node/1"), old)  # replayed
+        replay_refused = head.get("node/1") is None and head.stale == 1
+        raw.set(head.key_of("node/2"), old)  # moved to another name
+        moved_refused = head.get("node/2") is None and head.rejected == 1
+        outs.append("" if replay_refused and moved_refused else f"replay {replay_refused}, moved {moved_refused}")
+        head.close()
+    record("attack: replay an old value, move a value to another key", outs)
+
+
+def final_word_deleted(repeat: int = 2) -> None:
+    """The head's final word deleted from the store while its store answers: the node's line and exit code."""
+    sys.path.insert(0, str(REPO))
+    import ddpdoctor.job.agent as agent_mod
+    from ddpdoctor.job import state
+    from ddpdoctor.job.agent import JobAgent
+    from ddpdoctor.job.role import JobRole
+    from ddpdoctor.job.store import JobStore
+    from tests.ports import reserve_port
+
+    class Quiet:
+        hang_timeout, startup_timeout, stalls = 4.0, 60.0, {}
+
+        def records(self, *a: object, **k: object) -> list[object]:
+            return []
+
+        def rank_ids(self) -> list[int]:
+            return []
+
+    outs: list[str] = []
+    saved = agent_mod.END_WAIT_S
+    agent_mod.END_WAIT_S = -28.0
+    try:
+        for i in range(repeat):
+            os.environ["DDPDOCTOR_JOB_TOKEN"] = f"{i:032d}"
+            head = JobStore("127.0.0.1", reserve_port(), f"{i:032d}", is_head=True, connect_timeout_s=10)
+            with tempfile.TemporaryDirectory() as tmp:
+                node = JobAgent(JobRole(2, 1, "127.0.0.1", head.port - 1), Quiet(), Path(tmp))  # type: ignore[arg-type]
+                node.store = JobStore("127.0.0.1", head.port, f"{i:032d}", is_head=False, connect_timeout_s=10)
+                head.put("node/0", state.envelope(0, "h0", 1, [], end=0))
+                node.store.put("node/1", state.envelope(1, "h1", 1, [], end=0))
+                head.put("final", {"line": "job finished", "code": 0, "head": "h0", "report": "r"})
+                head.delete(["final"])
+                out = node._finish_node(0)
+            ok = out.code == 0 and "was lost" not in (out.line or "")
+            outs.append("" if ok else f"exit {out.code}: {out.line}")
+            head.close()
+    finally:
+        agent_mod.END_WAIT_S = saved
+        os.environ.pop("DDPDOCTOR_JOB_TOKEN", None)
+    record("fault: the head's final word deleted (healthy job: exit 0, no 'head lost')", outs)
+
+
+def temp_links(repeat: int = 3) -> None:
+    """uid 65534 plants links to a root-only file for a range of pids under the temporary names --html and --merge
+    used, in a folder everyone may write (not sticky: the kernel's protected_symlinks does not help there)."""
+    if os.geteuid() != 0 or shutil.which("setpriv") is None:
+        print("temp links: skipped (needs root and setpriv)")
+        return
+    sample = REPO / "sample_traces" / "mlp_gloo_2rank"
+    top = Path(tempfile.mkdtemp(prefix="ddpdoctor-review-"))
+    outs: list[str] = []
+    try:
+        os.chmod(top, 0o755)
+        secret = top / "secret"
+        secret.write_text("root only\n")
+        os.chmod(secret, 0o600)
+        for i in range(repeat):
+            share = top / f"share{i}"
+            share.mkdir()
+            os.chmod(share, 0o777)
+            me = os.getpid()
+            plant = " && ".join(f"for p in $(seq {me} {me + 400}); do ln -s {secret} {share}/.{n}.$p.tmp; done; "
+                                f"ln -s {secret} {share}/.{n}.tmp" for n in ("report.html", "merged.json.gz"))
+            subprocess.run([*NOBODY, "sh", "-c", plant], check=True)
+            proc = cli("analyze", str(sample), "--html", str(share / "report.html"), "--merge",
+                       str(share / "merged.json.gz"))
+            problem = "" if secret.read_bytes() == b"root only\n" else "secret overwritten"
+            if not problem and proc.returncode not in (0, 1):
+                problem = f"exit {proc.returncode}: {proc.stderr.strip()[-200:]}"
+            if not problem and (share / "report.html").stat().st_mode & 0o077:
+                problem = "report.html not 0600"
+            outs.append(problem)
+    finally:
+        shutil.rmtree(top, ignore_errors=True)
+    record("attack (uid 65534): links planted for --html/--merge temp names", outs)
+
+
+_SAME_PORT = """
+import socket, sys
+port, addr = int(sys.argv[1]), sys.argv[2]
+s = socket.socket()
+s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+try:
+    s.bind((addr, port))
+except OSError:
+    print("BIND"); sys.exit(0)
+s.connect(("127.0.0.1", port))
+print("OK"); sys.stdout.flush()
+s.recv(16)
+"""
+
+
+def tb_peer(addresses: int = 40) -> None:
+    """The TensorBoard tab's peer check against a client of uid 65534 bound to 127.0.0.X with the server's own port
+    number (the issue's 40 addresses). Expected: the peer is 65534 (or unknown), never the server's uid."""
+    if os.geteuid() != 0 or shutil.which("setpriv") is None:
+        print("tb peer: skipped (needs root and setpriv)")
+        return
+    sys.path.insert(0, str(REPO))
+    import socket
+
+    from ddpdoctor.tensorboard_plugin.access import peer_uid
+
+    outs: list[str] = []
+    with socket.socket() as srv:
+        srv.bind(("127.0.0.1", 0))
+        srv.listen(64)
+        port = srv.getsockname()[1]
+        for last in range(2, 2 + addresses):
+            cli_proc = subprocess.Popen([*NOBODY, sys.executable, "-c", _SAME_PORT, str(port), f"127.0.0.{last}"],
+                                        stdout=subprocess.PIPE, text=True, cwd="/")
+            assert cli_proc.stdout is not None
+            if cli_proc.stdout.readline().strip() != "OK":
+                cli_proc.wait()
+                continue
+            conn, (addr, cport) = srv.accept()
+            uid = peer_uid({"REMOTE_ADDR": addr, "REMOTE_PORT": str(cport), "SERVER_PORT": str(port)})
+            outs.append("" if uid in (65534, None) else f"127.0.0.{last}: taken for uid {uid}")
+            conn.close()
+            cli_proc.wait()
+    record("attack (uid 65534): TensorBoard client on 127.0.0.X:server's port", outs)
+
+
+_SWAPPER = """
+import os, sys, time
+run, real, link_to = sys.argv[1], sys.argv[2], sys.argv[3]
+end = time.time() + float(sys.argv[4])
+while time.time() < end:
+    try:
+        os.rename(run, real)
+        os.symlink(link_to, run)
+        os.unlink(run)
+        os.rename(real, run)
+    except OSError:
+        pass
+"""
+
+
+def tb_swap(seconds: float = 20.0) -> None:
+    """uid 65534 swaps a shared run folder in a log dir everyone may write for a link to a root-only run, as fast
+    as it can, while the tab checks and reads it (report.json and the timeline). Expected: 0 reads of root's data."""
+    if os.geteuid() != 0 or shutil.which("setpriv") is None:
+        print("tb swap: skipped (needs root and setpriv)")
+        return
+    sys.path.insert(0, str(REPO))
+    from ddpdoctor.errors import BadInput
+    from ddpdoctor.tensorboard_plugin import access, runs
+
+    sample = REPO / "sample_traces" / "mlp_gloo_2rank"
+    top = Path(tempfile.mkdtemp(prefix="ddpdoctor-review-"))
+    reads = leaks = 0
+    try:
+        os.chmod(top, 0o755)
+        logdir = top / "logs"
+        logdir.mkdir()
+        os.chmod(logdir, 0o777)
+        secret = top / "secret"
+        shutil.copytree(sample, secret, ignore=shutil.ignore_patterns("scalars"))
+        (secret / "report.json").write_text('{"tool": "ddpdoctor", "secret": "ROOT-ONLY"}')
+        for p in [secret, *secret.rglob("*")]:
+            os.chmod(p, 0o700 if p.is_dir() else 0o600)
+        run = logdir / "run"
+        subprocess.run([*NOBODY, "cp", "-r", str(sample), str(run)], check=True)
+        subprocess.run([*NOBODY, "chmod", "-R", "a+rX", str(run)], check=True)
+        swapper = subprocess.Popen([*NOBODY, sys.executable, "-c", _SWAPPER, str(run), str(logdir / "real"),
+                                    str(secret), str(seconds)], cwd="/")
+        end = time.time() + seconds
+        while time.time() < end:
+            with access.opened_run(logdir, "run", viewer=65534) as path:
+                if path is None:
+                    continue
+                reads += 1
+                try:
+                    leaks += b"ROOT-ONLY" in runs.read_report_bytes(path)
+                except BadInput:
+                    pass
+        swapper.wait()
+    finally:
+        shutil.rmtree(top, ignore_errors=True)
+    record(f"attack (uid 65534): run folder swapped for a link while read ({reads} reads)",
+           ["root's report read"] * leaks + [""] * (reads - leaks))
+
+
+def round4() -> None:
+    store_privacy()
+    final_word_deleted()
+    temp_links()
+    tb_peer()
+    tb_swap()
+
+
+GROUPS: dict[str, Callable[[], None]] = {"attacks": attacks, "escapes": escapes, "inputs": inputs, "faults": faults,
+                                         "round4": round4}
 
 
 def main() -> None:

@@ -6,14 +6,17 @@ stream with a cap, and JSON nesting is bounded before it is decoded."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import math
 import os
 import re
+import secrets
 import stat
 import zlib
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
+from typing import IO, Any
 
 from ddpdoctor.errors import BadInput
 from ddpdoctor.terminal_text import clean_text
@@ -23,6 +26,7 @@ GZIP_MAGIC = b"\x1f\x8b"
 # whole job rarely pass 1 GiB. `--max-input-mb` (or DDPDOCTOR_MAX_INPUT_MB) raises the cap.
 DEFAULT_MAX_INPUT_MB = 4096
 MAX_JSON_DEPTH = 256
+MAX_INT_DIGITS = 4000  # below Python's int-string limit (4,300): a longer integer in any JSON input reads as null
 # A gzip bomb expands ~1000x; profiler traces ~20x, logs rarely past 100x. Past 256 MiB, an input may expand at most
 # 200x its compressed size, so a small bomb is refused after reading a few MB, not after filling the memory.
 GZIP_MAX_RATIO = 200
@@ -222,11 +226,18 @@ def _finite_or_none(text: str) -> float | None:
     return value if math.isfinite(value) else None
 
 
+def _int_or_none(text: str) -> int | None:
+    """An integer of JSON; null past 4,000 digits (Python refuses to convert those: a ValueError out of json.loads
+    that readers took for a decoding error, or not at all)."""
+    return int(text) if len(text) <= MAX_INT_DIGITS else None
+
+
 def loads_json(data: bytes | str, finite: bool = True) -> Any:
-    """``json.loads`` where a lone surrogate is U+FFFD and (``finite``) NaN, Infinity and numbers past the float
-    range are null. Raises what json.loads raises (ValueError)."""
-    value = (json.loads(data, parse_constant=lambda _c: None, parse_float=_finite_or_none) if finite
-             else json.loads(data))
+    """``json.loads`` where a lone surrogate is U+FFFD, an integer of more than 4,000 digits is null and
+    (``finite``) NaN, Infinity and numbers past the float range are null. Raises what json.loads raises
+    (ValueError)."""
+    value = (json.loads(data, parse_constant=lambda _c: None, parse_float=_finite_or_none, parse_int=_int_or_none)
+             if finite else json.loads(data, parse_int=_int_or_none))
     raw = data.encode("utf-8", "surrogatepass") if isinstance(data, str) else data
     if _SURROGATE_ESCAPE.search(raw):
         value = _fix_surrogates(value)
@@ -290,3 +301,34 @@ def dumps_json(value: Any, **kwargs: Any) -> str:
     import msgspec  # a dependency; imported here so that modules reading files only do not pay for it
 
     return msgspec.json.format(text, indent=indent)
+
+
+# -- writing ---------------------------------------------------------------------------------------------------
+def temp_name(path: Path) -> Path:
+    """A temporary name beside ``path`` nobody can predict (128 random bits): another user who may create names in
+    that folder cannot plant a link there beforehand for ddpdoctor to write through."""
+    return path.with_name(f".{path.name[:200]}.{secrets.token_hex(16)}.tmp")
+
+
+@contextlib.contextmanager
+def atomic_file(path: Path, mode: int = 0o600) -> Iterator[IO[bytes]]:
+    """Every file ddpdoctor writes: a new file under an unpredictable name beside ``path``, created with
+    O_EXCL|O_NOFOLLOW (never through a link, never an existing file) and mode ``mode`` (0600 by default), then
+    renamed over ``path`` once complete (a crash or a full disk leaves the old file or none, never half of one; the
+    rename replaces a link at ``path`` itself, never its target). Removed on any failure. Raises OSError."""
+    tmp = temp_name(path)
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, mode)
+    try:
+        with os.fdopen(fd, "wb") as fh:
+            yield fh
+        os.replace(tmp, path)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            tmp.unlink()
+        raise
+
+
+def write_atomic(path: Path, data: bytes | str, mode: int = 0o600) -> None:
+    """``data`` into ``path`` through atomic_file (text as UTF-8). Raises OSError."""
+    with atomic_file(path, mode) as fh:
+        fh.write(data.encode("utf-8") if isinstance(data, str) else data)

@@ -56,6 +56,7 @@ def command(tries: tuple[str, ...], rounds: int, warmup: int, steps: int, max_va
     from ddpdoctor.commands import tune_trials
     from ddpdoctor.findings.tune import parse_try, plan
     from ddpdoctor.launch.monitor import make_watcher
+    from ddpdoctor.launch.user_files import MAX_DEPTH, FolderGuard
     from ddpdoctor.renderers import progress
     from ddpdoctor.renderers.outputs import write_outputs
     from ddpdoctor.renderers.tensorboard_tune import write_tune_scalars
@@ -91,7 +92,13 @@ def command(tries: tuple[str, ...], rounds: int, warmup: int, steps: int, max_va
     script = Path(spec.script)
     before = tune_trials.file_sha256(script) if not spec.as_module else None
     show = progress.enabled(as_json)
-    experiment = tune_trials.Experiment(spec, root, watch, warmup, steps, show)
+    # The launches write in their own place: what the script changes in its folder or the working directory (a
+    # checkpoint it resumes from and saves) is put back after each launch (launch/user_files.py).
+    # The script's folder a few levels deep; the working directory's own files (relative paths land there).
+    folders = [(Path.cwd(), 1)] + ([] if spec.as_module else [(script.resolve().parent, MAX_DEPTH)])
+    guard = FolderGuard(folders, skip=[root], keep=root / ".user-files")
+    guard.snapshot()
+    experiment = tune_trials.Experiment(spec, root, watch, warmup, steps, show, guard)
     try:
         prep = experiment.profile([float(s["bucket_cap_mb"]) for s in settings if "bucket_cap_mb" in s])
         the_plan = plan(prep.cfg, prep.whatif, prep.flag_ids, prep.grad_counts, settings, max_variants)
@@ -105,6 +112,8 @@ def command(tries: tuple[str, ...], rounds: int, warmup: int, steps: int, max_va
     except tune_trials.Stopped as exc:
         click.echo(f"ddpdoctor: stopped by signal {exc.signum}; the launches so far are in {root}", err=True)
         raise SystemExit(128 + exc.signum) from None
+    finally:
+        guard.drop()
     after = tune_trials.file_sha256(script) if not spec.as_module else None
     report = assemble(trials, the_plan, prep, design=TuneDesign(
         warmup=warmup, steps=steps, rounds=rounds, profile_run=str(root / "profile"), trials_dir=str(root / "trials"),

@@ -8,6 +8,7 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import shutil
+import time
 from pathlib import Path
 from typing import Any
 
@@ -34,6 +35,11 @@ def file_sha256(path: Path) -> str | None:
 def prepare_root(root: Path, overwrite: bool) -> None:
     """The tune run directory: refused when it holds an earlier tune (or any run) unless --overwrite, which removes
     only what a tune writes (never following a link)."""
+    from ddpdoctor.rundir.private import claim_run_root
+
+    # Another user's folder, a link or a folder others may write is refused before anything is read, removed or
+    # chmod'ed in it (it used to be chmod'ed first).
+    claim_run_root(root)
     holds = [n for n in OWNED if (root / n).exists() or (root / n).is_symlink()] + (
         ["manifest.json"] if (root / "manifest.json").exists() else [])
     if holds and not overwrite:
@@ -57,8 +63,9 @@ class Experiment:
     """The launches of one tune: ``base`` is the LaunchSpec the command line gave (script, torchrun flags)."""
 
     def __init__(self, base: Any, root: Path, watch: tuple[float | None, float, str], warmup: int, steps: int,
-                 show: bool) -> None:
+                 show: bool, guard: Any = None) -> None:
         self.base = base
+        self.guard = guard  # launch/user_files.FolderGuard: the user's folders put back after each launch
         self.root = root
         self.watch = watch
         self.warmup = warmup
@@ -72,11 +79,31 @@ class Experiment:
 
         spec = dataclasses.replace(self.base, run_dir=RunDir(run_dir), overwrite=True, **fields)
         self.launched.append(str(run_dir))
-        result = launch(spec, make_watcher(*self.watch))
+        started_ns = time.time_ns() - 2_000_000_000  # file times may lag the clock by a tick
+        try:
+            result = launch(spec, make_watcher(*self.watch))
+        finally:
+            if self.guard is not None:
+                self._put_back(started_ns)
         if result.signum:
             # Ctrl-C or a scheduler's SIGTERM stopped the launch (launch/ stopped the job): no further launches.
             raise Stopped(result.signum)
         return result
+
+    def _put_back(self, since_ns: int) -> None:
+        from ddpdoctor.launch.user_files import FolderChanged
+
+        try:
+            changed = self.guard.restore(since_ns)
+        except FolderChanged as exc:
+            raise BadInput(f"{exc.why}: the script writes into its folder, so each trial would start from another "
+                           f"state and change your files; run tune on a copy (cp -r {exc.path.parent} /tmp/copy, "
+                           "then `ddpdoctor tune ... /tmp/copy/SCRIPT` from there)", exc.path) from None
+        if changed and not getattr(self, "_said_restored", False):
+            self._said_restored = True
+            names = ", ".join(p.name for p in changed[:3]) + (f" and {len(changed) - 3} more" if len(changed) > 3 else "")
+            progress.say(f"tune: the script changed {names} in its folder; put back after each launch, so every "
+                         "trial starts from the state you left", self.show)
 
     # -- 1. the profiled launch: what can matter for this model -------------------------------------------------
     def profile(self, extra_caps: list[float]) -> Preparation:
@@ -93,6 +120,12 @@ class Experiment:
             if result.exit_code:
                 raise JobFailed(f"the script failed before building DistributedDataParallel (exit {result.exit_code}); "
                                 f"see {run.root / 'ranks'}")
+            built = sorted({k for st in statuses for k in st.parallelism})
+            if built:  # FSDP2, HSDP, FSDP1 or tensor parallel: one line saying what tune does not do yet (issue 37)
+                raise BadInput(f"the script built {', '.join(built)}, not DistributedDataParallel: tune measures DDP's "
+                               "options only; FSDP2's knobs (set_modules_to_forward_prefetch, reshard_after_forward) "
+                               "are not tuned yet: change one in the script and compare two profiles with "
+                               "`ddpdoctor diff BASE NEW`", self.base.script)
             raise BadInput("the script never built torch.nn.parallel.DistributedDataParallel, so there are no DDP "
                            "options to tune (tune applies them when the script builds DDP)", self.base.script)
         if not any(s.steps_completed for s in statuses):

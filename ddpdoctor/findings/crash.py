@@ -133,7 +133,7 @@ def crash_findings(statuses: Mapping[int, RankStatusDoc | None], debug: bool = F
         # A rank killed outright (SIGKILL, the OOM killer) writes nothing; its peers' connection errors follow from it.
         roots = {r: FailedRank(exception="killed by a signal, leaving no status or message (SIGKILL or the OOM "
                                          "killer?)", died=True) for r in silent}
-    elif not roots and (signalled := _signalled(statuses, failed)):
+    elif not roots and (signalled := _signalled(statuses, failed)) is not None:
         # A rank killed by a signal it did not catch (SIGTERM, SIGINT by hand or a scheduler) writes its status and
         # no exception; its peers' connection errors follow from it (it used to be the peer that was blamed).
         roots = {signalled: {**(failed.get(signalled) or {}), **_signal_root(statuses[signalled] or {})}}

@@ -9,7 +9,9 @@ ended; everything else runs on one publishing thread."""
 
 from __future__ import annotations
 
+import contextlib
 import json
+import os
 import socket
 import threading
 import time
@@ -28,6 +30,7 @@ from ddpdoctor.job.store import JobStore, JobStoreError, job_port, shared_token
 from ddpdoctor.job.verdict import HeadLost, HeadWord, RemoteVerdict, build, rank_line
 from ddpdoctor.jsontypes import JsonObject, JsonValue
 from ddpdoctor.rundir.records import HangDoc, RankMessage
+from ddpdoctor.safe_io import write_atomic
 
 
 class NodePort(Protocol):
@@ -164,6 +167,8 @@ class JobAgent:
                     # requests; the head takes the windows the nodes sent back.
                     if self.is_head:
                         self._take_captures()
+                        if self.verdict is not None:  # again: another client of the store may have removed it
+                            self.store.put("verdict", self.verdict.to_json())  # type: ignore[union-attr]
                     else:
                         self._poll_head()
                         self._contact = time.time()
@@ -407,10 +412,12 @@ class JobAgent:
     def _finish_node(self, code: int) -> Outcome:
         assert self.store is not None
         deadline = time.time() + END_WAIT_S + 30
+        answered = True
         while time.time() < deadline:
             try:
                 final = HeadWord.from_json(self.store.get("final"))
             except (RuntimeError, OSError):
+                answered = False
                 break  # the head is gone
             if final is not None:
                 try:
@@ -421,9 +428,31 @@ class JobAgent:
                 return Outcome(final.code, False, f"{final.line}; the job's report is on the head node "
                                f"({final.head}) in {final.report}")
             time.sleep(0.3)
+        if answered:
+            return self._word_missing(code)
         self._head_lost = True
         self.head_lost = self._lost_head(code)
         return Outcome(self.head_lost.exit_code, False, self.head_lost.line)
+
+    def _word_missing(self, code: int) -> Outcome:
+        """The head's store answered to the end but its final word never came (removed or damaged by another client
+        of the store): the job's exit code from every node's own sealed record when each says how it ended, else
+        1 (the job's end is unknown), with the line saying so. Never 'the head was lost': it was not."""
+        assert self.store is not None
+        why = self.store.tampered() or "; it was removed from the job store (another client of the store?)"
+        try:
+            self.read_nodes()
+        except (RuntimeError, OSError):
+            pass
+        ends = [st.end for st in self.nodes.values()]
+        if all(e is not None for e in ends):
+            job_code = 1 if any(ends) else 0
+            return Outcome(job_code, False, f"the head's final word did not arrive{why}; every node's own record "
+                           f"says the job ended with exit code {job_code} (this node: {code})")
+        return Outcome(1, False, f"the head's final word did not arrive{why}; the job's end is unknown: this node "
+                       f"({self.host}, node {self.role.node_rank}) ended with exit code {code}, node(s) "
+                       f"{grouping.rank_ranges(n for n, e in zip(self.nodes, ends, strict=True) if e is None)} "
+                       f"said nothing; the report is on the head node ({self.role.master_addr})")
 
     def _lost_head(self, code: int) -> HeadLost:
         """The one line (and the document) of a node whose head is gone: its own ranks' last state and the last
@@ -459,21 +488,27 @@ class JobAgent:
         lost = [n for n, st in self.nodes.items() if st.lost or st.end is None]
         job_code = code or next((c for c in codes if c), 0) or (1 if lost else 0)
         line = self._summary(job_code, lost)
-        self.store.put("final", HeadWord(line, 1 if job_code else 0, self.host, str(run_root / "report.txt")).to_json())
+        word = HeadWord(line, 1 if job_code else 0, self.host, str(run_root / "report.txt")).to_json()
+        self.store.put("final", word)
         self._peers = [n for n in self.nodes if n != self.role.node_rank and n not in lost]
-        self._wait_acks("ack", 15.0)
+        self._wait_acks("ack", 15.0, ("final", word))
         if self.verdict is None:  # a hang verdict was said when it was declared
             self.monitor.say(line)
         return Outcome(job_code, True, line)
 
-    def _wait_acks(self, kind: str, wait_s: float) -> None:
-        """Until every live node acknowledged ``kind`` (the job store lives as long as this process)."""
+    def _wait_acks(self, kind: str, wait_s: float, again: tuple[str, Any] | None = None) -> None:
+        """Until every live node acknowledged ``kind`` (the job store lives as long as this process), putting
+        ``again`` (name, value) back about once a second: another client of the store may delete it."""
         assert self.store is not None
         waiting = list(self._peers)
         deadline = time.time() + wait_s
+        put_at = time.time() + 1.0
         while waiting and time.time() < deadline:
             try:
                 got = self.store.get_many([f"{kind}/{n}" for n in waiting])
+                if again is not None and time.time() >= put_at:
+                    self.store.put(*again)
+                    put_at = time.time() + 1.0
             except (RuntimeError, OSError):
                 return
             waiting = [n for n in waiting if f"{kind}/{n}" not in got]
@@ -492,7 +527,7 @@ class JobAgent:
             self.store.put("report", doc)
         except (RuntimeError, OSError, ValueError):
             return
-        self._wait_acks("report-ack", REPORT_WAIT_S)
+        self._wait_acks("report-ack", REPORT_WAIT_S, ("report", doc))
 
     def job_report(self) -> JsonObject | None:
         """Another node: the head's report of the whole job (Report.to_json() as the head published it, loaded typed
@@ -554,9 +589,10 @@ def write_missing(run_root: Path, files: Mapping[str, object]) -> None:
                 if name not in (*RANK_FILES, "stderr.log") or not isinstance(text, str):
                     continue
                 path = rdir / name
-                if not path.exists():
-                    rdir.mkdir(parents=True, exist_ok=True)
-                    path.write_text(text)
+                if not os.path.lexists(path):
+                    rdir.mkdir(mode=0o700, parents=True, exist_ok=True)
+                    with contextlib.suppress(OSError):
+                        write_atomic(path, text)
 
 
 def merge_stalls(run_root: Path, remote: Mapping[str, object]) -> None:

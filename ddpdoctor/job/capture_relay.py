@@ -18,6 +18,8 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import TypedDict
 
+from ddpdoctor.safe_io import write_atomic
+
 MAX_RANK_BYTES = 16 << 20  # raw bytes of one rank's window files sent through the store (base64 adds a third)
 MAX_REQUESTS = 8  # the head keeps its last few requests in the store: a node that polls late still sees them
 CAPTURE_ID = re.compile(r"^[A-Za-z0-9_-]{1,64}$")
@@ -313,16 +315,11 @@ def _write(path: Path, data: bytes, replace: bool) -> None:
     through a temporary name; never through a link."""
     try:
         path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
-        target = path.with_name(f".{path.name}.relay") if replace else path
         if replace:
-            try:
-                os.unlink(target)
-            except FileNotFoundError:
-                pass
-        fd = os.open(target, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
+            write_atomic(path, data)  # an unpredictable temporary name, O_EXCL|O_NOFOLLOW, renamed into place
+            return
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
         with os.fdopen(fd, "wb") as f:
             f.write(data)
-        if replace:
-            os.replace(target, path)
     except OSError:
         pass

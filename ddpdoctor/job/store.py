@@ -1,8 +1,14 @@
 """The job store: torch.distributed's TCPStore, hosted by the head node's ddpdoctor at the job's master address on
 master_port + 1 (or $DDPDOCTOR_JOB_PORT), carrying each node's state envelope and the head's requests and verdict.
 
-Every value is sealed with an HMAC of the per-job token (keys live under a namespace derived from it), so a foreign
-client can neither read names it does not know nor forge values: what fails the check is dropped and counted."""
+TCPStore has no authentication: whoever reaches its port may list, read, write and delete keys. So what travels is
+private by itself: each value is encrypted and authenticated with keys derived from the per-job token (which only the
+job's own processes hold), and each key's name is a keyed hash, so a foreign client sees opaque names and bytes it
+cannot read, change, move to another name or replay (a value older than one already read is refused). Sealing
+(stdlib only, no AEAD there): a keystream of SHAKE-256 over (encryption key, 16 random bytes) XORed with the
+compressed JSON, then HMAC-SHA256 over (name, nonce, ciphertext): encrypt-then-MAC. What it cannot stop is said in
+docs/trust.md: deleting or overwriting keys (the readers then see a value missing or rejected, counted), a flood
+of junk, and what sizes and timing tell."""
 
 from __future__ import annotations
 
@@ -26,6 +32,9 @@ PORT_ENV = "DDPDOCTOR_JOB_PORT"
 TOKEN_FILE = ".job-token"
 MAX_VALUE = 32 << 20  # bytes of one value, decompressed: 4,096 ranks' records are ~0.5 MiB
 MAC_LEN = 32
+NONCE_LEN = 16
+SEQ_LEN = 8
+SEAL_VERSION = b"ddpdoctor-job-seal-2\0"
 
 
 class JobStoreError(Exception):
@@ -88,9 +97,14 @@ class JobStore:
 
     def __init__(self, host: str, port: int, token: str, is_head: bool, connect_timeout_s: float = 30.0) -> None:
         self.host, self.port, self.is_head = host, port, is_head
-        self._key = hashlib.sha256(b"ddpdoctor-job-mac\0" + token.encode()).digest()
+        self._mac_key, self._enc_key, self._name_key = (
+            hashlib.sha256(b"ddpdoctor-job-" + what + b"\0" + token.encode()).digest()
+            for what in (b"mac", b"enc", b"names"))
         self.ns = "ddpdoctor/" + hashlib.sha256(b"ddpdoctor-job-ns\0" + token.encode()).hexdigest()[:16] + "/"
         self.rejected = 0  # values that failed the seal or the size cap (junk, a foreign writer)
+        self.stale = 0  # sealed values older than one already read under the same name (a replay)
+        self._seen: dict[str, int] = {}  # name -> the newest sequence number read
+        self._seq = 0  # this writer's last sequence number (nanoseconds, strictly increasing)
         self.requests = 0  # store operations made (the benchmark's request rate)
         self.bytes_out = 0
         self._store: Any = None
@@ -122,27 +136,58 @@ class JobStore:
             raise JobStoreError(f"job store at {host}:{port}: {exc}") from exc
 
     # -- sealing -------------------------------------------------------------------------------------
+    def key_of(self, name: str) -> str:
+        """The store key of ``name``: a keyed hash, so listing the store's keys tells a foreign client nothing."""
+        return self.ns + hmac.new(self._name_key, name.encode(), hashlib.sha256).hexdigest()[:32]
+
+    def _mac(self, name: str, nonce: bytes, ct: bytes) -> bytes:
+        return hmac.new(self._mac_key, SEAL_VERSION + name.encode() + b"\0" + nonce + ct, hashlib.sha256).digest()
+
+    def _xor(self, nonce: bytes, data: bytes) -> bytes:
+        stream = hashlib.shake_256(self._enc_key + nonce).digest(len(data))
+        return (int.from_bytes(data, "little") ^ int.from_bytes(stream, "little")).to_bytes(len(data), "little")
+
     def seal(self, name: str, obj: Any) -> bytes:
-        body = zlib.compress(json.dumps(obj, separators=(",", ":"), default=str).encode(), 1)
-        mac = hmac.new(self._key, name.encode() + b"\0" + body, hashlib.sha256).digest()
-        return mac + body
+        """MAC, nonce, then the ciphertext of (sequence number, compressed JSON)."""
+        with self._lock:
+            self._seq = max(self._seq + 1, time.time_ns())
+            seq = self._seq
+        body = seq.to_bytes(SEQ_LEN, "big") + zlib.compress(json.dumps(obj, separators=(",", ":"), default=str)
+                                                            .encode(), 1)
+        nonce = secrets.token_bytes(NONCE_LEN)
+        ct = self._xor(nonce, body)
+        return self._mac(name, nonce, ct) + nonce + ct
 
     def unseal(self, name: str, value: bytes) -> Any:
-        """The value, or None (counted in ``rejected``) when it is junk, forged, or too large."""
-        mac, body = value[:MAC_LEN], value[MAC_LEN:]
-        if len(value) <= MAC_LEN or not hmac.compare_digest(
-                mac, hmac.new(self._key, name.encode() + b"\0" + body, hashlib.sha256).digest()):
+        """The value, or None when it is junk, forged, sealed for another name, too large (counted in ``rejected``)
+        or older than one already read under this name (a replay: counted in ``stale``)."""
+        mac, nonce, ct = value[:MAC_LEN], value[MAC_LEN:MAC_LEN + NONCE_LEN], value[MAC_LEN + NONCE_LEN:]
+        if len(ct) <= SEQ_LEN or not hmac.compare_digest(mac, self._mac(name, nonce, ct)):
             self.rejected += 1
+            return None
+        body = self._xor(nonce, ct)
+        seq = int.from_bytes(body[:SEQ_LEN], "big")
+        if seq < self._seen.get(name, 0):
+            self.stale += 1
             return None
         try:
             d = zlib.decompressobj()
-            raw = d.decompress(body, MAX_VALUE)
+            raw = d.decompress(body[SEQ_LEN:], MAX_VALUE)
             if d.unconsumed_tail:
                 raise ValueError("too large")
-            return json.loads(raw)
+            obj = json.loads(raw)
         except (ValueError, zlib.error, RecursionError):
             self.rejected += 1
             return None
+        self._seen[name] = seq
+        return obj
+
+    def tampered(self) -> str:
+        """What a node's line adds when values were missing for a reason it can name: '' when none were refused."""
+        if not (self.rejected or self.stale):
+            return ""
+        return (f"; {self.rejected} value(s) in the job store failed their seal and {self.stale} were replays: "
+                "another client of the job store wrote into it")
 
     # -- operations ----------------------------------------------------------------------------------
     def put(self, name: str, obj: Any) -> int:
@@ -151,16 +196,16 @@ class JobStore:
         with self._lock:
             self.requests += 1
             self.bytes_out += len(value)
-            self._store.set(self.ns + name, value)
+            self._store.set(self.key_of(name), value)
         return len(value)
 
     def get(self, name: str) -> Any:
         """The value of ``name``, or None when absent or rejected (never blocks for a key that is not there)."""
         with self._lock:
             self.requests += 2
-            if not self._store.check([self.ns + name]):
+            if not self._store.check([self.key_of(name)]):
                 return None
-            value = self._store.get(self.ns + name)
+            value = self._store.get(self.key_of(name))
         return self.unseal(name, bytes(value))
 
     # A boundary: raw JSON off the store (any node's value, of any version); every reader checks what it takes.
@@ -172,11 +217,11 @@ class JobStore:
         with self._lock:
             for n in names:
                 self.requests += 1
-                if self._store.check([self.ns + n]):
+                if self._store.check([self.key_of(n)]):
                     present.append(n)
             if present:
                 self.requests += 1
-                values = self._store.multi_get([self.ns + n for n in present])
+                values = self._store.multi_get([self.key_of(n) for n in present])
         for n, v in zip(present, values, strict=True):
             obj = self.unseal(n, bytes(v))
             if obj is not None:
@@ -188,7 +233,7 @@ class JobStore:
         with self._lock:
             for n in names:
                 self.requests += 1
-                self._store.delete_key(self.ns + n)
+                self._store.delete_key(self.key_of(n))
 
     def close(self) -> None:
         self._store = None

@@ -13,6 +13,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from ddpdoctor.safe_io import write_atomic
+
 
 @dataclass(frozen=True)
 class TorchrunFlag:
@@ -126,9 +128,7 @@ def torchrun_flags() -> tuple[TorchrunFlag, ...]:
     if key and cache is not None:
         try:
             cache.parent.mkdir(parents=True, exist_ok=True)
-            tmp = cache.with_name(f".{cache.name}.{os.getpid()}")
-            tmp.write_text(json.dumps({"key": key, "flags": [dataclasses.asdict(f) for f in flags]}))
-            tmp.replace(cache)
+            write_atomic(cache, json.dumps({"key": key, "flags": [dataclasses.asdict(f) for f in flags]}))
         except OSError:
             pass  # a read-only home: parse every time
     return flags

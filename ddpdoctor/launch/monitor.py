@@ -48,7 +48,7 @@ from ddpdoctor.job.rules import (
 from ddpdoctor.job.state import NodeState
 from ddpdoctor.job.verdict import RemoteVerdict, build
 from ddpdoctor.jsontypes import JsonValue
-from ddpdoctor.launch.proctree import activity, in_tree, signal_own
+from ddpdoctor.launch.proctree import activity, children_activity, in_tree, signal_own, waits_on_children
 from ddpdoctor.launch.stacks import faulthandler_dump, py_spy_dump
 from ddpdoctor.launch.transport import TOKEN_ENV, Listener
 from ddpdoctor.rundir.layout import RunDir, write_json, write_private_text
@@ -335,6 +335,11 @@ class HangMonitor:
             # the heartbeat's.
             if lk.main_tid:
                 sample = activity(lk.pid, only=frozenset({lk.main_tid}))  # type: ignore[arg-type]
+                if sample is not None and waits_on_children(lk.pid, lk.main_tid):  # type: ignore[arg-type]
+                    # Waiting for a child process that does the work (issue 40 item 2): the child's CPU and I/O are
+                    # the rank's. gloo's spinning threads are still not counted: they are threads, not children.
+                    kids = children_activity(lk.pid)  # type: ignore[arg-type]
+                    sample = (sample[0] + kids[0], sample[1] + kids[1])
             else:
                 skip = frozenset({lk.heartbeat_tid} if lk.heartbeat_tid else ())
                 sample = activity(lk.pid, skip)  # type: ignore[arg-type]  # filtered on lk.pid above

@@ -94,6 +94,33 @@ def activity(pid: int, skip_tids: frozenset[int] = frozenset(),
     return cpu, io
 
 
+# Where a thread sleeps (/proc/PID/task/TID/wchan) when it waits for a child process: waitpid (subprocess.run,
+# Popen.wait, multiprocessing's join) or a poll/select/read on the child's pipes (subprocess.run(capture_output=True),
+# communicate()). A collective's wait (gloo's condition variable: a futex) or a socket read is none of these.
+_CHILD_WAITS = ("do_wait", "poll_schedule_timeout", "do_sys_poll", "do_select", "core_sys_select", "pipe_read",
+                "pipe_wait", "ep_poll", "do_epoll_wait")
+
+
+def waits_on_children(pid: int, tid: int) -> bool:
+    """True when thread ``tid`` of ``pid`` sleeps where a thread waiting for a child process sleeps (_CHILD_WAITS)."""
+    try:
+        where = (PROC / str(pid) / "task" / str(tid) / "wchan").read_text().strip()
+    except OSError:
+        return False
+    return where.startswith(_CHILD_WAITS)
+
+
+def children_activity(pid: int) -> tuple[int, int]:
+    """(CPU ticks, I/O bytes) of every live descendant of ``pid``, all their threads: a checkpoint uploader, an
+    evaluation or preprocessing subprocess, compile workers doing the rank's work while its training thread waits."""
+    cpu = io = 0
+    for child in descendants(pid):
+        got = activity(child)
+        if got is not None:
+            cpu, io = cpu + got[0], io + got[1]
+    return cpu, io
+
+
 def kill_group(pgid: int, sig: int = signal.SIGKILL) -> None:
     try:
         os.killpg(pgid, sig)

@@ -21,6 +21,7 @@ from ddpdoctor.live.watch import captures_dir, control_dir
 from ddpdoctor.rundir import artefacts
 from ddpdoctor.rundir.layout import read_json
 from ddpdoctor.rundir.schema import RankStatus
+from ddpdoctor.safe_io import write_atomic
 
 PICKUP_S = 15.0  # monitors poll every 0.5 s; more than this means no monitor is running
 
@@ -57,12 +58,8 @@ def request(run_root: Path, what: str, steps: int | None) -> tuple[str, list[str
     body = json.dumps(req).encode()
     for node in nodes:
         ctl = control_dir(run_root, node)
-        tmp = ctl / f".{cid}.tmp"
         try:
-            fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
-            with os.fdopen(fd, "wb") as f:
-                f.write(body)
-            os.replace(tmp, ctl / f"req-{cid}.json")
+            write_atomic(ctl / f"req-{cid}.json", body)
         except OSError as exc:
             raise BadInput(f"cannot write a request into {ctl} ({exc.strerror or exc})", run_root) from exc
     return cid, nodes
@@ -153,9 +150,7 @@ def wait_stacks(run_root: Path, cid: str, nodes: list[str], timeout_s: float) ->
     if not stacks:
         raise CaptureFailed(f"no stacks within {timeout_s:.0f} s")
     path = out / "stacks.txt"
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-    with os.fdopen(fd, "w") as f:
-        f.write(stacks_text(group_stacks(stacks, beats)))
+    write_atomic(path, stacks_text(group_stacks(stacks, beats)))
     return path
 
 

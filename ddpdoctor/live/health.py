@@ -367,7 +367,7 @@ def _job_point(step: int, recs: dict[int, StepRecord]) -> JobPoint:
 
 def _open_append(path: Path) -> IO[str]:
     """Append to a run-directory file created owner-only (0600, docs/trust.md)."""
-    return os.fdopen(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600), "a")
+    return os.fdopen(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_NOFOLLOW, 0o600), "a")
 
 
 def _append_line(path: Path, data: Alert) -> None:

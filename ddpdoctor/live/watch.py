@@ -24,6 +24,7 @@ from ddpdoctor.live.protocol import CAPTURE_ID, MAX_STEPS, WINDOW_KINDS
 from ddpdoctor.live.records import Alert, CaptureRecord
 from ddpdoctor.live.rules import DEFAULT_CONFIG, HealthConfig
 from ddpdoctor.rundir.layout import write_json
+from ddpdoctor.safe_io import write_atomic
 
 if TYPE_CHECKING:
     from ddpdoctor.launch.monitor import HangMonitor, RankSnapshot
@@ -245,9 +246,8 @@ class LiveWatch:
             rank_links = {r: lk for r, lk in self._monitor.links.items() if r in links}
         stacks, _ = self._monitor.collect(rank_links)
         where = {str(r): {k: (st["beat"] or {}).get(k) for k in ("phase", "step")} for r, st in links.items()}
-        fd = os.open(out / f"stacks-{self.node}.json", os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-        with os.fdopen(fd, "w") as f:
-            json.dump({"stacks": {str(r): s for r, s in stacks.items()}, "beats": where}, f)
+        write_atomic(out / f"stacks-{self.node}.json",
+                     json.dumps({"stacks": {str(r): s for r, s in stacks.items()}, "beats": where}))
         write_json(record, dict(state, done=time.time()))
 
 
@@ -260,7 +260,7 @@ def _preload_tensorboard() -> None:
 
 def _append_reply(path: Path, rank: int, msg: Mapping[str, object]) -> None:
     try:
-        with os.fdopen(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600), "a") as f:
+        with os.fdopen(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_NOFOLLOW, 0o600), "a") as f:
             f.write(json.dumps({"rank": rank, "accepted": bool(msg.get("accepted")),
                                 "reason": str(msg.get("reason") or "")[:200]}) + "\n")
     except OSError:

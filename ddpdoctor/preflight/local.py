@@ -145,7 +145,7 @@ def checkpoint_dir(path: str | None, min_free_gb: float, rank: int) -> CheckOutc
                 continue  # another rank of this host created it a moment ago: not ours to remove
             created.append(p)
         probe = target / f".ddpdoctor-preflight-{socket.gethostname()}-{rank}-{uuid.uuid4().hex[:8]}"
-        with probe.open("wb") as f:
+        with os.fdopen(os.open(probe, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600), "wb") as f:
             f.write(os.urandom(1 << 20))
             f.flush()
             os.fsync(f.fileno())

@@ -15,6 +15,8 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any, TypedDict, TypeVar
 
+from ddpdoctor.safe_io import write_atomic
+
 NOTES_FILE = "probe-notes.json"
 MAX_NOTES = 20  # per rank: one failing hook per step would otherwise fill the disk
 
@@ -50,9 +52,7 @@ class ProbeNotes:
             return
         try:
             self.path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
-            tmp = self.path.with_name(f".{self.path.name}.{os.getpid()}.tmp")
-            tmp.write_text(json.dumps(self.notes))
-            os.replace(tmp, self.path)
+            write_atomic(self.path, json.dumps(self.notes))
         except OSError:
             pass  # a full disk must not break the job either
 

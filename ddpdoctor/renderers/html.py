@@ -5,7 +5,6 @@ from __future__ import annotations
 import html
 import json
 import math
-import os
 from importlib import resources
 from pathlib import Path
 from typing import Any
@@ -23,6 +22,7 @@ from ddpdoctor.reports.sections import (
     TuneSection,
     section_of,
 )
+from ddpdoctor.safe_io import write_atomic
 
 # The embedded data is capped so a 1,000-rank report stays a file a browser opens; tables say what was left out.
 MAX_CALLS_EMBEDDED = 20000
@@ -353,11 +353,7 @@ def write_html(report: Report, path: Path, extra: str = "") -> Path:
 def write_page(text: str, path: Path) -> Path:
     """``text`` to ``path`` atomically (see write_html). Raises OSError."""
     path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    try:
-        tmp.write_text(text, encoding="utf-8")
-        os.replace(tmp, path)
-    except OSError:
-        tmp.unlink(missing_ok=True)
-        raise
+    # An unpredictable temporary name created O_EXCL|O_NOFOLLOW, 0600 (the report holds the job's stacks and
+    # environment): links planted beside the target for a range of pids are never written through (issue 40 item 4).
+    write_atomic(path, text)
     return path

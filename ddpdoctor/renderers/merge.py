@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import gzip
+import os
 import re
 from collections.abc import Callable, Mapping
 from pathlib import Path
@@ -13,6 +14,7 @@ import msgspec
 from ddpdoctor.errors import BadInput
 from ddpdoctor.jsontypes import JsonObject
 from ddpdoctor.renderers.chrome_trace import ENCODER, ChromeEvent, Trace, event_args, raw_text, read_trace
+from ddpdoctor.safe_io import temp_name
 
 _RANK_IN_NAME = re.compile(r"rank[_-]?(\d+)", re.IGNORECASE)
 # The source trace's own process metadata is replaced by ours (pid = rank); thread names are kept.
@@ -142,10 +144,11 @@ def merge_traces(
         raise BadInput("no traces to merge", out)
     offsets = _offsets(clock_offsets_us)
     seen: dict[int, Path] = {}
-    tmp = out.with_name(f".{out.name}.tmp")
+    tmp = temp_name(out)  # unpredictable, created O_EXCL|O_NOFOLLOW 0600: never a planted link (issue 40 item 4)
     try:
         out.parent.mkdir(parents=True, exist_ok=True)
-        raw_out = open(tmp, "wb")  # noqa: SIM115 - closed below, with the gzip layer
+        raw_out = os.fdopen(os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600),
+                            "wb")
         # Level 1: the merged trace is a view to open once; level 9 would cost more than the whole merge.
         fh: Any = gzip.GzipFile(fileobj=raw_out, mode="wb", compresslevel=1, mtime=0) if out.name.endswith(".gz") \
             else raw_out

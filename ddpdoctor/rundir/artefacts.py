@@ -121,6 +121,8 @@ def decode_json(path: Path, limit: int = MAX_ARTEFACT_BYTES) -> Any:
         raise BadInput(f"not UTF-8 text (byte {exc.start})", label) from exc
     except json.JSONDecodeError as exc:
         raise BadInput(f"not valid JSON ({exc.msg} at line {exc.lineno}, byte {exc.pos})", label) from exc
+    except ValueError as exc:  # anything else json refuses (never a traceback)
+        raise BadInput(f"not valid JSON ({exc})", label) from exc
     except RecursionError as exc:  # depth is bounded above; this is belt and braces
         raise BadInput("JSON nested too deeply", label) from exc
 
@@ -192,20 +194,11 @@ def write_private_text(path: Path, text: str) -> None:
     """Write ``text`` atomically into a file only its owner can read (0600: run-directory files hold stacks,
     environments and logs; docs/trust.md). A full disk raises DiskFull and leaves no temporary file behind."""
     path = Path(path)
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
     try:
         path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
         _fault_hook(path)
-        tmp.unlink(missing_ok=True)  # a stale one of this pid; O_EXCL|O_NOFOLLOW: never a name planted as a link
-        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
-        with os.fdopen(fd, "w") as fh:
-            fh.write(text)
-        os.replace(tmp, path)
+        safe_io.write_atomic(path, text)  # an unpredictable temporary name, O_EXCL|O_NOFOLLOW, renamed into place
     except OSError as exc:
-        try:
-            tmp.unlink(missing_ok=True)
-        except OSError:
-            pass
         raise write_error(exc, path) from exc
 
 

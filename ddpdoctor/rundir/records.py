@@ -113,6 +113,7 @@ class RankStatusDoc(TypedDict, total=False):
     step_times_s: list[float]
     duration_s: float
     ddp_modules: int
+    parallelism: list[str]  # what else the rank built (probes/parallelism.py kinds), when it built FSDP or DTensor
     traces: list[str]
     failed_collective: CollectiveState | None
     last_collective: CollectiveState | None

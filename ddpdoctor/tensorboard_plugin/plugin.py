@@ -3,10 +3,11 @@
 from __future__ import annotations
 
 import base64
+import contextlib
 import hashlib
 import json
 import re
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from importlib import resources
 from pathlib import Path
 from typing import Any
@@ -55,29 +56,42 @@ class DdpdoctorPlugin(base_plugin.TBPlugin):
     def _runs(self) -> dict[str, Path]:
         return runs_mod.find_runs(self._logdir) if self._logdir else {}
 
-    def _visible_runs(self, request: Any) -> dict[str, Path]:
-        """The runs this request may see: private ones only by the user who started TensorBoard, runs readable
-        by everyone by anyone (tensorboard_plugin/access.py)."""
+    def _visible_rows(self, request: Any) -> list[runs_mod.RunRow]:
+        """The rows of the runs this request may see: private ones only by the user who started TensorBoard, runs
+        readable by everyone by anyone (tensorboard_plugin/access.py), each checked and read through one handle."""
         if self._logdir is None:
-            return {}
+            return []
         viewer = access.peer_uid(request.environ)
-        return {n: p for n, p in self._runs().items() if access.visible(p, self._logdir, viewer)}
+        rows = []
+        for name in self._runs():
+            with access.opened_run(self._logdir, name, viewer) as path:
+                if path is not None:
+                    rows.append(runs_mod.run_summary(name, path))
+        return rows
 
-    def _run(self, request: Any) -> tuple[str, Path] | None:
-        """The run a request names, only if it is one of the runs it may see (never a path from the URL)."""
+    @contextlib.contextmanager
+    def _run(self, request: Any) -> Iterator[tuple[str, Path] | None]:
+        """The run a request names, only if it is one of the runs it may see (never a path from the URL), as a
+        path through the folder's open descriptor: what was checked is what is read."""
         name = request.args.get("run", "")
-        path = self._visible_runs(request).get(name)
-        return (name, path) if path is not None else None
+        if self._logdir is None or name not in self._runs():
+            yield None
+            return
+        with access.opened_run(self._logdir, name, access.peer_uid(request.environ)) as path:
+            yield (name, path) if path is not None else None
 
     def _serve_js(self, request: wrappers.Request) -> wrappers.Response:
         return http_util.Respond(request, _static("index.js"), "application/javascript")
 
     def _serve_runs(self, request: wrappers.Request) -> wrappers.Response:
         return _json(request, {"logdir": str(self._logdir or ""),
-                               "runs": [runs_mod.run_summary(n, p) for n, p in self._visible_runs(request).items()]})
+                               "runs": self._visible_rows(request)})
 
     def _serve_report_json(self, request: wrappers.Request) -> wrappers.Response:
-        found = self._run(request)
+        with self._run(request) as found:
+            return self._report_json(request, found)
+
+    def _report_json(self, request: wrappers.Request, found: tuple[str, Path] | None) -> wrappers.Response:
         if found is None:
             return _json(request, {"error": "no such run"}, 404)
         try:
@@ -89,9 +103,12 @@ class DdpdoctorPlugin(base_plugin.TBPlugin):
     def _serve_report(self, request: wrappers.Request) -> wrappers.Response:
         """The run's HTML report (the same page as RUN/report.html), with TensorBoard's CSP allowing its own
         inline scripts by hash and nothing else."""
+        with self._run(request) as found:
+            return self._report(request, found)
+
+    def _report(self, request: wrappers.Request, found: tuple[str, Path] | None) -> wrappers.Response:
         from ddpdoctor.renderers.diff_html import render_report_html
 
-        found = self._run(request)
         if found is None:
             return http_util.Respond(request, "no such run", "text/plain", code=404)
         try:
@@ -103,7 +120,10 @@ class DdpdoctorPlugin(base_plugin.TBPlugin):
         return http_util.Respond(request, page, "text/html", csp_scripts_sha256s=hashes)
 
     def _serve_timeline(self, request: wrappers.Request) -> wrappers.Response:
-        found = self._run(request)
+        with self._run(request) as found:
+            return self._timeline(request, found)
+
+    def _timeline(self, request: wrappers.Request, found: tuple[str, Path] | None) -> wrappers.Response:
         if found is None:
             return _json(request, {"error": "no such run"}, 404)
         name, path = found

@@ -3,6 +3,7 @@ and the timeline of every rank's trace on one clock. No TensorBoard import here,
 
 from __future__ import annotations
 
+import contextlib
 import os
 import stat
 from collections.abc import Mapping
@@ -13,6 +14,7 @@ from ddpdoctor.renderers.rank_classes import MAX_RANK_ROWS, group_ranks, legend
 from ddpdoctor.report import Report
 from ddpdoctor.reports.perf_json import RankJson
 from ddpdoctor.safe_io import loads_json, read_bytes
+from ddpdoctor.tensorboard_plugin.access import opened_file, opened_subdir
 
 MAX_DEPTH = 4  # logdir/a/b/c/RUN: deeper folders are not searched (a log dir may hold a whole home directory)
 MAX_RUNS = 500
@@ -234,8 +236,7 @@ def timeline(run: Path, ranks: list[int] | None = None) -> Timeline:
 
     A big job (more than MAX_RANK_ROWS ranks) is drawn through the ranks that matter and one member of each class
     of alike ranks (rank_groups), or through ``ranks`` when asked; only those ranks' traces are read."""
-    from ddpdoctor.renderers.chrome_trace import event_args, raw_text, read_trace
-    from ddpdoctor.renderers.merge import TraceStats, trace_rank
+    from ddpdoctor.renderers.chrome_trace import read_trace
 
     report = load_report(run)
     s = report.sections
@@ -258,31 +259,21 @@ def timeline(run: Path, ranks: list[int] | None = None) -> Timeline:
     raw_events: list[tuple[int, str, float, float, str, str]] = []  # rank, track, ts, dur, name, cat
     hosts: dict[int, str | None] = {}
     skipped = 0
-    for i, path in enumerate(trace_files(run)):
-        rank = known.get(path.name)
-        if wanted is not None and (not isinstance(rank, int) or rank not in wanted):
-            skipped += 1  # a big job: the trace of a rank not drawn is not read (unnamed traces neither)
-            continue
-        trace = read_trace(path)
-        rank = rank if isinstance(rank, int) else trace_rank(trace, path, i)
-        hosts[rank] = trace.host
-        offset = offsets.get(rank, 0.0)
-        stats = TraceStats(trace)
-        threads: dict[tuple[Any, Any], str] = {}
-        for chunk in trace.chunks():
-            for ev in chunk:
-                if ev.ph == "M" and ev.name == "thread_name":
-                    threads[(ev.pid, ev.tid)] = str(event_args(ev).get("name") or "")
-                if ev.ph != "X" or not isinstance(ev.ts, (int, float)) or not isinstance(ev.dur, (int, float)):
+    with contextlib.ExitStack() as stack:
+        # traces/ opened once (never through a link), each trace opened through it once: a name swapped for a link
+        # after the listing reads nothing else (issue 40 item 3).
+        tdir = stack.enter_context(opened_subdir(run, "traces"))
+        for i, path in enumerate(trace_files(run) if tdir is not None else []):
+            rank = known.get(path.name)
+            if wanted is not None and (not isinstance(rank, int) or rank not in wanted):
+                skipped += 1  # a big job: the trace of a rank not drawn is not read (unnamed traces neither)
+                continue
+            assert tdir is not None
+            with opened_file(tdir, path.name) as handle:
+                if handle is None:
                     continue
-                if ev.pid == stats.main_pid:
-                    track = threads.get((ev.pid, ev.tid)) or f"thread {ev.tid}"
-                else:
-                    label = stats.labels.get(ev.pid, f"pid {ev.pid}")
-                    track = f"{label}: {threads.get((ev.pid, ev.tid)) or ev.tid}"
-                name = ev.name if isinstance(ev.name, str) else ""
-                raw_events.append((rank, track, float(ev.ts) - offset, float(ev.dur), name, raw_text(ev.cat)))
-        del trace
+                trace = read_trace(handle)
+            _events(trace, path, i, rank, offsets, hosts, raw_events)
     truncated = len(raw_events) > MAX_TIMELINE_EVENTS
     if truncated:
         raw_events.sort(key=lambda e: -e[3])
@@ -315,3 +306,29 @@ def _track_order(name: str) -> int:
     if name.startswith("thread") or ":" not in name:
         return 0
     return 1 if name.upper().startswith("GPU") else 2
+
+
+def _events(trace: Any, path: Path, i: int, rank: object, offsets: Mapping[int, float], hosts: dict[int, str | None],
+            raw_events: list[tuple[int, str, float, float, str, str]]) -> None:
+    """One rank's complete events (rank, track, ts on rank 0's clock, dur, name, cat) added to ``raw_events``."""
+    from ddpdoctor.renderers.chrome_trace import event_args, raw_text
+    from ddpdoctor.renderers.merge import TraceStats, trace_rank
+
+    rank = rank if isinstance(rank, int) else trace_rank(trace, path, i)
+    hosts[rank] = trace.host
+    offset = offsets.get(rank, 0.0)
+    stats = TraceStats(trace)
+    threads: dict[tuple[Any, Any], str] = {}
+    for chunk in trace.chunks():
+        for ev in chunk:
+            if ev.ph == "M" and ev.name == "thread_name":
+                threads[(ev.pid, ev.tid)] = str(event_args(ev).get("name") or "")
+            if ev.ph != "X" or not isinstance(ev.ts, (int, float)) or not isinstance(ev.dur, (int, float)):
+                continue
+            if ev.pid == stats.main_pid:
+                track = threads.get((ev.pid, ev.tid)) or f"thread {ev.tid}"
+            else:
+                label = stats.labels.get(ev.pid, f"pid {ev.pid}")
+                track = f"{label}: {threads.get((ev.pid, ev.tid)) or ev.tid}"
+            name = ev.name if isinstance(ev.name, str) else ""
+            raw_events.append((rank, track, float(ev.ts) - offset, float(ev.dur), name, raw_text(ev.cat)))

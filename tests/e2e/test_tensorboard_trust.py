@@ -122,3 +122,64 @@ def test_another_local_user_sees_only_runs_shared_on_purpose(served):
     assert status == 200 and json.loads(body)["tool"] == "ddpdoctor"
     status, body = _get(tb, "timeline?run=shared", as_nobody=True)
     assert status == 200 and json.loads(body)["ranks"]
+
+
+_SAME_PORT_CLIENT = """
+import socket, sys
+port, addr = int(sys.argv[1]), sys.argv[2]
+s = socket.socket()
+s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+try:
+    s.bind((addr, port))  # the server's own port number, on another loopback address
+except OSError as exc:
+    print("BIND", exc); sys.exit(0)
+s.settimeout(60)
+s.connect(("127.0.0.1", port))
+s.sendall(b"GET /data/plugin/ddpdoctor/runs HTTP/1.0\\r\\nHost: 127.0.0.1\\r\\n\\r\\n")
+out = b""
+while chunk := s.recv(65536):
+    out += chunk
+sys.stdout.buffer.write(out)
+"""
+
+
+def test_a_client_with_the_servers_port_number_is_not_taken_for_the_server(served):
+    # Issue 40 item 3: bound to 127.0.0.X with the server's own port number, a client was served root's private run
+    # (31 of 40 addresses): the peer check matched ports only, so it found the server's own socket.
+    _need_nobody()
+    tb, _top = served
+    tried = 0
+    for last in range(2, 8):
+        out = subprocess.run([*NOBODY, sys.executable, "-c", _SAME_PORT_CLIENT, str(tb.port), f"127.0.0.{last}"],
+                             capture_output=True, timeout=90, check=True, cwd="/").stdout
+        if out.startswith(b"BIND"):
+            continue
+        tried += 1
+        body = out.partition(b"\r\n\r\n")[2]
+        names = {r["run"] for r in json.loads(body)["runs"]}
+        assert names == {"shared", "theirs_shared"}, (last, names)
+    assert tried, "no loopback address could be bound with the server's port"
+
+
+def test_a_run_swapped_for_a_link_after_the_check_reads_nothing_else(served):
+    # Issue 40 item 3: a run or trace folder swapped for a link between the check and the read leaked root-only
+    # data. The tab opens a run once and reads through that handle: swapping it afterwards changes nothing read.
+    from ddpdoctor.tensorboard_plugin import access, runs
+
+    _tb, top = served
+    logdir = top / "logs"
+    work = top / "swap"
+    shutil.copytree(logdir / "shared", work / "run")
+    secret = work / "secret"
+    shutil.copytree(logdir / "shared", secret)
+    (secret / "report.json").write_text(SECRET)
+    os.chmod(secret / "report.json", 0o600)
+    with access.opened_run(work, "run", viewer=None) as path:
+        assert path is not None
+        (work / "run").rename(work / "moved")
+        (work / "run").symlink_to(secret)  # swapped after the check
+        assert b"root only" not in runs.read_report_bytes(path)
+        tl = runs.timeline(path)
+        assert tl["ranks"]
+    with access.opened_run(work, "run", viewer=None) as path:
+        assert path is None  # a link is never opened as a run

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import shutil
 
 import pytest
 
@@ -22,6 +21,18 @@ SCRIPT_ARGS = ["--steps-per-epoch", "12", "--width", "256", "--layers", "4"]
 CAP = "0.1"
 
 
+RESUME = """import atexit as _atexit
+import pathlib as _pathlib
+
+_CKPT = _pathlib.Path(__file__).with_name("ckpt.txt")
+if __import__("os").environ.get("RANK") == "0":
+    _START = int(_CKPT.read_text())
+    with open(__import__("os").environ["STARTS_LOG"], "a") as _log:
+        _log.write(f"{_START}\\n")
+    _atexit.register(lambda: _CKPT.write_text(str(_START + 12)))
+"""
+
+
 def _sha(path):
     return hashlib.sha256(path.read_bytes()).hexdigest()
 
@@ -30,11 +41,16 @@ def _sha(path):
 def tuned(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("tune")
     script = tmp / "train.py"
-    shutil.copy(EXAMPLES / "train_mlp.py", script)
+    # A script that resumes from and saves a checkpoint beside itself (issue 40 item 5): every launch of the tune
+    # (each trial included) must start from the user's state and leave it byte-identical.
+    text = (EXAMPLES / "train_mlp.py").read_text()
+    script.write_text(text.replace('\nimport argparse\n', '\nimport argparse\n' + RESUME, 1))
+    (tmp / "ckpt.txt").write_text("100")
     before = _sha(script)
     run = tmp / "run"
     r = run_cli("tune", "--nproc-per-node", "2", "--out", str(run), "--no-auto", "--try", f"bucket_cap_mb={CAP}",
-                "--rounds", "1", "--warmup", "3", "--steps", "6", "--json", str(script), *SCRIPT_ARGS, timeout=600)
+                "--rounds", "1", "--warmup", "3", "--steps", "6", "--json", str(script), *SCRIPT_ARGS, timeout=600,
+                cwd=tmp, env={"STARTS_LOG": str(tmp.parent / f"{tmp.name}-starts.log")})
     return r, run, script, before
 
 
@@ -74,6 +90,11 @@ def test_no_winner_is_claimed_inside_the_noise(tuned):
 def test_the_users_script_is_untouched(tuned):
     _, _, script, before = tuned
     assert _sha(script) == before
+    # The checkpoint it resumes from and saves is as the user left it, and nothing else was left in its folder.
+    assert (script.parent / "ckpt.txt").read_text() == "100"
+    assert sorted(p.name for p in script.parent.iterdir()) == ["ckpt.txt", "run", "train.py"]
+    starts = (script.parent.parent / f"{script.parent.name}-starts.log").read_text().split()
+    assert starts == ["100"] * 4  # the profiled launch and the three trials (A B A) each started from step 100
     data = json.loads(tuned[0].stdout)
     assert data["tune"]["script"]["unchanged"] is True
 

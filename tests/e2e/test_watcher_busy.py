@@ -52,6 +52,20 @@ def test_a_long_checkpoint_or_evaluation_is_a_stall_not_a_hang(tmp_path: Path, k
     assert_long_stall_not_hang(code, report)
 
 
+@pytest.mark.parametrize("kind", ["child-capture", pytest.param("child", marks=LONG)])
+def test_a_rank_waiting_on_a_busy_child_process_is_a_stall_not_a_hang(tmp_path: Path, kind: str) -> None:
+    # Issue 40 item 2: the training thread in waitpid (or polling the child's pipes) uses no CPU and no I/O of its
+    # own; the child that does the work is counted, so it is a long stall, never killed as a hang.
+    code, report = run_pause(tmp_path, kind, pause_s=12)
+    assert_long_stall_not_hang(code, report)
+
+
+@LONG
+def test_a_rank_waiting_75_s_on_a_busy_child_under_the_60_s_default(tmp_path: Path) -> None:
+    code, report = run_pause(tmp_path, "child", pause_s=75, floor=None, timeout=400)
+    assert_long_stall_not_hang(code, report)
+
+
 @LONG
 @pytest.mark.parametrize("seconds", [75, 150])
 def test_real_75_and_150_s_checkpoint_and_evaluation_under_the_60_s_default(tmp_path: Path, seconds: int) -> None:

@@ -2,7 +2,8 @@
 other waits for it in a collective; a marker file says when the job is under way (for tests that signal it).
 
 PAUSE_RANK, PAUSE_STEP, PAUSE_KIND (checkpoint | eval | checkpoint+eval (eval 3 steps after the checkpoint) |
-sleep | spin-sleep (asleep forever while another of its threads keeps burning CPU and doing I/O, as gloo's I/O
+child | child-capture (the work done by a child process the rank waits for: subprocess.run, with its output
+captured or not) | sleep | spin-sleep (asleep forever while another of its threads keeps burning CPU and doing I/O, as gloo's I/O
 threads, NCCL's watchdog or a data-loader thread do) | lock | read | exit0 | return), PAUSE_S, STEPS, STEP_SLEEP, MARK_FILE (written by rank 0 at step 3), PAUSED_FILE (written by the pausing rank
 as it pauses)."""
 
@@ -49,8 +50,19 @@ def spin():
         sum(range(2000))
 
 
+CHILD = ("import time, torch\nend = time.time() + float({s})\na = torch.randn(128, 128)\n"
+         "while time.time() < end:\n    a = torch.tanh(a @ a)\n")
+
+
 def pause(kind):
-    if kind == "checkpoint":
+    if kind in ("child", "child-capture"):
+        import subprocess
+        import sys
+
+        # An evaluation or uploader in a subprocess: the training thread sits in waitpid (or poll on its pipes).
+        subprocess.run([sys.executable, "-c", CHILD.format(s=pause_s)], check=True,
+                       capture_output=kind == "child-capture")
+    elif kind == "checkpoint":
         checkpoint(pause_s)
     elif kind == "eval":
         evaluate(pause_s)

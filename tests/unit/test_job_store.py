@@ -8,6 +8,7 @@ import socket
 import stat
 import time
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch.distributed as dist
@@ -44,15 +45,62 @@ def test_listens_on_the_master_address_only(head: JobStore) -> None:
 def test_other_token_is_rejected_and_counted(head: JobStore) -> None:
     intruder = JobStore("127.0.0.1", head.port, "x" * 32, is_head=False, connect_timeout_s=5)
     # It does not know the job's key names; even writing under them, its seal does not verify.
-    intruder.ns = head.ns
+    assert intruder.key_of("verdict") != head.key_of("verdict")
+    intruder.key_of = head.key_of  # type: ignore[method-assign]
     intruder.put("verdict", {"line": "forged"})
     assert head.get("verdict") is None and head.rejected == 1
+    assert "failed their seal" in head.tampered()
+
+
+def _raw(port: int) -> dist.TCPStore:
+    return dist.TCPStore("127.0.0.1", port, is_master=False, timeout=datetime.timedelta(seconds=5))
+
+
+def test_a_client_without_the_token_reads_nothing(head: JobStore) -> None:
+    # Issue 40 item 1: TCPStore has no authentication and lists its keys. Whatever a foreign client lists and reads
+    # carries neither the names nor the contents of what the job sent.
+    secret = "Traceback: rank 3 stderr tail, secret-path /home/alice/data"
+    node = JobStore("127.0.0.1", head.port, "t" * 32, is_head=False, connect_timeout_s=5)
+    node.put("files/1", {"3": {"stderr.log": secret * 20}})
+    node.put("verdict", {"line": "job hung: culprit rank 3"})
+    raw = _raw(head.port)
+    keys = raw.list_keys()
+    assert keys and not any("files" in k or "verdict" in k or "node" in k for k in keys)
+    for k in keys:
+        value = bytes(raw.get(k))
+        assert b"secret-path" not in value and b"culprit" not in value and b"stderr" not in value
+        import zlib
+        for start in range(0, 64):  # not merely compressed: no offset inflates to the text
+            try:
+                assert b"secret" not in zlib.decompressobj().decompress(value[start:], 1 << 20)
+            except zlib.error:
+                pass
+    assert head.get("files/1") == {"3": {"stderr.log": secret * 20}}
+
+
+def test_moved_replayed_and_flipped_values_are_refused(head: JobStore) -> None:
+    node = JobStore("127.0.0.1", head.port, "t" * 32, is_head=False, connect_timeout_s=5)
+    raw = _raw(head.port)
+    node.put("node/1", {"step": 1})
+    old = bytes(raw.get(head.key_of("node/1")))
+    node.put("node/1", {"step": 2})
+    assert head.get("node/1") == {"step": 2}
+    raw.set(head.key_of("node/1"), old)  # an attacker replays what it recorded: stale, refused
+    assert head.get("node/1") is None and head.stale == 1 and "replays" in head.tampered()
+    raw.set(head.key_of("node/2"), old)  # the same sealed bytes under another name
+    assert head.get("node/2") is None and head.rejected == 1
+    flipped = bytearray(old)
+    flipped[-1] ^= 1
+    raw.set(head.key_of("node/3"), bytes(flipped))
+    assert head.get("node/3") is None and head.rejected == 2
+    node.put("node/1", {"step": 3})
+    assert head.get("node/1") == {"step": 3}
 
 
 def test_junk_values_and_junk_connections_never_crash(head: JobStore) -> None:
     raw = dist.TCPStore("127.0.0.1", head.port, is_master=False, timeout=datetime.timedelta(seconds=5))
     for junk in (b"", b"x", b"\x00" * 40, os.urandom(5000)):
-        raw.set(head.ns + "node/0", junk)
+        raw.set(head.key_of("node/0"), junk)
         assert head.get("node/0") is None
     for junk in (b"GET / HTTP/1.0\r\n\r\n", os.urandom(4096), b"\xff" * 64):
         with socket.create_connection(("127.0.0.1", head.port), timeout=2) as c:
@@ -164,3 +212,44 @@ def test_job_role_from_torchrun_flags(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("SLURM_NODEID", "3")
     r = job_role({"--nnodes": "4", "--rdzv-endpoint": "head"})
     assert r is not None and r.node_rank == 3 and r.master_port == 29500
+
+
+class _QuietNode:
+    """The NodePort bits a node's end needs: no ranks of its own."""
+
+    hang_timeout = 4.0
+    startup_timeout = 60.0
+    stalls: dict[Any, Any] = {}
+
+    def records(self, now: float, job_started: float, ended: bool = False) -> list[Any]:
+        return []
+
+    def rank_ids(self) -> list[int]:
+        return []
+
+
+@pytest.mark.parametrize("others_said", [True, False])
+def test_a_removed_final_word_is_never_a_lost_head(head: JobStore, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                   others_said: bool) -> None:
+    # Issue 40 item 1: deleting the head's final word made node 1 of a healthy job print "the head node was lost" and
+    # exit 1. The head answered all along: the node says the word did not arrive and takes the job's code from every
+    # node's own sealed record (0 here); when those are gone too, the job's end is unknown, said as such.
+    import ddpdoctor.job.agent as agent_mod
+    from ddpdoctor.job import state
+    from ddpdoctor.job.agent import JobAgent
+    from ddpdoctor.job.role import JobRole
+
+    monkeypatch.setenv("DDPDOCTOR_JOB_TOKEN", "t" * 32)
+    monkeypatch.setattr(agent_mod, "END_WAIT_S", -28.5)  # the node waits 1.5 s for the word
+    node = JobAgent(JobRole(2, 1, "127.0.0.1", head.port - 1), _QuietNode(), tmp_path)  # type: ignore[arg-type]
+    node.store = JobStore("127.0.0.1", head.port, "t" * 32, is_head=False, connect_timeout_s=5)
+    if others_said:
+        head.put("node/0", state.envelope(0, "h0", 5, [], end=0))
+        node.store.put("node/1", state.envelope(1, "h1", 5, [], end=0))
+    out = node._finish_node(0)
+    assert "was lost" not in (out.line or "") and "final word did not arrive" in (out.line or "")
+    assert node.head_lost is None
+    if others_said:
+        assert out.code == 0 and "exit code 0" in (out.line or "")
+    else:
+        assert out.code == 1 and "end is unknown" in (out.line or "")

@@ -61,3 +61,11 @@ def test_a_rank_sigterm_ended_at_start_up_is_blamed_not_the_peer_torchrun_stoppe
     assert findings[0].evidence["victims"] == [0]
     # Without torchrun's word, a silent rank may have died first (SIGKILL): no blame here (rank-no-status says it).
     assert crash_findings(statuses) == []
+
+
+def test_sigterm_to_rank_0_blames_rank_0_not_its_victim():
+    # Issue 40 item 6: rank 0 was read as "no rank" (a falsy walrus), so its victim was blamed (2 of 2).
+    statuses = {0: _term(0, 100.0), 1: {"rank": 1, "exit_code": 1, "exception": PEER, "ended_at": 101.0}}
+    findings = crash_findings(statuses)
+    assert _errors(findings) == [("rank-crashed", [0])]
+    assert "Rank 0 failed first" in findings[0].title and findings[0].evidence["victims"] == [1]
