@@ -1,5 +1,6 @@
-"""`ddpdoctor tune`: launch the script with variants of DDP's options (no code change), measure each against the
-script's own settings in interleaved short launches, and report which one is faster, by how much, with intervals."""
+"""`ddpdoctor tune`: launch the script with variants of DDP's options or FSDP2's knobs (no code change), measure
+each against the script's own settings in interleaved short launches, and report which one is faster, by how much,
+with intervals."""
 
 from __future__ import annotations
 

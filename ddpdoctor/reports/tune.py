@@ -134,7 +134,7 @@ def _report(result: TuneResult, plan: Plan, prep: Preparation, findings: list[Fi
                      "n": base.step.n if base.step else 0, "launch_medians_ms": [round(x, 3) for x in base.launch_medians],
                      "launch_spread_ms": None if result.launch_spread_ms is None else round(result.launch_spread_ms, 3),
                      "effect": base.effect,
-                     "options": _fsdp_options(prep) if prep.fsdp_units else
+                     "options": _fsdp_options(prep) if getattr(prep, "fsdp_units", None) else
                      {"bucket_cap_mb": cfg.bucket_cap_mb, "gradient_as_bucket_view": cfg.gradient_as_bucket_view,
                       "static_graph": cfg.static_graph, "find_unused_parameters": cfg.find_unused_parameters}},
         "candidates": [c.to_json() for c in plan.candidates],
