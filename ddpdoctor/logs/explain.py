@@ -38,7 +38,7 @@ _MAYBE_FAILURE = re.compile(
 # A log that shows training (DDP's own INFO records, a framework's progress lines): a log, even with no word of
 # torch.distributed in it; when it holds no failure, the answer is "no failure found", not bad input.
 _TRAINING = re.compile(r"Reducer buckets have been rebuilt|\b(?:[Ee]poch|[Ll]oss|global_step|train_loss)\b"
-                       r"|\d+(?:\.\d+)?(?:it/s|s/it)\]")
+                       r"|(?<![\d.])\d{1,6}(?:\.\d{1,4})?(?:it/s|s/it)\]")
 _TRAINING_LINES = 20000  # looked for in the first lines only: a log that trains says so early
 _TRAILING_NUMBER = re.compile(r"(\d+)(?:\.\w+)?$")
 

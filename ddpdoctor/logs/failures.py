@@ -24,12 +24,11 @@ def _odd_rank(kind: str, m_groups: dict[str, str | None], rank: int | None) -> i
 def parse_failure(line: LogLine) -> Event | None:
     """The failure event one line carries, if any (most lines carry none)."""
     text = line.text
-    if "store based barrier" in text and (b := grammar.STORE_BARRIER.search(text)):
+    if "store based barrier" in text and (b := grammar.store_barrier(text)):
         # init_process_group's barrier, logged at INFO every 10 s while it waits (torch 1.8-1.13), DEBUG later; its
         # timeout error (all versions): a start-up that never filled, whatever the line's level.
-        return FailureLine("init-barrier", "cause", line.rank if line.rank is not None else
-                           int(b.group("rank")) if b.group("rank") else None, None, None, text.strip()[:1000],
-                           line.ts, Where(line.source, line.lineno))
+        return FailureLine("init-barrier", "cause", line.rank if line.rank is not None else b.rank, None, None,
+                           text.strip()[:1000], line.ts, Where(line.source, line.lineno))
     if (line.logger in ("W", "I") and "waitForInput" not in text) or text.startswith("#"):
         return None  # glog warnings and info (retried connects, shutdown notices), comments and nccl-tests headers
     where = Where(line.source, line.lineno)

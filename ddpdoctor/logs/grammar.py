@@ -169,6 +169,28 @@ HOST_IN_BRACKETS = re.compile(r"\[([\w.-]+)\]:\d+")
 # num_workers_joined=1, timeout=0:30:00 error=...)" (DEBUG, 2.0-2.13), and the timeout "Timed out initializing
 # process group in store based barrier on rank: 0, for key: ... (world_size=8, worker_count=7, timeout=0:30:00)"
 # (RuntimeError 1.8-1.13, DistStoreError with num_workers_joined 2.0-2.13).
-STORE_BARRIER = re.compile(r"store based barrier.*?(?:rank:? (?P<rank>\d+))?,? (?:for )?key: ?(?P<key>[\w:/-]+).*?"
-                           r"\(world_size=(?P<world>\d+), (?:worker_count|num_workers_joined)=(?P<joined>\d+)"
-                           r"(?:, timeout=(?P<timeout>[^)]*?))?(?:,? error=.*)?\)")
+_BARRIER_COUNTS = re.compile(r"\(world_size=(?P<world>\d+), (?:worker_count|num_workers_joined)=(?P<joined>\d+)"
+                             r"(?:, timeout=(?P<timeout>[^)=\s]{1,40}(?: days?, [\d:]{1,12})?))?")
+_BARRIER_RANK = re.compile(r"\brank:? (\d+)")
+_BARRIER_KEY = re.compile(r"\bkey: ?([\w:/-]{1,200})")
+
+
+@dataclass(frozen=True)
+class StoreBarrier:
+    world: int
+    joined: int
+    rank: int | None
+    key: str | None
+    timeout: str | None
+
+
+def store_barrier(text: str) -> StoreBarrier | None:
+    """The counts of one store-based barrier line (each search starts at its own literal: linear in the line)."""
+    if "store based barrier" not in text:
+        return None
+    m = _BARRIER_COUNTS.search(text)
+    if not m:
+        return None
+    r, k = _BARRIER_RANK.search(text), _BARRIER_KEY.search(text)
+    return StoreBarrier(int(m.group("world")), int(m.group("joined")), int(r.group(1)) if r else None,
+                        k.group(1) if k else None, m.group("timeout"))

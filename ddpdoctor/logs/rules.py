@@ -55,7 +55,7 @@ EXPLAINED = re.compile(
     r"|output size times world ?size|Non-sharded dimensions should have identical size|requires even sharding"
     r"|not divisible by FSDP world size|`placements` must have the same length|placement per mesh dim"
     r"|Cannot distribute a DTensor|mixed torch\.Tensor and DTensor|materialized from meta device")
-LAUNCHER_TYPES = ("ChildFailedError", "CalledProcessError")
+LAUNCHER_TYPES = ("ChildFailedError", "CalledProcessError", "ProcessRaisedException")
 STACK_LIMIT = 8000
 
 

@@ -16,7 +16,7 @@ from ddpdoctor.findings.failure import hang_finding
 from ddpdoctor.findings.model import Finding, Severity
 from ddpdoctor.logs.causes import Cause, last_error, nccl_cause
 from ddpdoctor.logs.events import FailureLine, RankException, TimelineRow, Unexplained, WatchdogTimeout
-from ddpdoctor.logs.grammar import STORE_BARRIER
+from ddpdoctor.logs.grammar import store_barrier
 
 # Which findings name the cause, first (lower = earlier in the report when several are errors).
 _PRIORITY = {"oom": 0, "rank-crashed": 1, "model-mismatch": 1, "cuda-error": 1, "fsdp-error": 1,
@@ -214,19 +214,18 @@ def _init_hang(lines: list[FailureLine]) -> Finding | None:
     found = [e for e in lines if e.kind == "init-barrier"]
     if not found:
         return None
-    seen = [(e, m) for e in found if (m := STORE_BARRIER.search(e.text))]
+    seen = [(e, b) for e in found if (b := store_barrier(e.text))]
     if not seen:
         return None
-    last, m = max(seen, key=lambda em: (em[0].ts is None, em[0].ts or 0.0, em[0].where.lineno))
-    world, joined = int(m.group("world")), int(m.group("joined"))
-    waiting = sorted({int(mm.group("rank")) for _, mm in seen if mm.group("rank")}
-                     | {e.rank for e, _ in seen if e.rank is not None})
+    last, m = max(seen, key=lambda eb: (eb[0].ts is None, eb[0].ts or 0.0, eb[0].where.lineno))
+    world, joined = m.world, m.joined
+    waiting = sorted({b.rank for _, b in seen if b.rank is not None} | {e.rank for e, _ in seen if e.rank is not None})
     timed_out = any("Timed out initializing" in e.text for e, _ in seen)
     too_many = joined > world
     title = (f"Hang at start-up: {joined} processes joined init_process_group's barrier for a world of {world}: "
              "two jobs share the store, or the launch started more processes than the world size" if too_many else
              f"Hang at start-up: only {joined} of {world} ranks reached init_process_group's barrier"
-             + (" before its timeout" if timed_out else "") + f" (key {m.group('key')})")
+             + (" before its timeout" if timed_out else "") + (f" (key {m.key})" if m.key else ""))
     return hang_finding(
         title, waiting,
         ("Two launches on one MASTER_ADDR:MASTER_PORT (a previous run still alive, two jobs on one node with the "
@@ -238,7 +237,7 @@ def _init_hang(lines: list[FailureLine]) -> Finding | None:
          "own logs for an error before the barrier."),
         stalled_ranks=waiting, culprit_ranks=[], collective="init_process_group (store-based barrier)",
         call_sites={}, stacks={}, detected_after_s=None, phase="init", arrived=joined, expected=world,
-        barrier_key=m.group("key"), timeout=m.group("timeout"), lines=_lines_json([last]),
+        barrier_key=m.key, timeout=m.timeout, lines=_lines_json([last]),
         why=("the barrier counts the processes that called init_process_group on this store; more than the world "
              "size means processes of another launch joined it" if too_many else
              "init_process_group waits until every rank has added itself to the store; the count stayed below the "

@@ -13,7 +13,7 @@ from rich.markup import escape
 from rich.table import Table
 from rich.text import Text
 
-from ddpdoctor.findings.model import Severity, ordered
+from ddpdoctor.findings.model import FAILURE_IDS, Finding, Severity, ordered
 from ddpdoctor.renderers.rank_classes import MAX_RANK_ROWS, Figure, group_ranks, legend
 from ddpdoctor.report import Report
 from ddpdoctor.reports.perf_json import CollectivesJson, RankJson, StragglersJson
@@ -221,12 +221,25 @@ def straggler_line(stragglers: StragglersJson) -> str | None:
     return (f"[yellow]Straggler(s):[/] {', '.join(parts)}{more}; median arrival skew {ms(skew)} ms")
 
 
+def _saves_ms(f: Finding) -> float:
+    cost = f.evidence.get("cost_ms_per_step")
+    return float(cost) if isinstance(cost, int | float) else -1.0
+
+
 def top_advice(report: Report) -> str | None:
-    """The advice of the most severe finding that has some (what to do first)."""
-    for f in ordered(report.findings):
-        if f.advice and f.severity is not Severity.INFO:
-            return f"[bold]Top advice[/] ({escape(f.id)}): {escape(f.advice)}"
-    return None
+    """The advice of the most severe finding that has some (what to do first); among findings of that severity, the
+    one whose cost per step (what following it would save) is largest."""
+    found = [f for f in ordered(report.findings) if f.advice and f.severity is not Severity.INFO]
+    if not found:
+        return None
+    worst = found[0]
+    same = [f for f in found if (f.id in FAILURE_IDS) == (worst.id in FAILURE_IDS) and f.severity is worst.severity]
+    best = max(same, key=_saves_ms)  # (max keeps the first of equals: the report's own order)
+    # A finding whose advice only points at another one ("See exposed-comm-high.") shows the advice it points at.
+    ref = next((f for f in report.findings if best.advice.strip() == f"See {f.id}." and f.advice), None)
+    if ref is not None:
+        return f"[bold]Top advice[/] ({escape(best.id)}, see {escape(ref.id)}): {escape(ref.advice)}"
+    return f"[bold]Top advice[/] ({escape(best.id)}): {escape(best.advice)}"
 
 
 def render_perf_sections(report: Report, out: Console, verbose: bool) -> None:

@@ -148,3 +148,35 @@ def test_records_cut_in_one_pass_and_never_from_their_own_prefix() -> None:
     prefixed = "[rank1]: RuntimeError: " + "x" * 200
     assert list(records(prefixed)) == [prefixed]
     assert list(records("short line RuntimeError: x")) == ["short line RuntimeError: x"]
+
+
+def test_mp_spawn_reraise_names_the_child_and_the_users_call_site() -> None:
+    # torch.multiprocessing.spawn (and launchers built on it) re-raises a child's exception in the parent as
+    # ProcessRaisedException, with the child's traceback after "-- Process N terminated with the following error:"
+    # (spawn.py, torch 1.8-2.13; the wording as in greatlog/SWAHR-HumanPose#11): the crash is process N's own, at the
+    # user's line inside the child, not the parent's mp.spawn call.
+    text = (
+        "Traceback (most recent call last):\n"
+        '  File "/home/u/train.py", line 60, in <module>\n'
+        "    mp.spawn(main, args=(world_size,), nprocs=world_size, join=True)\n"
+        '  File "/usr/lib/python3.10/site-packages/torch/multiprocessing/spawn.py", line 160, in join\n'
+        "    raise ProcessRaisedException(msg, error_index, failed_process.pid)\n"
+        "torch.multiprocessing.spawn.ProcessRaisedException:\n\n"
+        "-- Process 1 terminated with the following error:\n"
+        "Traceback (most recent call last):\n"
+        '  File "/usr/lib/python3.10/site-packages/torch/multiprocessing/spawn.py", line 69, in _wrap\n'
+        "    fn(i, *args)\n"
+        '  File "/home/u/train.py", line 22, in step\n'
+        '    raise ValueError("corrupt sample in shard 7")\n'
+        "ValueError: corrupt sample in shard 7\n")
+    (f,) = explain_texts({"spawn.log": text})
+    assert f.id == "rank-crashed" and f.ranks == [1] and "ValueError: corrupt sample" in f.title
+    assert f.evidence["call_site"] == "/home/u/train.py:22"
+
+
+def test_undoing_a_hard_wrap_never_swallows_a_record_after_fixed_width_lines() -> None:
+    # Progress bars are lines of one width, like a terminal's wrap: what follows them stays a record of its own.
+    bar = " 4{i}%|####      | 4{i}/100 [00:10<00:12,  4.51it/s] loss=0.6931 lr=0.0001 grad=1.23 step=4{i} "
+    text = "".join(bar.format(i=i) + "\n" for i in range(5)) + "Killed\n"
+    found = explain_texts({"rank1.log": text})
+    assert [f.id for f in found] == ["rank-crashed"] and "SIGKILL" in found[0].title
