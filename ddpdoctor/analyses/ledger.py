@@ -120,16 +120,23 @@ def common_window(per_rank: Mapping[int, Sequence[Record]], cfg: LedgerConfig = 
     return sorted(s for s in common if s > cfg.warmup_steps)[-cfg.window_steps:]
 
 
+def too_few_steps_note(steps: int, cfg: LedgerConfig = DEFAULT) -> str:
+    """What the caused-wait rule says of a job too short for it."""
+    return (f"collective ledger: {steps} step(s) every rank reported past the {cfg.warmup_steps} warm-up steps; "
+            f"{cfg.min_steps} are needed to judge which rank the others wait for: not judged")
+
+
 def caused_wait(per_rank: Mapping[int, Sequence[Record]], cfg: LedgerConfig = DEFAULT,
                 crowded: Mapping[int, str] | None = None) -> LedgerVerdict:
     """The ranks the others persistently wait for. ``crowded``: rank -> "N ranks on M cores" for ranks on a host
     with fewer cores than ranks plus launcher (a cost under CROWDED_SLICES scheduler slices there is a note)."""
     steps = common_window(per_rank, cfg)
-    if len(steps) < cfg.min_steps:
-        return LedgerVerdict([], {}, [])
-    ranks = sorted(r for r, recs in per_rank.items() if recs)
     if not any(BLOCKED in rec[2] for recs in per_rank.values() for rec in recs[-3:]):
         return LedgerVerdict([], {}, [])  # no rank measured blocked time (no ledger): nothing to say
+    if len(steps) < cfg.min_steps:
+        # Never silence: a job too short for the rule is said to be so (docs/metrics.md#caused-wait).
+        return LedgerVerdict([], {}, [too_few_steps_note(len(steps), cfg)] if len(per_rank) > 1 else [])
+    ranks = sorted(r for r, recs in per_rank.items() if recs)
     index = {s: j for j, s in enumerate(steps)}
     shape = (len(ranks), len(steps))
     size = shape[0] * shape[1]
@@ -188,12 +195,24 @@ def judge(ranks: list[int], steps: list[int], blocked: np.ndarray, own: np.ndarr
              for i in range(n)}
     out: list[CausedWait] = []
     notes: list[str] = []
+    worst = int(np.argmax(med_deficit)) if n else -1
+    if worst >= 0 and worst not in deficits and threshold / 2 < med_deficit[worst] <= threshold:
+        notes.append(f"rank {ranks[worst]} kept the others waiting {med_deficit[worst] * 1e3:.2f} ms per step "
+                     f"(median of steps {steps[0]}-{steps[-1]}), under the slow-rank threshold "
+                     f"{threshold * 1e3:.2f} ms (max({cfg.min_s * 1e3:.0f} ms, {cfg.rel:.0%} of the "
+                     f"{step_s * 1e3:.1f} ms step)): not named")
     for i, d in deficits.items():
         persist = float(np.mean(d > threshold / 2))
         if persist < cfg.persist_frac:
+            notes.append(f"rank {ranks[i]} kept the others waiting {med_deficit[i] * 1e3:.2f} ms per step (median), "
+                         f"over the {threshold * 1e3:.2f} ms threshold, but in only {persist:.0%} of steps "
+                         f"{steps[0]}-{steps[-1]} ({cfg.persist_frac:.0%} needed): not named")
             continue
         iv = bootstrap(d.tolist(), median)
         if iv is None:
+            notes.append(f"rank {ranks[i]} kept the others waiting {med_deficit[i] * 1e3:.2f} ms per step (median), "
+                         f"over the {threshold * 1e3:.2f} ms threshold, but too few steps give it an interval: "
+                         "not named")
             continue
         others_own = ref_own if ref_own is not None else np.median(np.delete(own, i, axis=0), axis=0)
         excess = np.median(own[i] - others_own, axis=0)

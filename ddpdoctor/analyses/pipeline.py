@@ -223,13 +223,16 @@ def analyze_paths(paths: list[Path], options: AnalyzeOptions | None = None) -> A
         crossrank.shift(results, offsets)
         matched = crossrank.match(results)
     calls = [c for r in results for c in r.calls]
+    # Without DDP (an FSDP2 or tensor-parallel job) an all-reduce launched in backward is no DDP bucket: gloo runs
+    # FSDP's reduce-scatter as one. The bucket rules and the bucket what-if do not apply.
+    no_ddp = bool(manifest and manifest.parallelism and "ddp" not in manifest.parallelism.kinds)
     return Analysis(
         inputs=[r.input for r in results],
         window=opts.window,
         ranks=[r.metrics for r in results],
         calls=calls,
-        buckets=[b for r in results for b in r.buckets],
-        grad_ready=[g for r in results for g in r.grad_ready],
+        buckets=[] if no_ddp else [b for r in results for b in r.buckets],
+        grad_ready=[] if no_ddp else [g for r in results for g in r.grad_ready],
         syncs=[s for r in results for s in r.syncs],
         bandwidth=crossrank.bandwidth_fit(calls),
         matched=matched,
@@ -237,6 +240,8 @@ def analyze_paths(paths: list[Path], options: AnalyzeOptions | None = None) -> A
         comm_split=crossrank.exposed_split(results, matched),
         clock_offsets_us=offsets,
         ddp=ddp_section(manifest),
+        fsdp=[u for r in results for u in r.fsdp],
+        parallelism=manifest.parallelism if manifest else None,
         notes=notes,
         host_cpus={e.rank: (e.host_cpus, e.local_world_size) for e in (manifest.ranks if manifest else [])
                    if e.host_cpus and e.local_world_size},

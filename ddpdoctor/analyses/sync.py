@@ -31,6 +31,7 @@ class TensorDiff:
     ranks: list[int]
     max_abs_diff: float  # largest |a - b| over the sum and the sampled values (inf: present on one rank only)
     max_rel_diff: float  # largest |a - b| / max(|a|, |b|) over every fingerprint component
+    over: list[str] | None = None  # the mesh dims the tensor must be equal over (a DTensor Replicate()); None: every rank
 
 
 @dataclass
@@ -64,6 +65,14 @@ class ParamOutsideDDP:
 
 
 @dataclass
+class LayoutCheck:
+    """Every rank must agree on each DTensor parameter's layout (global shape, mesh, placements)."""
+
+    comparisons: int = 0
+    differ: list[tuple[str, str, list[int]]] = field(default_factory=list)  # (name, reference layout, ranks)
+
+
+@dataclass
 class SyncAnalysis:
     ranks: list[int]
     modules: list[SyncModule]  # rank 0's (lowest rank's) description of each DDP module
@@ -77,6 +86,7 @@ class SyncAnalysis:
     steps_checked: int  # steps whose fingerprints were taken (the gradient-check window)
     buffer_sync_by_ddp: dict[int, bool]  # module -> DDP broadcast buffers before the checked forwards
     steps_run: int = 0  # steps every rank completed (the data recorder may run past the window)
+    layouts: LayoutCheck = field(default_factory=LayoutCheck)  # DTensor parameters' layouts across ranks
 
 
 def _num(v: float | str) -> float:
@@ -126,37 +136,107 @@ def _rows_by_key(records: dict[int, SyncRecord], kind: Kind) -> dict[tuple[int, 
     return out
 
 
+# Which ranks must hold tensor j of a module equal: None every rank, () none (sharded), else (ranks, mesh dims).
+EqualOver = tuple[tuple[int, ...], tuple[str, ...]] | tuple[()] | None
+
+
+def equal_over(module: SyncModule | None, j: int) -> EqualOver:
+    """check-sync's one "must be equal across which ranks" map, as one rank recorded it for its tensor ``j``
+    (probes/fingerprints.placement_map): a plain tensor, every rank (DDP's replicas, the optimizer's parameters);
+    a DTensor sharded on every mesh dim, no rank (only its layout must agree: check_layouts); a DTensor
+    ``Replicate()`` over some mesh dims, the ranks that differ from this one only along those dims."""
+    if module is None or j >= len(module.param_equal_group):
+        return None
+    g = module.param_equal_group[j]
+    if g is None:
+        return None
+    if g < 0 or g >= len(module.equal_groups):
+        return ()
+    group = module.equal_groups[g]
+    return tuple(group.ranks), tuple(group.over)
+
+
+def _partition(by_rank: dict[int, SyncRow], modules: dict[int, SyncModule | None], j: int
+               ) -> list[tuple[list[int], list[str] | None]]:
+    """The present ranks split into the groups that must agree on tensor ``j`` (each with its mesh dims)."""
+    ranks = sorted(by_rank)
+    parts: dict[tuple[int, ...], tuple[list[int], list[str] | None]] = {}
+    for rank in ranks:
+        over = equal_over(modules.get(rank), j)
+        if over is None:
+            parts.setdefault((), (ranks, None))
+        elif over:
+            members, dims = over
+            key = tuple(r for r in members if r in by_rank)
+            parts.setdefault(key, (list(key), list(dims)))
+    return [p for p in parts.values() if len(p[0]) >= 2]
+
+
 def check_tensors(records: dict[int, SyncRecord], kind: Kind, names: dict[int, list[str]]) -> TensorCheck:
-    """Compare every rank's fingerprints with the lowest rank's, at every (step, module) all of them recorded."""
+    """Compare, at every (step, module) at least two ranks recorded, each tensor of every rank with the lowest
+    rank's among those that must hold it equal (``equal_over``; every rank unless a DTensor's placements say
+    otherwise). Linear in ranks x tensors: each rank is compared with one reference per tensor."""
     label = {"grads": "grad", "params": "param", "buffers": "buffer"}[kind]
     check = TensorCheck(kind=label)
+    described = kind == "params"  # the placement map covers the optimizer's parameters
     for (step, module), by_rank in sorted(_rows_by_key(records, kind).items()):
         if len(by_rank) < 2:
             continue
         check.steps.append(step)
-        ref_rank = min(by_rank)
-        ref = by_rank[ref_rank].fp
+        modules = {r: _module(records[r], module) if described else None for r in by_rank}
         module_names = names.get(module, [])
-        for j, ref_fp in enumerate(ref):
-            bad: list[int] = []
-            close: list[int] = []
-            worst_abs = worst_rel = 0.0
-            for rank, row in sorted(by_rank.items()):
-                if rank == ref_rank:
+        width = len(by_rank[min(by_rank)].fp)  # the lowest rank's tensors, as ever
+        for j in range(width):
+            for members, over in _partition(by_rank, modules, j):
+                ref_rank = members[0]
+                ref_row = by_rank[ref_rank]
+                ref_fp = ref_row.fp[j] if j < len(ref_row.fp) else None
+                bad: list[int] = []
+                close: list[int] = []
+                worst_abs = worst_rel = 0.0
+                for rank in members[1:]:
+                    row = by_rank[rank]
+                    fp = row.fp[j] if j < len(row.fp) else None
+                    check.comparisons += 1
+                    equal, abs_d, rel_d = compare_fingerprints(ref_fp, fp)
+                    if equal:
+                        continue
+                    worst_abs, worst_rel = max(worst_abs, abs_d), max(worst_rel, rel_d)
+                    (close if rel_d <= RTOL else bad).append(rank)
+                if not bad and not close:
                     continue
-                fp = row.fp[j] if j < len(row.fp) else None
-                check.comparisons += 1
-                equal, abs_d, rel_d = compare_fingerprints(ref_fp, fp)
-                if equal:
-                    continue
-                worst_abs, worst_rel = max(worst_abs, abs_d), max(worst_rel, rel_d)
-                (close if rel_d <= RTOL else bad).append(rank)
-            if not bad and not close:
-                continue
-            name = module_names[j] if j < len(module_names) else f"#{j}"
-            diff = TensorDiff(label, step, module, name, ref_rank, bad or close, worst_abs, worst_rel)
-            (check.diverged if bad else check.within_tolerance).append(diff)
+                name = module_names[j] if j < len(module_names) else f"#{j}"
+                diff = TensorDiff(label, step, module, name, ref_rank, bad or close, worst_abs, worst_rel, over)
+                (check.diverged if bad else check.within_tolerance).append(diff)
     return check
+
+
+def _module(rec: SyncRecord, index: int) -> SyncModule | None:
+    return next((m for m in rec.modules if m.index == index), None)
+
+
+def check_layouts(records: dict[int, SyncRecord]) -> LayoutCheck:
+    """Each rank's recorded layout of each DTensor parameter against the lowest rank's."""
+    out = LayoutCheck()
+    ranks = sorted(records)
+    if len(ranks) < 2:
+        return out
+    ref = records[ranks[0]]
+    for mod in ref.modules:
+        for j, layout in enumerate(mod.param_layouts):
+            if layout is None:
+                continue
+            bad: list[int] = []
+            for rank in ranks[1:]:
+                other = _module(records[rank], mod.index)
+                theirs = other.param_layouts[j] if other is not None and j < len(other.param_layouts) else None
+                out.comparisons += 1
+                if theirs != layout:
+                    bad.append(rank)
+            if bad:
+                name = mod.params[j] if j < len(mod.params) else f"#{j}"
+                out.differ.append((name, layout, bad))
+    return out
 
 
 def never_synced(records: dict[int, SyncRecord]) -> list[UnsyncedStep]:
@@ -219,4 +299,5 @@ def analyze_sync(records: dict[int, SyncRecord]) -> SyncAnalysis:
         steps_checked=min(steps + [window]) if steps else 0,
         steps_run=min(steps) if steps else 0,
         buffer_sync_by_ddp=synced_by_ddp,
+        layouts=check_layouts(records),
     )

@@ -120,6 +120,12 @@ class Experiment:
             if result.exit_code:
                 raise JobFailed(f"the script failed before building DistributedDataParallel (exit {result.exit_code}); "
                                 f"see {run.root / 'ranks'}")
+            built = sorted({k for st in statuses for k in st.parallelism})
+            if built:  # FSDP2, HSDP, FSDP1 or tensor parallel: one line saying what tune does not do yet (issue 37)
+                raise BadInput(f"the script built {', '.join(built)}, not DistributedDataParallel: tune measures DDP's "
+                               "options only; FSDP2's knobs (set_modules_to_forward_prefetch, reshard_after_forward) "
+                               "are not tuned yet: change one in the script and compare two profiles with "
+                               "`ddpdoctor diff BASE NEW`", self.base.script)
             raise BadInput("the script never built torch.nn.parallel.DistributedDataParallel, so there are no DDP "
                            "options to tune (tune applies them when the script builds DDP)", self.base.script)
         if not any(s.steps_completed for s in statuses):

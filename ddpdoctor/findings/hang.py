@@ -5,6 +5,7 @@ Findings: ``hang`` (built by findings/failure.py), ``collective-mismatch``, ``lo
 
 from __future__ import annotations
 
+import re
 from collections import Counter
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -13,6 +14,7 @@ from typing import TypedDict
 from ddpdoctor.findings.failure import hang_finding
 from ddpdoctor.findings.model import Finding, Severity
 from ddpdoctor.rundir.records import (
+    WAIT_OPS,
     Beat,
     CollectiveState,
     HangDiagnosisDoc,
@@ -50,14 +52,20 @@ class HangDiagnosis:
     positions: dict[int, RankPosition]
     reason: str
     differs: list[str] = field(default_factory=list)  # for a mismatch: "op", "sizes", "group"
+    # Which sources put each named rank where the verdict puts it (heartbeat, flight-recorder, stack): reconcile().
+    sources: dict[int, list[str]] = field(default_factory=dict)
 
     def to_json(self) -> HangDiagnosisDoc:
         # Field by field, not asdict(self): that deep-copies every rank's position once more (3 s at 32,768 ranks).
         # In the dataclass's field order, as hang.json has always had it.
-        return {"kind": self.kind, "stalled_ranks": list(self.stalled_ranks), "culprit_ranks": list(self.culprit_ranks),
-                "collective": WaitedCollective(**self.collective) if self.collective is not None else None,
-                "positions": {str(r): _position_json(p) for r, p in self.positions.items()},
-                "reason": self.reason, "differs": list(self.differs)}
+        out: HangDiagnosisDoc = {
+            "kind": self.kind, "stalled_ranks": list(self.stalled_ranks), "culprit_ranks": list(self.culprit_ranks),
+            "collective": WaitedCollective(**self.collective) if self.collective is not None else None,
+            "positions": {str(r): _position_json(p) for r, p in self.positions.items()},
+            "reason": self.reason, "differs": list(self.differs)}
+        if self.sources:
+            out["sources"] = {str(r): list(v) for r, v in sorted(self.sources.items())}
+        return out
 
 
 def _position_json(p: RankPosition) -> PositionDoc:
@@ -160,6 +168,202 @@ def _describe_position(p: RankPosition) -> str:
     seq = f" #{p.seq}" if p.seq is not None else ""
     sizes = f" sizes {p.sizes}" if p.sizes else ""
     return f"{p.op}{seq} on {p.group}{sizes}"
+
+
+# -- reconciling the sources (docs/hangs.md#reconcile) ------------------------------------------------------------
+# A rank's main thread, read from its stack, is "collective" when its innermost frame (ddpdoctor's own left out) is
+# in torch's distributed code, "outside" when it is anywhere else but backward (where DDP's reducer both computes and
+# waits: the stack alone cannot tell), None when there is no stack.
+_DIST_FILES = ("torch/distributed/", "torch/nn/parallel/distributed.py")
+_NEUTRAL_FILES = ("torch/autograd/", "torch/_tensor.py")
+_PYSPY_FRAME = re.compile(r"^\s+(\S.*?) \((.+?):(\d+)\)\s*$")
+_TB_FRAME = re.compile(r'^\s+File "(.+?)", line (\d+)')
+
+
+def _main_frames(stack: str) -> list[str]:
+    """The files of the main thread's frames, innermost first (py-spy's dump, or the heartbeat's traceback dump)."""
+    lines = stack.splitlines()
+    for i, line in enumerate(lines):
+        if line.startswith("Thread ") and ('"MainThread"' in line or "(MainThread)" in line):
+            body = []
+            for nxt in lines[i + 1:]:
+                if nxt.startswith(("Thread ", "Process ", "Current thread")):
+                    break
+                body.append(nxt)
+            spy = [m.group(2) for m in map(_PYSPY_FRAME.match, body) if m]
+            if spy:
+                return spy
+            return [m.group(1) for m in map(_TB_FRAME.match, body) if m][::-1]
+    return []
+
+
+def stack_state(stack: str | None) -> str | None:
+    """"collective", "outside" or None (no stack, no main thread in it, or in backward) from one rank's stack."""
+    if not stack:
+        return None
+    for f in _main_frames(stack):
+        f = f.replace("\\", "/")
+        if f.startswith("ddpdoctor/probes/") or "/ddpdoctor/probes/" in f:
+            continue  # our own wrappers around the wait
+        if any(d in f for d in _DIST_FILES):
+            return "collective"
+        if any(d in f for d in _NEUTRAL_FILES):
+            return None
+        return "outside"
+    return None
+
+
+@dataclass
+class FlightView:
+    """One rank's Flight Recorder dump at verdict time: per group the last completed sequence number and the first
+    collective enqueued and not completed (with its entry's op and sizes)."""
+
+    completed: dict[str, int]
+    pending: dict[str, RankPosition]
+
+
+def flight_view(rank: int, dump: object) -> FlightView | None:
+    """The view of one rank's dump (torch's JSON as the heartbeat sent it); None when it has none."""
+    if not isinstance(dump, dict) or not isinstance(dump.get("pg_status"), dict):
+        return None
+    completed: dict[str, int] = {}
+    first: dict[str, int] = {}
+    for g, st in dump["pg_status"].items():
+        if not isinstance(st, dict):
+            continue
+        try:
+            done, enq = int(st.get("last_completed_collective", -1)), int(st.get("last_enqueued_collective", -1))
+        except (TypeError, ValueError):
+            continue
+        completed[str(g)] = done
+        if enq > done:
+            first[str(g)] = done + 1
+    entries = dump.get("entries")
+    named: dict[str, dict[str, object]] = {}
+    for e in entries if isinstance(entries, list) else []:
+        if not isinstance(e, dict) or e.get("is_p2p"):
+            continue
+        pg = e.get("process_group")
+        name = str(pg[0]) if isinstance(pg, list) and pg else ""
+        if name in first and e.get("collective_seq_id") == first[name]:
+            named[name] = e
+    default = _default_name(dump)
+    pending: dict[str, RankPosition] = {}
+    for g, seq in first.items():
+        e = named.get(g, {})
+        op = str(e.get("profiling_name") or "collective")
+        sizes = e.get("input_sizes")
+        label = "default_pg" if g == default else g
+        pending[label] = RankPosition(rank, "in-collective", op=op.split(":", 1)[-1], group=label, seq=seq,
+                                      sizes=[list(x) for x in sizes if isinstance(x, list)][:4]
+                                      if isinstance(sizes, list) else [])
+    return FlightView({("default_pg" if g == default else g): v for g, v in completed.items()}, pending)
+
+
+def _default_name(dump: dict[str, object]) -> str | None:
+    """The default group's name in a dump: the group whose entries say ``default_pg``, else "0" (torch names the
+    default group "0")."""
+    entries = dump.get("entries")
+    for e in entries if isinstance(entries, list) else []:
+        pg = e.get("process_group") if isinstance(e, dict) else None
+        if isinstance(pg, list) and len(pg) > 1 and pg[1] == "default_pg":
+            return str(pg[0])
+    return "0"
+
+
+def reconcile(d: HangDiagnosis, stacks: Mapping[int, str | None], dumps: Mapping[int, object]) -> HangDiagnosis:
+    """The verdict from every source: the heartbeats (``d``, from the ranks' records), each rank's Flight Recorder
+    dump and its stack, both collected when the hang was seen. A rank the heartbeats put outside any collective
+    whose stack waits in torch's distributed code and whose Flight Recorder holds a collective enqueued and not
+    completed is in that collective (a wait no wrapper saw); where every rank looks alike, the Flight Recorder's
+    counts tell which rank never launched the collective the others wait in. The result says, per named rank,
+    which sources agree with where it puts that rank."""
+    views = {r: flight_view(r, dumps.get(r)) for r in d.positions}
+    states = {r: stack_state(stacks.get(r)) for r in d.positions}
+    pos = dict(d.positions)
+    changed = False
+    generic = set(WAIT_OPS.values())
+    for r, p in d.positions.items():
+        v, st = views[r], states[r]
+        if p.state == "in-collective" and p.op in generic and v is not None and p.group in v.pending:
+            named = v.pending[p.group]  # a wait the heartbeat saw but had not named yet: the dump names it
+            pos[r] = RankPosition(r, "in-collective", p.phase, p.step, named.op, p.group, named.seq, named.sizes,
+                                  p.call_site)
+            changed = True
+        elif p.state == "outside-collective" and st == "collective":
+            wait = _pending_of(v)
+            pos[r] = RankPosition(r, "in-collective", p.phase, p.step, wait.op if wait else "collective (stack)",
+                                  wait.group if wait else None, wait.seq if wait else None,
+                                  wait.sizes if wait else [], p.call_site)
+            changed = True
+    out = diagnose_hang(pos, d.stalled_ranks) if changed else d
+    if out.kind == "unknown":
+        behind = _behind(pos, views)
+        if behind is not None:
+            out = behind
+    out.sources = _agreement(out, d.positions, views, states)
+    if out.sources and out.culprit_ranks:
+        agreed = sorted({s for r in out.culprit_ranks for s in out.sources.get(r, [])})
+        out.reason += f" (sources that agree: {', '.join(agreed) or 'none'})"
+    return out
+
+
+def _pending_of(v: FlightView | None) -> RankPosition | None:
+    if v is None or not v.pending:
+        return None
+    return v.pending.get("default_pg") or next(iter(v.pending.values()))
+
+
+def _behind(pos: dict[int, RankPosition], views: dict[int, FlightView | None]) -> HangDiagnosis | None:
+    """Every rank looks alike to the heartbeats: on a group where some ranks have a collective pending, the ranks
+    whose Flight Recorder never enqueued it (their last completed number is below it, nothing pending) are behind."""
+    waiting = {r: _pending_of(v) for r, v in views.items() if v is not None and _pending_of(v) is not None}
+    if not waiting or len(waiting) == len(pos):
+        return None
+    w = max((p for p in waiting.values() if p is not None), key=lambda p: p.seq or 0)
+    behind = sorted(r for r, v in views.items() if v is not None and r not in waiting
+                    and v.completed.get(w.group or "", 1 << 62) < (w.seq or 0))
+    if not behind:
+        return None
+    coll: WaitedCollective = {"op": w.op, "seq": w.seq, "group": w.group}
+    newpos = dict(pos)
+    for r, p in waiting.items():
+        if p is not None and pos[r].state != "in-collective":
+            newpos[r] = RankPosition(r, "in-collective", pos[r].phase, pos[r].step, p.op, p.group, p.seq, p.sizes,
+                                     pos[r].call_site)
+    return HangDiagnosis("seq-behind", sorted(p for p in pos if pos[p].state != "exited"), behind, coll, newpos,
+                         f"rank(s) {behind} never launched {_describe(coll)}, which rank(s) {sorted(waiting)} wait in "
+                         f"(Flight Recorder: their last completed collective on {w.group} is below #{w.seq})")
+
+
+def _agreement(d: HangDiagnosis, beats: dict[int, RankPosition], views: dict[int, FlightView | None],
+               states: dict[int, str | None]) -> dict[int, list[str]]:
+    """Per rank the verdict names (culprits and the ranks waiting): the sources that put it where the verdict does."""
+    named = set(d.culprit_ranks) | {r for r, p in d.positions.items() if p.state == "in-collective"}
+    waited = d.collective
+    out: dict[int, list[str]] = {}
+    for r in sorted(named):
+        final = d.positions.get(r)
+        if final is None or final.state in ("exited", "no-heartbeat"):
+            continue
+        inside = final.state == "in-collective"
+        agree = []
+        if beats.get(r) is not None and (beats[r].state == "in-collective") == inside:
+            agree.append("heartbeat")
+        v = views.get(r)
+        if v is not None:
+            if inside and v.pending:
+                agree.append("flight-recorder")
+            elif not inside and not v.pending:
+                seq, grp = (waited["seq"], waited["group"]) if waited else (None, None)
+                done = v.completed.get(str(grp)) if grp else None
+                if seq is None or done is None or done < int(seq):
+                    agree.append("flight-recorder")
+        st = states.get(r)
+        if st is not None and (st == "collective") == inside:
+            agree.append("stack")
+        out[r] = agree
+    return out
 
 
 # -- findings ------------------------------------------------------------------------------------------

@@ -39,7 +39,13 @@ def job_findings(manifest: Manifest, statuses: Mapping[int, RankStatusDoc | None
             advice="Call ddpdoctor.step() at the end of each iteration (or wrap it in `with ddpdoctor.iteration():`); "
             "it is a no-op outside ddpdoctor.",
         ))
-    if done and all(s.get("ddp_modules", 0) == 0 for s in done.values()):
+    from ddpdoctor.findings.parallelism import parallelism_findings
+
+    # What else than DDP the ranks built: an FSDP or tensor-parallel job gets its own word, never `no-ddp`.
+    kinds = {k for s in done.values() for k in s.get("parallelism", [])}
+    other = parallelism_findings(manifest, kinds)
+    findings.extend(other)
+    if done and not other and all(s.get("ddp_modules", 0) == 0 for s in done.values()):
         findings.append(Finding(
             "no-ddp", Severity.INFO, "No DistributedDataParallel module was built",
             ranks=sorted(done), evidence={"world_size": manifest.world_size, "backend": manifest.backend},

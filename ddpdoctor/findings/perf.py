@@ -159,6 +159,15 @@ def rule_exposed_comm(a: Analysis, w: WhatIf | None) -> list[Finding]:
                     "it only shrinks relative to the step with more work per step (a larger per-rank batch or "
                     "model). For a model this small, fewer ranks may train as fast."),
         )]
+    if a.fsdp:  # FSDP2: the cause is per unit (findings/perf_fsdp.py); DDP's knobs do not apply
+        return [Finding(
+            "exposed-comm-high", Severity.WARNING,
+            f"Communication not hidden by compute takes {iv.value:.0f}% of step time{waiting}",
+            ranks=[r.rank for r in hot], evidence=evidence,
+            advice="The FSDP2 unit inventory (fsdp_units) shows which unit's all-gather or reduce-scatter is "
+                   "exposed, and the fsdp-* findings say why (no prefetch, a synchronous wait, the first unit's "
+                   "unavoidable all-gather) and what to change.",
+        )]
     return [Finding(
         "exposed-comm-high", Severity.WARNING,
         f"Communication not hidden by compute takes {iv.value:.0f}% of step time{waiting}",
@@ -348,6 +357,9 @@ def perf_findings(analysis: Analysis, whatif: WhatIf | None = None) -> list[Find
     out: list[Finding] = []
     for rule in RULES:
         out.extend(rule(analysis, w))
+    from ddpdoctor.findings.perf_fsdp import fsdp_findings
+
+    out.extend(fsdp_findings(analysis))  # FSDP2 units' exposed communication and its cause
     if _single_bucket(analysis) is not None:
         # One bucket: tail, late start, bucket sizes and the what-if all describe the same unavoidable fact.
         out = [f for f in out if f.id not in COMM_GROUP or f.id == "exposed-comm-high"]

@@ -89,7 +89,14 @@ def rule_stragglers(a: Analysis, w: WhatIf | None) -> list[Finding]:
         kinds = {s.last_in_kind[rk][0] for rk in last_in}
         matched = [m for m in matched if kind(m) in kinds]
     majority = [rk for rk, (k, n) in last_in.items() if clear_majority(k, n, world)]
+    steps = max((r.steps for r in a.ranks), default=0) or 1
     if not majority:
+        # Never silence (docs/findings.md#perf-straggler-rank): the analysis named them; say why no finding does.
+        _note(a, f"rank(s) {s.ranks} arrived last at collectives (the others waited "
+              f"{sum(s.caused_wait_us.get(k, 0.0) for k in s.ranks) / steps / 1e3:.2f} ms per step for them) "
+              "at " + ", ".join(f"{last_in[k][0]} of {last_in[k][1]}" for k in last_in) + " matched collectives: "
+              f"not a clear majority (at least {STRAGGLER_MAJORITY:.0%}, and less than a {STRAGGLER_CHANCE:g} "
+              f"chance for a rank last by chance on {world} ranks): no straggler is named")
         return []
     skews = [100.0 * m.arrival_skew_us / step for m in matched if m.last_rank in majority]
     iv = bootstrap(skews, statistics.median) if skews else None
@@ -110,9 +117,12 @@ def rule_stragglers(a: Analysis, w: WhatIf | None) -> list[Finding]:
     noise = background_lateness_pct(matched, majority, step)
     threshold = max(STRAGGLER_SKEW_WARN_PCT, noise or 0.0)
     if not iv.above(threshold):
-        return [undecided("straggler-rank", "arrival skew at collectives, % of step", iv, threshold,
-                          a)] if iv.undecided(threshold) else []
-    steps = max((r.steps for r in a.ranks), default=0) or 1
+        if iv.undecided(threshold):
+            return [undecided("straggler-rank", "arrival skew at collectives, % of step", iv, threshold, a)]
+        _note(a, f"rank(s) {majority} arrived last at most collectives, by {iv.value:.1f}% of a step (median), "
+              f"under the straggler threshold of {threshold:.1f}% (the larger of {STRAGGLER_SKEW_WARN_PCT:g}% and "
+              "the other ranks' own lateness): no straggler is named")
+        return []
     # The others' wait at collectives for these ranks, each moment once (crossrank.stragglers). Its exposed part
     # (docs/metrics.md#exposed-split) is shown beside it: a lower bound, as an enclosing CPU op the wait happens
     # in (Lightning's training step on gloo) counts as compute that "hides" it.
@@ -137,6 +147,11 @@ def rule_stragglers(a: Analysis, w: WhatIf | None) -> list[Finding]:
         advice="Find what the slow rank does differently: its host (`ddpdoctor topo`), its data shard (uneven "
         "batches, slow storage), CPU contention (pin threads, set OMP_NUM_THREADS), thermal throttling.",
     )]
+
+
+def _note(a: Analysis, note: str) -> None:
+    if note not in a.notes:
+        a.notes.append(note)
 
 
 def background_lateness_pct(matched: Sequence[MatchedCollective], candidates: list[int],

@@ -52,7 +52,58 @@ def _divergence_finding(check: TensorCheck, id_: str, severity: Severity, never_
         "tolerance_rel": RTOL,
     }
     evidence = {k: v for k, v in evidence.items() if v is not None}
+    dims = sorted({dim for d in first for dim in d.over or []})
+    if dims:  # DTensor parameters Replicate()d over mesh dims: equal only across those (HSDP replicas, TP norms)
+        where = ", ".join(f"'{dim}'" for dim in dims)
+        title = (f"{kind} that are Replicate() over mesh dim {where} differ across its ranks from step {step}: "
+                 f"{', '.join(names[:3])}" + (f" and {len(names) - 3} more" if len(names) > 3 else ""))
+        evidence["mesh_dims"] = dims
+        evidence["compared_over"] = {d.name: d.over for d in first[:NAMES_SHOWN]}
+        return Finding(id_, severity, title, ranks=ranks, evidence=evidence, advice=_REPLICATE_ADVICE)
+    evidence = {k: v for k, v in evidence.items() if v is not None}
     return Finding(id_, severity, title, ranks=ranks, evidence=evidence, advice=_ADVICE.get(check.kind, ""))
+
+
+_REPLICATE_ADVICE = (
+    "A DTensor placed Replicate() over a mesh dim must hold the same values on every rank of that dim (HSDP's "
+    "replicas; tensor parallelism's norm weights and biases). Look for a gradient of a replicated parameter that is "
+    "not reduced over that dim (a Partial() gradient, pytorch/pytorch#160169: a norm inside a tensor-parallel "
+    "region), an in-place edit of .to_local() on one rank, or a checkpoint loaded on one rank only.")
+
+
+def _nothing_compared(analysis: SyncAnalysis) -> list[Finding]:
+    """Zero comparisons is not a pass: say that nothing was checked, and why, instead of `ok`."""
+    compared = analysis.grads.comparisons + analysis.params.comparisons + analysis.buffers.comparisons
+    eq = analysis.equivalence
+    if compared or analysis.layouts.comparisons or len(analysis.ranks) < 2 or (eq is not None and eq.relative_error):
+        return []
+    return [Finding(
+        "nothing-compared", Severity.WARNING,
+        "check-sync compared no gradient, parameter or buffer across ranks: nothing was checked",
+        ranks=analysis.ranks,
+        evidence={"grad_comparisons": 0, "param_comparisons": 0, "buffer_comparisons": 0,
+                  "modules": len(analysis.modules), "steps_checked": analysis.steps_checked},
+        advice="Read the notes above: the fingerprint probe may have failed and switched itself off, the script may "
+               "have ended before its first optimizer step, or it built nothing to compare. The data sharding "
+               "checks below still stand.",
+    )]
+
+
+def _layout_findings(analysis: SyncAnalysis) -> list[Finding]:
+    differ = analysis.layouts.differ
+    if not differ:
+        return []
+    name, layout, ranks = differ[0]
+    return [Finding(
+        "shard-layout-differs", Severity.ERROR,
+        f"{len(differ)} DTensor parameter(s) have another shape, mesh or placement on rank(s) {ranks} than on the "
+        f"lowest rank: {name}",
+        ranks=sorted({r for d in differ for r in d[2]}),
+        evidence={"parameters": [d[0] for d in differ[:NAMES_SHOWN]], "reference_layout": layout,
+                  "count": len(differ)},
+        advice="Every rank must shard the same parameters the same way (the same fully_shard calls and "
+               "parallelize_module plan on the same mesh): their collectives would not match otherwise.",
+    )]
 
 
 def _without_ddp(f: Finding) -> Finding:
@@ -121,12 +172,15 @@ def sync_findings(analysis: SyncAnalysis) -> list[Finding]:
     for check, id_ in ((analysis.grads, "grad-divergence"), (analysis.params, "param-divergence")):
         if check.diverged:
             f = _divergence_finding(check, id_, Severity.ERROR, never_reduced)
-            if check.kind == "param" and analysis.modules and all(m.ddp is False for m in analysis.modules):
+            if (check.kind == "param" and analysis.modules and all(m.ddp is False for m in analysis.modules)
+                    and not any(d.over for d in check.diverged)):
                 f = _without_ddp(f)
             findings.append(f)
         elif check.within_tolerance:
             findings.append(_tolerance_finding(check, id_))
     findings.extend(_buffer_findings(analysis))
+    findings.extend(_layout_findings(analysis))
+    findings.extend(_nothing_compared(analysis))
     if analysis.never_synced:
         u = analysis.never_synced
         findings.append(Finding(

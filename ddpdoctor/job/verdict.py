@@ -8,7 +8,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import TypedDict, final
 
-from ddpdoctor.findings.hang import HangDiagnosis, RankPosition
+from ddpdoctor.findings.hang import HangDiagnosis, RankPosition, reconcile
 from ddpdoctor.job import state
 from ddpdoctor.job.record import RankRecord
 from ddpdoctor.job.rules import Limits
@@ -60,7 +60,7 @@ def build(nodes: dict[int, state.NodeState], world_size: int | None, stalled: li
     on the head's clock; ``since_start_s``, the job's age, when no stalled rank ever reported), each rank's stack
     and Flight Recorder dump. The caller adds what only it has (one node:
     the raw heartbeats; many: rank classes and nodes) and ``reported_after_s`` once the verdict is out."""
-    d = state.diagnose(nodes, world_size, stalled, where)
+    d = reconcile(state.diagnose(nodes, world_size, stalled, where), stacks, dumps)
     still = set(stalled)  # a set: 32,768 stalled ranks looked up in a list was 15 s of the head's verdict
     ages = [state.rank_age(r, st, now) for st in nodes.values() for r in st.ranks if r.rank in still]
     return HangVerdict(

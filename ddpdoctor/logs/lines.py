@@ -142,6 +142,47 @@ def _wrapped(text: str) -> bool:
     return any(head in text and end not in text for head, end in _WRAP_HEADS)
 
 
+# torch prints NCCL's cause on the line after "Last error:" ("ncclInvalidUsage: ...\nLast error:\nDuplicate GPU
+# detected : rank 1 and rank 0 ..."): the two are joined, so the cause is read with the line that announces it.
+_LAST_ERROR = "Last error:"
+
+# DDP's reducer names the parameter whose hook fired twice on one long line, which a terminal hard-wraps (inside
+# the parameter's name as often as not): the pieces without a prefix of their own are joined back as they were cut.
+_READY_HEAD = "Parameter at index"
+_READY_END = "ready twice"
+
+# Records run together on one line (a chat paste, a collector that dropped the newlines): where the next record
+# starts. Each alternative is the start of a line torch, NCCL, glog or Python writes; the line is cut before it.
+_RECORD_START = re.compile(
+    r"\s(?=\[(?:rank|default)\d+\]:|\[[IWEF]\d{4} \d\d:\d\d:\d\d|\[[IWEF] [\w./-]+:\d+\] |[IWEF]\d{4} \d\d:\d\d:\d\d\.\d+ +\d+ "
+    r"|terminate called after throwing|what\(\): |Traceback \(most recent call last\)|Exception raised from "
+    r"|nccl(?:InvalidUsage|RemoteError|SystemError|InternalError|UnhandledCudaError|InvalidArgument): |Last error:"
+    r"|[\w.-]+:\d+:\d+ \[\d+\] (?:[\w./-]+:\d+ )?NCCL (?:WARN|INFO|ERROR)"
+    r"|(?:[a-z_]\w*\.)*[A-Z]\w*(?:Error|Exception): |File \"[^\"]+\", line \d+|frame #\d+: )")
+# What may stand before a record on its own line: prefixes (a host, "[rank0]:", a glog header), nothing else.
+_ONLY_PREFIXES = re.compile(r"^\s*(?:[\w.-]+: )?(?:\[[^\]]*\](?:<std(?:out|err)>)?:? ?)*(?:\d{1,6}: )?"
+                            r"(?:[IWEF]\d{4} [\d:.]+ \d+ [\w./-]+:\d+\] ?)?\s*$")
+_RUN_TOGETHER = 160  # shorter lines are never split: one record per line is the rule, a run-together paste is long
+
+
+def records(line: str) -> Iterator[str]:
+    """``line`` cut into the records that were run together on it (one piece when it holds one record)."""
+    if len(line) < _RUN_TOGETHER:
+        yield line
+        return
+    indent = len(line) - len(line.lstrip())
+    if line[:1] in _COLLECTOR_LEADS and (c := _COLLECTOR.match(line)):
+        indent = c.end()  # a collector's prefix stays with the first record
+    start = 0
+    for m in _RECORD_START.finditer(line, indent + 1):
+        before = line[start:m.start()]
+        own = before[indent:] if start == 0 else before  # (a collector's prefix is not the record's)
+        if own.strip() and not _ONLY_PREFIXES.match(own):  # never cut a record from its own prefixes
+            yield before
+            start = m.end()
+    yield line[start:]
+
+
 def iter_lines(source: str, text: str, default_rank: int | None = None, work: list[int] | None = None
                ) -> Iterator[LogLine]:
     """Every line of ``text`` with the rank that wrote it (from its prefix, else ``default_rank``), one at a time,
@@ -151,11 +192,12 @@ def iter_lines(source: str, text: str, default_rank: int | None = None, work: li
     joins = 0
     srun = _uses_srun_labels([_COLLECTOR.sub("", ln, count=1) for ln in itertools.islice(raw_lines(text), _SRUN_SAMPLE)])
     ts: float | None = None
-    for i, raw in enumerate(raw_lines(text), start=1):
-        if work is not None:
-            work[0] += 1
+    last: LogLine | None = None  # a "Last error:" line waiting for the cause on the next line
+    wrap: LogLine | None = None  # DDP's "Parameter at index N with name X has been marked as ready twice", cut
+    line_rank = default_rank  # the rank of the line a record was cut from: its later records carry it on
+    for i, raw, continued in _numbered(text, work):
         line = raw.rstrip("\r\n")
-        rank = default_rank
+        rank = line_rank if continued else default_rank
         if line[:1] in _COLLECTOR_LEADS and (m := _COLLECTOR.match(line)) and m.end() < len(line):
             if m.group(1) and (t := _ISO.match(m.group(1))):
                 ts = _iso_ts(t)
@@ -175,6 +217,7 @@ def iter_lines(source: str, text: str, default_rank: int | None = None, work: li
             while m := _RANK_PREFIX.match(line):
                 rank = int(m.group(m.lastindex or 1))
                 line = line[m.end():]
+        line_rank = rank
         logger = ""
         lead = line[:1]
         if lead in _GLOG_LEADS:
@@ -200,7 +243,32 @@ def iter_lines(source: str, text: str, default_rank: int | None = None, work: li
                 continue
             yield held
             held = None
+        if wrap is not None:
+            if joins < _MAX_JOINS and line == collected and line.strip():
+                wrap.text += line  # a hard wrap keeps every character: joined as it was cut
+                joins += 1
+                if _READY_END in wrap.text:
+                    yield wrap
+                    wrap = None
+                continue
+            yield wrap
+            wrap = None
+        if last is not None:
+            if line.strip() and rank == last.rank:
+                last.text = last.text.rstrip() + " " + line.strip()
+                yield last
+                last = None
+                continue
+            if line.strip():
+                yield last
+                last = None
         out = LogLine(source, i, rank, line, logger, ts)
+        if line.endswith(_LAST_ERROR) or line.rstrip().endswith(_LAST_ERROR):
+            last = out
+            continue
+        if _READY_HEAD in line and _READY_END not in line:
+            wrap, joins = out, 0
+            continue
         # Cheap gates first: few lines name the watchdog.
         if ("atchdog" in line or "(either an error" in line) and _wrapped(line):
             held, joins = out, 0
@@ -208,6 +276,19 @@ def iter_lines(source: str, text: str, default_rank: int | None = None, work: li
         yield out
     if held is not None:
         yield held
+    for pending in (last, wrap):
+        if pending is not None:
+            yield pending
+
+
+def _numbered(text: str, work: list[int] | None) -> Iterator[tuple[int, str, bool]]:
+    """(line number, record, whether it continues its line) for every record of ``text``: a line, or each record
+    of a run-together line."""
+    for i, whole in enumerate(raw_lines(text), start=1):
+        if work is not None:
+            work[0] += 1
+        for n, raw in enumerate(records(whole)):
+            yield i, raw, n > 0
 
 
 def split_lines(source: str, text: str, default_rank: int | None = None) -> list[LogLine]:

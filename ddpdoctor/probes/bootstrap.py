@@ -21,6 +21,7 @@ if __package__ in (None, ""):
 from ddpdoctor.probes import rank_info  # noqa: E402
 from ddpdoctor.probes.config import ProbeConfig, rank_from_env  # noqa: E402
 from ddpdoctor.probes.ddp_recorder import DDPRecorder  # noqa: E402
+from ddpdoctor.probes.parallelism import ParallelismRecorder  # noqa: E402
 from ddpdoctor.probes.records import RankInfoDoc, RankStatusDoc  # noqa: E402
 from ddpdoctor.probes.steps import StepTracker  # noqa: E402
 from ddpdoctor.rundir.layout import RunDir, write_json  # noqa: E402
@@ -35,7 +36,9 @@ class RankSession:
         self.run = RunDir(Path(config.run_dir))
         self.tracker = StepTracker()
         self.ddp = DDPRecorder()
+        self.parallelism = ParallelismRecorder(lambda: self.ddp.count)
         self.profiler: Any = None
+        self.collectives: Any = None  # probes/collectives.CollectiveSource, installed first
         self.tune: Any = None  # `ddpdoctor tune`'s probe (probes/tune.py) in a trial launch
         self.extra: list[Any] = []  # other probes: finish(status: dict) -> None, and annotate(status) if they add to it
         self.started = time.time()
@@ -49,6 +52,12 @@ class RankSession:
 
     def install(self) -> None:
         self.tracker.install()
+        from ddpdoctor.probes.collectives import CollectiveSource
+
+        # The waits no torch.distributed call wraps count as "collective" on the phase clock (the ledger's blocked
+        # time) in every mode; the heartbeat names them.
+        self.collectives = CollectiveSource(self.tracker)
+        self.collectives.install()
         tune = self.config.probe_options().get("tune")
         if tune:
             from ddpdoctor.probes.tune import TuneProbe
@@ -59,6 +68,7 @@ class RankSession:
             self.tune.install()
             self.extra.append(self.tune)
         self.ddp.install()
+        self.parallelism.install()
         from ddpdoctor.probes.ledger import LedgerProbe
 
         # First, so that its backward wrapper is the innermost and is restored last; finished after the others.
@@ -78,7 +88,7 @@ class RankSession:
             from ddpdoctor.probes.heartbeat import HeartbeatProbe
 
             heartbeat = HeartbeatProbe(self.config.monitor, self.rank, self.world_size, self.tracker,
-                                       self.run.rank_file(self.rank, "stacks.txt"))
+                                       self.run.rank_file(self.rank, "stacks.txt"), source=self.collectives)
             heartbeat.install()
             ledger.summary = heartbeat.summary  # the last step's blocked time rides in the job's rank record
             self.extra.append(heartbeat)
@@ -92,6 +102,7 @@ class RankSession:
 
             self.extra.append(install_check_sync(self.run, self.rank, self.world_size, self.config.probe_options(), self.tracker))
         self.extra.append(ledger)
+        self.extra.append(self.collectives)
         if self.tune is not None:
             self.tracker.add_listener(self.tune.on_step)  # last: it ends the trial once the others have run
         _write_quietly(self.run.rank_file(self.rank, "info.json"), self.info)
@@ -105,6 +116,8 @@ class RankSession:
         try:
             self.info["process_group"] = rank_info.process_group_info() or self.info.get("process_group")
             self.info["ddp_modules"] = self.ddp.describe()
+            if self.parallelism.built_anything:
+                self.info["parallelism"] = self.parallelism.describe()
             write_json(self.run.rank_file(self.rank, "info.json"), self.info)
         except Exception:  # noqa: BLE001 - a probe never changes how the user's job ends
             pass
@@ -120,6 +133,8 @@ class RankSession:
             "duration_s": round(time.time() - self.started, 3),
             "ddp_modules": self.ddp.count,
         })
+        if self.parallelism.built_anything:
+            status["parallelism"] = self.parallelism.describe()["kinds"]
         for probe in self.extra:  # what the probes know of how the rank ended, in the first write already
             try:
                 getattr(probe, "annotate", lambda status: None)(status)
@@ -139,6 +154,7 @@ class RankSession:
         _write_quietly(self.run.rank_file(self.rank, "status.json"), status)
         self.tracker.uninstall()
         self.ddp.uninstall()
+        self.parallelism.uninstall()
 
     def _summarise_traces(self) -> None:
         """Each rank reduces its own trace, so `analyze` of a 1,000-rank job merges small summaries."""

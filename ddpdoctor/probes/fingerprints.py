@@ -7,7 +7,7 @@ from typing import Any
 
 import torch
 
-from ddpdoctor.probes.records import SyncModuleDoc
+from ddpdoctor.probes.records import EqualGroupDoc, SyncModuleDoc
 
 SAMPLES = 4  # sampled elements per tensor, at fixed positions
 _POSITIONS: dict[tuple[int, Any], torch.Tensor] = {}
@@ -42,6 +42,7 @@ def fingerprints(tensors: list[torch.Tensor | None]) -> list[list[float] | None]
     for i, t in enumerate(tensors):
         if t is None:
             continue
+        t = local(t)
         flat = t.detach().reshape(-1)
         if flat.dtype not in (torch.float32, torch.float64):
             flat = flat.float()  # half, bfloat16, integer buffers
@@ -53,6 +54,49 @@ def fingerprints(tensors: list[torch.Tensor | None]) -> list[list[float] | None]
         for (i, _), row in zip(items, _table([f for _, f in items]), strict=True):
             out[i] = row
     return out
+
+
+def local(t: torch.Tensor) -> torch.Tensor:
+    """A DTensor's local shard or replica (what this rank holds); any other tensor itself."""
+    to_local = getattr(t, "to_local", None)
+    return to_local() if callable(to_local) and hasattr(t, "placements") else t
+
+
+def placement_map(params: list[Any]) -> tuple[list[EqualGroupDoc], list[int | None], list[str | None]]:
+    """check-sync's one "must be equal across which ranks" map, from the placements (no DTensor: None).
+
+    Per parameter: None, every rank must hold it equal (a plain tensor; the comparison check-sync always made);
+    -1, nothing of it must be equal across ranks (sharded on every mesh dim: only its layout must agree);
+    k >= 0, ``groups[k]``: this rank and the ranks that differ from it only along the mesh dims the parameter is
+    ``Replicate()`` over (HSDP's replicate dim, TP's norm weights) must hold the same local tensor. ``layouts``:
+    the global shape, mesh and placements, which must agree on every rank."""
+    groups: list[EqualGroupDoc] = []
+    index: dict[tuple[int, ...], int] = {}
+    per_param: list[int | None] = []
+    layouts: list[str | None] = []
+    for p in params:
+        mesh = getattr(p, "device_mesh", None)
+        placements = getattr(p, "placements", None)
+        if mesh is None or placements is None:
+            per_param.append(None)
+            layouts.append(None)
+            continue
+        names = list(getattr(mesh, "mesh_dim_names", None) or [f"dim{d}" for d in range(mesh.ndim)])
+        layouts.append(f"{list(p.shape)} on ({', '.join(f'{n}={s}' for n, s in zip(names, mesh.shape, strict=False))})"
+                       f" {', '.join(repr(pl) for pl in placements)}")
+        over = [d for d, pl in enumerate(placements) if pl.is_replicate()]
+        coord = mesh.get_coordinate()
+        if not over or coord is None:
+            per_param.append(-1)
+            continue
+        table = mesh.mesh
+        pick = tuple(slice(None) if d in over else coord[d] for d in range(mesh.ndim))
+        ranks = tuple(sorted(int(r) for r in table[pick].flatten().tolist()))
+        if ranks not in index:
+            index[ranks] = len(groups)
+            groups.append({"ranks": list(ranks), "over": [names[d] for d in over]})
+        per_param.append(index[ranks])
+    return groups, per_param, layouts
 
 
 class WatchedModule:
@@ -71,6 +115,7 @@ class WatchedModule:
         if ddp is None:
             self.param_names = [n for n, _ in plain or []]
             self.params = [p for _, p in plain or []]
+            self.groups, self.param_group, self.layouts = placement_map(self.params)
             self.ignored: list[str] = []
             self.frozen: list[str] = []
             self.buffer_names: list[str] = []
@@ -86,9 +131,15 @@ class WatchedModule:
     def describe(self) -> SyncModuleDoc:
         ddp = self.ddp
         if ddp is None:
-            return {"index": self.index, "module_class": "optimizer parameters", "ddp": False,
-                    "params": self.param_names, "ignored_params": [], "frozen_params": [], "buffers": [],
-                    "batchnorm_buffers": [], "broadcast_buffers": False, "find_unused_parameters": False}
+            doc: SyncModuleDoc = {
+                "index": self.index, "module_class": "optimizer parameters", "ddp": False,
+                "params": self.param_names, "ignored_params": [], "frozen_params": [], "buffers": [],
+                "batchnorm_buffers": [], "broadcast_buffers": False, "find_unused_parameters": False}
+            if any(g is not None for g in self.param_group):  # DTensor parameters (FSDP2, HSDP, TP)
+                doc["equal_groups"] = self.groups
+                doc["param_equal_group"] = self.param_group
+                doc["param_layouts"] = self.layouts
+            return doc
         return {
             "index": self.index,
             "ddp": True,

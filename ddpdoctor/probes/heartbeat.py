@@ -61,12 +61,15 @@ class HeartbeatProbe:
     """Publishes this rank's state; installed by RankSession when the launcher runs a monitor."""
 
     def __init__(self, monitor: str, rank: int, world_size: int, tracker: Any, stacks_file: Path,
-                 interval_s: float = 1.0) -> None:
+                 interval_s: float = 1.0, source: Any = None) -> None:
         host, _, port = monitor.rpartition(":")
         self.address = (host or "127.0.0.1", int(port))
         self.rank = rank
         self.world_size = world_size
         self.tracker = tracker
+        # probes/collectives.CollectiveSource: the waits no torch.distributed call wraps (DDP's buffer broadcast,
+        # FSDP2's work.wait(), functional collectives), named by the Flight Recorder.
+        self.source = source
         self.interval_s = interval_s
         self.stacks_file = stacks_file
         self.collective: CollectiveState | None = None  # the blocking collective this rank is in now
@@ -109,8 +112,11 @@ class HeartbeatProbe:
     def annotate(self, status: RankStatusDoc) -> None:
         """Add the collective this rank failed in and its last one to its status. RankSession calls it before the
         first write of status.json: a rank that torchrun kills while its profiler exports (a peer aborted) keeps it."""
-        if self.failed_collective is not None:
-            status["failed_collective"] = self.failed_collective
+        failed = self.failed_collective
+        if failed is None and self.source is not None:
+            failed = self.source.failed  # a wait no torch.distributed call of the script's made (FSDP2, DDP's buffers)
+        if failed is not None:
+            status["failed_collective"] = failed
         if self.last_collective is not None:
             status["last_collective"] = self.last_collective
         elif self.backward_site is not None:  # DDP's all-reduces run inside backward(): its call site stands for them
@@ -232,12 +238,16 @@ class HeartbeatProbe:
     # -- state ----------------------------------------------------------------------------------------
     def state(self) -> Beat:
         t = self.tracker
+        where = main_thread_site()
+        coll = self.collective
+        if coll is None and self.source is not None:
+            coll = self.source.current(where)
         out: Beat = {
             "type": "beat", "rank": self.rank, "pid": os.getpid(), "time": time.time(), "step": t.step,
             "phase": t.phase, "step_started": t.step_started, "last_step_s": t.step_times[-1] if t.step_times else None,
             "max_step_s": max(t.step_times[1:], default=None) if len(t.step_times) > 1 else None,
-            "collective": self.collective, "last_collective": self.last_collective,
-            "where": main_thread_site(), "tid": threading.get_native_id(), "main_tid": main_tid(),
+            "collective": coll, "last_collective": self.last_collective,
+            "where": where, "tid": threading.get_native_id(), "main_tid": main_tid(),
             "steps": live.recent_steps(t),  # per-iteration times and phases, for the live health watch (h18)
         }
         if self.summary:  # the last step's small numbers (e.g. probes/ledger.py's): RankRecord.summary
@@ -294,7 +304,8 @@ class HeartbeatProbe:
 
     def _signature(self) -> tuple[Any, ...]:
         c = self.collective
-        return (self.tracker.step, self.tracker.phase, id(c) if c else None)
+        src = self.source
+        return (self.tracker.step, self.tracker.phase, id(c) if c else None, src.since if src is not None else None)
 
     def _loop(self) -> None:
         # Beat every interval_s, and sooner (after TICK_S) when the rank entered a new collective or phase

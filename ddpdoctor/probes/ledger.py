@@ -9,6 +9,8 @@ Blocked time is counted on the StepTracker's phase clock as the "collective" pha
 (step, seconds, {phase: seconds}) carries it beside the rank's own work per phase, and overlapping waits count once
 (the tracker counts nested blocking as one interval):
 - a blocking Python collective (``dist.all_reduce(t)``, barrier, ...): the heartbeat's wrapper, enter to return;
+- every other wait of the training thread the collective source sees (probes/collectives.py: ``work.wait()``,
+  DDP's buffer broadcast, functional collectives' ``wait_tensor``), enter to return;
 - DDP's gradient all-reduces, launched by the reducer from autograd hooks and waited for when backward's compute is
   done: from the moment the autograd engine runs its final callbacks (queued by this probe from a hook on the root
   of ``backward()``, so ours runs before DDP's own finalisation, which waits for the buckets) to ``backward()``'s

@@ -107,6 +107,64 @@ class DDPModuleDoc(DDPConfig):
     bucket_cap_bytes: int | None
 
 
+class MeshDoc(TypedDict):
+    """A DeviceMesh a rank built on: its dim names, shape and rank table (row-major; empty past 4,096 ranks)."""
+
+    device_type: str
+    dim_names: list[str]
+    shape: list[int]
+    ranks: list[int]
+
+
+class FSDPUnitDoc(TypedDict):
+    """One FSDP2 unit (a `fully_shard` call's parameter group; probes/parallelism.py)."""
+
+    fqn: str
+    module_class: str
+    kind: str  # fsdp (1-D shard), hsdp (shard + replicate dims), replicate
+    mesh: int  # index into ParallelismDoc.meshes
+    shard_dim: str | None
+    replicate_dim: str | None
+    param_tensors: int
+    param_names: list[str]
+    numel: int
+    bytes: int  # unsharded
+    sharded_bytes: int  # this rank's shard
+    reshard_after_forward: bool | int
+    forward_prefetch: list[str]
+    backward_prefetch: list[str]
+    param_dtype: str | None
+    reduce_dtype: str | None
+    is_root: bool
+
+
+class FSDP1ModuleDoc(TypedDict):
+    module_class: str
+    sharding_strategy: str | None
+    world_size: int
+    use_orig_params: bool
+
+
+class DTensorParamDoc(TypedDict):
+    name: str
+    mesh: int
+    placements: list[str]
+    shape: list[int]
+
+
+class ParallelismDoc(TypedDict):
+    """info.json's ``parallelism``: what data/tensor parallelism the rank built."""
+
+    kinds: list[str]  # ddp, fsdp2, hsdp, replicate, fsdp1, tp
+    ddp_modules: int
+    fsdp2_units: list[FSDPUnitDoc]
+    fsdp1_modules: list[FSDP1ModuleDoc]
+    meshes: list[MeshDoc]
+    dtensor_params: list[DTensorParamDoc]
+    dtensor_param_count: int
+    torch: str
+
+
 class RankInfoDoc(TypedDict, total=False):
     """ranks/rankR/info.json (rundir/schema.py: RankInfo)."""
 
@@ -121,6 +179,7 @@ class RankInfoDoc(TypedDict, total=False):
     env: dict[str, str]
     process_group: ProcessGroupDoc | None
     ddp_modules: list[DDPModuleDoc]
+    parallelism: ParallelismDoc
 
 
 # ---- sync.json (check-sync) ---------------------------------------------------------------------------------
@@ -130,8 +189,20 @@ class RankInfoDoc(TypedDict, total=False):
 Fingerprints = Sequence[Sequence[float | str] | None]
 
 
+class EqualGroupDoc(TypedDict):
+    """Ranks that must hold a parameter equal (this rank among them) and the mesh dims they replicate over."""
+
+    ranks: list[int]
+    over: list[str]
+
+
 class _SyncModuleBuiltBy(TypedDict, total=False):
     built_by: str | None  # the framework that built this DDP (Lightning, HF Trainer, accelerate); DDP modules only
+    # DTensor parameters (probes/fingerprints.placement_map): per parameter None (every rank), -1 (sharded: layout
+    # only) or an index into equal_groups; param_layouts: global shape, mesh and placements
+    equal_groups: list[EqualGroupDoc]
+    param_equal_group: list[int | None]
+    param_layouts: list[str | None]
 
 
 class SyncModuleDoc(_SyncModuleBuiltBy):

@@ -6,6 +6,7 @@ optimizers) are ignored until a forward runs again. ``ddpdoctor.step()`` switche
 
 from __future__ import annotations
 
+import sys
 import threading
 import time
 from collections import deque
@@ -28,7 +29,12 @@ class StepTracker:
 
     ``phase`` is a cheap hint for heartbeats: "forward", "backward", "optimizer", "data", "eval" (a forward with
     gradients off), "checkpoint" or "other". Setting it also times the phases of each iteration (the live health
-    watch, ddpdoctor/live): ``recent`` holds the last iterations as (step, seconds, {phase: seconds})."""
+    watch, ddpdoctor/live): ``recent`` holds the last iterations as (step, seconds, {phase: seconds}).
+
+    "forward" is the wrapped model's forward: once a DDP, FSDP or fully_shard module has run, only such a module's
+    forward switches the phase (a metric, a loss or a transform module outside it does not); a job without one
+    keeps the first rule (any module). A module called while a DataLoader hands over a batch (transforms as modules
+    in ``__getitem__``) never switches it: the time until the batch is handed over is "data"."""
 
     def __init__(self) -> None:
         self.step = 0  # completed iterations
@@ -49,7 +55,13 @@ class StepTracker:
         self._explicit = False
         self._handles: list[Any] = []
         self._orig_scaler_step: Any = None
+        self._orig_next: Any = None
+        self._loading = 0  # inside a DataLoader iterator's __next__
+        self._wrapped = False  # a DDP/FSDP module has run its forward: only those switch the phase from now on
+        self._root_types: tuple[type, ...] = _root_types()
+        self._fsdp_pending = True
         self._lock = threading.Lock()
+        self._main = threading.main_thread().ident
 
     # -- phase clock (a few hundred ns per change) ---------------------------------------------------
     @property
@@ -97,6 +109,7 @@ class StepTracker:
         self._handles.append(register_optimizer_step_post_hook(self._on_optimizer_post))
         self._handles.append(torch.nn.modules.module.register_module_forward_pre_hook(self._on_forward))
         self._patch_grad_scaler()
+        self._patch_data_loader()
 
     def uninstall(self) -> None:
         global _active
@@ -106,6 +119,11 @@ class StepTracker:
         if self._orig_scaler_step is not None:
             torch.amp.GradScaler.step = self._orig_scaler_step  # type: ignore[method-assign]
             self._orig_scaler_step = None
+        if self._orig_next is not None:
+            from torch.utils.data.dataloader import _BaseDataLoaderIter
+
+            _BaseDataLoaderIter.__next__ = self._orig_next  # type: ignore[method-assign]
+            self._orig_next = None
         if _active is self:
             _active = None
 
@@ -113,6 +131,15 @@ class StepTracker:
     def _on_forward(self, module: Any, args: Any) -> None:
         if self._armed and self._phase == "forward":
             return  # the hot path: every submodule of a training forward
+        if self._loading:
+            return  # a transform in the data pipeline: still data loading
+        if self._fsdp_pending and "torch.distributed.fsdp" in sys.modules:
+            self._fsdp_pending = False  # the script imported FSDP: its classes are roots too (never imported here)
+            self._root_types = self._root_types + _fsdp_types()
+        if isinstance(module, self._root_types):
+            self._wrapped = True
+        elif self._wrapped or self._phase == "backward":
+            return  # a metric, loss or helper module outside the wrapped model; a recomputation in backward
         phase = "forward" if torch.is_grad_enabled() else "eval"
         if not self._armed or self._phase != phase:
             self._armed = True
@@ -144,6 +171,28 @@ class StepTracker:
         self._orig_scaler_step = orig
         scaler_cls.step = step  # type: ignore[method-assign]
 
+    def _patch_data_loader(self) -> None:
+        try:
+            from torch.utils.data.dataloader import _BaseDataLoaderIter
+        except ImportError:
+            return
+        orig = _BaseDataLoaderIter.__next__
+        tracker = self
+
+        def __next__(it: Any) -> Any:
+            if threading.get_ident() != tracker._main:
+                return orig(it)
+            tracker._loading += 1
+            if tracker._phase != "data":
+                tracker.phase = "data"  # until the next forward: the batch's copy to the device is data too
+            try:
+                return orig(it)
+            finally:
+                tracker._loading -= 1
+
+        self._orig_next = orig
+        _BaseDataLoaderIter.__next__ = __next__  # type: ignore[method-assign,assignment]
+
     # -- iteration boundaries -----------------------------------------------------------------------
     def explicit_step(self) -> None:
         self._explicit = True
@@ -168,3 +217,25 @@ class StepTracker:
             step = self.step
         for fn in self._listeners:
             fn(step)
+
+
+def _root_types() -> tuple[type, ...]:
+    """The classes whose forward is "the model's forward": DDP here; FSDP's are added once imported (_fsdp_types)."""
+    out: list[type] = []
+    try:
+        from torch.nn.parallel import DistributedDataParallel
+
+        out.append(DistributedDataParallel)
+    except ImportError:
+        pass
+    return tuple(out)
+
+
+def _fsdp_types() -> tuple[type, ...]:
+    """FSDP (FSDP1) and fully_shard's FSDPModule, once the script has imported them (importing them here would cost
+    every rank seconds at start-up)."""
+    try:
+        from torch.distributed.fsdp import FSDPModule, FullyShardedDataParallel
+    except ImportError:
+        return ()
+    return (FSDPModule, FullyShardedDataParallel)

@@ -69,6 +69,29 @@ def _table(title: str, headers: list[str], rows: list[list[str]], caption: str |
     return table
 
 
+def fsdp_unit_table(inventory: Mapping[str, Any] | None, verbose: bool) -> Table | None:
+    """The FSDP2 unit inventory (docs/metrics.md#fsdp2-units): per unit, ms per step of each collective and the
+    part of it exposed."""
+    units = list((inventory or {}).get("units") or [])
+    if not units:
+        return None
+
+    def cell(u: Mapping[str, Any], key: str) -> str:
+        t, e = u.get(f"{key}_ms"), u.get(f"{key}_exposed_ms")
+        return "-" if t is None else f"{t:.2f}/{e:.2f}"
+
+    rows = []
+    for u in units[: None if verbose else 12]:
+        how = "first (unavoidable)" if u.get("first") else ("prefetched" if u.get("forward_prefetched") else "on demand")
+        size = u.get("bytes")
+        rows.append([str(u["unit"]), "-" if size is None else f"{size / 1e6:.2f}", cell(u, "all_gather_forward"), how,
+                     cell(u, "all_gather_backward"), cell(u, "reduce_scatter"), cell(u, "all_reduce")])
+    more = f"; {len(units) - 12} more units (--verbose)" if len(units) > 12 and not verbose else ""
+    return _table("FSDP2 units (ms per step: time/exposed)",
+                  ["unit", "MB", "AG fwd", "fwd AG issued", "AG bwd", "RS", "AR (HSDP)"], rows,
+                  caption=f"AG all-gather, RS reduce-scatter, AR all-reduce across replicas{more}", left=1)
+
+
 def step_count(r: RankJson) -> int | None:
     """How many steps a rank recorded (``steps`` is a count, or a list in older reports)."""
     steps = r.get("steps")
@@ -223,6 +246,9 @@ def render_perf_sections(report: Report, out: Console, verbose: bool) -> None:
     line = straggler_line(stragglers)
     if line:
         out.print(line)
+    units = fsdp_unit_table(perf.fsdp_units if perf else None, verbose)
+    if units is not None:
+        out.print(units)
     if verbose and ranks:
         out.print(step_table(ranks))
     if verbose:

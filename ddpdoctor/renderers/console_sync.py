@@ -29,6 +29,9 @@ def render_sync_sections(report: Report, out: Any, verbose: bool) -> None:
         table.add_column(col)
     for key, c in (("grads", checks["grads"]), ("params", checks["params"]), ("buffers", checks["buffers"])):
         table.add_row(key, str(len(c["steps"])), str(c["comparisons"]), str(c["diverged"]), str(c["within_tolerance"]))
+    layouts = checks.get("layouts")
+    if layouts:  # DTensor parameters: sharded ones are compared by layout only
+        table.add_row("layouts", "-", str(layouts["comparisons"]), str(layouts["differ"]), "-")
     out.print(table)
     if checks["data"]:
         data = Table(title="Data shards (training loaders)")

@@ -7,6 +7,7 @@ import msgspec
 
 from ddpdoctor.analyses.data_shards import DataAnalysis, LoaderFacts
 from ddpdoctor.analyses.sync import SyncAnalysis, TensorCheck
+from ddpdoctor.errors import BadInput
 from ddpdoctor.findings.model import Finding
 from ddpdoctor.jsontypes import JsonObject
 from ddpdoctor.report import Report
@@ -34,6 +35,14 @@ def sync_parts(run: RunDir) -> tuple[SyncChecksSection | None, list[Finding], li
         notes.append(f"ranks {missing} wrote no sync.json; they are not compared")
     analysis = analyze_sync(records)
     world = max(r.world_size or 1 for r in records.values())
+    groups = _data_groups(run)
+    if groups and len(groups) < world:
+        # Ranks of one tensor-parallel group read the same data: one of each is the data-parallel rank compared.
+        notes.append(f"the sampler was checked per data-parallel group: {len(groups)} group(s) of ranks that read "
+                     f"the same data ({', '.join(str(g) for g in groups[:4])}{' …' if len(groups) > 4 else ''}), "
+                     "one rank of each compared")
+        data = {g[0]: data[g[0]] for g in groups if g[0] in data}
+        world = len(groups)
     shards = analyze_data(data, world)
     notes.extend(read_probe_notes({r: run.rank_dir(r) for r in present}))
     findings = [*sync_findings(analysis), *data_findings(shards, world)]
@@ -43,7 +52,13 @@ def sync_parts(run: RunDir) -> tuple[SyncChecksSection | None, list[Finding], li
         notes.append(f"the script ended after {analysis.steps_run} of the {stop_after} steps asked for")
     if not analysis.modules:
         notes.append("no DistributedDataParallel module was built: gradients, parameters and buffers were not compared")
-    elif all(m.ddp is False for m in analysis.modules):
+    elif all(m.ddp is False for m in analysis.modules) and any(m.param_layouts for m in analysis.modules):
+        notes.append("no DistributedDataParallel module was built: the parameters the optimizer updates were "
+                     "compared across the ranks their placements say must hold them equal (a DTensor Replicate()d "
+                     "over a mesh dim across that dim, a plain tensor across every rank; a sharded one by layout "
+                     f"only): {analysis.params.comparisons} parameter and {analysis.layouts.comparisons} layout "
+                     "comparison(s)")
+    elif all(m.ddp is False for m in analysis.modules) and analysis.params.comparisons:
         notes.append("no DistributedDataParallel module was built: the parameters the optimizer updates were "
                      "compared across ranks")
     elif analysis.grads.comparisons == 0 and analysis.params.comparisons > 0:
@@ -57,6 +72,16 @@ def sync_parts(run: RunDir) -> tuple[SyncChecksSection | None, list[Finding], li
         if sampler and sampler.shuffle and not sampler.replacement and min(facts.epochs_seen.values()) < 2:
             notes.append(_one_epoch_note(facts, analysis.steps_run, stop_after, data_steps))
     return SyncChecksSection.from_json({"checks": _checks(analysis, shards)}), findings, notes
+
+
+def _data_groups(run: RunDir) -> list[list[int]] | None:
+    from ddpdoctor.analyses.mesh_groups import data_groups
+    from ddpdoctor.rundir import manifest as manifest_mod
+
+    try:
+        return data_groups(manifest_mod.load_typed(run).parallelism)
+    except BadInput:  # no manifest (a capture window): every rank is its own data-parallel rank
+        return None
 
 
 def assemble(run: RunDir, job_exit: int | None, *, locked: bool) -> Report:
@@ -97,7 +122,7 @@ def _checks(analysis: SyncAnalysis, shards: DataAnalysis) -> JsonObject:
         return {"comparisons": check.comparisons, "steps": sorted(set(check.steps)), "diverged": len(check.diverged),
                 "within_tolerance": len(check.within_tolerance), "first_step": check.first_step}
 
-    return {
+    out: JsonObject = {
         "ranks": analysis.ranks,
         "steps_checked": analysis.steps_checked,
         "steps_run": analysis.steps_run,
@@ -113,3 +138,6 @@ def _checks(analysis: SyncAnalysis, shards: DataAnalysis) -> JsonObject:
                   "missing": e.missing} for e in shards.epochs],
         "equivalence": msgspec.to_builtins(analysis.equivalence),
     }
+    if analysis.layouts.comparisons:
+        out["layouts"] = {"comparisons": analysis.layouts.comparisons, "differ": len(analysis.layouts.differ)}
+    return out

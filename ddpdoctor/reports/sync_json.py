@@ -38,6 +38,13 @@ class ShardsJson(TypedDict, total=False):
     missing: int | None
 
 
+class LayoutCheckJson(TypedDict):
+    """DTensor parameters' layouts (global shape, mesh, placements) compared across every rank."""
+
+    comparisons: int
+    differ: int
+
+
 class ChecksJson(TypedDict, total=False):
     """The "checks" object."""
 
@@ -48,5 +55,6 @@ class ChecksJson(TypedDict, total=False):
     grads: TensorCheckJson
     params: TensorCheckJson
     buffers: TensorCheckJson
+    layouts: LayoutCheckJson  # only when DTensor parameters were recorded (FSDP2, HSDP, TP)
     data: list[ShardsJson]
     equivalence: dict[str, object] | None  # probes/equivalence.py's result as recorded (rundir Equivalence)

@@ -15,7 +15,7 @@ from ddpdoctor.jsontypes import JsonObject, JsonValue
 from ddpdoctor.rundir import artefacts
 from ddpdoctor.rundir.layout import RunDir, write_json
 from ddpdoctor.rundir.records import RunEndedDoc
-from ddpdoctor.rundir.schema import Manifest, RankInfo, RankStatus
+from ddpdoctor.rundir.schema import Manifest, Parallelism, RankInfo, RankStatus
 
 T = TypeVar("T")
 
@@ -90,6 +90,8 @@ def finalize(run: RunDir, exit_code: int | None, duration_s: float, killed_by: s
     under the run directory filled during the run (rundir/reserve.py facts: when, what ddpdoctor could not write)."""
     ranks: list[JsonObject] = []
     ddp_modules: JsonObject = {}
+    parallelism: Parallelism | None = None
+    differs: list[int] = []
     first_info: RankInfo | None = None
     hosts: set[str] = set()
     for rank in run.ranks_present():
@@ -112,6 +114,11 @@ def finalize(run: RunDir, exit_code: int | None, duration_s: float, killed_by: s
         })
         if info.ddp_modules:
             ddp_modules[str(rank)] = artefacts.to_dict(info.ddp_modules)
+        if info.parallelism is not None:
+            if parallelism is None:
+                parallelism = info.parallelism
+            elif _parallelism_key(info.parallelism) != _parallelism_key(parallelism):
+                differs.append(rank)
     info0 = first_info or RankInfo()
     data = artefacts.load_dict(run.manifest)  # the JSON as written (raw JSON in, updated, written back)
     data.update(
@@ -128,10 +135,19 @@ def finalize(run: RunDir, exit_code: int | None, duration_s: float, killed_by: s
         env=info0.env,
         ddp_modules=ddp_modules,
     )
+    if parallelism is not None:
+        data["parallelism"] = artefacts.to_dict(parallelism)
+        data["parallelism_differs"] = differs
     if disk_full:
         data["disk_full"] = dict(disk_full)
     write_json(run.manifest, data)
     return data
+
+
+def _parallelism_key(p: Parallelism) -> tuple[object, ...]:
+    """What must agree across ranks: the kinds and each unit's name and size (a rank whose units differ builds a
+    different model: its collectives will not match)."""
+    return (tuple(p.kinds), tuple((u.fqn, u.numel, u.kind) for u in p.fsdp2_units), p.dtensor_param_count)
 
 
 # A boundary: manifest.json's raw JSON, for tools that show it as written.

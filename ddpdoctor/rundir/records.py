@@ -27,6 +27,14 @@ class CollectiveState(TypedDict, total=False):
     since: float
     step: int
     error: str  # only in failed_collective
+    dtypes: list[str]  # the Flight Recorder's input dtypes, where it named the collective
+    source: str  # who saw it: absent for a torch.distributed call; "flight-recorder" or "wait" (probes/collectives.py)
+
+
+# What probes/collectives.py calls a wait before the Flight Recorder names its collective (the hang verdict names it
+# from the rank's dump: findings/hang.reconcile).
+WAIT_OPS = {"wait": "wait (async collective)", "broadcast_coalesced": "broadcast (DDP buffers/parameters)",
+            "wait_tensor": "wait_tensor (functional collective)"}
 
 
 class BackwardState(TypedDict):
@@ -105,6 +113,7 @@ class RankStatusDoc(TypedDict, total=False):
     step_times_s: list[float]
     duration_s: float
     ddp_modules: int
+    parallelism: list[str]  # what else the rank built (probes/parallelism.py kinds), when it built FSDP or DTensor
     traces: list[str]
     failed_collective: CollectiveState | None
     last_collective: CollectiveState | None
@@ -138,8 +147,7 @@ class PositionDoc(TypedDict):
     exit_code: int | None
 
 
-class HangDiagnosisDoc(TypedDict):
-    """The culprit and why (findings/hang.py HangDiagnosis)."""
+class _HangDiagnosisHead(TypedDict):
 
     kind: str
     stalled_ranks: list[int]
@@ -148,6 +156,12 @@ class HangDiagnosisDoc(TypedDict):
     positions: dict[str, PositionDoc]
     reason: str
     differs: list[str]
+
+
+class HangDiagnosisDoc(_HangDiagnosisHead, total=False):
+    """The culprit and why (findings/hang.py HangDiagnosis)."""
+
+    sources: dict[str, list[str]]  # per rank named: the sources that agree (findings/hang.reconcile)
 
 
 class RankClassDoc(TypedDict):

@@ -41,6 +41,7 @@ from ddpdoctor.rundir.summary_records import (
     InputInfo,
     RankMetrics,
     SyncCall,
+    UnitCollective,
 )
 
 # ---- the DDP layout a rank recorded (info.json, manifest.json ddp_modules) -----------------------------------
@@ -79,6 +80,65 @@ class DDPModule(msgspec.Struct, kw_only=True, omit_defaults=True):
     iteration: int | None = None
     world_size: int | None = None
     backend: str | None = None
+
+
+# ---- the parallelism a rank built (info.json parallelism, manifest.json parallelism; probes/parallelism.py) -----
+
+class MeshInfo(msgspec.Struct, kw_only=True, omit_defaults=True):
+    device_type: str | None = None
+    dim_names: list[str] = []
+    shape: list[int] = []
+    ranks: list[int] = []  # row-major rank table; empty past 4,096 ranks
+
+
+class FSDPUnit(msgspec.Struct, kw_only=True, omit_defaults=True):
+    """One FSDP2 unit: a `fully_shard` call's parameter group, all-gathered and reduce-scattered as one."""
+
+    fqn: str = "?"
+    module_class: str | None = None
+    kind: str = "fsdp"  # fsdp (1-D shard), hsdp (shard + replicate dims), replicate
+    mesh: int | None = None  # index into Parallelism.meshes
+    shard_dim: str | None = None
+    replicate_dim: str | None = None
+    param_tensors: int = 0
+    param_names: list[str] = []
+    numel: int = 0
+    bytes: int = 0  # unsharded
+    sharded_bytes: int = 0  # one rank's shard
+    reshard_after_forward: bool | int | None = None
+    forward_prefetch: list[str] = []
+    backward_prefetch: list[str] = []
+    param_dtype: str | None = None
+    reduce_dtype: str | None = None
+    is_root: bool = False
+
+
+class FSDP1Module(msgspec.Struct, kw_only=True, omit_defaults=True):
+    module_class: str | None = None
+    sharding_strategy: str | None = None
+    world_size: int | None = None
+    use_orig_params: bool | None = None
+
+
+class DTensorParam(msgspec.Struct, kw_only=True, omit_defaults=True):
+    name: str
+    mesh: int | None = None
+    placements: list[str] = []
+    shape: list[int] = []
+
+
+class Parallelism(msgspec.Struct, kw_only=True, omit_defaults=True):
+    """What data/tensor parallelism a rank built: DDP modules (counted; their layout is ddp_modules), FSDP2 units,
+    FSDP1 modules, DTensor (tensor-parallel) parameters and the meshes they live on."""
+
+    kinds: list[str] = []  # ddp, fsdp2, hsdp, replicate, fsdp1, tp
+    ddp_modules: int = 0
+    fsdp2_units: list[FSDPUnit] = []
+    fsdp1_modules: list[FSDP1Module] = []
+    meshes: list[MeshInfo] = []
+    dtensor_params: list[DTensorParam] = []
+    dtensor_param_count: int = 0
+    torch: str | None = None
 
 
 class GroupInfo(msgspec.Struct, kw_only=True):
@@ -154,6 +214,9 @@ class Manifest(Artefact, kw_only=True):
     env: dict[str, str | None] | None = None
     # rank -> that rank's DDP modules (keys are ranks as strings in the file)
     ddp_modules: dict[int, list[DDPModule]] = {}
+    # The parallelism the lowest rank that recorded one built, and the ranks whose units or kinds differ from it
+    parallelism: Parallelism | None = None
+    parallelism_differs: list[int] = []
     ended: RunEnded | None = None
     # The disk under the run directory filled during the run (rundir/reserve.py): when, and what was not written
     disk_full: dict[str, Json] | None = None
@@ -173,6 +236,7 @@ class RankInfo(Artefact, kw_only=True):
     env: dict[str, str | None] | None = None
     process_group: ProcessGroupInfo | None = None
     ddp_modules: list[DDPModule] = []
+    parallelism: Parallelism | None = None
 
 
 class RankStatus(Artefact, kw_only=True):
@@ -182,6 +246,7 @@ class RankStatus(Artefact, kw_only=True):
     step_times_s: list[Number | None] = []  # null: a time that was NaN/Infinity (safe_io reads those as null)
     duration_s: Number | None = None
     ddp_modules: int | None = None
+    parallelism: list[str] = []  # kinds other than DDP the rank built (fsdp2, hsdp, fsdp1, tp), when any
     traces: list[str] = []
     ended_at: Number | None = None
     exception: str | None = None
@@ -204,6 +269,7 @@ class RankSummary(Artefact, kw_only=True):
     syncs: list[SyncCall] = []
     host: str | None = None
     notes: list[str] = []
+    fsdp: list[UnitCollective] = []  # FSDP2 units' collectives (analyses/fsdp_units.py)
 
 
 class SummaryError(Artefact, kw_only=True):
@@ -268,6 +334,7 @@ class HangFileDiagnosis(msgspec.Struct, kw_only=True):
     collective: dict[str, Json] | None = None
     positions: dict[int, Position] = {}
     differs: list[str] = []
+    sources: dict[int, list[str]] = {}
 
 
 class HangClass(msgspec.Struct, kw_only=True):

@@ -13,6 +13,11 @@ from ddpdoctor.rundir.schema_base import Artefact, Number
 Fingerprint = list[Number | Literal["nan", "inf", "-inf"]] | None
 
 
+class EqualGroup(msgspec.Struct, kw_only=True):
+    ranks: list[int] = []
+    over: list[str] = []  # the mesh dims the parameter is Replicate() over
+
+
 class SyncModule(msgspec.Struct, kw_only=True):
     index: int
     ddp: bool | None = None  # False: the optimizer's parameters, compared without a DDP module
@@ -25,6 +30,11 @@ class SyncModule(msgspec.Struct, kw_only=True):
     buffers: list[str] = []
     batchnorm_buffers: list[str] = []
     built_by: str | None = None  # the framework that built this DDP module (probes/ddp_recorder._built_by)
+    # DTensor parameters (FSDP2, HSDP, TP): per parameter None (every rank must agree), -1 (sharded: only the
+    # layout must agree) or an index into equal_groups (the ranks this one must agree with)
+    equal_groups: list[EqualGroup] = []
+    param_equal_group: list[int | None] = []
+    param_layouts: list[str | None] = []
 
 
 class SyncRow(msgspec.Struct, kw_only=True):

@@ -1,0 +1,159 @@
+"""FSDP2 and HSDP jobs get the same doctor (issue 37): real gloo launches of tests/scenarios/fsdp_train.py, FSDP2 on
+2 ranks and HSDP on 4 (a 2x2 mesh), each profiled once for the whole module."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from tests.conftest import SCENARIOS, run_cli
+from tests.teardown import settle_cli
+
+pytestmark = [pytest.mark.slow, pytest.mark.xdist_group(name="fsdp")]
+
+SCRIPT = str(SCENARIOS / "fsdp_train.py")
+# Rules that read DDP's buckets or options: none may fire on a job without DDP.
+DDP_ONLY = {"no-ddp", "buckets-latency-bound", "first-bucket-late", "find-unused-parameters-unneeded",
+            "static-graph-would-help", "find-unused-parameters-on", "gradient-as-bucket-view-off"}
+
+
+def _profile(tmp_path_factory, name: str, nproc: int, *script_args: str) -> tuple[object, dict]:
+    out = tmp_path_factory.mktemp(name)
+    args = ("profile", "--nproc-per-node", str(nproc), "-q", "--json", "--fail-on", "error", "--out", str(out))
+    proc = run_cli(*args, SCRIPT, *script_args, timeout=400)
+    report = settle_cli(proc, json.loads(proc.stdout), args)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return out, report
+
+
+@pytest.fixture(scope="module")
+def fsdp_run(tmp_path_factory):
+    return _profile(tmp_path_factory, "fsdp", 2, "--steps", "10")
+
+
+@pytest.fixture(scope="module")
+def hsdp_run(tmp_path_factory):
+    return _profile(tmp_path_factory, "hsdp", 4, "--mesh", "hsdp", "--steps", "10")
+
+
+def _info(out, rank: int) -> dict:
+    return json.loads((out / "ranks" / f"rank{rank}" / "info.json").read_text())
+
+
+def test_fsdp2_units_and_mesh_are_recorded(fsdp_run):
+    out, report = fsdp_run
+    for rank in (0, 1):
+        p = _info(out, rank)["parallelism"]
+        assert p["kinds"] == ["fsdp2"] and p["ddp_modules"] == 0
+        assert p["meshes"] == [{"device_type": "cpu", "dim_names": ["dp"], "shape": [2], "ranks": [0, 1]}]
+        units = p["fsdp2_units"]
+        # fully_shard on each Linear (the root owns no parameter of its own, so it is no unit)
+        assert [u["fqn"] for u in units] == ["0", "2", "4", "6"]
+        assert all(u["kind"] == "fsdp" and u["shard_dim"] == "dp" and u["replicate_dim"] is None for u in units)
+        # Linear(256, 256): 256*256 + 256 float32 = 263,168 bytes, half of it on each of 2 ranks
+        assert units[0]["numel"] == 65_792 and units[0]["bytes"] == 263_168 and units[0]["sharded_bytes"] == 131_584
+        assert units[0]["param_names"] == ["0.weight", "0.bias"]
+        assert units[0]["reshard_after_forward"] is True and units[0]["forward_prefetch"] == []
+    manifest = json.loads((out / "manifest.json").read_text())
+    assert manifest["parallelism"]["kinds"] == ["fsdp2"] and manifest["parallelism_differs"] == []
+
+
+def test_fsdp2_report_says_what_it_saw_and_no_ddp_rule_fires(fsdp_run):
+    _, report = fsdp_run
+    ids = {f["id"] for f in report["findings"]}
+    assert not ids & DDP_ONLY, ids
+    f = next(f for f in report["findings"] if f["id"] == "parallelism")
+    assert f["title"].startswith("The job built FSDP2: 4 fully_shard unit(s)") and "(dp=2)" in f["title"]
+    assert f["evidence"]["fsdp2_units"] == 4
+
+
+def test_hsdp_on_a_2x2_mesh(hsdp_run):
+    out, report = hsdp_run
+    for rank in range(4):
+        p = _info(out, rank)["parallelism"]
+        assert p["kinds"] == ["hsdp"]
+        assert p["meshes"][0]["dim_names"] == ["replicate", "shard"] and p["meshes"][0]["shape"] == [2, 2]
+        assert p["meshes"][0]["ranks"] == [0, 1, 2, 3]
+        u = p["fsdp2_units"][0]
+        assert (u["kind"], u["shard_dim"], u["replicate_dim"]) == ("hsdp", "shard", "replicate")
+        assert u["sharded_bytes"] * 2 == u["bytes"]  # sharded over the 2 ranks of 'shard' only
+    ids = {f["id"] for f in report["findings"]}
+    assert not ids & DDP_ONLY, ids
+    f = next(f for f in report["findings"] if f["id"] == "parallelism")
+    assert "HSDP" in f["title"] and "replicated over 'replicate'" in f["title"]
+
+
+def _check_sync(tmp_path_factory, name: str, nproc: int, *script_args: str) -> tuple[object, dict, int]:
+    out = tmp_path_factory.mktemp(name)
+    args = ("check-sync", "--nproc-per-node", str(nproc), "--json", "--out", str(out))
+    proc = run_cli(*args, SCRIPT, *script_args, timeout=400)
+    report = settle_cli(proc, json.loads(proc.stdout), args)
+    return out, report, proc.returncode
+
+
+def test_check_sync_names_a_replicated_dtensor_weight_and_its_mesh_dim(tmp_path_factory):
+    # TP on a 1-D "tp" mesh of 2 ranks; rank 1 scales its copy of the Replicate()d LayerNorm weight after step 0.
+    _, report, code = _check_sync(tmp_path_factory, "tp_drift", 2, "--mesh", "tp", "--bug", "drift", "--steps", "8")
+    assert code == 1, report
+    f = next(f for f in report["findings"] if f["id"] == "param-divergence")
+    assert f["severity"] == "error" and f["ranks"] == [1] and f["evidence"]["step"] == 1
+    assert "3.weight" in f["evidence"]["parameters"] and f["evidence"]["mesh_dims"] == ["tp"]
+    assert "mesh dim 'tp'" in f["title"] and "no DistributedDataParallel" not in f["title"]
+    # the column- and row-sharded weights are never compared by value, only by layout
+    assert not any(p in f["evidence"]["parameters"] for p in ("0.weight", "2.weight"))
+    checks = report["checks"]
+    assert checks["layouts"] == {"comparisons": 6, "differ": 0}
+    # both TP ranks read the same batches (one data-parallel rank): no sampler finding, and the report says why
+    assert not any(f["id"].startswith("sampler-") for f in report["findings"]), report["findings"]
+    assert any("per data-parallel group" in n and "[0, 1]" in n for n in report["notes"]), report["notes"]
+
+
+def test_check_sync_hsdp_compares_replicas_over_the_replicate_dim(tmp_path_factory):
+    _, report, code = _check_sync(tmp_path_factory, "hsdp_sync", 4, "--mesh", "hsdp", "--steps", "6")
+    assert code == 0, report
+    assert report["status"] == "ok"
+    checks = report["checks"]
+    # 8 parameters x 2 replica pairs ((0,2) and (1,3) over 'replicate') x 5 checked steps; every rank's layout
+    # of the 8 against rank 0's
+    assert checks["params"]["comparisons"] == 8 * 2 * checks["steps_checked"] and checks["params"]["diverged"] == 0
+    assert checks["layouts"] == {"comparisons": 24, "differ": 0}
+    assert not {f["id"] for f in report["findings"]} & {"param-divergence", "nothing-compared", "no-ddp"}
+
+
+@pytest.fixture(scope="module")
+def prefetch_run(tmp_path_factory):
+    return _profile(tmp_path_factory, "fsdp_prefetch", 2, "--steps", "10", "--prefetch")
+
+
+def test_overlap_is_not_counted_from_fsdp_ranges(fsdp_run):
+    # FSDP2 on CPU issues its all-gathers synchronously: the main thread waits, so most of the communication is
+    # exposed. Counting FSDP's own ranges as compute said 100% overlap and 0 ms exposed (issue 37).
+    _, report = fsdp_run
+    for r in report["ranks"]:
+        assert r["overlap_pct"] < 50.0 and r["exposed_comm_us"] > 0.25 * r["comm_us"], r
+
+
+def test_unit_inventory_names_every_unit_with_its_collectives(fsdp_run):
+    _, report = fsdp_run
+    units = report["fsdp_units"]["units"]
+    assert [u["unit"] for u in units] == ["0", "2", "4", "6"]
+    for u in units:
+        assert u["all_gather_forward_ms"] > 0 and u["reduce_scatter_ms"] > 0 and u["params"] > 0
+        assert u["forward_prefetched"] is False
+    assert units[0]["first"] is True and not any(u["first"] for u in units[1:])
+    # the last unit's backward all-gather is its own; the others' are prefetched by FSDP2 one unit deep
+    assert all(u["all_gather_backward_ms"] > 0 for u in units)
+
+
+def test_no_prefetch_is_found_without_prefetch_and_not_with_it(fsdp_run, prefetch_run):
+    _, plain = fsdp_run
+    _, prefetched = prefetch_run
+    f = next(f for f in plain["findings"] if f["id"] == "fsdp-no-prefetch")
+    # every unit but the first (whose all-gather is unavoidable, and said so) is named
+    assert set(f["evidence"]["units"]) == {"2", "4", "6"} and f["evidence"]["first_unit"] == "0"
+    assert "set_modules_to_forward_prefetch" in f["advice"]
+    assert "fsdp-no-prefetch" not in {f["id"] for f in prefetched["findings"]}
+    units = prefetched["fsdp_units"]["units"]
+    assert [u["forward_prefetched"] for u in units] == [False, True, True, True]
+    assert not {f["id"] for f in prefetched["findings"]} & DDP_ONLY

@@ -1,0 +1,83 @@
+"""FSDP2 training on CPU/gloo: an MLP of 4 Linear layers, `fully_shard` on each and on the root, AdamW.
+
+    --mesh 1d        FSDP on a 1-D mesh of every rank (2 ranks)
+    --mesh hsdp      HSDP on a 2-D mesh ("replicate", "shard") of 2x2 (4 ranks)
+    --mesh tp        no FSDP: a 1-D "tp" mesh, the first Linear column-parallel, the second row-parallel, and a
+                     LayerNorm whose weight is a DTensor Replicate()d over "tp" (as TP leaves norm weights)
+    --prefetch       explicit set_modules_to_forward_prefetch / set_modules_to_backward_prefetch (one unit ahead)
+    --bug drift      (tp) rank 1 changes its copy of the replicated norm weight after the first step
+    --steps N        iterations (default 8)
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+
+import torch
+import torch.distributed as dist
+import torch.nn as nn
+from torch.distributed.device_mesh import init_device_mesh
+
+p = argparse.ArgumentParser()
+p.add_argument("--mesh", default="1d", choices=["1d", "hsdp", "tp"])
+p.add_argument("--prefetch", action="store_true")
+p.add_argument("--bug", default="none", choices=["none", "drift"])
+p.add_argument("--steps", type=int, default=8)
+p.add_argument("--width", type=int, default=256)
+args = p.parse_args()
+
+dist.init_process_group("gloo")
+rank, world = dist.get_rank(), dist.get_world_size()
+torch.manual_seed(0)
+W = args.width
+model = nn.Sequential(nn.Linear(W, W), nn.ReLU(), nn.Linear(W, W), nn.ReLU(), nn.Linear(W, W), nn.ReLU(),
+                      nn.Linear(W, 8))
+
+if args.mesh == "tp":
+    from torch.distributed.tensor import Replicate, distribute_tensor
+    from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, parallelize_module
+
+    mesh = init_device_mesh("cpu", (world,), mesh_dim_names=("tp",))
+    model = nn.Sequential(nn.Linear(W, W), nn.ReLU(), nn.Linear(W, W), nn.LayerNorm(W))
+    parallelize_module(model, mesh, {"0": ColwiseParallel(), "2": RowwiseParallel(use_local_output=False)})
+    norm = model[3]
+    norm.weight = nn.Parameter(distribute_tensor(norm.weight.detach(), mesh, [Replicate()]))
+    norm.bias = nn.Parameter(distribute_tensor(norm.bias.detach(), mesh, [Replicate()]))
+    units: list[nn.Module] = []
+else:
+    from torch.distributed.fsdp import fully_shard
+
+    if args.mesh == "hsdp":
+        mesh = init_device_mesh("cpu", (2, world // 2), mesh_dim_names=("replicate", "shard"))
+    else:
+        mesh = init_device_mesh("cpu", (world,), mesh_dim_names=("dp",))
+    units = [m for m in model if isinstance(m, nn.Linear)]
+    for m in units:
+        fully_shard(m, mesh=mesh)
+    fully_shard(model, mesh=mesh)
+    if args.prefetch:
+        for a, b in zip(units, units[1:]):
+            a.set_modules_to_forward_prefetch([b])
+            b.set_modules_to_backward_prefetch([a])
+
+opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
+g = torch.Generator().manual_seed(1 + rank)
+if args.mesh == "tp":
+    # TP ranks read the same batches: one data-parallel rank (num_replicas=1), as a TP job's loader does
+    from torch.utils.data import DataLoader, DistributedSampler, TensorDataset
+
+    data = TensorDataset(torch.randn(16 * args.steps, W, generator=torch.Generator().manual_seed(1)))
+    batches = iter(DataLoader(data, batch_size=16, sampler=DistributedSampler(data, num_replicas=1, rank=0)))
+for step in range(args.steps):
+    x = next(batches)[0] if args.mesh == "tp" else torch.randn(16, W, generator=g)
+    loss = model(x).square().mean()
+    opt.zero_grad()
+    loss.backward()
+    opt.step()
+    if args.bug == "drift" and step == 0 and rank == 1:
+        with torch.no_grad():
+            model[3].weight.to_local().mul_(1.01)
+dist.destroy_process_group()
+if os.environ.get("FSDP_TRAIN_SAY_DONE"):
+    print(f"rank {rank} done")
