@@ -129,6 +129,9 @@ def main() -> int:
     p.add_argument("--keep", action="store_true", help="keep every run directory")
     p.add_argument("--merge", type=Path, nargs="+", default=None, metavar="RESULTS_JSON",
                    help="no runs: the table of these results.json files together (runs split between processes)")
+    p.add_argument("--rerun", type=Path, nargs="+", default=[], metavar="RESULTS_JSON",
+                   help="with --merge: runs that replace the merged files' runs of the same tool and scenario "
+                        "(a scenario fixed and run again)")
     a = p.parse_args()
     if a.list:
         from scenarios import SIMULATED
@@ -152,7 +155,12 @@ def main() -> int:
         for path in a.merge:
             for tool, outs in json.loads(path.read_text()).items():
                 results.setdefault(tool, []).extend(rejudge(o) for o in outs)
-        header = header.replace("command: ", f"merged from {', '.join(str(m) for m in a.merge)}; command: ")
+        for path in a.rerun:
+            for tool, outs in json.loads(path.read_text()).items():
+                again = {o["scenario"] for o in outs}
+                kept = [o for o in results.get(tool, []) if o["scenario"] not in again]
+                results[tool] = kept + [rejudge(o) for o in outs]
+        header = header.replace(f"tier {a.tier}", "merged runs")
     elif a.tier == "simulated":
         from simulated import run_simulated
         results = run_simulated()
