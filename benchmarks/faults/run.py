@@ -30,7 +30,7 @@ sys.path.insert(0, str(HERE))
 
 import score  # noqa: E402
 from scenarios import SCENARIOS, Scenario, tier  # noqa: E402
-from tools import REPO, TOOLS, Outcome, read_ddpdoctor, run_ddpdoctor, run_torchrun  # noqa: E402
+from tools import NEVER_ENDED, REPO, TOOLS, Outcome, read_ddpdoctor, run_ddpdoctor, run_torchrun  # noqa: E402
 
 
 def _commit() -> str:
@@ -112,6 +112,8 @@ def rejudge(o: dict[str, Any]) -> dict[str, Any]:
         o.update(culprits=culprits, cause=cause, alarm=cause is not None, warnings=warnings)
         if cause is None:
             o["time_to_verdict_s"] = None
+    if o.get("tool") == "torchrun" and o.get("ran") and (o.get("said") or "").startswith("never ended"):
+        o.update(culprits=None, cause=None, alarm=False, time_to_verdict_s=None, said=NEVER_ENDED)
     o["judged"] = score.judge(o)
     return o
 
