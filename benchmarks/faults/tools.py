@@ -216,11 +216,18 @@ _ROOT = re.compile(r"Root Cause \(first observed failure\):(.*?)(?:={5,}|\Z)", r
 
 
 def read_torchrun(stderr: str) -> tuple[list[int] | None, str | None, str]:
-    """torchrun's root cause: (rank, cause class, its own words)."""
-    m = _ROOT.search(stderr)
-    if not m:
+    """torchrun's root cause: (rank, cause class, its own words). Each node's torchrun prints the first failure it
+    observed on its own node; of several nodes' tables the earliest (its ``time``) is the job's, as a user reading
+    every node's log would take it."""
+    blocks = [m.group(1) for m in _ROOT.finditer(stderr)]
+    if not blocks:
         return None, None, ""
-    block = m.group(1)
+
+    def when(b: str) -> str:
+        t = re.search(r"time\s*:\s*(\S+)", b)
+        return t.group(1) if t else "~"
+
+    block = min(blocks, key=when)
     rank = re.search(r"rank\s*:\s*(\d+)", block)
     code = re.search(r"exitcode\s*:\s*(-?\d+)", block)
     tb = re.search(r"traceback\s*:\s*(.*)", block, re.S)
