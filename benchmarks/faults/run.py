@@ -30,7 +30,7 @@ sys.path.insert(0, str(HERE))
 
 import score  # noqa: E402
 from scenarios import SCENARIOS, Scenario, tier  # noqa: E402
-from tools import REPO, TOOLS, Outcome, read_ddpdoctor, run_ddpdoctor, run_torchrun  # noqa: E402
+from tools import NEVER_ENDED, REPO, TOOLS, Outcome, read_ddpdoctor, run_ddpdoctor, run_torchrun  # noqa: E402
 
 
 def _commit() -> str:
@@ -112,6 +112,8 @@ def rejudge(o: dict[str, Any]) -> dict[str, Any]:
         o.update(culprits=culprits, cause=cause, alarm=cause is not None, warnings=warnings)
         if cause is None:
             o["time_to_verdict_s"] = None
+    if o.get("tool") == "torchrun" and o.get("ran") and (o.get("said") or "").startswith("never ended"):
+        o.update(culprits=None, cause=None, alarm=False, time_to_verdict_s=None, said=NEVER_ENDED)
     o["judged"] = score.judge(o)
     return o
 
@@ -129,6 +131,9 @@ def main() -> int:
     p.add_argument("--keep", action="store_true", help="keep every run directory")
     p.add_argument("--merge", type=Path, nargs="+", default=None, metavar="RESULTS_JSON",
                    help="no runs: the table of these results.json files together (runs split between processes)")
+    p.add_argument("--rerun", type=Path, nargs="+", default=[], metavar="RESULTS_JSON",
+                   help="with --merge: runs that replace the merged files' runs of the same tool and scenario "
+                        "(a scenario fixed and run again)")
     a = p.parse_args()
     if a.list:
         from scenarios import SIMULATED
@@ -152,7 +157,12 @@ def main() -> int:
         for path in a.merge:
             for tool, outs in json.loads(path.read_text()).items():
                 results.setdefault(tool, []).extend(rejudge(o) for o in outs)
-        header = header.replace("command: ", f"merged from {', '.join(str(m) for m in a.merge)}; command: ")
+        for path in a.rerun:
+            for tool, outs in json.loads(path.read_text()).items():
+                again = {o["scenario"] for o in outs}
+                kept = [o for o in results.get(tool, []) if o["scenario"] not in again]
+                results[tool] = kept + [rejudge(o) for o in outs]
+        header = header.replace(f"tier {a.tier}", "merged runs")
     elif a.tier == "simulated":
         from simulated import run_simulated
         results = run_simulated()

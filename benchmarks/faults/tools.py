@@ -126,7 +126,9 @@ def read_ddpdoctor(report: dict[str, Any]) -> tuple[list[int] | None, str | None
     by = {f["id"]: f for f in reversed(fs)}  # the first of each id
     # Said, not blamed: a long stall (busy, not hung) and torch's own abort at interpreter exit after every rank
     # finished (docs/findings.md#job-aborted-after-finish); both are counted apart in the table.
-    quiet = [i for i in ids if i in ("long-stall", "aborted-after-finish")]
+    # job-stopped: the benchmark stopped a launch past its time (SIGTERM, as a scheduler would); that is not a
+    # verdict of the tool's.
+    quiet = [i for i in ids if i in ("long-stall", "aborted-after-finish", "job-stopped")]
     culprits: list[int] | None = None
     cause: str | None = None
     if "hang" in by:
@@ -214,11 +216,18 @@ _ROOT = re.compile(r"Root Cause \(first observed failure\):(.*?)(?:={5,}|\Z)", r
 
 
 def read_torchrun(stderr: str) -> tuple[list[int] | None, str | None, str]:
-    """torchrun's root cause: (rank, cause class, its own words)."""
-    m = _ROOT.search(stderr)
-    if not m:
+    """torchrun's root cause: (rank, cause class, its own words). Each node's torchrun prints the first failure it
+    observed on its own node; of several nodes' tables the earliest (its ``time``) is the job's, as a user reading
+    every node's log would take it."""
+    blocks = [m.group(1) for m in _ROOT.finditer(stderr)]
+    if not blocks:
         return None, None, ""
-    block = m.group(1)
+
+    def when(b: str) -> str:
+        t = re.search(r"time\s*:\s*(\S+)", b)
+        return t.group(1) if t else "~"
+
+    block = min(blocks, key=when)
     rank = re.search(r"rank\s*:\s*(\d+)", block)
     code = re.search(r"exitcode\s*:\s*(-?\d+)", block)
     tb = re.search(r"traceback\s*:\s*(.*)", block, re.S)
@@ -237,6 +246,7 @@ def read_torchrun(stderr: str) -> tuple[list[int] | None, str | None, str]:
     return ([int(rank.group(1))] if rank else None), cause, words
 
 
+NEVER_ENDED = "never ended (stopped by the benchmark)"
 _FR_MISSING = re.compile(r"missing ranks: \{([\d, ]+)\}")
 _FR_CULPRIT = re.compile(r"Culprit rank (\d+)")
 
@@ -313,9 +323,10 @@ def run_torchrun(sc: Scenario, work: Path) -> tuple[Outcome, Outcome, Outcome]:
     failed = any(r.code not in (0, None) for r in runs) or any(r.timed_out for r in runs)
     stderr = "".join(r.stderr for r in runs)
     tr.culprits, tr.cause, tr.said = read_torchrun(stderr)
-    if tr.cause is None and failed:
-        tr.cause = "hang" if any(r.timed_out for r in runs) else "crash"
-        tr.said = "never ended (stopped by the benchmark)" if any(r.timed_out for r in runs) else "failed, no table"
+    if any(r.timed_out for r in runs):
+        tr.culprits, tr.cause, tr.said = None, None, NEVER_ENDED  # what it printed after our SIGTERM is no verdict
+    elif tr.cause is None and failed:
+        tr.cause, tr.said = "crash", "failed, no table"
     tr.alarm = tr.cause is not None
     tr.verdict_at = max(r.ended_at for r in runs) if tr.alarm and not any(r.timed_out for r in runs) else None
     fr.culprits, fr.cause, fr.said = read_flight_recorder(dumps, sc.world)

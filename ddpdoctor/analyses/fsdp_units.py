@@ -129,10 +129,46 @@ def unit_table(rows: list[UnitCollective], steps: int) -> list[JsonObject]:
             f["first"] = f["first"] or r.first
         f["synchronous"] = f["synchronous"] or r.synchronous
     scale = 1e3 * steps * ranks
+    waits, culprits = late_peer(rows)
     out: list[JsonObject] = []
     for unit in sorted(table, key=lambda u: order[u]):
         row: JsonObject = {"unit": unit or "(root)"}
         row.update({k: round(v / scale, 3) for k, v in sorted(table[unit].items())})
         row.update(flags[unit])
+        row["late_peer_exposed_ms"] = round(waits.get(unit, 0.0) / scale, 3)
+        by = culprits.get(unit, {})
+        row["late_rank"] = max(by, key=lambda rk: (by[rk], -rk)) if by else None
         out.append(row)
     return out
+
+
+def late_peer(rows: list[UnitCollective]) -> tuple[dict[str, float], dict[str, dict[int, float]]]:
+    """The ledger's wait-for-peer part, per unit (docs/metrics.md, "FSDP2 units"): the k-th collective of one kind
+    (op, phase) of a unit in a step is one collective on every rank; a rank that started it before the last rank
+    did waited for that rank, from its own start to the last start, cut at its own end, and the part of that wait
+    that was exposed (no compute) is the unit's late-peer time: min(wait, exposed). Returns per unit the summed
+    exposed wait (us) and per unit the wait each late rank caused (us). Start times are on the reference clock
+    (crossrank.shift)."""
+    groups: dict[tuple[object, ...], dict[int, UnitCollective]] = {}
+    seen: dict[tuple[object, ...], int] = {}
+    for r in rows:
+        base = (r.step, r.unit, r.op, r.phase, r.rank)
+        k = seen.get(base, 0)
+        seen[base] = k + 1
+        groups.setdefault((r.step, r.unit, r.op, r.phase, k), {})[r.rank] = r
+    waits: dict[str, float] = {}
+    culprits: dict[str, dict[int, float]] = {}
+    for by_rank in groups.values():
+        if len(by_rank) < 2:
+            continue
+        last = max(by_rank, key=lambda rk: (by_rank[rk].start_us, rk))
+        t_last = by_rank[last].start_us
+        for rk, r in by_rank.items():
+            wait = min(max(0.0, t_last - r.start_us), r.dur_us)
+            exposed = min(wait, r.exposed_us)
+            if rk == last or exposed <= 0.0:
+                continue
+            waits[r.unit] = waits.get(r.unit, 0.0) + exposed
+            per = culprits.setdefault(r.unit, {})
+            per[last] = per.get(last, 0.0) + exposed
+    return waits, culprits

@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import functools
 import json
+import sys
 import threading
 import time
 from typing import Any, TypedDict, cast
@@ -117,6 +118,60 @@ def group_label(name: str, default: str | None = None) -> str:
 def pending(status: dict[str, GroupStatus]) -> dict[str, int]:
     """group -> the first sequence number enqueued and not completed, for groups with one."""
     return {g: s["completed"] + 1 for g, s in status.items() if s["enqueued"] > s["completed"] >= -1}
+
+
+# FSDP2's per-unit collectives run inside a method of the unit's FSDPParamGroup (torch 2.6+ path; 2.4-2.5 the
+# composable one): its frame on the training thread's stack names the unit and its mesh dim.
+_FSDP_GROUP_FILE = "_fsdp_param_group.py"
+_FSDP_STEPS = {"pre_forward": "forward all-gather", "unshard": "all-gather", "wait_for_unshard": "all-gather",
+               "pre_backward": "backward all-gather", "post_backward": "reduce-scatter",
+               "finalize_backward": "reduce-scatter", "_wait_for_post_backward": "reduce-scatter"}
+
+
+def fsdp_unit(max_frames: int = 60) -> str | None:
+    """The FSDP2 unit whose collective the training thread is in (``'layers.1' (TransformerBlock), forward all-gather
+    on mesh dim 'dp_shard'``), read from its stack by the heartbeat thread while it waits; None outside FSDP2."""
+    frame: Any = sys._current_frames().get(threading.main_thread().ident or -1)
+    found: tuple[Any, str] | None = None
+    step = None
+    for _ in range(max_frames):
+        if frame is None:
+            break
+        code = frame.f_code
+        if code.co_filename.endswith(_FSDP_GROUP_FILE):
+            group = frame.f_locals.get("self")
+            if found is None:
+                fqn = getattr(group, "_module_fqn", None)
+                if isinstance(fqn, str):
+                    found = (group, fqn)
+            if found is not None and group is found[0]:
+                step = _FSDP_STEPS.get(code.co_name, step)  # the unit's outermost step: forward or backward
+        frame = frame.f_back
+    return _describe_unit(found[0], found[1], step) if found is not None else None
+
+
+def _describe_unit(group: Any, fqn: str, step: str | None) -> str:
+    modules = getattr(group, "modules", None) or ()
+    cls = None
+    if modules:
+        kind = type(modules[0])  # fully_shard's class is FSDP<Cls>(FSDPModule, Cls): the user's is the last base
+        cls = kind.__bases__[-1].__name__ if kind.__name__.startswith("FSDP") and len(kind.__bases__) > 1 \
+            else kind.__name__
+    text = f"FSDP unit '{fqn}'" if fqn else "FSDP root unit"
+    if cls:
+        text += f" ({cls})"
+    if step:
+        text += f", {step}"
+    try:
+        info = group.mesh_info
+        names = info.mesh.mesh_dim_names
+        dim = info.replicate_mesh_dim if step == "reduce-scatter" and info.shard_mesh_dim is None \
+            else info.shard_mesh_dim
+        if names and dim is not None:
+            text += f" on mesh dim '{names[dim]}'"
+    except Exception:  # noqa: BLE001 - another torch's layout: the unit alone
+        pass
+    return text
 
 
 class CollectiveSource:
@@ -239,6 +294,9 @@ class CollectiveSource:
                                   "group": group_label(group, default) if group else None,
                                   "seq": seq, "sizes": [], "call_site": call_site, "since": since,
                                   "step": self.tracker.step, "source": "flight-recorder" if first else "wait"}
+        unit = fsdp_unit()
+        if unit is not None:
+            state["unit"] = unit
         if group is not None and seq is not None and time.time() - since >= NAME_AFTER_S:
             named = self._name(group, seq, default)
             if named is not None:

@@ -133,6 +133,10 @@ class ParallelismRecorder:
     def _patch_tp(self, module: Any) -> None:
         self._wrap(module, "parallelize_module", lambda out, *a, **k: self._tp_roots.append(weakref.ref(out)))
 
+    def fsdp2_states(self) -> list[Any]:
+        """The FSDPStates the script built that are still alive (tune's probe sets FSDP2's knobs on them)."""
+        return [s for ref in self._fsdp2 if (s := ref()) is not None]
+
     # -- the record -----------------------------------------------------------------------------------------
     @property
     def built_anything(self) -> bool:

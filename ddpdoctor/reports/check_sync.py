@@ -6,7 +6,7 @@ from __future__ import annotations
 import msgspec
 
 from ddpdoctor.analyses.data_shards import DataAnalysis, LoaderFacts
-from ddpdoctor.analyses.sync import SyncAnalysis, TensorCheck
+from ddpdoctor.analyses.sync import SyncAnalysis, TensorCheck, equal_over
 from ddpdoctor.errors import BadInput
 from ddpdoctor.findings.model import Finding
 from ddpdoctor.jsontypes import JsonObject
@@ -14,6 +14,7 @@ from ddpdoctor.report import Report
 from ddpdoctor.reports.sections import RunDirSection, SyncChecksSection
 from ddpdoctor.rundir.layout import RunDir
 from ddpdoctor.rundir.loaders import rank_data_records, rank_sync_records
+from ddpdoctor.rundir.schema_sync import SyncModule
 
 
 def sync_parts(run: RunDir) -> tuple[SyncChecksSection | None, list[Finding], list[str]]:
@@ -52,6 +53,15 @@ def sync_parts(run: RunDir) -> tuple[SyncChecksSection | None, list[Finding], li
         notes.append(f"the script ended after {analysis.steps_run} of the {stop_after} steps asked for")
     if not analysis.modules:
         notes.append("no DistributedDataParallel module was built: gradients, parameters and buffers were not compared")
+    elif all(m.ddp is False for m in analysis.modules) and (sharded := sharded_params(analysis.modules)):
+        # 1-D FSDP shards every parameter: no two ranks hold the same values, so only the layouts can agree (#37)
+        n = sum(len(v) for v in sharded)
+        shown = ", ".join([x for v in sharded for x in v][:4]) + (" …" if n > 4 else "")
+        notes.append(f"compared across ranks: {analysis.layouts.comparisons} layout comparison(s) (global shape, "
+                     f"mesh, placements), {analysis.params.comparisons} parameter value comparison(s) (replicated "
+                     f"parameters), {analysis.buffers.comparisons} buffer comparison(s); not compared: {n} sharded "
+                     f"parameter(s) ({shown}) whose values have no peer (each rank holds its own shard, sharded on "
+                     "every mesh dim), and the optimizer's step count (not recorded)")
     elif all(m.ddp is False for m in analysis.modules) and any(m.param_layouts for m in analysis.modules):
         notes.append("no DistributedDataParallel module was built: the parameters the optimizer updates were "
                      "compared across the ranks their placements say must hold them equal (a DTensor Replicate()d "
@@ -140,4 +150,16 @@ def _checks(analysis: SyncAnalysis, shards: DataAnalysis) -> JsonObject:
     }
     if analysis.layouts.comparisons:
         out["layouts"] = {"comparisons": analysis.layouts.comparisons, "differ": len(analysis.layouts.differ)}
+    return out
+
+
+def sharded_params(modules: list[SyncModule]) -> list[list[str]]:
+    """Per module, the names of the parameters sharded on every mesh dim (equal_over: no rank must agree with
+    another on their values, only on their layout)."""
+    out = []
+    for m in modules:
+        names = [m.params[j] if j < len(m.params) else f"#{j}" for j in range(len(m.param_equal_group))
+                 if equal_over(m, j) == ()]
+        if names:
+            out.append(names)
     return out

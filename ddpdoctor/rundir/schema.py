@@ -321,6 +321,7 @@ class Position(msgspec.Struct, kw_only=True):
     sizes: list[Json] = []
     call_site: str | None = None
     exit_code: int | None = None
+    unit: str | None = None
 
 
 class HangFileDiagnosis(msgspec.Struct, kw_only=True):

@@ -63,3 +63,24 @@ def test_unit_collectives_worked_by_hand(tmp_path):
     [row] = a.to_sections()["fsdp_units"]["units"]  # one step, one rank: ms per step
     assert row["all_gather_forward_ms"] == 0.018 and row["reduce_scatter_exposed_ms"] == 0.003
     assert row["first"] is True and row["forward_prefetched"] is False
+
+
+def test_late_peer_per_unit_worked_by_hand():
+    # docs/metrics.md "Late peer": unit "2"'s forward all-gather starts at 100 us on rank 0 (20 us, all exposed) and
+    # at 112 us on rank 1 (8 us, all exposed): rank 0 waited 12 us for rank 1; one step, two ranks: 0.006 ms/step.
+    from ddpdoctor.analyses.fsdp_units import late_peer, unit_table
+    from ddpdoctor.rundir.summary_records import UnitCollective
+
+    def row(rank: int, start: float, dur: float) -> UnitCollective:
+        return UnitCollective(rank=rank, step=0, unit="2", op="all_gather", phase="forward", prefetched=False,
+                              synchronous=True, first=False, start_us=start, dur_us=dur, exposed_us=dur)
+
+    rows = [row(0, 100.0, 20.0), row(1, 112.0, 8.0)]
+    assert late_peer(rows) == ({"2": 12.0}, {"2": {1: 12.0}})
+    (unit,) = unit_table(rows, steps=1)
+    assert unit["late_peer_exposed_ms"] == 0.006 and unit["late_rank"] == 1
+    # the wait is cut at the rank's own end and at its exposed part
+    rows[0].dur_us, rows[0].exposed_us = 30.0, 5.0
+    assert late_peer(rows)[0] == {"2": 5.0}
+    # one rank alone: no peer, no wait
+    assert unit_table(rows[:1], steps=1)[0]["late_rank"] is None

@@ -118,3 +118,29 @@ def test_a_rank_status_waits_a_little_for_room(tmp_path: Path, monkeypatch) -> N
         OSError(errno.ENOSPC, "No space left on device"))))
     bootstrap._write_quietly(tmp_path / "never.json", {})  # no wait asked: one try, quietly
     assert len(tries) == 1
+
+
+def test_a_manifest_end_that_did_not_fit_is_still_this_processs_verdict(tmp_path: Path, monkeypatch) -> None:
+    # Issue 40 item 7: with 40 KiB free, the manifest's end did not fit, so the report read the manifest's start
+    # ("running") and a rank whose status did not fit as "killed by a signal?": a healthy job exited 1.
+    import json
+
+    import pytest
+
+    from ddpdoctor.rundir import manifest as manifest_mod
+    from ddpdoctor.rundir.artefacts import DiskFull
+    from ddpdoctor.rundir.layout import RunDir
+
+    run = RunDir(tmp_path / "run")
+    (run.root / "ranks" / "rank0").mkdir(parents=True)
+    (run.root / "manifest.json").write_text(json.dumps({"mode": "run", "finished": False}))
+    monkeypatch.setenv("DDPDOCTOR_TEST_ENOSPC", "manifest.json")
+    facts = {"full_after_s": 0.1, "min_free_bytes": 0, "reserve_bytes": 262144, "reserve_short": True,
+             "unwritten": [{"path": "ranks/rank0/status.json", "error": "No space left on device"}]}
+    with pytest.raises(DiskFull):
+        manifest_mod.finalize(run, exit_code=0, duration_s=3.0, killed_by=None, disk_full=facts)
+    assert json.loads((run.root / "manifest.json").read_text())["finished"] is False  # on disk: as it was
+    manifest = manifest_mod.load_typed(run)
+    assert manifest.finished and manifest.exit_code == 0
+    ids = [f.id for f in job_findings(manifest, {0: None})] + [f.id for f in disk_full_findings(manifest, {0: None})]
+    assert "rank-no-status" not in ids and "disk-full" in ids

@@ -57,3 +57,13 @@ def test_ranks_of_one_tensor_parallel_group_are_one_data_parallel_rank():
     assert data_groups(p) == [[0, 1], [2, 3]]
     # FSDP or HSDP alone: every rank is its own data-parallel rank
     assert data_groups(Parallelism(kinds=["fsdp2"], meshes=[mesh], fsdp2_units=[FSDPUnit(fqn="0", mesh=0)])) is None
+
+
+def test_sharded_parameters_are_named_as_not_compared():
+    # c is sharded on every mesh dim: no peer holds its values, so the report names it as not compared (#37 item 3)
+    from ddpdoctor.reports.check_sync import sharded_params
+
+    records = {r: _record(r, b=5.0, c=float(r)) for r in range(4)}
+    assert sharded_params(analyze_sync(records).modules) == [["c"]]
+    plain = SyncModule(index=0, ddp=False, params=["w"], param_equal_group=[None])
+    assert sharded_params([plain]) == []

@@ -54,6 +54,8 @@ for step in range(STEPS):
             mark(FAULT)
             if name == "SEGV":
                 ctypes.string_at(0)  # a real invalid read
+            if name == "PIPE":
+                signal.signal(signal.SIGPIPE, signal.SIG_DFL)  # Python starts with SIGPIPE ignored
             os.kill(os.getpid(), getattr(signal, f"SIG{name}"))
             time.sleep(5)  # a handled signal (INT raises KeyboardInterrupt at once)
         elif FAULT == "exception":

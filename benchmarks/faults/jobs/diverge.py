@@ -4,7 +4,8 @@ FAULT_STEP unless said otherwise
     skip-step           skips optimizer.step() (a rank-local "gradient norm too large" decision)
     param-edit          edits a weight in place after DDP wrapped the model (a rank-local re-init)
     grad-scale          scales its own gradients after backward (a rank-local loss-scale bug)
-    no-sync             runs its backward under no_sync(): its gradients are never averaged
+    no-sync             runs forward and backward under no_sync(): it never joins the gradient all-reduce the
+                        others wait in (a skipped collective, which on gloo ends in a hang or an abort)
     buffers             every rank: BatchNorm with broadcast_buffers=False: running stats drift apart
     sampler-none        every rank: no DistributedSampler, every rank sees every sample
     sampler-no-set-epoch  every rank: shuffle without set_epoch: the same order each epoch
@@ -47,13 +48,13 @@ for epoch in range(3):
         if fault_now and FAULT in ("nan", "skip-step", "param-edit", "grad-scale", "no-sync"):
             mark(FAULT)
         opt.zero_grad()
-        loss = nn.functional.cross_entropy(ddp(x), y)
-        if fault_now and FAULT == "nan":
-            loss = loss * math.nan
         if me and step >= FAULT_STEP and FAULT == "no-sync":
-            with ddp.no_sync():
-                loss.backward()
+            with ddp.no_sync():  # DDP reads no_sync at forward: both go inside
+                nn.functional.cross_entropy(ddp(x), y).backward()
         else:
+            loss = nn.functional.cross_entropy(ddp(x), y)
+            if fault_now and FAULT == "nan":
+                loss = loss * math.nan
             loss.backward()
         if me and step >= FAULT_STEP and FAULT == "grad-scale":
             for p in ddp.parameters():
