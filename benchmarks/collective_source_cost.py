@@ -10,7 +10,7 @@ In a one-rank gloo group on this machine (real works, real Flight Recorder):
    (FSDP2 with a few units; DDP has 1 broadcast a step). Budget: < 0.5% of a 10 ms step.
 2. The heartbeat thread: one ``pg_status`` read (``fr_status``), which it does once a beat (about 1/s) only while the
    training thread waits, and one read of the whole ring (``fr_entries``, 2,000 entries: done once per collective a
-   rank stays stuck in for a beat, and at verdict time), against ``json.loads`` of the same bytes as its peer.
+   rank waits in for 10 s, and at verdict time), against ``json.loads`` of the same bytes as its peer.
 3. The phase tracker's forward pre-hook on a module outside the wrapped model (a transform, a metric) against the
    hot path it sits beside (a submodule inside the forward).
 4. Harmlessness: three DDP steps of a BatchNorm model with and without the source: the weights must be identical."""
@@ -137,7 +137,8 @@ def main() -> None:
           f"({wbc / bbc:.3f}x); 1 a step: {100 * per_bc / step:.3f}% of a 10 ms step")
     print(f"heartbeat thread: pg_status read {status_s * 1e6:.1f} us (its json.loads alone {status_peer * 1e6:.1f} us)"
           f" = {100 * status_s / 1.0:.4f}% of a second at one read a beat; whole ring (2,000 entries) "
-          f"{entries_s * 1e3:.1f} ms (json.loads alone {entries_peer * 1e3:.1f} ms), read once per stuck collective")
+          f"{entries_s * 1e3:.1f} ms (json.loads alone {entries_peer * 1e3:.1f} ms), read once per collective a rank "
+          "waits in for 10 s, and at verdict time")
     print(f"forward pre-hook on a module outside the model: {out_s * 1e9:.0f} ns vs the in-forward hot path "
           f"{in_s * 1e9:.0f} ns ({out_s / in_s:.2f}x)")
     print(f"results unchanged (3 DDP steps of a BatchNorm model, with and without the source): {same}")

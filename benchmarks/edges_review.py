@@ -1,7 +1,7 @@
 """Re-run issue 26's attacks and faults on this machine and print what happened to each, with counts.
 
     python benchmarks/edges_review.py            # every group (a few minutes on 2 cores)
-    python benchmarks/edges_review.py faults     # one group: attacks, escapes, inputs, faults, round4
+    python benchmarks/edges_review.py faults     # one group: attacks, escapes, inputs, faults, round4, round4_faults
 
 * attacks (as uid 65534 through `setpriv`, when root and setpriv are here): another user's --out with links planted
   as a rank log, the lock and the report; a --out everyone may write; --out as a link; a parent folder writable by
@@ -16,6 +16,8 @@
 * round4 (issue 40): uid 65534 lists, reads and deletes the job store's keys, replays and moves values; the head's
   final word deleted; links planted for --html/--merge's old temporary names; a TensorBoard client bound to
   127.0.0.X with the server's port number; a run folder swapped for a link while the tab reads it.
+* round4_faults (real launches, minutes): a rank waiting 75 s on a busy child under the default timeout; a healthy
+  job with 40 KiB free on its disk.
 
 Each line: what was done, how many times, how many came out as expected, and the first unexpected outcome."""
 
@@ -122,7 +124,8 @@ def inputs() -> None:
     docs = {
         "status.json": [b'{"exit_code": NaN, "steps_completed": Infinity}', b'{"exit_code": 0, "exception": "\\ud800"}',
                         b"[" * 5000, b'{"exit_code": "zero"}', b"\xff\xfe{", b""],
-        "manifest.json": [b'{"exit_code": -Infinity, "ended": {"how": "running"}}', b'{"world_size": 1e400}'],
+        "manifest.json": [b'{"exit_code": -Infinity, "ended": {"how": "running"}}', b'{"world_size": 1e400}',
+                          b'{"world_size": ' + b"9" * 5001 + b"}", b'{"mode": "run\xed\xa0\x80"}'],
     }
     outs: list[str] = []
     with tempfile.TemporaryDirectory() as tmp:
@@ -496,6 +499,45 @@ def tb_swap(seconds: float = 20.0) -> None:
            ["root's report read"] * leaks + [""] * (reads - leaks))
 
 
+def round4_faults(repeat: int = 2) -> None:
+    """Real launches: a rank waiting 75 s on a busy child process under the default 60 s timeout (a long stall, not
+    a hang); a healthy job with 40 KiB free on its disk (exit 0, disk-full, never 'killed by a signal?')."""
+    with tempfile.TemporaryDirectory(prefix="ddpdoctor-faults-") as tmp:
+        outs = []
+        for i in range(repeat):
+            code, report = _run_json(Path(tmp) / f"child{i}", "pause.py",
+                                     {"PAUSE_RANK": "0", "PAUSE_STEP": "4", "PAUSE_KIND": "child", "PAUSE_S": "75",
+                                      "STEPS": "8", "SCENARIO_GLOO_TIMEOUT": "600"})
+            found = report.get("findings", [])
+            ok = code == 0 and "long-stall" in [f["id"] for f in found] and not [f for f in found
+                                                                                if f["severity"] == "error"]
+            outs.append("" if ok else f"exit {code}, findings {_serious(report)}")
+        record("fault: a rank waits 75 s on a busy child (default timeout)", outs)
+    sys.path.insert(0, str(REPO))
+    from tests.smalldisk import mount_small_tmpfs, unmount
+
+    outs = []
+    for _ in range(repeat):
+        disk = mount_small_tmpfs("768k")
+        if disk is None:
+            print("fault: 40 KiB free skipped (cannot mount a tmpfs)")
+            return
+        try:
+            st = os.statvfs(disk)
+            (disk / "fill").write_bytes(b"\0" * (st.f_bavail * st.f_frsize - (40 << 10)))
+            proc = cli("run", "--nproc-per-node", "2", "-q", "--json", "--out", str(disk / "run"),
+                       str(REPO / "examples" / "train_mlp.py"))
+            try:
+                found = [(f["id"], f["severity"]) for f in json.loads(proc.stdout)["findings"]]
+            except ValueError:
+                found = [("no report", proc.stderr[-200:])]
+            ok = proc.returncode == 0 and "Traceback" not in proc.stderr and not [f for f in found if f[1] == "error"]
+            outs.append("" if ok else f"exit {proc.returncode}: {found}")
+        finally:
+            unmount(disk)
+    record("fault: a healthy job with 40 KiB free (exit 0, no rank blamed)", outs)
+
+
 def round4() -> None:
     store_privacy()
     final_word_deleted()
@@ -505,7 +547,7 @@ def round4() -> None:
 
 
 GROUPS: dict[str, Callable[[], None]] = {"attacks": attacks, "escapes": escapes, "inputs": inputs, "faults": faults,
-                                         "round4": round4}
+                                         "round4": round4, "round4_faults": round4_faults}
 
 
 def main() -> None:

@@ -25,7 +25,42 @@ COMMANDS: dict[str, tuple[str, str]] = {
 }
 
 
+class OneLineUsage(click.ClickException):
+    """A command line click refuses (an unknown option, a count out of range): one line and exit 2, like every
+    other bad input, not click's three-line usage block."""
+
+    exit_code = 2
+
+    def show(self, file: Any = None) -> None:
+        from ddpdoctor.terminal_text import one_line
+
+        click.echo(f"ddpdoctor: error: {one_line(self.format_message())}", err=True)
+
+
+def _one_line(exc: click.UsageError) -> OneLineUsage:
+    ctx = exc.ctx
+    where = ctx.command_path if ctx is not None else "ddpdoctor"
+    return OneLineUsage(f"{exc.format_message()} (`{where} --help` lists the options)")
+
+
 class LazyGroup(click.Group):
+    def make_context(self, info_name: str | None, args: list[str], parent: click.Context | None = None,
+                     **extra: Any) -> click.Context:
+        try:
+            return super().make_context(info_name, args, parent, **extra)
+        except click.exceptions.NoArgsIsHelpError:
+            raise
+        except click.UsageError as exc:
+            raise _one_line(exc) from None
+
+    def invoke(self, ctx: click.Context) -> Any:
+        try:
+            return super().invoke(ctx)
+        except click.exceptions.NoArgsIsHelpError:
+            raise
+        except click.UsageError as exc:  # a command's own options, parsed as it is invoked
+            raise _one_line(exc) from None
+
     def list_commands(self, ctx: click.Context) -> list[str]:
         return [name for name, (mod, _) in COMMANDS.items() if importlib.util.find_spec(mod) is not None]
 

@@ -26,6 +26,7 @@ GZIP_MAGIC = b"\x1f\x8b"
 # whole job rarely pass 1 GiB. `--max-input-mb` (or DDPDOCTOR_MAX_INPUT_MB) raises the cap.
 DEFAULT_MAX_INPUT_MB = 4096
 MAX_JSON_DEPTH = 256
+MAX_INT_DIGITS = 4000  # below Python's int-string limit (4,300): a longer integer in any JSON input reads as null
 # A gzip bomb expands ~1000x; profiler traces ~20x, logs rarely past 100x. Past 256 MiB, an input may expand at most
 # 200x its compressed size, so a small bomb is refused after reading a few MB, not after filling the memory.
 GZIP_MAX_RATIO = 200
@@ -225,11 +226,18 @@ def _finite_or_none(text: str) -> float | None:
     return value if math.isfinite(value) else None
 
 
+def _int_or_none(text: str) -> int | None:
+    """An integer of JSON; null past 4,000 digits (Python refuses to convert those: a ValueError out of json.loads
+    that readers took for a decoding error, or not at all)."""
+    return int(text) if len(text) <= MAX_INT_DIGITS else None
+
+
 def loads_json(data: bytes | str, finite: bool = True) -> Any:
-    """``json.loads`` where a lone surrogate is U+FFFD and (``finite``) NaN, Infinity and numbers past the float
-    range are null. Raises what json.loads raises (ValueError)."""
-    value = (json.loads(data, parse_constant=lambda _c: None, parse_float=_finite_or_none) if finite
-             else json.loads(data))
+    """``json.loads`` where a lone surrogate is U+FFFD, an integer of more than 4,000 digits is null and
+    (``finite``) NaN, Infinity and numbers past the float range are null. Raises what json.loads raises
+    (ValueError)."""
+    value = (json.loads(data, parse_constant=lambda _c: None, parse_float=_finite_or_none, parse_int=_int_or_none)
+             if finite else json.loads(data, parse_int=_int_or_none))
     raw = data.encode("utf-8", "surrogatepass") if isinstance(data, str) else data
     if _SURROGATE_ESCAPE.search(raw):
         value = _fix_surrogates(value)

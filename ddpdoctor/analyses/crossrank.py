@@ -120,6 +120,8 @@ def shift(results: list[RankResult], offsets: dict[int, float]) -> None:
             g.t_us -= d
         for sc in r.syncs:
             sc.t_us -= d
+        for u in r.fsdp:  # FSDP2 units' collectives: compared across ranks for the late peer (fsdp_units.late_peer)
+            u.start_us -= d
         for p in r.metrics.per_step:
             p.start_us -= d
             if p.backward_start_us is not None:

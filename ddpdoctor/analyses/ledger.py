@@ -195,13 +195,25 @@ def judge(ranks: list[int], steps: list[int], blocked: np.ndarray, own: np.ndarr
              for i in range(n)}
     out: list[CausedWait] = []
     notes: list[str] = []
+    def crowded_note(i: int) -> bool:
+        where = (crowded or {}).get(ranks[i])
+        if not where or med_deficit[i] >= CROWDED_SLICES * SCHED_SLICE_S:
+            return False
+        notes.append(f"rank {ranks[i]} kept the others waiting {med_deficit[i] * 1e3:.2f} ms per step, under "
+                     f"{CROWDED_SLICES} scheduler slices on a host with {where}: which rank the OS sets aside "
+                     "decides that, not the job; with a core per rank and one for the launcher it is measurable")
+        return True
+
     worst = int(np.argmax(med_deficit)) if n else -1
-    if worst >= 0 and worst not in deficits and threshold / 2 < med_deficit[worst] <= threshold:
+    if worst >= 0 and worst not in deficits and threshold / 2 < med_deficit[worst] <= threshold \
+            and not crowded_note(worst):
         notes.append(f"rank {ranks[worst]} kept the others waiting {med_deficit[worst] * 1e3:.2f} ms per step "
                      f"(median of steps {steps[0]}-{steps[-1]}), under the slow-rank threshold "
                      f"{threshold * 1e3:.2f} ms (max({cfg.min_s * 1e3:.0f} ms, {cfg.rel:.0%} of the "
                      f"{step_s * 1e3:.1f} ms step)): not named")
     for i, d in deficits.items():
+        if crowded_note(i):
+            continue
         persist = float(np.mean(d > threshold / 2))
         if persist < cfg.persist_frac:
             notes.append(f"rank {ranks[i]} kept the others waiting {med_deficit[i] * 1e3:.2f} ms per step (median), "
@@ -218,12 +230,6 @@ def judge(ranks: list[int], steps: list[int], blocked: np.ndarray, own: np.ndarr
         excess = np.median(own[i] - others_own, axis=0)
         k = int(np.argmax(excess)) if phases else 0
         others_blocked = ref_blocked if ref_blocked is not None else np.median(np.delete(blocked, i, axis=0), axis=0)
-        where = (crowded or {}).get(ranks[i])
-        if where and med_deficit[i] < CROWDED_SLICES * SCHED_SLICE_S:
-            notes.append(f"rank {ranks[i]} kept the others waiting {med_deficit[i] * 1e3:.2f} ms per step, under "
-                         f"{CROWDED_SLICES} scheduler slices on a host with {where}: which rank the OS sets aside "
-                         "decides that, not the job; with a core per rank and one for the launcher it is measurable")
-            continue
         out.append(CausedWait(
             rank=ranks[i], cost_s=float(med_deficit[i]), interval=iv,
             pct_of_step=100.0 * float(med_deficit[i]) / step_s if step_s > 0 else 0.0, step_s=step_s,

@@ -94,10 +94,14 @@ def _reduce(unit: _Unit, window: str, workers: int = 1) -> RankResult:
     if unit.summary is not None:
         try:
             summary = artefacts.load(unit.summary, RankSummary)
-            if summary.schema in (None, summ.SCHEMA):
+            if summary.schema in (None, summ.SCHEMA) or not unit.files or not _fsdp_summary(summary.calls, unit.summary):
                 result = summ.from_summary(summary)
                 # The rank wrote its own paths; name the files where they are now (the run dir may have moved).
                 result.input.path = ",".join(str(f) for f in unit.files) or str(unit.summary)
+                if summary.schema not in (None, summ.SCHEMA) and _fsdp_summary(summary.calls, unit.summary):
+                    result.notes.append(f"summary.json of an older ddpdoctor (schema {summary.schema}, now "
+                                        f"{summ.SCHEMA}) and no trace to read again: its figures are as it computed "
+                                        "them (an FSDP2 rank's overlap counted FSDP's own ranges as compute)")
                 return result
         except BadInput as exc:
             if not unit.files:
@@ -107,6 +111,22 @@ def _reduce(unit: _Unit, window: str, workers: int = 1) -> RankResult:
     if note:
         result.notes.append(note)
     return result
+
+
+def _fsdp_summary(calls: list[Any], path: Path) -> bool:
+    """Whether a summary may hold figures an older ddpdoctor got wrong (summary SCHEMA 1: FSDP's ranges counted as
+    compute): its rank built FSDP (info.json), or, for a run older than that record, it all-gathered or
+    reduce-scattered (what FSDP does every step; a DDP job that all-gathers a metric is read again too, harmlessly).
+    A DDP summary's figures did not change: it is kept, so old DDP run directories analyse as before."""
+    from ddpdoctor.rundir.schema import RankInfo
+
+    try:
+        info = artefacts.load_optional(path.parent / "info.json", RankInfo)
+    except BadInput:
+        info = None
+    if info is not None and info.parallelism is not None:
+        return any(k in ("fsdp2", "hsdp", "replicate", "fsdp1") for k in info.parallelism.kinds)
+    return any(c.op in ("all_gather", "reduce_scatter") for c in calls)
 
 
 def _reduce_safe(unit: _Unit, window: str, workers: int = 1) -> RankResult | tuple[str, str | None]:
@@ -223,13 +243,16 @@ def analyze_paths(paths: list[Path], options: AnalyzeOptions | None = None) -> A
         crossrank.shift(results, offsets)
         matched = crossrank.match(results)
     calls = [c for r in results for c in r.calls]
+    # Without DDP (an FSDP2 or tensor-parallel job) an all-reduce launched in backward is no DDP bucket: gloo runs
+    # FSDP's reduce-scatter as one. The bucket rules and the bucket what-if do not apply.
+    no_ddp = bool(manifest and manifest.parallelism and "ddp" not in manifest.parallelism.kinds)
     return Analysis(
         inputs=[r.input for r in results],
         window=opts.window,
         ranks=[r.metrics for r in results],
         calls=calls,
-        buckets=[b for r in results for b in r.buckets],
-        grad_ready=[g for r in results for g in r.grad_ready],
+        buckets=[] if no_ddp else [b for r in results for b in r.buckets],
+        grad_ready=[] if no_ddp else [g for r in results for g in r.grad_ready],
         syncs=[s for r in results for s in r.syncs],
         bandwidth=crossrank.bandwidth_fit(calls),
         matched=matched,
@@ -237,6 +260,8 @@ def analyze_paths(paths: list[Path], options: AnalyzeOptions | None = None) -> A
         comm_split=crossrank.exposed_split(results, matched),
         clock_offsets_us=offsets,
         ddp=ddp_section(manifest),
+        fsdp=[u for r in results for u in r.fsdp],
+        parallelism=manifest.parallelism if manifest else None,
         notes=notes,
         host_cpus={e.rank: (e.host_cpus, e.local_world_size) for e in (manifest.ranks if manifest else [])
                    if e.host_cpus and e.local_world_size},

@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from ddpdoctor.analyses import collectives as coll
+from ddpdoctor.analyses.fsdp_units import unit_collectives
 from ddpdoctor.analyses.results import (
     Bucket,
     CollectiveCall,
@@ -20,6 +21,7 @@ from ddpdoctor.analyses.results import (
     RankMetrics,
     StepMetrics,
     SyncCall,
+    UnitCollective,
 )
 from ddpdoctor.traces import intervals as iv
 from ddpdoctor.traces.trace import Spans, Trace
@@ -39,6 +41,7 @@ class RankResult:
     syncs: list[SyncCall] = field(default_factory=list)
     host: str | None = None
     notes: list[str] = field(default_factory=list)
+    fsdp: list[UnitCollective] = field(default_factory=list)  # FSDP2 units' collectives (analyses/fsdp_units.py)
 
 
 def _pct(part: float, whole: float) -> float | None:
@@ -228,6 +231,7 @@ def analyze_trace(trace: Trace, window: str = "all") -> RankResult:
         span = float(allw[1].max() - allw[0].min()) if len(allw[0]) else 0.0
         idle = max(0.0, span - iv.union_len(*allw))
     exposed = comm_us - overlap_us
+    kept_steps = {p.step for p in per_step}
     calls, launches = coll.rank_collectives(trace, bwd)
     if window == "hta" and len(trace.steps) >= 2:
         last = trace.steps[-1][1]
@@ -257,4 +261,5 @@ def analyze_trace(trace: Trace, window: str = "all") -> RankResult:
                         dur_us=c.end - c.start) for c in trace.syncs],
         host=trace.host,
         notes=notes,
+        fsdp=[u for u in unit_collectives(trace) if u.step in kept_steps],
     )

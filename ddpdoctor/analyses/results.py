@@ -12,7 +12,7 @@ import msgspec
 
 # The per-rank records live with the run directory's schema (summary.json); analyses re-export them here.
 from ddpdoctor.jsontypes import JsonObject
-from ddpdoctor.rundir.schema import DDPModule
+from ddpdoctor.rundir.schema import DDPModule, Parallelism
 from ddpdoctor.rundir.summary_records import (
     Bucket,
     CollectiveCall,
@@ -21,11 +21,12 @@ from ddpdoctor.rundir.summary_records import (
     RankMetrics,
     StepMetrics,
     SyncCall,
+    UnitCollective,
     asdict,
 )
 
 __all__ = ["Analysis", "BandwidthFit", "Bucket", "CollectiveCall", "CommSplit", "DDPModuleEntry", "GradReady", "InputInfo",
-           "MatchedCollective", "RankMetrics", "StepMetrics", "Stragglers", "SyncCall", "asdict"]
+           "MatchedCollective", "RankMetrics", "StepMetrics", "Stragglers", "SyncCall", "UnitCollective", "asdict"]
 
 
 @dataclass
@@ -146,6 +147,9 @@ class Analysis:
     host_cpus: dict[int, tuple[int, int]] = field(default_factory=dict)
     # Exposed communication per rank split into waiting for a late peer, transfer and host dispatch (crossrank.py)
     comm_split: list[CommSplit] = field(default_factory=list)
+    # FSDP2 units' collectives (analyses/fsdp_units.py) and what the job built (a ddpdoctor run's manifest)
+    fsdp: list[UnitCollective] = field(default_factory=list)
+    parallelism: Parallelism | None = None
 
     def by_op(self) -> dict[str, OpTotals]:
         """count, bytes (None when no call of the op has a known size) and total time per op."""
@@ -185,4 +189,19 @@ class Analysis:
             "exposed_split": [c.to_json() for c in self.comm_split],
             "clock_offsets_us": {str(k): v for k, v in self.clock_offsets_us.items()},
             "ddp": [d.to_json() for d in self.ddp],
+            **({"fsdp_units": self.fsdp_units()} if self.fsdp else {}),
         }
+
+    def fsdp_units(self) -> JsonObject:
+        """The FSDP2 unit inventory (docs/json.md "fsdp_units"): per unit, time and exposed time per step of
+        each collective, with the unit's parameters where the run recorded them."""
+        from ddpdoctor.analyses.fsdp_units import unit_table
+
+        steps = max((r.steps for r in self.ranks), default=0)
+        rows = unit_table(self.fsdp, steps)
+        record = {u.fqn: u for u in self.parallelism.fsdp2_units} if self.parallelism else {}
+        for row in rows:
+            u = record.get(str(row["unit"]))
+            if u is not None:
+                row.update(params=u.numel, bytes=u.bytes, kind=u.kind, reshard_after_forward=u.reshard_after_forward)
+        return {"units": rows, "steps": steps}

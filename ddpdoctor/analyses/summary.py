@@ -18,7 +18,9 @@ from ddpdoctor.traces.loader import no_gc
 from ddpdoctor.traces.split import load_trace
 from ddpdoctor.traces.trace import Spans, Trace
 
-SCHEMA = 1
+# 2: FSDP's own record_function ranges are not compute (issue 37); a summary of schema 1 counted them as compute, so
+# an FSDP2 rank's overlap read 100% and its exposed communication 0: `analyze` reads the trace again instead.
+SCHEMA = 2
 
 
 def _cat_spans(parts: list[Spans]) -> Spans:
@@ -47,6 +49,7 @@ def merge_traces(traces: list[Trace]) -> Trace:
         enqueues=sorted((c for t in traces for c in t.enqueues), key=lambda c: c.start),
         grads=sorted((c for t in traces for c in t.grads), key=lambda c: c.end),
         syncs=sorted((c for t in traces for c in t.syncs), key=lambda c: c.start),
+        fsdp=sorted((c for t in traces for c in t.fsdp), key=lambda c: c.start),
         notes=[n for t in traces for n in t.notes],
     )
 
@@ -70,7 +73,8 @@ def to_dict(r: RankResult) -> JsonObject:
 def from_summary(s: RankSummary) -> RankResult:
     """A validated summary.json (rundir.schema.RankSummary) as the RankResult it was written from."""
     return RankResult(input=s.input, metrics=s.metrics, calls=list(s.calls), buckets=list(s.buckets),
-                      grad_ready=list(s.grad_ready), syncs=list(s.syncs), host=s.host, notes=list(s.notes))
+                      grad_ready=list(s.grad_ready), syncs=list(s.syncs), host=s.host, notes=list(s.notes),
+                      fsdp=list(s.fsdp))
 
 
 def summarize_trace_files(paths: list[Path], rank: int) -> JsonObject:

@@ -12,7 +12,7 @@ from ddpdoctor.analyses.intervals import Interval, bootstrap
 from ddpdoctor.analyses.results import Analysis
 from ddpdoctor.analyses.whatif import WhatIf
 from ddpdoctor.jsontypes import JsonObject
-from ddpdoctor.rundir.schema import AppliedSetting, DDPModule
+from ddpdoctor.rundir.schema import AppliedSetting, DDPModule, FSDPUnit
 
 BASELINE = "baseline"
 # The constructor options a variant may set, with the type each value has; and comm_hook=<name> (torch's default
@@ -24,6 +24,16 @@ OPTIONS: dict[str, type] = {
     "find_unused_parameters": bool,
 }
 COMM_HOOKS = ("fp16", "bf16")
+# FSDP2's knobs (issue 37 item 5), set by probes/tune.py on the script's FSDP modules after its first iteration:
+# forward_prefetch=N: each unit's forward all-gathers the next N units' parameters (set_modules_to_forward_prefetch),
+# 0 is FSDP2's default (none); backward_prefetch=N: each unit's backward the N units before it
+# (set_modules_to_backward_prefetch; FSDP2's default is 1, and an empty list restores it, so N >= 1);
+# reshard_after_forward: every unit but the root (set_reshard_after_forward(v, recurse=False)).
+FSDP_OPTIONS: dict[str, type] = {
+    "forward_prefetch": int,
+    "backward_prefetch": int,
+    "reshard_after_forward": bool,
+}
 # One variant: OPTION -> value for the OPTIONS it changes (a float cap or a bool) and "comm_hook" -> a name of
 # COMM_HOOKS; {} is the baseline. It is the probe's input (tune.json "setting") and the report's "options".
 Setting = dict[str, float | bool | str]
@@ -311,6 +321,7 @@ class Preparation:
     whatif: WhatIf
     flag_ids: set[str]
     grad_counts: list[int]
+    fsdp_units: list[FSDPUnit] = field(default_factory=list)  # FSDP2's units (rank 0's record): tune of FSDP2's knobs
 
 
 def job_step_ms(step_times_s_by_rank: Sequence[Sequence[float | None]], first: int, last: int) -> list[float]:
@@ -352,3 +363,33 @@ def in_effect(setting: Setting, modules: Sequence[DDPModule], applied: Sequence[
     if buckets is not None:
         seen.append(f"{buckets} bucket(s)")
     return ok, ", ".join(seen), buckets
+
+
+def fsdp_in_effect(setting: Setting, units: Sequence[FSDPUnit], applied: Sequence[AppliedSetting],
+                   errors: Sequence[str]) -> tuple[bool, str]:
+    """Whether an FSDP2 trial ran with its setting, from what its rank recorded after the probe set it (info.json's
+    units, described at iteration 3: each unit's prefetch lists and reshard_after_forward). Returns (in effect,
+    what was seen)."""
+    inner = [u for u in units if not u.is_root]
+    if not inner:
+        return False, "the script built no FSDP2 unit in this launch"
+    seen = []
+    ok = bool(applied) and not errors
+    for key, value in setting.items():
+        if key == "forward_prefetch":
+            got = max(len(u.forward_prefetch) for u in inner)
+            same = got == int(value)
+        elif key == "backward_prefetch":
+            got = max(len(u.backward_prefetch) for u in inner)
+            same = got == int(value)
+        elif key == "reshard_after_forward":
+            kept = sorted({str(u.reshard_after_forward) for u in inner})
+            got = kept[0] if len(kept) == 1 else "/".join(kept)  # type: ignore[assignment]
+            same = kept == [str(bool(value))]
+        else:
+            continue
+        ok = ok and same
+        seen.append(f"{key}={got} recorded" + ("" if same else f" (asked {value})"))
+    seen.extend(errors)
+    seen.append(f"{len(inner)} unit(s)")
+    return ok, ", ".join(seen)

@@ -1,5 +1,6 @@
-"""`ddpdoctor tune`: launch the script with variants of DDP's options (no code change), measure each against the
-script's own settings in interleaved short launches, and report which one is faster, by how much, with intervals."""
+"""`ddpdoctor tune`: launch the script with variants of DDP's options or FSDP2's knobs (no code change), measure
+each against the script's own settings in interleaved short launches, and report which one is faster, by how much,
+with intervals."""
 
 from __future__ import annotations
 
@@ -31,7 +32,8 @@ from ddpdoctor.errors import BadInput
 @watch_options
 @click.option("--try", "tries", multiple=True, metavar="OPTION=V[,V...]",
               help="Also measure these settings, one variant per value: bucket_cap_mb, gradient_as_bucket_view, "
-              "static_graph, find_unused_parameters, comm_hook (fp16, bf16). Repeatable.")
+              "static_graph, find_unused_parameters, comm_hook (fp16, bf16); on FSDP2: forward_prefetch, backward_prefetch "
+              "(units ahead), reshard_after_forward. Repeatable.")
 @click.option("--rounds", default=2, show_default=True,
               help="Launches of each variant, each between two baseline launches (A B A C A | C A B A).")
 @click.option("--warmup", default=5, show_default=True,
@@ -52,9 +54,9 @@ from ddpdoctor.errors import BadInput
 def command(tries: tuple[str, ...], rounds: int, warmup: int, steps: int, max_variants: int, no_auto: bool,
             gpus_total: int | None, loss_tolerance: float | None, html_path: Path | None, as_json: bool,
             fail_on: str, **kwargs: Any) -> None:
-    from ddpdoctor.analyses.tune import LOSS_REL_TOL, Setting
+    from ddpdoctor.analyses.tune import FSDP_OPTIONS, LOSS_REL_TOL, Setting
     from ddpdoctor.commands import tune_trials
-    from ddpdoctor.findings.tune import parse_try, plan
+    from ddpdoctor.findings.tune import fsdp_plan, parse_try, plan
     from ddpdoctor.launch.monitor import make_watcher
     from ddpdoctor.launch.user_files import MAX_DEPTH, FolderGuard
     from ddpdoctor.renderers import progress
@@ -101,7 +103,16 @@ def command(tries: tuple[str, ...], rounds: int, warmup: int, steps: int, max_va
     experiment = tune_trials.Experiment(spec, root, watch, warmup, steps, show, guard)
     try:
         prep = experiment.profile([float(s["bucket_cap_mb"]) for s in settings if "bucket_cap_mb" in s])
-        the_plan = plan(prep.cfg, prep.whatif, prep.flag_ids, prep.grad_counts, settings, max_variants)
+        fsdp_tries = [t for t in settings if any(k in FSDP_OPTIONS for k in t)]
+        if prep.fsdp_units:
+            if len(fsdp_tries) != len(settings):
+                raise BadInput("the script built FSDP2: --try takes FSDP2's knobs (forward_prefetch, "
+                               "backward_prefetch, reshard_after_forward), not DDP's options")
+            the_plan = fsdp_plan(prep.fsdp_units, settings, max_variants)
+        elif fsdp_tries:
+            raise BadInput("the script built DistributedDataParallel: --try takes DDP's options, not FSDP2's knobs")
+        else:
+            the_plan = plan(prep.cfg, prep.whatif, prep.flag_ids, prep.grad_counts, settings, max_variants)
         if no_auto:
             the_plan.candidates = [c for c in the_plan.candidates if c.source == "--try"]
         chosen = {c.label: c.setting for c in the_plan.chosen}

@@ -12,14 +12,22 @@ import time
 from pathlib import Path
 from typing import Any
 
-from ddpdoctor.analyses.tune import BASELINE, Preparation, Setting, Trial, in_effect, job_step_ms
+from ddpdoctor.analyses.tune import (
+    BASELINE,
+    Preparation,
+    Setting,
+    Trial,
+    fsdp_in_effect,
+    in_effect,
+    job_step_ms,
+)
 from ddpdoctor.analyses.whatif import CANDIDATE_CAPS_MB, bucket_whatif, ddp_config
 from ddpdoctor.errors import BadInput
 from ddpdoctor.probes.config import Schedule
 from ddpdoctor.renderers import progress
 from ddpdoctor.rundir import artefacts
 from ddpdoctor.rundir.layout import RunDir
-from ddpdoctor.rundir.schema import RankInfo, RankStatus, RankTune
+from ddpdoctor.rundir.schema import FSDPUnit, RankInfo, RankStatus, RankTune
 
 # What a tune run directory holds besides report.json: replaced together by --overwrite.
 OWNED = ("profile", "trials", "report.json", "report.html", "scalars")
@@ -116,10 +124,17 @@ class Experiment:
         schedule = Schedule.parse_active("auto")
         result = self._launch(run.root, mode="profile", schedule=schedule, options={"run_to_completion": False})
         statuses = self._statuses(run)
-        if not any(s.ddp_modules for s in statuses):
+        fsdp = not any(s.ddp_modules for s in statuses) and any(
+            k in ("fsdp2", "hsdp") for st in statuses for k in st.parallelism)
+        if not any(s.ddp_modules for s in statuses) and not fsdp:
             if result.exit_code:
                 raise JobFailed(f"the script failed before building DistributedDataParallel (exit {result.exit_code}); "
                                 f"see {run.root / 'ranks'}")
+            built = sorted({k for st in statuses for k in st.parallelism})
+            if built:  # FSDP1 or tensor parallel alone: one line saying what tune does not do (issue 37)
+                raise BadInput(f"the script built {', '.join(built)}, not DistributedDataParallel or FSDP2: tune "
+                               "measures DDP's options and FSDP2's knobs only; change a setting in the script and "
+                               "compare two profiles with `ddpdoctor diff BASE NEW`", self.base.script)
             raise BadInput("the script never built torch.nn.parallel.DistributedDataParallel, so there are no DDP "
                            "options to tune (tune applies them when the script builds DDP)", self.base.script)
         if not any(s.steps_completed for s in statuses):
@@ -134,6 +149,13 @@ class Experiment:
         if not run.trace_files():
             raise JobFailed(f"the profiled launch wrote no trace (exit {result.exit_code}); see {run.root}")
         analysis = analyze_paths([run.root])
+        if fsdp:
+            units = self._fsdp_units(run)
+            if not any(not u.is_root for u in units):
+                raise BadInput("the script built FSDP2 with no unit besides the root: there is no prefetch or "
+                               "resharding between units to tune (call fully_shard on each layer, then the root)",
+                               self.base.script)
+            return Preparation(analysis, None, bucket_whatif(analysis, list(CANDIDATE_CAPS_MB)), set(), [], units)
         caps = sorted(set(CANDIDATE_CAPS_MB) | {float(c) for c in extra_caps})
         whatif = bucket_whatif(analysis, caps)
         flags = {f.id for f in rule_ddp_flags(analysis, whatif)}
@@ -164,6 +186,12 @@ class Experiment:
             trials.append(self.read_trial(run, label, r, i, setting, result.exit_code))
         return trials
 
+    @staticmethod
+    def _fsdp_units(run: RunDir) -> list[FSDPUnit]:
+        rank0 = min(run.ranks_present(), default=None)
+        info = artefacts.load_optional(run.rank_file(rank0, "info.json"), RankInfo) if rank0 is not None else None
+        return list(info.parallelism.fsdp2_units) if info is not None and info.parallelism is not None else []
+
     def _statuses(self, run: RunDir) -> list[RankStatus]:
         out: list[RankStatus] = []
         for rank in run.ranks_present():
@@ -186,6 +214,11 @@ class Experiment:
         for rank in run.ranks_present():
             t = artefacts.load_optional(run.rank_file(rank, "tune.json"), RankTune)
             errors.update(dict.fromkeys(t.errors if t else []))
+        units = list(info.parallelism.fsdp2_units) if info is not None and info.parallelism is not None else []
+        if units and not modules:  # FSDP2: its knobs, read from the units the rank recorded
+            ok, seen = fsdp_in_effect(setting, units, tune.applied if tune else [], list(errors)[:3])
+            losses = tuple(_loss(x) for x in (tune.loss_per_iteration if tune else []))
+            return Trial(label, rnd, order, tuple(step_ms), losses, ok if setting else True, seen, exit_code, None)
         ok, seen, buckets = in_effect(setting, modules, tune.applied if tune else [], list(errors)[:3])
         losses = tuple(_loss(x) for x in (tune.loss_per_iteration if tune else []))
         return Trial(label, rnd, order, tuple(step_ms), losses, ok if setting else bool(modules), seen, exit_code,

@@ -41,6 +41,7 @@ class RankPosition:
     sizes: list[list[int]] = field(default_factory=list)
     call_site: str | None = None
     exit_code: int | None = None
+    unit: str | None = None  # the FSDP2 unit whose collective it waits in
 
 
 @dataclass
@@ -69,8 +70,12 @@ class HangDiagnosis:
 
 
 def _position_json(p: RankPosition) -> PositionDoc:
-    return {"rank": p.rank, "state": p.state, "phase": p.phase, "step": p.step, "op": p.op, "group": p.group,
-            "seq": p.seq, "sizes": [list(s) for s in p.sizes], "call_site": p.call_site, "exit_code": p.exit_code}
+    out: PositionDoc = {"rank": p.rank, "state": p.state, "phase": p.phase, "step": p.step, "op": p.op,
+                        "group": p.group, "seq": p.seq, "sizes": [list(s) for s in p.sizes], "call_site": p.call_site,
+                        "exit_code": p.exit_code}
+    if p.unit:
+        out["unit"] = p.unit
+    return out
 
 
 def position(rank: int, beat: Beat | None, exit_info: RankExitDoc | None) -> RankPosition:
@@ -86,7 +91,8 @@ def position(rank: int, beat: Beat | None, exit_info: RankExitDoc | None) -> Ran
     coll = beat.get("collective")
     if coll:
         return RankPosition(rank, "in-collective", beat.get("phase"), beat.get("step"), coll.get("op"),
-                            coll.get("group"), coll.get("seq"), coll.get("sizes") or [], coll.get("call_site"))
+                            coll.get("group"), coll.get("seq"), coll.get("sizes") or [], coll.get("call_site"),
+                            unit=coll.get("unit"))
     bw = beat.get("backward")
     if bw and beat.get("phase") == "backward":
         # Stalled inside backward(): DDP's reducer waits for its bucket all-reduces there.
@@ -154,14 +160,18 @@ def _collective_of(ps: list[RankPosition]) -> WaitedCollective | None:
     if not ps:
         return None
     p = max(ps, key=lambda p: (p.seq or 0))
-    return {"op": p.op, "seq": p.seq, "group": p.group}
+    out: WaitedCollective = {"op": p.op, "seq": p.seq, "group": p.group}
+    if p.unit:
+        out["unit"] = p.unit
+    return out
 
 
 def _describe(c: WaitedCollective | None) -> str:
     if not c:
         return "a collective"
     seq = f" #{c['seq']}" if c.get("seq") is not None else ""
-    return f"{c.get('op')}{seq} on {c.get('group')}"
+    unit = f" ({c['unit']})" if c.get("unit") else ""
+    return f"{c.get('op')}{seq} on {c.get('group')}{unit}"
 
 
 def _describe_position(p: RankPosition) -> str:
@@ -288,7 +298,7 @@ def reconcile(d: HangDiagnosis, stacks: Mapping[int, str | None], dumps: Mapping
         if p.state == "in-collective" and p.op in generic and v is not None and p.group in v.pending:
             named = v.pending[p.group]  # a wait the heartbeat saw but had not named yet: the dump names it
             pos[r] = RankPosition(r, "in-collective", p.phase, p.step, named.op, p.group, named.seq, named.sizes,
-                                  p.call_site)
+                                  p.call_site, unit=p.unit)
             changed = True
         elif p.state == "outside-collective" and st == "collective":
             wait = _pending_of(v)

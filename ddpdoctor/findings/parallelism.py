@@ -69,6 +69,13 @@ def fsdp2_supported(torch_version: str | None) -> bool | None:
     return (major, minor) >= FSDP2_MIN_TORCH
 
 
+def analysis_parallelism(p: Parallelism | None) -> list[Finding]:
+    """`analyze` of a run directory: the run's record, said as the launch's report said it."""
+    if p is None or not [k for k in p.kinds if k != "ddp"]:
+        return []
+    return parallelism_findings(Manifest(parallelism=p), set())
+
+
 def parallelism_findings(manifest: Manifest, kinds_seen: set[str]) -> list[Finding]:
     """``kinds_seen``: the kinds the ranks' status.json name (when the manifest has no record: a crash)."""
     p = manifest.parallelism

@@ -159,6 +159,15 @@ def rule_exposed_comm(a: Analysis, w: WhatIf | None) -> list[Finding]:
                     "it only shrinks relative to the step with more work per step (a larger per-rank batch or "
                     "model). For a model this small, fewer ranks may train as fast."),
         )]
+    if a.fsdp:  # FSDP2: the cause is per unit (findings/perf_fsdp.py); DDP's knobs do not apply
+        return [Finding(
+            "exposed-comm-high", Severity.WARNING,
+            f"Communication not hidden by compute takes {iv.value:.0f}% of step time{waiting}",
+            ranks=[r.rank for r in hot], evidence=evidence,
+            advice="The FSDP2 unit inventory (fsdp_units) shows which unit's all-gather or reduce-scatter is "
+                   "exposed, and the fsdp-* findings say why (no prefetch, a synchronous wait, the first unit's "
+                   "unavoidable all-gather) and what to change.",
+        )]
     return [Finding(
         "exposed-comm-high", Severity.WARNING,
         f"Communication not hidden by compute takes {iv.value:.0f}% of step time{waiting}",
@@ -205,16 +214,39 @@ def rule_comm_tail(a: Analysis, w: WhatIf | None) -> list[Finding]:
         return []
     lb = median_or_none([float(x) for rk in ranks for x in last_bytes.get(rk, [])])
     tail_us = statistics.median(t for v in tails.values() for t in v)
+    per_rank = {rk: m for rk, v in tails.items() if (m := median_or_none(v)) is not None}
     return [Finding(
         "comm-tail-after-backward", Severity.WARNING,
         f"The last bucket's all_reduce runs {ms(tail_us)} ms after backward has ended",
         ranks=ranks,
-        evidence={**cost(tail_us, run_step_us(a)), "tail_pct_of_step": iv.to_json(), "tail_ms_median": evidence_ms,
+        evidence={**_priced(a, per_rank, tail_us), "tail_pct_of_step": iv.to_json(), "tail_ms_median": evidence_ms,
                   "tail_pct_of_step_by_rank": shares,
                   "last_bucket_mb": None if lb is None else round(lb / MIB, 2), "threshold_pct": TAIL_WARN_PCT},
         advice=cap_advice(w, _smaller_cap_advice(ddp_config(a), tail=True, sizes_known=_bucket_sizes_known(a)),
                           exposed_noise_us(a), ddp_config(a)),
     )]
+
+
+def _without_waiting(a: Analysis, per_rank: dict[int, float]) -> tuple[float | None, float | None]:
+    """(what a figure costs per step with the wait for a straggler removed, the part removed): a rank that waits for
+    a straggler sees its own bucket transfer plus the wait; the straggler itself (the rank the others wait for) sees
+    the transfer alone. Without a flagged straggler the median over ranks, nothing removed."""
+    if not per_rank:
+        return None, None
+    everyone = statistics.median(per_rank.values())
+    late = [per_rank[r] for r in (a.stragglers.ranks if a.stragglers else []) if r in per_rank]
+    if not late or len(late) == len(per_rank):
+        return everyone, None
+    own = statistics.median(late)
+    return own, max(0.0, everyone - own)
+
+
+def _priced(a: Analysis, per_rank: dict[int, float], fallback: float | None) -> dict[str, float | None]:
+    """The finding's cost per step with the waiting part removed, and that part, named in the evidence."""
+    own, removed = _without_waiting(a, per_rank)
+    out = cost(own if removed is not None else fallback, run_step_us(a))
+    out["waiting_for_straggler_removed_ms_per_step"] = None if removed is None else ms(removed)
+    return out
 
 
 def rule_small_buckets(a: Analysis, w: WhatIf | None) -> list[Finding]:
@@ -288,10 +320,12 @@ def rule_first_bucket_late(a: Analysis, w: WhatIf | None) -> list[Finding]:
     title = ("The first gradient all_reduce starts only after backward has ended" if iv.value >= 100.0 else
              f"The first gradient all_reduce starts {iv.value:.0f}% of the way through backward")
     exposed = median_or_none([s.exposed_comm_us for r in a.ranks for s in r.per_step if r.rank in late])
+    per_rank = {r.rank: m for r in a.ranks
+                if (m := median_or_none([s.exposed_comm_us for s in r.per_step])) is not None}
     return [Finding(
         "first-bucket-late", Severity.WARNING, title,
         ranks=sorted(late),
-        evidence={**cost(exposed, run_step_us(a)), "first_allreduce_at_backward_pct": iv.to_json(),
+        evidence={**_priced(a, per_rank, exposed), "first_allreduce_at_backward_pct": iv.to_json(),
                   "by_rank_pct": {str(k): round(100 * v, 1) for k, v in sorted(late.items())},
                   "bucket_cap_mb": cfg.bucket_cap_mb, "threshold_pct": threshold},
         advice=cap_advice(w, _smaller_cap_advice(cfg, sizes_known=_bucket_sizes_known(a)), exposed_noise_us(a), cfg),
@@ -348,6 +382,9 @@ def perf_findings(analysis: Analysis, whatif: WhatIf | None = None) -> list[Find
     out: list[Finding] = []
     for rule in RULES:
         out.extend(rule(analysis, w))
+    from ddpdoctor.findings.perf_fsdp import fsdp_findings
+
+    out.extend(fsdp_findings(analysis))  # FSDP2 units' exposed communication and its cause
     if _single_bucket(analysis) is not None:
         # One bucket: tail, late start, bucket sizes and the what-if all describe the same unavoidable fact.
         out = [f for f in out if f.id not in COMM_GROUP or f.id == "exposed-comm-high"]

@@ -128,13 +128,19 @@ def rule_stragglers(a: Analysis, w: WhatIf | None) -> list[Finding]:
     # in (Lightning's training step on gloo) counts as compute that "hides" it.
     waited = sum(v for k, v in s.caused_wait_us.items() if k in majority) / steps
     exposed_wait = {k: sum(c.waiting_for_us.get(k, 0.0) for c in a.comm_split) / steps for k in majority}
-    c = cost(waited / max(1, len(a.ranks) - 1), step)
+    # The host's background skew, measured in the same run (how late the other ranks are when it is their turn):
+    # any rank last at these collectives would have cost that much; the straggler's cost is what it adds beyond.
+    background = background_wait_us(matched, majority, steps)
+    c = cost(max(0.0, waited - background) / max(1, len(a.ranks) - 1), step)
     return [Finding(
         "straggler-rank", Severity.WARNING,
         f"Rank(s) {majority} arrive last at collectives, by {iv.value:.0f}% of a step; the others wait "
-        f"{c['cost_ms_per_step']} ms per step for them",
+        f"{c['cost_ms_per_step']} ms per step for them"
+        + (f" beyond the host's background skew ({ms(background / max(1, len(a.ranks) - 1))} ms per step)"
+           if background > 0 else ""),
         ranks=majority,
         evidence={**c, "skew_pct_of_step": iv.to_json(), "background_skew_pct_of_step": noise,
+                  "background_wait_removed_ms_per_step": ms(background / max(1, len(a.ranks) - 1)),
                   "arrival_skew_median_ms": ms(s.arrival_skew_median_us),
                   "last_in": {str(k): f"{last_in[k][0]} of {last_in[k][1]}" for k in majority},
                   "collective_kind": {str(k): s.last_in_kind[k][0] for k in majority if k in s.last_in_kind},
@@ -165,6 +171,17 @@ def background_lateness_pct(matched: Sequence[MatchedCollective], candidates: li
     if len(others) < BACKGROUND_MIN or step_us <= 0:
         return None
     return round(100.0 * statistics.median(others) / step_us, 1)
+
+
+def background_wait_us(matched: Sequence[MatchedCollective], candidates: list[int], steps: int) -> float:
+    """The wait per step that background skew alone would cause at the collectives where ``candidates`` arrive last:
+    the other ranks' median lateness when they are last (background_lateness_pct's figure, in us) times the number
+    of such collectives per step; 0 when too few collectives see another rank last to measure it."""
+    others = [m.arrival_skew_us for m in matched if m.last_rank not in candidates]
+    if len(others) < BACKGROUND_MIN or steps <= 0:
+        return 0.0
+    theirs = sum(1 for m in matched if m.last_rank in candidates)
+    return statistics.median(others) * theirs / steps
 
 
 def crowded_hosts(a: Analysis, ranks: list[int]) -> str | None:

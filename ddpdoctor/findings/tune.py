@@ -9,12 +9,20 @@ from typing import Any
 
 from ddpdoctor.analyses.bucket_replay import MIB
 from ddpdoctor.analyses.results import Analysis
-from ddpdoctor.analyses.tune import BASELINE, OPTIONS, Setting, TuneResult, VariantResult, gpu_hours_per_day
+from ddpdoctor.analyses.tune import (
+    BASELINE,
+    FSDP_OPTIONS,
+    OPTIONS,
+    Setting,
+    TuneResult,
+    VariantResult,
+    gpu_hours_per_day,
+)
 from ddpdoctor.analyses.whatif import WhatIf
 from ddpdoctor.findings.framework_advice import comm_hook, ddp_option, framework_of
 from ddpdoctor.findings.model import Finding, Severity
 from ddpdoctor.jsontypes import JsonObject
-from ddpdoctor.rundir.schema import DDPModule
+from ddpdoctor.rundir.schema import DDPModule, FSDPUnit
 
 # Exposed communication below this share of a step leaves a compression hook little to win: it halves the bytes
 # but adds two casts per bucket.
@@ -72,6 +80,8 @@ def label_of(setting: Setting) -> str:
 def code_line(setting: Setting, cfg: DDPModule | None = None) -> str:
     """The exact change to make in the script; in the framework's own terms when a framework built the DDP module
     (``cfg``: the DDP description, whose ``built_by`` names it)."""
+    if any(k in FSDP_OPTIONS for k in setting):
+        return fsdp_code_line(setting)
     hook = setting.get("comm_hook")
     if framework_of(cfg):
         parts = [ddp_option(cfg, k, v) for k, v in setting.items() if k in OPTIONS]
@@ -99,8 +109,18 @@ def parse_try(text: str) -> list[Setting]:
             if v not in COMM_HOOKS:
                 raise ValueError(f"--try {text!r}: comm_hook is one of {', '.join(COMM_HOOKS)}")
             out.append({"comm_hook": v})
+        elif key in ("forward_prefetch", "backward_prefetch"):
+            lowest = 0 if key == "forward_prefetch" else 1
+            if not v.isdigit() or not lowest <= int(v) <= 16:
+                raise ValueError(f"--try {text!r}: {key} is a number of units from {lowest} to 16")
+            out.append({key: int(v)})
+        elif key == "reshard_after_forward":
+            if v.lower() not in ("true", "false"):
+                raise ValueError(f"--try {text!r}: {key} is True or False")
+            out.append({key: v.lower() == "true"})
         elif key not in OPTIONS:
-            raise ValueError(f"--try {text!r}: unknown option {key!r} (one of {', '.join([*OPTIONS, 'comm_hook'])})")
+            raise ValueError(f"--try {text!r}: unknown option {key!r} (one of "
+                             f"{', '.join([*OPTIONS, 'comm_hook', *FSDP_OPTIONS])})")
         elif OPTIONS[key] is bool:
             if v.lower() not in ("true", "false"):
                 raise ValueError(f"--try {text!r}: {key} is True or False")
@@ -114,6 +134,64 @@ def parse_try(text: str) -> list[Setting]:
                 raise ValueError(f"--try {text!r}: {key} must be in (0, 10000]")
             out.append({key: cap})
     return out
+
+
+def fsdp_code_line(setting: Setting) -> str:
+    """The change that gives an FSDP2 setting, on the script's units in forward order (``units``: the modules it
+    called fully_shard on, the root left out)."""
+    parts = []
+    n = setting.get("forward_prefetch")
+    if n is not None:
+        parts.append("after fully_shard, `for i, u in enumerate(units): "
+                     f"u.set_modules_to_forward_prefetch(units[i + 1:i + 1 + {_fmt(n)}])`" if n else
+                     "no `set_modules_to_forward_prefetch` call (FSDP2's default)")
+    n = setting.get("backward_prefetch")
+    if n is not None:
+        parts.append("after fully_shard, `for i, u in enumerate(units): "
+                     f"u.set_modules_to_backward_prefetch(units[max(0, i - {_fmt(n)}):i][::-1])`")
+    if "reshard_after_forward" in setting:
+        parts.append(f"`fully_shard(unit, reshard_after_forward={setting['reshard_after_forward']})` on each unit "
+                     "but the root")
+    return " and ".join(parts)
+
+
+def fsdp_plan(units: list[FSDPUnit], tries: list[Setting], max_variants: int = MAX_VARIANTS) -> Plan:
+    """FSDP2's variants: the user's --try first, then forward prefetch one unit deep when no unit prefetches, and
+    reshard_after_forward=False when the units reshard (each skipped one says why). ``units``: rank 0's record."""
+    inner = [u for u in units if not u.is_root]
+    out = [Candidate(dict(t), "--try", True, "asked with --try") for t in tries]
+    if len(inner) < 2:
+        out.append(Candidate({"forward_prefetch": 1}, "rule", False,
+                             f"{len(inner)} unit(s) besides the root: no next unit to prefetch"))
+    elif not any(u.forward_prefetch for u in inner):
+        out.append(Candidate({"forward_prefetch": 1}, "rule", True,
+                             f"none of the {len(inner)} units prefetches in forward: each unit's all-gather starts "
+                             "when its forward needs it (fsdp-no-prefetch)"))
+    else:
+        deepest = max(len(u.forward_prefetch) for u in inner)
+        out.append(Candidate({"forward_prefetch": deepest + 1}, "rule", False,
+                             f"the units prefetch {deepest} unit(s) ahead already; measure a deeper one with "
+                             f"--try forward_prefetch={deepest + 1}"))
+    resharding = [u for u in inner if u.reshard_after_forward is True]
+    if resharding:
+        mib = sum(u.bytes - u.sharded_bytes for u in resharding) / MIB
+        out.append(Candidate({"reshard_after_forward": False}, "rule", True,
+                             f"{len(resharding)} unit(s) free their parameters after forward and all-gather them "
+                             f"again in backward; keeping them costs {mib:.1f} MiB more per rank"))
+    else:
+        out.append(Candidate({"reshard_after_forward": False}, "rule", False,
+                             "no unit reshards after forward (reshard_after_forward is off already)"))
+    seen: set[str] = set()
+    n = 0
+    for c in out:
+        if c.chosen and c.label in seen:
+            c.chosen, c.why = False, "already measured (asked twice)"
+        elif c.chosen and n >= max_variants:
+            c.chosen, c.why = False, f"over --max-variants {max_variants} ({c.why})"
+        elif c.chosen:
+            n += 1
+        seen.add(c.label)
+    return Plan(out)
 
 
 def gradients_per_step(a: Analysis) -> list[int]:

@@ -74,6 +74,8 @@ def record(rank: int, beat: Beat | None, exit_info: RankExitDoc | None, now: flo
         if isinstance(coll, dict):
             rec.coll = [cut(coll.get("op"), 80), cut(coll.get("group"), 80), coll.get("seq"),
                         cut(coll.get("call_site"))]
+            if coll.get("unit"):
+                rec.coll.append(cut(coll.get("unit"), 160))  # the FSDP2 unit (and mesh dim) it belongs to
             sizes = coll.get("sizes")
             if isinstance(sizes, list) and sizes:
                 rec.sizes = [[int(x) for x in s[:8] if isinstance(x, int)] for s in sizes[:MAX_SIZES]

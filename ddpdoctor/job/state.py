@@ -112,7 +112,10 @@ def to_position(rec: RankRecord | None, rank: int) -> RankPosition:
         beat["phase"] = rec.phase
     c = rec.coll
     if c and len(c) >= 4:
-        beat["collective"] = {"op": c[0], "group": c[1], "seq": c[2], "call_site": c[3], "sizes": rec.sizes or []}
+        coll: CollectiveState = {"op": c[0], "group": c[1], "seq": c[2], "call_site": c[3], "sizes": rec.sizes or []}
+        if len(c) > 4 and isinstance(c[4], str):
+            coll["unit"] = c[4]
+        beat["collective"] = coll
     x = rec.exit
     exit_info: RankExitDoc | None = {"exit_code": x[0], "exception": x[1], "steps_completed": x[2],
                                      "exit_site": x[3] if len(x) > 3 else None} if x and len(x) >= 3 else None

@@ -47,7 +47,7 @@ from ddpdoctor.launch.torchrun_shim import BIND_ENV as STORE_BIND_ENV
 from ddpdoctor.probes.config import ENV_VAR, ProbeConfig, ProbeOptions, rank_from_env
 from ddpdoctor.rundir import manifest as manifest_mod
 from ddpdoctor.rundir.layout import RunDir
-from ddpdoctor.rundir.private import claim_run_root, private_dir
+from ddpdoctor.rundir.private import claim_run_root, make_private_tree, private_dir
 from ddpdoctor.rundir.records import RunEndedDoc
 from ddpdoctor.rundir.reserve import SpaceReserve
 
@@ -287,6 +287,7 @@ def _finalize(spec: LaunchSpec, code: int | None, started: float, job: RunningJo
     reserve = job.reserve
     if reserve is not None:
         reserve.release()
+    make_private_tree(spec.run_dir.traces)  # the profiler writes them inside the ranks, with the user's umask
     try:
         manifest_mod.finalize(spec.run_dir, exit_code=code, duration_s=time.time() - started, killed_by=job.killed_by,
                               ended=ended, disk_full=reserve.facts() if reserve is not None else None)

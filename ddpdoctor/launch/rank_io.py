@@ -79,8 +79,14 @@ def _close_quietly(f: Any) -> None:
 RANK_LINE = re.compile(rb"^\[[A-Za-z_]*\d+\]:")
 
 
+# Kineto's own trace of when the profiler starts and stops ("USDT:2026-11-25 13:20:53 6118:6118
+# SyncActivityProfilerHandler.cpp:52] profiler_start"): kept in the rank logs, not shown on the user's console.
+_KINETO_USDT = re.compile(rb"^\[[A-Za-z_]*\d+\]:\s*USDT:[^\n]*\] profiler_(?:start|stop)\s*$")
+
+
 def is_rank_line(line: bytes) -> bool:
-    return bool(RANK_LINE.match(line))
+    """A rank's line as torchrun tees it ("[default0]:..."), to echo on the console (Kineto's USDT lines aside)."""
+    return bool(RANK_LINE.match(line)) and not _KINETO_USDT.match(line)
 
 
 def echo_torchrun_failure(run: RunDir, logs: Path) -> None:

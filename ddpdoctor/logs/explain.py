@@ -33,7 +33,13 @@ _TORCHISH = re.compile(r"torch|NCCL|gloo|c10d|ProcessGroup|srun|slurm|Traceback 
 _MAYBE_FAILURE = re.compile(
     r"error|exception|memory|ddp|param|watchdog|heartbeat|monitor|nccl|cuda|remote|abort|address|clients"
     r"|rendezvous|broken pipe|recvvalue|sendbytes|tcpstore|socket|stop_waiting|refused|gloo|reset|closing signal"
-    r"|signal|killed|segmentation|bus error|exit|core dumped|terminate|fatal|oom|traceback|interrupt|timed out|libfabric|undeliverable|err:")
+    r"|signal|killed|segmentation|bus error|exit|core dumped|terminate|fatal|oom|traceback|interrupt|timed out|libfabric|undeliverable|err:"
+    r"|barrier|ready|fsdp|flatten|shard|placement|dtensor|mesh|waitforinput")
+# A log that shows training (DDP's own INFO records, a framework's progress lines): a log, even with no word of
+# torch.distributed in it; when it holds no failure, the answer is "no failure found", not bad input.
+_TRAINING = re.compile(r"Reducer buckets have been rebuilt|\b(?:[Ee]poch|[Ll]oss|global_step|train_loss)\b"
+                       r"|(?<![\d.])\d{1,6}(?:\.\d{1,4})?(?:it/s|s/it)\]")
+_TRAINING_LINES = 20000  # looked for in the first lines only: a log that trains says so early
 _TRAILING_NUMBER = re.compile(r"(\d+)(?:\.\w+)?$")
 
 
@@ -46,6 +52,7 @@ class InputSummary:
     events: int = 0
     problem: str | None = None
     nccl_debug: bool = False  # holds NCCL_DEBUG=INFO lines (what `ddpdoctor topo` reads)
+    training: bool = False  # shows training progress (not in the JSON: the note says it)
 
 
 @dataclass
@@ -113,7 +120,7 @@ def _text_events(name: str, text: str, ts_of: dict[tuple[str, int], float],
     seen: set[tuple[Any, ...]] = set()
     ranks: set[int] = set()
     count = 0
-    torchish = nccl_debug = False
+    torchish = nccl_debug = training = False
     for lines, lo, hi in windows(iter_lines(name, text, rank_from_name(name), work), WINDOW_LINES, WINDOW_MARGIN):
         first = lines[0].lineno if lines else 0
         for line in lines:
@@ -125,6 +132,8 @@ def _text_events(name: str, text: str, ts_of: dict[tuple[str, int], float],
                     torchish = True
                 if line.lineno <= 20000 and not nccl_debug and " NCCL INFO " in line.text:
                     nccl_debug = True
+                if line.lineno <= _TRAINING_LINES and not training and _TRAINING.search(line.text):
+                    training = True
         for e in _window_events(lines, work):
             if not lo <= e.where.lineno < hi:
                 continue  # the window before or after reads it whole
@@ -139,8 +148,8 @@ def _text_events(name: str, text: str, ts_of: dict[tuple[str, int], float],
                 if ts:
                     ts_of[(e.where.source, e.where.lineno)] = ts
     ranks |= {e.rank for e in events if isinstance(e, ChildFailure) and e.rank is not None}
-    recognised = bool(events) or bool(ranks) or torchish
-    summary = InputSummary(name, "text", count, sorted(ranks), len(events), nccl_debug=nccl_debug)
+    recognised = bool(events) or bool(ranks) or torchish or training
+    summary = InputSummary(name, "text", count, sorted(ranks), len(events), nccl_debug=nccl_debug, training=training)
     if not text or text.isspace():  # (not text.strip(): a copy of a 100 MB text)
         summary.kind, summary.problem = "unusable", "empty"
     elif not recognised:
@@ -310,7 +319,9 @@ def explain_paths(paths: Iterable[str]) -> Report:
                        + "; ".join(f"{s.name}: {s.problem}" for s in result.inputs[:5])
                        + ("; ..." if len(result.inputs) > 5 else "") + ")")
     notes = [f"{s.name}: {s.problem}" for s in result.inputs if s.kind == "unusable"]
-    notes += [f"{s.name}: nothing to explain (no error from torch.distributed, torchrun or SLURM in it)"
+    notes += [f"{s.name}: " + ("no failure found: it shows training and no error from torch.distributed, torchrun or "
+                               "SLURM" if s.training else
+                               "nothing to explain (no error from torch.distributed, torchrun or SLURM in it)")
               + ("; it holds NCCL_DEBUG=INFO output: `ddpdoctor topo` reads that" if s.nccl_debug else "")
               for s in result.inputs if s.kind == "text" and s.events == 0]
     notes += result.notes
@@ -318,7 +329,7 @@ def explain_paths(paths: Iterable[str]) -> Report:
     for e in result.events:
         counts[type(e).__name__] = counts.get(type(e).__name__, 0) + 1
     sections = {
-        "inputs": [asdict(s) for s in result.inputs],
+        "inputs": [{k: v for k, v in asdict(s).items() if k != "training"} for s in result.inputs],
         "ranks_seen": sorted({r for s in result.inputs for r in s.ranks}),
         "events": counts,
         "timeline": triage.timeline(result.events),

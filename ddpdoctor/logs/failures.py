@@ -3,7 +3,7 @@
 
 from __future__ import annotations
 
-from ddpdoctor.logs import grammar
+from ddpdoctor.logs import causes, grammar
 from ddpdoctor.logs.events import ChildFailure, Event, FailureLine, Unexplained, Where
 from ddpdoctor.logs.launchers import signal_name
 from ddpdoctor.logs.lines import LogLine
@@ -24,7 +24,12 @@ def _odd_rank(kind: str, m_groups: dict[str, str | None], rank: int | None) -> i
 def parse_failure(line: LogLine) -> Event | None:
     """The failure event one line carries, if any (most lines carry none)."""
     text = line.text
-    if line.logger in ("W", "I") or text.startswith("#"):
+    if "store based barrier" in text and (b := grammar.store_barrier(text)):
+        # init_process_group's barrier, logged at INFO every 10 s while it waits (torch 1.8-1.13), DEBUG later; its
+        # timeout error (all versions): a start-up that never filled, whatever the line's level.
+        return FailureLine("init-barrier", "cause", line.rank if line.rank is not None else b.rank, None, None,
+                           text.strip()[:1000], line.ts, Where(line.source, line.lineno))
+    if (line.logger in ("W", "I") and "waitForInput" not in text) or text.startswith("#"):
         return None  # glog warnings and info (retried connects, shutdown notices), comments and nccl-tests headers
     where = Where(line.source, line.lineno)
     host: str | None = None
@@ -42,6 +47,13 @@ def parse_failure(line: LogLine) -> Event | None:
                 if rule.pattern.search(msg):
                     return FailureLine(rule.kind, rule.role, line.rank, host, gpu, text.strip(), line.ts, where)
         return FailureLine("nccl-error", "cause", line.rank, host, gpu, text.strip(), line.ts, where)
+    if "Last error:" in text and (cause := causes.last_error(text)):
+        # NCCL's cause, as torch prints it after the generic message: the cause decides the kind (a peer that went
+        # away is a victim's report, anything else this rank's NCCL failing on its own).
+        kind, role = ("oom", "cause") if grammar.RULES[0].pattern.search(cause) else (
+            ("nccl-remote", "victim") if (c := causes.nccl_cause(cause)) is not None and c.where == "peer"
+            else ("nccl-error", "cause"))
+        return FailureLine(kind, role, line.rank, None, None, text.strip()[:1000], line.ts, where)
     m = grammar.DS_EXITS.search(text) or grammar.OLD_LAUNCH.search(text)
     if m:
         lr = grammar.LOCAL_RANK_ARG.search(text)

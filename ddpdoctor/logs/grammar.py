@@ -54,6 +54,22 @@ RULES: tuple[Rule, ...] = (
     _r("model-mismatch", "cause", r"params\[(?P<idx>\d+)\] in this process with sizes \[(?P<shape>[^\]]*)\] appears not "
        r"to match (?:sizes|strides) of the same param in process (?P<ref>\d+)", "1.12-2.13 (strides: 2.0-2.13)"),
     _r("model-mismatch", "cause", r"DDP expects same model across all ranks|parameter.*appears not to match", "1.12-2.13"),
+    # --- DDP's reducer: a parameter's gradient hook fired twice in one backward (reducer.cpp mark_variable_ready) ----
+    _r("ready-twice", "cause", r"Expected to mark a variable ready only once|has been marked as ready twice",
+       "torch 1.x-2.13 ('Parameter at index N with name X' with TORCH_DISTRIBUTED_DEBUG=INFO/DETAIL, and in every "
+       "message from 2.2)"),
+    # --- FSDP / FSDP2 / DTensor: a unit or a placement the ranks (or the wrapper) cannot shard ---------------------
+    _r("fsdp-error", "cause", r"`?FlatParameter`? requires uniform `?requires_grad|Must flatten tensors with uniform "
+       r"`?(?:requires_grad|dtype)|output tensor size must be equal to world_?size times input tensor size|input "
+       r"tensor must be the same size as output size times world ?size|Non-sharded dimensions should have identical "
+       r"size across ranks|requires even sharding|is not divisible by FSDP world size|`placements` must have the same "
+       r"length as `device_mesh\.ndim`|Expected one placement per mesh dim|Cannot distribute a DTensor with "
+       r"(?:placements|device mesh)|got mixed torch\.Tensor and DTensor|FSDP parameters should be materialized from "
+       r"meta device|FSDP reduce-scatter expects uniform gradient dtype|Sharding propagation failed for|input DTensor has"
+       r"(?: placements)?\b",
+       "FSDP1 'FlatParameter requires uniform requires_grad' 1.13-2.0, 'Must flatten tensors with uniform "
+       "requires_grad' 2.1-2.13; all_gather_into_tensor size check (ProcessGroupNCCL) 1.13-2.13; FSDP2 and DTensor "
+       "2.4-2.13"),
     # --- NCCL watchdog stuck / heartbeat monitor ------------------------------------------------------------------
     _r("watchdog-stuck", "cause", r"ProcessGroupNCCL's watchdog got stuck for (?P<secs>\d+) seconds", "2.3-2.13"),
     _r("watchdog-stuck", "cause", r"Heartbeat monitor timed out!", "2.3-2.6 (then the fatal line above)"),
@@ -91,8 +107,14 @@ RULES: tuple[Rule, ...] = (
     _r("store-cause", "cause", r"Address already in use|Timed out after \d+ seconds waiting for clients\. (?P<joined>\d+)"
        r"/(?P<expected>\d+) clients joined|RendezvousTimeoutError|The server socket has failed to (?:listen|bind)",
        "'waiting for clients' 2.0-2.13; RendezvousTimeoutError 1.9-2.13"),
-    _r("store", "victim", r"retr(?:ie|ei)ving ncclUniqueId from \[\d+\] via c10d key-value store|wait timeout after \d+ms, "
-       r"keys:", "retreiving (sic) torch 1.11-2.1, retrieving 2.2-2.13 (ProcessGroupNCCL broadcastUniqueNCCLID); Store::wait 2.0-2.13"),
+    _r("store", "victim", r"retr(?:ie|ei)ving ncclUniqueId from \[\d+\] via c10d key-value store",
+       "retreiving (sic) torch 1.11-2.1, retrieving 2.2-2.13 (ProcessGroupNCCL broadcastUniqueNCCLID)"),
+    # A store that never answered: c10d's socket warnings ('waitForInput: poll for socket SocketImpl(...) returned 0,
+    # likely a timeout', then 'waitForInput: socket SocketImpl(...) timed out after Nms') and Store::wait's error.
+    _r("store-timeout", "victim", r"waitForInput: (?:poll for )?socket .*(?:likely a timeout|timed out after \d+ ?ms)"
+       r"|wait timeout after \d+ ?ms, keys:|\bSocket Timeout\b",
+       "socket.cpp waitForInput 2.3-2.13 (C10D_WARNING); 'wait timeout after Nms, keys:' Store::wait 2.4-2.13, "
+       "'Socket Timeout' 1.x-2.3"),
     _r("store", "victim", r"recvValue failed|sendBytes failed|Broken pipe|DistNetworkError|DistStoreError"
        r"|RendezvousConnectionError|RendezvousClosedError|The client socket has failed to connect|failed to "
        r"connect/validate|Stop_waiting response is expected|TCPStore|c10d store has failed|Socket Timeout"
@@ -141,3 +163,34 @@ SHELL_DEATH = re.compile(r"^(?:\S+: line \d+: +)?(?:\d+ +)?(?P<what>Killed|Abort
 OOM_GPU = re.compile(r"GPU (\d+)(?:;| has a total)")
 TRIED = re.compile(r"Tried to allocate ([\d.]+ [KMGT]i?B)")
 HOST_IN_BRACKETS = re.compile(r"\[([\w.-]+)\]:\d+")
+# init_process_group's store-based barrier (distributed_c10d._store_based_barrier): "Waiting in store based barrier to
+# initialize process group for rank: 0, key: store_based_barrier_key:1 (world_size=8, worker_count=1,
+# timeout=0:30:00)" (INFO, torch 1.8-1.13), "... for 10.0 seconds rank: 3, key: ... (world_size=8,
+# num_workers_joined=1, timeout=0:30:00 error=...)" (DEBUG, 2.0-2.13), and the timeout "Timed out initializing
+# process group in store based barrier on rank: 0, for key: ... (world_size=8, worker_count=7, timeout=0:30:00)"
+# (RuntimeError 1.8-1.13, DistStoreError with num_workers_joined 2.0-2.13).
+_BARRIER_COUNTS = re.compile(r"\(world_size=(?P<world>\d+), (?:worker_count|num_workers_joined)=(?P<joined>\d+)"
+                             r"(?:, timeout=(?P<timeout>[^)=\s]{1,40}(?: days?, [\d:]{1,12})?))?")
+_BARRIER_RANK = re.compile(r"\brank:? (\d+)")
+_BARRIER_KEY = re.compile(r"\bkey: ?([\w:/-]{1,200})")
+
+
+@dataclass(frozen=True)
+class StoreBarrier:
+    world: int
+    joined: int
+    rank: int | None
+    key: str | None
+    timeout: str | None
+
+
+def store_barrier(text: str) -> StoreBarrier | None:
+    """The counts of one store-based barrier line (each search starts at its own literal: linear in the line)."""
+    if "store based barrier" not in text:
+        return None
+    m = _BARRIER_COUNTS.search(text)
+    if not m:
+        return None
+    r, k = _BARRIER_RANK.search(text), _BARRIER_KEY.search(text)
+    return StoreBarrier(int(m.group("world")), int(m.group("joined")), int(r.group(1)) if r else None,
+                        k.group(1) if k else None, m.group("timeout"))

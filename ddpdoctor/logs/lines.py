@@ -105,6 +105,78 @@ def _uses_srun_labels(raw_lines: list[str]) -> bool:
 
 _SRUN_SAMPLE = 5000  # srun --label is decided on the first lines: a whole-file scan would hold every line twice
 
+# pdsh / DeepSpeed's multi-node runner put the host before every line ("worker-1: Traceback ...", "worker-1:     x()"):
+# all-or-nothing for a file, like srun's label; a host label starts lower-case or with a digit (never "RuntimeError:",
+# "INFO:", "WARNING:").
+_HOST_LABEL = re.compile(r"^([a-z0-9][\w.-]{0,62}): ")
+
+
+# A host name has a digit, a dash or a dot ("worker-1", "node3", "gpu01.cluster"), or is localhost; tools that print
+# "name: message" ("srun: error:", "slurmstepd:", "bash:") are not hosts.
+_HOSTLIKE = re.compile(r"[\d.-]|^localhost$")
+_NOT_HOSTS = frozenset(("srun", "slurmstepd", "bash", "sh", "zsh", "python", "python3", "mpirun", "sbatch", "salloc",
+                        "torchrun", "deepspeed", "pdsh", "kernel", "error", "warning", "note", "info", "debug"))
+
+
+def _host_labels(sample: list[str]) -> frozenset[str]:
+    """The host labels that prefix most lines of a file (pdsh), else nothing."""
+    nonempty = [ln for ln in sample if ln.strip()]
+    counts: dict[str, int] = {}
+    for ln in nonempty:
+        if (m := _HOST_LABEL.match(ln)) and _HOSTLIKE.search(m.group(1)) and m.group(1) not in _NOT_HOSTS:
+            counts[m.group(1)] = counts.get(m.group(1), 0) + 1
+    labelled = sum(counts.values())
+    if len(counts) > 256 or labelled < 2 or labelled < 0.6 * len(nonempty):
+        return frozenset()
+    return frozenset(counts)
+
+
+# A terminal's hard wrap: every long line cut at one width W, the rest on the next line with no prefix of its own.
+# W is read from the first lines: at least three lines exactly W long and none longer. A line W long is
+# joined with the next unless that one starts a record of its own (a prefix, a glog header, a traceback line) or
+# starts like the line itself (repeated records of one length are not a wrap).
+_WRAP_MIN = 60
+_NOT_A_PIECE = re.compile(
+    r"^(?:\[|[IWEF]\d{4} |Traceback|\s+File \"|\d{4}-\d\d-\d\d|[A-Z]+:[\w.]+:|[\w.-]+:\d+:\d+ \[\d"
+    # a record of its own after a fixed-width line (a progress bar's): the shell's and the launchers' reports, an
+    # exception line, a chain marker, NCCL's and torch's own lines
+    r"|\s*(?:Killed|Aborted|Segmentation fault|Bus error|terminate called|what\(\)|srun:|slurmstepd:|During handling"
+    r"|The above exception|Last error|nccl[A-Z]|NCCL |(?:[\w.]+\.)?[A-Z]\w*(?:Error|Exception|Interrupt|Warning)\b))")
+
+
+def _wrap_width(sample: list[str]) -> int | None:
+    widest, count = 0, 0
+    for ln in sample:
+        if len(ln) > widest:
+            widest, count = len(ln), 1
+        elif len(ln) == widest:
+            count += 1
+    return widest if widest >= _WRAP_MIN and count >= 3 else None
+
+
+def _unwrapped(lines: Iterator[str], width: int | None) -> Iterator[str]:
+    if width is None:
+        yield from lines
+        return
+    held: str | None = None
+    for ln in lines:
+        if held is not None:
+            if ln and not _NOT_A_PIECE.match(ln) and ln[:12] != held[:12]:
+                held += ln
+                if len(ln) == width:
+                    continue  # cut again
+                yield held
+                held = None
+                continue
+            yield held
+            held = None
+        if len(ln) == width:
+            held = ln
+            continue
+        yield ln
+    if held is not None:
+        yield held
+
 
 def raw_lines(text: str) -> Iterator[str]:
     """The lines of ``text`` one at a time, split at "\n", "\r\n" or "\r" (no list of millions of strings, and no
@@ -142,6 +214,47 @@ def _wrapped(text: str) -> bool:
     return any(head in text and end not in text for head, end in _WRAP_HEADS)
 
 
+# torch prints NCCL's cause on the line after "Last error:" ("ncclInvalidUsage: ...\nLast error:\nDuplicate GPU
+# detected : rank 1 and rank 0 ..."): the two are joined, so the cause is read with the line that announces it.
+_LAST_ERROR = "Last error:"
+
+# DDP's reducer names the parameter whose hook fired twice on one long line, which a terminal hard-wraps (inside
+# the parameter's name as often as not): the pieces without a prefix of their own are joined back as they were cut.
+_READY_HEAD = "Parameter at index"
+_READY_END = "ready twice"
+
+# Records run together on one line (a chat paste, a collector that dropped the newlines): where the next record
+# starts. Each alternative is the start of a line torch, NCCL, glog or Python writes; the line is cut before it.
+_RECORD_START = re.compile(
+    r"\s(?=\[(?:rank|default)\d+\]:|\[[IWEF]\d{4} \d\d:\d\d:\d\d|\[[IWEF] [\w./-]+:\d+\] |[IWEF]\d{4} \d\d:\d\d:\d\d\.\d+ +\d+ "
+    r"|terminate called after throwing|what\(\): |Traceback \(most recent call last\)|Exception raised from "
+    r"|nccl(?:InvalidUsage|RemoteError|SystemError|InternalError|UnhandledCudaError|InvalidArgument): |Last error:"
+    r"|[\w.-]+:\d+:\d+ \[\d+\] (?:[\w./-]+:\d+ )?NCCL (?:WARN|INFO|ERROR)"
+    r"|(?:[a-z_]\w*\.)*[A-Z]\w*(?:Error|Exception): |File \"[^\"]+\", line \d+|frame #\d+: )")
+# What may stand before a record on its own line: prefixes (a host, "[rank0]:", a glog header), nothing else.
+_ONLY_PREFIXES = re.compile(r"^\s*(?:[\w.-]+: )?(?:\[[^\]]*\](?:<std(?:out|err)>)?:? ?)*(?:\d{1,6}: )?"
+                            r"(?:[IWEF]\d{4} [\d:.]+ \d+ [\w./-]+:\d+\] ?)?\s*$")
+_RUN_TOGETHER = 160  # shorter lines are never split: one record per line is the rule, a run-together paste is long
+
+
+def records(line: str) -> Iterator[str]:
+    """``line`` cut into the records that were run together on it (one piece when it holds one record)."""
+    if len(line) < _RUN_TOGETHER:
+        yield line
+        return
+    indent = len(line) - len(line.lstrip())
+    if line[:1] in _COLLECTOR_LEADS and (c := _COLLECTOR.match(line)):
+        indent = c.end()  # a collector's prefix stays with the first record
+    start = 0
+    for m in _RECORD_START.finditer(line, indent + 1):
+        before = line[start:m.start()]
+        own = before[indent:] if start == 0 else before  # (a collector's prefix is not the record's)
+        if own.strip() and not _ONLY_PREFIXES.match(own):  # never cut a record from its own prefixes
+            yield before
+            start = m.end()
+    yield line[start:]
+
+
 def iter_lines(source: str, text: str, default_rank: int | None = None, work: list[int] | None = None
                ) -> Iterator[LogLine]:
     """Every line of ``text`` with the rank that wrote it (from its prefix, else ``default_rank``), one at a time,
@@ -149,13 +262,18 @@ def iter_lines(source: str, text: str, default_rank: int | None = None, work: li
     raised by one per line: the deterministic count the linearity tests compare."""
     held: LogLine | None = None  # a watchdog message's head, waiting for its wrapped rest
     joins = 0
-    srun = _uses_srun_labels([_COLLECTOR.sub("", ln, count=1) for ln in itertools.islice(raw_lines(text), _SRUN_SAMPLE)])
+    sample = [_COLLECTOR.sub("", ln, count=1) for ln in itertools.islice(raw_lines(text), _SRUN_SAMPLE)]
+    srun = _uses_srun_labels(sample)
+    hosts = _host_labels(sample) if not srun else frozenset()
+    width = _wrap_width(list(itertools.islice(raw_lines(text), _SRUN_SAMPLE)))
+    del sample
     ts: float | None = None
-    for i, raw in enumerate(raw_lines(text), start=1):
-        if work is not None:
-            work[0] += 1
+    last: LogLine | None = None  # a "Last error:" line waiting for the cause on the next line
+    wrap: LogLine | None = None  # DDP's "Parameter at index N with name X has been marked as ready twice", cut
+    line_rank = default_rank  # the rank of the line a record was cut from: its later records carry it on
+    for i, raw, continued in _numbered(text, work, width):
         line = raw.rstrip("\r\n")
-        rank = default_rank
+        rank = line_rank if continued else default_rank
         if line[:1] in _COLLECTOR_LEADS and (m := _COLLECTOR.match(line)) and m.end() < len(line):
             if m.group(1) and (t := _ISO.match(m.group(1))):
                 ts = _iso_ts(t)
@@ -166,6 +284,9 @@ def iter_lines(source: str, text: str, default_rank: int | None = None, work: li
             if m:
                 rank = int(m.group(1))
                 line = line[m.end():]
+        elif hosts and (m := _HOST_LABEL.match(line)) and m.group(1) in hosts:
+            line = line[m.end():]
+            collected = line  # (the host's label is the collector's: what follows is what the process wrote)
         if line[:1] not in ("[", "") and (": " in line[:72] or " [" in line[:72]):
             m = _HOST_PREFIX.match(line) or _TAG_PREFIX.match(line)
             if m:
@@ -175,6 +296,7 @@ def iter_lines(source: str, text: str, default_rank: int | None = None, work: li
             while m := _RANK_PREFIX.match(line):
                 rank = int(m.group(m.lastindex or 1))
                 line = line[m.end():]
+        line_rank = rank
         logger = ""
         lead = line[:1]
         if lead in _GLOG_LEADS:
@@ -200,7 +322,32 @@ def iter_lines(source: str, text: str, default_rank: int | None = None, work: li
                 continue
             yield held
             held = None
+        if wrap is not None:
+            if joins < _MAX_JOINS and line == collected and line.strip():
+                wrap.text += line  # a hard wrap keeps every character: joined as it was cut
+                joins += 1
+                if _READY_END in wrap.text:
+                    yield wrap
+                    wrap = None
+                continue
+            yield wrap
+            wrap = None
+        if last is not None:
+            if line.strip() and rank == last.rank:
+                last.text = last.text.rstrip() + " " + line.strip()
+                yield last
+                last = None
+                continue
+            if line.strip():
+                yield last
+                last = None
         out = LogLine(source, i, rank, line, logger, ts)
+        if line.endswith(_LAST_ERROR) or line.rstrip().endswith(_LAST_ERROR):
+            last = out
+            continue
+        if _READY_HEAD in line and _READY_END not in line:
+            wrap, joins = out, 0
+            continue
         # Cheap gates first: few lines name the watchdog.
         if ("atchdog" in line or "(either an error" in line) and _wrapped(line):
             held, joins = out, 0
@@ -208,6 +355,19 @@ def iter_lines(source: str, text: str, default_rank: int | None = None, work: li
         yield out
     if held is not None:
         yield held
+    for pending in (last, wrap):
+        if pending is not None:
+            yield pending
+
+
+def _numbered(text: str, work: list[int] | None, width: int | None = None) -> Iterator[tuple[int, str, bool]]:
+    """(line number, record, whether it continues its line) for every record of ``text``: a line (a hard-wrapped
+    one joined back when ``width`` is the terminal's), or each record of a run-together line."""
+    for i, whole in enumerate(_unwrapped(raw_lines(text), width), start=1):
+        if work is not None:
+            work[0] += 1
+        for n, raw in enumerate(records(whole)):
+            yield i, raw, n > 0
 
 
 def split_lines(source: str, text: str, default_rank: int | None = None) -> list[LogLine]:

@@ -48,8 +48,14 @@ EXPLAINED = re.compile(
     r"|ncclInvalidUsage|watchdog got stuck|Heartbeat monitor timed out|CUDA error: |illegal memory access"
     r"|device-side assert"
     # a rendezvous that was never reached (store-failure explains it: address, port, firewall, start order)
-    r"|connect\(\) timed out|while trying to connect|failed to connect to any network address")
-LAUNCHER_TYPES = ("ChildFailedError", "CalledProcessError")
+    r"|connect\(\) timed out|while trying to connect|failed to connect to any network address"
+    # init_process_group's barrier (a hang at start-up), DDP's reducer hooks, FSDP/DTensor layouts (logs/triage.py)
+    r"|store based barrier|Expected to mark a variable ready only once|marked as ready twice"
+    r"|uniform `?requires_grad|Must flatten tensors with uniform|world_?size times input tensor size"
+    r"|output size times world ?size|Non-sharded dimensions should have identical size|requires even sharding"
+    r"|not divisible by FSDP world size|`placements` must have the same length|placement per mesh dim"
+    r"|Cannot distribute a DTensor|mixed torch\.Tensor and DTensor|materialized from meta device")
+LAUNCHER_TYPES = ("ChildFailedError", "CalledProcessError", "ProcessRaisedException")
 STACK_LIMIT = 8000
 
 

@@ -66,6 +66,10 @@ def _read_frames(lines: list[LogLine], j: int, stop: int, body: list[str], frame
     return j
 
 
+_SPAWN_REPORTS = ("ProcessRaisedException", "ProcessExitedException")
+_SPAWNED = re.compile(r"-- Process (\d+) terminated with the following error:")
+
+
 def _message_continues(line: LogLine) -> bool:
     """Whether a line after an exception line still belongs to its message (multi-line RuntimeErrors from DDP)."""
     text = line.text
@@ -78,6 +82,7 @@ def _python_tracebacks(lines: list[LogLine], work: list[int]) -> list[RankExcept
     found: list[RankException] = []
     i = 0
     chained = False
+    spawned: int | None = None  # the process index mp.spawn named for the traceback that follows
     while i < len(lines):
         work[0] += 1
         text = lines[i].text
@@ -110,10 +115,20 @@ def _python_tracebacks(lines: list[LogLine], work: list[int]) -> list[RankExcept
             message.append(lines[k].text)
             body.append(lines[k].text)
             k += 1
+        rank = start.rank if start.rank is not None else spawned
+        spawned = None
         found.append(RankException(
-            rank=start.rank, exc_type=m.group(1), message="\n".join(message).strip(), traceback="\n".join(body),
+            rank=rank, exc_type=m.group(1), message="\n".join(message).strip(), traceback="\n".join(body),
             frames=frames, chained=chained, where=Where(start.source, start.lineno),
         ))
+        if m.group(1).endswith(_SPAWN_REPORTS):
+            # mp.spawn (and the launchers built on it: accelerate's notebook/debug launchers) re-raises a child's
+            # failure in the parent, with the child's own traceback after "-- Process N terminated with the
+            # following error:": that traceback is process N's, and the user's call site is in it.
+            for t in lines[k:k + 4]:
+                if sm := _SPAWNED.match(t.text.strip()):
+                    spawned = int(sm.group(1))
+                    break
         chained = False
         i = k
     return found

@@ -12,11 +12,15 @@ from collections.abc import Sequence
 from dataclasses import replace
 from typing import Any
 
+from ddpdoctor.findings.failure import hang_finding
 from ddpdoctor.findings.model import Finding, Severity
+from ddpdoctor.logs.causes import Cause, last_error, nccl_cause
 from ddpdoctor.logs.events import FailureLine, RankException, TimelineRow, Unexplained, WatchdogTimeout
+from ddpdoctor.logs.grammar import store_barrier
 
 # Which findings name the cause, first (lower = earlier in the report when several are errors).
-_PRIORITY = {"oom": 0, "rank-crashed": 1, "model-mismatch": 1, "cuda-error": 1, "collective-mismatch": 2, "nccl-error": 2,
+_PRIORITY = {"oom": 0, "rank-crashed": 1, "model-mismatch": 1, "cuda-error": 1, "fsdp-error": 1,
+             "param-ready-twice": 1, "collective-mismatch": 2, "nccl-error": 2,
              "watchdog-stuck": 3, "hang": 3, "job-stopped": 4, "store-failure": 4, "peer-lost": 5, "job-failed": 6,
              "unrecognised-failure": 7}
 _OOM_TEXT = re.compile(r"out of memory|OutOfMemoryError|Failed to CUDA (?:calloc|malloc)", re.IGNORECASE)
@@ -154,6 +158,17 @@ def _cuda(lines: list[FailureLine]) -> Finding | None:
     )
 
 
+def _nccl_cause(found: list[FailureLine]) -> tuple[FailureLine, Cause] | None:
+    """The line that names NCCL's cause (a `Last error:` line first, then a WARN), with the cause it names."""
+    ordered = sorted(found, key=lambda e: ("Last error:" not in e.text, e.ts is None, e.ts or 0.0, e.where.source,
+                                           e.where.lineno))
+    for e in ordered:
+        cause = nccl_cause(last_error(e.text) or e.text)
+        if cause is not None:
+            return e, cause
+    return None
+
+
 def _nccl(lines: list[FailureLine]) -> Finding | None:
     found = [e for e in lines if e.kind == "nccl-error"]
     if any(e.kind == "nccl-remote" for e in lines):
@@ -166,20 +181,163 @@ def _nccl(lines: list[FailureLine]) -> Finding | None:
     first = _first(found)
     ranks = sorted({e.rank for e in found if e.rank is not None})
     places = sorted({f"{e.host} GPU {e.gpu}" for e in found if e.host is not None and e.gpu is not None})
-    network = bool(_NETWORK.search(first.text))
-    return Finding(
-        "nccl-error", Severity.ERROR,
-        ("Network error (a completion error on the fabric)" if network else "NCCL error")
-        + f" on {', '.join(places[:4]) or _who(first)}: {first.text[:160]}", ranks=ranks,
-        evidence={"culprit_ranks": ranks, "where": places, "first_error": first.text[:500],
-                  "per_place": {k: _lines_json(list(v)) for k, v in list(groups.items())[:_QUOTE_GROUPS]},
-                  "why": "NCCL failed on this GPU or host (a CUDA, memory or network error), not because a peer left"},
-        advice=("A libfabric/OFI or IB completion error is the network between the nodes: check that they reach "
-                "each other on the fabric (EFA: the security group must allow all traffic within itself; IB: link "
-                "state with ibstat, port counters), then NCCL_DEBUG=INFO for the failing peer. " if network else "")
-        + "Read the NCCL WARN lines of that host (NCCL_DEBUG=INFO gives the context): a CUDA failure points at "
+    named = _nccl_cause(found)
+    cause = named[1] if named else None
+    network = (cause.where == "network") if cause else bool(_NETWORK.search(first.text))
+    where = ", ".join(places[:4]) or _who(named[0] if named else first)
+    title = (f"NCCL error on {where}: {cause.name}" if cause and cause.where != "network" else
+             f"Network error on {where}: {cause.name}" if cause else
+             ("Network error (a completion error on the fabric)" if network else "NCCL error")
+             + f" on {where}: {first.text[:160]}")
+    evidence: dict[str, object] = {
+        "culprit_ranks": ranks, "where": places, "first_error": first.text[:500],
+        "per_place": {k: _lines_json(list(v)) for k, v in list(groups.items())[:_QUOTE_GROUPS]},
+        "why": "NCCL failed on this GPU or host (a CUDA, memory or network error), not because a peer left"}
+    if cause and named:
+        evidence.update({"cause": cause.name, "cause_kind": cause.where, "cause_line": named[0].text[:500],
+                         "why": cause.why})
+    generic = ("Read the NCCL WARN lines of that host (NCCL_DEBUG=INFO gives the context): a CUDA failure points at "
                "the GPU (nvidia-smi, Xid errors in dmesg), an IB completion error or failed ibv_* call at the NIC or "
-               "link, 'failed to extend /dev/shm' at the container's shared memory size.",
+               "link, 'failed to extend /dev/shm' at the container's shared memory size.")
+    return Finding(
+        "nccl-error", Severity.ERROR, title, ranks=ranks, evidence=evidence,
+        advice=(cause.advice + " " if cause else "")
+        + ("A libfabric/OFI or IB completion error is the network between the nodes: check that they reach "
+           "each other on the fabric (EFA: the security group must allow all traffic within itself; IB: link "
+           "state with ibstat, port counters), then NCCL_DEBUG=INFO for the failing peer. "
+           if network and not cause else "") + (generic if not cause else ""),
+    )
+
+
+def _init_hang(lines: list[FailureLine]) -> Finding | None:
+    """init_process_group's store-based barrier that never filled: a hang at start-up, with who arrived."""
+    found = [e for e in lines if e.kind == "init-barrier"]
+    if not found:
+        return None
+    seen = [(e, b) for e in found if (b := store_barrier(e.text))]
+    if not seen:
+        return None
+    last, m = max(seen, key=lambda eb: (eb[0].ts is None, eb[0].ts or 0.0, eb[0].where.lineno))
+    world, joined = m.world, m.joined
+    waiting = sorted({b.rank for _, b in seen if b.rank is not None} | {e.rank for e, _ in seen if e.rank is not None})
+    timed_out = any("Timed out initializing" in e.text for e, _ in seen)
+    too_many = joined > world
+    title = (f"Hang at start-up: {joined} processes joined init_process_group's barrier for a world of {world}: "
+             "two jobs share the store, or the launch started more processes than the world size" if too_many else
+             f"Hang at start-up: only {joined} of {world} ranks reached init_process_group's barrier"
+             + (" before its timeout" if timed_out else "") + (f" (key {m.key})" if m.key else ""))
+    return hang_finding(
+        title, waiting,
+        ("Two launches on one MASTER_ADDR:MASTER_PORT (a previous run still alive, two jobs on one node with the "
+         "default port), or `python -m torch.distributed.launch` around a script that spawns its own processes: "
+         "give each job its own port and check --nproc-per-node x --nnodes = WORLD_SIZE." if too_many else
+         "The ranks that never arrived were not started or died before init_process_group: check that every node "
+         "ran the launch (--nnodes, --node-rank distinct per node), that WORLD_SIZE matches the processes started "
+         "(--nproc-per-node x --nnodes), that every node reaches MASTER_ADDR:MASTER_PORT, and the missing ranks' "
+         "own logs for an error before the barrier."),
+        stalled_ranks=waiting, culprit_ranks=[], collective="init_process_group (store-based barrier)",
+        call_sites={}, stacks={}, detected_after_s=None, phase="init", arrived=joined, expected=world,
+        barrier_key=m.key, timeout=m.timeout, lines=_lines_json([last]),
+        why=("the barrier counts the processes that called init_process_group on this store; more than the world "
+             "size means processes of another launch joined it" if too_many else
+             "init_process_group waits until every rank has added itself to the store; the count stayed below the "
+             "world size, so the job never started"))
+
+
+_READY_TWICE = re.compile(r"Parameteratindex(?P<index>\d+)(?:withname(?P<name>\S+?))?hasbeenmarkedasreadytwice")
+
+
+def _ready_twice(lines: list[FailureLine], excs: list[RankException]) -> Finding | None:
+    found = [e for e in lines if e.kind == "ready-twice"]
+    if not found:
+        return None
+    ranks = sorted({e.rank for e in found if e.rank is not None})
+    # The message is often hard-wrapped by the terminal inside the parameter's name: read it without whitespace.
+    m = None
+    for e in found:
+        m = _READY_TWICE.search("".join(e.text.split()))
+        if m:
+            break
+    sites = {str(e.rank): str(f) for e in excs if "ready only once" in e.message and (f := e.user_frame())}
+    param = (m.group("name") or f"index {m.group('index')}") if m else None
+    return Finding(
+        "param-ready-twice", Severity.ERROR,
+        f"DDP: parameter {param + ' ' if param else ''}was marked ready twice in one backward"
+        + (f" on rank(s) {_ranks_text(ranks)}" if ranks else "")
+        + ": reentrant activation checkpointing or a parameter used by two passes", ranks=ranks,
+        evidence={"culprit_ranks": ranks, "parameter": m.group("name") if m else None,
+                  "parameter_index": int(m.group("index")) if m else None, "call_sites": sites,
+                  "lines": _lines_json(found),
+                  "why": "DDP's reducer expects one gradient hook per parameter per backward; a second one means the "
+                         "parameter took part in two backward passes of one iteration: reentrant "
+                         "torch.utils.checkpoint (use_reentrant=True, the old default) replays a segment's backward, "
+                         "a module or weight is shared by two checkpointed segments, or a parameter is used outside "
+                         "forward"},
+        advice="Use non-reentrant checkpointing: torch.utils.checkpoint.checkpoint(fn, ..., use_reentrant=False) "
+               "(Hugging Face: gradient_checkpointing_enable(gradient_checkpointing_kwargs={'use_reentrant': False})). "
+               "If the graph is the same every iteration, DDP(..., static_graph=True) accepts reentrant backward; "
+               "drop find_unused_parameters=True when nothing is unused. TORCH_DISTRIBUTED_DEBUG=DETAIL names the "
+               "parameter when the message shows only its index.",
+    )
+
+
+_FSDP_CAUSES: tuple[tuple[re.Pattern[str], str, str, str], ...] = (
+    (re.compile(r"uniform `?requires_grad"), "parameters with and without requires_grad in one FSDP unit",
+     "FSDP1 flattens each unit's parameters into one FlatParameter, which has one requires_grad; a frozen base "
+     "weight and a trainable adapter (LoRA, a frozen encoder) in one wrapped module cannot be flattened",
+     "Pass use_orig_params=True to FullyShardedDataParallel (Accelerate: fsdp_use_orig_params: true), or wrap "
+     "the frozen and the trainable parameters in different units (an auto-wrap policy that puts the adapters in "
+     "their own units), or move to FSDP2 (fully_shard), which keeps each parameter's requires_grad."),
+    (re.compile(r"uniform `?dtype|uniform gradient dtype"), "mixed dtypes in one FSDP unit",
+     "the parameters (or gradients) of one unit have different dtypes and FSDP flattens or reduces them as one",
+     "Cast the module to one dtype before wrapping (model.to(torch.bfloat16)) and use MixedPrecision / "
+     "MixedPrecisionPolicy for compute and reduce dtypes, or wrap the odd-dtype parameters in their own unit."),
+    (re.compile(r"world_?size times input tensor size|same size as output size times world ?size|Non-sharded "
+                r"dimensions should have identical size across ranks"),
+     "the ranks hold different sizes for one all-gather or reduce-scatter",
+     "a collective that gathers or scatters shards needs the same shard size on every rank; one rank built a "
+     "different model or shard (a rank-dependent layer, a checkpoint loaded on some ranks, an uneven input)",
+     "Build and shard the same model on every rank (no rank-dependent construction; load the checkpoint on all "
+     "ranks or broadcast it); TORCH_DISTRIBUTED_DEBUG=DETAIL prints each rank's shapes for the collective."),
+    (re.compile(r"requires even sharding|not divisible by FSDP world size"),
+     "a parameter dimension not divisible by the shard group's size",
+     "FSDP2 shards this parameter on a dimension its size does not divide evenly (Shard(d) with d != 0, or an "
+     "extension that needs even shards)",
+     "Shard on dim 0 (the default shard_placement_fn), pad the dimension to a multiple of the group size, or use "
+     "a shard group size that divides it."),
+    (re.compile(r"placements|placement per mesh dim|device mesh|mixed torch\.Tensor and DTensor|Sharding "
+                r"propagation failed|input DTensor has"), "a DTensor placement error",
+     "a DTensor was created or redistributed with placements that do not fit its mesh (one placement per mesh "
+     "dimension), or an operator mixed plain tensors with DTensors",
+     "Give one placement per mesh dimension (a 2-D HSDP/TP mesh needs two), build every DTensor on the same mesh, "
+     "and convert plain tensors with DTensor.from_local/distribute_tensor before mixing them."),
+    (re.compile(r"materialized from meta device"), "parameters left on the meta device",
+     "the model was built on the meta device and some parameters were never materialised before training",
+     "Call model.to_empty(device=...) and then each module's reset_parameters() (or load the state dict) after "
+     "fully_shard and before the first forward."),
+)
+
+
+def _fsdp(lines: list[FailureLine], excs: list[RankException]) -> Finding | None:
+    found = [e for e in lines if e.kind == "fsdp-error"]
+    if not found:
+        return None
+    first = _first(found)
+    ranks = sorted({e.rank for e in found if e.rank is not None})
+    name, why, advice = "an FSDP error", "FSDP or DTensor refused the model's layout", \
+        "Read the quoted error; the FSDP unit or DTensor it names is where the layout differs."
+    for pattern, n, w, a in _FSDP_CAUSES:
+        if any(pattern.search(e.text) for e in found):
+            name, why, advice = n, w, a
+            break
+    sites = {str(e.rank): str(f) for e in excs if e.rank in ranks and (f := e.user_frame())}
+    return Finding(
+        "fsdp-error", Severity.ERROR,
+        f"FSDP/DTensor error on {('rank(s) ' + _ranks_text(ranks)) if ranks else _who(first)}: {name}",
+        ranks=ranks,
+        evidence={"culprit_ranks": ranks, "cause": name, "first_error": first.text[:500], "call_sites": sites,
+                  "lines": _lines_json(found), "why": why},
+        advice=advice,
     )
 
 
@@ -203,9 +361,47 @@ def _watchdog_stuck(lines: list[FailureLine]) -> Finding | None:
     )
 
 
+_WAITED_MS = re.compile(r"(?:timed out after|wait timeout after) (\d+) ?ms")
+_REMOTE = re.compile(r"remote=(?:\[([^\]]+)\]|([\w.-]+)):(\d+)")
+_KEYS = re.compile(r"keys: (.+)$")
+
+
+def _store_timeout(timeouts: list[FailureLine]) -> Finding:
+    """A store that never answered: c10d's socket warnings and Store::wait's timeout, with the store's address,
+    the keys waited for and how long."""
+    text = " ".join(e.text for e in timeouts)
+    waited = max((int(m.group(1)) for m in _WAITED_MS.finditer(text)), default=None)
+    remotes = sorted({f"{m.group(1) or m.group(2)}:{m.group(3)}" for m in _REMOTE.finditer(text)})
+    keys = next((m.group(1)[:200] for e in timeouts if (m := _KEYS.search(e.text))), None)
+    agents = bool(keys and ("torchelastic" in keys or "rdzv" in keys))
+    ranks = sorted({e.rank for e in timeouts if e.rank is not None})
+    return Finding(
+        "store-failure", Severity.ERROR,
+        "The c10d store timed out" + (f" after {waited / 1000:g} s" if waited else "")
+        + (f" waiting for {remotes[0]}" if remotes else "")
+        + (": torchrun's agents on the other nodes never published their part of the rendezvous" if agents else
+           ": the process at the other end of the store's connection never answered"),
+        ranks=ranks,
+        evidence={"culprit_ranks": [], "waited_ms": waited, "store_addresses": remotes, "keys": keys,
+                  "lines": _lines_json(timeouts),
+                  "why": "a socket to the TCPStore was open (the connection was made) but no answer came within the "
+                         "timeout: the store's host process is stuck or gone, or the peers it waits for never "
+                         "arrived" + (" (the keys are torchrun's role_info/rendezvous keys: an agent of another node "
+                                      "did not reach this point)" if agents else "")},
+        advice="At start-up: check that every node ran torchrun with the same --rdzv-endpoint, --rdzv-id and "
+               "--nnodes, that every node (the store's own host included: a loopback connection that also times out "
+               "points at the host, a proxy or firewall, not the network) reaches the store's port, and that the "
+               "nodes start within the rendezvous timeout (--rdzv-conf join_timeout=...). Mid-job: find why the "
+               "process hosting the store (node 0's agent) stopped answering: its own log, dmesg, the scheduler.",
+    )
+
+
 def _store(lines: list[FailureLine], has_cause: bool) -> Finding | None:
     causes = [e for e in lines if e.kind == "store-cause"]
     victims = [e for e in lines if e.kind == "store"]
+    timeouts = [e for e in lines if e.kind == "store-timeout"]
+    if not causes and timeouts and not has_cause:
+        return _store_timeout(timeouts)
     if not causes and (not victims or has_cause):
         return None
     found = causes or victims
@@ -341,7 +537,8 @@ def triage(findings: list[Finding], events: list[Any], known: set[int], excs: di
     all_excs = [e for es in excs.values() for e in es] + [e for e in events if isinstance(e, RankException)
                                                           and e.rank is None]
     new = [f for f in (_oom(lines, all_excs), _model_mismatch(lines), _cuda(lines), _nccl(lines),
-                       _watchdog_stuck(lines)) if f is not None]
+                       _watchdog_stuck(lines), _init_hang(lines), _ready_twice(lines, all_excs),
+                       _fsdp(lines, all_excs)) if f is not None]
     stopped = _stopped(lines)
     if stopped is not None and not new and all(f.id == "job-failed" for f in findings
                                                if f.severity is Severity.ERROR):

@@ -64,7 +64,7 @@ class RankSession:
 
             # Before the recorder's own wrapper, so that the layout it records is the variant's (h31).
             self.tune = TuneProbe(tune["setting"], int(tune["stop_after"]), self.tracker,
-                                  self.run.rank_file(self.rank, "tune.json"))
+                                  self.run.rank_file(self.rank, "tune.json"), self.parallelism.fsdp2_states)
             self.tune.install()
             self.extra.append(self.tune)
         self.ddp.install()

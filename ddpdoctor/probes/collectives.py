@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import functools
 import json
+import sys
 import threading
 import time
 from typing import Any, TypedDict, cast
@@ -108,16 +109,69 @@ def default_group_name() -> str | None:
         return None
 
 
-def group_label(name: str, desc: str | None = None, default: str | None = None) -> str:
-    """The group as the heartbeat names it: ``default_pg`` for the default group, else its name."""
-    if name == (default if default is not None else default_group_name()):
-        return "default_pg"
-    return name if not desc or desc in ("undefined", "") else f"{name}:{desc}"
+def group_label(name: str, default: str | None = None) -> str:
+    """The group as the heartbeat's wrappers name it (heartbeat_lines.group_info): ``default_pg`` for the default
+    group, else its name, so that every source's records of one group compare equal."""
+    return "default_pg" if name == (default if default is not None else default_group_name()) else name
 
 
 def pending(status: dict[str, GroupStatus]) -> dict[str, int]:
     """group -> the first sequence number enqueued and not completed, for groups with one."""
     return {g: s["completed"] + 1 for g, s in status.items() if s["enqueued"] > s["completed"] >= -1}
+
+
+# FSDP2's per-unit collectives run inside a method of the unit's FSDPParamGroup (torch 2.6+ path; 2.4-2.5 the
+# composable one): its frame on the training thread's stack names the unit and its mesh dim.
+_FSDP_GROUP_FILE = "_fsdp_param_group.py"
+_FSDP_STEPS = {"pre_forward": "forward all-gather", "unshard": "all-gather", "wait_for_unshard": "all-gather",
+               "pre_backward": "backward all-gather", "post_backward": "reduce-scatter",
+               "finalize_backward": "reduce-scatter", "_wait_for_post_backward": "reduce-scatter"}
+
+
+def fsdp_unit(max_frames: int = 60) -> str | None:
+    """The FSDP2 unit whose collective the training thread is in (``'layers.1' (TransformerBlock), forward all-gather
+    on mesh dim 'dp_shard'``), read from its stack by the heartbeat thread while it waits; None outside FSDP2."""
+    frame: Any = sys._current_frames().get(threading.main_thread().ident or -1)
+    found: tuple[Any, str] | None = None
+    step = None
+    for _ in range(max_frames):
+        if frame is None:
+            break
+        code = frame.f_code
+        if code.co_filename.endswith(_FSDP_GROUP_FILE):
+            group = frame.f_locals.get("self")
+            if found is None:
+                fqn = getattr(group, "_module_fqn", None)
+                if isinstance(fqn, str):
+                    found = (group, fqn)
+            if found is not None and group is found[0]:
+                step = _FSDP_STEPS.get(code.co_name, step)  # the unit's outermost step: forward or backward
+        frame = frame.f_back
+    return _describe_unit(found[0], found[1], step) if found is not None else None
+
+
+def _describe_unit(group: Any, fqn: str, step: str | None) -> str:
+    modules = getattr(group, "modules", None) or ()
+    cls = None
+    if modules:
+        kind = type(modules[0])  # fully_shard's class is FSDP<Cls>(FSDPModule, Cls): the user's is the last base
+        cls = kind.__bases__[-1].__name__ if kind.__name__.startswith("FSDP") and len(kind.__bases__) > 1 \
+            else kind.__name__
+    text = f"FSDP unit '{fqn}'" if fqn else "FSDP root unit"
+    if cls:
+        text += f" ({cls})"
+    if step:
+        text += f", {step}"
+    try:
+        info = group.mesh_info
+        names = info.mesh.mesh_dim_names
+        dim = info.replicate_mesh_dim if step == "reduce-scatter" and info.shard_mesh_dim is None \
+            else info.shard_mesh_dim
+        if names and dim is not None:
+            text += f" on mesh dim '{names[dim]}'"
+    except Exception:  # noqa: BLE001 - another torch's layout: the unit alone
+        pass
+    return text
 
 
 class CollectiveSource:
@@ -129,6 +183,7 @@ class CollectiveSource:
         self.kind: str | None = None  # the wait the training thread is in now (a WAIT_OPS key)
         self.since: float | None = None  # when it began (time.time())
         self.waits = 0  # waits seen on the training thread (tests, the benchmark)
+        self.failed: CollectiveState | None = None  # the first wait that raised, named (status.json)
         self._depth = 0
         self._main = threading.main_thread().ident
         self._originals: list[tuple[Any, str, Any]] = []
@@ -172,6 +227,9 @@ class CollectiveSource:
             source._enter(kind)
             try:
                 return fn(*args, **kwargs)
+            except BaseException as exc:
+                source._failed(kind, exc)
+                raise
             finally:
                 source._exit()
 
@@ -185,6 +243,30 @@ class CollectiveSource:
             self.since = time.time()
             self.waits += 1
             self.tracker.collective_started()
+
+    def _failed(self, kind: str, exc: BaseException) -> None:
+        """A wait that raised (a peer died, gloo's size check, a timeout): status.json's failed_collective, named by
+        the Flight Recorder's first collective pending (the error path only: its cost does not matter)."""
+        if self.failed is not None:
+            return
+        try:
+            from ddpdoctor.probes.heartbeat_lines import user_call_site
+
+            first = pending(fr_status())
+            default = default_group_name()
+            group = min(first, key=lambda g: (g != default, g)) if first else None
+            state: CollectiveState = {
+                "op": WAIT_OPS.get(kind, kind), "group": group_label(group, default) if group else None,
+                "seq": first.get(group) if group else None, "sizes": [], "call_site": user_call_site(3),
+                "since": self.since or time.time(), "step": self.tracker.step, "source": "flight-recorder",
+                "error": f"{type(exc).__name__}: {exc}"[:2000]}
+            if group is not None and state["seq"] is not None:
+                named = self._name(group, int(state["seq"]), default)
+                if named is not None:
+                    state.update({"op": named["op"], "sizes": named["sizes"]})
+            self.failed = state
+        except Exception:  # noqa: BLE001 - the user's exception is what matters; this is only its label
+            pass
 
     def _exit(self) -> None:
         self._depth -= 1
@@ -209,9 +291,12 @@ class CollectiveSource:
             group = min(first, key=lambda g: (g != default, g))  # the default group first, where most waits are
             seq = first[group]
         state: CollectiveState = {"op": WAIT_OPS.get(kind, kind),
-                                  "group": group_label(group, None, default) if group else None,
+                                  "group": group_label(group, default) if group else None,
                                   "seq": seq, "sizes": [], "call_site": call_site, "since": since,
                                   "step": self.tracker.step, "source": "flight-recorder" if first else "wait"}
+        unit = fsdp_unit()
+        if unit is not None:
+            state["unit"] = unit
         if group is not None and seq is not None and time.time() - since >= NAME_AFTER_S:
             named = self._name(group, seq, default)
             if named is not None:
@@ -230,8 +315,7 @@ class CollectiveSource:
             pg = e.get("process_group") or []
             name = str(pg[0]) if isinstance(pg, list) and pg else ""
             if name == group and _int(e.get("collective_seq_id")) == seq and not e.get("is_p2p"):
-                desc = str(pg[1]) if isinstance(pg, list) and len(pg) > 1 else None
-                found = {"op": op_name(e.get("profiling_name")), "group": group_label(name, desc, default),
+                found = {"op": op_name(e.get("profiling_name")), "group": group_label(name, default),
                          "seq": seq, "sizes": [list(s) for s in (e.get("input_sizes") or [])][:4],
                          "dtypes": [str(d) for d in (e.get("input_dtypes") or [])][:4], "call_site": None}
                 break

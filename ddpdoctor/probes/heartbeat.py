@@ -112,8 +112,11 @@ class HeartbeatProbe:
     def annotate(self, status: RankStatusDoc) -> None:
         """Add the collective this rank failed in and its last one to its status. RankSession calls it before the
         first write of status.json: a rank that torchrun kills while its profiler exports (a peer aborted) keeps it."""
-        if self.failed_collective is not None:
-            status["failed_collective"] = self.failed_collective
+        failed = self.failed_collective
+        if failed is None and self.source is not None:
+            failed = self.source.failed  # a wait no torch.distributed call of the script's made (FSDP2, DDP's buffers)
+        if failed is not None:
+            status["failed_collective"] = failed
         if self.last_collective is not None:
             status["last_collective"] = self.last_collective
         elif self.backward_site is not None:  # DDP's all-reduces run inside backward(): its call site stands for them
@@ -122,6 +125,12 @@ class HeartbeatProbe:
     def finish(self, status: RankStatusDoc) -> None:
         self.annotate(status)
         status["ended_at"] = time.time()
+        # A last beat: the steps finished since the previous one (up to a second's worth) reach the live watch,
+        # whose rules would otherwise judge a short job on fewer steps than it ran.
+        try:
+            self._send(self.state())
+        except Exception:  # noqa: BLE001 - the exit message below matters more
+            pass
         self._send({"type": "exit", "status": {k: status.get(k) for k in ("exit_code", "exception", "steps_completed", "exit_site")}})
         self._stop.set()
         for (mod, name), fn in self._originals.items():

@@ -133,6 +133,10 @@ class ParallelismRecorder:
     def _patch_tp(self, module: Any) -> None:
         self._wrap(module, "parallelize_module", lambda out, *a, **k: self._tp_roots.append(weakref.ref(out)))
 
+    def fsdp2_states(self) -> list[Any]:
+        """The FSDPStates the script built that are still alive (tune's probe sets FSDP2's knobs on them)."""
+        return [s for ref in self._fsdp2 if (s := ref()) is not None]
+
     # -- the record -----------------------------------------------------------------------------------------
     @property
     def built_anything(self) -> bool:
@@ -153,8 +157,13 @@ class ParallelismRecorder:
             state = ref()
             for group in _param_groups(state) if state is not None else []:
                 fsdp_param_ids.update(id(fp.sharded_param) for fp in getattr(group, "fsdp_params", []))
-        dtensor_params, dtensor_count = _describe_dtensors(
-            [r for ref in self._tp_roots if (r := ref()) is not None], fsdp_param_ids, meshes)
+        roots = [r for ref in self._tp_roots if (r := ref()) is not None]
+        dtensor_params, dtensor_count = _describe_dtensors(roots, fsdp_param_ids, meshes)
+        if self._tp_roots and not roots and self._last is not None:
+            # the script's globals are gone (it ended): what was described while the model lived stands; its
+            # mesh indices are the last record's
+            dtensor_params, dtensor_count = self._last["dtensor_params"], self._last["dtensor_param_count"]
+            meshes = self._last["meshes"] if not units else meshes
         ddp = self._ddp_count()
         kinds: list[str] = []
         if ddp:

@@ -13,7 +13,7 @@ from rich.markup import escape
 from rich.table import Table
 from rich.text import Text
 
-from ddpdoctor.findings.model import Severity, ordered
+from ddpdoctor.findings.model import FAILURE_IDS, Finding, Severity, ordered
 from ddpdoctor.renderers.rank_classes import MAX_RANK_ROWS, Figure, group_ranks, legend
 from ddpdoctor.report import Report
 from ddpdoctor.reports.perf_json import CollectivesJson, RankJson, StragglersJson
@@ -67,6 +67,29 @@ def _table(title: str, headers: list[str], rows: list[list[str]], caption: str |
     for row in rows:
         table.add_row(*row)
     return table
+
+
+def fsdp_unit_table(inventory: Mapping[str, Any] | None, verbose: bool) -> Table | None:
+    """The FSDP2 unit inventory (docs/metrics.md#fsdp2-units): per unit, ms per step of each collective and the
+    part of it exposed."""
+    units = list((inventory or {}).get("units") or [])
+    if not units:
+        return None
+
+    def cell(u: Mapping[str, Any], key: str) -> str:
+        t, e = u.get(f"{key}_ms"), u.get(f"{key}_exposed_ms")
+        return "-" if t is None else f"{t:.2f}/{e:.2f}"
+
+    rows = []
+    for u in units[: None if verbose else 12]:
+        how = "first (unavoidable)" if u.get("first") else ("prefetched" if u.get("forward_prefetched") else "on demand")
+        size = u.get("bytes")
+        rows.append([str(u["unit"]), "-" if size is None else f"{size / 1e6:.2f}", cell(u, "all_gather_forward"), how,
+                     cell(u, "all_gather_backward"), cell(u, "reduce_scatter"), cell(u, "all_reduce")])
+    more = f"; {len(units) - 12} more units (--verbose)" if len(units) > 12 and not verbose else ""
+    return _table("FSDP2 units (ms per step: time/exposed)",
+                  ["unit", "MB", "AG fwd", "fwd AG issued", "AG bwd", "RS", "AR (HSDP)"], rows,
+                  caption=f"AG all-gather, RS reduce-scatter, AR all-reduce across replicas{more}", left=1)
 
 
 def step_count(r: RankJson) -> int | None:
@@ -198,12 +221,25 @@ def straggler_line(stragglers: StragglersJson) -> str | None:
     return (f"[yellow]Straggler(s):[/] {', '.join(parts)}{more}; median arrival skew {ms(skew)} ms")
 
 
+def _saves_ms(f: Finding) -> float:
+    cost = f.evidence.get("cost_ms_per_step")
+    return float(cost) if isinstance(cost, int | float) else -1.0
+
+
 def top_advice(report: Report) -> str | None:
-    """The advice of the most severe finding that has some (what to do first)."""
-    for f in ordered(report.findings):
-        if f.advice and f.severity is not Severity.INFO:
-            return f"[bold]Top advice[/] ({escape(f.id)}): {escape(f.advice)}"
-    return None
+    """The advice of the most severe finding that has some (what to do first); among findings of that severity, the
+    one whose cost per step (what following it would save) is largest."""
+    found = [f for f in ordered(report.findings) if f.advice and f.severity is not Severity.INFO]
+    if not found:
+        return None
+    worst = found[0]
+    same = [f for f in found if (f.id in FAILURE_IDS) == (worst.id in FAILURE_IDS) and f.severity is worst.severity]
+    best = max(same, key=_saves_ms)  # (max keeps the first of equals: the report's own order)
+    # A finding whose advice only points at another one ("See exposed-comm-high.") shows the advice it points at.
+    ref = next((f for f in report.findings if best.advice.strip() == f"See {f.id}." and f.advice), None)
+    if ref is not None:
+        return f"[bold]Top advice[/] ({escape(best.id)}, see {escape(ref.id)}): {escape(ref.advice)}"
+    return f"[bold]Top advice[/] ({escape(best.id)}): {escape(best.advice)}"
 
 
 def render_perf_sections(report: Report, out: Console, verbose: bool) -> None:
@@ -223,6 +259,9 @@ def render_perf_sections(report: Report, out: Console, verbose: bool) -> None:
     line = straggler_line(stragglers)
     if line:
         out.print(line)
+    units = fsdp_unit_table(perf.fsdp_units if perf else None, verbose)
+    if units is not None:
+        out.print(units)
     if verbose and ranks:
         out.print(step_table(ranks))
     if verbose:

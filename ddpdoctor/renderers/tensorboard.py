@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, Any
 
 from ddpdoctor.renderers.rank_classes import MAX_RANK_ROWS, group_ranks
 from ddpdoctor.reports.perf_json import RankJson
+from ddpdoctor.rundir.private import make_private_tree
 
 if TYPE_CHECKING:  # the live monitor imports this module for its writer alone (live/export.py)
     from ddpdoctor.reports.sections import PerfSection
@@ -69,7 +70,7 @@ def write_scalars(perf: PerfSection, scalars_dir: Path, wall_time: float | None 
         if not steps:
             continue
         logdir = scalars_dir / name
-        logdir.mkdir(parents=True, exist_ok=True)
+        logdir.mkdir(mode=0o700, parents=True, exist_ok=True)
         for old in logdir.glob(_EVENTS_GLOB):
             old.unlink()
         writer = _writer(logdir)
@@ -86,6 +87,7 @@ def write_scalars(perf: PerfSection, scalars_dir: Path, wall_time: float | None 
                         described.add(tag)
         finally:
             writer.close()
+        make_private_tree(logdir)  # TensorBoard writes with the user's umask; the figures are private (0600)
         written.append(logdir)
     return written
 

@@ -8,6 +8,7 @@ from pathlib import Path
 
 from ddpdoctor.analyses.tune import Trial
 from ddpdoctor.renderers.tensorboard import _EVENTS_GLOB, _add, _writer
+from ddpdoctor.rundir.private import make_private_tree
 
 TAG = "ddpdoctor/tune_step_time_ms"
 DESCRIPTION = ("The job's time of each measured iteration (mean over ranks, warm-up left out), ms; a setting's "
@@ -28,7 +29,7 @@ def write_tune_scalars(trials: Sequence[Trial], scalars_dir: Path, wall_time: fl
     written = []
     for label, ts in by_label.items():
         logdir = scalars_dir / f"tune-{_safe(label)}"
-        logdir.mkdir(parents=True, exist_ok=True)
+        logdir.mkdir(mode=0o700, parents=True, exist_ok=True)
         for old in logdir.glob(_EVENTS_GLOB):
             old.unlink()
         writer = _writer(logdir)
@@ -40,5 +41,6 @@ def write_tune_scalars(trials: Sequence[Trial], scalars_dir: Path, wall_time: fl
                     i += 1
         finally:
             writer.close()
+        make_private_tree(logdir)  # TensorBoard writes with the user's umask; the figures are private (0600)
         written.append(logdir)
     return written

@@ -11,9 +11,11 @@ from ddpdoctor.rundir.layout import RunDir
 
 def perf_section(analysis: Analysis) -> tuple[PerfSection, list, list[str]]:  # type: ignore[type-arg]
     """The analysis's section, its performance findings and its notes (with what every verdict rests on)."""
+    from ddpdoctor.findings.parallelism import analysis_parallelism
     from ddpdoctor.findings.perf import perf_report_parts
 
     extra, findings = perf_report_parts(analysis)
+    findings = [*findings, *analysis_parallelism(analysis.parallelism)]  # what the run built (FSDP2, HSDP, TP)
     steps = max((len(r.per_step) for r in analysis.ranks), default=0)
     notes = list(analysis.notes)
     if steps:

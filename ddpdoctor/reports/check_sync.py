@@ -6,13 +6,15 @@ from __future__ import annotations
 import msgspec
 
 from ddpdoctor.analyses.data_shards import DataAnalysis, LoaderFacts
-from ddpdoctor.analyses.sync import SyncAnalysis, TensorCheck
+from ddpdoctor.analyses.sync import SyncAnalysis, TensorCheck, equal_over
+from ddpdoctor.errors import BadInput
 from ddpdoctor.findings.model import Finding
 from ddpdoctor.jsontypes import JsonObject
 from ddpdoctor.report import Report
 from ddpdoctor.reports.sections import RunDirSection, SyncChecksSection
 from ddpdoctor.rundir.layout import RunDir
 from ddpdoctor.rundir.loaders import rank_data_records, rank_sync_records
+from ddpdoctor.rundir.schema_sync import SyncModule
 
 
 def sync_parts(run: RunDir) -> tuple[SyncChecksSection | None, list[Finding], list[str]]:
@@ -34,6 +36,14 @@ def sync_parts(run: RunDir) -> tuple[SyncChecksSection | None, list[Finding], li
         notes.append(f"ranks {missing} wrote no sync.json; they are not compared")
     analysis = analyze_sync(records)
     world = max(r.world_size or 1 for r in records.values())
+    groups = _data_groups(run)
+    if groups and len(groups) < world:
+        # Ranks of one tensor-parallel group read the same data: one of each is the data-parallel rank compared.
+        notes.append(f"the sampler was checked per data-parallel group: {len(groups)} group(s) of ranks that read "
+                     f"the same data ({', '.join(str(g) for g in groups[:4])}{' …' if len(groups) > 4 else ''}), "
+                     "one rank of each compared")
+        data = {g[0]: data[g[0]] for g in groups if g[0] in data}
+        world = len(groups)
     shards = analyze_data(data, world)
     notes.extend(read_probe_notes({r: run.rank_dir(r) for r in present}))
     findings = [*sync_findings(analysis), *data_findings(shards, world)]
@@ -43,6 +53,15 @@ def sync_parts(run: RunDir) -> tuple[SyncChecksSection | None, list[Finding], li
         notes.append(f"the script ended after {analysis.steps_run} of the {stop_after} steps asked for")
     if not analysis.modules:
         notes.append("no DistributedDataParallel module was built: gradients, parameters and buffers were not compared")
+    elif all(m.ddp is False for m in analysis.modules) and (sharded := sharded_params(analysis.modules)):
+        # 1-D FSDP shards every parameter: no two ranks hold the same values, so only the layouts can agree (#37)
+        n = sum(len(v) for v in sharded)
+        shown = ", ".join([x for v in sharded for x in v][:4]) + (" …" if n > 4 else "")
+        notes.append(f"compared across ranks: {analysis.layouts.comparisons} layout comparison(s) (global shape, "
+                     f"mesh, placements), {analysis.params.comparisons} parameter value comparison(s) (replicated "
+                     f"parameters), {analysis.buffers.comparisons} buffer comparison(s); not compared: {n} sharded "
+                     f"parameter(s) ({shown}) whose values have no peer (each rank holds its own shard, sharded on "
+                     "every mesh dim), and the optimizer's step count (not recorded)")
     elif all(m.ddp is False for m in analysis.modules) and any(m.param_layouts for m in analysis.modules):
         notes.append("no DistributedDataParallel module was built: the parameters the optimizer updates were "
                      "compared across the ranks their placements say must hold them equal (a DTensor Replicate()d "
@@ -63,6 +82,16 @@ def sync_parts(run: RunDir) -> tuple[SyncChecksSection | None, list[Finding], li
         if sampler and sampler.shuffle and not sampler.replacement and min(facts.epochs_seen.values()) < 2:
             notes.append(_one_epoch_note(facts, analysis.steps_run, stop_after, data_steps))
     return SyncChecksSection.from_json({"checks": _checks(analysis, shards)}), findings, notes
+
+
+def _data_groups(run: RunDir) -> list[list[int]] | None:
+    from ddpdoctor.analyses.mesh_groups import data_groups
+    from ddpdoctor.rundir import manifest as manifest_mod
+
+    try:
+        return data_groups(manifest_mod.load_typed(run).parallelism)
+    except BadInput:  # no manifest (a capture window): every rank is its own data-parallel rank
+        return None
 
 
 def assemble(run: RunDir, job_exit: int | None, *, locked: bool) -> Report:
@@ -121,4 +150,16 @@ def _checks(analysis: SyncAnalysis, shards: DataAnalysis) -> JsonObject:
     }
     if analysis.layouts.comparisons:
         out["layouts"] = {"comparisons": analysis.layouts.comparisons, "differ": len(analysis.layouts.differ)}
+    return out
+
+
+def sharded_params(modules: list[SyncModule]) -> list[list[str]]:
+    """Per module, the names of the parameters sharded on every mesh dim (equal_over: no rank must agree with
+    another on their values, only on their layout)."""
+    out = []
+    for m in modules:
+        names = [m.params[j] if j < len(m.params) else f"#{j}" for j in range(len(m.param_equal_group))
+                 if equal_over(m, j) == ()]
+        if names:
+            out.append(names)
     return out

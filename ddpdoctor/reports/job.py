@@ -25,6 +25,7 @@ def job_report(run: RunDir, command: str, analyse_traces: bool) -> Report:
         base = Report(command)
     job = JobOutcome(exit_code=manifest.exit_code, world_size=manifest.world_size, duration_s=manifest.duration_s,
                      killed_by=manifest.killed_by)
+    said = {f.id for f in base.findings}  # the analysis may have said what the job built (parallelism) already
     return Report(command, parts=[*base.parts, RunDirSection(str(run.root)), JobSection(job)],
-                  findings=[*base.findings, *job_findings(manifest, statuses),
+                  findings=[*base.findings, *(f for f in job_findings(manifest, statuses) if f.id not in said),
                                                      *disk_full_findings(manifest, statuses)], notes=base.notes)

@@ -125,8 +125,8 @@ class PerfSection(Section):
     """The performance analysis of profiler traces (`analyze`, `profile`, `capture --profile`; docs/json.md)."""
 
     KEYS: ClassVar[tuple[str, ...]] = ("inputs", "window", "ranks", "collectives", "syncs", "stragglers",
-                                       "exposed_split", "clock_offsets_us", "ddp", "whatif")
-    OPTIONAL: ClassVar[tuple[str, ...]] = ("whatif", "exposed_split")
+                                       "exposed_split", "clock_offsets_us", "ddp", "whatif", "fsdp_units")
+    OPTIONAL: ClassVar[tuple[str, ...]] = ("whatif", "exposed_split", "fsdp_units")
     inputs: list[InputJson]
     window: str
     ranks: list[RankJson]
@@ -139,6 +139,8 @@ class PerfSection(Section):
     # docs/metrics.md#exposed-split: per rank, exposed communication as waiting / transfer / dispatch (None in
     # reports saved before it existed)
     exposed_split: list[JsonObject] | None = None
+    # docs/metrics.md#fsdp2-units: the FSDP2 unit inventory, only for traces with FSDP2's ranges
+    fsdp_units: JsonObject | None = None
 
     @classmethod
     def present_in(cls, doc: Mapping[str, object]) -> bool:

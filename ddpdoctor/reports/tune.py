@@ -109,6 +109,15 @@ def assemble(trials: list[Trial], plan: Plan, prep: Preparation, design: TuneDes
     return _report(result, plan, prep, findings, design, script, trials, gpus_total)
 
 
+def _fsdp_options(prep: Preparation) -> JsonObject:
+    """The script's own FSDP2 settings (rank 0's units but the root): prefetch depths, reshard_after_forward."""
+    inner = [u for u in prep.fsdp_units if not u.is_root]
+    return {"units": len(inner),
+            "forward_prefetch": max((len(u.forward_prefetch) for u in inner), default=0),
+            "backward_prefetch": max((len(u.backward_prefetch) for u in inner), default=0),
+            "reshard_after_forward": sorted({str(u.reshard_after_forward) for u in inner})}
+
+
 def _report(result: TuneResult, plan: Plan, prep: Preparation, findings: list[Finding], design: TuneDesign,
             script: ScriptHashes, trials: list[Trial], gpus_total: int | None) -> Report:
     by_label = {c.label: c for c in plan.candidates}
@@ -125,8 +134,9 @@ def _report(result: TuneResult, plan: Plan, prep: Preparation, findings: list[Fi
                      "n": base.step.n if base.step else 0, "launch_medians_ms": [round(x, 3) for x in base.launch_medians],
                      "launch_spread_ms": None if result.launch_spread_ms is None else round(result.launch_spread_ms, 3),
                      "effect": base.effect,
-                     "options": {"bucket_cap_mb": cfg.bucket_cap_mb, "gradient_as_bucket_view": cfg.gradient_as_bucket_view,
-                                 "static_graph": cfg.static_graph, "find_unused_parameters": cfg.find_unused_parameters}},
+                     "options": _fsdp_options(prep) if getattr(prep, "fsdp_units", None) else
+                     {"bucket_cap_mb": cfg.bucket_cap_mb, "gradient_as_bucket_view": cfg.gradient_as_bucket_view,
+                      "static_graph": cfg.static_graph, "find_unused_parameters": cfg.find_unused_parameters}},
         "candidates": [c.to_json() for c in plan.candidates],
         "design": design.to_json(len(trials), result.order),
         "whatif": {"available": w.available, "reason": w.reason, "current_bucket_cap_mb": w.current_bucket_cap_mb,

@@ -121,6 +121,8 @@ def decode_json(path: Path, limit: int = MAX_ARTEFACT_BYTES) -> Any:
         raise BadInput(f"not UTF-8 text (byte {exc.start})", label) from exc
     except json.JSONDecodeError as exc:
         raise BadInput(f"not valid JSON ({exc.msg} at line {exc.lineno}, byte {exc.pos})", label) from exc
+    except ValueError as exc:  # anything else json refuses (never a traceback)
+        raise BadInput(f"not valid JSON ({exc})", label) from exc
     except RecursionError as exc:  # depth is bounded above; this is belt and braces
         raise BadInput("JSON nested too deeply", label) from exc
 

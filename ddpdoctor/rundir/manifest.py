@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import socket
 import sys
@@ -10,6 +11,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, TypeVar
 
+from ddpdoctor import safe_io
 from ddpdoctor.errors import BadInput
 from ddpdoctor.jsontypes import JsonObject, JsonValue
 from ddpdoctor.rundir import artefacts
@@ -140,8 +142,18 @@ def finalize(run: RunDir, exit_code: int | None, duration_s: float, killed_by: s
         data["parallelism_differs"] = differs
     if disk_full:
         data["disk_full"] = dict(disk_full)
-    write_json(run.manifest, data)
+    try:
+        write_json(run.manifest, data)
+    except OSError:
+        # A full disk: the file keeps its start ("running"), but this process knows how the job ended; its own
+        # report reads that (load/load_typed), never "a rank without a status was killed" (issue 40 item 7).
+        _UNWRITTEN[os.path.abspath(run.manifest)] = data
+        raise
     return data
+
+
+# manifest.json's end as this process meant to write it, when the disk had no room for it (finalize).
+_UNWRITTEN: dict[str, JsonObject] = {}
 
 
 def _parallelism_key(p: Parallelism) -> tuple[object, ...]:
@@ -154,9 +166,15 @@ def _parallelism_key(p: Parallelism) -> tuple[object, ...]:
 def load(run: RunDir) -> dict[str, Any]:
     """manifest.json as its raw JSON (for tools that show it as written), every known field checked against its
     type (BadInput naming the field otherwise). ddpdoctor itself reads ``load_typed``."""
-    return artefacts.load_dict(run.manifest)
+    unwritten = _UNWRITTEN.get(os.path.abspath(run.manifest))
+    return dict(unwritten) if unwritten is not None else artefacts.load_dict(run.manifest)
 
 
 def load_typed(run: RunDir) -> Manifest:
-    """manifest.json as a typed, validated Manifest."""
+    """manifest.json as a typed, validated Manifest (its end as this process meant to write it, when the disk had
+    no room for it)."""
+    unwritten = _UNWRITTEN.get(os.path.abspath(run.manifest))
+    if unwritten is not None:
+        return artefacts.validate(safe_io.loads_json(json.dumps(unwritten, default=str)), Manifest,
+                                  str(run.manifest))
     return artefacts.load(run.manifest, Manifest)

@@ -29,6 +29,7 @@ class CollectiveState(TypedDict, total=False):
     error: str  # only in failed_collective
     dtypes: list[str]  # the Flight Recorder's input dtypes, where it named the collective
     source: str  # who saw it: absent for a torch.distributed call; "flight-recorder" or "wait" (probes/collectives.py)
+    unit: str  # the FSDP2 unit whose collective it is, and its mesh dim (probes/collectives.fsdp_unit)
 
 
 # What probes/collectives.py calls a wait before the Flight Recorder names its collective (the hang verdict names it
@@ -124,17 +125,19 @@ class RankStatusDoc(TypedDict, total=False):
 # ---- hang.json: the hang verdict (job/verdict.py HangVerdict.to_json) ---------------------------------------
 
 
-class WaitedCollective(TypedDict):
-    """The collective the stalled ranks wait in (the most advanced one of the ranks named)."""
-
+class _WaitedHead(TypedDict):
     op: str | None
     seq: int | None
     group: str | None
 
 
-class PositionDoc(TypedDict):
-    """Where one rank stood when the hang was detected (findings/hang.py RankPosition)."""
+class WaitedCollective(_WaitedHead, total=False):
+    """The collective the stalled ranks wait in (the most advanced one of the ranks named)."""
 
+    unit: str  # the FSDP2 unit whose collective it is (probes/collectives.fsdp_unit)
+
+
+class _PositionHead(TypedDict):
     rank: int
     state: str
     phase: str | None
@@ -145,6 +148,12 @@ class PositionDoc(TypedDict):
     sizes: list[list[int]]
     call_site: str | None
     exit_code: int | None
+
+
+class PositionDoc(_PositionHead, total=False):
+    """Where one rank stood when the hang was detected (findings/hang.py RankPosition)."""
+
+    unit: str  # the FSDP2 unit whose collective it waits in
 
 
 class _HangDiagnosisHead(TypedDict):

@@ -11,6 +11,7 @@ lacks instead of guessing."""
 from __future__ import annotations
 
 import os
+import secrets
 import threading
 import time
 from pathlib import Path
@@ -23,7 +24,9 @@ RESERVE_ENV = "DDPDOCTOR_SPACE_RESERVE_KB"
 DEFAULT_KB = 256  # half for the ranks once the disk is full, half for the manifest and the report
 LOW_WATER_BYTES = 64 << 10  # less than this free: the disk is full for practical purposes
 CHECK_EVERY_S = 0.5  # one statvfs per half second: nothing next to the 0.1 s watch loop
-# Suffixed with the launcher's pid: the launchers of a multi-node job share the run directory.
+# What each reserve is for. Each is a file without a name (O_TMPFILE, else unlinked at once) held open by the
+# launcher: its blocks are the run's while ddpdoctor lives, and the kernel gives them back when it ends however it
+# ends (a SIGKILLed ddpdoctor, a node that returns early, used to leave 256 KiB of named files behind).
 NAMES = (".ddpdoctor.reserve.ranks", ".ddpdoctor.reserve.final")
 MAX_NOTED = 64  # a run that cannot write fails the same way many times: the first few name the files
 
@@ -51,7 +54,7 @@ class SpaceReserve:
     def __init__(self, root: Path, total: int | None = None) -> None:
         self.root = Path(root)
         self.total = reserve_bytes() if total is None else total
-        self.held: list[Path] = []
+        self.held: list[tuple[str, int]] = []  # (name, open descriptor of the nameless file)
         self.started = time.time()
         self.full_after_s: float | None = None
         self.min_free: int | None = None
@@ -64,9 +67,8 @@ class SpaceReserve:
         """Create the reserve files (real blocks, not a sparse file); quietly fewer when they do not fit."""
         part = self.total // len(NAMES)
         for name in NAMES if part else ():
-            path = self.root / f"{name}.{os.getpid()}"
             try:
-                fd = open_private(path)
+                fd = _nameless(self.root, name)
             except (OSError, BadInput):
                 self.short = True
                 continue
@@ -78,11 +80,9 @@ class SpaceReserve:
                     chunk = b"\0" * 65536
                     for _ in range(0, part, len(chunk)):
                         os.write(fd, chunk)
-                self.held.append(path)
+                self.held.append((name, fd))
             except OSError:
                 self.short = True
-                _unlink(path)
-            finally:
                 os.close(fd)
 
     def tick(self, now: float | None = None) -> None:
@@ -118,10 +118,10 @@ class SpaceReserve:
 
     def release(self, name: str | None = None) -> None:
         """Let one reserve file go (``name``), or all of them: before the manifest is finalised."""
-        for path in list(self.held):
-            if name is None or path.name.startswith(name + "."):
-                _unlink(path)
-                self.held.remove(path)
+        for held in list(self.held):
+            if name is None or held[0] == name:
+                os.close(held[1])  # the last reference: the kernel frees its blocks
+                self.held.remove(held)
 
     def facts(self) -> JsonObject | None:
         """The manifest's ``disk_full`` (docs/json.md): None when the disk never filled and every write fitted."""
@@ -138,8 +138,18 @@ def _relative(path: Path | str, root: Path) -> str:
         return str(path)
 
 
-def _unlink(path: Path) -> None:
+def _nameless(root: Path, name: str) -> int:
+    """A private file in ``root`` that has no name: O_TMPFILE where the filesystem has it, else a file created
+    under an unpredictable name (O_EXCL|O_NOFOLLOW) and unlinked at once."""
+    try:
+        return os.open(root, os.O_TMPFILE | os.O_RDWR | os.O_CLOEXEC, 0o600)
+    except (OSError, AttributeError):
+        pass
+    path = root / f"{name}.{secrets.token_hex(8)}"
+    fd = open_private(path)
     try:
         os.unlink(path)
     except OSError:
-        pass
+        os.close(fd)
+        raise
+    return fd

@@ -41,6 +41,7 @@ from ddpdoctor.rundir.summary_records import (
     InputInfo,
     RankMetrics,
     SyncCall,
+    UnitCollective,
 )
 
 # ---- the DDP layout a rank recorded (info.json, manifest.json ddp_modules) -----------------------------------
@@ -268,6 +269,7 @@ class RankSummary(Artefact, kw_only=True):
     syncs: list[SyncCall] = []
     host: str | None = None
     notes: list[str] = []
+    fsdp: list[UnitCollective] = []  # FSDP2 units' collectives (analyses/fsdp_units.py)
 
 
 class SummaryError(Artefact, kw_only=True):
@@ -319,6 +321,7 @@ class Position(msgspec.Struct, kw_only=True):
     sizes: list[Json] = []
     call_site: str | None = None
     exit_code: int | None = None
+    unit: str | None = None
 
 
 class HangFileDiagnosis(msgspec.Struct, kw_only=True):

@@ -98,6 +98,24 @@ class RankMetrics:
 
 
 @dataclass(slots=True)
+class UnitCollective:
+    """One FSDP2 unit's collective at one step (analyses/fsdp_units.py; docs/metrics.md, "FSDP2 units")."""
+
+    rank: int
+    step: int | None
+    unit: str  # the unit's module name as FSDP names it ("" for the root module: shown as "(root)")
+    op: str  # all_gather, reduce_scatter, all_reduce (HSDP, across replicas)
+    phase: str  # forward, backward
+    prefetched: bool  # issued ahead, in another unit's prefetch (FSDP::forward_prefetch / backward_prefetch)
+    synchronous: bool  # the main thread sat in FSDP's range until the collective ended (CPU: async_op=False)
+    first: bool  # the step's first forward all-gather: nothing runs before it to hide it behind
+    start_us: float
+    dur_us: float
+    exposed_us: float  # of dur_us, the part with no compute running on this rank
+    bytes: int | None = None
+
+
+@dataclass(slots=True)
 class CollectiveCall:
     """One collective as it ran on one rank (GPU: the NCCL kernel; CPU: the gloo work on the gloo thread)."""
 

@@ -239,10 +239,29 @@ def load_raw(path: Path) -> RawTrace:
     return raw_from_bytes(read_buffer(path), path)
 
 
+# Perfetto's protobuf trace (Kineto's Perfetto SDK consumer writes one "alongside other output formats" when a
+# downstream build turns it on; the pinned torch 2.13 exposes no switch for it): a Trace message, whose first byte is
+# field 1 (TracePacket), length-delimited, 0x0a, followed by binary varints.
+_PERFETTO_NAMES = (".pftrace", ".perfetto-trace", ".perfetto")
+PERFETTO_PROBLEM = ("a Perfetto protobuf trace, not the profiler's Chrome JSON: give ddpdoctor the JSON trace Kineto "
+                    "writes beside it (prof.export_chrome_trace('rank0.pt.trace.json') or "
+                    "torch.profiler.tensorboard_trace_handler), or convert this one with Perfetto's "
+                    "`traceconv json TRACE.pftrace TRACE.json`")
+
+
+def is_perfetto(data: bytes | bytearray, path: Path) -> bool:
+    """Whether a file is a Perfetto protobuf trace (by its name, or by its first bytes: 0x0a then binary)."""
+    if path.name.endswith(_PERFETTO_NAMES):
+        return True
+    return data[:1] == b"\x0a" and any(b < 9 or 13 < b < 32 for b in data[1:64])
+
+
 def raw_from_bytes(data: bytes | bytearray, path: Path) -> RawTrace:
     """Decode one trace file's bytes (read_bytes); BadInput as load_raw."""
     if not data or data.isspace():  # (no stripped copy of a 100 MB file)
         raise BadInput("empty file", path)
+    if is_perfetto(data, path):
+        raise BadInput(PERFETTO_PROBLEM, path)
     with no_gc():
         try:
             fast: _TaggedDoc | None = cast(_TaggedDoc, _TAGGED_DOC.decode(data))

@@ -67,7 +67,8 @@ class CpuCall:
 
 
 K_STEP, K_COMM, K_ENQ, K_GRAD, K_DATA, K_COMPUTE, K_BWD = 1, 2, 4, 8, 16, 32, 64
-K_GCOMM, K_GMEM, K_GCOMP, K_RUNTIME, K_SYNC = 128, 256, 512, 1024, 2048
+K_GCOMM, K_GMEM, K_GCOMP, K_RUNTIME, K_SYNC, K_FSDP = 128, 256, 512, 1024, 2048, 4096
+FSDP_PREFIX = "FSDP::"  # FSDP2's own record_function ranges (torch/distributed/fsdp/_fully_shard)
 K_GPU = K_GCOMM | K_GMEM | K_GCOMP
 
 
@@ -86,6 +87,9 @@ def classify(name: str, cat: str, has_gpu: bool) -> int:
         return k | (0 if has_gpu else K_COMM)
     if name.startswith(("c10d::", "record_param_comms", "nccl:")):
         return k | K_ENQ
+    if name.startswith(FSDP_PREFIX) and cat in _CPU_CATS:
+        # FSDP2's hooks: wrappers around its all-gathers, reduce-scatters and their waits, never compute
+        return k | K_FSDP
     if name.startswith(BACKWARD_PREFIX):
         k |= K_BWD
     if name == ACCUMULATE_GRAD:
@@ -119,6 +123,7 @@ class Part:
     enqueues: list[CpuCall] = field(default_factory=list)
     grads: list[CpuCall] = field(default_factory=list)
     syncs: list[CpuCall] = field(default_factory=list)
+    fsdp: list[CpuCall] = field(default_factory=list)  # FSDP2's record_function ranges (FSDP::all_gather (fqn), ...)
     runtime: dict[int, float] = field(default_factory=dict)  # correlation id -> CPU time of the launching call
     # A CPU trace's compute ops (nearly all of its events), in event order: their columns are built in C, by
     # trace.join_parts (CPU traces are read in the process that holds the whole trace, never split).
@@ -138,6 +143,7 @@ def scan_complete(xs: list[Event | XEvent], n_events: int, has_gpu: bool, gloo_t
     steps = part.steps
     compute, memory, backward, data = part.compute, part.memory, part.backward, part.data
     comm, enqueues, grads, syncs, runtime = part.comm, part.enqueues, part.grads, part.syncs, part.runtime
+    fsdp = part.fsdp
     # A CPU trace's compute ops (nearly all of its events) are only collected here, in event order; their columns
     # are built afterwards in C (trace.join_parts): per event, one list append instead of arithmetic and a check.
     cpu_compute: list[Event | XEvent] = []
@@ -187,6 +193,9 @@ def scan_complete(xs: list[Event | XEvent], n_events: int, has_gpu: bool, gloo_t
             if c is not None:
                 runtime[c] = ts
             continue
+        if k & K_FSDP:
+            fsdp.append(CpuCall(name, ts, end, None))
+            continue
         if k & K_STEP:
             m = _STEP.match(name)
             if m:
@@ -208,6 +217,35 @@ def scan_complete(xs: list[Event | XEvent], n_events: int, has_gpu: bool, gloo_t
         if k & K_COMPUTE and (ev.pid, ev.tid) not in gloo_tids:
             keep(ev)
     part.has_kernels = "kernel" in kinds
+    if cpu_compute and fsdp:
+        cpu_compute = without_fsdp_wrappers(cpu_compute, fsdp)
     if cpu_compute:
         part.cpu_compute = cpu_compute
     return part
+
+
+def without_fsdp_wrappers(events: list[Event | XEvent], fsdp: list[CpuCall]) -> list[Event | XEvent]:
+    """The CPU ops that are compute under FSDP2: an op whose span holds one of FSDP's own ranges (the autograd
+    node that runs FSDP's pre-backward hook, RegisterPostBackwardFunctionBackward, a module's python_function)
+    is a wrapper around FSDP's all-gather or reduce-scatter and its ``work.wait()``; the ops inside it still
+    count, the wait does not (docs/metrics.md, "FSDP2 on CPU"). One binary search per op: the FSDP ranges
+    starting inside it are checked until the first that also ends inside it."""
+    from bisect import bisect_left
+
+    ranges = sorted((c.start, c.end) for c in fsdp)
+    starts = [r[0] for r in ranges]
+    out: list[Event | XEvent] = []
+    for ev in events:
+        ts = ev.ts
+        end = ts + ev.dur
+        i = bisect_left(starts, ts)
+        wraps = False
+        while i < len(ranges) and ranges[i][0] <= end:
+            # the same span on both: the op runs inside FSDP's range (FSDP's ranges only wrap)
+            if ranges[i][1] <= end and (ranges[i][0] > ts or ranges[i][1] < end):
+                wraps = True
+                break
+            i += 1
+        if not wraps:
+            out.append(ev)
+    return out

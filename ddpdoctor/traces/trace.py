@@ -68,6 +68,7 @@ class Trace:
     enqueues: list[CpuCall]  # c10d::* / record_param_comms on the CPU
     grads: list[CpuCall]  # AccumulateGrad
     syncs: list[CpuCall] = field(default_factory=list)  # calls that block the CPU on the device
+    fsdp: list[CpuCall] = field(default_factory=list)  # FSDP2's own record_function ranges, by start
     notes: list[str] = field(default_factory=list)
 
 
@@ -166,5 +167,6 @@ def join_parts(raw: RawTrace, parts: list[Part], has_gpu: bool, fallback_rank: i
         enqueues=sorted((c for p in parts for c in p.enqueues), key=lambda c: c.start),
         grads=sorted((c for p in parts for c in p.grads), key=lambda c: c.end),
         syncs=[c for p in parts for c in p.syncs],
+        fsdp=sorted((c for p in parts for c in p.fsdp), key=lambda c: c.start),
         notes=notes,
     )

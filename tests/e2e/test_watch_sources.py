@@ -76,6 +76,8 @@ def test_hang_in_an_unwrapped_collective_names_the_culprit(runs: Any, model: str
     assert diagnosis["sources"] == {"0": ["heartbeat", "flight-recorder", "stack"],
                                     "1": ["heartbeat", "flight-recorder", "stack"]}
     assert "sources that agree: flight-recorder, heartbeat, stack" in hang["title"]
+    if model == "fsdp":  # the unit whose all-gather rank 0 waits in: the second block, in its forward
+        assert ev["collective"]["unit"] == "FSDP unit '1' (Block), forward all-gather", ev["collective"]
 
 
 def test_straggler_waited_for_in_the_buffer_broadcast_is_named_by_run(runs: Any) -> None:

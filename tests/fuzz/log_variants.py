@@ -100,7 +100,67 @@ def interleaved(text: str) -> str | None:
     return "\n".join(out) + "\n"
 
 
+# Lines that start a record of their own (after their owner prefix): what a chat paste or a collector that dropped
+# the newlines runs together onto the line before.
+_JOINABLE = re.compile(r"^(?:\[[IWEF]\d{0,4}[ \d:.]*[\w./-]+:\d+\] |[IWEF]\d{4} \d\d:|terminate called after "
+                       r"throwing|\s*what\(\): |nccl(?:InvalidUsage|RemoteError|SystemError|InternalError"
+                       r"|UnhandledCudaError|InvalidArgument): |Last error:|Exception raised from )")
+_RUN_TOGETHER = 160  # ddpdoctor cuts lines at least this long back into records (logs/lines.py)
+
+
+def one_line(text: str) -> str | None:
+    """Records run together onto one line, as a chat paste or a collector without newlines gives them: a line that
+    starts a record (a glog header, terminate/what(), ncclXxx:, Last error:) joins the line before it when both have
+    the same owner, and the joined line is long enough to be a paste (shorter joins stay as they were)."""
+    out: list[str] = []
+    owners: list[str] = []
+    joined = 0
+    for ln in _lines(text):
+        owner = _OWNER.match(ln)
+        head = owner.group(1) if owner else ""
+        rest = ln[len(head):]
+        if (out and owners[-1] == head and out[-1].strip() and _JOINABLE.match(rest)
+                and len(out[-1]) + 1 + len(rest) >= _RUN_TOGETHER and not out[-1].lstrip().startswith("File ")):
+            out[-1] = out[-1] + " " + rest.lstrip()
+            joined += 1
+            continue
+        out.append(ln)
+        owners.append(head)
+    return "\n".join(out) + "\n" if joined else None
+
+
+def wrapped(text: str, width: int = 100) -> str | None:
+    """Every line longer than a terminal's width hard-wrapped at it (the rest on the next lines, no prefix)."""
+    lines = _lines(text)
+    if sum(len(ln) > width for ln in lines) < 3:
+        return None
+    out: list[str] = []
+    for ln in lines:
+        while len(ln) > width:
+            out.append(ln[:width])
+            ln = ln[width:]
+        out.append(ln)
+    return "\n".join(out) + "\n"
+
+
+def pdsh(text: str, host: str = "worker-1") -> str:
+    """Every line behind pdsh's (DeepSpeed's multi-node runner's) "host: " label."""
+    return "".join(f"{host}: {ln}\n" for ln in _lines(text))
+
+
+def rank_prefixed(text: str) -> str | None:
+    """A one-process log with torch's "[rank0]:" on every line (torch >= 2.2); not for logs that name ranks."""
+    lines = _lines(text)
+    if any(_RANK.search(ln) or re.match(r"\s*\d{1,6}: |\[\d+\]<std", ln) for ln in lines):
+        return None
+    return "".join(f"[rank0]:{ln}\n" for ln in lines)
+
+
 VARIANTS: dict[str, Callable[[str], str | None]] = {
+    "one-line": one_line,
+    "wrapped": wrapped,
+    "pdsh": pdsh,
+    "rank-prefix": rank_prefixed,
     "dedented": dedented,
     "k8s": lambda t: prefixed(t, "k8s"),
     "cloudwatch": lambda t: prefixed(t, "cloudwatch"),

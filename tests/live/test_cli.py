@@ -5,6 +5,8 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import pytest
+
 from ddpdoctor.launch import runlock
 from tests.conftest import run_cli
 
@@ -29,3 +31,17 @@ def test_capture_needs_exactly_one_kind_and_a_live_job(tmp_path: Path) -> None:
     finally:
         lock.release()
     assert st.returncode == 0 and "starting" in st.stdout
+
+
+@pytest.mark.parametrize("args", [["capture", "--profile", "0", "RUN"], ["capture", "--check-sync", "1000", "RUN"],
+                                  ["capture", "--nope", "RUN"], ["analyze", "--workers", "0", "x"], ["nope"]])
+def test_a_command_line_click_refuses_is_one_line_exit_2(args):
+    # Issue 40 item 8: out-of-range counts (and every other usage error) printed click's three-line usage block.
+    from click.testing import CliRunner
+
+    from ddpdoctor.cli import main
+
+    r = CliRunner().invoke(main, args)
+    assert r.exit_code == 2, r.output
+    lines = r.output.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("ddpdoctor: error: ") and "--help" in lines[0], r.output

@@ -62,9 +62,15 @@ else:
             b.set_modules_to_backward_prefetch([a])
 
 opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
-g = torch.Generator().manual_seed(1 + (rank if args.mesh != "tp" else 0))  # TP ranks read the same batch
+g = torch.Generator().manual_seed(1 + rank)
+if args.mesh == "tp":
+    # TP ranks read the same batches: one data-parallel rank (num_replicas=1), as a TP job's loader does
+    from torch.utils.data import DataLoader, DistributedSampler, TensorDataset
+
+    data = TensorDataset(torch.randn(16 * args.steps, W, generator=torch.Generator().manual_seed(1)))
+    batches = iter(DataLoader(data, batch_size=16, sampler=DistributedSampler(data, num_replicas=1, rank=0)))
 for step in range(args.steps):
-    x = torch.randn(16, W, generator=g)
+    x = next(batches)[0] if args.mesh == "tp" else torch.randn(16, W, generator=g)
     loss = model(x).square().mean()
     opt.zero_grad()
     loss.backward()

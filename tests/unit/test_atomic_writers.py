@@ -84,3 +84,43 @@ def test_a_failed_write_leaves_nothing(tmp_path: Path) -> None:
         fh.write(b"half")
         raise Boom
     assert list(tmp_path.iterdir()) == []
+
+
+def test_what_libraries_write_with_the_users_umask_is_made_private(tmp_path: Path) -> None:
+    # Issue 40 item 9: report.html, traces and scalars were 0644 where docs/trust.md says 0600.
+    from ddpdoctor.renderers.tensorboard_tune import write_tune_scalars
+    from ddpdoctor.rundir.private import make_private_tree
+
+    old = os.umask(0o022)
+    try:
+        traces = tmp_path / "traces"
+        traces.mkdir()
+        (traces / "rank0.pt.trace.json").write_text("{}")
+        victim = tmp_path / "theirs"
+        victim.write_text("x")
+        os.chmod(victim, 0o644)
+        (traces / "link").symlink_to(victim)
+        make_private_tree(traces)
+        assert stat.S_IMODE((traces / "rank0.pt.trace.json").stat().st_mode) == 0o600
+        assert stat.S_IMODE(victim.stat().st_mode) == 0o644  # never through a link
+
+        class _Trial:
+            order, label, step_ms = 0, "baseline", [1.0, 2.0]
+
+        (logdir,) = write_tune_scalars([_Trial()], tmp_path / "scalars")  # type: ignore[list-item]
+        files = [p for p in logdir.rglob("*") if p.is_file()]
+        assert files and all(stat.S_IMODE(p.stat().st_mode) == 0o600 for p in files)
+        write_page("<html/>", tmp_path / "report.html")
+        assert stat.S_IMODE((tmp_path / "report.html").stat().st_mode) == 0o600
+    finally:
+        os.umask(old)
+
+
+def test_kinetos_usdt_lines_stay_in_the_rank_logs() -> None:
+    # Issue 40 item 9: "USDT: ... profiler_start/stop" reached the user's console under profile and tune.
+    from ddpdoctor.launch.rank_io import is_rank_line
+
+    for line in (b"[default0]:USDT:2026-11-25 13:20:53 6118:6118 SyncActivityProfilerHandler.cpp:52] profiler_start\n",
+                 b"[default1]:USDT:2026-11-25 13:20:54 6118:6118 SyncActivityProfilerHandler.cpp:59] profiler_stop\n"):
+        assert not is_rank_line(line)
+    assert is_rank_line(b"[default0]:epoch 1 loss 0.3\n") and is_rank_line(b"[default0]:USDT is a word I print\n")

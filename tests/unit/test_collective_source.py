@@ -232,3 +232,19 @@ def test_reconcile_names_a_wait_the_heartbeat_had_not_named_from_the_dump() -> N
     assert out.culprit_ranks == [1] and out.collective == {"op": "broadcast", "seq": 13, "group": "default_pg"}
     assert out.positions[0].sizes == [[8]] and out.positions[0].call_site == "train.py:84"
     assert out.sources[0] == ["heartbeat", "flight-recorder", "stack"]
+
+
+def test_the_fsdp_unit_travels_from_the_beat_to_the_verdict() -> None:
+    from ddpdoctor.job.record import RankRecord, decode, encode, record
+    from ddpdoctor.job.state import NodeState, diagnose
+
+    unit = "FSDP unit 'layers.1' (Block), forward all-gather on mesh dim 'dp_shard'"
+    beat = {"step": 3, "phase": "forward", "time": 10.0, "step_started": 9.0,
+            "collective": {"op": "all_gather", "group": "default_pg", "seq": 27, "sizes": [[136]],
+                           "call_site": "train.py:190", "unit": unit}}
+    waiting = decode(encode([record(0, beat, None, 10.0, 0.0)]))[0]  # through the wire format
+    assert waiting.coll is not None and waiting.coll[4] == unit
+    node = NodeState(0, ranks=[waiting, RankRecord(1, step=3, phase="data", where="train.py:40")])
+    d = diagnose({0: node}, 2, [0, 1])
+    assert d.culprit_ranks == [1] and d.collective is not None and d.collective.get("unit") == unit
+    assert unit in d.reason and d.to_json()["positions"]["0"].get("unit") == unit

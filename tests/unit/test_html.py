@@ -122,7 +122,8 @@ def test_empty_report_renders():
 
 
 def test_a_failed_write_keeps_the_previous_report_whole(tmp_path):
-    import os
+    import resource
+    import signal
 
     import pytest
 
@@ -131,8 +132,17 @@ def test_a_failed_write_keeps_the_previous_report_whole(tmp_path):
     target = tmp_path / "report.html"
     write_html(evil_report(), target)
     before = target.read_text()
-    # The temporary file cannot be created (a directory is in its place): a real OSError mid-write.
-    (tmp_path / f".report.html.{os.getpid()}.tmp").mkdir()
-    with pytest.raises(OSError):
-        write_html(Report(command="analyze"), target)
+    # A real OSError mid-write: the file-size limit stops the temporary file after 512 bytes (EFBIG; SIGXFSZ
+    # ignored so that the write fails instead of killing the process). The temporary name is unpredictable, so
+    # nothing can be planted in its place.
+    soft, hard = resource.getrlimit(resource.RLIMIT_FSIZE)
+    old = signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
+    resource.setrlimit(resource.RLIMIT_FSIZE, (512, hard))
+    try:
+        with pytest.raises(OSError):
+            write_html(Report(command="analyze"), target)
+    finally:
+        resource.setrlimit(resource.RLIMIT_FSIZE, (soft, hard))
+        signal.signal(signal.SIGXFSZ, old)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["report.html"]  # no temporary file left behind
     assert target.read_text() == before  # not truncated, not half a page

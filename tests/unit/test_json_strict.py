@@ -100,3 +100,21 @@ def test_analyze_json_of_a_run_with_nan_and_infinity_is_strict_json(tmp_path):
     proc = run_cli("analyze", "--json", str(run))
     assert proc.returncode in (0, 1), proc.stderr
     strict(proc.stdout)
+
+
+def test_an_integer_past_pythons_digit_limit_reads_as_null():
+    # Issue 40 item 8: a 5,001-digit integer raised ValueError ("Exceeds the limit (4300 digits)") out of json.loads,
+    # which the run-directory readers did not take for bad JSON: a traceback from analyze and diff.
+    big = "9" * 5001
+    assert loads_json(f'{{"exit_code": {big}, "ok": 7}}') == {"exit_code": None, "ok": 7}
+    assert loads_json(f"[{big}]", finite=False) == [None]
+
+
+def test_a_manifest_with_a_5001_digit_integer_is_no_traceback(tmp_path):
+    run = tmp_path / "run"
+    shutil.copytree(SAMPLE_RUN, run, ignore=shutil.ignore_patterns("scalars", "traces"))
+    text = (run / "manifest.json").read_text()
+    (run / "manifest.json").write_text(text.replace('"world_size": 2', '"world_size": ' + "9" * 5001, 1))
+    for cmd in (["analyze", str(run)], ["status", "--json", str(run)], ["diff", str(run), str(SAMPLE_RUN)]):
+        r = run_cli(*cmd)
+        assert "Traceback" not in r.stderr and r.returncode in (0, 1, 2), (cmd, r.stderr[-500:])

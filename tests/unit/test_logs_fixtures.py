@@ -181,7 +181,7 @@ def test_cli_healthy_plus_unrecognised_file_exit_0_with_a_note(tmp_path):
     assert proc.returncode == 0, proc.stderr
     notes = json.loads(proc.stdout)["notes"]
     assert any("notes.txt: nothing recognisable" in n for n in notes)
-    assert any("rank0.log: nothing to explain" in n for n in notes)
+    assert any("rank0.log: no failure found" in n for n in notes)
 
 
 def test_cli_several_unusable_inputs_one_line(tmp_path):

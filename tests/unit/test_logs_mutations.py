@@ -37,6 +37,8 @@ def test_every_corpus_log_reads_the_same_in_every_variant(variant: str, tmp_path
             continue  # not applicable (no failure table to cut, a single rank to interleave)
         applied += 1
         name = "rank1.log" if "rank1" in path.name else path.name  # the name may say the rank: keep it
+        if variant == "rank-prefix":
+            name = "rank0.log"  # every line says rank 0: the original is read as rank 0's own file
         original = _signature(explain_texts({name: body(text)}))
         p = tmp_path / name
         p.write_bytes(mutated.encode())
@@ -51,6 +53,9 @@ def test_every_corpus_log_reads_the_same_in_every_variant(variant: str, tmp_path
 
 
 NCCL = sorted((FIX.parent / "nccl" / "real").glob("*.log"))
+# `topo` reads NCCL_DEBUG output as NCCL and the log collectors wrote it; the launchers' per-line host label (pdsh)
+# and torch's "[rank0]:" are in `logs`' grammar only.
+_NOT_TOPO = ("pdsh", "rank-prefix")
 
 
 @pytest.mark.parametrize("variant", sorted(VARIANTS))
@@ -60,6 +65,8 @@ def test_every_nccl_corpus_log_gives_the_same_topo_findings_in_every_variant(var
     from ddpdoctor.commands.topo import build_report
 
     assert len(NCCL) >= 4
+    if variant in _NOT_TOPO:
+        pytest.skip(f"{variant}: not in topo's grammar (docs/logs-grammar.md §5)")
     wrong = []
     for path in NCCL:
         mutated = VARIANTS[variant](path.read_text())

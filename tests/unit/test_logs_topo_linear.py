@@ -106,6 +106,10 @@ _LONG_LINES = {
     "xml-attr": lambda n: '<system version="1"><cpu ' + "a" * n + "/></system>",
     "kv": lambda n: "Watchdog caught collective operation timeout: WorkNCCL(" + "a" * n + ")",
     "gloo-size": lambda n: "1" * n + " Received data size doesn't match expected size",
+    # issue 39: records run together (cut back in one pass), a store barrier line, a wrapped reducer message
+    "run-together": lambda n: "[E ProcessGroupNCCL.cpp:455] Some NCCL operations failed. " * (n // 56),
+    "barrier": lambda n: "Waiting in store based barrier rank: 0 key: a " * (n // 46),
+    "ready-twice": lambda n: "Parameter at index 1 with name " + "a" * n,
 }
 
 
@@ -128,11 +132,11 @@ def test_a_long_line_costs_in_proportion_to_its_length(shape: str, tmp_path: Pat
     times = []
     for n in sizes:
         p = tmp_path / ("topo.xml" if shape == "xml-attr" else f"{shape}.log")
-        head = "" if shape in ("xml-attr", "kv", "gloo-size") else "host:1:2 [0] NCCL INFO NCCL version 2.18.1+cuda12.1\n"
+        head = "" if shape in ("xml-attr", "kv", "gloo-size", "run-together", "barrier", "ready-twice") else "host:1:2 [0] NCCL INFO NCCL version 2.18.1+cuda12.1\n"
         p.write_text(head + _LONG_LINES[shape](n) + "\n")
         if shape == "xml-attr":
             times.append(_seconds(lambda p=p: build_report([], [p])))
-        elif shape in ("kv", "gloo-size"):
+        elif shape in ("kv", "gloo-size", "run-together", "barrier", "ready-twice"):
             times.append(_seconds(lambda p=p: explain.explain_texts({"rank0.log": p.read_text()})))
         else:
             times.append(_seconds(lambda p=p: build_report([p], [])))

@@ -339,3 +339,44 @@ def test_tail_advice_without_a_whatif():
     tail = [bucket(0, i, 1, 2 * MIB, i * 1000 + 450, i * 1000 + 650, True, 150) for i in range(3)]
     f = ids(perf_findings(one_rank(150, buckets=tail, ddp=[{"bucket_cap_mb": 40}])))["comm-tail-after-backward"]
     assert "`DDP(model, bucket_cap_mb=10)`" in f.advice
+
+
+def test_bucket_findings_are_priced_without_the_wait_for_a_straggler():
+    # Issue 39: rank 0 waits for the straggler rank 1, so its last bucket ends 0.40 ms after its backward; rank 1's
+    # own tail is 0.15 ms. The cost is the straggler's tail (the transfer itself), and the removed wait is said.
+    ranks = [rank(r, [step(i, start=i * 1000, dur=1000, comm=250, exposed=150, bw=(i * 1000 + 100, i * 1000 + 500))
+                      for i in range(3)]) for r in (0, 1)]
+    tails = [bucket(0, i, 1, 2 * MIB, i * 1000 + 450, i * 1000 + 900, True, 400) for i in range(3)]
+    tails += [bucket(1, i, 1, 2 * MIB, i * 1000 + 450, i * 1000 + 650, True, 150) for i in range(3)]
+    waited = analysis(ranks, buckets=tails, stragglers=stragglers([1], 250, {1: 750}, {0: 1000, 1: 1000}))
+    f = ids(perf_findings(waited))["comm-tail-after-backward"]
+    assert f.evidence["cost_ms_per_step"] == pytest.approx(0.15)
+    assert f.evidence["waiting_for_straggler_removed_ms_per_step"] == pytest.approx(0.125)  # median 0.275 - 0.15
+    alone = analysis(ranks, buckets=tails)
+    g = ids(perf_findings(alone))["comm-tail-after-backward"]
+    assert g.evidence["cost_ms_per_step"] == pytest.approx(0.275) and \
+        g.evidence["waiting_for_straggler_removed_ms_per_step"] is None
+
+
+def test_top_advice_leads_with_what_saves_most():
+    from ddpdoctor.renderers.console_perf import top_advice
+
+    cheap = Finding("comm-tail-after-backward", Severity.WARNING, "tail", evidence={"cost_ms_per_step": 7.7},
+                    advice="bucket_cap_mb=1")
+    dear = Finding("straggler-rank", Severity.WARNING, "straggler", evidence={"cost_ms_per_step": 45.0},
+                   advice="look at rank 1")
+    text = top_advice(Report("analyze", findings=[cheap, dear]))
+    assert text is not None and "straggler-rank" in text and "look at rank 1" in text
+    crash = Finding("rank-crashed", Severity.ERROR, "crash", advice="fix the crash")
+    assert "rank-crashed" in (top_advice(Report("analyze", findings=[dear, crash])) or "")
+
+
+def test_top_advice_follows_a_pointer_to_another_findings_advice():
+    from ddpdoctor.renderers.console_perf import top_advice
+
+    tail = Finding("comm-tail-after-backward", Severity.WARNING, "tail", evidence={"cost_ms_per_step": 6.7},
+                   advice="See exposed-comm-high.")
+    high = Finding("exposed-comm-high", Severity.WARNING, "high", evidence={"cost_ms_per_step": 6.5},
+                   advice="fp16_compress_hook")
+    text = top_advice(Report("analyze", findings=[high, tail])) or ""
+    assert "comm-tail-after-backward, see exposed-comm-high" in text and "fp16_compress_hook" in text

@@ -43,3 +43,27 @@ def test_a_layout_that_differs_is_named():
     records[1].modules[0].param_layouts[2] = "[8] on (replicate=2, shard=2) Replicate(), Replicate()"
     analysis = analyze_sync(records)
     assert analysis.layouts.differ == [("c", "[8] on (replicate=2, shard=2) Shard(dim=0), Shard(dim=0)", [1])]
+
+
+def test_ranks_of_one_tensor_parallel_group_are_one_data_parallel_rank():
+    from ddpdoctor.analyses.mesh_groups import data_groups
+    from ddpdoctor.rundir.schema import DTensorParam, FSDPUnit, MeshInfo, Parallelism
+
+    # FSDP over "dp", TP over "tp" on the mesh [[0, 1], [2, 3]]: ranks 0 and 1 (one TP group) read the same data
+    mesh = MeshInfo(device_type="cpu", dim_names=["dp", "tp"], shape=[2, 2], ranks=[0, 1, 2, 3])
+    p = Parallelism(kinds=["fsdp2", "tp"], meshes=[mesh], fsdp2_units=[FSDPUnit(fqn="0", mesh=0, shard_dim="dp")],
+                    dtensor_params=[DTensorParam(name="norm.weight", mesh=0, placements=["Replicate()", "Replicate()"])],
+                    dtensor_param_count=1)
+    assert data_groups(p) == [[0, 1], [2, 3]]
+    # FSDP or HSDP alone: every rank is its own data-parallel rank
+    assert data_groups(Parallelism(kinds=["fsdp2"], meshes=[mesh], fsdp2_units=[FSDPUnit(fqn="0", mesh=0)])) is None
+
+
+def test_sharded_parameters_are_named_as_not_compared():
+    # c is sharded on every mesh dim: no peer holds its values, so the report names it as not compared (#37 item 3)
+    from ddpdoctor.reports.check_sync import sharded_params
+
+    records = {r: _record(r, b=5.0, c=float(r)) for r in range(4)}
+    assert sharded_params(analyze_sync(records).modules) == [["c"]]
+    plain = SyncModule(index=0, ddp=False, params=["w"], param_equal_group=[None])
+    assert sharded_params([plain]) == []

@@ -154,3 +154,31 @@ def test_the_report_round_trips_typed_and_renders():
     text = out.file.getvalue()
     assert "measured -3.000 ± 0.000 ms" in text and "predicted -7.000 ms" in text
     assert 'id="tune"' in render_html(again)
+
+
+def test_fsdp2_knobs_are_planned_parsed_and_checked_in_effect():
+    # #37 item 5: FSDP2's variants, from rank 0's units (the root left out)
+    from ddpdoctor.analyses.tune import fsdp_in_effect
+    from ddpdoctor.findings.tune import fsdp_code_line, fsdp_plan, parse_try
+    from ddpdoctor.rundir.schema import AppliedSetting, FSDPUnit
+
+    units = [FSDPUnit(fqn=str(i), bytes=1024 * 1024, sharded_bytes=512 * 1024, reshard_after_forward=True)
+             for i in (0, 2, 4)] + [FSDPUnit(fqn="", is_root=True)]
+    chosen = {c.label: c.why for c in fsdp_plan(units, []).chosen}
+    assert set(chosen) == {"forward_prefetch=1", "reshard_after_forward=False"}
+    assert "none of the 3 units" in chosen["forward_prefetch=1"] and "1.5 MiB" in chosen["reshard_after_forward=False"]
+    prefetching = [FSDPUnit(fqn="0", forward_prefetch=["2"]), FSDPUnit(fqn="2")]
+    assert "forward_prefetch=2" not in {c.label for c in fsdp_plan(prefetching, []).chosen}
+    assert parse_try("forward_prefetch=0,2") == [{"forward_prefetch": 0}, {"forward_prefetch": 2}]
+    assert parse_try("reshard_after_forward=False") == [{"reshard_after_forward": False}]
+    for bad in ("backward_prefetch=0", "forward_prefetch=x", "reshard_after_forward=maybe"):
+        with pytest.raises(ValueError):
+            parse_try(bad)
+    assert "set_modules_to_forward_prefetch(units[i + 1:i + 1 + 2])" in fsdp_code_line({"forward_prefetch": 2})
+    # in effect: what the ranks recorded after the probe set it
+    done = [FSDPUnit(fqn="0", forward_prefetch=["2"]), FSDPUnit(fqn="2")]
+    applied = [AppliedSetting(options={"forward_prefetch": 1})]
+    assert fsdp_in_effect({"forward_prefetch": 1}, done, applied, []) == (True, "forward_prefetch=1 recorded, 2 unit(s)")
+    ok, seen = fsdp_in_effect({"forward_prefetch": 1}, [FSDPUnit(fqn="0"), FSDPUnit(fqn="2")], applied, [])
+    assert not ok and "(asked 1)" in seen
+    assert fsdp_in_effect({"forward_prefetch": 1}, done, [], ["boom"])[0] is False

@@ -41,9 +41,11 @@ def test_a_rank_killed_by_sigterm_or_ending_after_the_failure_is_not_left_early(
     victim = {"exit_code": 1, "exception": VICTIM, "ended_at": 100.0}
     killed = {"exit_code": 143, "signal": "SIGTERM", "ended_at": 99.0}
     later = {"exit_code": 0, "ended_at": 101.0}
-    for other in (killed, later):
+    # Killed by a signal before the peer's failure: the signalled rank is the culprit (rank 0 is a rank like any
+    # other: issue 40 item 6); ending cleanly after it: the first victim is.
+    for other, culprit in ((killed, [0]), (later, [1])):
         (f,) = crash_findings({0: other, 1: victim})
-        assert f.id == "rank-crashed" and f.ranks == [1]  # the old rule: the first victim
+        assert f.id == "rank-crashed" and f.ranks == culprit
     # A real root cause stays the root cause.
     root = {"exit_code": 1, "exception": "ValueError: bad batch", "ended_at": 100.2}
     ids = {(f.id, tuple(f.ranks)) for f in crash_findings({0: {"exit_code": 0, "ended_at": 99.0}, 1: victim, 2: root})}

@@ -1,0 +1,174 @@
+"""FSDP2's communication groups: each collective of one rank attributed to the unit (`fully_shard` module) whose
+hook issued it, with its phase, whether it was prefetched, whether the main thread waited it out, and its exposed
+time (docs/metrics.md, "FSDP2 units"). Pure: a Trace in, UnitCollective rows out.
+
+A DDP bucket and an FSDP unit are two kinds of one communication group (a group of parameters whose collectives run
+at a point of the step); this is the FSDP recogniser, read from FSDP2's own `record_function` ranges:
+``FSDP::all_gather (fqn)`` holds a unit's all-gather, inside ``FSDP::pre_forward (fqn)`` / ``FSDP::pre_backward
+(fqn)`` when the unit asked for it itself and inside ``FSDP::forward_prefetch for fqn`` / ``FSDP::backward_prefetch
+for fqn`` when an earlier unit prefetched it; ``FSDP::post_backward_reduce (fqn)`` holds its reduce-scatter and,
+under HSDP, the all-reduce across replicas that follows it."""
+
+from __future__ import annotations
+
+import bisect
+import re
+
+from ddpdoctor.analyses.collectives import _enqueue_launches, args_bytes, op_name, step_of
+from ddpdoctor.jsontypes import JsonObject
+from ddpdoctor.rundir.summary_records import UnitCollective
+from ddpdoctor.traces import intervals as iv
+from ddpdoctor.traces.scan import CpuCall
+from ddpdoctor.traces.trace import Trace
+
+_FQN = re.compile(r"^FSDP::(?P<what>[a-z_]+)(?: \((?P<fqn>.*)\))?$")
+_PREFETCH = re.compile(r"^FSDP::(?P<pass>forward|backward)_prefetch for (?P<fqn>.*)$")
+MAX_NESTING = 64  # FSDP's ranges nest a few deep; the walk back to the enclosing ones is bounded
+
+
+def _parse(name: str) -> tuple[str, str]:
+    """(what, unit) of an FSDP range: ("all_gather", "layers.0"), ("forward_prefetch", "layers.1"), ..."""
+    m = _PREFETCH.match(name)
+    if m:
+        return f"{m.group('pass')}_prefetch", m.group("fqn")
+    m = _FQN.match(name)
+    if m:
+        return m.group("what"), m.group("fqn") or ""
+    return name, ""
+
+
+def _enclosing(ranges: list[CpuCall], starts: list[float], t: float) -> list[tuple[str, str, CpuCall]]:
+    """The FSDP ranges that hold time ``t``, innermost first, parsed."""
+    out: list[tuple[str, str, CpuCall]] = []
+    i = bisect.bisect_right(starts, t) - 1
+    seen = 0
+    while i >= 0 and seen < MAX_NESTING:
+        r = ranges[i]
+        if r.start <= t <= r.end:
+            what, unit = _parse(r.name)
+            out.append((what, unit, r))
+        i -= 1
+        seen += 1
+    return out
+
+
+def unit_collectives(trace: Trace) -> list[UnitCollective]:
+    """Every collective issued from inside one of FSDP2's ranges, attributed (none when the trace has none)."""
+    ranges = trace.fsdp
+    if not ranges or not trace.comm:
+        return []
+    starts = [r.start for r in ranges]
+    if trace.device == "cpu":
+        paired = _enqueue_launches(trace.comm, trace.enqueues)
+        issue = [e.start if e is not None else c.start for c, e in zip(trace.comm, paired, strict=True)]
+    else:
+        issue = [c.launch if c.launch == c.launch else c.start for c in trace.comm]
+    comp = trace.compute.pair()
+    merged = iv.merge(*comp)
+    out: list[UnitCollective] = []
+    reduces_seen: dict[int, int] = {}  # id of a post_backward_reduce range -> collectives seen in it
+    first_forward_done: set[int | None] = set()
+    for c, t in sorted(zip(trace.comm, issue, strict=True), key=lambda ct: ct[1]):
+        chain = _enclosing(ranges, starts, t)
+        if not chain:
+            continue
+        names = [w for w, _, _ in chain]
+        op = op_name(c.args.collective or c.name)
+        if "all_gather" in names:
+            k = names.index("all_gather")
+            unit = chain[k][1]
+            holder = chain[k][2]
+            outer = names[k + 1:]
+            phase = "backward" if any(w in ("pre_backward", "backward_prefetch") for w in outer) else "forward"
+            prefetched = any(w.endswith("_prefetch") for w in outer)
+            kind = "all_gather"
+        elif "post_backward_reduce" in names:
+            k = names.index("post_backward_reduce")
+            unit, holder = chain[k][1], chain[k][2]
+            n = reduces_seen.get(id(holder), 0)
+            reduces_seen[id(holder)] = n + 1
+            # gloo runs a reduce-scatter as gloo:all_reduce: the first of the range is the reduce-scatter, the
+            # next (HSDP) the all-reduce across replicas
+            kind = "reduce_scatter" if op == "reduce_scatter" or n == 0 else "all_reduce"
+            phase, prefetched = "backward", False
+        else:
+            continue
+        step = step_of(t, trace.steps)
+        dur = c.end - c.start
+        covered = iv.clipped_len(merged[0], merged[1], c.start, c.end) if len(merged[0]) else 0.0
+        first = kind == "all_gather" and phase == "forward" and step not in first_forward_done
+        if first:
+            first_forward_done.add(step)
+        out.append(UnitCollective(
+            rank=trace.rank, step=step, unit=unit, op=kind, phase=phase, prefetched=prefetched,
+            synchronous=holder.end >= c.end, first=first, start_us=c.start, dur_us=dur,
+            exposed_us=max(0.0, dur - covered), bytes=args_bytes(c.args),
+        ))
+    return out
+
+
+def unit_table(rows: list[UnitCollective], steps: int) -> list[JsonObject]:
+    """Per unit, in forward order of its first all-gather: time and exposed time per step of each collective kind,
+    mean over ranks and steps (``steps``: recorded steps per rank)."""
+    if not rows or steps <= 0:
+        return []
+    ranks = len({r.rank for r in rows}) or 1
+    order: dict[str, float] = {}
+    table: dict[str, dict[str, float]] = {}
+    flags: dict[str, dict[str, bool]] = {}
+    for r in rows:
+        order.setdefault(r.unit, r.start_us)
+        key = "all_gather_forward" if r.op == "all_gather" and r.phase == "forward" else (
+            "all_gather_backward" if r.op == "all_gather" else r.op)
+        t = table.setdefault(r.unit, {})
+        t[key + "_ms"] = t.get(key + "_ms", 0.0) + r.dur_us
+        t[key + "_exposed_ms"] = t.get(key + "_exposed_ms", 0.0) + r.exposed_us
+        f = flags.setdefault(r.unit, {"forward_prefetched": False, "first": False, "synchronous": False})
+        if r.op == "all_gather" and r.phase == "forward":
+            f["forward_prefetched"] = f["forward_prefetched"] or r.prefetched
+            f["first"] = f["first"] or r.first
+        f["synchronous"] = f["synchronous"] or r.synchronous
+    scale = 1e3 * steps * ranks
+    waits, culprits = late_peer(rows)
+    out: list[JsonObject] = []
+    for unit in sorted(table, key=lambda u: order[u]):
+        row: JsonObject = {"unit": unit or "(root)"}
+        row.update({k: round(v / scale, 3) for k, v in sorted(table[unit].items())})
+        row.update(flags[unit])
+        row["late_peer_exposed_ms"] = round(waits.get(unit, 0.0) / scale, 3)
+        by = culprits.get(unit, {})
+        row["late_rank"] = max(by, key=lambda rk: (by[rk], -rk)) if by else None
+        out.append(row)
+    return out
+
+
+def late_peer(rows: list[UnitCollective]) -> tuple[dict[str, float], dict[str, dict[int, float]]]:
+    """The ledger's wait-for-peer part, per unit (docs/metrics.md, "FSDP2 units"): the k-th collective of one kind
+    (op, phase) of a unit in a step is one collective on every rank; a rank that started it before the last rank
+    did waited for that rank, from its own start to the last start, cut at its own end, and the part of that wait
+    that was exposed (no compute) is the unit's late-peer time: min(wait, exposed). Returns per unit the summed
+    exposed wait (us) and per unit the wait each late rank caused (us). Start times are on the reference clock
+    (crossrank.shift)."""
+    groups: dict[tuple[object, ...], dict[int, UnitCollective]] = {}
+    seen: dict[tuple[object, ...], int] = {}
+    for r in rows:
+        base = (r.step, r.unit, r.op, r.phase, r.rank)
+        k = seen.get(base, 0)
+        seen[base] = k + 1
+        groups.setdefault((r.step, r.unit, r.op, r.phase, k), {})[r.rank] = r
+    waits: dict[str, float] = {}
+    culprits: dict[str, dict[int, float]] = {}
+    for by_rank in groups.values():
+        if len(by_rank) < 2:
+            continue
+        last = max(by_rank, key=lambda rk: (by_rank[rk].start_us, rk))
+        t_last = by_rank[last].start_us
+        for rk, r in by_rank.items():
+            wait = min(max(0.0, t_last - r.start_us), r.dur_us)
+            exposed = min(wait, r.exposed_us)
+            if rk == last or exposed <= 0.0:
+                continue
+            waits[r.unit] = waits.get(r.unit, 0.0) + exposed
+            per = culprits.setdefault(r.unit, {})
+            per[last] = per.get(last, 0.0) + exposed
+    return waits, culprits
