@@ -1,0 +1,88 @@
+"""Ranks that diverge are named at the step it happens (issue 38): real 2-rank gloo launches of
+tests/scenarios/diverge.py under `ddpdoctor run`, and a healthy job's losses and weights bit-identical to plain
+torchrun's."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+
+from tests.conftest import SCENARIOS, run_cli
+
+pytestmark = [pytest.mark.slow, pytest.mark.xdist_group(name="divergence")]
+JOB = SCENARIOS / "diverge.py"
+REPO = Path(__file__).resolve().parents[2]
+ENV = {"SCENARIO_GLOO_TIMEOUT": "60"}
+STEPS = "12"
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, tuple[int, dict[str, Any], Path]]:
+    """Every launch once, shared by the tests below."""
+    base = tmp_path_factory.mktemp("diverge")
+    out = {}
+    for name, fault, mode in [("healthy", "none", "warn"), ("nan-stop", "nan", "stop"), ("skip", "skip", "warn"),
+                              ("reduceop", "reduceop", "warn")]:
+        d = base / name
+        proc = run_cli("run", "--nproc-per-node", "2", "-q", "--json", "--on-divergence", mode, "--out", str(d / "run"),
+                       str(JOB), fault, STEPS, str(d / "weights"), env=ENV, timeout=300)
+        assert proc.stdout.strip(), proc.stderr[-3000:]
+        out[name] = (proc.returncode, json.loads(proc.stdout), d)
+    return out
+
+
+def _divergence(report: dict[str, Any]) -> list[dict[str, Any]]:
+    return [f for f in report["findings"] if f["id"] == "divergence"]
+
+
+def _weights(d: Path, rank: int) -> dict[str, Any]:
+    return torch.load(d / "weights" / f"rank{rank}.pt")
+
+
+def test_healthy_job_with_rank0_only_eval_is_quiet_and_bit_identical_to_plain_torchrun(runs: Any, tmp_path: Path) -> None:
+    code, report, d = runs["healthy"]
+    assert code == 0, report["findings"]
+    assert not _divergence(report)
+    assert [f["id"] for f in report["findings"] if f["severity"] == "error"] == []
+    plain = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
+                            str(JOB), "none", STEPS, str(tmp_path)], cwd=REPO, capture_output=True, text=True,
+                           timeout=240)
+    assert (tmp_path / "rank0.pt").is_file(), plain.stderr[-3000:]
+    for rank in (0, 1):
+        ours, theirs = _weights(d, rank), torch.load(tmp_path / f"rank{rank}.pt")
+        assert ours["losses"] == theirs["losses"]
+        assert all(torch.equal(a, b) for a, b in zip(ours["weights"], theirs["weights"], strict=True))
+
+
+def test_nan_on_one_rank_is_named_and_stop_keeps_it_out_of_the_weights(runs: Any) -> None:
+    code, report, d = runs["nan-stop"]
+    assert code == 1
+    (f,) = _divergence(report)
+    assert f["ranks"] == [1] and f["evidence"]["step"] == 5, f
+    assert f["evidence"]["items"][0]["field"] == "loss"
+    assert json.loads((d / "run" / "divergence.json").read_text())["on_divergence"] == "stop"
+    for rank in (0, 1):
+        w = _weights(d, rank)
+        assert w["applied"] == [1, 2, 3, 4], w["applied"]  # step 5's update never ran
+        assert w["finite"]
+    assert not [x for x in report["findings"] if x["id"] == "rank-crashed"]
+
+
+def test_a_rank_that_skips_its_optimizer_step_is_named(runs: Any) -> None:
+    code, report, _ = runs["skip"]
+    (f,) = _divergence(report)
+    assert f["ranks"] == [1] and f["evidence"]["step"] == 5, f
+    assert f["evidence"]["items"][0]["field"] == "colls", f
+
+
+def test_a_different_reduce_op_on_one_rank_is_named(runs: Any) -> None:
+    code, report, _ = runs["reduceop"]
+    (f,) = _divergence(report)
+    assert f["evidence"]["step"] == 5, f
+    assert [i["field"] for i in f["evidence"]["items"]] == ["ops"], f
