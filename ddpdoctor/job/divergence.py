@@ -25,6 +25,7 @@ class _Step:
     by_key: dict[int, list[int]] = field(default_factory=dict)
     example: dict[int, list[int]] = field(default_factory=dict)
     n: int = 0
+    first_at: float = 0.0  # when the first record of this step arrived (time.time())
 
 
 def valid(rec: Any) -> list[int] | None:
@@ -51,7 +52,7 @@ class DivergenceJudge:
         if st is None:
             if len(self.steps) >= WINDOW:
                 del self.steps[min(self.steps)]
-            st = self.steps[step] = _Step()
+            st = self.steps[step] = _Step(first_at=time.time())
         st.by_key.setdefault(key, []).extend(ranks)
         st.example.setdefault(key, rec)
         st.n += len(ranks)
@@ -90,7 +91,7 @@ class DivergenceJudge:
             reason += " (as many ranks on each side: the side named is the one that changed from the last agreed step)"
         return {"step": step, "ranks": diverged[:MAX_RANKS_SHOWN], "ranks_count": len(diverged),
                 "others_count": len(st.by_key[job_key]), "job": job, "items": items[:8], "reason": reason,
-                "detected_at": time.time()}
+                "detected_at": time.time(), "after_first_record_s": round(time.time() - st.first_at, 3)}
 
 
 def _who(ranks: list[int]) -> str:

@@ -169,9 +169,13 @@ def watch_findings(run: RunDir, debug: bool = False, stopped: bool = False) -> l
         # After a hang, ranks killed by ddpdoctor are victims, not crashes.
         crashes = [f for f in crashes if f.id != "rank-crashed" or "SIGTERM" not in str(f.evidence.get("exception"))]
     diverged = _divergence(run)
-    if diverged:  # ranks that --on-divergence stop stopped did not crash
+    if diverged:  # ranks that --on-divergence stop stopped did not crash; a hang that followed points to it
         crashes = [f for f in crashes if "DivergenceStopped" not in str(f.evidence.get("exception"))]
-    findings.extend(diverged)
+        step = diverged[0].evidence.get("step")
+        for f in findings:
+            if f.id == "hang":
+                f.title += f" (the ranks had diverged at step {step} before: see the divergence finding)"
+        findings[:0] = diverged
     stalls = (heartbeats["monitor"].get("stalls") if heartbeats and heartbeats.get("monitor") else None) or []
     findings.extend(stall_findings(stalls if isinstance(stalls, list) else []))
     if stopped:

@@ -27,8 +27,8 @@ def runs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, tuple[int, dict[
     """Every launch once, shared by the tests below."""
     base = tmp_path_factory.mktemp("diverge")
     out = {}
-    for name, fault, mode in [("healthy", "none", "warn"), ("nan-stop", "nan", "stop"), ("skip", "skip", "warn"),
-                              ("reduceop", "reduceop", "warn")]:
+    # Three launches (~30 s each on 2 cores at load 15): a reduce op that differs is covered by the unit tests.
+    for name, fault, mode in [("healthy", "none", "warn"), ("nan-stop", "nan", "stop"), ("skip", "skip", "warn")]:
         d = base / name
         proc = run_cli("run", "--nproc-per-node", "2", "-q", "--json", "--on-divergence", mode, "--out", str(d / "run"),
                        str(JOB), fault, STEPS, str(d / "weights"), env=ENV, timeout=300)
@@ -79,10 +79,3 @@ def test_a_rank_that_skips_its_optimizer_step_is_named(runs: Any) -> None:
     (f,) = _divergence(report)
     assert f["ranks"] == [1] and f["evidence"]["step"] == 5, f
     assert f["evidence"]["items"][0]["field"] == "colls", f
-
-
-def test_a_different_reduce_op_on_one_rank_is_named(runs: Any) -> None:
-    code, report, _ = runs["reduceop"]
-    (f,) = _divergence(report)
-    assert f["evidence"]["step"] == 5, f
-    assert [i["field"] for i in f["evidence"]["items"]] == ["ops"], f

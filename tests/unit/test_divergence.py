@@ -138,3 +138,17 @@ def test_rank_side_record_and_stop(monkeypatch: Any) -> None:
         assert torch.equal(p.detach(), torch.ones(2))  # nothing applied
     finally:
         fp.finish({})
+
+
+def test_a_different_reduce_op_changes_the_record() -> None:
+    class Tracker:
+        step = 0
+
+    a, b = StepFingerprint(Tracker(), stop=False), StepFingerprint(Tracker(), stop=False)
+    t = torch.ones(2)
+    a.saw_collective("all_reduce", [[2]], (t,), {"op": torch.distributed.ReduceOp.SUM})
+    b.saw_collective("all_reduce", [[2]], (t,), {"op": torch.distributed.ReduceOp.MAX})
+    assert a._ops != b._ops
+    c = StepFingerprint(Tracker(), stop=False)
+    c.saw_collective("all_reduce", [[2]], (t,), {"op": torch.distributed.ReduceOp.SUM})
+    assert c._ops == a._ops  # deterministic across processes (a CRC, not Python's salted hash)
