@@ -161,9 +161,6 @@ class StepFingerprint:
             self._answer.notify_all()
 
     def take(self) -> list[list[int]]:
-        out = []
-        while True:
-            try:
-                out.append(self.pending.popleft())
-            except IndexError:
-                return out
+        from ddpdoctor.probes.steps import drain
+
+        return drain(self.pending)

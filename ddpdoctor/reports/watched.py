@@ -4,6 +4,8 @@ files through rundir/; the rules live in findings/hang.py, findings/crash.py and
 
 from __future__ import annotations
 
+import dataclasses
+
 from ddpdoctor.findings.job import ended_findings
 from ddpdoctor.findings.model import Finding
 from ddpdoctor.report import Report
@@ -172,10 +174,8 @@ def watch_findings(run: RunDir, debug: bool = False, stopped: bool = False) -> l
     if diverged:  # ranks that --on-divergence stop stopped did not crash; a hang that followed points to it
         crashes = [f for f in crashes if "DivergenceStopped" not in str(f.evidence.get("exception"))]
         step = diverged[0].evidence.get("step")
-        for f in findings:
-            if f.id == "hang":
-                f.title += f" (the ranks had diverged at step {step} before: see the divergence finding)"
-        findings[:0] = diverged
+        note = f" (the ranks had diverged at step {step} before: see the divergence finding)"
+        findings = diverged + [dataclasses.replace(f, title=f.title + note) if f.id == "hang" else f for f in findings]
     stalls = (heartbeats["monitor"].get("stalls") if heartbeats and heartbeats.get("monitor") else None) or []
     findings.extend(stall_findings(stalls if isinstance(stalls, list) else []))
     if stopped:
