@@ -144,6 +144,12 @@ class DivergenceWatch:
 
     def on_start(self, monitor: Any) -> None:
         self.run_root = monitor.run_root
+        if monitor.decider is not None and self.on_divergence == "stop":
+            # Many nodes: the ranks' records are not relayed to the head yet, so no monitor sees a whole step and
+            # a held optimizer step would wait HOLD_S every step. Said, and warned about instead.
+            self.on_divergence = "warn"
+            monitor.say("--on-divergence stop is not supported on a job of several nodes yet: divergence is not "
+                        "compared across nodes either (docs/hangs.md#divergence)")
         if self.run_root is not None and monitor.writes_run_files:
             (Path(self.run_root) / "divergence.json").unlink(missing_ok=True)
 

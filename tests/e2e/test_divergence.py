@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -22,18 +23,30 @@ ENV = {"SCENARIO_GLOO_TIMEOUT": "60"}
 STEPS = "12"
 
 
+def _plain(out: Path) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
+                           str(JOB), "none", STEPS, str(out)], cwd=REPO, capture_output=True, text=True, timeout=300)
+
+
 @pytest.fixture(scope="module")
-def runs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, tuple[int, dict[str, Any], Path]]:
-    """Every launch once, shared by the tests below."""
+def runs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
+    """Every launch once, side by side (each mostly waits on start-up), shared by the tests below: three under
+    `ddpdoctor run` and the healthy job under plain torchrun. A reduce op that differs is a unit test."""
     base = tmp_path_factory.mktemp("diverge")
-    out = {}
-    # Three launches (~30 s each on 2 cores at load 15): a reduce op that differs is covered by the unit tests.
-    for name, fault, mode in [("healthy", "none", "warn"), ("nan-stop", "nan", "stop"), ("skip", "skip", "warn")]:
+
+    def launch(name: str, fault: str, mode: str) -> tuple[int, dict[str, Any], Path]:
         d = base / name
         proc = run_cli("run", "--nproc-per-node", "2", "-q", "--json", "--on-divergence", mode, "--out", str(d / "run"),
                        str(JOB), fault, STEPS, str(d / "weights"), env=ENV, timeout=300)
         assert proc.stdout.strip(), proc.stderr[-3000:]
-        out[name] = (proc.returncode, json.loads(proc.stdout), d)
+        return proc.returncode, json.loads(proc.stdout), d
+
+    cases = [("healthy", "none", "warn"), ("nan-stop", "nan", "stop"), ("skip", "skip", "warn")]
+    with ThreadPoolExecutor(len(cases) + 1) as pool:
+        plain = pool.submit(_plain, base / "plain")
+        futures = {name: pool.submit(launch, name, fault, mode) for name, fault, mode in cases}
+        out: dict[str, Any] = {name: f.result() for name, f in futures.items()}
+        out["plain"] = (plain.result(), base / "plain")
     return out
 
 
@@ -45,17 +58,15 @@ def _weights(d: Path, rank: int) -> dict[str, Any]:
     return torch.load(d / "weights" / f"rank{rank}.pt")
 
 
-def test_healthy_job_with_rank0_only_eval_is_quiet_and_bit_identical_to_plain_torchrun(runs: Any, tmp_path: Path) -> None:
+def test_healthy_job_with_rank0_only_eval_is_quiet_and_bit_identical_to_plain_torchrun(runs: Any) -> None:
     code, report, d = runs["healthy"]
     assert code == 0, report["findings"]
     assert not _divergence(report)
     assert [f["id"] for f in report["findings"] if f["severity"] == "error"] == []
-    plain = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
-                            str(JOB), "none", STEPS, str(tmp_path)], cwd=REPO, capture_output=True, text=True,
-                           timeout=240)
-    assert (tmp_path / "rank0.pt").is_file(), plain.stderr[-3000:]
+    plain, ref = runs["plain"]
+    assert (ref / "rank0.pt").is_file(), plain.stderr[-3000:]
     for rank in (0, 1):
-        ours, theirs = _weights(d, rank), torch.load(tmp_path / f"rank{rank}.pt")
+        ours, theirs = _weights(d, rank), torch.load(ref / f"rank{rank}.pt")
         assert ours["losses"] == theirs["losses"]
         assert all(torch.equal(a, b) for a, b in zip(ours["weights"], theirs["weights"], strict=True))
 

@@ -83,6 +83,7 @@ def test_job_wide_comparison_is_linear_at_scale(world: int) -> None:
 class _Monitor:
     world_size = 2
     writes_run_files = True
+    decider = None
 
     def __init__(self, root: Any) -> None:
         self.run_root = root
@@ -152,3 +153,11 @@ def test_a_different_reduce_op_changes_the_record() -> None:
     c = StepFingerprint(Tracker(), stop=False)
     c.saw_collective("all_reduce", [[2]], (t,), {"op": torch.distributed.ReduceOp.SUM})
     assert c._ops == a._ops  # deterministic across processes (a CRC, not Python's salted hash)
+
+
+def test_stop_is_refused_on_a_job_of_several_nodes(tmp_path: Any) -> None:
+    mon = _Monitor(tmp_path)
+    mon.decider = object()  # type: ignore[assignment]
+    watch = DivergenceWatch("stop")
+    watch.on_start(mon)
+    assert watch.rank_env() == {"DDPDOCTOR_ON_DIVERGENCE": "warn"} and "several nodes" in mon.said[0]
