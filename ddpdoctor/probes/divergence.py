@@ -39,7 +39,7 @@ import torch
 
 MODE_ENV = "DDPDOCTOR_ON_DIVERGENCE"
 MAX_PENDING = 4096  # records not yet drained (a heartbeat thread that cannot send): the oldest are dropped
-HOLD_S = 10.0
+HOLD_S = 2.0  # a peer that is only slower (a longer data load) costs this much protection, never an alarm
 
 
 class DivergenceStopped(RuntimeError):

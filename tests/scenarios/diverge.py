@@ -12,6 +12,7 @@ import datetime
 import math
 import os
 import sys
+import time
 
 import torch
 import torch.distributed as dist
@@ -30,6 +31,7 @@ opt = torch.optim.SGD(model.parameters(), lr=0.01)
 gen = torch.Generator().manual_seed(1 + rank)
 losses = []
 applied = []  # the steps whose update reached the weights
+at = {}  # step -> when its loss was known (the detection-time figure: RUN/divergence.json's detected_at minus this)
 try:
     for step in range(1, STEPS + 1):
         x, y = torch.randn(4, 8, generator=gen), torch.randn(4, 1, generator=gen)
@@ -39,6 +41,7 @@ try:
         opt.zero_grad()
         loss.backward()
         losses.append(float(loss))
+        at[step] = time.time()
         if FAULT == "reduceop" and step == AT:
             dist.all_reduce(loss.detach().clone(), op=dist.ReduceOp.MAX if rank == 1 else dist.ReduceOp.SUM)  # BUG
         if FAULT == "skip" and rank == 1 and step == AT:
@@ -51,7 +54,7 @@ try:
 finally:
     if OUT:
         os.makedirs(OUT, exist_ok=True)
-        torch.save({"losses": losses, "applied": applied, "finite": all(math.isfinite(float(p.sum()))
+        torch.save({"losses": losses, "applied": applied, "at": at, "finite": all(math.isfinite(float(p.sum()))
                     for p in model.parameters()), "weights": [p.detach().clone() for p in model.parameters()]},
                    os.path.join(OUT, f"rank{rank}.pt"))
 dist.destroy_process_group()
