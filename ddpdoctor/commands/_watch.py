@@ -24,9 +24,6 @@ def pop_watcher(kwargs: dict[str, Any]) -> HangMonitor:
 
 def watch_options(fn: Callable[..., Any]) -> Callable[..., Any]:
     """--hang-timeout, --startup-timeout, --on-hang (pass them to make_watcher)."""
-    fn = click.option("--on-divergence", type=click.Choice(["warn", "stop"]), default="warn", show_default=True,
-                      help="When ranks' per-step fingerprints differ (a skipped step, a NaN on one rank, other "
-                           "collectives): report it, or also stop the job at every rank's next optimizer step.")(fn)
     fn = click.option("--on-hang", type=click.Choice(["kill", "report"]), default="kill", show_default=True,
                       help="After a hang is reported: kill the job, or leave it running.")(fn)
     fn = click.option("--startup-timeout", type=float, default=600.0, show_default=True,
@@ -35,3 +32,11 @@ def watch_options(fn: Callable[..., Any]) -> Callable[..., Any]:
                       help="Seconds without a step before a rank is hung [default: max(60, 10x slowest step); "
                            "a rank still busy (CPU, I/O) is then a long stall, not a hang].")(fn)
     return fn
+
+
+def divergence_option(fn: Callable[..., Any]) -> Callable[..., Any]:
+    """--on-divergence warn|stop (run, profile, check-sync; pop_watcher reads it): job/divergence.py."""
+    return click.option("--on-divergence", type=click.Choice(["warn", "stop"]), default="warn", show_default=True,
+                        help="When ranks' per-step fingerprints differ (a skipped step, a NaN on one rank, other "
+                             "collectives): report it, or also stop the job before any rank applies that "
+                             "step.")(fn)

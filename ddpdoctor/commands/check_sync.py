@@ -17,7 +17,7 @@ from ddpdoctor.commands._common import (
     launch_options,
     pop_launch_spec,
 )
-from ddpdoctor.commands._watch import pop_watcher, watch_options
+from ddpdoctor.commands._watch import divergence_option, pop_watcher, watch_options
 from ddpdoctor.renderers import progress
 from ddpdoctor.sync_api import run_check_sync
 
@@ -28,6 +28,7 @@ from ddpdoctor.sync_api import run_check_sync
 ))
 @launch_options
 @watch_options
+@divergence_option
 @click.option("--steps", default=5, show_default=True, type=int,
               help="Training steps to check; then every rank stops cleanly. 0: run the script to its end.")
 @click.option("--data-steps", default=500, show_default=True, type=int,

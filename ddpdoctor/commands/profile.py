@@ -21,7 +21,7 @@ from ddpdoctor.commands._common import (
     pop_launch_spec,
     share_job_report,
 )
-from ddpdoctor.commands._watch import pop_watcher, watch_options
+from ddpdoctor.commands._watch import divergence_option, pop_watcher, watch_options
 from ddpdoctor.errors import BadInput
 from ddpdoctor.launch.launcher import launch
 from ddpdoctor.launch.runlock import is_locked
@@ -40,6 +40,7 @@ from ddpdoctor.terminal_text import one_line
 ))
 @launch_options
 @watch_options
+@divergence_option
 @click.option("--wait", default=2, show_default=True, help="Steps to skip before profiling (DDP builds buckets in step 0).")
 @click.option("--warmup", default=1, show_default=True, help="Profiler warm-up steps (recorded, then discarded).")
 @click.option("--active", default="auto", show_default=True,

@@ -21,7 +21,7 @@ from ddpdoctor.commands._common import (
     share_job_report,
 )
 from ddpdoctor.commands._live_options import live_options, node_name, pop_live
-from ddpdoctor.commands._watch import pop_watcher, watch_options
+from ddpdoctor.commands._watch import divergence_option, pop_watcher, watch_options
 from ddpdoctor.launch.launcher import launch
 from ddpdoctor.launch.runlock import is_locked
 from ddpdoctor.renderers import progress
@@ -38,6 +38,7 @@ DEBUG_ENV = {"TORCH_DISTRIBUTED_DEBUG": "DETAIL", "TORCH_CPP_LOG_LEVEL": "INFO"}
 ))
 @launch_options
 @watch_options
+@divergence_option
 @live_options
 @click.option("--debug", is_flag=True, help="Set TORCH_DISTRIBUTED_DEBUG=DETAIL and TORCH_CPP_LOG_LEVEL=INFO; "
               "explain what they print.")

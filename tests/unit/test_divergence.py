@@ -161,3 +161,21 @@ def test_stop_is_refused_on_a_job_of_several_nodes(tmp_path: Any) -> None:
     watch = DivergenceWatch("stop")
     watch.on_start(mon)
     assert watch.rank_env() == {"DDPDOCTOR_ON_DIVERGENCE": "warn"} and "several nodes" in mon.said[0]
+
+
+def test_a_recompile_shows_in_the_record() -> None:
+    """torch.compile works on this CPU machine (gcc), but a compile costs ~80 s at this load: the record's source,
+    torch._dynamo's counter of compiled graphs, is moved by hand as a recompile moves it."""
+    from torch._dynamo.utils import counters
+
+    class Tracker:
+        step = 0
+
+    fp = StepFingerprint(Tracker(), stop=False)
+    before = fp._record(1, opt=1)
+    counters["stats"]["unique_graphs"] += 1
+    try:
+        after = fp._record(2, opt=1)
+    finally:
+        counters["stats"]["unique_graphs"] -= 1
+    assert after[6] == before[6] + 1 and after[1] != before[1]
