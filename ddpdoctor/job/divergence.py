@@ -11,13 +11,40 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, TypedDict
 
 from ddpdoctor.rundir.layout import write_json
 
 WINDOW = 512  # steps kept while some rank has not reported them yet (a rank that ended early never will)
 MAX_RANKS_SHOWN = 64
 FIELDS = ("colls", "ops", "opt", "loss", "graphs")  # a record is [step, key, *FIELDS]
+
+
+class DivergenceItem(TypedDict):
+    """One field that differs: the diverged ranks' value, the job's, and the sentence that says it."""
+
+    field: str
+    rank_value: int
+    others_value: int
+    text: str
+
+
+class _VerdictBase(TypedDict):
+    step: int
+    ranks: list[int]
+    ranks_count: int
+    others_count: int
+    job: dict[str, int]
+    items: list[DivergenceItem]
+    reason: str
+    detected_at: float
+    after_first_record_s: float
+
+
+class DivergenceVerdict(_VerdictBase, total=False):
+    """RUN/divergence.json (docs/hangs.md#divergence); ``on_divergence`` is added when it is declared."""
+
+    on_divergence: str
 
 
 @dataclass
@@ -39,11 +66,11 @@ class DivergenceJudge:
         self.world_size = world_size
         self.steps: dict[int, _Step] = {}
         self.agreed: list[int] | None = None  # the last step's record every rank agreed on
-        self.verdict: dict[str, Any] | None = None
+        self.verdict: DivergenceVerdict | None = None
         self.judged = 0
         self.agreed_step = 0  # the last step every rank agreed on
 
-    def add(self, ranks: list[int], rec: list[int]) -> dict[str, Any] | None:
+    def add(self, ranks: list[int], rec: list[int]) -> DivergenceVerdict | None:
         """``ranks`` reported ``rec`` (one rank, or a node's ranks that agree); the new verdict, if this made one."""
         if self.verdict is not None or not ranks:
             return None
@@ -67,7 +94,7 @@ class DivergenceJudge:
         self.verdict = self._verdict(step, st)
         return self.verdict
 
-    def _verdict(self, step: int, st: _Step) -> dict[str, Any]:
+    def _verdict(self, step: int, st: _Step) -> DivergenceVerdict:
         agreed_key = self.agreed[1] if self.agreed is not None else None
 
         def rank_of(key: int) -> tuple[int, int, int, int]:
@@ -78,7 +105,7 @@ class DivergenceJudge:
         keys = sorted(st.by_key, key=rank_of)
         job_key = keys[0]
         job = dict(zip(FIELDS, st.example[job_key][2:], strict=True))
-        items: list[dict[str, Any]] = []
+        items: list[DivergenceItem] = []
         diverged: list[int] = []
         for key in keys[1:]:
             ranks = sorted(st.by_key[key])
@@ -99,11 +126,11 @@ def _who(ranks: list[int]) -> str:
     return ("rank " if len(ranks) == 1 else "ranks ") + shown
 
 
-def _items(step: int, ranks: list[int], theirs: dict[str, int], job: dict[str, int]) -> list[dict[str, Any]]:
+def _items(step: int, ranks: list[int], theirs: dict[str, int], job: dict[str, int]) -> list[DivergenceItem]:
     """The fields that differ, most telling first: a non-finite loss, optimizer steps, collective counts, the
     collectives' kinds, compiled graphs."""
     who = _who(ranks)
-    out: list[dict[str, Any]] = []
+    out: list[DivergenceItem] = []
 
     def add(name: str, text: str) -> None:
         out.append({"field": name, "rank_value": theirs[name], "others_value": job[name], "text": text})
@@ -172,7 +199,7 @@ class DivergenceWatch:
             for r in monitor.rank_ids():  # the held optimizer steps may run (probes/divergence.py)
                 monitor.send(r, {"type": "fp-ok", "step": self.judge.agreed_step})
 
-    def _declare(self, monitor: Any, verdict: dict[str, Any]) -> None:
+    def _declare(self, monitor: Any, verdict: DivergenceVerdict) -> None:
         verdict["on_divergence"] = self.on_divergence
         if self.on_divergence == "stop":
             for r in monitor.rank_ids():

@@ -392,13 +392,13 @@ class HeartbeatProbe:
 REQUEST_HANDLERS["dump"] = lambda probe, request: probe.dump()
 
 
-def _divergence_stop(probe: HeartbeatProbe, request: dict[str, Any]) -> None:
+def _divergence_stop(probe: HeartbeatProbe, request: Mapping[str, object]) -> None:
     """--on-divergence stop: the job found ranks that diverged; this rank's next optimizer step raises."""
     if probe.fingerprint is not None:
         probe.fingerprint.stopped(str(request.get("reason") or "ranks diverged")[:500])
 
 
-def _fingerprint_ok(probe: HeartbeatProbe, request: dict[str, Any]) -> None:
+def _fingerprint_ok(probe: HeartbeatProbe, request: Mapping[str, object]) -> None:
     """--on-divergence stop: every rank's record of this step agreed; the held optimizer step may run."""
     step = request.get("step")
     if probe.fingerprint is not None and type(step) is int:
