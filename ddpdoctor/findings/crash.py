@@ -7,12 +7,13 @@ Findings: ``rank-crashed`` (built by findings/failure.py), ``rank-left-early``, 
 from __future__ import annotations
 
 import re
+from collections import Counter
 from collections.abc import Mapping
 from typing import TypedDict
 
 from ddpdoctor.findings.failure import rank_crashed_finding
 from ddpdoctor.findings.framework_advice import ddp_option, framework_of
-from ddpdoctor.findings.hang import GlooSizes, mismatch_finding, position
+from ddpdoctor.findings.hang import DDP_BUCKETS, AbortedRank, GlooSizes, mismatch_finding, position
 from ddpdoctor.findings.model import Finding, Severity
 from ddpdoctor.rundir.records import Beat, CollectiveState, RankStatusDoc
 from ddpdoctor.rundir.schema import DDPModule
@@ -157,6 +158,19 @@ def crash_findings(statuses: Mapping[int, RankStatusDoc | None], debug: bool = F
                                         if m else None)
             if detail and "bytes" not in differs:
                 differs.append("bytes")
+            blamed = None
+            if detail is not None:
+                # gloo aborts the rank that *received* the odd bytes: the rank that sent them is the one to blame.
+                every = {rr: c for rr in statuses if (c := colls.get(rr) or _beat_collective(rr, last_beats))}
+                blamed = gloo_mismatch_culprits(every, _steps(statuses, last_beats), r)
+            if blamed is not None and blamed[0] != [r]:
+                culprits, why = blamed
+                every = {rr: c for rr in statuses if (c := colls.get(rr) or _beat_collective(rr, last_beats))}
+                aborted: AbortedRank = {"rank": r, "exception": exc.splitlines()[0][:300]}
+                out.append(mismatch_finding(every, [f for f in ("op", "group", "sizes", "bytes")
+                                                    if f in differs or f in _differs(every)],
+                                            debug, detail, culprits=culprits, why=why, aborted=aborted))
+                continue
             out.append(mismatch_finding(colls, differs, debug, detail))
         unused = _unused_parameters(exc, sorted(r2 for r2, s2 in roots.items() if any(
             p.search(s2.get("exception") or "") for p in (_UNUSED_INDICES, _UNUSED_NAMES, _UNUSED_LIGHTNING))),
@@ -172,6 +186,67 @@ def crash_findings(statuses: Mapping[int, RankStatusDoc | None], debug: bool = F
             exception=exc, traceback=s.get("traceback", ""), call_site=fc.get("call_site"), victims=victims,
         ))
     return _dedupe(out)
+
+
+def _differs(colls: Mapping[int, CollectiveState]) -> list[str]:
+    ps = [c for c in colls.values() if c.get("op")]
+    return [f for f in ("op", "group", "sizes") if len({repr(c.get(f)) for c in ps}) > 1]
+
+
+def _steps(statuses: Mapping[int, RankStatusDoc | None], last_beats: Mapping[int, Beat | None] | None) -> dict[int, int]:
+    """Each rank's step (its training iteration) from its last heartbeat."""
+    out: dict[int, int] = {}
+    for r in statuses:
+        b = (last_beats or {}).get(r)
+        step = b.get("step") if b else None
+        if isinstance(step, int) and not isinstance(step, bool):
+            out[r] = step
+    return out
+
+
+def _coll_key(c: CollectiveState) -> str:
+    return repr((c.get("op"), c.get("sizes") if c.get("op") != DDP_BUCKETS else None))
+
+
+def gloo_mismatch_culprits(colls: Mapping[int, CollectiveState], steps: Mapping[int, int],
+                           receiver: int) -> tuple[list[int], str] | None:
+    """Who sent gloo's "Received data size doesn't match" bytes (the rank gloo aborts is the one that received them):
+    (culprits, why), or None when the evidence does not tell. In order:
+
+    - "skipped": every rank is at the same sequence number on the group, and some are a step ahead of the others
+      (in the next step's DDP bucket all-reduce while the others wait in this step's collective): they skipped the
+      collective the others are in;
+    - "left-or-extra": the ranks not in DDP's bucket all-reduce while others are (fewer batches, or an extra
+      collective);
+    - "odd-one-out": the ranks whose collective (op, group, sizes) differs from what most ranks run;
+    - "sender": on a tie (two ranks), the rank(s) whose collective differs from the receiver's.
+    Linear in ranks."""
+    ps = {r: c for r, c in colls.items() if c.get("op")}
+    if len(ps) < 2 or receiver not in ps:
+        return None
+    if all(r in steps for r in ps):
+        # (The sequence numbers are no help: a rank in backward() shows the last one DDP's reducer launched.)
+        top = max(steps[r] for r in ps)
+        ahead = sorted(r for r in ps if steps[r] == top)
+        behind = [r for r in ps if steps[r] != top]
+        if behind and receiver in behind and all(ps[r].get("op") not in ("barrier", DDP_BUCKETS) for r in behind):
+            return ahead, "skipped"
+    in_ddp = {r for r, c in ps.items() if c.get("op") == DDP_BUCKETS}
+    if in_ddp and len(in_ddp) < len(ps):
+        # As for a hang (findings/hang.diagnose_hang): the ranks in DDP's per-step all-reduce are where training
+        # should be; the others left the loop early or called an extra collective.
+        return sorted(set(ps) - in_ddp), "left-or-extra"
+    keys = {r: _coll_key(c) for r, c in ps.items()}
+    counts = Counter(keys.values()).most_common()
+    if len(counts) > 1 and counts[0][1] > counts[1][1]:
+        return sorted(r for r, k in keys.items() if k != counts[0][0]), "odd-one-out"
+    sent = sorted(r for r, c in ps.items() if _differ(c, ps[receiver]))
+    return (sent, "sender") if sent else None
+
+
+def _differ(a: CollectiveState, b: CollectiveState) -> bool:
+    """Two ranks' collectives differ in what both of them record (a rank that died may have left only its op)."""
+    return any(a.get(f) and b.get(f) and repr(a.get(f)) != repr(b.get(f)) for f in ("op", "group", "sizes"))
 
 
 _TORCHRUN_STOPS = re.compile(r"Sending process (\d+) closing signal SIG")

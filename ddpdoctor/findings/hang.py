@@ -396,23 +396,36 @@ HANG_ADVICE = {
 }
 
 
-def hang_findings(hang: HangDoc, debug: bool = False) -> list[Finding]:
-    """``hang`` is RUN/hang.json as the monitor wrote it."""
+def hang_findings(hang: HangDoc, debug: bool = False, aborted_mismatch: Finding | None = None) -> list[Finding]:
+    """``hang`` is RUN/hang.json as the monitor wrote it. ``aborted_mismatch``: the collective-mismatch that
+    findings/crash.py read from a gloo abort and whose culprits it told apart (evidence ``culprit_ranks``): the ranks
+    that ended are the aborted rank and its peers' victims, not ranks that left, and the hang that follows is that
+    mismatch's (docs/hangs.md#gloo-mismatch)."""
     d = hang["diagnosis"]
     positions: dict[str, PositionDoc] = d.get("positions", {})
     call_sites = {r: p.get("call_site") for r, p in positions.items()}
     stacks = {str(r): s for r, s in hang.get("stacks", {}).items()}
-    advice = HANG_ADVICE.get(d["kind"], HANG_ADVICE["unknown"])
+    kind, culprits, reason = d["kind"], d["culprit_ranks"], d["reason"]
+    told = (aborted_mismatch.evidence.get("culprit_ranks") if aborted_mismatch is not None else None)
+    if kind == "rank-exited" and isinstance(told, list) and told:
+        ended = sorted(int(r) for r, p in positions.items() if p.get("state") in ("exited", "no-heartbeat"))
+        waiting = sorted(int(r) for r, p in positions.items() if p.get("state") == "in-collective")
+        kind, culprits = "mismatch", sorted(int(r) for r in told)
+        reason = (f"a collective mismatch: rank(s) {culprits} ran another collective (gloo aborted a rank that "
+                  f"received its bytes); rank(s) {ended} ended with that abort, rank(s) {waiting} still wait")
+    advice = HANG_ADVICE.get(kind, HANG_ADVICE["unknown"])
     if not debug:
         advice += " Rerun with `ddpdoctor run --debug` for TORCH_DISTRIBUTED_DEBUG=DETAIL's collective checks."
     out = [hang_finding(
-        ("No first step within the start-up timeout: " if hang.get("in_startup") else "Job hung: ") + d["reason"],
-        d["culprit_ranks"] or d["stalled_ranks"], advice,
-        stalled_ranks=d["stalled_ranks"], culprit_ranks=d["culprit_ranks"],
+        ("No first step within the start-up timeout: " if hang.get("in_startup") else "Job hung: ") + reason,
+        culprits or d["stalled_ranks"], advice,
+        stalled_ranks=d["stalled_ranks"], culprit_ranks=culprits,
         collective=d.get("collective"), call_sites=call_sites, stacks=stacks,
         detected_after_s=hang.get("detected_after_s"), reported_after_s=hang.get("reported_after_s"),
-        hang_timeout_s=hang.get("hang_timeout_s"), kind=d["kind"],
+        hang_timeout_s=hang.get("hang_timeout_s"), kind=kind,
     )]
+    if aborted_mismatch is not None and kind != d["kind"]:
+        return out
     if d["kind"] == "mismatch":
         out.append(mismatch_finding(
             {int(r): _at(p) for r, p in positions.items() if p.get("state") == "in-collective"}, d.get("differs", []),
@@ -434,21 +447,56 @@ class GlooSizes(TypedDict):
     expected_bytes: int
 
 
+class AbortedRank(TypedDict):
+    """The rank gloo aborted on a mismatch (the receiver of the odd bytes) and its exception's first line."""
+
+    rank: int
+    exception: str
+
+
+_WHY = {
+    "skipped": "rank(s) {c} are a step ahead at the same sequence number: they skipped the collective the others "
+               "wait in",
+    "left-or-extra": "rank(s) {c} are in another collective while the others are in DDP's gradient all-reduce: "
+                     "they left the training loop early (fewer batches) or called an extra collective",
+    "odd-one-out": "rank(s) {c} run another collective than the other ranks",
+    "sender": "rank(s) {c} sent the bytes rank {a} did not expect",
+}
+
+
+def _grouped(colls: Mapping[int, CollectiveState]) -> str:
+    """"ranks 0, 1, 3 all_reduce [[1]] at x.py:9, rank 2 ...": ranks in the same collective said once (linear)."""
+    groups: dict[str, list[int]] = {}
+    for r, c in sorted(colls.items()):
+        groups.setdefault(f"{c.get('op')} {c.get('sizes') or ''} at {c.get('call_site')}", []).append(r)
+    return ", ".join(f"rank{'s' if len(rs) > 1 else ''} {', '.join(map(str, rs))} {what}" for what, rs in groups.items())
+
+
 def mismatch_finding(colls: Mapping[int, CollectiveState], differs: list[str], debug: bool,
-                      gloo_detail: GlooSizes | None = None) -> Finding:
+                      gloo_detail: GlooSizes | None = None, culprits: list[int] | None = None,
+                      why: str | None = None, aborted: AbortedRank | None = None) -> Finding:
+    """``culprits`` (with ``why``, a key of _WHY): the ranks to blame when the evidence tells them apart (the
+    finding's ranks then); ``aborted``: the rank gloo aborted, a victim when it is not a culprit."""
     advice = HANG_ADVICE["mismatch"]
     if not debug:
         advice += " `ddpdoctor run --debug` makes torch check each collective's fingerprint."
+    message = "Ranks called different collectives: " + _grouped(colls)
+    if culprits is not None:
+        named = ", ".join(map(str, culprits))
+        message = (f"Rank(s) {named} caused a collective mismatch: "
+                   + _WHY.get(why or "", "").format(c=named, a=aborted["rank"] if aborted else "?")
+                   + (f"; gloo aborted rank {aborted['rank']}, which received them" if aborted else "")
+                   + ". " + message)
     return Finding(
-        "collective-mismatch", Severity.ERROR,
-        "Ranks called different collectives: " + ", ".join(
-            f"rank {r} {c.get('op')} {c.get('sizes') or ''} at {c.get('call_site')}" for r, c in sorted(colls.items())),
-        ranks=sorted(colls),
+        "collective-mismatch", Severity.ERROR, message,
+        ranks=sorted(culprits) if culprits is not None else sorted(colls),
         evidence={
             "ranks": sorted(colls), "differs": differs,
             "collectives": {str(r): {k: c.get(k) for k in ("op", "group", "seq", "sizes")} for r, c in colls.items()},
             "call_sites": {str(r): c.get("call_site") for r, c in colls.items()},
             **({"gloo_sizes": gloo_detail} if gloo_detail else {}),
+            **({"culprit_ranks": sorted(culprits), "why": why} if culprits is not None else {}),
+            **({"aborted": aborted} if aborted else {}),
         },
         advice=advice,
     )

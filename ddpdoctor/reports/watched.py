@@ -34,6 +34,9 @@ def watched_report(run: RunDir, command: str, *, locked: bool, debug: bool = Fal
     if stopped is not None:  # nor ranks killed because ddpdoctor was stopped
         findings = [f for f in findings if f.id != "rank-no-status"]
     crashed = {r for f in findings if f.id == "rank-crashed" for r in f.ranks}
+    # ... and so is the rank gloo aborted on a collective mismatch another rank caused (findings/crash.py).
+    crashed |= {f.evidence["aborted"]["rank"] for f in findings
+                if f.id == "collective-mismatch" and isinstance(f.evidence.get("aborted"), dict)}
     # A rank that died is named by rank-crashed (with what its stderr said): its "no status" is the same event; so is
     # a rank torchrun stopped after the crash (its peers' teardown, not a problem of its own).
     followers = crashed | (torn_down_ranks(run, rank_statuses(run)) if crashed else set())
@@ -165,7 +168,8 @@ def watch_findings(run: RunDir, debug: bool = False, stopped: bool = False) -> l
     if hang is not None or stopped:  # ranks ddpdoctor stopped did not leave of their own accord
         crashes = [f for f in crashes if f.id != "rank-left-early"]
     if hang is not None:
-        findings.extend(hang_findings(hang, debug=debug))
+        told = next((f for f in crashes if f.id == "collective-mismatch" and "culprit_ranks" in f.evidence), None)
+        findings.extend(hang_findings(hang, debug=debug, aborted_mismatch=told))
         # After a hang, ranks killed by ddpdoctor are victims, not crashes.
         crashes = [f for f in crashes if f.id != "rank-crashed" or "SIGTERM" not in str(f.evidence.get("exception"))]
     stalls = (heartbeats["monitor"].get("stalls") if heartbeats and heartbeats.get("monitor") else None) or []
