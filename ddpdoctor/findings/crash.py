@@ -159,13 +159,12 @@ def crash_findings(statuses: Mapping[int, RankStatusDoc | None], debug: bool = F
             if detail and "bytes" not in differs:
                 differs.append("bytes")
             blamed = None
+            every, lasts = _where_each(statuses, colls, last_beats)
             if detail is not None:
                 # gloo aborts the rank that *received* the odd bytes: the rank that sent them is the one to blame.
-                every = {rr: c for rr in statuses if (c := colls.get(rr) or _beat_collective(rr, last_beats))}
-                blamed = gloo_mismatch_culprits(every, _steps(statuses, last_beats), r)
+                blamed = gloo_mismatch_culprits(every, lasts, r)
             if blamed is not None and blamed[0] != [r]:
                 culprits, why = blamed
-                every = {rr: c for rr in statuses if (c := colls.get(rr) or _beat_collective(rr, last_beats))}
                 aborted: AbortedRank = {"rank": r, "exception": exc.splitlines()[0][:300]}
                 out.append(mismatch_finding(every, [f for f in ("op", "group", "sizes", "bytes")
                                                     if f in differs or f in _differs(every)],
@@ -193,29 +192,42 @@ def _differs(colls: Mapping[int, CollectiveState]) -> list[str]:
     return [f for f in ("op", "group", "sizes") if len({repr(c.get(f)) for c in ps}) > 1]
 
 
-def _steps(statuses: Mapping[int, RankStatusDoc | None], last_beats: Mapping[int, Beat | None] | None) -> dict[int, int]:
-    """Each rank's step (its training iteration) from its last heartbeat."""
-    out: dict[int, int] = {}
-    for r in statuses:
-        b = (last_beats or {}).get(r)
-        step = b.get("step") if b else None
-        if isinstance(step, int) and not isinstance(step, bool):
-            out[r] = step
-    return out
+def _where_each(statuses: Mapping[int, RankStatusDoc | None], colls: Mapping[int, CollectiveState],
+                last_beats: Mapping[int, Beat | None] | None) -> tuple[dict[int, CollectiveState], dict[int, CollectiveState]]:
+    """Every rank's collective (a failed rank's, else the one its status says it was in when torchrun stopped it,
+    else its last heartbeat's) and the last one it completed (status, else heartbeat): the waiting ranks too."""
+    where: dict[int, CollectiveState] = {}
+    last: dict[int, CollectiveState] = {}
+    for r, st in statuses.items():
+        b = (last_beats or {}).get(r) or {}
+        c = colls.get(r) or (st or {}).get("failed_collective") or _beat_collective(r, last_beats)
+        if c:
+            where[r] = c
+        lc = (st or {}).get("last_collective") or b.get("last_collective")
+        if lc:
+            last[r] = lc
+    return where, last
+
+
+# The probe's status names a rank in backward() so (probes/heartbeat.py); a heartbeat's position names it DDP_BUCKETS.
+_STATUS_DDP = "backward (DDP gradient all-reduce)"
+
+
+def _in_ddp(c: CollectiveState) -> bool:
+    return c.get("op") in (DDP_BUCKETS, _STATUS_DDP)
 
 
 def _coll_key(c: CollectiveState) -> str:
-    return repr((c.get("op"), c.get("sizes") if c.get("op") != DDP_BUCKETS else None))
+    return repr((DDP_BUCKETS, None) if _in_ddp(c) else (c.get("op"), c.get("sizes")))
 
 
-def gloo_mismatch_culprits(colls: Mapping[int, CollectiveState], steps: Mapping[int, int],
+def gloo_mismatch_culprits(colls: Mapping[int, CollectiveState], lasts: Mapping[int, CollectiveState],
                            receiver: int) -> tuple[list[int], str] | None:
     """Who sent gloo's "Received data size doesn't match" bytes (the rank gloo aborts is the one that received them):
     (culprits, why), or None when the evidence does not tell. In order:
 
-    - "skipped": every rank is at the same sequence number on the group, and some are a step ahead of the others
-      (in the next step's DDP bucket all-reduce while the others wait in this step's collective): they skipped the
-      collective the others are in;
+    - "skipped": the ranks in the next step's DDP bucket all-reduce last completed (``lasts``) the very collective
+      the aborted rank and others wait in (same op and line, an earlier number): they skipped it this time;
     - "left-or-extra": the ranks not in DDP's bucket all-reduce while others are (fewer batches, or an extra
       collective);
     - "odd-one-out": the ranks whose collective (op, group, sizes) differs from what most ranks run;
@@ -224,15 +236,14 @@ def gloo_mismatch_culprits(colls: Mapping[int, CollectiveState], steps: Mapping[
     ps = {r: c for r, c in colls.items() if c.get("op")}
     if len(ps) < 2 or receiver not in ps:
         return None
-    if all(r in steps for r in ps):
-        # (The sequence numbers are no help: a rank in backward() shows the last one DDP's reducer launched.)
-        top = max(steps[r] for r in ps)
-        ahead = sorted(r for r in ps if steps[r] == top)
-        behind = [r for r in ps if steps[r] != top]
-        if behind and receiver in behind and all(ps[r].get("op") not in ("barrier", DDP_BUCKETS) for r in behind):
-            return ahead, "skipped"
-    in_ddp = {r for r, c in ps.items() if c.get("op") == DDP_BUCKETS}
+    in_ddp = {r for r, c in ps.items() if _in_ddp(c)}
     if in_ddp and len(in_ddp) < len(ps):
+        waited = {(c.get("op"), c.get("call_site"), c.get("seq")) for r, c in ps.items() if r not in in_ddp}
+        if (receiver not in in_ddp and all(op != "barrier" for op, _, _ in waited)
+                and all(_ran_before(lasts.get(r), waited) for r in in_ddp)):
+            # The ranks in DDP's all-reduce last completed the very collective the others wait in (same op, same
+            # line, an earlier number): this time they went past it to the next step's bucket all-reduce.
+            return sorted(in_ddp), "skipped"
         # As for a hang (findings/hang.diagnose_hang): the ranks in DDP's per-step all-reduce are where training
         # should be; the others left the loop early or called an extra collective.
         return sorted(set(ps) - in_ddp), "left-or-extra"
@@ -242,6 +253,14 @@ def gloo_mismatch_culprits(colls: Mapping[int, CollectiveState], steps: Mapping[
         return sorted(r for r, k in keys.items() if k != counts[0][0]), "odd-one-out"
     sent = sorted(r for r, c in ps.items() if _differ(c, ps[receiver]))
     return (sent, "sender") if sent else None
+
+
+def _ran_before(last: CollectiveState | None, waited: set[tuple[str | None, str | None, int | None]]) -> bool:
+    if not last or last.get("op") is None:
+        return False
+    seq = last.get("seq")
+    return any(last.get("op") == op and last.get("call_site") == site and isinstance(seq, int) and isinstance(n, int)
+               and seq < n for op, site, n in waited)
 
 
 def _differ(a: CollectiveState, b: CollectiveState) -> bool:

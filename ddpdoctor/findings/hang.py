@@ -455,8 +455,8 @@ class AbortedRank(TypedDict):
 
 
 _WHY = {
-    "skipped": "rank(s) {c} are a step ahead at the same sequence number: they skipped the collective the others "
-               "wait in",
+    "skipped": "rank(s) {c} skipped the collective the others wait in (they ran it the step before, and are now in "
+               "the next step's DDP gradient all-reduce)",
     "left-or-extra": "rank(s) {c} are in another collective while the others are in DDP's gradient all-reduce: "
                      "they left the training loop early (fewer batches) or called an extra collective",
     "odd-one-out": "rank(s) {c} run another collective than the other ranks",

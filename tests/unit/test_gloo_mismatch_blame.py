@@ -21,8 +21,13 @@ ABORT = ("terminate called after throwing an instance of 'gloo::EnforceNotMet'\n
 RESET = {"exception": "RuntimeError: [pair.cc:534] Connection reset by peer", "ended_at": 3.0}
 
 
-def _in(op: str, sizes: list[list[int]], site: str = "/job/train.py:16") -> dict:
-    return {"op": op, "group": "default_pg", "seq": 10, "sizes": sizes, "call_site": site}
+def _in(op: str, sizes: list[list[int]], site: str = "/job/train.py:16", seq: int = 10) -> dict:
+    return {"op": op, "group": "default_pg", "seq": seq, "sizes": sizes, "call_site": site}
+
+
+# The rank that skipped: its last completed collective is the metric all_reduce of the step before (#8).
+SKIPPER = {**RESET, "last_collective": _in("all_reduce", [[1]], seq=8),
+           "failed_collective": _in(DDP_BUCKETS, [], "/job/train.py:13")}
 
 
 def _metric(step: int) -> dict:
@@ -35,7 +40,7 @@ def _backward(step: int) -> dict:
 
 
 def test_the_rank_a_step_ahead_skipped_the_collective_not_the_rank_gloo_aborted() -> None:
-    statuses = {0: None, 1: RESET}
+    statuses = {0: None, 1: SKIPPER}
     findings = crash_findings(statuses, stderr={0: ABORT.format(got=676)}, last_beats={0: _metric(3), 1: _backward(4)})
     assert [f.id for f in findings] == ["collective-mismatch"]  # rank 0's abort is no crash of its own
     (mm,) = findings
@@ -45,9 +50,14 @@ def test_the_rank_a_step_ahead_skipped_the_collective_not_the_rank_gloo_aborted(
 
 
 def test_on_four_ranks_the_waiting_ranks_are_not_blamed_and_identical_collectives_are_said_once() -> None:
-    statuses = {0: None, 1: None, 2: RESET, 3: None}
+    # as recorded: gloo aborted rank 1, rank 0 got "Connection closed", torchrun stopped ranks 2 and 3 (their
+    # statuses still say which collective they were in)
+    statuses = {0: {**RESET, "failed_collective": _in("all_reduce", [[1]])}, 1: None,
+                2: {"exit_code": 143, "failed_collective": _in(DDP_BUCKETS, [], "/job/train.py:13"),
+                    "last_collective": _in("all_reduce", [[1]], seq=8)},
+                3: {"exit_code": 143, "failed_collective": _in("all_reduce", [[1]])}}
     beats = {0: _metric(3), 1: _metric(3), 2: _backward(4), 3: _metric(3)}
-    (mm,) = crash_findings(statuses, stderr={3: ABORT.format(got=676)}, last_beats=beats)
+    (mm,) = crash_findings(statuses, stderr={1: ABORT.format(got=676)}, last_beats=beats)
     assert mm.id == "collective-mismatch" and mm.ranks == [2] and mm.evidence["why"] == "skipped"
     assert "ranks 0, 1, 3 all_reduce [[1]] at /job/train.py:16, rank 2 " in mm.title
     assert {"op", "bytes"} <= set(mm.evidence["differs"])
@@ -63,10 +73,14 @@ def test_on_two_ranks_with_other_sizes_the_sender_is_blamed() -> None:
 
 def test_what_does_not_tell_the_ranks_apart_still_names_the_aborted_rank() -> None:
     same = {0: _in("all_reduce", [[4]]), 1: _in("all_reduce", [[4]])}
-    assert gloo_mismatch_culprits(same, {0: 3, 1: 3}, receiver=0) is None
-    # A rank behind in a barrier ran out of data (it left the loop): not a skip by the rank ahead.
+    assert gloo_mismatch_culprits(same, {}, receiver=0) is None
+    metric = {1: _in("all_reduce", [[1]], seq=8)}
+    # A rank in a barrier ran out of data (it left the loop): not a skip by the rank in DDP's all-reduce.
     left = {0: _in("barrier", []), 1: _in(DDP_BUCKETS, [])}
-    assert gloo_mismatch_culprits(left, {0: 3, 1: 4}, receiver=0) == ([0], "left-or-extra")
+    assert gloo_mismatch_culprits(left, metric, receiver=0) == ([0], "left-or-extra")
+    # An extra broadcast the others never ran: the rank that called it, whoever gloo aborted.
+    extra = {0: _in(DDP_BUCKETS, []), 1: _in("broadcast", [[3]], "/job/train.py:5")}
+    assert gloo_mismatch_culprits(extra, {0: _in("all_reduce", [[1]], seq=8)}, receiver=0) == ([1], "left-or-extra")
     # the odd one out among many, whatever the steps say
     odd = {r: _in("all_reduce", [[8]] if r == 2 else [[4]]) for r in range(4)}
     assert gloo_mismatch_culprits(odd, {}, receiver=3) == ([2], "odd-one-out")
@@ -75,7 +89,7 @@ def test_what_does_not_tell_the_ranks_apart_still_names_the_aborted_rank() -> No
 def test_the_hang_that_follows_the_abort_blames_the_mismatch_culprit_not_the_ranks_that_ended() -> None:
     from ddpdoctor.findings.hang import hang_findings
 
-    statuses = {0: None, 1: None, 2: RESET, 3: None}
+    statuses = {0: None, 1: None, 2: SKIPPER, 3: None}
     beats = {0: _metric(3), 1: _metric(3), 2: _backward(4), 3: _metric(3)}
     (mm,) = crash_findings(statuses, stderr={3: ABORT.format(got=676)}, last_beats=beats)
     gone = {"state": "exited", "call_site": "/job/train.py:16"}
@@ -101,3 +115,18 @@ def test_a_recorded_skip_on_two_ranks_blames_the_rank_that_skipped(tmp_path: Pat
     report = watched_report(RunDir(dst), "run", locked=False)
     errors = [(f.id, f.ranks) for f in report.findings if f.severity is Severity.ERROR]
     assert errors == [("collective-mismatch", [1])], report.findings
+    assert report.findings[[f.id for f in report.findings].index("collective-mismatch")].evidence["why"] == "skipped"
+
+
+def test_a_recorded_skip_on_four_ranks_blames_the_rank_that_skipped(tmp_path: Path) -> None:
+    # tests/fixtures/gloo_skip_4r: hang-skip-allreduce-4r, trimmed the same way. Rank 2 skipped; gloo aborted rank 1
+    # (340 vs 4 bytes), rank 0 got "Connection closed by peer", torchrun stopped ranks 2 and 3. Before, the
+    # mismatch named rank 1 (the aborted one); with the steps of the last heartbeats, rank 0.
+    dst = tmp_path / "run"
+    shutil.copytree(Path(__file__).resolve().parents[1] / "fixtures" / "gloo_skip_4r", dst)
+    report = watched_report(RunDir(dst), "run", locked=False)
+    errors = [(f.id, f.ranks) for f in report.findings if f.severity is Severity.ERROR]
+    assert errors == [("collective-mismatch", [2])], report.findings
+    (mm,) = [f for f in report.findings if f.id == "collective-mismatch"]
+    assert mm.evidence["why"] == "skipped" and sorted(mm.evidence["collectives"]) == ["0", "1", "2", "3"]
+    assert "ranks 0, 1, 3 all_reduce [[1]]" in mm.title
