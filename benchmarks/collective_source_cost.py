@@ -13,7 +13,11 @@ In a one-rank gloo group on this machine (real works, real Flight Recorder):
    rank waits in for 10 s, and at verdict time), against ``json.loads`` of the same bytes as its peer.
 3. The phase tracker's forward pre-hook on a module outside the wrapped model (a transform, a metric) against the
    hot path it sits beside (a submodule inside the forward).
-4. Harmlessness: three DDP steps of a BatchNorm model with and without the source: the weights must be identical."""
+4. Harmlessness: three DDP steps of a BatchNorm model with and without the source: the weights must be identical.
+5. The per-step fingerprint (issue 38, probes/divergence.py): ``optimizer.step()`` of a small SGD with the
+   fingerprint's pre-hook (one Flight Recorder status read, a CRC, an append) against the same step without it, in
+   alternating blocks; plus, per call, reading a CPU loss in ``backward()`` and folding one public collective into
+   the step's CRC. As % of a 10 ms step for one optimizer step, one backward and 2 public collectives a step."""
 
 from __future__ import annotations
 
@@ -128,6 +132,7 @@ def main() -> None:
     out_s, in_s = _alternate(hook_outside, hook_inside, args.waits, args.rounds)
 
     same = _harmless(dist, source)
+    fp_step, fp_peer, fp_loss, fp_coll = _fingerprint_cost(args.waits // 10, args.rounds)
     dist.destroy_process_group()
 
     step = 0.010
@@ -142,6 +147,11 @@ def main() -> None:
     print(f"forward pre-hook on a module outside the model: {out_s * 1e9:.0f} ns vs the in-forward hot path "
           f"{in_s * 1e9:.0f} ns ({out_s / in_s:.2f}x)")
     print(f"results unchanged (3 DDP steps of a BatchNorm model, with and without the source): {same}")
+    per_step = (fp_step - fp_peer) + fp_loss + 2 * fp_coll
+    print(f"per-step fingerprint: optimizer.step() {fp_step * 1e6:.1f} us with its pre-hook vs {fp_peer * 1e6:.1f} us "
+          f"without (+{(fp_step - fp_peer) * 1e6:.1f} us); loss read {fp_loss * 1e6:.2f} us; one collective folded "
+          f"{fp_coll * 1e6:.2f} us; a step (1 optimizer step, 1 backward, 2 collectives): {per_step * 1e6:.1f} us = "
+          f"{100 * per_step / step:.3f}% of a 10 ms step (budget 0.5%)")
 
 
 def _time(n: int, fn: Any) -> float:
@@ -149,6 +159,54 @@ def _time(n: int, fn: Any) -> float:
     for _ in range(n):
         fn()
     return time.perf_counter() - t0
+
+
+def _fingerprint_cost(n: int, rounds: int) -> tuple[float, float, float, float]:
+    """Per call: optimizer.step() with and without the fingerprint's pre-hook (alternating blocks), the loss read,
+    one collective folded into the CRC."""
+    import torch
+
+    from ddpdoctor.probes.divergence import StepFingerprint
+    from ddpdoctor.probes.steps import StepTracker
+
+    fp = StepFingerprint(StepTracker(), stop=False)
+    model = torch.nn.Linear(16, 4)
+    opt = torch.optim.SGD(model.parameters(), lr=0.0)
+    model(torch.randn(2, 16)).sum().backward()
+
+    def steps(on: bool) -> Any:
+        def run(k: int) -> float:
+            if on:
+                fp.install()
+            t0 = time.perf_counter()
+            for _ in range(k):
+                opt.step()
+                fp._taken = False
+            elapsed = time.perf_counter() - t0
+            fp.finish({})
+            fp.tracker._listeners.clear()
+            fp.pending.clear()
+            return elapsed
+        return run
+
+    with_s, without_s = _alternate(steps(True), steps(False), n, rounds)
+    loss = torch.tensor(0.5, requires_grad=True) * 2
+    args = (torch.ones(4),)
+
+    def loss_read(k: int) -> float:
+        t0 = time.perf_counter()
+        for _ in range(k):
+            fp._loss = -1
+            fp.saw_backward(loss)
+        return time.perf_counter() - t0
+
+    def fold(k: int) -> float:
+        t0 = time.perf_counter()
+        for _ in range(k):
+            fp.saw_collective("all_reduce", [[4]], args, {})
+        return time.perf_counter() - t0
+
+    return with_s, without_s, _best(loss_read, n, rounds), _best(fold, n, rounds)
 
 
 def _harmless(dist: Any, source: Any) -> bool:

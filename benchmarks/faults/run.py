@@ -1,7 +1,7 @@
 """The open fault benchmark (issue 41): real gloo jobs with one known fault each, run under each tool, scored.
 
     python benchmarks/faults/run.py --list                       # one scenario a line: name, tiers, truth
-    python benchmarks/faults/run.py --tier quick                 # a few scenarios, ddpdoctor only (CI)
+    python benchmarks/faults/run.py --tier quick                 # CI's canaries, ddpdoctor only
     python benchmarks/faults/run.py --tier full --tool all       # every scenario, ddpdoctor and torch's tools
     python benchmarks/faults/run.py --tier simulated             # 1,024 and 32,768 ranks through the job rules
     python benchmarks/faults/run.py --tier gpu                   # the GPU checks (one line and exit 0 without one)

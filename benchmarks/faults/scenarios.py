@@ -100,7 +100,7 @@ def _all() -> list[Scenario]:
                           tiers=("full",)))
     s += [
         Scenario("crash-signal-kill-4r", "crash", "signal-KILL", "crash", (2,), nproc=4, fault_rank=2),
-        Scenario("crash-exception-2r", "crash", "exception", "crash", (1,), tiers=("quick", "full")),
+        Scenario("crash-exception-2r", "crash", "exception", "crash", (1,)),
         Scenario("crash-exception-4r", "crash", "exception", "crash", (3,), nproc=4, fault_rank=3),
         Scenario("crash-exception-timeout-2r", "crash", "exception-timeout", "crash", (1,),
                  env={"SCENARIO_GLOO_TIMEOUT": "10", "LINGER_S": "40"}),

@@ -67,6 +67,7 @@ def command(tries: tuple[str, ...], rounds: int, warmup: int, steps: int, max_va
     from ddpdoctor.rundir.report import save_report
 
     watch = (kwargs.pop("hang_timeout"), kwargs.pop("startup_timeout"), kwargs.pop("on_hang"))
+    kwargs.pop("on_divergence", None)  # tune's trials are short launches of one script: divergence is run's
     make_watcher(*watch)  # a bad timeout is bad input before anything runs
     settings: list[Setting] = []
     for t in tries:

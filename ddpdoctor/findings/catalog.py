@@ -82,6 +82,7 @@ CATALOG: tuple[FindingKind, ...] = (
     K("long-stall", "hangs", "W", "ddpdoctor.findings.hang"),
     K("rank-left-early", "hangs", "E", "ddpdoctor.findings.crash"),
     K("collective-mismatch", "hangs", "E", "ddpdoctor.findings.hang"),
+    K("divergence", "hangs", "E", "ddpdoctor.findings.divergence"),
     K("rank-crashed", "hangs", "E", "ddpdoctor.findings.failure"),
     K("unused-parameters", "hangs", "EWI", "ddpdoctor.findings.crash"),
     K("head-lost", "hangs", "E", "ddpdoctor.findings.failure"),

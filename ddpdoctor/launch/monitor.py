@@ -168,8 +168,14 @@ class HangMonitor:
         return f"{host}:{port}"
 
     def rank_env(self) -> dict[str, str]:
-        """What the launcher adds to the ranks' environment (never to a command line or a file)."""
-        return {TOKEN_ENV: self.token}
+        """What the launcher adds to the ranks' environment (never to a command line or a file); plugins add theirs
+        (job/divergence.py: --on-divergence)."""
+        env = {TOKEN_ENV: self.token}
+        for plugin in self.plugins:
+            extra = getattr(plugin, "rank_env", None)
+            if extra is not None:
+                env.update(extra())
+        return env
 
     def check(self, job: RunningJob) -> None:
         now = time.time()

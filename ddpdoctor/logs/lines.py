@@ -234,6 +234,7 @@ _RECORD_START = re.compile(
 # What may stand before a record on its own line: prefixes (a host, "[rank0]:", a glog header), nothing else.
 _ONLY_PREFIXES = re.compile(r"^\s*(?:[\w.-]+: )?(?:\[[^\]]*\](?:<std(?:out|err)>)?:? ?)*(?:\d{1,6}: )?"
                             r"(?:[IWEF]\d{4} [\d:.]+ \d+ [\w./-]+:\d+\] ?)?\s*$")
+_WEAK_START = re.compile(r"(?:[a-z_]\w*\.)*[A-Z]\w*(?:Error|Exception): |File \"")
 _RUN_TOGETHER = 160  # shorter lines are never split: one record per line is the rule, a run-together paste is long
 
 
@@ -245,8 +246,14 @@ def records(line: str) -> Iterator[str]:
     indent = len(line) - len(line.lstrip())
     if line[:1] in _COLLECTOR_LEADS and (c := _COLLECTOR.match(line)):
         indent = c.end()  # a collector's prefix stays with the first record
+    cuts = list(_RECORD_START.finditer(line, indent + 1))
+    if not any(not _WEAK_START.match(line, m.end()) for m in cuts):
+        # only an exception's name or a frame mid-line ("... will raise a RuntimeError: ..." in a long warning):
+        # prose, not records run together; a paste has at least one record start of its own kind.
+        yield line
+        return
     start = 0
-    for m in _RECORD_START.finditer(line, indent + 1):
+    for m in cuts:
         before = line[start:m.start()]
         own = before[indent:] if start == 0 else before  # (a collector's prefix is not the record's)
         if own.strip() and not _ONLY_PREFIXES.match(own):  # never cut a record from its own prefixes

@@ -90,6 +90,13 @@ class RankSession:
             heartbeat = HeartbeatProbe(self.config.monitor, self.rank, self.world_size, self.tracker,
                                        self.run.rank_file(self.rank, "stacks.txt"), source=self.collectives)
             heartbeat.install()
+            from ddpdoctor.probes.divergence import StepFingerprint
+
+            fingerprint = StepFingerprint(self.tracker)  # per-step records the monitor compares (issue 38)
+            fingerprint.install()
+            heartbeat.fingerprint = fingerprint
+            fingerprint.send = lambda rec: heartbeat._send({"type": "fp", "rank": self.rank, "fp": [rec]})
+            self.extra.append(fingerprint)
             ledger.summary = heartbeat.summary  # the last step's blocked time rides in the job's rank record
             self.extra.append(heartbeat)
             from ddpdoctor.probes import live  # phase times for the live watch, captures on demand (h18)

@@ -79,6 +79,8 @@ class HeartbeatProbe:
         self.backward_since: float | None = None
         # Other probes' per-step numbers (name -> number, a few), sent with each beat: job/record.RankRecord.summary.
         self.summary: dict[str, float] = {}
+        # probes/divergence.StepFingerprint: this rank's per-step records, sent as "fp" lines each tick (issue 38).
+        self.fingerprint: Any = None
         self._originals: dict[tuple[Any, str], Any] = {}
         self._sock: socket.socket | None = None
         self._stop = threading.Event()
@@ -129,6 +131,8 @@ class HeartbeatProbe:
         # whose rules would otherwise judge a short job on fewer steps than it ran.
         try:
             self._send(self.state())
+            if self.fingerprint is not None and self.fingerprint.pending:
+                self._send({"type": "fp", "rank": self.rank, "fp": self.fingerprint.take()})
         except Exception:  # noqa: BLE001 - the exit message below matters more
             pass
         self._send({"type": "exit", "status": {k: status.get(k) for k in ("exit_code", "exception", "steps_completed", "exit_site")}})
@@ -176,9 +180,12 @@ class HeartbeatProbe:
             if group is None:  # passed by position (all_reduce(t, op, group))
                 group = next((a for a in args[1:] if isinstance(a, dist.ProcessGroup)), None)
             name, seq = group_info(group)
+            sizes = collective_sizes(args, kwargs)
+            if probe.fingerprint is not None:
+                probe.fingerprint.saw_collective(op, sizes, args, kwargs)
             state: CollectiveState = {
                 "op": op, "group": name, "seq": None if seq is None else seq + 1,
-                "sizes": collective_sizes(args, kwargs), "call_site": user_call_site(), "since": time.time(),
+                "sizes": sizes, "call_site": user_call_site(), "since": time.time(),
                 "step": probe.tracker.step,
             }
             if kwargs.get("async_op"):
@@ -216,6 +223,8 @@ class HeartbeatProbe:
         def backward(*args: Any, **kwargs: Any) -> Any:
             outer = probe.backward_since is None
             if outer:
+                if probe.fingerprint is not None and args:
+                    probe.fingerprint.saw_backward(args[0])
                 probe.backward_site = user_call_site()
                 probe.backward_since = time.time()
                 probe.tracker.phase = "backward"
@@ -332,6 +341,8 @@ class HeartbeatProbe:
                 next_beat = now + self.interval_s
                 sent_sig = sig
             seen_sig = sig
+            if self.fingerprint is not None and self.fingerprint.pending:
+                self._send({"type": "fp", "rank": self.rank, "fp": self.fingerprint.take()})
             sock = self._sock
             if sock is None:
                 continue
@@ -379,3 +390,20 @@ class HeartbeatProbe:
 
 
 REQUEST_HANDLERS["dump"] = lambda probe, request: probe.dump()
+
+
+def _divergence_stop(probe: HeartbeatProbe, request: dict[str, Any]) -> None:
+    """--on-divergence stop: the job found ranks that diverged; this rank's next optimizer step raises."""
+    if probe.fingerprint is not None:
+        probe.fingerprint.stopped(str(request.get("reason") or "ranks diverged")[:500])
+
+
+def _fingerprint_ok(probe: HeartbeatProbe, request: dict[str, Any]) -> None:
+    """--on-divergence stop: every rank's record of this step agreed; the held optimizer step may run."""
+    step = request.get("step")
+    if probe.fingerprint is not None and type(step) is int:
+        probe.fingerprint.agreed(step)
+
+
+REQUEST_HANDLERS["divergence-stop"] = _divergence_stop
+REQUEST_HANDLERS["fp-ok"] = _fingerprint_ok

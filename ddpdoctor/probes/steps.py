@@ -11,13 +11,24 @@ import threading
 import time
 from collections import deque
 from collections.abc import Callable
-from typing import Any
+from typing import Any, TypeVar
 
 import torch
 
 StepListener = Callable[[int], None]
 
 _active: StepTracker | None = None
+T = TypeVar("T")
+
+
+def drain(q: deque[T]) -> list[T]:
+    """Everything in ``q``, taken from another thread than the one appending (deque pops are atomic)."""
+    out = []
+    while True:
+        try:
+            out.append(q.popleft())
+        except IndexError:
+            return out
 
 
 def active_tracker() -> StepTracker | None:
@@ -90,12 +101,7 @@ class StepTracker:
 
     def take_recent(self) -> list[tuple[int, float, dict[str, float]]]:
         """The iterations recorded since the last call (the heartbeat thread sends them; deque pops are atomic)."""
-        out = []
-        while True:
-            try:
-                out.append(self.recent.popleft())
-            except IndexError:
-                return out
+        return drain(self.recent)
 
     def add_listener(self, fn: StepListener) -> None:
         self._listeners.append(fn)

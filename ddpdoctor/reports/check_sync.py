@@ -61,7 +61,9 @@ def sync_parts(run: RunDir) -> tuple[SyncChecksSection | None, list[Finding], li
                      f"mesh, placements), {analysis.params.comparisons} parameter value comparison(s) (replicated "
                      f"parameters), {analysis.buffers.comparisons} buffer comparison(s); not compared: {n} sharded "
                      f"parameter(s) ({shown}) whose values have no peer (each rank holds its own shard, sharded on "
-                     "every mesh dim), and the optimizer's step count (not recorded)")
+                     "every mesh dim), the optimizer's step count (not recorded)"
+                     + ("" if analysis.buffers.comparisons else " and the modules' buffers (not fingerprinted "
+                        "without DDP)"))
     elif all(m.ddp is False for m in analysis.modules) and any(m.param_layouts for m in analysis.modules):
         notes.append("no DistributedDataParallel module was built: the parameters the optimizer updates were "
                      "compared across the ranks their placements say must hold them equal (a DTensor Replicate()d "

@@ -4,6 +4,8 @@ files through rundir/; the rules live in findings/hang.py, findings/crash.py and
 
 from __future__ import annotations
 
+import dataclasses
+
 from ddpdoctor.findings.job import ended_findings
 from ddpdoctor.findings.model import Finding
 from ddpdoctor.report import Report
@@ -172,6 +174,12 @@ def watch_findings(run: RunDir, debug: bool = False, stopped: bool = False) -> l
         findings.extend(hang_findings(hang, debug=debug, aborted_mismatch=told))
         # After a hang, ranks killed by ddpdoctor are victims, not crashes.
         crashes = [f for f in crashes if f.id != "rank-crashed" or "SIGTERM" not in str(f.evidence.get("exception"))]
+    diverged = _divergence(run)
+    if diverged:  # ranks that --on-divergence stop stopped did not crash; a hang that followed points to it
+        crashes = [f for f in crashes if "DivergenceStopped" not in str(f.evidence.get("exception"))]
+        step = diverged[0].evidence.get("step")
+        note = f" (the ranks had diverged at step {step} before: see the divergence finding)"
+        findings = diverged + [dataclasses.replace(f, title=f.title + note) if f.id == "hang" else f for f in findings]
     stalls = (heartbeats["monitor"].get("stalls") if heartbeats and heartbeats.get("monitor") else None) or []
     findings.extend(stall_findings(stalls if isinstance(stalls, list) else []))
     if stopped:
@@ -181,6 +189,20 @@ def watch_findings(run: RunDir, debug: bool = False, stopped: bool = False) -> l
     if debug:
         findings.extend(debug_findings(run, have={f.id for f in findings}))
     return findings
+
+
+def _divergence(run: RunDir) -> list[Finding]:
+    """RUN/divergence.json (job/divergence.py): the first step at which ranks' fingerprints differed."""
+    from ddpdoctor.errors import BadInput
+    from ddpdoctor.findings.divergence import divergence_findings
+    from ddpdoctor.rundir.layout import read_json
+
+    path = run.root / "divergence.json"
+    try:
+        doc = read_json(path) if path.is_file() else None
+    except (OSError, BadInput):
+        return []
+    return divergence_findings(doc)
 
 
 def debug_findings(run: RunDir, have: set[str]) -> list[Finding]:

@@ -1,6 +1,6 @@
-"""The fault benchmark's quick tier (benchmarks/faults/, issue 41) as CI runs it: three real 2-rank gloo launches
-under ddpdoctor (a rank stuck in I/O, a rank that raises, a healthy job) and the simulated 1,024/32,768-rank job
-rules. The benchmark must run end to end and write its table; its canaries must be judged right (a wrong answer
+"""The fault benchmark's quick tier (benchmarks/faults/, issue 41) as CI runs it: two real 2-rank gloo launches
+under ddpdoctor (a rank stuck in I/O, a healthy job; crashes are tested in test_faults.py and
+test_hang_scenarios.py) and the simulated 1,024/32,768-rank job rules. The benchmark must run end to end and write its table; its canaries must be judged right (a wrong answer
 here is a regression of ddpdoctor's verdict, the full tier measures the rest). Nothing here depends on a time."""
 
 from __future__ import annotations
@@ -25,11 +25,10 @@ def test_quick_tier_runs_and_scores_its_canaries(tmp_path: Path) -> None:
     assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-3000:]
     results = json.loads((tmp_path / "results.json").read_text())
     runs = {o["scenario"]: o for o in results["ddpdoctor"]}
-    assert set(runs) == {"hang-stuck-io-2r", "crash-exception-2r", "healthy-plain-2r"}
-    for name in ("hang-stuck-io-2r", "crash-exception-2r"):
-        o = runs[name]
-        assert o["judged"]["culprit_ok"] and o["judged"]["class_ok"], o
-        assert o["fault_at"] is not None and o["time_to_verdict_s"] is not None, o  # the fault mark was read
+    assert set(runs) == {"hang-stuck-io-2r", "healthy-plain-2r"}
+    o = runs["hang-stuck-io-2r"]
+    assert o["judged"]["culprit_ok"] and o["judged"]["class_ok"], o
+    assert o["fault_at"] is not None and o["time_to_verdict_s"] is not None, o  # the fault mark was read
     assert runs["healthy-plain-2r"]["judged"]["false_alarm"] is False, runs["healthy-plain-2r"]
     table = (tmp_path / "table.md").read_text()
     assert "| ddpdoctor |" in table and "hang-stuck-io-2r" in table

@@ -166,6 +166,8 @@ def test_unit_inventory_names_every_unit_with_its_collectives(fsdp_run):
     for u in units:
         assert u["all_gather_forward_ms"] > 0 and u["reduce_scatter_ms"] > 0 and u["params"] > 0
         assert u["forward_prefetched"] is False
+        # the late peer's part of the exposed time, and who (docs/metrics.md "Late peer"); a timing, so only its shape
+        assert 0 <= u["late_peer_exposed_ms"] and u["late_rank"] in (None, 0, 1)
     assert units[0]["first"] is True and not any(u["first"] for u in units[1:])
     # the last unit's backward all-gather is its own; the others' are prefetched by FSDP2 one unit deep
     assert all(u["all_gather_backward_ms"] > 0 for u in units)

@@ -180,3 +180,10 @@ def test_undoing_a_hard_wrap_never_swallows_a_record_after_fixed_width_lines() -
     text = "".join(bar.format(i=i) + "\n" for i in range(5)) + "Killed\n"
     found = explain_texts({"rank1.log": text})
     assert [f.id for f in found] == ["rank-crashed"] and "SIGKILL" in found[0].title
+
+
+def test_a_long_warning_that_names_an_error_is_not_cut_into_a_failure() -> None:
+    line = ("/usr/lib/python3.10/site-packages/transformers/trainer.py:1234: UserWarning: this option is deprecated "
+            "and will raise a RuntimeError: in a future release of the library; please migrate to the new option now")
+    assert list(records(line)) == [line]
+    assert explain_texts({"rank0.log": line + "\nEpoch 1 loss 0.5\n"}) == []

@@ -1,0 +1,186 @@
+"""The job-wide comparison of the ranks' per-step fingerprints (probes/divergence.py), and the monitor plugin that
+feeds it, writes RUN/divergence.json and, with --on-divergence stop, tells every rank to stop (issue 38).
+
+Per step the judge keeps ``{key: ranks}`` (the distinct fingerprints, usually one) and one example record per key:
+O(1) per record, nothing quadratic in ranks or steps; a step is judged once every rank of the job has reported it.
+The majority's key is the job's; the ranks of the other keys diverged. On a tie (2 ranks, 1 against 1) the side
+that equals the job's last agreed record is the job's, else the side with a finite loss, else the lower rank's."""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from ddpdoctor.rundir.layout import write_json
+
+WINDOW = 512  # steps kept while some rank has not reported them yet (a rank that ended early never will)
+MAX_RANKS_SHOWN = 64
+FIELDS = ("colls", "ops", "opt", "loss", "graphs")  # a record is [step, key, *FIELDS]
+
+
+@dataclass
+class _Step:
+    by_key: dict[int, list[int]] = field(default_factory=dict)
+    example: dict[int, list[int]] = field(default_factory=dict)
+    n: int = 0
+    first_at: float = 0.0  # when the first record of this step arrived (time.time())
+
+
+def valid(rec: Any) -> list[int] | None:
+    if isinstance(rec, list) and len(rec) == 2 + len(FIELDS) and all(type(v) is int for v in rec):
+        return rec
+    return None
+
+
+class DivergenceJudge:
+    def __init__(self, world_size: int | None) -> None:
+        self.world_size = world_size
+        self.steps: dict[int, _Step] = {}
+        self.agreed: list[int] | None = None  # the last step's record every rank agreed on
+        self.verdict: dict[str, Any] | None = None
+        self.judged = 0
+        self.agreed_step = 0  # the last step every rank agreed on
+
+    def add(self, ranks: list[int], rec: list[int]) -> dict[str, Any] | None:
+        """``ranks`` reported ``rec`` (one rank, or a node's ranks that agree); the new verdict, if this made one."""
+        if self.verdict is not None or not ranks:
+            return None
+        step, key = rec[0], rec[1]
+        st = self.steps.get(step)
+        if st is None:
+            if len(self.steps) >= WINDOW:
+                del self.steps[min(self.steps)]
+            st = self.steps[step] = _Step(first_at=time.time())
+        st.by_key.setdefault(key, []).extend(ranks)
+        st.example.setdefault(key, rec)
+        st.n += len(ranks)
+        if self.world_size is None or st.n < self.world_size:
+            return None
+        del self.steps[step]
+        self.judged += 1
+        if len(st.by_key) == 1:
+            self.agreed = rec
+            self.agreed_step = max(self.agreed_step, step)
+            return None
+        self.verdict = self._verdict(step, st)
+        return self.verdict
+
+    def _verdict(self, step: int, st: _Step) -> dict[str, Any]:
+        agreed_key = self.agreed[1] if self.agreed is not None else None
+
+        def rank_of(key: int) -> tuple[int, int, int, int]:
+            ex = st.example[key]
+            return (-len(st.by_key[key]), 0 if key == agreed_key else 1, 0 if ex[5] != 0 else 1,
+                    min(st.by_key[key]))
+
+        keys = sorted(st.by_key, key=rank_of)
+        job_key = keys[0]
+        job = dict(zip(FIELDS, st.example[job_key][2:], strict=True))
+        items: list[dict[str, Any]] = []
+        diverged: list[int] = []
+        for key in keys[1:]:
+            ranks = sorted(st.by_key[key])
+            diverged.extend(ranks)
+            theirs = dict(zip(FIELDS, st.example[key][2:], strict=True))
+            items.extend(_items(step, ranks, theirs, job))
+        diverged.sort()
+        reason = items[0]["text"] if items else f"ranks {diverged[:8]} differ at step {step}"
+        if len(diverged) == len(st.by_key[job_key]):
+            reason += " (as many ranks on each side: the side named is the one that changed from the last agreed step)"
+        return {"step": step, "ranks": diverged[:MAX_RANKS_SHOWN], "ranks_count": len(diverged),
+                "others_count": len(st.by_key[job_key]), "job": job, "items": items[:8], "reason": reason,
+                "detected_at": time.time(), "after_first_record_s": round(time.time() - st.first_at, 3)}
+
+
+def _who(ranks: list[int]) -> str:
+    shown = ", ".join(str(r) for r in ranks[:8]) + (f" (+{len(ranks) - 8})" if len(ranks) > 8 else "")
+    return ("rank " if len(ranks) == 1 else "ranks ") + shown
+
+
+def _items(step: int, ranks: list[int], theirs: dict[str, int], job: dict[str, int]) -> list[dict[str, Any]]:
+    """The fields that differ, most telling first: a non-finite loss, optimizer steps, collective counts, the
+    collectives' kinds, compiled graphs."""
+    who = _who(ranks)
+    out: list[dict[str, Any]] = []
+
+    def add(name: str, text: str) -> None:
+        out.append({"field": name, "rank_value": theirs[name], "others_value": job[name], "text": text})
+
+    if theirs["loss"] != job["loss"] and 0 in (theirs["loss"], job["loss"]):
+        add("loss", f"{who}: the loss went non-finite (NaN/inf) at step {step}, the other ranks' was finite"
+            if theirs["loss"] == 0 else f"{who}: loss finite at step {step} while the other ranks' went non-finite")
+    if theirs["opt"] != job["opt"]:
+        add("opt", f"{who}: {theirs['opt']} optimizer step(s) in step {step}, the other ranks {job['opt']}")
+    if theirs["colls"] != job["colls"]:
+        more = theirs["colls"] > job["colls"]
+        add("colls", f"{who}: {theirs['colls']} collectives on the default group in step {step}, the other ranks "
+            f"{job['colls']}" + (" (it skipped an optimizer step, so its step spans more than one iteration, or "
+                                 "issued extra collectives)" if more else " (it issued fewer collectives)"))
+    if theirs["ops"] != job["ops"]:
+        add("ops", f"{who}: its torch.distributed calls in step {step} differ from the other ranks' "
+            "(op, sizes, dtype or reduce op)")
+    if theirs["graphs"] != job["graphs"]:
+        add("graphs", f"{who}: {theirs['graphs']} graphs compiled by step {step}, the other ranks {job['graphs']} "
+            "(torch.compile recompiled on one side)")
+    return out
+
+
+class DivergenceWatch:
+    """HangMonitor plugin: feeds the ranks' "fp" lines to the judge; on a verdict writes RUN/divergence.json, says
+    one line and, with ``on_divergence == "stop"``, asks every rank to stop before its next optimizer step."""
+
+    def __init__(self, on_divergence: str = "warn") -> None:
+        self.on_divergence = on_divergence
+        self.judge = DivergenceJudge(None)
+        self.run_root: Path | None = None
+
+    def rank_env(self) -> dict[str, str]:
+        """The ranks' probes/divergence.py reads the mode: in stop mode it holds each optimizer step for the word."""
+        from ddpdoctor.probes.divergence import MODE_ENV
+
+        return {MODE_ENV: self.on_divergence}
+
+    def on_start(self, monitor: Any) -> None:
+        self.run_root = monitor.run_root
+        if monitor.decider is not None and self.on_divergence == "stop":
+            # Many nodes: the ranks' records are not relayed to the head yet, so no monitor sees a whole step and
+            # a held optimizer step would wait HOLD_S every step. Said, and warned about instead.
+            self.on_divergence = "warn"
+            monitor.say("--on-divergence stop is not supported on a job of several nodes yet: divergence is not "
+                        "compared across nodes either (docs/hangs.md#divergence)")
+        if self.run_root is not None and monitor.writes_run_files:
+            (Path(self.run_root) / "divergence.json").unlink(missing_ok=True)
+
+    def on_message(self, monitor: Any, rank: int, msg: Any) -> None:
+        if msg.get("type") != "fp" or self.judge.verdict is not None:
+            return
+        if self.judge.world_size is None:
+            self.judge.world_size = monitor.world_size or getattr(monitor, "_expected_world", None)
+        recs = msg.get("fp")
+        before = self.judge.agreed_step
+        for raw in recs if isinstance(recs, list) else []:
+            rec = valid(raw)
+            if rec is None:
+                continue
+            verdict = self.judge.add([rank], rec)
+            if verdict is not None:
+                self._declare(monitor, verdict)
+                return
+        if self.on_divergence == "stop" and self.judge.agreed_step > before:
+            for r in monitor.rank_ids():  # the held optimizer steps may run (probes/divergence.py)
+                monitor.send(r, {"type": "fp-ok", "step": self.judge.agreed_step})
+
+    def _declare(self, monitor: Any, verdict: dict[str, Any]) -> None:
+        verdict["on_divergence"] = self.on_divergence
+        if self.on_divergence == "stop":
+            for r in monitor.rank_ids():
+                monitor.send(r, {"type": "divergence-stop", "reason": verdict["reason"]})
+        if self.run_root is not None and monitor.writes_run_files:
+            try:
+                write_json(Path(self.run_root) / "divergence.json", verdict)
+            except OSError:
+                pass
+        action = "; stopping the job before its next optimizer step" if self.on_divergence == "stop" else ""
+        monitor.say(f"ranks diverged at step {verdict['step']}: {verdict['reason']}{action}")

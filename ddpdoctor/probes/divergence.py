@@ -1,0 +1,174 @@
+"""A per-step fingerprint of what this rank did, compared job-wide by the monitor (job/divergence.py), so a rank
+that goes its own way is named at the step it happens (issue 38; docs/hangs.md#divergence).
+
+The record of an iteration is taken when its first optimizer step is about to run (torch.optim's global pre hook:
+everything that could reach the weights is known then), or at the iteration's end when no optimizer step ran (a
+GradScaler-skipped step, an explicit ``ddpdoctor.step()``). It holds:
+
+- ``colls``: how many collectives the default group enqueued since the last record (the Flight Recorder's status,
+  ~5 us: every caller, DDP's reducer and FSDP2 included). Subgroups are not compared: which ranks belong to which
+  differs by design.
+- ``ops``: a rolling CRC of (op, sizes, dtype, reduce op) of the collectives the public ``torch.distributed``
+  wrappers saw (probes/heartbeat.py); 0 when none.
+- ``opt``: 1 when the record was taken at an optimizer step, 0 when the iteration ended without one.
+- ``loss``: 1 when every loss ``backward()`` was called on was finite, 0 when one was not, -1 when none was seen or
+  reading it would cost a device sync (a CUDA loss is not read).
+- ``graphs``: torch._dynamo's count of compiled graphs, once the script imported torch._dynamo (else -1).
+
+A record is a short list ``[step, key, colls, ops, opt, loss, graphs]`` (~40 bytes of JSON); ``key`` is a CRC of
+the fields, what the job compares. Records wait in a deque the heartbeat thread drains every tick (0.2 s).
+
+``--on-divergence stop`` ($DDPDOCTOR_ON_DIVERGENCE=stop): the record is sent at once and the optimizer's pre-hook
+holds until the monitor says every rank agreed on that step (``fp-ok``) or that they did not
+(``divergence-stop``: it raises DivergenceStopped, so nothing from the divergent step reaches the weights). A hold
+that gets no answer within HOLD_S (a peer that never reaches its optimizer step: it waits in a collective this
+rank will only join after its own step) lets the step go on: the verdict then stops the job one step later."""
+
+from __future__ import annotations
+
+import math
+import os
+import sys
+import threading
+import zlib
+from collections import deque
+from collections.abc import Callable
+from typing import Any
+
+import torch
+
+MODE_ENV = "DDPDOCTOR_ON_DIVERGENCE"
+MAX_PENDING = 4096  # records not yet drained (a heartbeat thread that cannot send): the oldest are dropped
+# A peer that is only slower (a longer data load) costs this much protection, never an alarm. The tests raise it
+# ($DDPDOCTOR_DIVERGENCE_HOLD_S) so that a loaded machine's slow monitor cannot let a held step go.
+HOLD_S = 2.0
+HOLD_ENV = "DDPDOCTOR_DIVERGENCE_HOLD_S"
+
+
+class DivergenceStopped(RuntimeError):
+    """Raised in the optimizer's pre-hook once the job found ranks that diverged (--on-divergence stop)."""
+
+
+def record_key(colls: int, ops: int, opt: int, loss: int, graphs: int) -> int:
+    return zlib.crc32(f"{colls},{ops},{opt},{loss},{graphs}".encode())
+
+
+class StepFingerprint:
+    def __init__(self, tracker: Any, stop: bool | None = None) -> None:
+        self.tracker = tracker
+        self.stop = os.environ.get(MODE_ENV) == "stop" if stop is None else stop
+        self.pending: deque[list[int]] = deque(maxlen=MAX_PENDING)
+        self.stop_reason: str | None = None
+        self.send: Callable[[list[int]], None] | None = None  # stop mode: the heartbeat's immediate send
+        self.holds_timed_out = 0
+        self._ops = 0
+        self._loss = -1
+        self._taken = False  # this iteration's record was taken (at its first optimizer step)
+        self._base: int | None = None  # the default group's last enqueued sequence number at the last record
+        self._handles: list[Any] = []
+        self._group: str | None = None
+        self._ok_step = 0
+        self._answer = threading.Condition()
+        try:
+            self.hold_s = float(os.environ.get(HOLD_ENV, HOLD_S))
+        except ValueError:
+            self.hold_s = HOLD_S
+
+    def install(self) -> None:
+        from torch.optim.optimizer import register_optimizer_step_pre_hook
+
+        self._handles.append(register_optimizer_step_pre_hook(self._on_pre))
+        self.tracker.add_listener(self._on_step)
+
+    def finish(self, status: Any) -> None:
+        for h in self._handles:
+            h.remove()
+        self._handles.clear()
+
+    # -- the training thread -------------------------------------------------------------------------------
+    def saw_collective(self, op: str, sizes: Any, args: Any, kwargs: Any) -> None:
+        """A public torch.distributed call (the heartbeat's wrapper): folded into this step's ``ops``."""
+        t = args[0] if args and isinstance(args[0], torch.Tensor) else None
+        dtype = str(t.dtype) if t is not None else ""
+        red = kwargs.get("op")
+        if red is None and op in ("all_reduce", "reduce") and len(args) > 1 and not isinstance(args[1], int):
+            red = args[1]
+        self._ops = zlib.crc32(f"{op}|{sizes}|{dtype}|{red}".encode(), self._ops)
+
+    def saw_backward(self, tensor: Any) -> None:
+        """``tensor.backward()`` (the heartbeat's outer backward wrapper): a CPU scalar loss is read (~1 us)."""
+        if self._loss == 0 or not isinstance(tensor, torch.Tensor) or tensor.device.type != "cpu" \
+                or tensor.numel() != 1:
+            return
+        try:
+            self._loss = 1 if math.isfinite(float(tensor.detach())) else 0
+        except (RuntimeError, ValueError, OverflowError):
+            return
+
+    def _on_pre(self, optimizer: Any, args: Any, kwargs: Any) -> None:
+        if not self._taken:
+            self._taken = True
+            rec = self._record(self.tracker.step + 1, opt=1)
+            if self.stop and self.send is not None:
+                self.send(rec)
+                self._hold(rec[0])
+            else:
+                self.pending.append(rec)
+        if self.stop_reason is not None:
+            raise DivergenceStopped(f"ddpdoctor --on-divergence stop: {self.stop_reason}")
+
+    def _on_step(self, step: int) -> None:
+        if not self._taken:
+            self.pending.append(self._record(step, opt=0))
+        self._taken = False
+
+    def _record(self, step: int, opt: int) -> list[int]:
+        colls = 0
+        seq = self._enqueued()
+        if seq is not None:
+            colls = seq - self._base if self._base is not None else seq + 1
+            self._base = seq
+        graphs = -1
+        dynamo = sys.modules.get("torch._dynamo.utils")
+        if dynamo is not None:
+            try:
+                graphs = int(dynamo.counters["stats"]["unique_graphs"])
+            except Exception:  # noqa: BLE001 - another torch's counters
+                graphs = -1
+        rec = [step, record_key(colls, self._ops, opt, self._loss, graphs), colls, self._ops, opt, self._loss, graphs]
+        self._ops, self._loss = 0, -1
+        return rec
+
+    def _enqueued(self) -> int | None:
+        from ddpdoctor.probes.collectives import default_group_name, fr_status
+
+        if self._group is None:
+            self._group = default_group_name()
+            if self._group is None:
+                return None
+        s = fr_status().get(self._group)
+        return s["enqueued"] if s is not None else None
+
+    def _hold(self, step: int) -> None:
+        with self._answer:
+            if not self._answer.wait_for(lambda: self._ok_step >= step or self.stop_reason is not None,
+                                        self.hold_s):
+                self.holds_timed_out += 1
+
+    # -- the heartbeat thread -------------------------------------------------------------------------------
+    def agreed(self, step: int) -> None:
+        """The monitor's ``fp-ok``: every rank's record of ``step`` was the same."""
+        with self._answer:
+            self._ok_step = max(self._ok_step, step)
+            self._answer.notify_all()
+
+    def stopped(self, reason: str) -> None:
+        """The monitor's ``divergence-stop``."""
+        with self._answer:
+            self.stop_reason = reason
+            self._answer.notify_all()
+
+    def take(self) -> list[list[int]]:
+        from ddpdoctor.probes.steps import drain
+
+        return drain(self.pending)

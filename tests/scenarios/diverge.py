@@ -1,0 +1,60 @@
+"""Ranks that go their own way (issue 38): a small DDP job where one rank does something the others do not.
+
+    diverge.py FAULT [STEPS] [OUT]
+
+FAULT: ``none`` (healthy; rank 0 also runs an evaluation forward under no_grad every 4 steps, on rank 0 only);
+``skip`` (rank 1 skips its optimizer step at step 5: a rank-local loss check); ``nan`` (rank 1's loss is NaN at
+step 5: all-reduced into every replica); ``reduceop`` (at step 5 every rank all-reduces a metric, rank 1 with MAX
+where the others SUM: no hang, no error, a silently different result). With OUT,
+each rank writes its losses and final weights to OUT/rankR.pt (the stop and bit-identity tests read them)."""
+
+import datetime
+import math
+import os
+import sys
+import time
+
+import torch
+import torch.distributed as dist
+import torch.nn as nn
+
+FAULT = sys.argv[1]
+STEPS = int(sys.argv[2]) if len(sys.argv) > 2 else 12
+OUT = sys.argv[3] if len(sys.argv) > 3 else None
+AT = 5
+
+dist.init_process_group("gloo", timeout=datetime.timedelta(seconds=int(os.environ.get("SCENARIO_GLOO_TIMEOUT", "120"))))
+rank = dist.get_rank()
+torch.manual_seed(0)
+model = nn.parallel.DistributedDataParallel(nn.Sequential(nn.Linear(8, 16), nn.ReLU(), nn.Linear(16, 1)))
+opt = torch.optim.SGD(model.parameters(), lr=0.01)
+gen = torch.Generator().manual_seed(1 + rank)
+losses = []
+applied = []  # the steps whose update reached the weights
+at = {}  # step -> when its loss was known (the detection-time figure: RUN/divergence.json's detected_at minus this)
+try:
+    for step in range(1, STEPS + 1):
+        x, y = torch.randn(4, 8, generator=gen), torch.randn(4, 1, generator=gen)
+        loss = nn.functional.mse_loss(model(x), y)
+        if FAULT == "nan" and rank == 1 and step == AT:
+            loss = loss * float("nan")  # BUG: rank 1's loss is NaN at step 5
+        opt.zero_grad()
+        loss.backward()
+        losses.append(float(loss))
+        at[step] = time.time()
+        if FAULT == "reduceop" and step == AT:
+            dist.all_reduce(loss.detach().clone(), op=dist.ReduceOp.MAX if rank == 1 else dist.ReduceOp.SUM)  # BUG
+        if FAULT == "skip" and rank == 1 and step == AT:
+            continue  # BUG: rank 1 alone decides to skip this step
+        opt.step()
+        applied.append(step)
+        if FAULT == "none" and rank == 0 and step % 4 == 0:
+            with torch.no_grad():
+                model.module(torch.randn(2, 8, generator=gen))  # evaluation on rank 0 only
+finally:
+    if OUT:
+        os.makedirs(OUT, exist_ok=True)
+        torch.save({"losses": losses, "applied": applied, "at": at, "finite": all(math.isfinite(float(p.sum()))
+                    for p in model.parameters()), "weights": [p.detach().clone() for p in model.parameters()]},
+                   os.path.join(OUT, f"rank{rank}.pt"))
+dist.destroy_process_group()
