@@ -46,7 +46,7 @@ class RankPosition:
 
 @dataclass
 class HangDiagnosis:
-    kind: str  # "rank-exited", "outside-collective", "seq-behind", "mismatch", "unknown"
+    kind: str  # "rank-exited", "outside-collective", "seq-behind", "mismatch", "out-of-data", "unknown"
     stalled_ranks: list[int]
     culprit_ranks: list[int]
     collective: WaitedCollective | None
@@ -149,11 +149,29 @@ def diagnose_hang(positions: dict[int, RankPosition], stalled: list[int]) -> Han
             waiting_on = _collective_of([p for r, p in inside.items() if r not in culprits]) or waiting_on
             ps = list(inside.values())
             differs = [f for f in ("op", "group", "sizes") if len({repr(getattr(p, f)) for p in ps}) > 1]
+            if in_ddp and _out_of_data(inside, culprits, in_ddp):
+                step = inside[culprits[0]].step
+                return diag("out-of-data", culprits, f"rank(s) {culprits} left the training loop early: after asking "
+                            f"for a batch (phase data) at step {step} they entered "
+                            + ", ".join(sorted({_describe_position(inside[r]) for r in culprits}))
+                            + f" instead of the step's forward, while rank(s) {sorted(in_ddp)} are in that step's "
+                            f"{DDP_BUCKETS}: most likely their data ran out (a shorter shard or loader)",
+                            differs, coll=waiting_on)
             return diag("mismatch", culprits, "ranks are in different collectives at the same point: "
                         + ", ".join(f"rank {r}: {_describe_position(p)}" for r, p in sorted(inside.items())),
                         differs, coll=waiting_on)
     return diag("unknown", [], "every rank is in the same state; no culprit can be told apart "
                 "(a slow or broken network, a deadlock in the script, or a collective every rank is waiting in)")
+
+
+def _out_of_data(inside: dict[int, RankPosition], culprits: list[int], in_ddp: set[int]) -> bool:
+    """The culprits of a mismatch left the loop when their data ran out: each is in a barrier entered from the data
+    phase (it asked its loader for a batch and went on to the end-of-epoch barrier, not to forward), at the step the
+    ranks in DDP's all-reduce are in. Another collective from the data phase may as well be an extra collective at
+    the top of the loop: not said to be this."""
+    steps = {inside[r].step for r in in_ddp}
+    return bool(culprits) and len(steps) == 1 and all(
+        inside[r].op == "barrier" and inside[r].phase == "data" and inside[r].step in steps for r in culprits)
 
 
 def _collective_of(ps: list[RankPosition]) -> WaitedCollective | None:
@@ -388,6 +406,10 @@ HANG_ADVICE = {
                 "sites show where they diverge. A rank in another collective while the rest are in DDP's "
                 "gradient all-reduce either called an extra collective (under a rank condition) or left the "
                 "training loop early (fewer batches: use DistributedSampler(drop_last=True) or DDP's join()).",
+    "out-of-data": "The culprit ran out of batches before the others and went on to what follows the training loop "
+                   "(here a barrier) while the others still train: give every rank the same number of batches "
+                   "(DistributedSampler(drop_last=True), shards of equal length) or use DDP's join() for uneven "
+                   "inputs.",
     "lost-node": "A node's ddpdoctor stopped publishing its ranks' state (its host died, its launcher was killed, "
                  "or the network to the head failed): read that node's scheduler and system logs (OOM killer, "
                  "preemption, node failure).",
