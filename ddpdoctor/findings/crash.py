@@ -94,13 +94,16 @@ def crash_findings(statuses: Mapping[int, RankStatusDoc | None], debug: bool = F
                    param_names: dict[int, list[str]] | None = None,
                    stderr: dict[int, str] | None = None,
                    last_beats: Mapping[int, Beat | None] | None = None,
-                   torn_down: set[int] | None = None, ddp_cfg: DDPModule | None = None) -> list[Finding]:
+                   torn_down: set[int] | None = None, ddp_cfg: DDPModule | None = None,
+                   oom_kills: int | None = None) -> list[Finding]:
     """rank-crashed for the root cause(s), collective-mismatch when the exception says so, and
     unused-parameters from DDP's "did not receive grad" error. Victims are listed, never blamed.
 
     ``stderr`` (rank -> its stderr text) explains ranks that died without a status file; their last
     heartbeat (``last_beats``) says which collective they were in. ``torn_down``: ranks torchrun itself stopped
-    after another rank ended (its "Sending process PID closing signal"), victims when they left no status."""
+    after another rank ended (its "Sending process PID closing signal"), victims when they left no status.
+    ``oom_kills``: how many times the host's OOM killer fired during the job (/proc/vmstat, None: not known), which
+    tells a rank killed outright by the OOM killer from one killed by another SIGKILL."""
     torn_down = torn_down or set()
     failed: dict[int, FailedRank] = {r: {**s} for r, s in statuses.items() if s and s.get("exception")}
     for r, s in statuses.items():
@@ -132,8 +135,7 @@ def crash_findings(statuses: Mapping[int, RankStatusDoc | None], debug: bool = F
     silent = sorted(r for r, s in statuses.items() if s is None and r not in failed and r not in torn_down)
     if not roots and silent:
         # A rank killed outright (SIGKILL, the OOM killer) writes nothing; its peers' connection errors follow from it.
-        roots = {r: FailedRank(exception="killed by a signal, leaving no status or message (SIGKILL or the OOM "
-                                         "killer?)", died=True) for r in silent}
+        roots = {r: FailedRank(exception=silent_death(oom_kills), died=True) for r in silent}
     elif not roots and (signalled := _signalled(statuses, failed)) is not None:
         # A rank killed by a signal it did not catch (SIGTERM, SIGINT by hand or a scheduler) writes its status and
         # no exception; its peers' connection errors follow from it (it used to be the peer that was blamed).
@@ -185,6 +187,17 @@ def crash_findings(statuses: Mapping[int, RankStatusDoc | None], debug: bool = F
             exception=exc, traceback=s.get("traceback", ""), call_site=fc.get("call_site"), victims=victims,
         ))
     return _dedupe(out)
+
+
+def silent_death(oom_kills: int | None) -> str:
+    """What killed a rank that left no status nor message, as far as the kernel's OOM-kill count says."""
+    if oom_kills is None:
+        return "killed by a signal, leaving no status or message (SIGKILL or the OOM killer?)"
+    if oom_kills > 0:
+        return (f"killed by SIGKILL, leaving no status or message, and the kernel's OOM killer fired {oom_kills} "
+                "time(s) meanwhile (/proc/vmstat oom_kill): most likely out of host memory")
+    return ("killed by a signal, leaving no status or message (SIGKILL; not the kernel's memory killer: its count "
+            "in /proc/vmstat did not change during the job)")
 
 
 def _differs(colls: Mapping[int, CollectiveState]) -> list[str]:

@@ -165,7 +165,8 @@ def watch_findings(run: RunDir, debug: bool = False, stopped: bool = False) -> l
     beats = {int(r): v.get("beat") for r, v in ((heartbeats.get("ranks") if heartbeats else None) or {}).items()}
     infos = _infos(run)
     crashes = crash_findings(statuses, debug=debug, param_names=_param_names(infos), stderr=stderr, last_beats=beats,
-                             torn_down=torn_down_ranks(run, statuses), ddp_cfg=_ddp_cfg(infos))
+                             torn_down=torn_down_ranks(run, statuses), ddp_cfg=_ddp_cfg(infos),
+                             oom_kills=_oom_kills(run))
 
     if hang is not None or stopped:  # ranks ddpdoctor stopped did not leave of their own accord
         crashes = [f for f in crashes if f.id != "rank-left-early"]
@@ -203,6 +204,21 @@ def _divergence(run: RunDir) -> list[Finding]:
     except (OSError, BadInput):
         return []
     return divergence_findings(doc)
+
+
+def _oom_kills(run: RunDir) -> int | None:
+    """How many times the host's OOM killer fired between the launch and the end (the manifest's /proc/vmstat
+    counts); None when either is unknown."""
+    from ddpdoctor.rundir import artefacts
+
+    try:
+        data = artefacts.load_dict(run.manifest)
+    except Exception:  # noqa: BLE001 - a manifest that cannot be read only loses this hint
+        return None
+    start, end = data.get("oom_kills_at_start"), data.get("oom_kills_at_end")
+    if isinstance(start, int) and isinstance(end, int) and end >= start:
+        return end - start
+    return None
 
 
 def debug_findings(run: RunDir, have: set[str]) -> list[Finding]:
