@@ -410,6 +410,9 @@ HANG_ADVICE = {
                    "(here a barrier) while the others still train: give every rank the same number of batches "
                    "(DistributedSampler(drop_last=True), shards of equal length) or use DDP's join() for uneven "
                    "inputs.",
+    "teardown": "The rank's script returned but its process does not exit: Python waits for every thread that is "
+                "not a daemon (and for atexit handlers). Its stack shows the thread: join it, stop it, or make it a "
+                "daemon (threading.Thread(daemon=True)); torchrun waits for every rank's process.",
     "lost-node": "A node's ddpdoctor stopped publishing its ranks' state (its host died, its launcher was killed, "
                  "or the network to the head failed): read that node's scheduler and system logs (OOM killer, "
                  "preemption, node failure).",
