@@ -123,8 +123,10 @@ def rank_collectives(
 ) -> tuple[list[CollectiveCall], list[float | None]]:
     """bwd: step -> (cpu_bwd_start, cpu_bwd_end, bwd_start, bwd_end) on the work's own clock."""
     launches: list[float | None]
+    enqueued: list[CpuCall | None] = [None] * len(trace.comm)
     if trace.device == "cpu":
-        launches = [e.start if e else None for e in _enqueue_launches(trace.comm, trace.enqueues)]
+        enqueued = _enqueue_launches(trace.comm, trace.enqueues)
+        launches = [e.start if e else None for e in enqueued]
         sizes = [args_bytes(c.args) for c in trace.comm]
     else:
         launches = [None if c.launch != c.launch else c.launch for c in trace.comm]
@@ -135,8 +137,9 @@ def rank_collectives(
                 sizes = [s if s is not None else args_bytes(r.args) for s, r in zip(sizes, rpc, strict=True)]
     calls: list[CollectiveCall] = []
     seq_by_group: dict[str | None, int] = {}
-    for i, (c, launch, nbytes) in enumerate(zip(trace.comm, launches, sizes, strict=True)):
+    for i, (c, launch, nbytes, enq) in enumerate(zip(trace.comm, launches, sizes, enqueued, strict=True)):
         op = op_name(c.args.collective or c.name)
+        cid = c.args.comms_id if c.args.comms_id is not None else (enq.args.comms_id if enq and enq.args else None)
         group = c.args.pg_name if c.args.pg_name is not None else (next(iter(trace.groups)) if len(trace.groups) == 1 else None)
         seq = c.args.seq
         if seq is None:
@@ -151,7 +154,7 @@ def rank_collectives(
         calls.append(CollectiveCall(
             rank=trace.rank, index=i, step=step, op=op, group=group, seq=seq, bytes=nbytes,
             start_us=c.start, dur_us=dur, end_us=c.end, start_rel_backward_us=rel,
-            algbw_gbps=algbw, busbw_gbps=busbw, launch_us=launch,
+            algbw_gbps=algbw, busbw_gbps=busbw, launch_us=launch, comms_id=None if cid is None else str(cid),
         ))
     return calls, launches
 

@@ -34,10 +34,9 @@ def _key(c: CollectiveCall, k: int) -> str:
     return f"{c.group}:seq{c.seq}" if c.seq is not None else f"{c.group}:#{k}"
 
 
-def match(results: list[RankResult]) -> list[MatchedCollective]:
-    """Same process group and sequence number where the trace has them, else the k-th call of the group."""
-    table: dict[str, dict[int, CollectiveCall]] = defaultdict(dict)
-    order: list[str] = []
+def _keyed(results: list[RankResult]) -> list[tuple[int, CollectiveCall, str]]:
+    """(rank, call, sequence key) of every group collective (no point-to-point), in each rank's start order."""
+    out: list[tuple[int, CollectiveCall, str]] = []
     for r in results:
         per_group: dict[str | None, int] = defaultdict(int)
         for c in r.calls:
@@ -45,10 +44,27 @@ def match(results: list[RankResult]) -> list[MatchedCollective]:
                 continue
             k = per_group[c.group]
             per_group[c.group] += 1
-            key = _key(c, k)
-            if key not in table:
-                order.append(key)
-            table[key][r.metrics.rank] = c
+            out.append((r.metrics.rank, c, _key(c, k)))
+    return out
+
+
+def _uses_comms_id(keyed: list[tuple[int, CollectiveCall, str]]) -> bool:
+    """Kineto's "Comms Id" keys the match only where every group collective of every rank carries one."""
+    return bool(keyed) and all(c.comms_id is not None for _, c, _ in keyed)
+
+
+def match(results: list[RankResult]) -> list[MatchedCollective]:
+    """Kineto's "Comms Id" where every rank's trace has it (newer torch), else the same process group and sequence
+    number where the trace has them, else the k-th call of the group (docs/metrics.md#collective-matching)."""
+    keyed = _keyed(results)
+    by_id = _uses_comms_id(keyed)
+    table: dict[str, dict[int, CollectiveCall]] = defaultdict(dict)
+    order: list[str] = []
+    for rank, c, seq_key in keyed:
+        key = f"id:{c.comms_id}" if by_id else seq_key
+        if key not in table:
+            order.append(key)
+        table[key][rank] = c
     out: list[MatchedCollective] = []
     for key in order:
         by_rank = table[key]
@@ -64,6 +80,27 @@ def match(results: list[RankResult]) -> list[MatchedCollective]:
             ends_us=ends, arrival_skew_us=late[last], last_rank=last, lateness_us=late,
         ))
     return out
+
+
+def comms_id_check(results: list[RankResult]) -> str | None:
+    """Where the traces carry Kineto's "Comms Id": say how many collectives the sequence-based match would pair
+    differently (one Comms Id on several (group, sequence) keys across ranks, or one key on several Comms Ids).
+    The match follows the Comms Id; None when the two agree or there is no Comms Id."""
+    keyed = _keyed(results)
+    if not _uses_comms_id(keyed):
+        return None
+    seq_of: dict[str, set[str]] = defaultdict(set)
+    id_of: dict[str, set[str]] = defaultdict(set)
+    for _, c, seq_key in keyed:
+        assert c.comms_id is not None
+        seq_of[c.comms_id].add(seq_key)
+        id_of[seq_key].add(c.comms_id)
+    bad = {cid for cid, keys in seq_of.items() if len(keys) > 1}
+    bad |= {cid for keys in id_of.values() if len(keys) > 1 for cid in keys}
+    if not bad:
+        return None
+    return (f"{len(bad)} of {len(seq_of)} collectives carry a Kineto Comms Id that the (group, sequence) matching "
+            "pairs differently across ranks: matched by Comms Id (docs/metrics.md#collective-matching)")
 
 
 def _own_lateness(prev: MatchedCollective | None, starts: dict[int, float]) -> dict[int, float]:

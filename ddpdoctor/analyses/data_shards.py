@@ -125,6 +125,8 @@ CAUSES = {
     "iterable-not-split": "an IterableDataset that every rank reads in full (not split by rank)",
     "lightning-sampler-off": "Lightning did not add its DistributedSampler (Trainer(use_distributed_sampler=False)) "
                              "and the loader's own sampler does not split the data by rank",
+    "accelerate-not-prepared": "the DataLoader was not passed to accelerator.prepare(), which is what shards it by "
+                               "rank, so every rank reads the whole dataset",
     "shard-order-differs": "each rank shuffles the whole dataset in its own order (a seed per rank) and then takes its "
                            "share of the batches, so the shares overlap and leave samples out",
 }
@@ -167,6 +169,8 @@ def shard_cause(loader_by_rank: dict[int, LoaderRecord], world_size: int) -> str
         return None
     if any(s.framework == "lightning" for s in samplers):
         return "lightning-sampler-off"  # Lightning adds a DistributedSampler unless it was told not to
+    if any(s.framework == "accelerate" for s in samplers):
+        return "accelerate-not-prepared"  # a prepared loader is sharded_by a BatchSamplerShard (above)
     return "shuffle-no-distributed-sampler" if any(s.shuffle for s in samplers) else "no-distributed-sampler"
 
 

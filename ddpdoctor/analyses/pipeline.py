@@ -236,6 +236,9 @@ def analyze_paths(paths: list[Path], options: AnalyzeOptions | None = None) -> A
         if r.metrics.comm_us == 0:
             notes.append(f"rank {r.metrics.rank}: no communication in the trace, so overlap_pct is null")
     matched = crossrank.match(results)
+    id_note = crossrank.comms_id_check(results)
+    if id_note:
+        notes.append(id_note)
     offsets, note = crossrank.clock_offsets(results, matched)
     if note:
         notes.append(note)

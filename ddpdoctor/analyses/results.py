@@ -178,7 +178,7 @@ class Analysis:
             "collectives": {
                 "count": len(self.calls),
                 "by_op": {op: asdict(t) for op, t in self.by_op().items()},
-                "calls": [asdict(c) for c in self.calls],
+                "calls": [_call_json(c) for c in self.calls],
                 "buckets": [asdict(b) for b in self.buckets],
                 "grad_ready": [asdict(g) for g in self.grad_ready],
                 "bandwidth": asdict(self.bandwidth),
@@ -205,3 +205,12 @@ class Analysis:
             if u is not None:
                 row.update(params=u.numel, bytes=u.bytes, kind=u.kind, reshard_after_forward=u.reshard_after_forward)
         return {"units": rows, "steps": steps}
+
+
+def _call_json(c: CollectiveCall) -> JsonObject:
+    """A call as JSON; ``comms_id`` only where the trace carries Kineto's "Comms Id" (newer torch)."""
+    d = asdict(c)
+    if d.get("comms_id") is None:
+        d.pop("comms_id", None)
+    return d
+

@@ -6,6 +6,7 @@ The evidence keeps the order the caller gives it (the terminal shows the first f
 
 from __future__ import annotations
 
+import re
 from collections.abc import Mapping
 from typing import Any, TypeVar
 
@@ -14,6 +15,29 @@ from ddpdoctor.rundir.records import RankStateDoc
 
 HANG_EVIDENCE = ("stalled_ranks", "culprit_ranks", "collective", "call_sites", "stacks", "detected_after_s")
 CRASH_EVIDENCE = ("rank", "exception", "traceback", "call_site")
+
+
+# A Python traceback's frame line, and the files that are no user's own code: installed packages (frameworks such as
+# Lightning or accelerate, whose handlers a user's exception passes through), the standard library, torch, ddpdoctor.
+_TB_FRAME = re.compile(r'^\s*File "([^"]+)", line (\d+)', re.M)
+_CHAIN = re.compile(r"^(?:The above exception was the direct cause of the following exception:|"
+                    r"During handling of the above exception, another exception occurred:)\s*$", re.M)
+_LIBRARY = re.compile(r"[/\\](?:site-packages|dist-packages|torch|ddpdoctor)[/\\]|[/\\]lib[/\\]python\d[\d.]*[/\\]")
+
+
+def _library_frame(site: str) -> bool:
+    return site.startswith("<") or bool(_LIBRARY.search(site))
+
+
+def user_call_site(traceback: str) -> str | None:
+    """``file:line`` of the user's own code where an exception was raised: the innermost frame outside installed
+    packages, the standard library, torch and ddpdoctor, in the first exception of a chain that has one (Python
+    prints a chain's original exception first; a framework that wraps it raises the later ones)."""
+    for block in _CHAIN.split(traceback or ""):
+        sites = [f"{p}:{n}" for p, n in _TB_FRAME.findall(block) if not _library_frame(p)]
+        if sites:
+            return sites[-1]
+    return None
 
 
 Evidence = TypeVar("Evidence", bound=Mapping[str, object])  # an evidence map, checked for its required keys
@@ -39,6 +63,10 @@ def rank_crashed_finding(rank: int | None, title: str, advice: str, *, ranks: li
     that (a watched run's victims). ``ranks`` names several ranks that died of one cause (``rank`` is then None)."""
     if ranks is None:
         ranks = [rank] if rank is not None else []
+    site = evidence.get("call_site")
+    if (site is None or (isinstance(site, str) and _library_frame(site))) and isinstance(evidence.get("traceback"), str):
+        # raised in the user's code through a framework's handlers: name the user's line, not the framework's
+        evidence["call_site"] = user_call_site(evidence["traceback"]) or site
     return Finding("rank-crashed", Severity.ERROR, title, ranks=list(ranks),
                    evidence=_checked("rank-crashed", {"rank": rank, **evidence}, CRASH_EVIDENCE), advice=advice)
 

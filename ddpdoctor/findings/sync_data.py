@@ -31,6 +31,10 @@ _CAUSE_ADVICE = {
                              "Trainer(use_distributed_sampler=False) (the default is True), or, if you need your own "
                              "sampler, make it shard by rank (DistributedSampler(dataset, shuffle=True); Lightning "
                              "calls its set_epoch).",
+    "accelerate-not-prepared": "With accelerate, a DataLoader is split across ranks by accelerator.prepare(), not by a "
+                               "DistributedSampler: pass it through prepare (model, optimizer, loader = "
+                               "accelerator.prepare(model, optimizer, loader)) and keep a plain shuffle=True; "
+                               "accelerate then gives each rank its share of the batches and sets the epoch itself.",
     "shard-order-differs": "The framework splits the batches across ranks (accelerate's prepare() wraps the loader's "
                            "batch sampler in BatchSamplerShard) from a permutation that each rank draws itself, so every "
                            "rank must draw the same one: seed every rank the same before accelerator.prepare(loader) "

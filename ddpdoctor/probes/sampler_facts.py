@@ -35,10 +35,13 @@ def base_sampler(loader: Any) -> Any:
 
 
 def framework_facts() -> SamplerFacts:
-    """Lightning, when loaded: it adds the DistributedSampler itself (use_distributed_sampler), so advice about a
-    loader's sampler is given in its terms."""
+    """Lightning, when loaded: it adds the DistributedSampler itself (use_distributed_sampler); accelerate, when
+    loaded: its prepare() shards the loader. Advice about a loader's sampler is given in their terms."""
     if "lightning" in sys.modules or "pytorch_lightning" in sys.modules:
         return {"framework": "lightning"}
+    if "accelerate" in sys.modules and "transformers.trainer" not in sys.modules:
+        # accelerate shards a loader only through accelerator.prepare(loader) (the HF Trainer prepares its own)
+        return {"framework": "accelerate"}
     return {}
 
 

@@ -97,6 +97,7 @@ class CallJson(TypedDict, total=False):
     algbw_gbps: float | None
     busbw_gbps: float | None
     launch_us: float | None
+    comms_id: str  # only where the trace carries Kineto's "Comms Id" (docs/metrics.md#collective-matching)
 
 
 class BucketJson(TypedDict, total=False):

@@ -144,7 +144,7 @@ class SamplerFacts(msgspec.Struct, kw_only=True, rename={"class_name": "class"})
     replacement: Scalar = None
     epoch: int | None = None
     sharded_by: ShardedBy | None = None
-    framework: str | None = None  # "lightning" when Lightning was loaded (it adds the DistributedSampler itself)
+    framework: str | None = None  # "lightning" / "accelerate" when loaded (they shard the loader themselves)
 
 
 class LoaderRecord(msgspec.Struct, kw_only=True):

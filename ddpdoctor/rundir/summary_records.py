@@ -133,6 +133,7 @@ class CollectiveCall:
     algbw_gbps: float | None  # bytes / dur, GB/s (1e9 bytes/s)
     busbw_gbps: float | None
     launch_us: float | None = None  # when the host enqueued it (CPU: the c10d call; GPU: the kernel launch)
+    comms_id: str | None = None  # Kineto's cross-rank "Comms Id" where the profiler writes one (newer torch)
 
 
 @dataclass(slots=True)

@@ -114,6 +114,9 @@ class EventArgs(msgspec.Struct):
     pg_ranks: Any = msgspec.field(default=None, name="Process Group Ranks")
     group_size: int | None = msgspec.field(default=None, name="Group size")
     seq: int | None = msgspec.field(default=None, name="Seq")
+    # Newer torch (profiler/util.cpp saveNcclMeta): a hash of (group name, Seq, p2p, rank start, stride, size) written
+    # as a bare integer beside Seq; the same on every rank for one collective (docs/metrics.md#collective-matching).
+    comms_id: int | str | None = msgspec.field(default=None, name="Comms Id")
     name: Any = None  # metadata events: thread_name / process_name
 
 

@@ -58,6 +58,17 @@ def test_accelerate_per_rank_seed_is_a_different_shuffle_order_not_a_missing_sam
     assert code == 0 and report["checks"]["data"][0]["shared"] == 0, report
 
 
+@pytest.mark.skipif(importlib.util.find_spec("accelerate") is None, reason="accelerate not installed (extra: frameworks)")
+def test_accelerate_loader_left_out_of_prepare_is_advised_in_accelerates_terms(tmp_path) -> None:
+    # Before (issue 39): "no DistributedSampler: every rank reads the whole dataset", advising a DistributedSampler
+    # to a script whose fix is accelerator.prepare(loader).
+    code, report = _check_sync(tmp_path, "unprepared", str(SCENARIOS / "accelerate_seed.py"), "--no-prepare-loader")
+    assert code == 1
+    overlap = next(f for f in report["findings"] if f["id"] == "sampler-overlap")
+    assert overlap["evidence"]["cause"] == "accelerate-not-prepared"
+    assert "accelerator.prepare(" in overlap["advice"] and "sampler=DistributedSampler" not in overlap["advice"]
+
+
 @pytest.mark.skipif(importlib.util.find_spec("transformers") is None,
                     reason="transformers not installed (extra: frameworks)")
 def test_hf_trainer_advice_is_in_training_arguments_terms(tmp_path) -> None:

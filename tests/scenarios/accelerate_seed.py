@@ -1,6 +1,7 @@
 """An accelerate training loop in the spirit of accelerate's examples (Accelerator, prepare, accelerator.backward),
 edited only to run on CPU/gloo under torchrun. `--seed-per-rank` seeds torch with seed + rank before prepare(): the
-bug of issue 27 (each rank shuffles in its own order, then keeps its share of the batches)."""
+bug of issue 27 (each rank shuffles in its own order, then keeps its share of the batches). `--no-prepare-loader`
+leaves the DataLoader out of accelerator.prepare() (issue 39): every rank reads the whole dataset."""
 
 from __future__ import annotations
 
@@ -17,6 +18,7 @@ from torch.utils.data import DataLoader, TensorDataset
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--seed-per-rank", action="store_true")
+    ap.add_argument("--no-prepare-loader", action="store_true")
     ap.add_argument("--steps", type=int, default=8)
     args = ap.parse_args()
     rank = int(os.environ.get("RANK", "0"))
@@ -27,7 +29,10 @@ def main() -> None:
     loader = DataLoader(data, batch_size=8, shuffle=True)
     model = nn.Linear(1, 1)
     opt = torch.optim.SGD(model.parameters(), lr=1e-3)
-    model, opt, loader = accelerator.prepare(model, opt, loader)
+    if args.no_prepare_loader:
+        model, opt = accelerator.prepare(model, opt)
+    else:
+        model, opt, loader = accelerator.prepare(model, opt, loader)
     for step, (x, y) in enumerate(loader):
         if step == args.steps:
             break

@@ -95,6 +95,9 @@ DIST = {"class": "DistributedSampler", "distributed": True, "num_replicas": 2, "
     ([_loader({**DIST, "rank": 0}), _loader({**DIST, "rank": 0})], "sampler-rank"),
     ([_loader({"class": "RandomSampler", "distributed": False, "shuffle": True})] * 2, "shuffle-no-distributed-sampler"),
     ([_loader({"class": "SequentialSampler", "distributed": False})] * 2, "no-distributed-sampler"),
+    # accelerate loaded, the loader not prepared (a prepared one is sharded_by its BatchSamplerShard)
+    ([_loader({"class": "RandomSampler", "distributed": False, "shuffle": True, "framework": "accelerate"})] * 2,
+     "accelerate-not-prepared"),
     ([_loader({"class": "SequentialSampler", "distributed": False}, subset={"hash": "s0"}),
       _loader({"class": "SequentialSampler", "distributed": False}, subset={"hash": "s1"})], "hand-made-shards"),
 ])
@@ -174,3 +177,24 @@ def test_an_output_computed_from_another_is_not_backpropagated_twice():
     loss = logits.sum() + (w ** 2).sum()  # from logits, plus a term of its own (an auxiliary loss)
     other = w * 3  # independent of both
     assert _sinks([logits, loss, other]) == [1, 2] and _sinks([logits]) == [0]
+
+
+def test_accelerate_is_recorded_and_its_unprepared_loader_gets_advice_in_its_terms(monkeypatch):
+    """The sampler probe records accelerate when it is loaded (not under the HF Trainer, which prepares its own
+    loaders), and the overlap cause then says prepare(), not DistributedSampler (docs/check-sync.md#frameworks)."""
+    import sys
+    import types
+
+    from ddpdoctor.analyses.data_shards import CAUSES
+    from ddpdoctor.findings.sync_data import _CAUSE_ADVICE
+    from ddpdoctor.probes.sampler_facts import framework_facts
+
+    for name in ("lightning", "pytorch_lightning", "transformers.trainer"):
+        monkeypatch.delitem(sys.modules, name, raising=False)
+    monkeypatch.setitem(sys.modules, "accelerate", types.ModuleType("accelerate"))
+    assert framework_facts() == {"framework": "accelerate"}
+    monkeypatch.setitem(sys.modules, "transformers.trainer", types.ModuleType("transformers.trainer"))
+    assert framework_facts() == {}
+    assert set(CAUSES) <= set(_CAUSE_ADVICE)
+    advice = _CAUSE_ADVICE["accelerate-not-prepared"]
+    assert "accelerator.prepare(" in advice and "DistributedSampler" in advice.split("not by a")[1][:25]
