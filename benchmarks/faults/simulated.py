@@ -25,7 +25,7 @@ from ddpdoctor.job.rules import Limits, decide  # noqa: E402
 
 NODES = 8
 LIMITS = Limits(None, 600.0, stuck_s=15.0)  # the default rule, 60 s floor
-KIND = {"outside-collective": "stuck", "rank-exited": "left-early", "seq-behind": "collective-mismatch",
+KIND = {"outside-collective": "stuck", "rank-exited": "left-early", "out-of-data": "left-early", "teardown": "stuck", "seq-behind": "collective-mismatch",
         "mismatch": "collective-mismatch", "lost-node": "lost-node", "unknown": "hang"}
 
 

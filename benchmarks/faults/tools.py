@@ -112,7 +112,7 @@ def _cleanup_cgroups() -> None:
 
 
 # -- ddpdoctor ---------------------------------------------------------------------------------------------
-_HANG_KIND = {"outside-collective": "stuck", "rank-exited": "left-early", "seq-behind": "collective-mismatch",
+_HANG_KIND = {"outside-collective": "stuck", "rank-exited": "left-early", "out-of-data": "left-early", "teardown": "stuck", "seq-behind": "collective-mismatch",
               "mismatch": "collective-mismatch", "lost-node": "lost-node", "unknown": "hang"}
 _SYNC = {"grad-divergence": "divergence:grads", "grads-never-synced": "divergence:grads",
          "param-divergence": "divergence:params", "buffer-divergence": "divergence:buffers"}

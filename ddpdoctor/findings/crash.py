@@ -7,12 +7,13 @@ Findings: ``rank-crashed`` (built by findings/failure.py), ``rank-left-early``, 
 from __future__ import annotations
 
 import re
+from collections import Counter
 from collections.abc import Mapping
 from typing import TypedDict
 
 from ddpdoctor.findings.failure import rank_crashed_finding
 from ddpdoctor.findings.framework_advice import ddp_option, framework_of
-from ddpdoctor.findings.hang import GlooSizes, mismatch_finding, position
+from ddpdoctor.findings.hang import DDP_BUCKETS, AbortedRank, GlooSizes, mismatch_finding, position
 from ddpdoctor.findings.model import Finding, Severity
 from ddpdoctor.rundir.records import Beat, CollectiveState, RankStatusDoc
 from ddpdoctor.rundir.schema import DDPModule
@@ -93,13 +94,16 @@ def crash_findings(statuses: Mapping[int, RankStatusDoc | None], debug: bool = F
                    param_names: dict[int, list[str]] | None = None,
                    stderr: dict[int, str] | None = None,
                    last_beats: Mapping[int, Beat | None] | None = None,
-                   torn_down: set[int] | None = None, ddp_cfg: DDPModule | None = None) -> list[Finding]:
+                   torn_down: set[int] | None = None, ddp_cfg: DDPModule | None = None,
+                   oom_kills: int | None = None) -> list[Finding]:
     """rank-crashed for the root cause(s), collective-mismatch when the exception says so, and
     unused-parameters from DDP's "did not receive grad" error. Victims are listed, never blamed.
 
     ``stderr`` (rank -> its stderr text) explains ranks that died without a status file; their last
     heartbeat (``last_beats``) says which collective they were in. ``torn_down``: ranks torchrun itself stopped
-    after another rank ended (its "Sending process PID closing signal"), victims when they left no status."""
+    after another rank ended (its "Sending process PID closing signal"), victims when they left no status.
+    ``oom_kills``: how many times the host's OOM killer fired during the job (/proc/vmstat, None: not known), which
+    tells a rank killed outright by the OOM killer from one killed by another SIGKILL."""
     torn_down = torn_down or set()
     failed: dict[int, FailedRank] = {r: {**s} for r, s in statuses.items() if s and s.get("exception")}
     for r, s in statuses.items():
@@ -131,8 +135,7 @@ def crash_findings(statuses: Mapping[int, RankStatusDoc | None], debug: bool = F
     silent = sorted(r for r, s in statuses.items() if s is None and r not in failed and r not in torn_down)
     if not roots and silent:
         # A rank killed outright (SIGKILL, the OOM killer) writes nothing; its peers' connection errors follow from it.
-        roots = {r: FailedRank(exception="killed by a signal, leaving no status or message (SIGKILL or the OOM "
-                                         "killer?)", died=True) for r in silent}
+        roots = {r: FailedRank(exception=silent_death(oom_kills), died=True) for r in silent}
     elif not roots and (signalled := _signalled(statuses, failed)) is not None:
         # A rank killed by a signal it did not catch (SIGTERM, SIGINT by hand or a scheduler) writes its status and
         # no exception; its peers' connection errors follow from it (it used to be the peer that was blamed).
@@ -157,6 +160,18 @@ def crash_findings(statuses: Mapping[int, RankStatusDoc | None], debug: bool = F
                                         if m else None)
             if detail and "bytes" not in differs:
                 differs.append("bytes")
+            blamed = None
+            every, lasts = _where_each(statuses, colls, last_beats)
+            if detail is not None:
+                # gloo aborts the rank that *received* the odd bytes: the rank that sent them is the one to blame.
+                blamed = gloo_mismatch_culprits(every, lasts, r)
+            if blamed is not None and blamed[0] != [r]:
+                culprits, why = blamed
+                aborted: AbortedRank = {"rank": r, "exception": exc.splitlines()[0][:300]}
+                out.append(mismatch_finding(every, [f for f in ("op", "group", "sizes", "bytes")
+                                                    if f in differs or f in _differs(every)],
+                                            debug, detail, culprits=culprits, why=why, aborted=aborted))
+                continue
             out.append(mismatch_finding(colls, differs, debug, detail))
         unused = _unused_parameters(exc, sorted(r2 for r2, s2 in roots.items() if any(
             p.search(s2.get("exception") or "") for p in (_UNUSED_INDICES, _UNUSED_NAMES, _UNUSED_LIGHTNING))),
@@ -172,6 +187,98 @@ def crash_findings(statuses: Mapping[int, RankStatusDoc | None], debug: bool = F
             exception=exc, traceback=s.get("traceback", ""), call_site=fc.get("call_site"), victims=victims,
         ))
     return _dedupe(out)
+
+
+def silent_death(oom_kills: int | None) -> str:
+    """What killed a rank that left no status nor message, as far as the kernel's OOM-kill count says."""
+    if oom_kills is None:
+        return "killed by a signal, leaving no status or message (SIGKILL or the OOM killer?)"
+    if oom_kills > 0:
+        return (f"killed by SIGKILL, leaving no status or message, and the kernel's OOM killer fired {oom_kills} "
+                "time(s) meanwhile (/proc/vmstat oom_kill): most likely out of host memory")
+    return ("killed by a signal, leaving no status or message (SIGKILL; not the kernel's memory killer: its count "
+            "in /proc/vmstat did not change during the job)")
+
+
+def _differs(colls: Mapping[int, CollectiveState]) -> list[str]:
+    ps = [c for c in colls.values() if c.get("op")]
+    return [f for f in ("op", "group", "sizes") if len({repr(c.get(f)) for c in ps}) > 1]
+
+
+def _where_each(statuses: Mapping[int, RankStatusDoc | None], colls: Mapping[int, CollectiveState],
+                last_beats: Mapping[int, Beat | None] | None) -> tuple[dict[int, CollectiveState], dict[int, CollectiveState]]:
+    """Every rank's collective (a failed rank's, else the one its status says it was in when torchrun stopped it,
+    else its last heartbeat's) and the last one it completed (status, else heartbeat): the waiting ranks too."""
+    where: dict[int, CollectiveState] = {}
+    last: dict[int, CollectiveState] = {}
+    for r, st in statuses.items():
+        b = (last_beats or {}).get(r) or {}
+        c = colls.get(r) or (st or {}).get("failed_collective") or _beat_collective(r, last_beats)
+        if c:
+            where[r] = c
+        lc = (st or {}).get("last_collective") or b.get("last_collective")
+        if lc:
+            last[r] = lc
+    return where, last
+
+
+# The probe's status names a rank in backward() so (probes/heartbeat.py); a heartbeat's position names it DDP_BUCKETS.
+_STATUS_DDP = "backward (DDP gradient all-reduce)"
+
+
+def _in_ddp(c: CollectiveState) -> bool:
+    return c.get("op") in (DDP_BUCKETS, _STATUS_DDP)
+
+
+def _coll_key(c: CollectiveState) -> str:
+    return repr((DDP_BUCKETS, None) if _in_ddp(c) else (c.get("op"), c.get("sizes")))
+
+
+def gloo_mismatch_culprits(colls: Mapping[int, CollectiveState], lasts: Mapping[int, CollectiveState],
+                           receiver: int) -> tuple[list[int], str] | None:
+    """Who sent gloo's "Received data size doesn't match" bytes (the rank gloo aborts is the one that received them):
+    (culprits, why), or None when the evidence does not tell. In order:
+
+    - "skipped": the ranks in the next step's DDP bucket all-reduce last completed (``lasts``) the very collective
+      the aborted rank and others wait in (same op and line, an earlier number): they skipped it this time;
+    - "left-or-extra": the ranks not in DDP's bucket all-reduce while others are (fewer batches, or an extra
+      collective);
+    - "odd-one-out": the ranks whose collective (op, group, sizes) differs from what most ranks run;
+    - "sender": on a tie (two ranks), the rank(s) whose collective differs from the receiver's.
+    Linear in ranks."""
+    ps = {r: c for r, c in colls.items() if c.get("op")}
+    if len(ps) < 2 or receiver not in ps:
+        return None
+    in_ddp = {r for r, c in ps.items() if _in_ddp(c)}
+    if in_ddp and len(in_ddp) < len(ps):
+        waited = {(c.get("op"), c.get("call_site"), c.get("seq")) for r, c in ps.items() if r not in in_ddp}
+        if (receiver not in in_ddp and all(op != "barrier" for op, _, _ in waited)
+                and all(_ran_before(lasts.get(r), waited) for r in in_ddp)):
+            # The ranks in DDP's all-reduce last completed the very collective the others wait in (same op, same
+            # line, an earlier number): this time they went past it to the next step's bucket all-reduce.
+            return sorted(in_ddp), "skipped"
+        # As for a hang (findings/hang.diagnose_hang): the ranks in DDP's per-step all-reduce are where training
+        # should be; the others left the loop early or called an extra collective.
+        return sorted(set(ps) - in_ddp), "left-or-extra"
+    keys = {r: _coll_key(c) for r, c in ps.items()}
+    counts = Counter(keys.values()).most_common()
+    if len(counts) > 1 and counts[0][1] > counts[1][1]:
+        return sorted(r for r, k in keys.items() if k != counts[0][0]), "odd-one-out"
+    sent = sorted(r for r, c in ps.items() if _differ(c, ps[receiver]))
+    return (sent, "sender") if sent else None
+
+
+def _ran_before(last: CollectiveState | None, waited: set[tuple[str | None, str | None, int | None]]) -> bool:
+    if not last or last.get("op") is None:
+        return False
+    seq = last.get("seq")
+    return any(last.get("op") == op and last.get("call_site") == site and isinstance(seq, int) and isinstance(n, int)
+               and seq < n for op, site, n in waited)
+
+
+def _differ(a: CollectiveState, b: CollectiveState) -> bool:
+    """Two ranks' collectives differ in what both of them record (a rank that died may have left only its op)."""
+    return any(a.get(f) and b.get(f) and repr(a.get(f)) != repr(b.get(f)) for f in ("op", "group", "sizes"))
 
 
 _TORCHRUN_STOPS = re.compile(r"Sending process (\d+) closing signal SIG")

@@ -46,7 +46,7 @@ class RankPosition:
 
 @dataclass
 class HangDiagnosis:
-    kind: str  # "rank-exited", "outside-collective", "seq-behind", "mismatch", "unknown"
+    kind: str  # "rank-exited", "outside-collective", "seq-behind", "mismatch", "out-of-data", "unknown"
     stalled_ranks: list[int]
     culprit_ranks: list[int]
     collective: WaitedCollective | None
@@ -149,11 +149,29 @@ def diagnose_hang(positions: dict[int, RankPosition], stalled: list[int]) -> Han
             waiting_on = _collective_of([p for r, p in inside.items() if r not in culprits]) or waiting_on
             ps = list(inside.values())
             differs = [f for f in ("op", "group", "sizes") if len({repr(getattr(p, f)) for p in ps}) > 1]
+            if in_ddp and _out_of_data(inside, culprits, in_ddp):
+                step = inside[culprits[0]].step
+                return diag("out-of-data", culprits, f"rank(s) {culprits} left the training loop early: after asking "
+                            f"for a batch (phase data) at step {step} they entered "
+                            + ", ".join(sorted({_describe_position(inside[r]) for r in culprits}))
+                            + f" instead of the step's forward, while rank(s) {sorted(in_ddp)} are in that step's "
+                            f"{DDP_BUCKETS}: most likely their data ran out (a shorter shard or loader)",
+                            differs, coll=waiting_on)
             return diag("mismatch", culprits, "ranks are in different collectives at the same point: "
                         + ", ".join(f"rank {r}: {_describe_position(p)}" for r, p in sorted(inside.items())),
                         differs, coll=waiting_on)
     return diag("unknown", [], "every rank is in the same state; no culprit can be told apart "
                 "(a slow or broken network, a deadlock in the script, or a collective every rank is waiting in)")
+
+
+def _out_of_data(inside: dict[int, RankPosition], culprits: list[int], in_ddp: set[int]) -> bool:
+    """The culprits of a mismatch left the loop when their data ran out: each is in a barrier entered from the data
+    phase (it asked its loader for a batch and went on to the end-of-epoch barrier, not to forward), at the step the
+    ranks in DDP's all-reduce are in. Another collective from the data phase may as well be an extra collective at
+    the top of the loop: not said to be this."""
+    steps = {inside[r].step for r in in_ddp}
+    return bool(culprits) and len(steps) == 1 and all(
+        inside[r].op == "barrier" and inside[r].phase == "data" and inside[r].step in steps for r in culprits)
 
 
 def _collective_of(ps: list[RankPosition]) -> WaitedCollective | None:
@@ -388,6 +406,13 @@ HANG_ADVICE = {
                 "sites show where they diverge. A rank in another collective while the rest are in DDP's "
                 "gradient all-reduce either called an extra collective (under a rank condition) or left the "
                 "training loop early (fewer batches: use DistributedSampler(drop_last=True) or DDP's join()).",
+    "out-of-data": "The culprit ran out of batches before the others and went on to what follows the training loop "
+                   "(here a barrier) while the others still train: give every rank the same number of batches "
+                   "(DistributedSampler(drop_last=True), shards of equal length) or use DDP's join() for uneven "
+                   "inputs.",
+    "teardown": "The rank's script returned but its process does not exit: Python waits for every thread that is "
+                "not a daemon (and for atexit handlers). Its stack shows the thread: join it, stop it, or make it a "
+                "daemon (threading.Thread(daemon=True)); torchrun waits for every rank's process.",
     "lost-node": "A node's ddpdoctor stopped publishing its ranks' state (its host died, its launcher was killed, "
                  "or the network to the head failed): read that node's scheduler and system logs (OOM killer, "
                  "preemption, node failure).",
@@ -396,23 +421,36 @@ HANG_ADVICE = {
 }
 
 
-def hang_findings(hang: HangDoc, debug: bool = False) -> list[Finding]:
-    """``hang`` is RUN/hang.json as the monitor wrote it."""
+def hang_findings(hang: HangDoc, debug: bool = False, aborted_mismatch: Finding | None = None) -> list[Finding]:
+    """``hang`` is RUN/hang.json as the monitor wrote it. ``aborted_mismatch``: the collective-mismatch that
+    findings/crash.py read from a gloo abort and whose culprits it told apart (evidence ``culprit_ranks``): the ranks
+    that ended are the aborted rank and its peers' victims, not ranks that left, and the hang that follows is that
+    mismatch's (docs/hangs.md#gloo-mismatch)."""
     d = hang["diagnosis"]
     positions: dict[str, PositionDoc] = d.get("positions", {})
     call_sites = {r: p.get("call_site") for r, p in positions.items()}
     stacks = {str(r): s for r, s in hang.get("stacks", {}).items()}
-    advice = HANG_ADVICE.get(d["kind"], HANG_ADVICE["unknown"])
+    kind, culprits, reason = d["kind"], d["culprit_ranks"], d["reason"]
+    told = (aborted_mismatch.evidence.get("culprit_ranks") if aborted_mismatch is not None else None)
+    if kind == "rank-exited" and isinstance(told, list) and told:
+        ended = sorted(int(r) for r, p in positions.items() if p.get("state") in ("exited", "no-heartbeat"))
+        waiting = sorted(int(r) for r, p in positions.items() if p.get("state") == "in-collective")
+        kind, culprits = "mismatch", sorted(int(r) for r in told)
+        reason = (f"a collective mismatch: rank(s) {culprits} ran another collective (gloo aborted a rank that "
+                  f"received its bytes); rank(s) {ended} ended with that abort, rank(s) {waiting} still wait")
+    advice = HANG_ADVICE.get(kind, HANG_ADVICE["unknown"])
     if not debug:
         advice += " Rerun with `ddpdoctor run --debug` for TORCH_DISTRIBUTED_DEBUG=DETAIL's collective checks."
     out = [hang_finding(
-        ("No first step within the start-up timeout: " if hang.get("in_startup") else "Job hung: ") + d["reason"],
-        d["culprit_ranks"] or d["stalled_ranks"], advice,
-        stalled_ranks=d["stalled_ranks"], culprit_ranks=d["culprit_ranks"],
+        ("No first step within the start-up timeout: " if hang.get("in_startup") else "Job hung: ") + reason,
+        culprits or d["stalled_ranks"], advice,
+        stalled_ranks=d["stalled_ranks"], culprit_ranks=culprits,
         collective=d.get("collective"), call_sites=call_sites, stacks=stacks,
         detected_after_s=hang.get("detected_after_s"), reported_after_s=hang.get("reported_after_s"),
-        hang_timeout_s=hang.get("hang_timeout_s"), kind=d["kind"],
+        hang_timeout_s=hang.get("hang_timeout_s"), kind=kind,
     )]
+    if aborted_mismatch is not None and kind != d["kind"]:
+        return out
     if d["kind"] == "mismatch":
         out.append(mismatch_finding(
             {int(r): _at(p) for r, p in positions.items() if p.get("state") == "in-collective"}, d.get("differs", []),
@@ -434,21 +472,56 @@ class GlooSizes(TypedDict):
     expected_bytes: int
 
 
+class AbortedRank(TypedDict):
+    """The rank gloo aborted on a mismatch (the receiver of the odd bytes) and its exception's first line."""
+
+    rank: int
+    exception: str
+
+
+_WHY = {
+    "skipped": "rank(s) {c} skipped the collective the others wait in (they ran it the step before, and are now in "
+               "the next step's DDP gradient all-reduce)",
+    "left-or-extra": "rank(s) {c} are in another collective while the others are in DDP's gradient all-reduce: "
+                     "they left the training loop early (fewer batches) or called an extra collective",
+    "odd-one-out": "rank(s) {c} run another collective than the other ranks",
+    "sender": "rank(s) {c} sent the bytes rank {a} did not expect",
+}
+
+
+def _grouped(colls: Mapping[int, CollectiveState]) -> str:
+    """"ranks 0, 1, 3 all_reduce [[1]] at x.py:9, rank 2 ...": ranks in the same collective said once (linear)."""
+    groups: dict[str, list[int]] = {}
+    for r, c in sorted(colls.items()):
+        groups.setdefault(f"{c.get('op')} {c.get('sizes') or ''} at {c.get('call_site')}", []).append(r)
+    return ", ".join(f"rank{'s' if len(rs) > 1 else ''} {', '.join(map(str, rs))} {what}" for what, rs in groups.items())
+
+
 def mismatch_finding(colls: Mapping[int, CollectiveState], differs: list[str], debug: bool,
-                      gloo_detail: GlooSizes | None = None) -> Finding:
+                      gloo_detail: GlooSizes | None = None, culprits: list[int] | None = None,
+                      why: str | None = None, aborted: AbortedRank | None = None) -> Finding:
+    """``culprits`` (with ``why``, a key of _WHY): the ranks to blame when the evidence tells them apart (the
+    finding's ranks then); ``aborted``: the rank gloo aborted, a victim when it is not a culprit."""
     advice = HANG_ADVICE["mismatch"]
     if not debug:
         advice += " `ddpdoctor run --debug` makes torch check each collective's fingerprint."
+    message = "Ranks called different collectives: " + _grouped(colls)
+    if culprits is not None:
+        named = ", ".join(map(str, culprits))
+        message = (f"Rank(s) {named} caused a collective mismatch: "
+                   + _WHY.get(why or "", "").format(c=named, a=aborted["rank"] if aborted else "?")
+                   + (f"; gloo aborted rank {aborted['rank']}, which received them" if aborted else "")
+                   + ". " + message)
     return Finding(
-        "collective-mismatch", Severity.ERROR,
-        "Ranks called different collectives: " + ", ".join(
-            f"rank {r} {c.get('op')} {c.get('sizes') or ''} at {c.get('call_site')}" for r, c in sorted(colls.items())),
-        ranks=sorted(colls),
+        "collective-mismatch", Severity.ERROR, message,
+        ranks=sorted(culprits) if culprits is not None else sorted(colls),
         evidence={
             "ranks": sorted(colls), "differs": differs,
             "collectives": {str(r): {k: c.get(k) for k in ("op", "group", "seq", "sizes")} for r, c in colls.items()},
             "call_sites": {str(r): c.get("call_site") for r, c in colls.items()},
             **({"gloo_sizes": gloo_detail} if gloo_detail else {}),
+            **({"culprit_ranks": sorted(culprits), "why": why} if culprits is not None else {}),
+            **({"aborted": aborted} if aborted else {}),
         },
         advice=advice,
     )

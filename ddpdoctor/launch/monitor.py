@@ -71,6 +71,10 @@ ACTIVITY_EVERY_S = 1.0
 __all__ = ["CRASH_GRACE_S", "MIN_HANG_TIMEOUT_S", "STEP_MULTIPLE", "STUCK_S", "auto_hang_timeout"]
 
 
+# A rank that sent its exit message and is still alive this long after is watched for a teardown hang.
+TEARDOWN_SAMPLE_S = 1.0
+
+
 @dataclass
 class RankLink:
     rank: int
@@ -141,6 +145,8 @@ class HangMonitor:
         self._expected_world: int | None = None
         self._lock = threading.Lock()
         self._kill_at: float | None = None
+        self._lingering: set[int] = set()  # pids of ranks that finished and never exited (_check_teardown)
+        self._quiet: dict[int, tuple[object, float]] = {}  # rank -> (its main thread's activity, since when)
         self._activity_at = 0.0
         self._job: RunningJob | None = None
         self.changes = 0  # counts changes of a rank's place or exit (the job layer publishes at once on one)
@@ -205,6 +211,54 @@ class HangMonitor:
             self._note_stalls(d.busy, now)
         elif hung:
             self._on_hang(job, d.stalled, now, own_ranks_only)
+        else:
+            self._check_teardown(job, now)
+
+    def _check_teardown(self, job: RunningJob, now: float) -> None:
+        """A rank whose script returned (its exit message, status 0) while its process is still alive a hang timeout
+        later never exits: a non-daemon thread (or an atexit handler) keeps it, and with it torchrun and ddpdoctor,
+        alive (docs/hangs.md#teardown). Cheap until a rank qualifies: the process tree is walked only then."""
+        with self._lock:
+            links = dict(self.links)
+        done = {r: lk for r, lk in links.items() if lk.exit is not None and lk.exit.get("exit_code") == 0
+                and not lk.exit.get("exception") and lk.exit_at is not None and now - lk.exit_at > TEARDOWN_SAMPLE_S
+                and lk.pid and lk.pid not in self._lingering}
+        if not done:
+            return
+        timeout = effective_timeout(self.records(now, job.started), self.limits())
+        late = {}
+        for r, lk in done.items():
+            if not in_tree(lk.pid, self.root_pid):
+                continue
+            # Quiet, not busy: a rank still exporting its profile (or saving) in an atexit handler is working.
+            sample = activity(lk.pid, only=frozenset({lk.main_tid})) if lk.main_tid else activity(lk.pid)  # type: ignore[arg-type]
+            seen = self._quiet.get(r)
+            if seen is None or seen[0] != sample:
+                self._quiet[r] = (sample, now)
+            elif now - max(seen[1], lk.exit_at or 0.0) > timeout:
+                late[r] = lk
+        if not late:
+            return
+        ranks = sorted(late)
+        recs = self.records(now, job.started)
+        stacks: dict[int, str | None] = {r: py_spy_dump(lk.pid) if lk.pid else None for r, lk in late.items()}
+        verdict = build({0: NodeState(0, socket.gethostname(), recs, seq=0, received=now)}, self.world_size, ranks,
+                        now, limits=self.limits(), timeout_s=timeout, on_hang=self.on_hang, stacks=stacks, dumps={},
+                        since_start_s=now - job.started)
+        ago = round(now - min(lk.exit_at or now for lk in late.values()))
+        d = verdict.diagnosis
+        d.kind, d.culprit_ranks, d.stalled_ranks, d.collective = "teardown", ranks, ranks, None
+        d.reason = (f"rank(s) {ranks} finished (exit status 0, {ago} s ago) but their process never exited: a thread "
+                    "that is not a daemon (or an atexit handler) keeps it alive; its stack shows which")
+        verdict.detected_after_s = float(ago)
+        verdict.heartbeats = {r: lk.beat for r, lk in links.items()}
+        verdict.reported_after_s = round(ago + time.time() - now, 2)
+        self.hang = verdict.to_json()
+        self.declare(job, self.hang, f"hang detected ({d.reason}); report in {self.run_root}/hang.txt")
+        self._lingering.update(lk.pid for lk in late.values() if lk.pid)
+        if self.on_hang == "kill":  # declare() stopped the job; these ended their script, so stop them as well
+            for lk in late.values():
+                signal_own(lk.pid, self.root_pid, signal.SIGTERM)
 
     def limits(self) -> Limits:
         return Limits(self.hang_timeout, self.startup_timeout)
@@ -506,7 +560,7 @@ class HangMonitor:
     def _kill_all(self, job: RunningJob, sig: int) -> None:
         job.kill("hang", sig)
         for lk in self.links.values():
-            if lk.exit is None:
+            if lk.exit is None or lk.pid in self._lingering:
                 signal_own(lk.pid, self.root_pid, sig)
 
 

@@ -36,6 +36,9 @@ def watched_report(run: RunDir, command: str, *, locked: bool, debug: bool = Fal
     if stopped is not None:  # nor ranks killed because ddpdoctor was stopped
         findings = [f for f in findings if f.id != "rank-no-status"]
     crashed = {r for f in findings if f.id == "rank-crashed" for r in f.ranks}
+    # ... and so is the rank gloo aborted on a collective mismatch another rank caused (findings/crash.py).
+    crashed |= {f.evidence["aborted"]["rank"] for f in findings
+                if f.id == "collective-mismatch" and isinstance(f.evidence.get("aborted"), dict)}
     # A rank that died is named by rank-crashed (with what its stderr said): its "no status" is the same event; so is
     # a rank torchrun stopped after the crash (its peers' teardown, not a problem of its own).
     followers = crashed | (torn_down_ranks(run, rank_statuses(run)) if crashed else set())
@@ -162,12 +165,14 @@ def watch_findings(run: RunDir, debug: bool = False, stopped: bool = False) -> l
     beats = {int(r): v.get("beat") for r, v in ((heartbeats.get("ranks") if heartbeats else None) or {}).items()}
     infos = _infos(run)
     crashes = crash_findings(statuses, debug=debug, param_names=_param_names(infos), stderr=stderr, last_beats=beats,
-                             torn_down=torn_down_ranks(run, statuses), ddp_cfg=_ddp_cfg(infos))
+                             torn_down=torn_down_ranks(run, statuses), ddp_cfg=_ddp_cfg(infos),
+                             oom_kills=_oom_kills(run))
 
     if hang is not None or stopped:  # ranks ddpdoctor stopped did not leave of their own accord
         crashes = [f for f in crashes if f.id != "rank-left-early"]
     if hang is not None:
-        findings.extend(hang_findings(hang, debug=debug))
+        told = next((f for f in crashes if f.id == "collective-mismatch" and "culprit_ranks" in f.evidence), None)
+        findings.extend(hang_findings(hang, debug=debug, aborted_mismatch=told))
         # After a hang, ranks killed by ddpdoctor are victims, not crashes.
         crashes = [f for f in crashes if f.id != "rank-crashed" or "SIGTERM" not in str(f.evidence.get("exception"))]
     diverged = _divergence(run)
@@ -199,6 +204,21 @@ def _divergence(run: RunDir) -> list[Finding]:
     except (OSError, BadInput):
         return []
     return divergence_findings(doc)
+
+
+def _oom_kills(run: RunDir) -> int | None:
+    """How many times the host's OOM killer fired between the launch and the end (the manifest's /proc/vmstat
+    counts); None when either is unknown."""
+    from ddpdoctor.rundir import artefacts
+
+    try:
+        data = artefacts.load_dict(run.manifest)
+    except Exception:  # noqa: BLE001 - a manifest that cannot be read only loses this hint
+        return None
+    start, end = data.get("oom_kills_at_start"), data.get("oom_kills_at_end")
+    if isinstance(start, int) and isinstance(end, int) and end >= start:
+        return end - start
+    return None
 
 
 def debug_findings(run: RunDir, have: set[str]) -> list[Finding]:

@@ -40,6 +40,8 @@ def write_initial(run: RunDir, mode: str, script: str | None, script_args: list[
         # what `diff` names when two runs differ (analyses/diff_changes.py): the script's content and the host's load
         "script_sha256": script_sha256(script),
         "host_load": _load_1min(),
+        # the kernel's OOM-kill count at launch, to tell an OOM kill from another SIGKILL (findings/crash.py)
+        "oom_kills_at_start": oom_kills(),
         "script_args": list(script_args),
         "launcher": launcher,
         "launcher_host": socket.gethostname(),
@@ -67,6 +69,18 @@ def script_sha256(script: str | None) -> str | None:
         return hashlib.sha256(read_bytes(Path(script), 64 << 20, decompress=False)).hexdigest()
     except (OSError, BadInput):
         return None
+
+
+def oom_kills() -> int | None:
+    """The host's OOM-kill count since boot (/proc/vmstat ``oom_kill``, Linux 4.13+); None where unreadable."""
+    try:
+        with open("/proc/vmstat", encoding="ascii") as f:
+            for line in f:
+                if line.startswith("oom_kill "):
+                    return int(line.split()[1])
+    except (OSError, ValueError):
+        return None
+    return None
 
 
 def _load_1min() -> float | None:
@@ -128,6 +142,7 @@ def finalize(run: RunDir, exit_code: int | None, duration_s: float, killed_by: s
         exit_code=exit_code,
         duration_s=round(duration_s, 3),
         killed_by=killed_by,
+        oom_kills_at_end=oom_kills(),
         ended=dict(ended) if ended else {"how": "exited", "exit_code": exit_code},
         world_size=info0.world_size,
         ranks=ranks,
