@@ -118,3 +118,23 @@ def test_a_manifest_with_a_5001_digit_integer_is_no_traceback(tmp_path):
     for cmd in (["analyze", str(run)], ["status", "--json", str(run)], ["diff", str(run), str(SAMPLE_RUN)]):
         r = run_cli(*cmd)
         assert "Traceback" not in r.stderr and r.returncode in (0, 1, 2), (cmd, r.stderr[-500:])
+
+
+@pytest.mark.parametrize("doc", [
+    b'{"exception": "x\xed\xa0\x80"}',  # U+D800 as raw bytes: invalid UTF-8 json.loads decodes with surrogatepass
+    b'{"exception": "x\xed\xb2\x80"}',  # U+DC80, what surrogateescape makes of a stray byte 0x80
+    b'{"\xed\xbf\xbf": 1, "exception": "\\udc80"}',  # a raw one in a key, an escaped one in a value
+    '{"exception": "x\udcff"}',  # a str read with errors="surrogateescape"
+])
+def test_a_lone_surrogate_in_raw_bytes_reads_as_fffd(doc, tmp_path):
+    # Issue 40 item 8: only the escaped form ("\ud800") was replaced; the same surrogate written as bytes reached
+    # the report as a str that cannot be encoded (a traceback wherever it is written or sent).
+    from ddpdoctor.rundir.artefacts import decode_json
+
+    value = loads_json(doc)
+    json.dumps(value, ensure_ascii=False).encode("utf-8")  # raised UnicodeEncodeError before the fix
+    assert "\ufffd" in json.dumps(value, ensure_ascii=False)
+    if isinstance(doc, bytes):
+        path = tmp_path / "status.json"
+        path.write_bytes(doc)
+        assert decode_json(path) == value
