@@ -138,3 +138,18 @@ def test_a_lone_surrogate_in_raw_bytes_reads_as_fffd(doc, tmp_path):
         path = tmp_path / "status.json"
         path.write_bytes(doc)
         assert decode_json(path) == value
+
+
+def test_a_manifest_with_raw_surrogate_bytes_is_one_line_under_a_strict_terminal(tmp_path):
+    # Issue 40 item 8, the real shape: command_line written as a string holding ED A0 80. Under C.UTF-8 Python's
+    # stdio escapes surrogates, which hid it; under en_US.UTF-8 (strict, as PYTHONIOENCODING emulates here) printing
+    # the bad-input line raised UnicodeEncodeError: a traceback over analyze and diff.
+    run = tmp_path / "run"
+    shutil.copytree(SAMPLE_RUN, run, ignore=shutil.ignore_patterns("scalars", "traces"))
+    doc = json.loads((run / "manifest.json").read_text())
+    doc["command_line"] = "MARK"
+    (run / "manifest.json").write_bytes(json.dumps(doc).replace('"MARK"', '"x\udced\udca0\udc80"')
+                                        .encode("utf-8", "surrogateescape"))
+    r = run_cli("analyze", str(run), env={"PYTHONIOENCODING": "utf-8:strict"})
+    assert r.returncode == 2 and "Traceback" not in r.stderr, r.stderr[-500:]
+    assert len(r.stderr.strip().splitlines()) == 1 and "manifest.json" in r.stderr, r.stderr
