@@ -153,3 +153,11 @@ def test_a_manifest_with_raw_surrogate_bytes_is_one_line_under_a_strict_terminal
     r = run_cli("analyze", str(run), env={"PYTHONIOENCODING": "utf-8:strict"})
     assert r.returncode == 2 and "Traceback" not in r.stderr, r.stderr[-500:]
     assert len(r.stderr.strip().splitlines()) == 1 and "manifest.json" in r.stderr, r.stderr
+
+
+def test_a_lone_surrogate_reaches_the_terminal_as_a_visible_escape():
+    # The writer side of issue 40 item 8: whatever reader let one through, a strict stdout never sees it.
+    from ddpdoctor.terminal_text import one_line
+
+    assert one_line("x\ud800y\udcff\x07") == "x\\ud800y\\udcff\\x07"
+    one_line("x\ud800").encode("utf-8")
