@@ -217,8 +217,10 @@ def clean_data(value: Any, depth: int = 0) -> Any:
 
 # JSON in and out. Python's json reads NaN/Infinity (and 1e999 as inf) and writes them back: neither is JSON, and
 # a strict reader of our --json output (jq, serde, JSON.parse) fails on them. A lone surrogate ("\ud800") decodes
-# to a str that cannot be encoded (a traceback when printed or written). Both are fixed once, here.
-_SURROGATE_ESCAPE = re.compile(rb"\\[uU][dD][89a-fA-F]")
+# to a str that cannot be encoded (a traceback when printed or written). So does a surrogate written as raw bytes
+# (ED A0 80 .. ED BF BF, invalid UTF-8 that json.loads decodes with "surrogatepass", and what a str read with
+# "surrogateescape" encodes to). Both are fixed once, here.
+_SURROGATE_ESCAPE = re.compile(rb"\\[uU][dD][89a-fA-F]|\xed[\xa0-\xbf]")
 
 
 def _finite_or_none(text: str) -> float | None:

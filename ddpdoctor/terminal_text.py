@@ -7,7 +7,9 @@ import re
 # C0 and C1 control characters except tab and newline, and DEL: what makes a terminal change its title, clear
 # the screen or move the cursor. ESC sequences are dropped whole where they parse, else the ESC byte alone.
 _ANSI = re.compile(r"\x1b(?:\[[0-?]*[ -/]*[@-~]|\][^\x07\x1b]*(?:\x07|\x1b\\)?|[@-Z\\-_])")
-_CONTROL = re.compile(r"[\x00-\x08\x0b-\x1f\x7f-\x9f]")
+# A lone surrogate (U+D800..U+DFFF: a str decoded with surrogateescape/surrogatepass) is shown the same way: a
+# strict stdout (en_US.UTF-8) cannot encode it, and printing it was a traceback (issue 40 item 8).
+_CONTROL = re.compile("[\x00-\x08\x0b-\x1f\x7f-\x9f\ud800-\udfff]")
 
 
 def strip_ansi(text: str) -> str:
@@ -21,7 +23,12 @@ def clean_text(text: str) -> str:
     if not _CONTROL.search(text):
         return text
     text = _ANSI.sub("", text)
-    return _CONTROL.sub(lambda m: f"\\x{ord(m.group()):02x}", text.replace("\r\n", "\n"))
+    return _CONTROL.sub(_visible, text.replace("\r\n", "\n"))
+
+
+def _visible(m: re.Match[str]) -> str:
+    code = ord(m.group())
+    return f"\\u{code:04x}" if code > 0xFF else f"\\x{code:02x}"
 
 
 def one_line(text: str) -> str:

@@ -95,7 +95,8 @@ def crash_findings(statuses: Mapping[int, RankStatusDoc | None], debug: bool = F
                    stderr: dict[int, str] | None = None,
                    last_beats: Mapping[int, Beat | None] | None = None,
                    torn_down: set[int] | None = None, ddp_cfg: DDPModule | None = None,
-                   oom_kills: int | None = None) -> list[Finding]:
+                   oom_kills: int | None = None,
+                   first_signalled: Mapping[int, str] | None = None) -> list[Finding]:
     """rank-crashed for the root cause(s), collective-mismatch when the exception says so, and
     unused-parameters from DDP's "did not receive grad" error. Victims are listed, never blamed.
 
@@ -103,7 +104,8 @@ def crash_findings(statuses: Mapping[int, RankStatusDoc | None], debug: bool = F
     heartbeat (``last_beats``) says which collective they were in. ``torn_down``: ranks torchrun itself stopped
     after another rank ended (its "Sending process PID closing signal"), victims when they left no status.
     ``oom_kills``: how many times the host's OOM killer fired during the job (/proc/vmstat, None: not known), which
-    tells a rank killed outright by the OOM killer from one killed by another SIGKILL."""
+    tells a rank killed outright by the OOM killer from one killed by another SIGKILL. ``first_signalled``: rank ->
+    signal of torchrun's first observed failure(s) (its failure table's root cause)."""
     torn_down = torn_down or set()
     failed: dict[int, FailedRank] = {r: {**s} for r, s in statuses.items() if s and s.get("exception")}
     for r, s in statuses.items():
@@ -116,6 +118,17 @@ def crash_findings(statuses: Mapping[int, RankStatusDoc | None], debug: bool = F
         # A rank a signal ended (at start-up, before any peer could fail) while torchrun stopped every silent one.
         signalled = _signalled(statuses, failed)
         silent_roots = [r for r, s in statuses.items() if s is None and r not in torn_down]
+        table = first_signalled or {}
+        if signalled is None and silent_roots and all(r in table for r in silent_roots):
+            # A signal its probe could not see (SIGKILL, SIGHUP, SIGUSR1 ... at start-up) left no status: torchrun's
+            # failure table names that rank as the first observed failure and its signal; the others it stopped.
+            victims = sorted(r for r, s in statuses.items() if s is None and r not in silent_roots)
+            return [rank_crashed_finding(
+                r, f"Rank {r} failed first (the process died): killed by {table[r]}",
+                "A signal from outside the job (a user's kill, a scheduler's preemption or time limit, the OOM "
+                "killer) ended this rank; torchrun then stopped the others.",
+                exception=f"killed by {table[r]}", traceback="", call_site=None, victims=victims)
+                for r in sorted(silent_roots)]
         if signalled is None or silent_roots:
             return []
         failed = {signalled: _signal_root(statuses[signalled] or {})}

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 from collections.abc import Mapping
 
 from ddpdoctor.errors import BadInput
@@ -10,7 +9,7 @@ from ddpdoctor.findings.model import Finding, Severity
 from ddpdoctor.live.health import node_dir, node_names
 from ddpdoctor.live.rules import recurring_after_all
 from ddpdoctor.rundir.layout import RunDir
-from ddpdoctor.safe_io import read_text
+from ddpdoctor.safe_io import loads_json, read_text
 
 MAX_ALERT_BYTES = 4 << 20
 
@@ -28,7 +27,7 @@ def read_alerts(run: RunDir) -> list[Mapping[str, object]]:
     out: list[Mapping[str, object]] = []
     for line in text.splitlines():
         try:
-            rec = json.loads(line)
+            rec = loads_json(line)
         except ValueError:
             continue
         if isinstance(rec, dict) and rec.get("id") in ("slow-rank", "slowdown", "stall"):
@@ -43,7 +42,7 @@ def ledger_notes(run: RunDir) -> list[str]:
     out: list[str] = []
     for node in node_names(run.root):
         try:
-            snap = json.loads(read_text(node_dir(run.root, node) / "health.json", MAX_ALERT_BYTES))
+            snap = loads_json(read_text(node_dir(run.root, node) / "health.json", MAX_ALERT_BYTES))
         except (BadInput, OSError, ValueError):
             continue
         notes = snap.get("ledger_notes") if isinstance(snap, dict) else None

@@ -151,6 +151,12 @@ class ProfilerProbe:
                 partial.unlink(missing_ok=True)
             return
         after = set(self.trace_dir.glob(f"rank{self.rank}.*.pt.trace.json.gz"))
+        # Kineto writes with the user's umask (0644); the launcher's final chmod runs on the head node only, so
+        # the trace is made 0600 here, where it is written, on every node (issue 40 item 9).
+        from ddpdoctor.rundir.private import make_private_file
+
+        for path in after - before:
+            make_private_file(path)
         self.written.extend(sorted(after - before))
 
     def finish(self) -> None:

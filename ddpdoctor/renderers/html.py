@@ -174,9 +174,9 @@ def _command_line(run_dir: Any) -> str | None:
     if not run_dir:
         return None
     try:
-        from ddpdoctor.safe_io import read_text
+        from ddpdoctor.safe_io import loads_json, read_text
 
-        manifest = json.loads(read_text(Path(str(run_dir)) / "manifest.json", 4 << 20))
+        manifest = loads_json(read_text(Path(str(run_dir)) / "manifest.json", 4 << 20))
     except (OSError, ValueError, Exception):  # noqa: BLE001 - a missing or odd manifest only hides the command
         return None
     argv = manifest.get("command_line") if isinstance(manifest, dict) else None

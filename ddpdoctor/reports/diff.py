@@ -18,15 +18,13 @@ from ddpdoctor.topo.section_types import TopoSummary
 
 def _topology(run: RunDir) -> TopoSummary | None:
     """The NCCL topology summary a `profile --nccl-debug` run's report.json holds (docs/topo.md), or None."""
-    import json
-
-    from ddpdoctor.safe_io import read_bytes
+    from ddpdoctor.safe_io import loads_json, read_bytes
 
     path = run.root / "report.json"
     if not path.is_file():
         return None
     try:
-        data = json.loads(read_bytes(path, 64 << 20, decompress=False))
+        data = loads_json(read_bytes(path, 64 << 20, decompress=False))
     except (BadInput, ValueError):
         return None  # the report is a hint here; the traces are what is compared
     summary = (data.get("topology") or {}).get("summary") if isinstance(data, dict) else None

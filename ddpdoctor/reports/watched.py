@@ -92,6 +92,14 @@ def torchrun_signals(run: RunDir) -> tuple[dict[int, str], set[int]]:
     return signals, roots
 
 
+def _first_signalled(run: RunDir, statuses: dict[int, RankStatusDoc | None]) -> dict[int, str]:
+    """rank -> signal for torchrun's first observed failure(s) that a signal ended; read only when a rank is silent."""
+    if all(s is not None for s in statuses.values()):
+        return {}
+    signals, roots = torchrun_signals(run)
+    return {r: signals[r] for r in roots if r in signals}
+
+
 def torn_down_ranks(run: RunDir, statuses: dict[int, RankStatusDoc | None]) -> set[int]:
     """Silent ranks (no status) whose process torchrun's agent stopped itself after another worker ended, read from
     its log (RUN/torchrun/**/torchrun.log) and the ranks' info.json pids. A rank stopped before its probe wrote
@@ -166,7 +174,7 @@ def watch_findings(run: RunDir, debug: bool = False, stopped: bool = False) -> l
     infos = _infos(run)
     crashes = crash_findings(statuses, debug=debug, param_names=_param_names(infos), stderr=stderr, last_beats=beats,
                              torn_down=torn_down_ranks(run, statuses), ddp_cfg=_ddp_cfg(infos),
-                             oom_kills=_oom_kills(run))
+                             oom_kills=_oom_kills(run), first_signalled=_first_signalled(run, statuses))
 
     if hang is not None or stopped:  # ranks ddpdoctor stopped did not leave of their own accord
         crashes = [f for f in crashes if f.id != "rank-left-early"]

@@ -123,21 +123,28 @@ def open_private(path: Path, append: bool = False) -> int:
     return fd
 
 
+def make_private_file(path: Path, mode: int = 0o600) -> None:
+    """``path`` (a regular file or folder of this user's) chmodded to ``mode`` through an O_NOFOLLOW descriptor;
+    anything else (a link, another user's file, a vanished one) is left as it is."""
+    flags = os.O_DIRECTORY if mode & 0o100 else 0
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | flags)
+    except OSError:
+        return
+    try:
+        st = os.fstat(fd)
+        if _owner_ok(st) and (stat.S_ISDIR(st.st_mode) or stat.S_ISREG(st.st_mode)):
+            os.fchmod(fd, mode)
+    except OSError:
+        pass
+    finally:
+        os.close(fd)
+
+
 def make_private_tree(folder: Path) -> None:
     """Every folder (0700) and regular file (0600) of this user's below ``folder``, changed through a descriptor
     opened with O_NOFOLLOW (never a link's target): for what libraries write with the user's umask (the profiler's
     traces inside the ranks, TensorBoard's event files)."""
     for root, dirs, files in os.walk(folder):
-        for name, mode, flags in [*((d, 0o700, os.O_DIRECTORY) for d in dirs), *((f, 0o600, 0) for f in files)]:
-            try:
-                fd = os.open(os.path.join(root, name), os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | flags)
-            except OSError:
-                continue
-            try:
-                st = os.fstat(fd)
-                if _owner_ok(st) and (stat.S_ISDIR(st.st_mode) or stat.S_ISREG(st.st_mode)):
-                    os.fchmod(fd, mode)
-            except OSError:
-                pass
-            finally:
-                os.close(fd)
+        for name, mode in [*((d, 0o700) for d in dirs), *((f, 0o600) for f in files)]:
+            make_private_file(Path(root, name), mode)

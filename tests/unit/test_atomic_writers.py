@@ -124,3 +124,25 @@ def test_kinetos_usdt_lines_stay_in_the_rank_logs() -> None:
                  b"[default1]:USDT:2026-11-25 13:20:54 6118:6118 SyncActivityProfilerHandler.cpp:59] profiler_stop\n"):
         assert not is_rank_line(line)
     assert is_rank_line(b"[default0]:epoch 1 loss 0.3\n") and is_rank_line(b"[default0]:USDT is a word I print\n")
+
+
+def test_a_trace_is_made_private_where_the_rank_writes_it(tmp_path: Path, monkeypatch) -> None:
+    # Issue 40 item 9: the launcher's final chmod of traces/ runs on the head node only; a non-head node's traces
+    # kept Kineto's 0644. The rank's own trace handler makes each trace it wrote 0600, on every node.
+    import torch
+
+    from ddpdoctor.probes.profiler import ProfilerProbe
+
+    def handler(trace_dir: str, worker_name: str, use_gzip: bool):  # type: ignore[no-untyped-def]
+        return lambda _prof: (Path(trace_dir) / f"{worker_name}.1.pt.trace.json.gz").write_bytes(b"x")
+
+    monkeypatch.setattr(torch.profiler, "tensorboard_trace_handler", handler)
+    probe = object.__new__(ProfilerProbe)
+    probe.trace_dir, probe.rank, probe.written = tmp_path / "traces", 3, []
+    old = os.umask(0o022)
+    try:
+        probe._trace_ready(None)
+    finally:
+        os.umask(old)
+    (trace,) = probe.written
+    assert trace.name == "rank3.1.pt.trace.json.gz" and stat.S_IMODE(trace.stat().st_mode) == 0o600

@@ -118,3 +118,46 @@ def test_a_manifest_with_a_5001_digit_integer_is_no_traceback(tmp_path):
     for cmd in (["analyze", str(run)], ["status", "--json", str(run)], ["diff", str(run), str(SAMPLE_RUN)]):
         r = run_cli(*cmd)
         assert "Traceback" not in r.stderr and r.returncode in (0, 1, 2), (cmd, r.stderr[-500:])
+
+
+@pytest.mark.parametrize("doc", [
+    b'{"exception": "x\xed\xa0\x80"}',  # U+D800 as raw bytes: invalid UTF-8 json.loads decodes with surrogatepass
+    b'{"exception": "x\xed\xb2\x80"}',  # U+DC80, what surrogateescape makes of a stray byte 0x80
+    b'{"\xed\xbf\xbf": 1, "exception": "\\udc80"}',  # a raw one in a key, an escaped one in a value
+    '{"exception": "x\udcff"}',  # a str read with errors="surrogateescape"
+])
+def test_a_lone_surrogate_in_raw_bytes_reads_as_fffd(doc, tmp_path):
+    # Issue 40 item 8: only the escaped form ("\ud800") was replaced; the same surrogate written as bytes reached
+    # the report as a str that cannot be encoded (a traceback wherever it is written or sent).
+    from ddpdoctor.rundir.artefacts import decode_json
+
+    value = loads_json(doc)
+    json.dumps(value, ensure_ascii=False).encode("utf-8")  # raised UnicodeEncodeError before the fix
+    assert "\ufffd" in json.dumps(value, ensure_ascii=False)
+    if isinstance(doc, bytes):
+        path = tmp_path / "status.json"
+        path.write_bytes(doc)
+        assert decode_json(path) == value
+
+
+def test_a_manifest_with_raw_surrogate_bytes_is_one_line_under_a_strict_terminal(tmp_path):
+    # Issue 40 item 8, the real shape: command_line written as a string holding ED A0 80. Under C.UTF-8 Python's
+    # stdio escapes surrogates, which hid it; under en_US.UTF-8 (strict, as PYTHONIOENCODING emulates here) printing
+    # the bad-input line raised UnicodeEncodeError: a traceback over analyze and diff.
+    run = tmp_path / "run"
+    shutil.copytree(SAMPLE_RUN, run, ignore=shutil.ignore_patterns("scalars", "traces"))
+    doc = json.loads((run / "manifest.json").read_text())
+    doc["command_line"] = "MARK"
+    (run / "manifest.json").write_bytes(json.dumps(doc).replace('"MARK"', '"x\udced\udca0\udc80"')
+                                        .encode("utf-8", "surrogateescape"))
+    r = run_cli("analyze", str(run), env={"PYTHONIOENCODING": "utf-8:strict"})
+    assert r.returncode == 2 and "Traceback" not in r.stderr, r.stderr[-500:]
+    assert len(r.stderr.strip().splitlines()) == 1 and "manifest.json" in r.stderr, r.stderr
+
+
+def test_a_lone_surrogate_reaches_the_terminal_as_a_visible_escape():
+    # The writer side of issue 40 item 8: whatever reader let one through, a strict stdout never sees it.
+    from ddpdoctor.terminal_text import one_line
+
+    assert one_line("x\ud800y\udcff\x07") == "x\\ud800y\\udcff\\x07"
+    one_line("x\ud800").encode("utf-8")

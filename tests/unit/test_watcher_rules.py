@@ -112,3 +112,47 @@ def test_the_lock_is_released_when_its_holder_dies(tmp_path: Path) -> None:
     fd = os.open(tmp_path / runlock.LOCK_NAME, os.O_RDONLY)
     fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
     os.close(fd)
+
+
+_STARTUP_TABLE = """[W1129 07:07:04] Sending process 10215 closing signal SIGTERM
+torch.distributed.elastic.multiprocessing.errors.ChildFailedError:
+=======================================================
+bootstrap.py FAILED
+-------------------------------------------------------
+Failures:
+[1]:
+  time      : 2026-11-29_07:07:04
+  host      : localhost
+  rank      : 0 (local_rank: 0)
+  exitcode  : -15 (pid: 10215)  (SIGTERM)
+  error_file: <N/A>
+  traceback : Signal 15 (SIGTERM) received by PID 10215
+-------------------------------------------------------
+Root Cause (first observed failure):
+[0]:
+  time      : 2026-11-29_07:07:04
+  host      : localhost
+  rank      : 1 (local_rank: 1)
+  exitcode  : -{num} (pid: 10216)  ({sig})
+  error_file: <N/A>
+  traceback : Signal {num} ({sig}) received by PID 10216
+=======================================================
+"""
+
+
+@pytest.mark.parametrize(("sig", "num"), [("SIGKILL", 9), ("SIGHUP", 1), ("SIGUSR1", 10)])
+def test_a_signal_the_probe_cannot_see_at_start_up_blames_that_rank_only(tmp_path: Path, sig: str, num: int) -> None:
+    # Issue 40 item 6: a rank ended at start-up by a signal other than SIGTERM left no status, nor did the rank
+    # torchrun then stopped: both were "ended without a status". torchrun's failure table names the first one.
+    from ddpdoctor.reports.watched import _first_signalled, torn_down_ranks
+    from ddpdoctor.rundir.layout import RunDir
+
+    (tmp_path / "torchrun").mkdir()
+    (tmp_path / "torchrun" / "torchrun.log").write_text(_STARTUP_TABLE.format(sig=sig, num=num))
+    run = RunDir(tmp_path)
+    statuses = {0: None, 1: None}
+    torn = torn_down_ranks(run, statuses)
+    assert torn == {0}
+    found = crash_findings(statuses, torn_down=torn, first_signalled=_first_signalled(run, statuses))
+    assert [(f.id, f.ranks) for f in found] == [("rank-crashed", [1])]
+    assert f"killed by {sig}" in found[0].title and found[0].evidence["victims"] == [0]
