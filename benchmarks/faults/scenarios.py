@@ -124,7 +124,7 @@ def _all() -> list[Scenario]:
     # -- divergence (ddpdoctor's check-sync) ---------------------------------------------------------------
     s += [
         _div("diverge-nan-4r", "nan", "divergence:nan", (2,), nproc=4, fault_rank=2),
-        _div("diverge-skip-step-4r", "skip-step", "divergence:params", (1,), nproc=4),
+        _div("diverge-skip-step-4r", "skip-step", "divergence:params", (1,), nproc=4, accept=("divergence:skip-step",)),
         _div("diverge-param-edit-4r", "param-edit", "divergence:params", (3,), nproc=4, fault_rank=3),
         _div("diverge-grad-scale-4r", "grad-scale", "divergence:grads", (2,), nproc=4, fault_rank=2,
              accept=("divergence:params",)),
@@ -134,7 +134,7 @@ def _all() -> list[Scenario]:
         _div("diverge-sampler-none-2r", "sampler-none", "divergence:data", None),
         _div("diverge-sampler-no-set-epoch-2r", "sampler-no-set-epoch", "divergence:data", None),
         _div("diverge-sampler-seeds-2r", "sampler-seeds", "divergence:data", None),
-        _div("diverge-skip-step-2n", "skip-step", "divergence:params", (3,), nnodes=2, fault_rank=3),
+        _div("diverge-skip-step-2n", "skip-step", "divergence:params", (3,), nnodes=2, fault_rank=3, accept=("divergence:skip-step",)),
     ]
     # -- healthy jobs with traps -------------------------------------------------------------------------
     s += [

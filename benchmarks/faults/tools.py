@@ -119,6 +119,26 @@ _SYNC = {"grad-divergence": "divergence:grads", "grads-never-synced": "divergenc
 _VERDICT_LINE = re.compile(r"^ddpdoctor: (hang detected|job hung|job failed|slow-rank|slowdown|stall)\b")
 
 
+def _divergence_cause(f: dict[str, Any]) -> str:
+    """The cause class of a ``divergence`` finding, from the first field that differs (findings/divergence.py)."""
+    items = [i for i in (f.get("evidence") or {}).get("items") or [] if isinstance(i, dict)]
+    first = items[0] if items else {}
+    field = first.get("field")
+    if field == "loss":
+        return "divergence:nan"
+    if field == "opt":
+        return "divergence:skip-step"
+    if field == "colls":
+        mine, job = first.get("rank_value"), first.get("others_value")
+        # More collectives in one record: its record spans two iterations (it skipped an optimizer step), the
+        # finding's own reading; fewer: it issued fewer collectives.
+        more = isinstance(mine, int) and isinstance(job, int) and mine > job
+        return "divergence:skip-step" if more else "collective-mismatch"
+    if field == "graphs":
+        return "divergence:compile"
+    return "collective-mismatch"
+
+
 def read_ddpdoctor(report: dict[str, Any]) -> tuple[list[int] | None, str | None, list[str], list[str]]:
     """(culprits, cause class, the error/warning finding ids, warnings that blame nobody) of a ddpdoctor report."""
     fs = [f for f in report.get("findings", []) if f.get("severity") in ("error", "warning")]
@@ -131,7 +151,11 @@ def read_ddpdoctor(report: dict[str, Any]) -> tuple[list[int] | None, str | None
     quiet = [i for i in ids if i in ("long-stall", "aborted-after-finish", "job-stopped")]
     culprits: list[int] | None = None
     cause: str | None = None
-    if "hang" in by:
+    if "divergence" in by:
+        # The per-step fingerprint (issue 38) names the step where ranks parted; a hang or check-sync finding that
+        # follows is its consequence, so it is the verdict.
+        culprits, cause = list(by["divergence"].get("ranks") or []), _divergence_cause(by["divergence"])
+    elif "hang" in by:
         ev = by["hang"].get("evidence", {})
         culprits = list(ev.get("culprit_ranks") or [])
         cause = _HANG_KIND.get(str(ev.get("kind")), "hang")
