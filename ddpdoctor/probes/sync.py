@@ -125,6 +125,10 @@ class SyncProbe:
             self.guard.call("the DDP module's forward", self._on_ddp_forward, mod, args, kwargs)
 
         ddp.register_forward_pre_hook(ddp_pre, with_kwargs=True)
+        for p in mod.params:
+            if not hasattr(p, "placements"):  # plain tensors: a hook before accumulation sees this rank's own gradient
+                self._handles.append(p.register_hook(
+                    lambda g, mod=mod: self.guard.call("a gradient hook", self._on_local_grad, mod, g)))
         ddp.module.register_forward_pre_hook(
             lambda m, args: self.guard.call("the wrapped module's forward", self._on_inner_forward, mod))
         if self._equiv is not None:
@@ -201,6 +205,12 @@ class SyncProbe:
         })
         self.check_seconds += time.perf_counter() - t0
 
+    def _on_local_grad(self, mod: WatchedModule, grad: Any) -> None:
+        """This rank's own gradient, before DDP averages it into every rank: its sum (NaN or inf when any element
+        is), kept on the device and read at the optimizer step, so a rank whose loss went NaN can be named."""
+        if self._checking(self._index()) and len(mod.local_sums) < 100_000:
+            mod.local_sums.append(grad.detach().sum())
+
     def _optimizer_hook(self, optimizer: Any, args: Any, kwargs: Any) -> tuple[Any, Any] | None:
         # optimizer.step(closure) (Lightning, LBFGS): forward and backward run inside the step, after this hook.
         # The closure is handed back wrapped, so the gradients are read as soon as it has made them (a pre hook may
@@ -251,8 +261,10 @@ class SyncProbe:
                 "step": step, "module": mod.index,
                 "synced_forwards": mod.synced_forwards, "unsynced_forwards": mod.unsynced_forwards,
                 "reduced": bool(mod.last_forward_synced),
+                "local_nonfinite": _any_nonfinite(mod.local_sums),
                 "fp": fingerprints([p.grad for p in mod.params]),
             })
+            mod.local_sums = []
         if step == 0 and any(m.ddp is not None for m in self.modules):
             self._note_params_outside_ddp(optimizer)
         self.check_seconds += time.perf_counter() - t0
@@ -294,6 +306,7 @@ class SyncProbe:
             mod.used = False
             mod.synced_forwards = mod.unsynced_forwards = 0
             mod.last_forward_synced = None
+            mod.local_sums = []
         self.check_seconds += time.perf_counter() - t0
 
     def on_step(self, step: int) -> None:
@@ -412,6 +425,14 @@ class SyncProbe:
         else:
             self._write()
         self.uninstall()
+
+
+def _any_nonfinite(sums: list[Any]) -> bool:
+    """Any of these 0-d tensors NaN or inf: one host transfer per device."""
+    by_device: dict[Any, list[Any]] = {}
+    for s in sums:
+        by_device.setdefault(s.device, []).append(s.float())
+    return any(not bool(torch.isfinite(torch.stack(v)).all()) for v in by_device.values())
 
 
 def _write_compact(path: Any, data: Any) -> None:
