@@ -115,7 +115,8 @@ def _cleanup_cgroups() -> None:
 _HANG_KIND = {"outside-collective": "stuck", "rank-exited": "left-early", "out-of-data": "left-early", "teardown": "stuck", "seq-behind": "collective-mismatch",
               "mismatch": "collective-mismatch", "lost-node": "lost-node", "unknown": "hang"}
 _SYNC = {"grad-divergence": "divergence:grads", "grads-never-synced": "divergence:grads",
-         "param-divergence": "divergence:params", "buffer-divergence": "divergence:buffers"}
+         "param-divergence": "divergence:params", "buffer-divergence": "divergence:buffers",
+         "nonfinite-values": "divergence:nan"}
 _VERDICT_LINE = re.compile(r"^ddpdoctor: (hang detected|job hung|job failed|slow-rank|slowdown|stall)\b")
 
 

@@ -73,6 +73,20 @@ class LayoutCheck:
 
 
 @dataclass
+class NonFinite:
+    """The first checked step at which some rank's gradients (or parameters) held NaN or inf. Ranks compare equal
+    then (DDP all-reduces one rank's NaN into every rank), so the divergence checks cannot see it."""
+
+    kind: str  # "grad", "param"
+    step: int
+    module: int
+    names: list[str]  # the non-finite tensors, on any rank
+    ranks: list[int]  # the ranks holding them
+    local_ranks: list[int]  # grads: the ranks whose own gradient was non-finite before DDP's all-reduce
+    steps: list[int]  # every checked step with a non-finite value
+
+
+@dataclass
 class SyncAnalysis:
     ranks: list[int]
     modules: list[SyncModule]  # rank 0's (lowest rank's) description of each DDP module
@@ -87,6 +101,7 @@ class SyncAnalysis:
     buffer_sync_by_ddp: dict[int, bool]  # module -> DDP broadcast buffers before the checked forwards
     steps_run: int = 0  # steps every rank completed (the data recorder may run past the window)
     layouts: LayoutCheck = field(default_factory=LayoutCheck)  # DTensor parameters' layouts across ranks
+    nonfinite: list[NonFinite] = field(default_factory=list)  # grads, then params: where NaN/inf first appeared
 
 
 def _num(v: float | str) -> float:
@@ -266,6 +281,39 @@ def unused_parameters(records: dict[int, SyncRecord], names: dict[int, list[str]
     }
 
 
+def _finite(fp: Fingerprint) -> bool:
+    return fp is None or all(math.isfinite(_num(x)) for x in fp)
+
+
+def find_nonfinite(records: dict[int, SyncRecord], kind: Kind, names: dict[int, list[str]]) -> NonFinite | None:
+    """The first (step, module) at which any rank's fingerprint of ``kind`` holds NaN or inf."""
+    label = {"grads": "grad", "params": "param", "buffers": "buffer"}[kind]
+    first: NonFinite | None = None
+    steps: set[int] = set()
+    for (step, module), by_rank in sorted(_rows_by_key(records, kind).items()):
+        bad = {r: [j for j, fp in enumerate(row.fp) if not _finite(fp)] for r, row in by_rank.items()}
+        bad = {r: js for r, js in bad.items() if js}
+        if not bad:
+            continue
+        steps.add(step)
+        if first is None:
+            module_names = names.get(module, [])
+            js = sorted({j for v in bad.values() for j in v})
+            local = sorted(r for r, row in by_rank.items() if row.local_nonfinite)
+            first = NonFinite(label, step, module, [module_names[j] if j < len(module_names) else f"#{j}" for j in js],
+                              sorted(bad), local, [])
+    if first is not None:
+        first.steps = sorted(steps)
+        if kind == "grads" and not first.local_ranks:
+            # The rank whose own gradient went non-finite first, at any step up to this one (a later row may say it)
+            for _key, by_rank in sorted(_rows_by_key(records, kind).items()):
+                local = sorted(r for r, row in by_rank.items() if row.local_nonfinite)
+                if local:
+                    first.local_ranks = local
+                    break
+    return first
+
+
 def analyze_sync(records: dict[int, SyncRecord]) -> SyncAnalysis:
     """``records``: rank -> that rank's sync.json."""
     ranks = sorted(records)
@@ -300,4 +348,6 @@ def analyze_sync(records: dict[int, SyncRecord]) -> SyncAnalysis:
         steps_run=min(steps) if steps else 0,
         buffer_sync_by_ddp=synced_by_ddp,
         layouts=check_layouts(records),
+        nonfinite=[nf for nf in (find_nonfinite(records, "grads", names), find_nonfinite(records, "params", names))
+                   if nf is not None],
     )

@@ -112,6 +112,7 @@ CATALOG: tuple[FindingKind, ...] = (
     K("shard-layout-differs", "sync", "E", "ddpdoctor.findings.sync"),
     K("nothing-compared", "sync", "W", "ddpdoctor.findings.sync"),
     K("grads-never-synced", "sync", "E", "ddpdoctor.findings.sync"),
+    K("nonfinite-values", "sync", "E", "ddpdoctor.findings.sync"),
     K("ddp-equivalence", "sync", "EI", "ddpdoctor.findings.sync"),
     K("unused-parameters", "sync", "EWI", "ddpdoctor.findings.sync"),
     K("sampler-overlap", "sync", "EI", "ddpdoctor.findings.sync_data"),

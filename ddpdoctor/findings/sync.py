@@ -166,6 +166,34 @@ def _buffer_findings(analysis: SyncAnalysis) -> list[Finding]:
     return [Finding("buffer-divergence", f.severity, title, ranks=f.ranks, evidence=evidence, advice=advice)]
 
 
+def _nonfinite_findings(analysis: SyncAnalysis) -> list[Finding]:
+    """NaN/inf gradients or parameters: every rank may hold the same NaN (DDP all-reduced one rank's into all), so
+    the comparison across ranks passes; the job computes garbage all the same."""
+    if not analysis.nonfinite:
+        return []
+    nf = analysis.nonfinite[0]  # gradients first: parameters go non-finite after them
+    kind = {"grad": "Gradients", "param": "Parameters"}.get(nf.kind, "Tensors")
+    shown = ", ".join(nf.names[:3]) + (f" and {len(nf.names) - 3} more" if len(nf.names) > 3 else "")
+    title = f"{kind} are NaN or inf from step {nf.step}: {shown}"
+    culprits = nf.local_ranks or nf.ranks
+    if nf.local_ranks:
+        title += (f" (rank{'s' if len(nf.local_ranks) > 1 else ''} {', '.join(map(str, nf.local_ranks))}: "
+                  "its own gradient before DDP's all-reduce)")
+    evidence: dict[str, Any] = {
+        "kind": nf.kind, "step": nf.step, "module": nf.module, "tensors": nf.names[:NAMES_SHOWN],
+        "tensors_nonfinite": len(nf.names), "ranks_holding": nf.ranks, "local_nonfinite_ranks": nf.local_ranks,
+        "steps_nonfinite": nf.steps[:20],
+        "also": [f"{x.kind} from step {x.step}" for x in analysis.nonfinite[1:]],
+    }
+    return [Finding(
+        "nonfinite-values", Severity.ERROR, title, ranks=culprits, evidence=evidence,
+        advice="DDP averages one rank's NaN or inf gradient into every rank, so the ranks still agree and the model "
+               "is lost on all of them. Find what made that rank's loss non-finite (a bad sample, a log of zero, an "
+               "overflow in half precision); `ddpdoctor run` names the rank whose loss went NaN first. Skip the step "
+               "on every rank together (all-reduce the finiteness flag), never on one rank alone.",
+    )]
+
+
 def sync_findings(analysis: SyncAnalysis) -> list[Finding]:
     findings: list[Finding] = []
     never_reduced = {u.step for u in analysis.never_synced}
@@ -178,6 +206,7 @@ def sync_findings(analysis: SyncAnalysis) -> list[Finding]:
             findings.append(f)
         elif check.within_tolerance:
             findings.append(_tolerance_finding(check, id_))
+    findings.extend(_nonfinite_findings(analysis))
     findings.extend(_buffer_findings(analysis))
     findings.extend(_layout_findings(analysis))
     findings.extend(_nothing_compared(analysis))

@@ -108,6 +108,8 @@ class WatchedModule:
         self.used = False  # a forward (or, without DDP, an optimizer step) ran in this iteration
         self.synced_forwards = 0
         self.unsynced_forwards = 0
+        self.local_sums: list[Any] = []  # per backward, the sums of this rank's own gradients (before DDP's all-reduce)
+        self.total_synced = 0  # synced forwards under grad since the start: the job's iteration count (probes/sync)
         self.last_forward_synced: bool | None = None
         self.buffers_done_step = -1
         self.buffers_synced_now: bool | None = None  # DDP broadcast the buffers before the current forward

@@ -226,6 +226,7 @@ class FingerprintRow(TypedDict, total=False):
     synced_forwards: int
     unsynced_forwards: int
     reduced: bool
+    local_nonfinite: bool  # grads: this rank's own gradient held NaN/inf before DDP's all-reduce
     synced_by_ddp: bool | None
     fp: Fingerprints
 

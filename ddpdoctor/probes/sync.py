@@ -120,13 +120,48 @@ class SyncProbe:
 
         mod.built_by = _built_by()  # the framework that built DDP, for advice in its terms (findings/framework_advice)
         self.modules.append(mod)
-        ddp.register_forward_pre_hook(
-            lambda m, args, kwargs: self.guard.call("the DDP module's forward", self._on_ddp_forward, mod, args, kwargs),
-            with_kwargs=True)
+        def ddp_pre(m: Any, args: Any, kwargs: Any) -> None:  # returns None: the forward's inputs stay as they are
+            self._count_forward(mod)
+            self.guard.call("the DDP module's forward", self._on_ddp_forward, mod, args, kwargs)
+
+        ddp.register_forward_pre_hook(ddp_pre, with_kwargs=True)
+        for p in mod.params:
+            if not hasattr(p, "placements"):  # plain tensors: a hook before accumulation sees this rank's own gradient
+                self._handles.append(p.register_hook(
+                    lambda g, mod=mod: self.guard.call("a gradient hook", self._on_local_grad, mod, g)))
         ddp.module.register_forward_pre_hook(
             lambda m, args: self.guard.call("the wrapped module's forward", self._on_inner_forward, mod))
         if self._equiv is not None:
             ddp.register_forward_hook(lambda m, args, out: self._equiv.on_output(mod, out))
+
+    # -- the job's own iteration count -------------------------------------------------------------------
+    # Steps are counted in DDP's gradient all-reduces (synced forwards under grad), not in optimizer steps: a rank
+    # that skips optimizer.step() (a rank-local "gradient norm too large" decision) still joins every all-reduce, so
+    # this count is the same on every rank at the same point of the job, and check-sync's own collectives (the stop
+    # agreement, the gather) can never wait against the job's. Without DDP: the tracker's optimizer steps.
+    def _completed(self) -> int:
+        """Iterations ended so far (at a step end, or before a synced forward: the previous iteration is over)."""
+        n = max((m.total_synced for m in self.modules if m.ddp is not None), default=0)
+        return n if n else int(self.tracker.step)
+
+    def _index(self) -> int:
+        """The (0-based) iteration running now, for the fingerprint rows."""
+        ddp = [m for m in self.modules if m.ddp is not None]
+        n = max((m.total_synced for m in ddp), default=0)
+        if not n:
+            return int(self.tracker.step)
+        return n - 1 if any(m.last_forward_synced for m in ddp) else n
+
+    def _count_forward(self, mod: WatchedModule) -> None:
+        """Before a DDP forward, outside the fingerprints' guard (the stop must happen on every rank): count the
+        synced ones, and stop here if this rank skipped the optimizer step at which its peers stop."""
+        try:
+            if not torch.is_grad_enabled() or not bool(mod.ddp.require_backward_grad_sync):
+                return
+        except Exception:  # noqa: BLE001 - private attribute: then this module is not counted
+            return
+        self._stop_check(self._completed())
+        mod.total_synced += 1
 
     def _checking(self, step: int) -> bool:
         """Fingerprints are taken at this (0-based) iteration: inside the gradient-check window."""
@@ -158,7 +193,7 @@ class SyncProbe:
             self._equiv.on_forward(mod, args, kwargs)
 
     def _on_inner_forward(self, mod: WatchedModule) -> None:
-        step = self.tracker.step
+        step = self._index()
         if not self._checking(step) or not torch.is_grad_enabled() or mod.buffers_done_step == step or not mod.buffer_names:
             return
         mod.buffers_done_step = step
@@ -169,6 +204,12 @@ class SyncProbe:
             "fp": fingerprints(tensors),
         })
         self.check_seconds += time.perf_counter() - t0
+
+    def _on_local_grad(self, mod: WatchedModule, grad: Any) -> None:
+        """This rank's own gradient, before DDP averages it into every rank: its sum (NaN or inf when any element
+        is), kept on the device and read at the optimizer step, so a rank whose loss went NaN can be named."""
+        if self._checking(self._index()) and len(mod.local_sums) < 100_000:
+            mod.local_sums.append(grad.detach().sum())
 
     def _optimizer_hook(self, optimizer: Any, args: Any, kwargs: Any) -> tuple[Any, Any] | None:
         # optimizer.step(closure) (Lightning, LBFGS): forward and backward run inside the step, after this hook.
@@ -185,7 +226,7 @@ class SyncProbe:
         else:
             self.closure_steps += 1
             self.guard.call("the optimizer's step", self._on_optimizer_pre, optimizer, True)
-            step = self.tracker.step
+            step = self._index()
 
             def closure_then_grads() -> Any:
                 out = closure()
@@ -203,7 +244,7 @@ class SyncProbe:
         if self._seen_modules is not None:
             self._watch_plain(optimizer)
         if not closure:
-            self._record_grads(optimizer, self.tracker.step)
+            self._record_grads(optimizer, self._index())
 
     def _record_grads(self, optimizer: Any, step: int) -> None:
         if self._grads_done_step == step or not self._checking(step):
@@ -220,8 +261,10 @@ class SyncProbe:
                 "step": step, "module": mod.index,
                 "synced_forwards": mod.synced_forwards, "unsynced_forwards": mod.unsynced_forwards,
                 "reduced": bool(mod.last_forward_synced),
+                "local_nonfinite": _any_nonfinite(mod.local_sums),
                 "fp": fingerprints([p.grad for p in mod.params]),
             })
+            mod.local_sums = []
         if step == 0 and any(m.ddp is not None for m in self.modules):
             self._note_params_outside_ddp(optimizer)
         self.check_seconds += time.perf_counter() - t0
@@ -263,12 +306,18 @@ class SyncProbe:
             mod.used = False
             mod.synced_forwards = mod.unsynced_forwards = 0
             mod.last_forward_synced = None
+            mod.local_sums = []
         self.check_seconds += time.perf_counter() - t0
 
     def on_step(self, step: int) -> None:
         """Step listener: iteration ``step - 1`` ended (its optimizer stepped)."""
         self.sampler.on_step(step)
-        self.guard.call("the end of a step", self._record_params, step - 1)
+        done = self._completed()
+        self.guard.call("the end of a step", self._record_params, done - 1)
+        self._stop_check(done)
+
+    def _stop_check(self, step: int) -> None:
+        """``step`` iterations ended (in the job's own count, see _completed): stop here, or agree to go on."""
         if not self.stop_after or step < self.stop_after or step < self._next_check:
             return  # inside the checked steps, or between two agreements of the data phase (no communication)
         # Past the checked steps: stop now, or once every shuffling training loader began its second epoch.
@@ -309,7 +358,8 @@ class SyncProbe:
             return 0
 
     def group(self) -> Any:
-        """check-sync's own gloo group, created on first use (every rank reaches the same call at the same step)."""
+        """check-sync's own gloo group, created on first use (every rank reaches the same call at the same iteration
+        of the job: the steps are counted in DDP's own all-reduces, see _completed)."""
         import torch.distributed as dist
 
         if self._group is None:
@@ -375,6 +425,14 @@ class SyncProbe:
         else:
             self._write()
         self.uninstall()
+
+
+def _any_nonfinite(sums: list[Any]) -> bool:
+    """Any of these 0-d tensors NaN or inf: one host transfer per device."""
+    by_device: dict[Any, list[Any]] = {}
+    for s in sums:
+        by_device.setdefault(s.device, []).append(s.float())
+    return any(not bool(torch.isfinite(torch.stack(v)).all()) for v in by_device.values())
 
 
 def _write_compact(path: Any, data: Any) -> None:

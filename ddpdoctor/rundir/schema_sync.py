@@ -45,6 +45,7 @@ class SyncRow(msgspec.Struct, kw_only=True):
     synced_forwards: int | None = None
     unsynced_forwards: int | None = None
     reduced: bool | None = None
+    local_nonfinite: bool | None = None  # grads: this rank's own gradient held NaN/inf before DDP's all-reduce
 
 
 class OutsideParam(msgspec.Struct, kw_only=True):
