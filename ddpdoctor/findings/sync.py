@@ -179,14 +179,13 @@ def _nonfinite_findings(analysis: SyncAnalysis) -> list[Finding]:
     if nf.local_ranks:
         title += (f" (rank{'s' if len(nf.local_ranks) > 1 else ''} {', '.join(map(str, nf.local_ranks))}: "
                   "its own gradient before DDP's all-reduce)")
-    evidence: dict[str, Any] = {
-        "kind": nf.kind, "step": nf.step, "module": nf.module, "tensors": nf.names[:NAMES_SHOWN],
-        "tensors_nonfinite": len(nf.names), "ranks_holding": nf.ranks, "local_nonfinite_ranks": nf.local_ranks,
-        "steps_nonfinite": nf.steps[:20],
-        "also": [f"{x.kind} from step {x.step}" for x in analysis.nonfinite[1:]],
-    }
     return [Finding(
-        "nonfinite-values", Severity.ERROR, title, ranks=culprits, evidence=evidence,
+        "nonfinite-values", Severity.ERROR, title, ranks=culprits, evidence={
+            "kind": nf.kind, "step": nf.step, "module": nf.module, "tensors": nf.names[:NAMES_SHOWN],
+            "tensors_nonfinite": len(nf.names), "ranks_holding": nf.ranks, "local_nonfinite_ranks": nf.local_ranks,
+            "steps_nonfinite": nf.steps[:20],
+            "also": [f"{x.kind} from step {x.step}" for x in analysis.nonfinite[1:]],
+        },
         advice="DDP averages one rank's NaN or inf gradient into every rank, so the ranks still agree and the model "
                "is lost on all of them. Find what made that rank's loss non-finite (a bad sample, a log of zero, an "
                "overflow in half precision); `ddpdoctor run` names the rank whose loss went NaN first. Skip the step "
