@@ -108,7 +108,7 @@ def test_capture_profile_on_a_running_job(tmp_path: Path) -> None:
         sync = run_cli("capture", str(out), "--check-sync", "2", "--json", "--timeout", "120")
         assert sync.returncode == 0, sync.stderr[-3000:]
         checked = json.loads(sync.stdout)
-        assert checked["status"] == "ok" and not checked["findings"]
+        assert checked["status"] == "ok" and not checked["findings"], [(f["id"], f["title"]) for f in checked["findings"]]
         assert (Path(checked["run_dir"]) / "ranks" / "rank1" / "sync.json").is_file()
         stacks = run_cli("capture", str(out), "--stacks", "--timeout", "60")
         assert stacks.returncode == 0 and "rank(s)" in stacks.stdout, stacks.stdout + stacks.stderr
