@@ -181,6 +181,11 @@ def fsdp_plan(units: list[FSDPUnit], tries: list[Setting], max_variants: int = M
     else:
         out.append(Candidate({"reshard_after_forward": False}, "rule", False,
                              "no unit reshards after forward (reshard_after_forward is off already)"))
+    return _capped(out, max_variants)
+
+
+def _capped(out: list[Candidate], max_variants: int) -> Plan:
+    """One plan's choices, each label measured once and at most ``max_variants`` of them (DDP's and FSDP2's)."""
     seen: set[str] = set()
     n = 0
     for c in out:
@@ -224,17 +229,7 @@ def plan(cfg: DDPModule | None, whatif: WhatIf | None, flag_ids: set[str], grad_
         pred, nb = predicted(float(t["bucket_cap_mb"])) if "bucket_cap_mb" in t else (None, None)
         out.append(Candidate(dict(t), "--try", True, why, pred, nb))
     out.extend(_rule_candidates(cfg, whatif, flag_ids, grad_counts, predicted))
-    seen: set[str] = set()
-    n = 0
-    for c in out:
-        if c.chosen and c.label in seen:
-            c.chosen, c.why = False, "already measured (asked twice)"
-        elif c.chosen and n >= max_variants:
-            c.chosen, c.why = False, f"over --max-variants {max_variants} ({c.why})"
-        elif c.chosen:
-            n += 1
-        seen.add(c.label)
-    return Plan(out)
+    return _capped(out, max_variants)
 
 
 def _rule_candidates(cfg: DDPModule, whatif: WhatIf | None, flag_ids: set[str], grad_counts: list[int],
