@@ -46,7 +46,7 @@ class RankPosition:
 
 @dataclass
 class HangDiagnosis:
-    kind: str  # "rank-exited", "outside-collective", "seq-behind", "mismatch", "out-of-data", "unknown"
+    kind: str  # "rank-exited", "outside-collective", "seq-behind", "mismatch", "unknown"
     stalled_ranks: list[int]
     culprit_ranks: list[int]
     collective: WaitedCollective | None
@@ -151,12 +151,14 @@ def diagnose_hang(positions: dict[int, RankPosition], stalled: list[int]) -> Han
             differs = [f for f in ("op", "group", "sizes") if len({repr(getattr(p, f)) for p in ps}) > 1]
             if in_ddp and _out_of_data(inside, culprits, in_ddp):
                 step = inside[culprits[0]].step
-                return diag("out-of-data", culprits, f"rank(s) {culprits} left the training loop early: after asking "
-                            f"for a batch (phase data) at step {step} they entered "
+                # Said as a possibility, not as the kind: an extra barrier at the top of the loop looks the same
+                # from here (tests/e2e/test_multinode.py); only the loader's own StopIteration would tell them apart.
+                return diag("mismatch", culprits, f"rank(s) {culprits} left the training loop early or called an "
+                            f"extra barrier: after asking for a batch (phase data) at step {step} they entered "
                             + ", ".join(sorted({_describe_position(inside[r]) for r in culprits}))
                             + f" instead of the step's forward, while rank(s) {sorted(in_ddp)} are in that step's "
-                            f"{DDP_BUCKETS}: most likely their data ran out (a shorter shard or loader)",
-                            differs, coll=waiting_on)
+                            f"{DDP_BUCKETS}: either their data ran out (a shorter shard or loader) or a barrier runs "
+                            "under a rank condition", differs, coll=waiting_on)
             return diag("mismatch", culprits, "ranks are in different collectives at the same point: "
                         + ", ".join(f"rank {r}: {_describe_position(p)}" for r, p in sorted(inside.items())),
                         differs, coll=waiting_on)
@@ -406,10 +408,6 @@ HANG_ADVICE = {
                 "sites show where they diverge. A rank in another collective while the rest are in DDP's "
                 "gradient all-reduce either called an extra collective (under a rank condition) or left the "
                 "training loop early (fewer batches: use DistributedSampler(drop_last=True) or DDP's join()).",
-    "out-of-data": "The culprit ran out of batches before the others and went on to what follows the training loop "
-                   "(here a barrier) while the others still train: give every rank the same number of batches "
-                   "(DistributedSampler(drop_last=True), shards of equal length) or use DDP's join() for uneven "
-                   "inputs.",
     "teardown": "The rank's script returned but its process does not exit: Python waits for every thread that is "
                 "not a daemon (and for atexit handlers). Its stack shows the thread: join it, stop it, or make it a "
                 "daemon (threading.Thread(daemon=True)); torchrun waits for every rank's process.",

@@ -35,7 +35,14 @@ SOURCE_SCRIPT = textwrap.dedent("""
     y = fc.all_reduce(t, "sum", dist.group.WORLD); y = y + 1; out["functional"] = src.waits
     tracker._account()
     out["blocked_s"] = tracker.phase_s.get("collective", 0.0)
-    out["status"] = fr_status()
+    # The recorder marks a gloo work completed from the backend's thread, a moment after the wait returned: poll.
+    import time
+    deadline = time.time() + 30
+    while True:
+        out["status"] = fr_status()
+        if all(g["enqueued"] == g["completed"] for g in out["status"].values()) or time.time() > deadline:
+            break
+        time.sleep(0.05)
     out["kind_after"] = src.kind
     src.uninstall()
     dist.all_reduce(t); out["after_uninstall"] = src.waits
