@@ -195,7 +195,7 @@ class Analysis:
     def fsdp_units(self) -> JsonObject:
         """The FSDP2 unit inventory (docs/json.md "fsdp_units"): per unit, time and exposed time per step of
         each collective, with the unit's parameters where the run recorded them."""
-        from ddpdoctor.analyses.fsdp_units import unit_table
+        from ddpdoctor.analyses.fsdp_table import unit_table
 
         steps = max((r.steps for r in self.ranks), default=0)
         rows = unit_table(self.fsdp, steps)
