@@ -31,7 +31,7 @@ def head() -> JobStore:
 
 def test_round_trip_and_absent_keys(head: JobStore) -> None:
     node = JobStore("127.0.0.1", head.port, "t" * 32, is_head=False, connect_timeout_s=5)
-    node.put("node/1", {"v": 1, "ranks": [{"r": 2}]})
+    _put(node, "node/1", {"v": 1, "ranks": [{"r": 2}]})
     assert head.get("node/1") == {"v": 1, "ranks": [{"r": 2}]}
     assert head.get("node/7") is None  # absent: no wait
     assert head.get_many(["node/0", "node/1"]) == {"node/1": {"v": 1, "ranks": [{"r": 2}]}}
@@ -47,7 +47,7 @@ def test_other_token_is_rejected_and_counted(head: JobStore) -> None:
     # It does not know the job's key names; even writing under them, its seal does not verify.
     assert intruder.key_of("verdict") != head.key_of("verdict")
     intruder.key_of = head.key_of  # type: ignore[method-assign]
-    intruder.put("verdict", {"line": "forged"})
+    _put(intruder, "verdict", {"line": "forged"})
     assert head.get("verdict") is None and head.rejected == 1
     assert "failed their seal" in head.tampered()
 
@@ -56,13 +56,26 @@ def _raw(port: int) -> dist.TCPStore:
     return dist.TCPStore("127.0.0.1", port, is_master=False, timeout=datetime.timedelta(seconds=5))
 
 
+def _set(raw: dist.TCPStore, key: str, value: bytes) -> None:
+    """Set, then wait for the server to have it: TCPStore's SET gets no reply, so another client's next read can
+    reach the server before it (the test failed once in CI that way). A CHECK on the same connection is answered
+    only after the SET before it was applied."""
+    raw.set(key, value)
+    assert raw.check([key])
+
+
+def _put(node: JobStore, name: str, obj: object) -> None:
+    node.put(name, obj)
+    assert node._store.check([node.key_of(name)])
+
+
 def test_a_client_without_the_token_reads_nothing(head: JobStore) -> None:
     # Issue 40 item 1: TCPStore has no authentication and lists its keys. Whatever a foreign client lists and reads
     # carries neither the names nor the contents of what the job sent.
     secret = "Traceback: rank 3 stderr tail, secret-path /home/alice/data"
     node = JobStore("127.0.0.1", head.port, "t" * 32, is_head=False, connect_timeout_s=5)
-    node.put("files/1", {"3": {"stderr.log": secret * 20}})
-    node.put("verdict", {"line": "job hung: culprit rank 3"})
+    _put(node, "files/1", {"3": {"stderr.log": secret * 20}})
+    _put(node, "verdict", {"line": "job hung: culprit rank 3"})
     raw = _raw(head.port)
     keys = raw.list_keys()
     assert keys and not any("files" in k or "verdict" in k or "node" in k for k in keys)
@@ -81,26 +94,26 @@ def test_a_client_without_the_token_reads_nothing(head: JobStore) -> None:
 def test_moved_replayed_and_flipped_values_are_refused(head: JobStore) -> None:
     node = JobStore("127.0.0.1", head.port, "t" * 32, is_head=False, connect_timeout_s=5)
     raw = _raw(head.port)
-    node.put("node/1", {"step": 1})
+    _put(node, "node/1", {"step": 1})
     old = bytes(raw.get(head.key_of("node/1")))
-    node.put("node/1", {"step": 2})
+    _put(node, "node/1", {"step": 2})
     assert head.get("node/1") == {"step": 2}
-    raw.set(head.key_of("node/1"), old)  # an attacker replays what it recorded: stale, refused
+    _set(raw, head.key_of("node/1"), old)  # an attacker replays what it recorded: stale, refused
     assert head.get("node/1") is None and head.stale == 1 and "replays" in head.tampered()
-    raw.set(head.key_of("node/2"), old)  # the same sealed bytes under another name
+    _set(raw, head.key_of("node/2"), old)  # the same sealed bytes under another name
     assert head.get("node/2") is None and head.rejected == 1
     flipped = bytearray(old)
     flipped[-1] ^= 1
-    raw.set(head.key_of("node/3"), bytes(flipped))
+    _set(raw, head.key_of("node/3"), bytes(flipped))
     assert head.get("node/3") is None and head.rejected == 2
-    node.put("node/1", {"step": 3})
+    _put(node, "node/1", {"step": 3})
     assert head.get("node/1") == {"step": 3}
 
 
 def test_junk_values_and_junk_connections_never_crash(head: JobStore) -> None:
     raw = dist.TCPStore("127.0.0.1", head.port, is_master=False, timeout=datetime.timedelta(seconds=5))
     for junk in (b"", b"x", b"\x00" * 40, os.urandom(5000)):
-        raw.set(head.key_of("node/0"), junk)
+        _set(raw, head.key_of("node/0"), junk)
         assert head.get("node/0") is None
     for junk in (b"GET / HTTP/1.0\r\n\r\n", os.urandom(4096), b"\xff" * 64):
         with socket.create_connection(("127.0.0.1", head.port), timeout=2) as c:
