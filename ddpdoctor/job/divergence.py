@@ -9,15 +9,24 @@ that equals the job's last agreed record is the job's, else the side with a fini
 from __future__ import annotations
 
 import time
+import zlib
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TypedDict
 
 from ddpdoctor.rundir.layout import write_json
 
+MODE_ENV = "DDPDOCTOR_ON_DIVERGENCE"  # the ranks' probes/divergence.py reads it (warn | stop)
 WINDOW = 512  # steps kept while some rank has not reported them yet (a rank that ended early never will)
 MAX_RANKS_SHOWN = 64
-FIELDS = ("colls", "ops", "opt", "loss", "graphs")  # a record is [step, key, *FIELDS]
+# A record is [step, key, *FIELDS, *INFO] (probes/divergence.py builds it): ``key`` is a CRC of FIELDS, what the
+# ranks must agree on; INFO only explains a difference (a last uneven batch under Join differs there by design).
+FIELDS = ("colls", "ops", "opt", "loss", "graphs", "epoch", "dry")
+INFO = ("batches", "left")
+
+
+def record_key(colls: int, ops: int, opt: int, loss: int, graphs: int, epoch: int = -1, dry: int = 0) -> int:
+    return zlib.crc32(f"{colls},{ops},{opt},{loss},{graphs},{epoch},{dry}".encode())
 
 
 class DivergenceItem(TypedDict):
@@ -56,7 +65,7 @@ class _Step:
 
 
 def valid(rec: Any) -> list[int] | None:
-    if isinstance(rec, list) and len(rec) == 2 + len(FIELDS) and all(type(v) is int for v in rec):
+    if isinstance(rec, list) and len(rec) == 2 + len(FIELDS) + len(INFO) and all(type(v) is int for v in rec):
         return rec
     return None
 
@@ -104,13 +113,13 @@ class DivergenceJudge:
 
         keys = sorted(st.by_key, key=rank_of)
         job_key = keys[0]
-        job = dict(zip(FIELDS, st.example[job_key][2:], strict=True))
+        job = dict(zip(FIELDS + INFO, st.example[job_key][2:], strict=True))
         items: list[DivergenceItem] = []
         diverged: list[int] = []
         for key in keys[1:]:
             ranks = sorted(st.by_key[key])
             diverged.extend(ranks)
-            theirs = dict(zip(FIELDS, st.example[key][2:], strict=True))
+            theirs = dict(zip(FIELDS + INFO, st.example[key][2:], strict=True))
             items.extend(_items(step, ranks, theirs, job))
         diverged.sort()
         reason = items[0]["text"] if items else f"ranks {diverged[:8]} differ at step {step}"
@@ -127,8 +136,8 @@ def _who(ranks: list[int]) -> str:
 
 
 def _items(step: int, ranks: list[int], theirs: dict[str, int], job: dict[str, int]) -> list[DivergenceItem]:
-    """The fields that differ, most telling first: a non-finite loss, optimizer steps, collective counts, the
-    collectives' kinds, compiled graphs."""
+    """The fields that differ, most telling first: a non-finite loss, the training loader's end or epoch, optimizer
+    steps, collective counts, the collectives' kinds, compiled graphs."""
     who = _who(ranks)
     out: list[DivergenceItem] = []
 
@@ -138,6 +147,8 @@ def _items(step: int, ranks: list[int], theirs: dict[str, int], job: dict[str, i
     if theirs["loss"] != job["loss"] and 0 in (theirs["loss"], job["loss"]):
         add("loss", f"{who}: the loss went non-finite (NaN/inf) at step {step}, the other ranks' was finite"
             if theirs["loss"] == 0 else f"{who}: loss finite at step {step} while the other ranks' went non-finite")
+    if theirs["dry"] != job["dry"] or theirs["epoch"] != job["epoch"]:
+        add("dry" if theirs["dry"] != job["dry"] else "epoch", _data_text(step, who, theirs, job))
     if theirs["opt"] != job["opt"]:
         add("opt", f"{who}: {theirs['opt']} optimizer step(s) in step {step}, the other ranks {job['opt']}")
     if theirs["colls"] != job["colls"]:
@@ -154,6 +165,21 @@ def _items(step: int, ranks: list[int], theirs: dict[str, int], job: dict[str, i
     return out
 
 
+def _data_text(step: int, who: str, theirs: dict[str, int], job: dict[str, int]) -> str:
+    def where(rec: dict[str, int]) -> str:
+        left = f", {rec['left']} left" if rec["left"] >= 0 else ""
+        return f"epoch {rec['epoch']}, batch {rec['batches']}{left}"
+
+    if theirs["dry"] and not job["dry"]:
+        head = f"{who}: its training DataLoader ran dry (StopIteration) before step {step} while the other ranks' did not"
+    elif job["dry"] and not theirs["dry"]:
+        head = f"{who}: its training DataLoader did not end before step {step} while the other ranks' ran dry"
+    else:
+        head = f"{who}: reads epoch {theirs['epoch']} of its training DataLoader at step {step}, the other ranks epoch " \
+            f"{job['epoch']}"
+    return f"{head} ({where(theirs)}; the others {where(job)}): a shorter shard or loader, or another epoch count"
+
+
 class DivergenceWatch:
     """HangMonitor plugin: feeds the ranks' "fp" lines to the judge; on a verdict writes RUN/divergence.json, says
     one line and, with ``on_divergence == "stop"``, asks every rank to stop before its next optimizer step."""
@@ -165,8 +191,6 @@ class DivergenceWatch:
 
     def rank_env(self) -> dict[str, str]:
         """The ranks' probes/divergence.py reads the mode: in stop mode it holds each optimizer step for the word."""
-        from ddpdoctor.probes.divergence import MODE_ENV
-
         return {MODE_ENV: self.on_divergence}
 
     def on_start(self, monitor: Any) -> None:

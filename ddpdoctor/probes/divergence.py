@@ -14,9 +14,13 @@ GradScaler-skipped step, an explicit ``ddpdoctor.step()``). It holds:
 - ``loss``: 1 when every loss ``backward()`` was called on was finite, 0 when one was not, -1 when none was seen or
   reading it would cost a device sync (a CUDA loss is not read).
 - ``graphs``: torch._dynamo's count of compiled graphs, once the script imported torch._dynamo (else -1).
+- ``epoch``, ``dry``: the training DataLoader's epoch (0-based, -1 without one) and whether it ran dry
+  (StopIteration) since the last record (probes/data_position.py).
+- ``batches``, ``left``: the batches it consumed in this epoch and has left (-1: no length). Not in the key: ranks
+  whose shards differ in length (a last uneven batch under ``Join``) differ there by design; the verdict shows them.
 
-A record is a short list ``[step, key, colls, ops, opt, loss, graphs]`` (~40 bytes of JSON); ``key`` is a CRC of
-the fields, what the job compares. Records wait in a deque the heartbeat thread drains every tick (0.2 s).
+A record is a short list ``[step, key, colls, ops, opt, loss, graphs, epoch, dry, batches, left]`` (~50 bytes of
+JSON); ``key`` is a CRC of the compared fields, what the job compares. Records wait in a deque the heartbeat thread drains every tick (0.2 s).
 
 ``--on-divergence stop`` ($DDPDOCTOR_ON_DIVERGENCE=stop): the record is sent at once and the optimizer's pre-hook
 holds until the monitor says every rank agreed on that step (``fp-ok``) or that they did not
@@ -37,7 +41,9 @@ from typing import Any
 
 import torch
 
-MODE_ENV = "DDPDOCTOR_ON_DIVERGENCE"
+from ddpdoctor.job.divergence import MODE_ENV, record_key
+from ddpdoctor.probes.data_position import DataPosition
+
 MAX_PENDING = 4096  # records not yet drained (a heartbeat thread that cannot send): the oldest are dropped
 # A peer that is only slower (a longer data load) costs this much protection, never an alarm. The tests raise it
 # ($DDPDOCTOR_DIVERGENCE_HOLD_S) so that a loaded machine's slow monitor cannot let a held step go.
@@ -49,10 +55,6 @@ class DivergenceStopped(RuntimeError):
     """Raised in the optimizer's pre-hook once the job found ranks that diverged (--on-divergence stop)."""
 
 
-def record_key(colls: int, ops: int, opt: int, loss: int, graphs: int) -> int:
-    return zlib.crc32(f"{colls},{ops},{opt},{loss},{graphs}".encode())
-
-
 class StepFingerprint:
     def __init__(self, tracker: Any, stop: bool | None = None) -> None:
         self.tracker = tracker
@@ -61,6 +63,7 @@ class StepFingerprint:
         self.stop_reason: str | None = None
         self.send: Callable[[list[int]], None] | None = None  # stop mode: the heartbeat's immediate send
         self.holds_timed_out = 0
+        self.data = DataPosition(tracker)
         self._ops = 0
         self._loss = -1
         self._taken = False  # this iteration's record was taken (at its first optimizer step)
@@ -79,11 +82,13 @@ class StepFingerprint:
 
         self._handles.append(register_optimizer_step_pre_hook(self._on_pre))
         self.tracker.add_listener(self._on_step)
+        self.data.install()
 
     def finish(self, status: Any) -> None:
         for h in self._handles:
             h.remove()
         self._handles.clear()
+        self.data.uninstall()
 
     # -- the training thread -------------------------------------------------------------------------------
     def saw_collective(self, op: str, sizes: Any, args: Any, kwargs: Any) -> None:
@@ -135,7 +140,9 @@ class StepFingerprint:
                 graphs = int(dynamo.counters["stats"]["unique_graphs"])
             except Exception:  # noqa: BLE001 - another torch's counters
                 graphs = -1
-        rec = [step, record_key(colls, self._ops, opt, self._loss, graphs), colls, self._ops, opt, self._loss, graphs]
+        epoch, dry, batches, left = self.data.take()
+        rec = [step, record_key(colls, self._ops, opt, self._loss, graphs, epoch, dry), colls, self._ops, opt,
+               self._loss, graphs, epoch, dry, batches, left]
         self._ops, self._loss = 0, -1
         return rec
 

@@ -18,6 +18,7 @@ from tests.conftest import SCENARIOS, run_cli
 
 pytestmark = [pytest.mark.slow, pytest.mark.xdist_group(name="divergence")]
 JOB = SCENARIOS / "diverge.py"
+DATA_JOB = SCENARIOS / "diverge_data.py"
 REPO = Path(__file__).resolve().parents[2]
 # A held optimizer step waits for the monitor's word 60 s here, not 2: a loaded machine must not let step 5 go.
 ENV = {"SCENARIO_GLOO_TIMEOUT": "60", "DDPDOCTOR_DIVERGENCE_HOLD_S": "60"}
@@ -37,12 +38,14 @@ def runs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
 
     def launch(name: str, fault: str, mode: str) -> tuple[int, dict[str, Any], Path]:
         d = base / name
+        job = [str(DATA_JOB), fault] if name.startswith("data-") else [str(JOB), fault, STEPS, str(d / "weights")]
         proc = run_cli("run", "--nproc-per-node", "2", "-q", "--json", "--on-divergence", mode, "--out", str(d / "run"),
-                       str(JOB), fault, STEPS, str(d / "weights"), env=ENV, timeout=300)
+                       *job, env=ENV, timeout=300)
         assert proc.stdout.strip(), proc.stderr[-3000:]
         return proc.returncode, json.loads(proc.stdout), d
 
-    cases = [("healthy", "none", "warn"), ("nan-stop", "nan", "stop"), ("skip", "skip", "warn")]
+    cases = [("healthy", "none", "warn"), ("nan-stop", "nan", "stop"), ("skip", "skip", "warn"),
+             ("data-healthy", "healthy", "warn"), ("data-dry", "dry", "warn")]
     with ThreadPoolExecutor(len(cases) + 1) as pool:
         plain = pool.submit(_plain, base / "plain")
         futures = {name: pool.submit(launch, name, fault, mode) for name, fault, mode in cases}
@@ -91,3 +94,16 @@ def test_a_rank_that_skips_its_optimizer_step_is_named(runs: Any) -> None:
     (f,) = _divergence(report)
     assert f["ranks"] == [1] and f["evidence"]["step"] == 5, f
     assert f["evidence"]["items"][0]["field"] == "colls", f
+
+
+def test_a_loader_that_runs_dry_first_is_named_at_its_step(runs: Any) -> None:
+    code, report, _ = runs["data-dry"]
+    (f,) = _divergence(report)
+    assert code == 1 and f["ranks"] == [0] and f["evidence"]["step"] == 4, f
+    item = f["evidence"]["items"][0]
+    assert item["field"] == "dry" and "epoch 1, batch 1, 2 left" in item["text"], item
+
+
+def test_even_shards_rank0_only_evaluation_and_a_last_uneven_batch_under_join_are_quiet(runs: Any) -> None:
+    code, report, _ = runs["data-healthy"]
+    assert code == 0 and not _divergence(report), report["findings"]

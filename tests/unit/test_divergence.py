@@ -10,12 +10,14 @@ import pytest
 import torch
 
 from ddpdoctor.findings.divergence import divergence_findings
-from ddpdoctor.job.divergence import DivergenceJudge, DivergenceWatch
-from ddpdoctor.probes.divergence import DivergenceStopped, StepFingerprint, record_key
+from ddpdoctor.job.divergence import DivergenceJudge, DivergenceWatch, record_key
+from ddpdoctor.probes.divergence import DivergenceStopped, StepFingerprint
 
 
-def rec(step: int, colls: int = 1, ops: int = 0, opt: int = 1, loss: int = 1, graphs: int = -1) -> list[int]:
-    return [step, record_key(colls, ops, opt, loss, graphs), colls, ops, opt, loss, graphs]
+def rec(step: int, colls: int = 1, ops: int = 0, opt: int = 1, loss: int = 1, graphs: int = -1, epoch: int = -1,
+        dry: int = 0, batches: int = -1, left: int = -1) -> list[int]:
+    return [step, record_key(colls, ops, opt, loss, graphs, epoch, dry), colls, ops, opt, loss, graphs, epoch, dry,
+            batches, left]
 
 
 def test_agreeing_ranks_are_quiet_and_a_minority_is_named() -> None:
@@ -179,3 +181,73 @@ def test_a_recompile_shows_in_the_record() -> None:
     finally:
         counters["stats"]["unique_graphs"] -= 1
     assert after[6] == before[6] + 1 and after[1] != before[1]
+
+
+class _Steps:
+    """A stand-in step tracker: ``step`` completed iterations, listeners called by ``end``."""
+
+    def __init__(self) -> None:
+        self.step = 0
+        self.listeners: list[Any] = []
+
+    def add_listener(self, fn: Any) -> None:
+        self.listeners.append(fn)
+
+    def end(self) -> None:
+        self.step += 1
+        for fn in self.listeners:
+            fn(self.step)
+
+
+def _train(fp: StepFingerprint, loaders: list[Any], peek: bool = False, evaluate: Any = None) -> list[list[int]]:
+    """Epochs over ``loaders`` (one per epoch) with an SGD step per batch; ``evaluate`` runs to its end after each
+    step; the records taken."""
+    p = torch.nn.Parameter(torch.ones(2))
+    opt = torch.optim.SGD([p], lr=0.1)
+    if peek:
+        next(iter(loaders[0]))  # a peek at a batch's shape: never fed a step
+    for loader in loaders:
+        for _ in loader:
+            opt.step()
+            fp.tracker.end()
+            for _ in evaluate or []:
+                pass
+    return fp.take()
+
+
+def test_data_position_counts_epochs_batches_left_and_the_loader_running_dry() -> None:
+    from torch.utils.data import DataLoader
+
+    fp = StepFingerprint(_Steps(), stop=False)
+    fp.install()
+    try:
+        loader = DataLoader(list(range(6)), batch_size=2)  # 3 batches an epoch
+        recs = _train(fp, [loader, loader], peek=True, evaluate=DataLoader(list(range(4)), batch_size=2))
+    finally:
+        fp.finish({})
+    # [step, key, colls, ops, opt, loss, graphs, epoch, dry, batches, left]
+    assert [r[7:] for r in recs] == [[0, 0, 1, 2], [0, 0, 2, 1], [0, 0, 3, 0],
+                                     [1, 1, 1, 2], [1, 0, 2, 1], [1, 0, 3, 0]]
+    assert recs[3][1] != recs[4][1] and recs[4][1] == recs[5][1]  # the epoch's end is in the key; batches are not
+    assert fp.data.dry_step == 6  # ran dry after the 6th step and drew no batch since (the hang verdict reads it)
+
+
+def test_a_loader_that_runs_dry_first_is_named_with_its_step() -> None:
+    judge = DivergenceJudge(2)
+    for step in (1, 2, 3):
+        judge.add([0], rec(step, epoch=0, batches=step, left=3 - step))
+        judge.add([1], rec(step, epoch=0, batches=step, left=5 - step))
+    judge.add([1], rec(4, epoch=0, batches=4, left=1))
+    verdict = judge.add([0], rec(4, epoch=1, dry=1, batches=1, left=2))  # rank 0's shorter shard, read again
+    assert verdict is not None and verdict["ranks"] == [0] and verdict["step"] == 4
+    item = verdict["items"][0]
+    assert item["field"] == "dry" and "ran dry" in item["text"] and "epoch 1, batch 1, 2 left" in item["text"]
+    assert "epoch 0, batch 4, 1 left" in item["text"]
+
+
+def test_ranks_whose_shards_differ_in_length_agree_while_they_read_the_same_epoch() -> None:
+    judge = DivergenceJudge(2)
+    for step in (1, 2, 3):
+        judge.add([0], rec(step, epoch=0, batches=step, left=3 - step))
+        assert judge.add([1], rec(step, epoch=0, batches=step, left=4 - step)) is None
+    assert judge.agreed_step == 3
