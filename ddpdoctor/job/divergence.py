@@ -8,6 +8,7 @@ that equals the job's last agreed record is the job's, else the side with a fini
 
 from __future__ import annotations
 
+import threading
 import time
 import zlib
 from dataclasses import dataclass, field
@@ -188,6 +189,14 @@ class DivergenceWatch:
         self.on_divergence = on_divergence
         self.judge = DivergenceJudge(None)
         self.run_root: Path | None = None
+        self.relay: Any = None  # a job of several nodes: job/divergence_relay.DivergenceRelay (join_job)
+        self._lock = threading.Lock()  # the head's judge is fed by its ranks' lines and by the other nodes' relay
+
+    def join_job(self, relay: Any) -> None:
+        """job/agent.attach_agent: the job spans nodes. A node relays its ranks' records to the head (the agent
+        does) and hands its ranks the head's word; the head judges every rank's and puts its word for the nodes."""
+        self.relay = relay
+        relay.stop_mode = self.on_divergence == "stop"
 
     def rank_env(self) -> dict[str, str]:
         """The ranks' probes/divergence.py reads the mode: in stop mode it holds each optimizer step for the word."""
@@ -195,17 +204,25 @@ class DivergenceWatch:
 
     def on_start(self, monitor: Any) -> None:
         self.run_root = monitor.run_root
-        if monitor.decider is not None and self.on_divergence == "stop":
-            # Many nodes: the ranks' records are not relayed to the head yet, so no monitor sees a whole step and
-            # a held optimizer step would wait HOLD_S every step. Said, and warned about instead.
+        if monitor.decider is not None and self.relay is None and self.on_divergence == "stop":
+            # Several nodes but no job layer to relay the records: no monitor sees a whole step, so a held
+            # optimizer step would wait HOLD_S every step. Said, and warned about instead.
             self.on_divergence = "warn"
-            monitor.say("--on-divergence stop is not supported on a job of several nodes yet: divergence is not "
-                        "compared across nodes either (docs/hangs.md#divergence)")
+            monitor.say("--on-divergence stop needs the job layer on a job of several nodes: warning instead "
+                        "(docs/hangs.md#divergence)")
         if self.run_root is not None and monitor.writes_run_files:
             (Path(self.run_root) / "divergence.json").unlink(missing_ok=True)
 
     def on_message(self, monitor: Any, rank: int, msg: Any) -> None:
         if msg.get("type") != "fp" or self.judge.verdict is not None:
+            return
+        if self.relay is not None and not self.relay.is_head:
+            return  # the agent relays this node's records to the head, which judges
+        with self._lock:
+            self._judge(monitor, rank, msg)
+
+    def _judge(self, monitor: Any, rank: int, msg: Any) -> None:
+        if self.judge.verdict is not None:
             return
         if self.judge.world_size is None:
             self.judge.world_size = monitor.world_size or getattr(monitor, "_expected_world", None)
@@ -222,12 +239,16 @@ class DivergenceWatch:
         if self.on_divergence == "stop" and self.judge.agreed_step > before:
             for r in monitor.rank_ids():  # the held optimizer steps may run (probes/divergence.py)
                 monitor.send(r, {"type": "fp-ok", "step": self.judge.agreed_step})
+            if self.relay is not None:
+                self.relay.word(ok=self.judge.agreed_step)  # and the other nodes' ranks
 
     def _declare(self, monitor: Any, verdict: DivergenceVerdict) -> None:
         verdict["on_divergence"] = self.on_divergence
         if self.on_divergence == "stop":
             for r in monitor.rank_ids():
                 monitor.send(r, {"type": "divergence-stop", "reason": verdict["reason"]})
+            if self.relay is not None:
+                self.relay.word(stop=verdict["reason"])
         if self.run_root is not None and monitor.writes_run_files:
             try:
                 write_json(Path(self.run_root) / "divergence.json", verdict)

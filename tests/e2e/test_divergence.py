@@ -46,12 +46,25 @@ def runs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
 
     cases = [("healthy", "none", "warn"), ("nan-stop", "nan", "stop"), ("skip", "skip", "warn"),
              ("data-healthy", "healthy", "warn"), ("data-dry", "dry", "warn")]
-    with ThreadPoolExecutor(len(cases) + 1) as pool:
+    with ThreadPoolExecutor(len(cases) + 2) as pool:
         plain = pool.submit(_plain, base / "plain")
+        nodes = pool.submit(_two_nodes, base / "two-nodes")
         futures = {name: pool.submit(launch, name, fault, mode) for name, fault, mode in cases}
         out: dict[str, Any] = {name: f.result() for name, f in futures.items()}
         out["plain"] = (plain.result(), base / "plain")
+        out["two-nodes"] = nodes.result()
     return out
+
+
+def _two_nodes(d: Path) -> tuple[list[tuple[int, str, str]], Path]:
+    """Two launchers of 2 ranks each (`--nnodes 2`, one machine), rank 3 (on node 1) NaN at step 5, stop mode: the
+    head judges the records node 1 relays and its word stops node 1's ranks too (job/divergence_relay.py)."""
+    from tests.e2e.test_multinode import finish, start_nodes
+
+    env = {**ENV, "DIVERGE_FAULT": "nan", "DIVERGE_RANK": "3", "DIVERGE_STEPS": STEPS, "DIVERGE_OUT": str(d / "weights")}
+    procs = start_nodes("run", "diverge.py", d / "run", 2, 2, "--on-divergence", "stop", "--hang-timeout", "60",
+                        "--startup-timeout", "300", env=env)
+    return finish(procs, 300), d
 
 
 def _divergence(report: dict[str, Any]) -> list[dict[str, Any]]:
@@ -107,3 +120,14 @@ def test_a_loader_that_runs_dry_first_is_named_at_its_step(runs: Any) -> None:
 def test_even_shards_rank0_only_evaluation_and_a_last_uneven_batch_under_join_are_quiet(runs: Any) -> None:
     code, report, _ = runs["data-healthy"]
     assert code == 0 and not _divergence(report), report["findings"]
+
+
+def test_two_nodes_a_nan_on_the_second_node_is_named_and_stopped_everywhere(runs: Any) -> None:
+    results, d = runs["two-nodes"]
+    assert [code for code, _, _ in results] == [1, 1], [se[-2000:] for _, _, se in results]
+    verdict = json.loads((d / "run" / "divergence.json").read_text())
+    assert verdict["ranks"] == [3] and verdict["step"] == 5 and verdict["others_count"] == 3, verdict
+    assert verdict["items"][0]["field"] == "loss" and verdict["on_divergence"] == "stop"
+    for rank in range(4):  # node 1's ranks got the head's word through the job store: none applied step 5
+        w = _weights(d, rank)
+        assert w["applied"] == [1, 2, 3, 4] and w["finite"], (rank, w["applied"])

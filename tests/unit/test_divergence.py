@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import json
 import time
 from typing import Any
 
@@ -251,3 +252,80 @@ def test_ranks_whose_shards_differ_in_length_agree_while_they_read_the_same_epoc
         judge.add([0], rec(step, epoch=0, batches=step, left=3 - step))
         assert judge.add([1], rec(step, epoch=0, batches=step, left=4 - step)) is None
     assert judge.agreed_step == 3
+
+
+class _Store:
+    """The job store's put/get/get_many over a dict (job/store.py seals the values; not what is tested here)."""
+
+    def __init__(self) -> None:
+        self.kv: dict[str, Any] = {}
+        self.puts = 0
+
+    def put(self, name: str, obj: Any) -> int:
+        self.puts += 1
+        self.kv[name] = obj
+        return 0
+
+    def get(self, name: str) -> Any:
+        return self.kv.get(name)
+
+    def get_many(self, names: list[str]) -> dict[str, Any]:
+        return {n: self.kv[n] for n in names if n in self.kv}
+
+
+class _Node(_Monitor):
+    def __init__(self, root: Any, ranks: list[int]) -> None:
+        super().__init__(root)
+        self.ranks = ranks
+        self.watch: DivergenceWatch | None = None
+
+    def rank_ids(self) -> list[int]:
+        return self.ranks
+
+    def replay(self, rank: int, msg: dict[str, Any]) -> None:
+        assert self.watch is not None
+        self.watch.on_message(self, rank, msg)
+
+
+def test_records_relayed_across_nodes_are_judged_on_the_head_and_its_word_reaches_the_other_node(
+        tmp_path: Any) -> None:
+    from ddpdoctor.job.divergence_relay import WORD, DivergenceRelay
+
+    store = _Store()
+    head, node = _Node(tmp_path, [0, 1]), _Node(None, [2, 3])
+    head.world_size = node.world_size = 4  # type: ignore[misc]
+    head.decider = node.decider = object()  # type: ignore[assignment]
+    node.writes_run_files = False  # type: ignore[misc]
+    relays = {0: DivergenceRelay(0, True), 1: DivergenceRelay(1, False)}
+    for mon, n in ((head, 0), (node, 1)):
+        mon.watch = DivergenceWatch("stop")
+        mon.watch.join_job(relays[n])
+        mon.watch.on_start(mon)
+    assert not head.said and relays[1].stop_mode
+
+    def step(k: int, bad: dict[str, Any] | None = None) -> None:
+        for r in (0, 1):
+            head.watch.on_message(head, r, {"type": "fp", "fp": [rec(k)]})  # type: ignore[union-attr]
+        for r in (2, 3):
+            relays[1].add(r, [rec(k, **(bad or {})) if r == 3 else rec(k)])  # the agent's on_message
+            node.watch.on_message(node, r, {"type": "fp", "fp": [rec(k)]})  # type: ignore[union-attr]
+        relays[1].publish(store)
+        relays[0].take(store, [0, 1], head)
+        relays[0].put_word(store)
+        relays[1].deliver(store.get(WORD), node)
+
+    step(1)
+    assert node.watch is not None and node.watch.judge.judged == 0  # a node does not judge: the head does
+    assert head.watch is not None and head.watch.judge.agreed_step == 1
+    assert node.sent == [(2, {"type": "fp-ok", "step": 1}), (3, {"type": "fp-ok", "step": 1})]
+    assert store.kv["fp-ack/1"] == 1
+    relays[1].acked(store.kv["fp-ack/1"])
+    puts = store.puts
+    relays[1].publish(store, force=True)
+    assert store.puts == puts  # acknowledged: nothing to repeat
+    step(2, {"loss": 0})
+    verdict = json.loads((tmp_path / "divergence.json").read_text())
+    assert verdict["ranks"] == [3] and verdict["step"] == 2
+    assert [m["type"] for _, m in node.sent[2:]] == ["divergence-stop", "divergence-stop"]
+    relays[1].deliver(store.get(WORD), node)
+    assert len(node.sent) == 4  # the word is handed over once
