@@ -23,7 +23,8 @@ MAX_RANKS_SHOWN = 64
 # A record is [step, key, *FIELDS, *INFO] (probes/divergence.py builds it): ``key`` is a CRC of FIELDS, what the
 # ranks must agree on; INFO only explains a difference (a last uneven batch under Join differs there by design).
 FIELDS = ("colls", "ops", "opt", "loss", "graphs", "epoch", "dry")
-INFO = ("batches", "left")
+INFO = ("batches", "left", "recompiles", "breaks")
+MAX_REASON = 300  # a record's optional last element: why torch.compile compiled in that step
 
 
 def record_key(colls: int, ops: int, opt: int, loss: int, graphs: int, epoch: int = -1, dry: int = 0) -> int:
@@ -66,9 +67,16 @@ class _Step:
 
 
 def valid(rec: Any) -> list[int] | None:
-    if isinstance(rec, list) and len(rec) == 2 + len(FIELDS) + len(INFO) and all(type(v) is int for v in rec):
-        return rec
-    return None
+    """The record's numbers, checked; its reason, if any, is read by ``record_reason``."""
+    n = 2 + len(FIELDS) + len(INFO)
+    if not isinstance(rec, list) or len(rec) not in (n, n + 1) or (len(rec) == n + 1 and not isinstance(rec[n], str)):
+        return None
+    return rec if all(type(v) is int for v in rec[:n]) else None
+
+
+def record_reason(rec: list[Any]) -> str | None:
+    n = 2 + len(FIELDS) + len(INFO)
+    return str(rec[n])[:MAX_REASON] if len(rec) > n else None
 
 
 class DivergenceJudge:
@@ -114,14 +122,15 @@ class DivergenceJudge:
 
         keys = sorted(st.by_key, key=rank_of)
         job_key = keys[0]
-        job = dict(zip(FIELDS + INFO, st.example[job_key][2:], strict=True))
+        job = dict(zip(FIELDS + INFO, st.example[job_key][2:2 + len(FIELDS) + len(INFO)], strict=True))
         items: list[DivergenceItem] = []
         diverged: list[int] = []
         for key in keys[1:]:
             ranks = sorted(st.by_key[key])
             diverged.extend(ranks)
-            theirs = dict(zip(FIELDS + INFO, st.example[key][2:], strict=True))
-            items.extend(_items(step, ranks, theirs, job))
+            theirs = dict(zip(FIELDS + INFO, st.example[key][2:2 + len(FIELDS) + len(INFO)], strict=True))
+            items.extend(_items(step, ranks, theirs, job, record_reason(st.example[key]),
+                                record_reason(st.example[job_key])))
         diverged.sort()
         reason = items[0]["text"] if items else f"ranks {diverged[:8]} differ at step {step}"
         if len(diverged) == len(st.by_key[job_key]):
@@ -136,7 +145,8 @@ def _who(ranks: list[int]) -> str:
     return ("rank " if len(ranks) == 1 else "ranks ") + shown
 
 
-def _items(step: int, ranks: list[int], theirs: dict[str, int], job: dict[str, int]) -> list[DivergenceItem]:
+def _items(step: int, ranks: list[int], theirs: dict[str, int], job: dict[str, int],
+           why: str | None = None, others_why: str | None = None) -> list[DivergenceItem]:
     """The fields that differ, most telling first: a non-finite loss, the training loader's end or epoch, optimizer
     steps, collective counts, the collectives' kinds, compiled graphs."""
     who = _who(ranks)
@@ -162,7 +172,8 @@ def _items(step: int, ranks: list[int], theirs: dict[str, int], job: dict[str, i
             "(op, sizes, dtype or reduce op)")
     if theirs["graphs"] != job["graphs"]:
         add("graphs", f"{who}: {theirs['graphs']} graphs compiled by step {step}, the other ranks {job['graphs']} "
-            "(torch.compile recompiled on one side)")
+            + (f"(its torch.compile: {why})" if why else f"(the other ranks' torch.compile: {others_why})" if others_why
+               else "(torch.compile recompiled on one side)"))
     return out
 
 

@@ -18,9 +18,12 @@ GradScaler-skipped step, an explicit ``ddpdoctor.step()``). It holds:
   (StopIteration) since the last record (probes/data_position.py).
 - ``batches``, ``left``: the batches it consumed in this epoch and has left (-1: no length). Not in the key: ranks
   whose shards differ in length (a last uneven batch under ``Join``) differ there by design; the verdict shows them.
+- ``recompiles``, ``breaks``: torch.compile's recompiles and graph breaks so far, and in a step where it compiled, a
+  last string element: why (the guard that failed, the graph break's message; probes/compile_events.py). Not in the
+  key: ``graphs`` moves with them.
 
-A record is a short list ``[step, key, colls, ops, opt, loss, graphs, epoch, dry, batches, left]`` (~50 bytes of
-JSON); ``key`` is a CRC of the compared fields, what the job compares. Records wait in a deque the heartbeat thread drains every tick (0.2 s).
+A record is a short list ``[step, key, colls, ops, opt, loss, graphs, epoch, dry, batches, left, recompiles,
+breaks(, reason)]`` (~55 bytes of JSON); ``key`` is a CRC of the compared fields, what the job compares. Records wait in a deque the heartbeat thread drains every tick (0.2 s).
 
 ``--on-divergence stop`` ($DDPDOCTOR_ON_DIVERGENCE=stop): the record is sent at once and the optimizer's pre-hook
 holds until the monitor says every rank agreed on that step (``fp-ok``) or that they did not
@@ -32,7 +35,6 @@ from __future__ import annotations
 
 import math
 import os
-import sys
 import threading
 import zlib
 from collections import deque
@@ -42,6 +44,7 @@ from typing import Any
 import torch
 
 from ddpdoctor.job.divergence import MODE_ENV, record_key
+from ddpdoctor.probes.compile_events import CompileEvents
 from ddpdoctor.probes.data_position import DataPosition
 
 MAX_PENDING = 4096  # records not yet drained (a heartbeat thread that cannot send): the oldest are dropped
@@ -59,11 +62,12 @@ class StepFingerprint:
     def __init__(self, tracker: Any, stop: bool | None = None) -> None:
         self.tracker = tracker
         self.stop = os.environ.get(MODE_ENV) == "stop" if stop is None else stop
-        self.pending: deque[list[int]] = deque(maxlen=MAX_PENDING)
+        self.pending: deque[list[int | str]] = deque(maxlen=MAX_PENDING)
         self.stop_reason: str | None = None
-        self.send: Callable[[list[int]], None] | None = None  # stop mode: the heartbeat's immediate send
+        self.send: Callable[[list[int | str]], None] | None = None  # stop mode: the heartbeat's immediate send
         self.holds_timed_out = 0
         self.data = DataPosition(tracker)
+        self.compiles = CompileEvents()
         self._ops = 0
         self._loss = -1
         self._taken = False  # this iteration's record was taken (at its first optimizer step)
@@ -116,7 +120,7 @@ class StepFingerprint:
             rec = self._record(self.tracker.step + 1, opt=1)
             if self.stop and self.send is not None:
                 self.send(rec)
-                self._hold(rec[0])
+                self._hold(int(rec[0]))
             else:
                 self.pending.append(rec)
         if self.stop_reason is not None:
@@ -127,22 +131,18 @@ class StepFingerprint:
             self.pending.append(self._record(step, opt=0))
         self._taken = False
 
-    def _record(self, step: int, opt: int) -> list[int]:
+    def _record(self, step: int, opt: int) -> list[int | str]:
         colls = 0
         seq = self._enqueued()
         if seq is not None:
             colls = seq - self._base if self._base is not None else seq + 1
             self._base = seq
-        graphs = -1
-        dynamo = sys.modules.get("torch._dynamo.utils")
-        if dynamo is not None:
-            try:
-                graphs = int(dynamo.counters["stats"]["unique_graphs"])
-            except Exception:  # noqa: BLE001 - another torch's counters
-                graphs = -1
+        graphs, recompiles, breaks, why = self.compiles.take()
         epoch, dry, batches, left = self.data.take()
-        rec = [step, record_key(colls, self._ops, opt, self._loss, graphs, epoch, dry), colls, self._ops, opt,
-               self._loss, graphs, epoch, dry, batches, left]
+        rec: list[int | str] = [step, record_key(colls, self._ops, opt, self._loss, graphs, epoch, dry), colls,
+                                self._ops, opt, self._loss, graphs, epoch, dry, batches, left, recompiles, breaks]
+        if why is not None:
+            rec.append(why)  # only in a step where torch.compile compiled: what made it (job/divergence.py shows it)
         self._ops, self._loss = 0, -1
         return rec
 
@@ -175,7 +175,7 @@ class StepFingerprint:
             self.stop_reason = reason
             self._answer.notify_all()
 
-    def take(self) -> list[list[int]]:
+    def take(self) -> list[list[int | str]]:
         from ddpdoctor.probes.steps import drain
 
         return drain(self.pending)

@@ -45,7 +45,7 @@ def runs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
         return proc.returncode, json.loads(proc.stdout), d
 
     cases = [("healthy", "none", "warn"), ("nan-stop", "nan", "stop"), ("skip", "skip", "warn"),
-             ("data-healthy", "healthy", "warn"), ("data-dry", "dry", "warn")]
+             ("data-healthy", "healthy", "warn"), ("data-dry", "dry", "warn"), ("recompile", "recompile", "warn")]
     with ThreadPoolExecutor(len(cases) + 2) as pool:
         plain = pool.submit(_plain, base / "plain")
         nodes = pool.submit(_two_nodes, base / "two-nodes")
@@ -131,3 +131,12 @@ def test_two_nodes_a_nan_on_the_second_node_is_named_and_stopped_everywhere(runs
     for rank in range(4):  # node 1's ranks got the head's word through the job store: none applied step 5
         w = _weights(d, rank)
         assert w["applied"] == [1, 2, 3, 4] and w["finite"], (rank, w["applied"])
+
+
+def test_a_rank_that_recompiles_alone_is_named_with_the_guard_that_failed(runs: Any) -> None:
+    code, report, _ = runs["recompile"]
+    (f,) = _divergence(report)
+    assert f["ranks"] == [1] and f["evidence"]["step"] == 5, f
+    item = f["evidence"]["items"][0]
+    assert item["field"] == "graphs" and item["rank_value"] == item["others_value"] + 1, item
+    assert "recompiled <lambda> (diverge.py:" in item["text"] and "size mismatch at index 0" in item["text"], item

@@ -5,7 +5,9 @@
 FAULT: ``none`` (healthy; rank 0 also runs an evaluation forward under no_grad every 4 steps, on rank 0 only);
 ``skip`` (rank 1, or $DIVERGE_RANK, skips its optimizer step at step 5: a rank-local loss check); ``nan`` (rank 1's loss is NaN at
 step 5: all-reduced into every replica); ``reduceop`` (at step 5 every rank all-reduces a metric, rank 1 with MAX
-where the others SUM: no hang, no error, a silently different result). With OUT,
+where the others SUM: no hang, no error, a silently different result); ``recompile`` (every rank runs a
+torch.compile'd statistic, backend "eager", each step; at step 5 rank 1 hands it another shape: it alone
+recompiles). With OUT,
 each rank writes its losses and final weights to OUT/rankR.pt (the stop and bit-identity tests read them)."""
 
 import datetime
@@ -31,6 +33,7 @@ torch.manual_seed(0)
 model = nn.parallel.DistributedDataParallel(nn.Sequential(nn.Linear(8, 16), nn.ReLU(), nn.Linear(16, 1)))
 opt = torch.optim.SGD(model.parameters(), lr=0.01)
 gen = torch.Generator().manual_seed(1 + rank)
+stat = torch.compile(lambda t: (t * t).mean(), backend="eager") if FAULT == "recompile" else None
 losses = []
 applied = []  # the steps whose update reached the weights
 at = {}  # step -> when its loss was known (the detection-time figure: RUN/divergence.json's detected_at minus this)
@@ -38,6 +41,8 @@ try:
     for step in range(1, STEPS + 1):
         x, y = torch.randn(4, 8, generator=gen), torch.randn(4, 1, generator=gen)
         loss = nn.functional.mse_loss(model(x), y)
+        if stat is not None:
+            stat(x[:3] if rank == BAD and step == AT else x)  # BUG: another shape on one rank: it recompiles
         if FAULT == "nan" and rank == BAD and step == AT:
             loss = loss * float("nan")  # BUG: one rank's loss is NaN at step 5
         opt.zero_grad()

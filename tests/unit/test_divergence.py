@@ -16,9 +16,10 @@ from ddpdoctor.probes.divergence import DivergenceStopped, StepFingerprint
 
 
 def rec(step: int, colls: int = 1, ops: int = 0, opt: int = 1, loss: int = 1, graphs: int = -1, epoch: int = -1,
-        dry: int = 0, batches: int = -1, left: int = -1) -> list[int]:
-    return [step, record_key(colls, ops, opt, loss, graphs, epoch, dry), colls, ops, opt, loss, graphs, epoch, dry,
-            batches, left]
+        dry: int = 0, batches: int = -1, left: int = -1, why: str | None = None) -> list[Any]:
+    out: list[Any] = [step, record_key(colls, ops, opt, loss, graphs, epoch, dry), colls, ops, opt, loss, graphs,
+                      epoch, dry, batches, left, 0, 0]
+    return out + [why] if why is not None else out
 
 
 def test_agreeing_ranks_are_quiet_and_a_minority_is_named() -> None:
@@ -227,7 +228,7 @@ def test_data_position_counts_epochs_batches_left_and_the_loader_running_dry() -
     finally:
         fp.finish({})
     # [step, key, colls, ops, opt, loss, graphs, epoch, dry, batches, left]
-    assert [r[7:] for r in recs] == [[0, 0, 1, 2], [0, 0, 2, 1], [0, 0, 3, 0],
+    assert [r[7:11] for r in recs] == [[0, 0, 1, 2], [0, 0, 2, 1], [0, 0, 3, 0],
                                      [1, 1, 1, 2], [1, 0, 2, 1], [1, 0, 3, 0]]
     assert recs[3][1] != recs[4][1] and recs[4][1] == recs[5][1]  # the epoch's end is in the key; batches are not
     assert fp.data.dry_step == 6  # ran dry after the 6th step and drew no batch since (the hang verdict reads it)
@@ -329,3 +330,31 @@ def test_records_relayed_across_nodes_are_judged_on_the_head_and_its_word_reache
     assert [m["type"] for _, m in node.sent[2:]] == ["divergence-stop", "divergence-stop"]
     relays[1].deliver(store.get(WORD), node)
     assert len(node.sent) == 4  # the word is handed over once
+
+
+def test_a_recompile_on_one_rank_is_named_with_torch_dynamo_s_own_reason() -> None:
+    """A real torch.compile (backend "eager": no code generation, ~1 s): a second shape makes it recompile, and
+    the record of that step carries the guard that failed, as TORCH_LOGS=recompiles words it."""
+    import torch._dynamo
+
+    from ddpdoctor.job.divergence import valid
+
+    torch._dynamo.reset()
+    fp = StepFingerprint(_Steps(), stop=False)
+    f = torch.compile(lambda x: (x * 2).sum(), backend="eager")
+    f(torch.ones(4, 3))
+    first = fp._record(1, opt=1)
+    f(torch.ones(4, 3))
+    same = fp._record(2, opt=1)
+    f(torch.ones(6, 3))  # another shape: the guard on its size fails
+    again = fp._record(3, opt=1)
+    assert valid(first) and valid(again) and len(same) == 13 and same[1] == first[1]
+    assert again[6] == first[6] + 1 and again[11] == first[11] + 1, (first, again)
+    why = again[13]
+    assert why.startswith("recompiled <lambda> (test_divergence.py:") and "size mismatch at index 0" in why, why
+    judge = DivergenceJudge(2)
+    for step, r0, r1 in ((2, same, same), (3, [3, *same[1:]], again)):
+        judge.add([0], [step, *r0[1:]])
+        verdict = judge.add([1], r1)
+    assert verdict is not None and verdict["ranks"] == [1] and verdict["items"][0]["field"] == "graphs"
+    assert "its torch.compile: recompiled <lambda>" in verdict["reason"], verdict["reason"]
