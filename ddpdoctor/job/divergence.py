@@ -265,5 +265,12 @@ class DivergenceWatch:
                 write_json(Path(self.run_root) / "divergence.json", verdict)
             except OSError:
                 pass
+        for plugin in getattr(monitor, "plugins", []):  # the live watch: status, Prometheus, live TensorBoard
+            hook = getattr(plugin, "on_divergence", None)
+            if hook is not None:
+                try:
+                    hook(monitor, verdict)
+                except Exception:  # noqa: BLE001 - a surface that fails never stops the verdict
+                    pass
         action = "; stopping the job before its next optimizer step" if self.on_divergence == "stop" else ""
         monitor.say(f"ranks diverged at step {verdict['step']}: {verdict['reason']}{action}")

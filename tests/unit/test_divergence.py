@@ -358,3 +358,59 @@ def test_a_recompile_on_one_rank_is_named_with_torch_dynamo_s_own_reason() -> No
         verdict = judge.add([1], r1)
     assert verdict is not None and verdict["ranks"] == [1] and verdict["items"][0]["field"] == "graphs"
     assert "its torch.compile: recompiled <lambda>" in verdict["reason"], verdict["reason"]
+
+
+def test_the_verdict_reaches_status_prometheus_and_the_live_scalars(tmp_path: Any) -> None:
+    """The watch hands the verdict to the live watch (on_divergence): an alert that `status` lists, the Prometheus
+    endpoint exports (first step, each rank with its item) and the live TensorBoard scalars hold."""
+    import urllib.request
+
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+    from tensorboard.util import tensor_util
+
+    from ddpdoctor.live.export import PrometheusExporter, TensorBoardExporter
+    from ddpdoctor.live.health import LiveHealth
+    from ddpdoctor.live.status import load_status, status_text
+
+    (tmp_path / "manifest.json").write_text(json.dumps({"mode": "run", "finished": False}))
+    health = LiveHealth(tmp_path, world_size=2)
+    health.local_ranks = 2
+    for s in range(1, 6):
+        for r in range(2):
+            health.ingest(r, [[s, 0.01, {"forward": 0.004, "backward": 0.006}]], "forward")
+    health.tick(now=1000.0, force=True)
+    tb = TensorBoardExporter(tmp_path / "scalars" / "live")
+    tb.update(health)
+
+    class Live:  # the live watch's hook, as live/watch.py has it, on this health
+        exporters = [tb]
+        from ddpdoctor.live.watch import LiveWatch
+        on_divergence = LiveWatch.on_divergence
+
+    live = Live()
+    live.health = health  # type: ignore[attr-defined]
+    mon = _Monitor(tmp_path)
+    mon.plugins = [live]  # type: ignore[attr-defined]
+    watch = DivergenceWatch("warn")
+    watch.on_start(mon)
+    for step in (1, 2):
+        watch.on_message(mon, 0, {"type": "fp", "fp": [rec(step)]})
+        watch.on_message(mon, 1, {"type": "fp", "fp": [rec(step, colls=2) if step == 2 else rec(step)]})
+    health.tick(now=1001.0, force=True)
+    (alert,) = [a for a in health.alerts if a["id"] == "divergence"]
+    assert alert["ranks"] == [1] and alert["evidence"]["step"] == 2 and alert["evidence"]["field"] == "colls"
+    assert "divergence: ranks diverged at step 2: rank 1: 2 collectives" in status_text(load_status(tmp_path, now=1001.0))
+    exporter = PrometheusExporter("127.0.0.1", 0)
+    try:
+        exporter.update(health)
+        body = urllib.request.urlopen(f"http://127.0.0.1:{exporter.port}/metrics", timeout=10).read().decode()
+    finally:
+        exporter.close()
+    assert "ddpdoctor_divergence_step 2.0" in body and 'ddpdoctor_divergence_rank{item="colls",rank="1"} 1.0' in body
+    assert 'ddpdoctor_alerts_total{id="divergence"} 1.0' in body
+    tb.close()
+    acc = EventAccumulator(str(tmp_path / "scalars" / "live"))
+    acc.Reload()
+    (point,) = acc.Tensors("live/divergence/step")
+    assert point.step == 2 and float(tensor_util.make_ndarray(point.tensor_proto)) == 2.0
+    assert [p.step for p in acc.Tensors("live/divergence/rank1")] == [2]
