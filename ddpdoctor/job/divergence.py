@@ -24,7 +24,7 @@ MAX_RANKS_SHOWN = 64
 # ranks must agree on; INFO only explains a difference (a last uneven batch under Join differs there by design).
 FIELDS = ("colls", "ops", "opt", "loss", "graphs", "epoch", "dry")
 INFO = ("batches", "left", "recompiles", "breaks")
-MAX_REASON = 300  # a record's optional last element: why torch.compile compiled in that step
+MAX_REASON = 300  # characters of a record's ``why`` (why torch.compile compiled in that step)
 
 
 def record_key(colls: int, ops: int, opt: int, loss: int, graphs: int, epoch: int = -1, dry: int = 0) -> int:
@@ -67,16 +67,45 @@ class _Step:
 
 
 def valid(rec: Any) -> list[int] | None:
-    """The record's numbers, checked; its reason, if any, is read by ``record_reason``."""
+    """The record's numbers, checked; its optional last element (a dict) is read by ``record_reason`` and
+    ``record_calls``."""
     n = 2 + len(FIELDS) + len(INFO)
-    if not isinstance(rec, list) or len(rec) not in (n, n + 1) or (len(rec) == n + 1 and not isinstance(rec[n], str)):
+    if not isinstance(rec, list) or len(rec) not in (n, n + 1) or (len(rec) == n + 1 and not isinstance(rec[n], dict)):
         return None
     return rec if all(type(v) is int for v in rec[:n]) else None
 
 
-def record_reason(rec: list[Any]) -> str | None:
+def _extra(rec: list[Any]) -> dict[str, object]:
     n = 2 + len(FIELDS) + len(INFO)
-    return str(rec[n])[:MAX_REASON] if len(rec) > n else None
+    return rec[n] if len(rec) > n and isinstance(rec[n], dict) else {}
+
+
+def record_reason(rec: list[Any]) -> str | None:
+    why = _extra(rec).get("why")
+    return str(why)[:MAX_REASON] if why else None
+
+
+def record_calls(rec: list[Any]) -> list[str] | None:
+    """The step's public collectives as the rank saw them ("op|sizes|dtype|reduce op"), when the record has them."""
+    calls = _extra(rec).get("calls")
+    return [str(c)[:200] for c in calls[:8]] if isinstance(calls, list) else None
+
+
+def _first_call_difference(step: int, theirs: list[str] | None, others: list[str] | None) -> str:
+    def show(c: str) -> str:
+        op, sizes, dtype, red = (c.split("|") + ["", "", ""])[:4]
+        return f"{op} sizes {sizes}" + (f" {dtype}" if dtype else "") + (f" op {red}" if red and red != "None" else "")
+
+    if theirs is None:
+        return ""
+    if others is None:
+        return f": its calls in step {step}: " + "; ".join(map(show, theirs)) if theirs else ""
+    for i in range(max(len(theirs), len(others))):
+        a = theirs[i] if i < len(theirs) else None
+        b = others[i] if i < len(others) else None
+        if a != b:
+            return f": call {i + 1} of step {step}: {show(a) if a else 'none'}, the other ranks {show(b) if b else 'none'}"
+    return ""
 
 
 class DivergenceJudge:
@@ -130,7 +159,9 @@ class DivergenceJudge:
             diverged.extend(ranks)
             theirs = dict(zip(FIELDS + INFO, st.example[key][2:2 + len(FIELDS) + len(INFO)], strict=True))
             items.extend(_items(step, ranks, theirs, job, record_reason(st.example[key]),
-                                record_reason(st.example[job_key])))
+                                record_reason(st.example[job_key]),
+                                _first_call_difference(step, record_calls(st.example[key]),
+                                                       record_calls(st.example[job_key]))))
         diverged.sort()
         reason = items[0]["text"] if items else f"ranks {diverged[:8]} differ at step {step}"
         if len(diverged) == len(st.by_key[job_key]):
@@ -146,7 +177,7 @@ def _who(ranks: list[int]) -> str:
 
 
 def _items(step: int, ranks: list[int], theirs: dict[str, int], job: dict[str, int],
-           why: str | None = None, others_why: str | None = None) -> list[DivergenceItem]:
+           why: str | None = None, others_why: str | None = None, calls: str = "") -> list[DivergenceItem]:
     """The fields that differ, most telling first: a non-finite loss, the training loader's end or epoch, optimizer
     steps, collective counts, the collectives' kinds, compiled graphs."""
     who = _who(ranks)
@@ -169,7 +200,7 @@ def _items(step: int, ranks: list[int], theirs: dict[str, int], job: dict[str, i
                                  "issued extra collectives)" if more else " (it issued fewer collectives)"))
     if theirs["ops"] != job["ops"]:
         add("ops", f"{who}: its torch.distributed calls in step {step} differ from the other ranks' "
-            "(op, sizes, dtype or reduce op)")
+            f"(op, sizes, dtype or reduce op){calls}")
     if theirs["graphs"] != job["graphs"]:
         add("graphs", f"{who}: {theirs['graphs']} graphs compiled by step {step}, the other ranks {job['graphs']} "
             + (f"(its torch.compile: {why})" if why else f"(the other ranks' torch.compile: {others_why})" if others_why

@@ -18,12 +18,14 @@ GradScaler-skipped step, an explicit ``ddpdoctor.step()``). It holds:
   (StopIteration) since the last record (probes/data_position.py).
 - ``batches``, ``left``: the batches it consumed in this epoch and has left (-1: no length). Not in the key: ranks
   whose shards differ in length (a last uneven batch under ``Join``) differ there by design; the verdict shows them.
-- ``recompiles``, ``breaks``: torch.compile's recompiles and graph breaks so far, and in a step where it compiled, a
-  last string element: why (the guard that failed, the graph break's message; probes/compile_events.py). Not in the
-  key: ``graphs`` moves with them.
+- ``recompiles``, ``breaks``: torch.compile's recompiles and graph breaks so far (probes/compile_events.py). Not in
+  the key: ``graphs`` moves with them.
+- an optional last element, a dict, only in a step that needs it: ``why`` (a step where torch.compile compiled: the
+  guard that failed, the graph break's message) and ``calls`` (a step whose ``ops`` differs from the previous
+  record's: its first MAX_CALLS public collectives as "op|sizes|dtype|reduce op"), what a verdict quotes.
 
 A record is a short list ``[step, key, colls, ops, opt, loss, graphs, epoch, dry, batches, left, recompiles,
-breaks(, reason)]`` (~55 bytes of JSON); ``key`` is a CRC of the compared fields, what the job compares. Records wait in a deque the heartbeat thread drains every tick (0.2 s).
+breaks(, extra)]`` (~55 bytes of JSON); ``key`` is a CRC of the compared fields, what the job compares. Records wait in a deque the heartbeat thread drains every tick (0.2 s).
 
 ``--on-divergence stop`` ($DDPDOCTOR_ON_DIVERGENCE=stop): the record is sent at once and the optimizer's pre-hook
 holds until the monitor says every rank agreed on that step (``fp-ok``) or that they did not
@@ -52,6 +54,7 @@ MAX_PENDING = 4096  # records not yet drained (a heartbeat thread that cannot se
 # ($DDPDOCTOR_DIVERGENCE_HOLD_S) so that a loaded machine's slow monitor cannot let a held step go.
 HOLD_S = 2.0
 HOLD_ENV = "DDPDOCTOR_DIVERGENCE_HOLD_S"
+MAX_CALLS = 8  # public collectives of a step kept to explain an ``ops`` difference
 
 
 class DivergenceStopped(RuntimeError):
@@ -69,6 +72,8 @@ class StepFingerprint:
         self.data = DataPosition(tracker)
         self.compiles = CompileEvents()
         self._ops = 0
+        self._calls: list[str] = []  # this step's first MAX_CALLS public collectives, as folded into ``ops``
+        self._last_ops = 0  # the previous record's ``ops``
         self._loss = -1
         self._taken = False  # this iteration's record was taken (at its first optimizer step)
         self._base: int | None = None  # the default group's last enqueued sequence number at the last record
@@ -102,7 +107,10 @@ class StepFingerprint:
         red = kwargs.get("op")
         if red is None and op in ("all_reduce", "reduce") and len(args) > 1 and not isinstance(args[1], int):
             red = args[1]
-        self._ops = zlib.crc32(f"{op}|{sizes}|{dtype}|{red}".encode(), self._ops)
+        desc = f"{op}|{sizes}|{dtype}|{red}"
+        self._ops = zlib.crc32(desc.encode(), self._ops)
+        if len(self._calls) < MAX_CALLS:
+            self._calls.append(desc)
 
     def saw_backward(self, tensor: Any) -> None:
         """``tensor.backward()`` (the heartbeat's outer backward wrapper): a CPU scalar loss is read (~1 us)."""
@@ -141,9 +149,15 @@ class StepFingerprint:
         epoch, dry, batches, left = self.data.take()
         rec: list[int | str] = [step, record_key(colls, self._ops, opt, self._loss, graphs, epoch, dry), colls,
                                 self._ops, opt, self._loss, graphs, epoch, dry, batches, left, recompiles, breaks]
+        extra: dict[str, Any] = {}
         if why is not None:
-            rec.append(why)  # only in a step where torch.compile compiled: what made it (job/divergence.py shows it)
-        self._ops, self._loss = 0, -1
+            extra["why"] = why  # only in a step where torch.compile compiled: what made it
+        if self._ops != self._last_ops:
+            extra["calls"] = self._calls  # only when the step's collectives changed: what they are now
+        if extra:
+            rec.append(extra)  # type: ignore[arg-type]  # job/divergence.py reads it to explain a difference
+        self._last_ops = self._ops
+        self._ops, self._loss, self._calls = 0, -1, []
         return rec
 
     def _enqueued(self) -> int | None:

@@ -19,7 +19,7 @@ def rec(step: int, colls: int = 1, ops: int = 0, opt: int = 1, loss: int = 1, gr
         dry: int = 0, batches: int = -1, left: int = -1, why: str | None = None) -> list[Any]:
     out: list[Any] = [step, record_key(colls, ops, opt, loss, graphs, epoch, dry), colls, ops, opt, loss, graphs,
                       epoch, dry, batches, left, 0, 0]
-    return out + [why] if why is not None else out
+    return out + [{"why": why}] if why is not None else out
 
 
 def test_agreeing_ranks_are_quiet_and_a_minority_is_named() -> None:
@@ -350,7 +350,7 @@ def test_a_recompile_on_one_rank_is_named_with_torch_dynamo_s_own_reason() -> No
     again = fp._record(3, opt=1)
     assert valid(first) and valid(again) and len(same) == 13 and same[1] == first[1]
     assert again[6] == first[6] + 1 and again[11] == first[11] + 1, (first, again)
-    why = again[13]
+    why = again[13]["why"]
     assert why.startswith("recompiled <lambda> (test_divergence.py:") and "size mismatch at index 0" in why, why
     judge = DivergenceJudge(2)
     for step, r0, r1 in ((2, same, same), (3, [3, *same[1:]], again)):
@@ -414,3 +414,27 @@ def test_the_verdict_reaches_status_prometheus_and_the_live_scalars(tmp_path: An
     (point,) = acc.Tensors("live/divergence/step")
     assert point.step == 2 and float(tensor_util.make_ndarray(point.tensor_proto)) == 2.0
     assert [p.step for p in acc.Tensors("live/divergence/rank1")] == [2]
+
+
+def test_a_collective_of_another_shape_is_named_with_both_sides_calls() -> None:
+    """Same element count, another shape (gloo all-reduces it without a word): the step's calls ride in the record
+    only when they changed from the previous step, and the verdict quotes the first that differs."""
+    from ddpdoctor.job.divergence import valid
+
+    a, b = StepFingerprint(_Steps(), stop=False), StepFingerprint(_Steps(), stop=False)
+    for fp, shape in ((a, (8,)), (b, (2, 4))):
+        fp.saw_collective("all_reduce", [[4]], (torch.ones(4),), {})
+        fp._record(1, opt=1)
+        fp.saw_collective("all_reduce", [[4]], (torch.ones(4),), {})
+        assert len(fp._record(2, opt=1)) == 13  # the same calls as the step before: nothing extra on the wire
+        fp.saw_collective("all_reduce", [[4]], (torch.ones(4),), {})
+        fp.saw_collective("all_reduce", [list(shape)], (torch.ones(shape),), {})
+    ra, rb = a._record(3, opt=1), b._record(3, opt=1)
+    assert valid(ra) and ra[13]["calls"][1] == "all_reduce|[[8]]|torch.float32|None"
+    judge = DivergenceJudge(3)
+    for r, rec3 in ((0, ra), (1, ra), (2, rb)):
+        verdict = judge.add([r], rec3)
+    assert verdict is not None and verdict["ranks"] == [2] and verdict["items"][0]["field"] == "ops"
+    assert verdict["items"][0]["text"].endswith(
+        ": call 2 of step 3: all_reduce sizes [[2, 4]] torch.float32, the other ranks all_reduce sizes [[8]] "
+        "torch.float32"), verdict["items"][0]["text"]
