@@ -165,7 +165,13 @@ class DivergenceJudge:
         diverged.sort()
         reason = items[0]["text"] if items else f"ranks {diverged[:8]} differ at step {step}"
         if len(diverged) == len(st.by_key[job_key]):
-            reason += " (as many ranks on each side: the side named is the one that changed from the last agreed step)"
+            job_ex = st.example[job_key]
+            reason += (" (as many ranks on each side: the side named is the one that changed from the last agreed step)"
+                       if job_key == agreed_key else
+                       " (as many ranks on each side: the side named is the one whose loss went non-finite)"
+                       if job_ex[5] != 0 and any(st.example[k][5] == 0 for k in keys[1:]) else
+                       " (as many ranks on each side, both changed from the last agreed step: the side of the higher "
+                       "rank is named; either may be the one at fault)")
         return {"step": step, "ranks": diverged[:MAX_RANKS_SHOWN], "ranks_count": len(diverged),
                 "others_count": len(st.by_key[job_key]), "job": job, "items": items[:8], "reason": reason,
                 "detected_at": time.time(), "after_first_record_s": round(time.time() - st.first_at, 3)}

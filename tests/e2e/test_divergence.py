@@ -45,7 +45,8 @@ def runs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
         return proc.returncode, json.loads(proc.stdout), d
 
     cases = [("healthy", "none", "warn"), ("nan-stop", "nan", "stop"), ("skip", "skip", "warn"),
-             ("data-healthy", "healthy", "warn"), ("data-dry", "dry", "warn"), ("recompile", "recompile", "warn")]
+             ("data-healthy", "healthy", "warn"), ("data-dry", "dry", "warn"), ("recompile", "recompile", "warn"),
+             ("shape", "shape", "warn"), ("frozen", "frozen", "warn")]
     with ThreadPoolExecutor(len(cases) + 2) as pool:
         plain = pool.submit(_plain, base / "plain")
         nodes = pool.submit(_two_nodes, base / "two-nodes")
@@ -140,3 +141,22 @@ def test_a_rank_that_recompiles_alone_is_named_with_the_guard_that_failed(runs: 
     item = f["evidence"]["items"][0]
     assert item["field"] == "graphs" and item["rank_value"] == item["others_value"] + 1, item
     assert "recompiled <lambda> (diverge.py:" in item["text"] and "size mismatch at index 0" in item["text"], item
+
+
+def test_a_collective_of_another_shape_on_one_rank_is_named_with_both_sides(runs: Any) -> None:
+    code, report, _ = runs["shape"]
+    (f,) = _divergence(report)
+    assert f["ranks"] == [1] and f["evidence"]["step"] == 5, f
+    item = f["evidence"]["items"][0]
+    assert item["field"] == "ops" and "all_reduce sizes [[2, 4]] torch.float32, the other ranks all_reduce sizes " \
+        "[[8]] torch.float32" in item["text"], item
+
+
+def test_a_layer_frozen_on_one_rank_is_named_by_the_crash_it_causes(runs: Any) -> None:
+    """The ezpz#242 shape on DDP: rank 1 freezes a layer at step 3. Its buckets never fill, so rank 0 waits inside
+    step 3's backward and no record of that step comes from it: the fingerprint cannot compare the step, and DDP's
+    own error on rank 1's next forward is the verdict (rank 1, not rank 0)."""
+    code, report, _ = runs["frozen"]
+    assert code == 1 and not _divergence(report), report["findings"]
+    (crash,) = [f for f in report["findings"] if f["id"] == "rank-crashed"]
+    assert crash["ranks"] == [1] and "Expected to have finished reduction" in crash["title"], crash
