@@ -27,6 +27,13 @@ INFO = ("batches", "left", "recompiles", "breaks")
 MAX_REASON = 300  # characters of a record's ``why`` (why torch.compile compiled in that step)
 
 
+class RecordExtra(TypedDict, total=False):
+    """A record's optional last element, only in a step that needs it (probes/divergence.py)."""
+
+    why: str  # torch.compile compiled in this step: the guard that failed, the graph break's message
+    calls: list[str]  # this step's public collectives ("op|sizes|dtype|reduce op") when they changed
+
+
 def record_key(colls: int, ops: int, opt: int, loss: int, graphs: int, epoch: int = -1, dry: int = 0) -> int:
     return zlib.crc32(f"{colls},{ops},{opt},{loss},{graphs},{epoch},{dry}".encode())
 

@@ -45,7 +45,7 @@ from typing import Any
 
 import torch
 
-from ddpdoctor.job.divergence import MODE_ENV, record_key
+from ddpdoctor.job.divergence import MODE_ENV, RecordExtra, record_key
 from ddpdoctor.probes.compile_events import CompileEvents
 from ddpdoctor.probes.data_position import DataPosition
 
@@ -149,7 +149,7 @@ class StepFingerprint:
         epoch, dry, batches, left = self.data.take()
         rec: list[int | str] = [step, record_key(colls, self._ops, opt, self._loss, graphs, epoch, dry), colls,
                                 self._ops, opt, self._loss, graphs, epoch, dry, batches, left, recompiles, breaks]
-        extra: dict[str, Any] = {}
+        extra: RecordExtra = {}
         if why is not None:
             extra["why"] = why  # only in a step where torch.compile compiled: what made it
         if self._ops != self._last_ops:
