@@ -1,6 +1,6 @@
 """Ranks that diverge are named at the step it happens (issue 38): real 2-rank gloo launches of
-tests/scenarios/diverge.py under `ddpdoctor run`, and a healthy job's losses and weights bit-identical to plain
-torchrun's."""
+tests/scenarios/diverge.py and diverge_data.py under `ddpdoctor run` (one of them on two launchers of 2 ranks), and
+a healthy job's losses and weights bit-identical to plain torchrun's."""
 
 from __future__ import annotations
 
@@ -27,26 +27,28 @@ STEPS = "12"
 
 def _plain(out: Path) -> subprocess.CompletedProcess[str]:
     return subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
-                           str(JOB), "none", STEPS, str(out)], cwd=REPO, capture_output=True, text=True, timeout=300)
+                           str(DATA_JOB), "healthy", str(out)], cwd=REPO, capture_output=True, text=True, timeout=300)
 
 
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
-    """Every launch once, side by side (each mostly waits on start-up), shared by the tests below: three under
-    `ddpdoctor run` and the healthy job under plain torchrun. A reduce op that differs is a unit test."""
+    """Every launch once, side by side (each mostly waits on start-up), shared by the tests below: seven under
+    `ddpdoctor run`, one on two launchers, and the healthy job under plain torchrun. A reduce op that differs is a
+    unit test."""
     base = tmp_path_factory.mktemp("diverge")
 
     def launch(name: str, fault: str, mode: str) -> tuple[int, dict[str, Any], Path]:
         d = base / name
-        job = [str(DATA_JOB), fault] if name.startswith("data-") else [str(JOB), fault, STEPS, str(d / "weights")]
+        job = ([str(DATA_JOB), fault, str(d / "weights")] if name.startswith("data-")
+               else [str(JOB), fault, STEPS, str(d / "weights")])
         proc = run_cli("run", "--nproc-per-node", "2", "-q", "--json", "--on-divergence", mode, "--out", str(d / "run"),
                        *job, env=ENV, timeout=300)
         assert proc.stdout.strip(), proc.stderr[-3000:]
         return proc.returncode, json.loads(proc.stdout), d
 
-    cases = [("healthy", "none", "warn"), ("nan-stop", "nan", "stop"), ("skip", "skip", "warn"),
-             ("data-healthy", "healthy", "warn"), ("data-dry", "dry", "warn"), ("recompile", "recompile", "warn"),
-             ("shape", "shape", "warn"), ("frozen", "frozen", "warn")]
+    cases = [("nan-stop", "nan", "stop"), ("skip", "skip", "warn"), ("data-healthy", "healthy", "warn"),
+             ("data-dry", "dry", "warn"), ("recompile", "recompile", "warn"), ("shape", "shape", "warn"),
+             ("frozen", "frozen", "warn")]
     with ThreadPoolExecutor(len(cases) + 2) as pool:
         plain = pool.submit(_plain, base / "plain")
         nodes = pool.submit(_two_nodes, base / "two-nodes")
@@ -77,7 +79,9 @@ def _weights(d: Path, rank: int) -> dict[str, Any]:
 
 
 def test_healthy_job_with_rank0_only_eval_is_quiet_and_bit_identical_to_plain_torchrun(runs: Any) -> None:
-    code, report, d = runs["healthy"]
+    """diverge_data.py healthy: even shards (DistributedSampler, drop_last) over two epochs, an evaluation loop on
+    rank 0 only, and a last uneven batch under Join."""
+    code, report, d = runs["data-healthy"]
     assert code == 0, report["findings"]
     assert not _divergence(report)
     assert [f["id"] for f in report["findings"] if f["severity"] == "error"] == []
@@ -116,11 +120,6 @@ def test_a_loader_that_runs_dry_first_is_named_at_its_step(runs: Any) -> None:
     assert code == 1 and f["ranks"] == [0] and f["evidence"]["step"] == 4, f
     item = f["evidence"]["items"][0]
     assert item["field"] == "dry" and "epoch 1, batch 1, 2 left" in item["text"], item
-
-
-def test_even_shards_rank0_only_evaluation_and_a_last_uneven_batch_under_join_are_quiet(runs: Any) -> None:
-    code, report, _ = runs["data-healthy"]
-    assert code == 0 and not _divergence(report), report["findings"]
 
 
 def test_two_nodes_a_nan_on_the_second_node_is_named_and_stopped_everywhere(runs: Any) -> None:

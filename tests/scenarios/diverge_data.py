@@ -1,12 +1,13 @@
 """Data positions that part or do not (issue 38): a small DDP job fed by DataLoaders.
 
-    diverge_data.py MODE
+    diverge_data.py MODE [OUT]
 
 MODE ``healthy``: two epochs of a DistributedSampler(drop_last=True) over an uneven dataset (set_epoch each), an
 evaluation loader that rank 0 alone reads to its end after each epoch, then an epoch where rank 0 has one batch
 fewer than rank 1, handled by ``Join``: nothing diverged. MODE ``dry``: rank 0's shard is shorter (3 batches, rank
 1's 5) and each rank starts its loader again when it runs out, so from step 4 rank 0 reads its second epoch while
-rank 1 is still in its first; 6 steps on both, no hang."""
+rank 1 is still in its first; 6 steps on both, no hang. With OUT, each rank writes its losses and final weights to
+OUT/rankR.pt (the bit-identity test compares them with plain torchrun's)."""
 
 import datetime
 import os
@@ -19,6 +20,7 @@ from torch.distributed.algorithms.join import Join
 from torch.utils.data import DataLoader, DistributedSampler
 
 MODE = sys.argv[1]
+OUT = sys.argv[2] if len(sys.argv) > 2 else None
 dist.init_process_group("gloo", timeout=datetime.timedelta(seconds=int(os.environ.get("SCENARIO_GLOO_TIMEOUT", "120"))))
 rank = dist.get_rank()
 torch.manual_seed(0)
@@ -28,10 +30,15 @@ gen = torch.Generator().manual_seed(0)
 data = [(torch.randn(8, generator=gen), torch.randn(1, generator=gen)) for _ in range(11)]
 
 
+losses = []
+
+
 def train(x: torch.Tensor, y: torch.Tensor) -> None:
     opt.zero_grad()
-    nn.functional.mse_loss(model(x), y).backward()
+    loss = nn.functional.mse_loss(model(x), y)
+    loss.backward()
     opt.step()
+    losses.append(float(loss))
 
 
 if MODE == "healthy":
@@ -60,4 +67,8 @@ elif MODE == "dry":
             it = iter(loader)  # each rank starts its own loader again: rank 0 reads epoch 1 from step 4
             x, y = next(it)
         train(x, y)
+if OUT:
+    os.makedirs(OUT, exist_ok=True)
+    torch.save({"losses": losses, "weights": [p.detach().clone() for p in model.parameters()]},
+               os.path.join(OUT, f"rank{rank}.pt"))
 dist.destroy_process_group()
