@@ -143,7 +143,34 @@ def test_check_sync_hsdp_compares_replicas_over_the_replicate_dim(hsdp_sync):
     assert checks["steps_checked"] >= 2
     assert checks["params"]["comparisons"] == 8 * 2 * checks["steps_checked"] and checks["params"]["diverged"] == 0
     assert checks["layouts"] == {"comparisons": 24, "differ": 0}
-    assert not {f["id"] for f in report["findings"]} & {"param-divergence", "nothing-compared", "no-ddp"}
+    # the buffer (7.scale, a plain tensor fully_shard leaves alone) and AdamW's two step counts, across all 4 ranks
+    n = checks["steps_checked"]
+    assert checks["buffers"]["comparisons"] == 1 * 3 * n and checks["buffers"]["diverged"] == 0
+    assert checks["optimizer_steps"]["comparisons"] == 2 * 3 * n and checks["optimizer_steps"]["diverged"] == 0
+    assert any(f"{3 * n} buffer, {6 * n} optimizer step-count" in x for x in report["notes"]), report["notes"]
+    assert not {f["id"] for f in report["findings"]} & {"param-divergence", "nothing-compared", "no-ddp",
+                                                        "buffer-divergence", "optimizer-steps-differ", "divergence"}
+
+
+def test_check_sync_fsdp2_names_a_changed_buffer_and_a_skipped_optimizer_step(tmp_path_factory):
+    # 1-D FSDP2 shards every parameter, so no value has a peer: the buffer and the optimizer's step count are what
+    # must agree. Rank 1 scales its buffer after step 0 and skips optimizer.step() at step 2.
+    _, report, code = _check_sync(tmp_path_factory, "fsdp_bugs", 2, "--bug", "buffer", "--bug", "skip-step",
+                                  "--steps", "6")
+    assert code == 1, report
+    ids = {f["id"]: f for f in report["findings"]}
+    buf = ids["buffer-divergence"]
+    assert buf["severity"] == "error" and buf["ranks"] == [1] and buf["evidence"]["step"] == 1
+    assert buf["evidence"]["buffers"] == ["7.scale"] and buf["evidence"]["ddp"] is False
+    opt = ids["optimizer-steps-differ"]
+    assert opt["severity"] == "error" and opt["ranks"] == [1] and opt["evidence"]["step"] == 2
+    assert opt["evidence"]["step_calls"] == {"0": 3, "1": 2}
+    assert opt["evidence"]["state_step_min_max"] == {"0": [3.0, 3.0], "1": [2.0, 2.0]}
+    checks = report["checks"]
+    # the iterations are counted in FSDP2's root forwards: the rank that skipped a step stopped with its peers
+    assert checks["steps_run"] == checks["steps_checked"] == 5
+    assert checks["optimizer_steps"]["first_step"] == 2 and checks["params"]["comparisons"] == 0
+    assert not any("ended after" in n for n in report["notes"]), report["notes"]
 
 
 @pytest.fixture(scope="module")
