@@ -234,3 +234,20 @@ def test_tune_measures_forward_prefetch_against_the_scripts_own_fsdp2(tuned):
         want = [["2"], ["4"], ["6"], []] if "prefetch" in trial.name else [[], [], [], []]
         assert [u["forward_prefetch"] for u in units] == want, trial.name
     assert data["tune"]["script"]["unchanged"] is True
+
+
+def test_run_names_the_rank_that_took_another_path_through_the_units_and_where(tmp_path):
+    # saforem2/ezpz#242's shape: rank 1 freezes unit '0' at step 2, so FSDP2 skips that unit's reduce-scatter there
+    # and goes on to step 3; rank 0 waits in the reduce-scatter. A hang (on gloo too: the collectives' sizes never
+    # meet gloo's size check), its culprit and the unit where the ranks parted.
+    out = tmp_path / "run"
+    args = ("run", "--nproc-per-node", "2", "--hang-timeout", "10", "--json", "--out", str(out))
+    proc = run_cli(*args, SCRIPT, "--bug", "freeze-unit", "--steps", "6", timeout=300)
+    report = settle_cli(proc, json.loads(proc.stdout), args)
+    assert proc.returncode == 1, report
+    hang = next(f for f in report["findings"] if f["id"] == "hang")
+    assert hang["ranks"] == [1] and hang["evidence"]["culprit_ranks"] == [1]
+    assert hang["evidence"]["collective"]["unit"] == "FSDP unit '0' (Linear), reduce-scatter on mesh dim 'dp'"
+    assert "the ranks parted at FSDP unit '0' (Linear), reduce-scatter" in hang["title"]
+    assert "went on to FSDP unit '0' (Linear), forward all-gather on mesh dim 'dp' (step 3, forward" in hang["title"]
+    assert "fully_shard units" in hang["advice"] and not {f["id"] for f in report["findings"]} & DDP_ONLY
