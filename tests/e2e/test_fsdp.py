@@ -207,6 +207,9 @@ def test_no_prefetch_is_found_without_prefetch_and_not_with_it(fsdp_run, prefetc
     # every unit but the first (whose all-gather is unavoidable, and said so) is named
     assert set(f["evidence"]["units"]) == {"2", "4", "6"} and f["evidence"]["first_unit"] == "0"
     assert "set_modules_to_forward_prefetch" in f["advice"]
+    # on CPU/gloo the main thread waits out every all-gather: no gain is predicted, and the report says why
+    assert "async_op=False" in f["evidence"]["prediction"] and "predicted_saved_ms_per_step" not in f["evidence"]
+    assert plain["fsdp_units"]["prefetch_replay"]["predictable"] is False
     assert "fsdp-no-prefetch" not in {f["id"] for f in prefetched["findings"]}
     units = prefetched["fsdp_units"]["units"]
     assert [u["forward_prefetched"] for u in units] == [False, True, True, True]
