@@ -4,10 +4,12 @@ many lanes that was (docs/whatif.md; analyses/whatif.py runs it for every candid
 
 from __future__ import annotations
 
+import functools
 import statistics
 from collections import defaultdict
 from collections.abc import Sequence
 from dataclasses import dataclass
+from operator import attrgetter
 
 from ddpdoctor.analyses.results import Bucket
 
@@ -78,29 +80,38 @@ def assign_buckets(sizes: Sequence[int], limits: Sequence[int]) -> list[list[int
     return out
 
 
+_READY = attrgetter("t_us")
+
+
+@functools.lru_cache(maxsize=64)
+def _layout(sizes: tuple[int, ...], limits: tuple[int, ...]) -> list[tuple[int, int, int]]:
+    """(gradients, bytes, index of its last gradient) of each bucket assign_buckets makes: every step of a run has
+    the same sizes in the same order, and a run of 200,000 steps asked it once per step and candidate cap.
+    A bucket is a run of consecutive gradients in ready order: its bytes a slice's sum, ready at its last."""
+    return [(len(idx), sum(sizes[idx[0]:idx[-1] + 1]), idx[-1]) for idx in assign_buckets(sizes, limits)]
+
+
 def simulate_step(grads: Sequence[Grad], limits: Sequence[int], latency_us: float, bytes_per_us: float,
                   backward_end_us: float | None = None, lanes: int = 1) -> StepSim:
     """Bucket ``grads`` (sorted here by ready time), launch each bucket when its last gradient is ready and the
     previous bucket was launched (DDP launches in bucket order), and run each all_reduce on the first free of
     ``lanes`` communication lanes (1: one NCCL stream, a serial queue; gloo runs 2 worker threads):
     start = max(launched, earliest lane free), dur = latency + bytes / bytes_per_us."""
-    ordered = sorted(grads, key=lambda g: g.t_us)
+    ordered = sorted(grads, key=_READY)
     if not ordered:
         return StepSim([], backward_end_us or 0.0, 0.0, 0.0)
     bw_end = max(backward_end_us if backward_end_us is not None else ordered[-1].t_us, ordered[-1].t_us)
     buckets: list[SimBucket] = []
     launched = float("-inf")
     lane_free = [float("-inf")] * max(1, lanes)
-    sizes = [g.bytes for g in ordered]
-    for b, idx in enumerate(assign_buckets(sizes, limits)):
-        # A bucket is a run of consecutive gradients in ready order: its bytes a slice's sum, ready at its last.
-        nbytes = sum(sizes[idx[0]:idx[-1] + 1])
-        ready = ordered[idx[-1]].t_us
+    one_lane = len(lane_free) == 1
+    for b, (params, nbytes, last) in enumerate(_layout(tuple([g.bytes for g in ordered]), tuple(limits))):
+        ready = ordered[last].t_us
         launched = max(launched, ready)
-        lane = min(range(len(lane_free)), key=lane_free.__getitem__)
+        lane = 0 if one_lane else min(range(len(lane_free)), key=lane_free.__getitem__)
         start = max(launched, lane_free[lane])
         end = start + latency_us + nbytes / bytes_per_us
-        buckets.append(SimBucket(b, nbytes, len(idx), ready, start, end))
+        buckets.append(SimBucket(b, nbytes, params, ready, start, end))
         lane_free[lane] = end
     comm = sum(b.end_us - b.start_us for b in buckets)
     return StepSim(buckets, bw_end, max(0.0, max(b.end_us for b in buckets) - bw_end), comm)
