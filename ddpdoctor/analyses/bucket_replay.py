@@ -11,6 +11,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from operator import attrgetter
 
+import numpy as np
+
 from ddpdoctor.analyses.results import Bucket
 
 MIB = 1024 * 1024
@@ -115,6 +117,83 @@ def simulate_step(grads: Sequence[Grad], limits: Sequence[int], latency_us: floa
         lane_free[lane] = end
     comm = sum(b.end_us - b.start_us for b in buckets)
     return StepSim(buckets, bw_end, max(0.0, max(b.end_us for b in buckets) - bw_end), comm)
+
+
+@dataclass
+class StepOutcomes:
+    """What the candidate caps are compared on, per step (in the order the steps were given)."""
+
+    buckets: list[int]
+    exposed_us: list[float]
+    comm_us: list[float]
+    first_start_us: list[float | None]  # the first bucket's start; None for a step without gradients
+
+
+class StepBatch:
+    """Many steps to simulate under several limits (analyses/whatif.py: every step, every candidate cap): each
+    step's gradients sorted once, and the steps whose gradients have the same sizes in the same order (every step
+    of a run, usually) simulated together, one bucket at a time across all of them with numpy. The same floats as
+    simulate_step on each step: the same operations in the same order, and Python's max(a, b) (b only when larger)
+    as a where(); 200,000 steps x 8 caps of simulate_step were a third of `analyze`."""
+
+    def __init__(self, steps: Sequence[tuple[Sequence[Grad], float | None]]) -> None:
+        self.n = len(steps)
+        groups: dict[tuple[int, ...], list[int]] = defaultdict(list)
+        ordered_of: list[list[Grad]] = []
+        for i, (grads, _) in enumerate(steps):
+            ordered = sorted(grads, key=_READY)
+            ordered_of.append(ordered)
+            groups[tuple([g.bytes for g in ordered])].append(i)
+        self.groups: list[tuple[tuple[int, ...], np.ndarray, np.ndarray, np.ndarray]] = []
+        for sizes, idx in groups.items():
+            times = np.array([[g.t_us for g in ordered_of[i]] for i in idx], dtype=np.float64).reshape(len(idx), -1)
+            bw = []
+            for i in idx:
+                last_t = ordered_of[i][-1].t_us if ordered_of[i] else 0.0
+                given = steps[i][1]
+                if not ordered_of[i]:
+                    bw.append(given or 0.0)
+                    continue
+                a = given if given is not None else last_t
+                bw.append(last_t if last_t > a else a)  # max(a, last_t)
+            self.groups.append((sizes, np.array(idx, dtype=np.int64), times, np.array(bw, dtype=np.float64)))
+
+    def simulate(self, limits: Sequence[int], latency_us: float, bytes_per_us: float, lanes: int = 1) -> StepOutcomes:
+        n_buckets = [0] * self.n
+        exposed = [0.0] * self.n
+        comm = [0.0] * self.n
+        first: list[float | None] = [None] * self.n
+        for sizes, idx, times, bw_end in self.groups:
+            if not sizes:
+                continue  # no gradients: no bucket, nothing exposed
+            layout = _layout(sizes, tuple(limits))
+            m = len(idx)
+            launched = np.full(m, -np.inf)
+            lane_free = np.full((m, max(1, lanes)), -np.inf)
+            rows = np.arange(m)
+            total = np.zeros(m)
+            last_end = np.full(m, -np.inf)
+            first_start = np.zeros(m)
+            for b, (_, nbytes, last) in enumerate(layout):
+                ready = times[:, last]
+                launched = np.where(ready > launched, ready, launched)
+                lane = np.argmin(lane_free, axis=1)  # the first free lane, as min(range(lanes), key=...)
+                free = lane_free[rows, lane]
+                start = np.where(free > launched, free, launched)
+                end = start + latency_us + nbytes / bytes_per_us
+                lane_free[rows, lane] = end
+                total = total + (end - start)
+                last_end = np.where(end > last_end, end, last_end) if b else end
+                if b == 0:
+                    first_start = start
+            over = last_end - bw_end
+            over = np.where(over > 0.0, over, 0.0)  # max(0.0, over)
+            for k, i in enumerate(idx.tolist()):
+                n_buckets[i] = len(layout)
+                exposed[i] = float(over[k])
+                comm[i] = float(total[k])
+                first[i] = float(first_start[k])
+        return StepOutcomes(n_buckets, exposed, comm, first)
 
 
 def observed_lanes(buckets: Sequence[Bucket]) -> int:
