@@ -98,6 +98,10 @@ class JobAgent:
         self._peers: list[int] = []
         self._head_host: str | None = self.host if role.is_head else None
         self._head_lost = False
+        # A node's record found gone or refused after the head had read it: only another client of the store does
+        # that (no node deletes, the head never deletes a node's record). node -> (times, when last seen so).
+        self._interfered: dict[int, tuple[int, float]] = {}
+        self._interference_said: set[int] = set()
         self.head_lost: HeadLost | None = None  # what this node knows once the head is gone (commands print it)
         self._contact = 0.0  # when the head's store last answered this node
         self._relay, self._head_relay = NodeRelay(), HeadRelay()  # live health job-wide (job/relay.py)
@@ -275,10 +279,35 @@ class JobAgent:
         if self.store is None:
             return
         now = time.time()
+        refused = dict(self.store.refused)
         got = self.store.get_many([f"node/{n}" for n in self.nodes])
-        for name, env in got.items():
+        for n, st in self.nodes.items():
+            name = f"node/{n}"
+            env = got.get(name)
             if isinstance(env, dict) and env.get("v") == state.VERSION:
-                self.nodes[int(name.split("/")[1])].update(env, now)
+                st.update(env, now)
+            elif self.store.refused.get(name, 0) > refused.get(name, 0) or (st.seq >= 0 and name not in got):
+                times, _ = self._interfered.get(n, (0, 0.0))
+                self._interfered[n] = (times + 1, now)
+
+    def unknown_nodes(self) -> list[int]:
+        """Nodes silent since another client of the job store deleted or damaged their record: their state is
+        unknown, not lost (the node may be training on), so they are neither judged lost nor hung."""
+        return sorted(n for n, (_, at) in self._interfered.items()
+                      if at > self.nodes[n].received and self.nodes[n].end is None)
+
+    def _interference(self, n: int) -> str:
+        st = self.nodes[n]
+        return (f"node {n} ({st.host}): its record in the job store was deleted or damaged {self._interfered[n][0]} "
+                f"time(s) by another client of the job store ({self.role.master_addr}:{self._port})")
+
+    def _say_interference(self, nodes: list[int]) -> None:
+        for n in nodes:
+            if n not in self._interference_said:
+                self._interference_said.add(n)
+                self.monitor.say(f"{self._interference(n)}: its state is unknown, so it is judged neither lost "
+                                 "nor hung while its record is missing; keep the job store's port reachable by the "
+                                 "job's hosts only (docs/trust.md)")
 
     def hang_timeout(self) -> float:
         t = self.monitor.hang_timeout
@@ -305,7 +334,8 @@ class JobAgent:
         """The one stall rule (job/rules.py) on every node's records, as on one node. A record's step age grows by
         how long ago its envelope arrived; its training thread's idle time and last move are as its node measured
         them when it published (a node that stops publishing is a lost node, not a busy one)."""
-        recs, extra = state.live_records(self.nodes, now)
+        unknown = set(self.unknown_nodes())
+        recs, extra = state.live_records({n: st for n, st in self.nodes.items() if n not in unknown}, now)
         return decide(recs, Limits(self.monitor.hang_timeout, self.monitor.startup_timeout), now - job_started,
                       None, extra)
 
@@ -325,8 +355,11 @@ class JobAgent:
             return
         now = time.time()
         timeout = self.hang_timeout()
+        unknown = self.unknown_nodes()
+        self._say_interference(unknown)
         for n in state.lost_nodes(self.nodes, now, after_s=timeout):
-            self.nodes[n].lost = True
+            if n not in unknown:
+                self.nodes[n].lost = True
         lost = [n for n, st in self.nodes.items() if st.lost]
         never = [n for n, st in self.nodes.items() if st.seq < 0]
         if never and now - job_started > self.monitor.startup_timeout:
@@ -334,7 +367,8 @@ class JobAgent:
                 self.nodes[n].lost = True
             lost += never
         d = self.judge(now, job_started)
-        view_at = min((st.received for st in self.nodes.values() if not st.lost and st.end is None), default=now)
+        view_at = min((st.received for n, st in self.nodes.items() if not st.lost and st.end is None
+                       and n not in unknown), default=now)
         hung = self.gate.confirmed(d, Limits(self.monitor.hang_timeout, self.monitor.startup_timeout), now, view_at)
         if lost:
             self._on_hang(d.stalled, now, d.timeout_s, job_started)
@@ -441,9 +475,15 @@ class JobAgent:
         assert self.store is not None
         deadline = time.time() + END_WAIT_S + 30
         answered = True
+        put_at = time.time() + 1.0
         while time.time() < deadline:
             try:
                 final = HeadWord.from_json(self.store.get("final"))
+                if final is None and self.end is not None and time.time() >= put_at:
+                    # Again about once a second: another client of the store may have deleted this node's end,
+                    # and the head, never seeing it, would wait and call this node's end unknown.
+                    self.publish()
+                    put_at = time.time() + 1.0
             except (RuntimeError, OSError):
                 answered = False
                 break  # the head is gone
@@ -503,8 +543,10 @@ class JobAgent:
             except (RuntimeError, OSError):
                 break
             now = time.time()
+            unknown = self.unknown_nodes()
             for n in state.lost_nodes(self.nodes, now, after_s=min(15.0, self.hang_timeout())):
-                self.nodes[n].lost = True
+                if n not in unknown:
+                    self.nodes[n].lost = True
             if all(st.end is not None or st.lost for st in self.nodes.values()):
                 break
             time.sleep(0.3)
@@ -513,9 +555,16 @@ class JobAgent:
         write_missing(run_root, files)
         merge_stalls(run_root, self.store.get_many([f"stalls/{n}" for n in others]))
         codes = [st.end for st in self.nodes.values() if st.end is not None]
-        lost = [n for n, st in self.nodes.items() if st.lost or st.end is None]
-        job_code = code or next((c for c in codes if c), 0) or (1 if lost else 0)
-        line = self._summary(job_code, lost)
+        unknown = self.unknown_nodes()
+        lost = [n for n, st in self.nodes.items() if (st.lost or st.end is None) and n not in unknown]
+        # A node whose end never arrived because its record was deleted or damaged: the job's end is unknown (1),
+        # said as such, never "its host died".
+        job_code = code or next((c for c in codes if c), 0) or (1 if lost or unknown else 0)
+        said = "; ".join(f"{self._interference(n)}: its end is unknown" for n in unknown)
+        if unknown and not lost and not code and not any(codes) and self.verdict is None:
+            line = f"the job's end is unknown: {said}; every other node ended with exit code 0"
+        else:
+            line = self._summary(job_code, lost) + (f"; {said}" if unknown else "")
         word = HeadWord(line, 1 if job_code else 0, self.host, str(run_root / "report.txt")).to_json()
         self.store.put("final", word)
         self._peers = [n for n in self.nodes if n != self.role.node_rank and n not in lost]

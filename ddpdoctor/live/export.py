@@ -45,7 +45,6 @@ class TensorBoardExporter:
                 from ddpdoctor.renderers.tensorboard import _writer
 
                 self.logdir.mkdir(parents=True, exist_ok=True)
-                _quiet_writer_thread_errors()
                 self._writer = _writer(self.logdir)
             for p in points:
                 self._writer.add_scalar("live/step_time_ms", p.seconds * 1e3, p.step)
@@ -89,28 +88,6 @@ class TensorBoardExporter:
             except (OSError, RuntimeError) as exc:
                 self.failed = self.failed or f"live TensorBoard scalars stopped: {getattr(exc, 'strerror', None) or exc}"
             self._writer = None
-
-
-_previous_hook: Any = None
-
-
-def _quiet_writer_thread_errors() -> None:
-    """tensorboard's event writer writes in a thread of its own, which re-raises a failed write (ENOSPC) and so
-    printed a traceback over the job's output; the same error reaches update() or close() on the next call, where
-    it is handled. Only that thread's OSErrors are silenced; every other thread's errors go to the usual hook."""
-    import threading
-
-    global _previous_hook
-    if _previous_hook is not None:
-        return
-    _previous_hook = threading.excepthook
-
-    def hook(args: Any) -> None:
-        if type(args.thread).__name__ == "_AsyncWriterThread" and isinstance(args.exc_value, OSError):
-            return
-        _previous_hook(args)
-
-    threading.excepthook = hook
 
 
 class PrometheusExporter:
