@@ -510,3 +510,34 @@ def test_the_dry_event_waits_for_a_restart_and_never_comes_inside_join() -> None
     finally:
         fp.finish({})
     assert Join.__enter__ is original and fp.data._join_saved is None  # put back
+
+
+def test_a_dry_event_on_the_other_node_is_relayed_and_named_on_the_head(tmp_path: Any) -> None:
+    """Rank 3 (node 1) ran dry after step 2 and left its loop; rank 0 (the head's) has batches left: the relay
+    carries the dry event among the records (job/divergence_relay.py) and the head names rank 3 at step 3."""
+    from ddpdoctor.job.divergence_relay import WORD, DivergenceRelay
+
+    store = _Store()
+    head, node = _Node(tmp_path, [0, 1]), _Node(None, [2, 3])
+    head.world_size = node.world_size = 4  # type: ignore[misc]
+    head.decider = node.decider = object()  # type: ignore[assignment]
+    node.writes_run_files = False  # type: ignore[misc]
+    relays = {0: DivergenceRelay(0, True), 1: DivergenceRelay(1, False)}
+    for mon, n in ((head, 0), (node, 1)):
+        mon.watch = DivergenceWatch("stop")
+        mon.watch.join_job(relays[n])
+        mon.watch.on_start(mon)
+    for k in (1, 2):
+        for r in (0, 1):
+            head.watch.on_message(head, r, {"type": "fp", "fp": [rec(k, epoch=0, left=4 - k)]})  # type: ignore[union-attr]
+        for r in (2, 3):
+            left = 2 - k if r == 3 else 4 - k
+            relays[1].add(r, [rec(k, epoch=0, left=left)] + ([["dry", 2, 1000]] if r == 3 and k == 2 else []))
+    relays[1].publish(store)
+    relays[0].take(store, [0, 1], head)
+    relays[0].put_word(store)
+    relays[1].deliver(store.get(WORD), node)
+    verdict = json.loads((tmp_path / "divergence.json").read_text())
+    assert verdict["ranks"] == [3] and verdict["step"] == 3 and verdict["items"][0]["field"] == "dry", verdict
+    assert "after step 2" in verdict["reason"] and "goes on to step 3" in verdict["reason"]
+    assert [m["type"] for _, m in node.sent if m["type"] == "divergence-stop"] == ["divergence-stop"] * 2
