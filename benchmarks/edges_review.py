@@ -1,7 +1,8 @@
 """Re-run issue 26's attacks and faults on this machine and print what happened to each, with counts.
 
     python benchmarks/edges_review.py            # every group (a few minutes on 2 cores)
-    python benchmarks/edges_review.py faults     # one group: attacks, escapes, inputs, faults, round4, round4_faults
+    python benchmarks/edges_review.py faults     # one group: attacks, escapes, inputs, faults, round4,
+                                                 # round4_faults, round5, round5_faults, long
 
 * attacks (as uid 65534 through `setpriv`, when root and setpriv are here): another user's --out with links planted
   as a rank log, the lock and the report; a --out everyone may write; --out as a link; a parent folder writable by
@@ -18,6 +19,13 @@
   127.0.0.X with the server's port number; a run folder swapped for a link while the tab reads it.
 * round4_faults (real launches, minutes): a rank waiting 75 s on a busy child under the default timeout; a healthy
   job with 40 KiB free on its disk.
+* round5 (issue 40, this round; seconds): uid 65534 deletes a node's record and its end from the job store (the head
+  says "unknown", never lost, never a hang; a deleted end comes back); `tune --out` of another user; capture's
+  out-of-range counts; topo's EFA rule at 20k/40k/80k repetitions; TensorBoard's writer on a 400 KiB tmpfs.
+* round5_faults (real launches, minutes): SIGTERM to a rank at start-up; a profile run's modes and console (USDT);
+  a profile run with 400 KiB free.
+* long (minutes): the fuzzers' full-size inputs (200,000 steps, a 108 KB NCCL line, 2,000,000 log lines) through
+  the real CLI: a report from each, under 60 s wall and 1 GiB.
 
 Each line: what was done, how many times, how many came out as expected, and the first unexpected outcome."""
 
@@ -538,6 +546,290 @@ def round4_faults(repeat: int = 2) -> None:
     record("fault: a healthy job with 40 KiB free (exit 0, no rank blamed)", outs)
 
 
+# -- issue 40, round 5: interference with the job store, tune's --out, capture's counts, topo's EFA rule, the
+# TensorBoard writer on a full disk; real launches: a signal at start-up, modes and console of a profile run, a run
+# with 400 KiB free; the full-size long inputs -----------------------------------------------------------------
+_DELETER = """
+import datetime, sys
+import torch.distributed as dist
+store = dist.TCPStore("127.0.0.1", int(sys.argv[1]), is_master=False, timeout=datetime.timedelta(seconds=10))
+keys = store.list_keys()
+for k in keys:
+    store.delete_key(k)
+print(len(keys))
+"""
+
+
+class _HeadPort:
+    """The NodePort bits the head's decision and end need: what it says and whether it acted."""
+
+    hang_timeout, startup_timeout, on_hang, world_size, changes = 4.0, 60.0, "kill", 2, 0
+    stalls: dict[object, object] = {}
+
+    def __init__(self) -> None:
+        self.said: list[str] = []
+        self.acted: list[str] = []
+
+    def records(self, *a: object, **k: object) -> list[object]:
+        return []
+
+    def rank_ids(self) -> list[int]:
+        return []
+
+    def say(self, line: str) -> None:
+        self.said.append(line)
+
+    def act(self, hang: object, line: str, extra_text: str = "") -> None:
+        self.acted.append(line)
+
+
+def _delete_as_nobody(port: int) -> int:
+    proc = subprocess.run([*NOBODY, sys.executable, "-c", _DELETER, str(port)], capture_output=True, text=True,
+                          timeout=120, cwd="/")
+    return int(proc.stdout.strip() or -1)
+
+
+def store_interference(repeat: int = 3) -> None:
+    """uid 65534 deletes every key of a job store (a node's record, its end): the head says the node is unknown and
+    acts on nothing (never lost, never a hang), a node's deleted end comes back, a never-seen end is 'unknown'."""
+    if os.geteuid() != 0 or shutil.which("setpriv") is None:
+        print("store interference: skipped (needs root and setpriv)")
+        return
+    sys.path.insert(0, str(REPO))
+    import threading
+
+    import ddpdoctor.job.agent as agent_mod
+    from ddpdoctor.job import state
+    from ddpdoctor.job.agent import JobAgent
+    from ddpdoctor.job.role import JobRole
+    from ddpdoctor.job.store import JobStore
+    from tests.ports import reserve_port
+
+    unknown_outs: list[str] = []
+    end_outs: list[str] = []
+    head_end_outs: list[str] = []
+    saved = agent_mod.END_WAIT_S
+    try:
+        for i in range(repeat):
+            os.environ["DDPDOCTOR_JOB_TOKEN"] = f"{i:032d}"
+            with tempfile.TemporaryDirectory() as tmp:
+                port = _HeadPort()
+                head = JobAgent(JobRole(2, 0, "127.0.0.1", reserve_port() - 1), port, Path(tmp))  # type: ignore[arg-type]
+                assert head.store is not None
+                node = JobStore("127.0.0.1", head.store.port, f"{i:032d}", is_head=False, connect_timeout_s=10)
+                head.store.put("node/0", state.envelope(0, "h0", 1, []))
+                node.put("node/1", state.envelope(1, "h1", 1, []))
+                head.read_nodes()
+                deleted = _delete_as_nobody(head.store.port)
+                head.nodes[1].received -= 100.0  # silent since, well past the hang timeout
+                head.store.put("node/0", state.envelope(0, "h0", 2, []))
+                head._read_at = 0.0
+                head._decide(time.time() - 2)
+                ok = deleted >= 2 and not head.nodes[1].lost and not port.acted and any("unknown" in x for x in port.said)
+                unknown_outs.append("" if ok else f"deleted {deleted}, lost {head.nodes[1].lost}, acted {port.acted}, "
+                                                  f"said {port.said}")
+                # The node's end, deleted once after it was put: the node puts it back while it waits.
+                agent_mod.END_WAIT_S = -27.0
+                member = JobAgent(JobRole(2, 1, "127.0.0.1", head.store.port - 1), _HeadPort(), Path(tmp))  # type: ignore[arg-type]
+                member.store = node
+                member.end = 0
+                member.publish()
+                _delete_as_nobody(head.store.port)
+                t = threading.Thread(target=member._finish_node, args=(0,))
+                t.start()
+                got = None
+                deadline = time.time() + 2.8
+                while got is None and time.time() < deadline:
+                    time.sleep(0.2)
+                    got = head.store.get("node/1")
+                t.join()
+                end_outs.append("" if isinstance(got, dict) and got.get("end") == 0 else f"the head read {got}")
+                # An end that never arrives (deleted as soon as it is put): the head's line says unknown, not dead.
+                agent_mod.END_WAIT_S = 1.0
+                head.store.put("node/0", state.envelope(0, "h0", 3, [], end=0))
+                node.put("node/1", state.envelope(1, "h1", 9, []))  # running, its end not said yet
+                head.read_nodes()
+                _delete_as_nobody(head.store.port)
+                head.nodes[1].received -= 100.0
+                head._wait_acks = lambda *a, **k: None  # type: ignore[method-assign]
+                out = head._finish_head(Path(tmp), 0)
+                ok = out.code == 1 and "end is unknown" in (out.line or "") and "died" not in (out.line or "")
+                head_end_outs.append("" if ok else f"exit {out.code}: {out.line}")
+                head.store.close()
+    finally:
+        agent_mod.END_WAIT_S = saved
+        os.environ.pop("DDPDOCTOR_JOB_TOKEN", None)
+    record("attack (uid 65534): delete a node's record (unknown, not lost)", unknown_outs)
+    record("attack (uid 65534): delete a node's end once (it comes back)", end_outs)
+    record("attack (uid 65534): a node's end never arrives (head: unknown)", head_end_outs)
+
+
+def tune_foreign_out() -> None:
+    """`tune --out DIR` where DIR is another user's: refused in one line, its mode untouched (it was chmodded)."""
+    if os.geteuid() != 0 or shutil.which("setpriv") is None:
+        print("tune --out: skipped (needs root and setpriv)")
+        return
+    top = Path(tempfile.mkdtemp(prefix="ddpdoctor-review-"))
+    outs: list[str] = []
+    try:
+        os.chmod(top, 0o1777)
+        for i, mode in enumerate(("755", "700", "777")):
+            target = top / f"theirs{i}"
+            subprocess.run([*NOBODY, "sh", "-c", f"mkdir {target} && chmod {mode} {target}"], check=True)
+            before = target.stat().st_mode
+            proc = cli("tune", "--nproc-per-node", "2", "--out", str(target), str(REPO / "examples" / "train_mlp.py"),
+                       timeout=300)
+            after = target.stat().st_mode
+            bad = _one_line_exit2(proc) or ("" if before == after else f"mode {before:o} -> {after:o}")
+            outs.append(bad)
+    finally:
+        shutil.rmtree(top, ignore_errors=True)
+    record("attack: tune --out of another user (exit 2, mode untouched)", outs)
+
+
+def capture_counts() -> None:
+    """capture's out-of-range counts: one line, exit 2 (click's usage error was three)."""
+    outs = []
+    with tempfile.TemporaryDirectory() as tmp:
+        for args in (["--profile", "0"], ["--profile", "101"], ["--check-sync", "0"], ["--check-sync", "-3"],
+                     ["--timeout", "nan"]):
+            outs.append(_one_line_exit2(cli("capture", *args, tmp)))
+    record("bad input: capture's out-of-range counts (one line, exit 2)", outs)
+
+
+def topo_efa_growth() -> None:
+    """topo on one line of repeated 'efa ' at 20k / 40k / 80k repetitions: CPU s per doubling (linear is x2)."""
+    figures = []
+    with tempfile.TemporaryDirectory() as tmp:
+        for n in (20_000, 40_000, 80_000):
+            p = Path(tmp) / f"efa{n}.log"
+            p.write_text("h:1:2 [0] NCCL INFO NET/OFI " + "efa " * n + "\n")
+            t = os.times()
+            cli("topo", "--json", str(p))
+            u = os.times()
+            figures.append(u.children_user + u.children_system - t.children_user - t.children_system)
+    ratios = [b / max(a, 0.05) for a, b in zip(figures[:-1], figures[1:], strict=True)]
+    print(f"  topo EFA line CPU s at 20k/40k/80k: {' / '.join(f'{f:.2f}' for f in figures)}")
+    record("bad input: topo's EFA rule on a long line (x2.6 per doubling at most)",
+           ["" if r <= 2.6 or figures[-1] < 2.0 else f"x{r:.1f} for x2 ({figures})" for r in ratios])
+
+
+_TB_FULL = """
+import copy, sys, time
+from pathlib import Path
+from ddpdoctor.reports.sections import PerfSection
+from ddpdoctor.renderers.tensorboard import write_scalars
+from tests.views_fixtures import sections
+s = sections()
+for r in s["ranks"]:
+    r["per_step"] = [dict(copy.deepcopy(r["per_step"][0]), step=i) for i in range(20_000)]
+try:
+    write_scalars(PerfSection.from_json(s), Path(sys.argv[1]) / "scalars")
+except OSError as exc:
+    print("caller got", exc.strerror)
+time.sleep(0.5)
+"""
+
+
+def tb_writer_full(repeat: int = 2) -> None:
+    """The report's TensorBoard scalars on a 400 KiB tmpfs: the caller gets ENOSPC, the console no traceback."""
+    sys.path.insert(0, str(REPO))
+    from tests.smalldisk import mount_small_tmpfs, unmount
+
+    outs = []
+    for _ in range(repeat):
+        disk = mount_small_tmpfs("400k")
+        if disk is None:
+            print("TensorBoard writer at 400 KiB: skipped (cannot mount a tmpfs)")
+            return
+        try:
+            proc = subprocess.run([sys.executable, "-c", _TB_FULL, str(disk)], capture_output=True, text=True,
+                                  timeout=300, cwd=REPO)
+        finally:
+            unmount(disk)
+        ok = "caller got" in proc.stdout and "Traceback" not in proc.stderr
+        outs.append("" if ok else f"stdout {proc.stdout[-100:]!r}, stderr {proc.stderr[-200:]!r}")
+    record("fault: TensorBoard's writer with 400 KiB free (no traceback)", outs)
+
+
+def round5() -> None:
+    store_interference()
+    tune_foreign_out()
+    capture_counts()
+    topo_efa_growth()
+    tb_writer_full()
+
+
+_STARTUP_TERM = """import os, signal
+if os.environ.get("RANK") == "1":
+    os.kill(os.getpid(), signal.SIGTERM)  # before init_process_group: rank 0 waits for it at the rendezvous
+exec(open(os.path.join(os.path.dirname(__file__), "healthy.py")).read())
+"""
+
+
+def round5_faults(repeat: int = 2) -> None:
+    """Real launches: SIGTERM to rank 1 at start-up (only rank 1 blamed); a profile run's files are 0600 and its
+    console carries no Kineto 'USDT' line; a profile run with 400 KiB free (no traceback, the job's exit code)."""
+    with tempfile.TemporaryDirectory(prefix="ddpdoctor-faults-") as tmp:
+        base = Path(tmp)
+        for name in ("healthy.py", "_common.py"):
+            shutil.copy(SCENARIOS / name, base / name)
+        (base / "startup_term.py").write_text(_STARTUP_TERM)
+        outs = []
+        for i in range(repeat):
+            proc = cli("run", "--nproc-per-node", "2", "-q", "--json", "--out", str(base / f"st{i}"),
+                       str(base / "startup_term.py"), env={"SCENARIO_GLOO_TIMEOUT": "30"})
+            try:
+                errors = [(f["id"], f["ranks"]) for f in json.loads(proc.stdout)["findings"] if f["severity"] == "error"]
+            except ValueError:
+                errors = [("no report", [])]
+            outs.append("" if proc.returncode == 1 and errors == [("rank-crashed", [1])]
+                        else f"exit {proc.returncode}: {errors}")
+        record("fault: SIGTERM to rank 1 at start-up (only rank 1 blamed)", outs)
+        outs, usdt = [], []
+        for i in range(repeat):
+            out = base / f"prof{i}"
+            proc = cli("profile", "--nproc-per-node", "2", "--out", str(out), str(REPO / "examples" / "train_mlp.py"))
+            loose = [str(p.relative_to(out)) for p in out.rglob("*") if p.is_file() and not p.is_symlink()
+                     and p.stat().st_mode & 0o077 and "torchrun" not in p.parts]
+            outs.append("" if proc.returncode in (0, 1) and not loose else f"exit {proc.returncode}, modes: {loose[:3]}")
+            usdt.append("" if "USDT" not in proc.stdout + proc.stderr else "a USDT line on the console")
+        record("run directory: a profile run's files are 0600 (report.html, traces, scalars)", outs)
+        record("console: no Kineto USDT line under profile", usdt)
+    sys.path.insert(0, str(REPO))
+    from tests.smalldisk import mount_small_tmpfs, unmount
+
+    outs = []
+    for _ in range(repeat):
+        disk = mount_small_tmpfs("1m")
+        if disk is None:
+            print("fault: 400 KiB free skipped (cannot mount a tmpfs)")
+            return
+        try:
+            st = os.statvfs(disk)
+            (disk / "fill").write_bytes(b"\0" * max(0, st.f_bavail * st.f_frsize - (400 << 10)))
+            proc = cli("profile", "--nproc-per-node", "2", "--out", str(disk / "run"),
+                       str(REPO / "examples" / "train_mlp.py"))
+            ok = proc.returncode in (0, 1) and "Traceback" not in proc.stderr and "Exception in thread" not in proc.stderr
+            outs.append("" if ok else f"exit {proc.returncode}: {proc.stderr[-300:]}")
+        finally:
+            unmount(disk)
+    record("fault: a profile run with 400 KiB free (no traceback)", outs)
+
+
+def long_inputs() -> None:
+    """The fuzzers' full-size inputs through the real CLI (tests/fuzz/long_inputs.py): each under 60 s and 1 GiB."""
+    sys.path.insert(0, str(REPO))
+    from tests.fuzz.long_inputs import FULL, measure
+
+    for fig in measure(dict(FULL), timeout=1800):
+        print("  " + fig.line(), flush=True)
+        record(f"long input: {fig.label} (a report, < 60 s, < 1 GiB)",
+               ["" if fig.exit_code in (0, 1) and fig.status and fig.wall_s < 60 and fig.peak_rss_mb < 1024
+                else f"exit {fig.exit_code}, {fig.wall_s:.0f} s wall ({fig.cpu_s:.0f} s CPU), "
+                     f"{fig.peak_rss_mb:.0f} MB"])
+
+
 def round4() -> None:
     store_privacy()
     final_word_deleted()
@@ -547,7 +839,8 @@ def round4() -> None:
 
 
 GROUPS: dict[str, Callable[[], None]] = {"attacks": attacks, "escapes": escapes, "inputs": inputs, "faults": faults,
-                                         "round4": round4, "round4_faults": round4_faults}
+                                         "round4": round4, "round4_faults": round4_faults, "round5": round5,
+                                         "round5_faults": round5_faults, "long": long_inputs}
 
 
 def main() -> None:

@@ -252,9 +252,8 @@ def _dispatch_us(calls: list[CollectiveCall]) -> float:
     queued = [(c.launch_us, c.start_us) for c in calls if c.launch_us is not None and c.start_us > c.launch_us]
     if not queued:
         return 0.0
-    q = (np.array([a for a, _ in queued]), np.array([b for _, b in queued]))
-    running = (np.array([c.start_us for c in calls]), np.array([c.end_us for c in calls]))
-    return max(0.0, iv.union_len(*q) - iv.intersect_len(q, running))
+    running = [(c.start_us, c.end_us) for c in calls]
+    return max(0.0, iv.union_len_pairs(queued) - iv.intersect_len_pairs(queued, running))
 
 
 def stragglers(results: list[RankResult], matched: list[MatchedCollective]) -> Stragglers:

@@ -13,10 +13,10 @@ from ddpdoctor.analyses.bucket_replay import (
     DEFAULT_BUCKET_CAP_MB,
     MIB,
     Grad,
-    StepSim,
+    StepBatch,
+    StepOutcomes,
     bucket_limits,
     observed_lanes,
-    simulate_step,
 )
 from ddpdoctor.analyses.results import Analysis, Bucket, StepMetrics
 from ddpdoctor.jsontypes import JsonObject
@@ -247,31 +247,28 @@ def bucket_whatif(analysis: Analysis, caps_mb: Sequence[float] = CANDIDATE_CAPS_
     lanes = observed_lanes(analysis.buckets)
     measured = [per_step[k].exposed_comm_us for k in steps if k in per_step]
 
-    def predict(limits: list[int]) -> list[StepSim]:
-        sims = []
-        for key, grads in sorted(steps.items()):
-            st = per_step.get(key)
-            sims.append(simulate_step(grads, limits, latency, rate, st.backward_end_us if st else None, lanes))
-        return sims
+    keys = sorted(steps)
+    batch = StepBatch([(steps[k], st.backward_end_us if (st := per_step.get(k)) else None) for k in keys])
+    backward_starts = [st.backward_start_us if (st := per_step.get(k)) else None for k in keys]
+
+    def predict(limits: list[int]) -> StepOutcomes:
+        return batch.simulate(limits, latency, rate, lanes)
 
     predictions = []
     for cap in caps_mb:
         sims = predict(bucket_limits(cap))
-        firsts = []
-        for key, sim in zip(sorted(steps), sims, strict=True):
-            st = per_step.get(key)
-            if sim.buckets and st and st.backward_start_us is not None:
-                firsts.append(sim.buckets[0].start_us - st.backward_start_us)
+        firsts = [start - bs for start, bs in zip(sims.first_start_us, backward_starts, strict=True)
+                  if start is not None and bs is not None]
         predictions.append(CapPrediction(
             float(cap),
-            statistics.median(len(s.buckets) for s in sims),
-            statistics.median(s.exposed_us for s in sims),
-            statistics.median(s.comm_us for s in sims),
+            statistics.median(sims.buckets),
+            statistics.median(sims.exposed_us),
+            statistics.median(sims.comm_us),
             statistics.median(firsts) if firsts else None,
         ))
     cur_limits, cur_cap = _current_limits(analysis, cfg)
     cur_sims = predict(cur_limits)
-    current = statistics.median(s.exposed_us for s in cur_sims)
+    current = statistics.median(cur_sims.exposed_us)
     measured_counts: dict[tuple[int, int], int] = defaultdict(int)
     for b in analysis.buckets:
         measured_counts[(b.rank, b.step)] += 1
@@ -290,7 +287,7 @@ def bucket_whatif(analysis: Analysis, caps_mb: Sequence[float] = CANDIDATE_CAPS_
     fit_error = (100.0 * abs(current - measured_us) / step_time) if (step_time and measured_us is not None) else None
     return WhatIf(
         True, None, latency, rate, bw_source, grad_source, len(steps), step_time, cur_cap, current,
-        statistics.median(len(x.buckets) for x in cur_sims),
+        statistics.median(cur_sims.buckets),
         statistics.median(measured_counts.values()) if measured_counts else None,
         measured_us, fit_error, predictions, best_cap, best_exposed, saving,
         100.0 * saving / step_time if step_time else None,

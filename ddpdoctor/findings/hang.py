@@ -42,6 +42,9 @@ class RankPosition:
     call_site: str | None = None
     exit_code: int | None = None
     unit: str | None = None  # the FSDP2 unit whose collective it waits in
+    # Completed steps when its training DataLoader raised StopIteration, if it drew no batch since
+    # (probes/data_position.py): positive evidence that it left its training loop because its data ended.
+    data_dry: int | None = None
 
 
 @dataclass
@@ -75,11 +78,21 @@ def _position_json(p: RankPosition) -> PositionDoc:
                         "exit_code": p.exit_code}
     if p.unit:
         out["unit"] = p.unit
+    if p.data_dry is not None:
+        out["data_dry"] = p.data_dry
     return out
 
 
 def position(rank: int, beat: Beat | None, exit_info: RankExitDoc | None) -> RankPosition:
     """One rank's position from its last heartbeat (and its exit message, when it ended)."""
+    p = _position(rank, beat, exit_info)
+    dry = beat.get("data_dry") if beat is not None else None
+    if type(dry) is int:
+        p.data_dry = dry
+    return p
+
+
+def _position(rank: int, beat: Beat | None, exit_info: RankExitDoc | None) -> RankPosition:
     if exit_info is not None:
         b: Beat = beat or {}
         last: CollectiveState = b.get("last_collective") or {}
@@ -117,8 +130,13 @@ def diagnose_hang(positions: dict[int, RankPosition], stalled: list[int]) -> Han
 
     gone = sorted(r for r, p in positions.items() if p.state in ("exited", "no-heartbeat"))
     if gone and inside:
+        dry = [r for r in gone if _ran_dry(positions[r])]
         return diag("rank-exited", gone, f"rank(s) {gone} left (or never reported) while rank(s) {sorted(inside)} "
-                    f"wait in {_describe(waiting_on)}")
+                    f"wait in {_describe(waiting_on)}" + (f"; rank(s) {dry} left after their training DataLoader "
+                                                          "ran dry (StopIteration)" if dry else ""))
+    exhausted = _loader_exhausted(positions, inside)
+    if exhausted is not None:
+        return diag(*exhausted, coll=_collective_of([p for r, p in inside.items() if r not in exhausted[1]]))
     outside = sorted(r for r, p in positions.items() if p.state == "outside-collective")
     if outside and inside:
         return diag("outside-collective", outside, f"rank(s) {outside} are outside any collective while rank(s) "
@@ -170,6 +188,31 @@ def diagnose_hang(positions: dict[int, RankPosition], stalled: list[int]) -> Han
                         differs, coll=waiting_on)
     return diag("unknown", [], "every rank is in the same state; no culprit can be told apart "
                 "(a slow or broken network, a deadlock in the script, or a collective every rank is waiting in)")
+
+
+def _ran_dry(p: RankPosition) -> bool:
+    return p.data_dry is not None and p.data_dry == p.step
+
+
+def _loader_exhausted(positions: dict[int, RankPosition], inside: dict[int, RankPosition]
+                      ) -> tuple[str, list[int], str] | None:
+    """Some live ranks' training DataLoader ran dry (StopIteration, at the step they are in, no batch drawn since)
+    while the others, whose loaders did not, wait in a collective: the dry ones left their training loop first (a
+    shorter shard or loader). Grounded in the loader's own StopIteration, never in where a rank waits: an extra
+    barrier at the top of the loop is not this (tests/e2e/test_multinode.py)."""
+    dry = sorted(r for r, p in positions.items() if _ran_dry(p))
+    rest = [r for r in positions if r not in dry]
+    # The others' loaders did not run dry (none at an earlier step either: that could be a loader read again).
+    if not dry or not rest or any(r not in inside or positions[r].data_dry is not None for r in rest):
+        return None
+    where = ", ".join(sorted({_describe_position(positions[r]) if positions[r].state == "in-collective"
+                              else f"{positions[r].phase or 'its code'} outside any collective" for r in dry}))
+    steps = sorted({positions[r].data_dry or 0 for r in dry})
+    return ("loader-exhausted", dry, f"rank(s) {dry}: their training DataLoader ran dry (StopIteration) after step "
+            f"{', '.join(map(str, steps))} and they left the training loop into {where}, while rank(s) {sorted(rest)}, "
+            f"whose loaders still had data, wait in {_describe(_collective_of([inside[r] for r in rest]))}: a "
+            "shorter data shard or loader on the first (split the data evenly: DistributedSampler, drop_last, or "
+            "torch.distributed.algorithms.Join)")
 
 
 # -- FSDP2: ranks that took another path through the units (saforem2/ezpz#242) -------------------------------------
@@ -373,13 +416,13 @@ def reconcile(d: HangDiagnosis, stacks: Mapping[int, str | None], dumps: Mapping
         if p.state == "in-collective" and p.op in generic and v is not None and p.group in v.pending:
             named = v.pending[p.group]  # a wait the heartbeat saw but had not named yet: the dump names it
             pos[r] = RankPosition(r, "in-collective", p.phase, p.step, named.op, p.group, named.seq, named.sizes,
-                                  p.call_site, unit=p.unit)
+                                  p.call_site, unit=p.unit, data_dry=p.data_dry)
             changed = True
         elif p.state == "outside-collective" and st == "collective":
             wait = _pending_of(v)
             pos[r] = RankPosition(r, "in-collective", p.phase, p.step, wait.op if wait else "collective (stack)",
                                   wait.group if wait else None, wait.seq if wait else None,
-                                  wait.sizes if wait else [], p.call_site)
+                                  wait.sizes if wait else [], p.call_site, data_dry=p.data_dry)
             changed = True
     out = diagnose_hang(pos, d.stalled_ranks) if changed else d
     if out.kind == "unknown":
@@ -415,7 +458,7 @@ def _behind(pos: dict[int, RankPosition], views: dict[int, FlightView | None]) -
     for r, p in waiting.items():
         if p is not None and pos[r].state != "in-collective":
             newpos[r] = RankPosition(r, "in-collective", pos[r].phase, pos[r].step, p.op, p.group, p.seq, p.sizes,
-                                     pos[r].call_site)
+                                     pos[r].call_site, data_dry=pos[r].data_dry)
     return HangDiagnosis("seq-behind", sorted(p for p in pos if pos[p].state != "exited"), behind, coll, newpos,
                          f"rank(s) {behind} never launched {_describe(coll)}, which rank(s) {sorted(waiting)} wait in "
                          f"(Flight Recorder: their last completed collective on {w.group} is below #{w.seq})")

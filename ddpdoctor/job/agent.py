@@ -22,6 +22,7 @@ from typing import Any, Protocol
 
 from ddpdoctor.job import grouping, state
 from ddpdoctor.job.capture_relay import CaptureRequest, HeadCaptures, NodeCaptures
+from ddpdoctor.job.divergence_relay import WORD, DivergenceRelay
 from ddpdoctor.job.record import LongStall, RankRecord
 from ddpdoctor.job.relay import HeadRelay, NodeRelay
 from ddpdoctor.job.role import JobRole, NodeInfo
@@ -97,10 +98,16 @@ class JobAgent:
         self._peers: list[int] = []
         self._head_host: str | None = self.host if role.is_head else None
         self._head_lost = False
+        # A node's record found gone or refused after the head had read it: only another client of the store does
+        # that (no node deletes, the head never deletes a node's record). node -> (times, when last seen so).
+        self._interfered: dict[int, tuple[int, float]] = {}
+        self._interference_said: set[int] = set()
         self.head_lost: HeadLost | None = None  # what this node knows once the head is gone (commands print it)
         self._contact = 0.0  # when the head's store last answered this node
         self._relay, self._head_relay = NodeRelay(), HeadRelay()  # live health job-wide (job/relay.py)
         self._relay_lock = threading.Lock()
+        # The ranks' per-step fingerprints job-wide (job/divergence_relay.py): the nodes relay, the head judges.
+        self.fingerprints = DivergenceRelay(role.node_rank, role.is_head)
         # `ddpdoctor capture` job-wide (job/capture_relay.py): the head forwards, the nodes send their windows back.
         self._node_caps = NodeCaptures(role.node_rank, run_root)
         self._head_caps = HeadCaptures(run_root) if role.is_head else None
@@ -143,6 +150,7 @@ class JobAgent:
                 live = self._relay.payload(self.seq)
             if live is not None:
                 self.store.put(f"live/{self.role.node_rank}", live)
+            self.fingerprints.publish(self.store, force=True)  # again what the head has not acknowledged
 
     def _connect(self) -> None:
         while self.store is None and not self._stop.is_set():
@@ -162,6 +170,7 @@ class JobAgent:
                 if now >= next_beat or sig != sent:
                     self.publish()
                     sent, next_beat = sig, now + PUBLISH_S
+                self._fingerprints_tick()
                 if now >= next_poll:
                     # The head's requests (stacks after a hang, captures) and verdict: twice a second, a few small
                     # requests; the head takes the windows the nodes sent back.
@@ -178,9 +187,25 @@ class JobAgent:
                 pass  # the head went away or is restarting: keep the ranks watched locally, try again
             self._stop.wait(TICK_S)
 
+    def _fingerprints_tick(self) -> None:
+        """Every tick (0.1 s): a node puts its ranks' new records; in stop mode it reads the head's word (its ranks
+        hold their optimizer step for it); the head puts its word."""
+        if self.store is None:
+            return
+        fp = self.fingerprints
+        if self.is_head:
+            fp.put_word(self.store)
+            return
+        fp.publish(self.store)
+        if fp.stop_mode:
+            fp.deliver(self.store.get(WORD), self.monitor)
+
     def _poll_head(self) -> None:
         assert self.store is not None
-        got = self.store.get_many(["req", "verdict", "busy", "capture", f"live-ack/{self.role.node_rank}"])
+        me = self.role.node_rank
+        got = self.store.get_many(["req", "verdict", "busy", "capture", f"live-ack/{me}", f"fp-ack/{me}", WORD])
+        self.fingerprints.acked(got.get(f"fp-ack/{me}"))
+        self.fingerprints.deliver(got.get(WORD), self.monitor)
         for creq in self._node_caps.new_requests(got.get("capture")):
             self.monitor.deliver(creq)
         with self._relay_lock:
@@ -234,6 +259,8 @@ class JobAgent:
         if not self.is_head and msg.get("type") == "beat":
             with self._relay_lock:
                 self._relay.add(rank, msg.pop("steps", None), msg.get("phase"))
+        elif not self.is_head and msg.get("type") == "fp":
+            self.fingerprints.add(rank, msg.get("fp"))
 
     def decide(self, monitor: Any, job: Any, now: float) -> None:
         """HangMonitor.decider: the head decides for the job; another node acts on the head's verdict."""
@@ -252,10 +279,35 @@ class JobAgent:
         if self.store is None:
             return
         now = time.time()
+        refused = dict(self.store.refused)
         got = self.store.get_many([f"node/{n}" for n in self.nodes])
-        for name, env in got.items():
+        for n, st in self.nodes.items():
+            name = f"node/{n}"
+            env = got.get(name)
             if isinstance(env, dict) and env.get("v") == state.VERSION:
-                self.nodes[int(name.split("/")[1])].update(env, now)
+                st.update(env, now)
+            elif self.store.refused.get(name, 0) > refused.get(name, 0) or (st.seq >= 0 and name not in got):
+                times, _ = self._interfered.get(n, (0, 0.0))
+                self._interfered[n] = (times + 1, now)
+
+    def unknown_nodes(self) -> list[int]:
+        """Nodes silent since another client of the job store deleted or damaged their record: their state is
+        unknown, not lost (the node may be training on), so they are neither judged lost nor hung."""
+        return sorted(n for n, (_, at) in self._interfered.items()
+                      if at > self.nodes[n].received and self.nodes[n].end is None)
+
+    def _interference(self, n: int) -> str:
+        st = self.nodes[n]
+        return (f"node {n} ({st.host}): its record in the job store was deleted or damaged {self._interfered[n][0]} "
+                f"time(s) by another client of the job store ({self.role.master_addr}:{self._port})")
+
+    def _say_interference(self, nodes: list[int]) -> None:
+        for n in nodes:
+            if n not in self._interference_said:
+                self._interference_said.add(n)
+                self.monitor.say(f"{self._interference(n)}: its state is unknown, so it is judged neither lost "
+                                 "nor hung while its record is missing; keep the job store's port reachable by the "
+                                 "job's hosts only (docs/trust.md)")
 
     def hang_timeout(self) -> float:
         t = self.monitor.hang_timeout
@@ -282,11 +334,17 @@ class JobAgent:
         """The one stall rule (job/rules.py) on every node's records, as on one node. A record's step age grows by
         how long ago its envelope arrived; its training thread's idle time and last move are as its node measured
         them when it published (a node that stops publishing is a lost node, not a busy one)."""
-        recs, extra = state.live_records(self.nodes, now)
+        unknown = set(self.unknown_nodes())
+        recs, extra = state.live_records({n: st for n, st in self.nodes.items() if n not in unknown}, now)
         return decide(recs, Limits(self.monitor.hang_timeout, self.monitor.startup_timeout), now - job_started,
                       None, extra)
 
     def _decide(self, job_started: float) -> None:
+        if self.store is not None and (self.fingerprints.stop_mode or time.time() - self._read_at >= READ_EVERY_S):
+            try:  # in stop mode every poll (0.1 s): the ranks hold their optimizer step for the judge's word
+                self.fingerprints.take(self.store, list(self.nodes), self.monitor)
+            except (RuntimeError, OSError, ValueError):
+                pass
         if time.time() - self._read_at < READ_EVERY_S:
             return
         self._read_at = time.time()
@@ -297,8 +355,11 @@ class JobAgent:
             return
         now = time.time()
         timeout = self.hang_timeout()
+        unknown = self.unknown_nodes()
+        self._say_interference(unknown)
         for n in state.lost_nodes(self.nodes, now, after_s=timeout):
-            self.nodes[n].lost = True
+            if n not in unknown:
+                self.nodes[n].lost = True
         lost = [n for n, st in self.nodes.items() if st.lost]
         never = [n for n, st in self.nodes.items() if st.seq < 0]
         if never and now - job_started > self.monitor.startup_timeout:
@@ -306,7 +367,8 @@ class JobAgent:
                 self.nodes[n].lost = True
             lost += never
         d = self.judge(now, job_started)
-        view_at = min((st.received for st in self.nodes.values() if not st.lost and st.end is None), default=now)
+        view_at = min((st.received for n, st in self.nodes.items() if not st.lost and st.end is None
+                       and n not in unknown), default=now)
         hung = self.gate.confirmed(d, Limits(self.monitor.hang_timeout, self.monitor.startup_timeout), now, view_at)
         if lost:
             self._on_hang(d.stalled, now, d.timeout_s, job_started)
@@ -413,9 +475,15 @@ class JobAgent:
         assert self.store is not None
         deadline = time.time() + END_WAIT_S + 30
         answered = True
+        put_at = time.time() + 1.0
         while time.time() < deadline:
             try:
                 final = HeadWord.from_json(self.store.get("final"))
+                if final is None and self.end is not None and time.time() >= put_at:
+                    # Again about once a second: another client of the store may have deleted this node's end,
+                    # and the head, never seeing it, would wait and call this node's end unknown.
+                    self.publish()
+                    put_at = time.time() + 1.0
             except (RuntimeError, OSError):
                 answered = False
                 break  # the head is gone
@@ -475,8 +543,10 @@ class JobAgent:
             except (RuntimeError, OSError):
                 break
             now = time.time()
+            unknown = self.unknown_nodes()
             for n in state.lost_nodes(self.nodes, now, after_s=min(15.0, self.hang_timeout())):
-                self.nodes[n].lost = True
+                if n not in unknown:
+                    self.nodes[n].lost = True
             if all(st.end is not None or st.lost for st in self.nodes.values()):
                 break
             time.sleep(0.3)
@@ -485,9 +555,16 @@ class JobAgent:
         write_missing(run_root, files)
         merge_stalls(run_root, self.store.get_many([f"stalls/{n}" for n in others]))
         codes = [st.end for st in self.nodes.values() if st.end is not None]
-        lost = [n for n, st in self.nodes.items() if st.lost or st.end is None]
-        job_code = code or next((c for c in codes if c), 0) or (1 if lost else 0)
-        line = self._summary(job_code, lost)
+        unknown = self.unknown_nodes()
+        lost = [n for n, st in self.nodes.items() if (st.lost or st.end is None) and n not in unknown]
+        # A node whose end never arrived because its record was deleted or damaged: the job's end is unknown (1),
+        # said as such, never "its host died".
+        job_code = code or next((c for c in codes if c), 0) or (1 if lost or unknown else 0)
+        said = "; ".join(f"{self._interference(n)}: its end is unknown" for n in unknown)
+        if unknown and not lost and not code and not any(codes) and self.verdict is None:
+            line = f"the job's end is unknown: {said}; every other node ended with exit code 0"
+        else:
+            line = self._summary(job_code, lost) + (f"; {said}" if unknown else "")
         word = HeadWord(line, 1 if job_code else 0, self.host, str(run_root / "report.txt")).to_json()
         self.store.put("final", word)
         self._peers = [n for n in self.nodes if n != self.role.node_rank and n not in lost]
@@ -639,6 +716,10 @@ def attach_agent(role: JobRole, watcher: Any, run_root: Path) -> JobAgent | None
     except JobStoreError as exc:
         raise BadInput(str(exc), run_root) from exc
     watcher.plugins.insert(0, agent)  # before the live watch: a node relays its ranks' steps (on_message)
+    for plugin in watcher.plugins:  # the divergence watch (job/divergence.py) judges on the head only
+        join = getattr(plugin, "join_job", None)
+        if join is not None:
+            join(agent.fingerprints)
     watcher.decider = agent.decide
     watcher.writes_run_files = role.is_head
     return agent

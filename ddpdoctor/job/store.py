@@ -104,6 +104,7 @@ class JobStore:
         self.rejected = 0  # values that failed the seal or the size cap (junk, a foreign writer)
         self.stale = 0  # sealed values older than one already read under the same name (a replay)
         self._seen: dict[str, int] = {}  # name -> the newest sequence number read
+        self.refused: dict[str, int] = {}  # name -> values refused under it (failed seal, replay, too large)
         self._seq = 0  # this writer's last sequence number (nanoseconds, strictly increasing)
         self.requests = 0  # store operations made (the benchmark's request rate)
         self.bytes_out = 0
@@ -164,11 +165,13 @@ class JobStore:
         mac, nonce, ct = value[:MAC_LEN], value[MAC_LEN:MAC_LEN + NONCE_LEN], value[MAC_LEN + NONCE_LEN:]
         if len(ct) <= SEQ_LEN or not hmac.compare_digest(mac, self._mac(name, nonce, ct)):
             self.rejected += 1
+            self.refused[name] = self.refused.get(name, 0) + 1
             return None
         body = self._xor(nonce, ct)
         seq = int.from_bytes(body[:SEQ_LEN], "big")
         if seq < self._seen.get(name, 0):
             self.stale += 1
+            self.refused[name] = self.refused.get(name, 0) + 1
             return None
         try:
             d = zlib.decompressobj()
@@ -178,6 +181,7 @@ class JobStore:
             obj = json.loads(raw)
         except (ValueError, zlib.error, RecursionError):
             self.rejected += 1
+            self.refused[name] = self.refused.get(name, 0) + 1
             return None
         self._seen[name] = seq
         return obj

@@ -36,7 +36,9 @@ _EVENTS_GLOB = "events.out.tfevents.*"
 
 
 def _writer(logdir: Path) -> Any:
-    """tensorboard's framework-free writer (no torch import); torch's SummaryWriter where it is missing."""
+    """tensorboard's framework-free writer (no torch import); torch's SummaryWriter where it is missing. Every
+    writer of ddpdoctor's comes from here, so its thread's full-disk errors never print (below)."""
+    quiet_writer_thread_errors()
     try:
         from tensorboard.summary import Writer
 
@@ -45,6 +47,30 @@ def _writer(logdir: Path) -> Any:
         from torch.utils.tensorboard import SummaryWriter
 
         return SummaryWriter(str(logdir))
+
+
+_previous_hook: Any = None
+
+
+def quiet_writer_thread_errors() -> None:
+    """tensorboard's event writer writes in a thread of its own, which re-raises a failed write (ENOSPC) and so
+    printed a traceback over the job's output (the live scalars, issue 26; the report's scalars at the end of a run
+    with 400 KiB free, issue 40); the same error reaches the writer's next add, flush or close in the caller's
+    thread, where it is handled (the live scalars stop with a reason; a run's report says the scalars are missing).
+    Only that thread's OSErrors are silenced; every other thread's errors go to the usual hook."""
+    import threading
+
+    global _previous_hook
+    if _previous_hook is not None:
+        return
+    _previous_hook = threading.excepthook
+
+    def hook(args: Any) -> None:
+        if type(args.thread).__name__ == "_AsyncWriterThread" and isinstance(args.exc_value, OSError):
+            return
+        _previous_hook(args)
+
+    threading.excepthook = hook
 
 
 def _add(writer: Any, tag: str, value: float, step: int, wall: float, description: str | None) -> None:

@@ -13,6 +13,7 @@ from typing import Any
 
 _FIELDS: dict[type, tuple[str, ...]] = {}
 _ATOMS = (str, int, float, bool, type(None))
+_ATOM_TYPES = frozenset(_ATOMS)
 
 
 def asdict(obj: Any) -> Any:
@@ -25,11 +26,15 @@ def asdict(obj: Any) -> Any:
     if names is None and is_dataclass(obj):
         names = _FIELDS[cls] = tuple(f.name for f in fields(obj))
     if names is not None:
-        return {n: asdict(getattr(obj, n)) for n in names}
+        out = {}
+        for n in names:  # a number or a string is itself: no call per field (most fields of a per-step record)
+            v = getattr(obj, n)
+            out[n] = v if type(v) in _ATOM_TYPES else asdict(v)
+        return out
     if isinstance(obj, dict):
-        return {k: asdict(v) for k, v in obj.items()}
+        return {k: v if type(v) in _ATOM_TYPES else asdict(v) for k, v in obj.items()}
     if isinstance(obj, list):
-        return [asdict(v) for v in obj]
+        return [v if type(v) in _ATOM_TYPES else asdict(v) for v in obj]
     if isinstance(obj, tuple):
         items = [asdict(v) for v in obj]
         return type(obj)(*items) if hasattr(obj, "_fields") else type(obj)(items)

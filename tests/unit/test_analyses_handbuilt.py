@@ -21,6 +21,29 @@ def test_interval_union_and_intersection():
     assert iv.union_len(np.empty(0), np.empty(0)) == 0.0
 
 
+_spans = st.lists(st.tuples(st.integers(-50, 400), st.integers(-20, 120), st.floats(0, 1)), max_size=20)
+
+
+@given(_spans, _spans)
+def test_pair_intervals_give_numpys_float(a, b):
+    """The plain-Python union and intersection (a step's few collectives) are the numpy ones, to the last bit:
+    ties, touching and reversed intervals, and more than 8 merged pieces (numpy's pairwise sum) included."""
+    pa = [(s + f, s + f + d / 3) for s, d, f in a]
+    pb = [(s + f, s + f + d / 7) for s, d, f in b]
+
+    def arr(p):
+        return np.array([x for x, _ in p], dtype=np.float64), np.array([y for _, y in p], dtype=np.float64)
+
+    assert iv.union_len_pairs(pa) == iv.union_len(*arr(pa))
+    assert iv.intersect_len_pairs(pa, pb) == iv.intersect_len(arr(pa), arr(pb))
+
+
+def test_pair_intervals_by_hand():
+    assert iv.union_len_pairs([(5.0, 10.0), (0.0, 6.0), (20.0, 30.0), (8.0, 9.0)]) == 20.0
+    assert iv.intersect_len_pairs([(5.0, 10.0), (0.0, 6.0), (20.0, 30.0)], [(9.0, 25.0)]) == 6.0
+    assert iv.union_len_pairs([]) == 0.0
+
+
 def _one(tmp_path, doc, name="r.json", **opts):
     a = analyze_paths([write(tmp_path / name, doc)], AnalyzeOptions(**opts))
     return a, a.ranks[0]

@@ -266,3 +266,129 @@ def test_a_removed_final_word_is_never_a_lost_head(head: JobStore, tmp_path: Pat
         assert out.code == 0 and "exit code 0" in (out.line or "")
     else:
         assert out.code == 1 and "end is unknown" in (out.line or "")
+
+
+class _Head(_QuietNode):
+    """The NodePort bits the head's decision needs: what it says, and whether it acted (a hang verdict)."""
+
+    on_hang = "kill"
+    world_size = 2
+    changes = 0
+
+    def __init__(self) -> None:
+        self.said: list[str] = []
+        self.acted: list[str] = []
+
+    def say(self, line: str) -> None:
+        self.said.append(line)
+
+    def act(self, hang: Any, line: str, extra_text: str = "") -> None:
+        self.acted.append(line)
+
+
+def _head_agent(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> tuple[Any, _Head]:
+    from ddpdoctor.job.agent import JobAgent
+    from ddpdoctor.job.role import JobRole
+
+    monkeypatch.setenv("DDPDOCTOR_JOB_TOKEN", "t" * 32)
+    monitor = _Head()
+    agent = JobAgent(JobRole(2, 0, "127.0.0.1", free_port() - 1), monitor, tmp_path)  # type: ignore[arg-type]
+    return agent, monitor
+
+
+@pytest.mark.parametrize("attack", ["delete", "junk"])
+def test_a_deleted_or_damaged_node_record_is_unknown_never_lost(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                                attack: str) -> None:
+    # Issue 40 item 1 (round 5): a client that reaches the store's port deleted node 1's record again and again; after
+    # the hang timeout the head judged the node lost and, with --on-hang kill, would have stopped a healthy job. A
+    # record gone or refused after the head read it is interference: the node is unknown, said once, not lost.
+    from ddpdoctor.job import state
+
+    agent, monitor = _head_agent(tmp_path, monkeypatch)
+    head = agent.store
+    node = JobStore("127.0.0.1", head.port, "t" * 32, is_head=False, connect_timeout_s=5)
+    head.put("node/0", state.envelope(0, "h0", 1, []))
+    _put(node, "node/1", state.envelope(1, "h1", 1, []))
+    agent.read_nodes()
+    raw = _raw(head.port)
+    if attack == "delete":
+        raw.delete_key(head.key_of("node/1"))
+    else:
+        _set(raw, head.key_of("node/1"), b"\0" * 80)
+    assert raw.check([head.key_of("node/0")])
+    agent.nodes[1].received -= 100.0  # silent since, past the 4 s hang timeout
+    agent.nodes[0].received = time.time() + 10
+    head.put("node/0", state.envelope(0, "h0", 2, []))
+    agent._read_at = 0.0
+    agent._decide(time.time() - 2)  # (started 2 s ago: no start-up verdict on these rankless nodes)
+    assert not agent.nodes[1].lost and agent.unknown_nodes() == [1]
+    assert monitor.acted == []  # no hang verdict, nothing killed
+    assert len(monitor.said) == 1 and "node 1 (h1)" in monitor.said[0] and "unknown" in monitor.said[0]
+    # The node publishes again: known again.
+    _put(node, "node/1", state.envelope(1, "h1", 2, []))
+    agent.read_nodes()
+    assert agent.unknown_nodes() == []
+
+
+def test_a_node_record_that_stays_but_never_moves_is_still_lost(tmp_path: Path,
+                                                                monkeypatch: pytest.MonkeyPatch) -> None:
+    from ddpdoctor.job import state
+
+    agent, _ = _head_agent(tmp_path, monkeypatch)
+    node = JobStore("127.0.0.1", agent.store.port, "t" * 32, is_head=False, connect_timeout_s=5)
+    agent.store.put("node/0", state.envelope(0, "h0", 1, []))
+    _put(node, "node/1", state.envelope(1, "h1", 1, []))
+    agent.read_nodes()
+    agent.nodes[1].received -= 100.0
+    monkeypatch.setattr(agent, "_on_hang", lambda *a: None)
+    agent._decide(time.time() - 2)
+    assert agent.nodes[1].lost and agent.unknown_nodes() == []
+
+
+def test_a_node_end_deleted_once_still_reaches_the_head(head: JobStore, tmp_path: Path,
+                                                        monkeypatch: pytest.MonkeyPatch) -> None:
+    # One delete of a node's last record (its end) made the head wait and call the node lost; the node puts it back
+    # about once a second while it waits for the head's final word.
+    import threading
+
+    import ddpdoctor.job.agent as agent_mod
+    from ddpdoctor.job.agent import JobAgent
+    from ddpdoctor.job.role import JobRole
+
+    monkeypatch.setenv("DDPDOCTOR_JOB_TOKEN", "t" * 32)
+    monkeypatch.setattr(agent_mod, "END_WAIT_S", -26.0)  # the node waits 4 s for the word
+    node = JobAgent(JobRole(2, 1, "127.0.0.1", head.port - 1), _QuietNode(), tmp_path)  # type: ignore[arg-type]
+    node.store = JobStore("127.0.0.1", head.port, "t" * 32, is_head=False, connect_timeout_s=5)
+    node.end = 0
+    node.publish()
+    raw = _raw(head.port)
+    raw.delete_key(head.key_of("node/1"))
+    assert not raw.check([head.key_of("node/1")])
+    t = threading.Thread(target=node._finish_node, args=(0,))
+    t.start()
+    deadline = time.time() + 3.5
+    got = None
+    while got is None and time.time() < deadline:
+        time.sleep(0.2)
+        got = head.get("node/1")
+    t.join()
+    assert got is not None and got["end"] == 0
+
+
+def test_the_head_says_a_deleted_end_is_unknown_not_a_dead_host(tmp_path: Path,
+                                                                monkeypatch: pytest.MonkeyPatch) -> None:
+    import ddpdoctor.job.agent as agent_mod
+    from ddpdoctor.job import state
+
+    agent, _ = _head_agent(tmp_path, monkeypatch)
+    monkeypatch.setattr(agent_mod, "END_WAIT_S", 1.0)
+    monkeypatch.setattr(agent, "_wait_acks", lambda *a, **k: None)
+    node = JobStore("127.0.0.1", agent.store.port, "t" * 32, is_head=False, connect_timeout_s=5)
+    agent.store.put("node/0", state.envelope(0, "h0", 1, [], end=0))
+    _put(node, "node/1", state.envelope(1, "h1", 1, []))
+    agent.read_nodes()
+    _raw(agent.store.port).delete_key(agent.store.key_of("node/1"))
+    agent.nodes[1].received -= 100.0
+    out = agent._finish_head(tmp_path, 0)
+    assert "died" not in (out.line or "") and "end is unknown" in (out.line or "") and "node 1 (h1)" in out.line
+    assert out.code == 1

@@ -212,3 +212,30 @@ def test_observed_lanes_is_the_peak_overlap_per_step():
     buckets = [b(3, 0, 10), b(3, 5, 15), b(4, 0, 10), b(4, 10, 20), b(5, 0, 10), b(5, 1, 2)]
     assert observed_lanes(buckets) == 2
     assert observed_lanes([]) == 1
+
+
+def test_step_batch_gives_simulate_steps_floats_to_the_bit() -> None:
+    # StepBatch (analyze's what-if at 200,000 steps) simulates alike steps together with numpy: it must give what
+    # simulate_step gives on each step, bit for bit: ties in ready times, lanes, empty steps, steps of other layouts,
+    # and a backward end before the last gradient.
+    import random
+
+    from ddpdoctor.analyses.bucket_replay import Grad, StepBatch, simulate_step
+
+    rng = random.Random(40)
+    for _ in range(60):
+        sizes = [rng.choice([0, 1, 7, 100, 4096, 1 << 20, 3 << 20]) for _ in range(rng.randint(1, 9))]
+        steps = []
+        for _ in range(rng.randint(1, 30)):
+            own = sizes if rng.random() < 0.8 else [rng.choice([5, 1 << 20]) for _ in range(rng.randint(0, 4))]
+            grads = [Grad(rng.choice([rng.uniform(0, 500), 100.0]), b) for b in own]
+            end = rng.choice([None, rng.uniform(0, 600), 100.0])
+            steps.append((grads, end))
+        limits = rng.choice([[1 << 20, 25 << 20], [100, 100], [4096], [3 << 20, 1 << 20, 7]])
+        latency, rate, lanes = rng.uniform(0, 50), rng.uniform(0.5, 2000), rng.randint(1, 3)
+        got = StepBatch(steps).simulate(limits, latency, rate, lanes)
+        for i, (grads, end) in enumerate(steps):
+            want = simulate_step(grads, limits, latency, rate, end, lanes)
+            assert got.buckets[i] == len(want.buckets)
+            assert got.exposed_us[i] == want.exposed_us and got.comm_us[i] == want.comm_us
+            assert got.first_start_us[i] == (want.buckets[0].start_us if want.buckets else None)
