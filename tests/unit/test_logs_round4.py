@@ -187,3 +187,24 @@ def test_a_long_warning_that_names_an_error_is_not_cut_into_a_failure() -> None:
             "and will raise a RuntimeError: in a future release of the library; please migrate to the new option now")
     assert list(records(line)) == [line]
     assert explain_texts({"rank0.log": line + "\nEpoch 1 loss 0.5\n"}) == []
+
+
+def test_the_one_gate_passes_every_line_either_reader_takes() -> None:
+    # explain._EITHER replaces two searches per line (messages._ANY, explain._MAYBE_FAILURE) on the bulk of a log:
+    # every line either of them matches must pass it (the words of both, in any case).
+    import random
+
+    from ddpdoctor.logs.explain import _EITHER, _MAYBE_FAILURE
+    from ddpdoctor.logs.messages import _ANY
+
+    words = [w for w in (_ANY.pattern + "|" + _MAYBE_FAILURE.pattern).replace("\\(", "(").split("|")]
+    words = [w.replace("[Ll]", "L") for w in words]
+    rng = random.Random(40)
+    for _ in range(5000):
+        w = rng.choice(words)
+        w = "".join(c.upper() if rng.random() < 0.5 else c for c in w)
+        text = "x" * rng.randint(0, 5) + w + " y"
+        if _ANY.search(text) or _MAYBE_FAILURE.search(text.lower()):
+            assert _EITHER.search(text.lower()), text
+    for w in words:
+        assert _EITHER.search(w.lower()), w
