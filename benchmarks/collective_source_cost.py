@@ -17,7 +17,9 @@ In a one-rank gloo group on this machine (real works, real Flight Recorder):
 5. The per-step fingerprint (issue 38, probes/divergence.py): ``optimizer.step()`` of a small SGD with the
    fingerprint's pre-hook (one Flight Recorder status read, a CRC, an append) against the same step without it, in
    alternating blocks; plus, per call, reading a CPU loss in ``backward()`` and folding one public collective into
-   the step's CRC. As % of a 10 ms step for one optimizer step, one backward and 2 public collectives a step."""
+   the step's CRC; and per DataLoader batch, ``next()`` with the data position's wrapper (probes/data_position.py)
+   against the bare one, in alternating blocks. As % of a 10 ms step for one optimizer step, one backward, 2 public
+   collectives and one batch a step."""
 
 from __future__ import annotations
 
@@ -133,6 +135,7 @@ def main() -> None:
 
     same = _harmless(dist, source)
     fp_step, fp_peer, fp_loss, fp_coll = _fingerprint_cost(args.waits // 10, args.rounds)
+    batch_on, batch_off = _batch_cost(args.waits // 10, args.rounds)
     dist.destroy_process_group()
 
     step = 0.010
@@ -147,11 +150,14 @@ def main() -> None:
     print(f"forward pre-hook on a module outside the model: {out_s * 1e9:.0f} ns vs the in-forward hot path "
           f"{in_s * 1e9:.0f} ns ({out_s / in_s:.2f}x)")
     print(f"results unchanged (3 DDP steps of a BatchNorm model, with and without the source): {same}")
-    per_step = (fp_step - fp_peer) + fp_loss + 2 * fp_coll
+    per_batch = max(0.0, batch_on - batch_off)
+    per_step = (fp_step - fp_peer) + fp_loss + 2 * fp_coll + per_batch
     print(f"per-step fingerprint: optimizer.step() {fp_step * 1e6:.1f} us with its pre-hook vs {fp_peer * 1e6:.1f} us "
           f"without (+{(fp_step - fp_peer) * 1e6:.1f} us); loss read {fp_loss * 1e6:.2f} us; one collective folded "
-          f"{fp_coll * 1e6:.2f} us; a step (1 optimizer step, 1 backward, 2 collectives): {per_step * 1e6:.1f} us = "
-          f"{100 * per_step / step:.3f}% of a 10 ms step (budget 0.5%)")
+          f"{fp_coll * 1e6:.2f} us; a DataLoader batch {batch_on * 1e6:.1f} us with the data position vs "
+          f"{batch_off * 1e6:.1f} us without (+{per_batch * 1e6:.2f} us); a step (1 optimizer step, 1 backward, "
+          f"2 collectives, 1 batch): {per_step * 1e6:.1f} us = {100 * per_step / step:.3f}% of a 10 ms step "
+          "(budget 0.5%)")
 
 
 def _time(n: int, fn: Any) -> float:
@@ -207,6 +213,34 @@ def _fingerprint_cost(n: int, rounds: int) -> tuple[float, float, float, float]:
         return time.perf_counter() - t0
 
     return with_s, without_s, _best(loss_read, n, rounds), _best(fold, n, rounds)
+
+
+def _batch_cost(n: int, rounds: int) -> tuple[float, float]:
+    """Per batch: ``next()`` of a DataLoader iterator with the data position's wrapper installed and without
+    (alternating blocks; a fresh pass when one runs out, outside the timed calls)."""
+    import torch
+    from torch.utils.data import DataLoader
+
+    from ddpdoctor.probes.data_position import DataPosition
+
+    loader = DataLoader(torch.arange(n * 4), batch_size=4)
+    pos = DataPosition(type("Steps", (), {"step": 0})())
+
+    def batches(on: bool) -> Any:
+        def run(k: int) -> float:
+            if on:
+                pos.install()
+            it = iter(loader)
+            t0 = time.perf_counter()
+            for _ in range(k):
+                next(it)
+            elapsed = time.perf_counter() - t0
+            pos.uninstall()
+            pos._on = True
+            return elapsed
+        return run
+
+    return _alternate(batches(True), batches(False), n, rounds)
 
 
 def _harmless(dist: Any, source: Any) -> bool:

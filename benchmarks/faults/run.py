@@ -18,6 +18,7 @@ import json
 import os
 import platform
 import shutil
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -43,18 +44,22 @@ def _commit() -> str:
         return "unknown"
 
 
-def machine() -> str:
+def _load() -> float | None:
     try:
-        load = os.getloadavg()[0]
+        return round(os.getloadavg()[0], 1)
     except OSError:
-        load = float("nan")
+        return None
+
+
+def machine() -> str:
+    load = _load()
     mem = "?"
     try:
         with open("/proc/meminfo") as f:
             mem = f"{int(f.readline().split()[1]) / 2**20:.0f} GiB"
     except OSError:
         pass
-    return f"{platform.node()}: {os.cpu_count()} CPU cores, {mem}, load average {load:.1f} at start"
+    return f"{platform.node()}: {os.cpu_count()} CPU cores, {mem}, load average {load} at start"
 
 
 def plan(scenarios: list[Scenario], healthy_runs: int) -> list[Scenario]:
@@ -78,11 +83,13 @@ def run_real(scenarios: list[Scenario], tools: list[str], out: Path, healthy_run
              keep: bool) -> dict[str, list[dict[str, Any]]]:
     results: dict[str, list[dict[str, Any]]] = {t: [] for t in tools}
     runs = plan(scenarios, healthy_runs)
+    commit = _commit()
     work_root = Path(tempfile.mkdtemp(prefix="ddpbench-"))
     try:
         for i, sc in enumerate(runs):
             work = work_root / f"{i:03d}-{sc.name}"
             got: list[Outcome] = []
+            started, load = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), _load()
             if "ddpdoctor" in tools:
                 got.append(run_ddpdoctor(sc, work / "ddpdoctor"))
             if set(tools) - {"ddpdoctor"}:
@@ -90,6 +97,8 @@ def run_real(scenarios: list[Scenario], tools: list[str], out: Path, healthy_run
             for o in got:
                 d = o.to_json()
                 d["judged"] = score.judge(d)
+                # Which code gave this answer, and how loaded the machine was: a merged table says both.
+                d["commit"], d["started_at"], d["load"] = commit, started, load
                 results[o.tool].append(d)
                 print(f"[{i + 1}/{len(runs)}] {sc.name:34s} {o.tool:15s} {score._cell(d)}  "
                       f"({o.wall_s:.0f} s; says: {o.said[:80]})", flush=True)
@@ -116,6 +125,23 @@ def rejudge(o: dict[str, Any]) -> dict[str, Any]:
         o.update(culprits=None, cause=None, alarm=False, time_to_verdict_s=None, said=NEVER_ENDED)
     o["judged"] = score.judge(o)
     return o
+
+
+def provenance(results: dict[str, list[dict[str, Any]]]) -> str:
+    """The commits the runs ran on (runs a commit) and the load average at their starts, as the table's header
+    says them: a merged table may join runs of several commits, and the reader must see it."""
+    commits: dict[str, int] = {}
+    loads: list[float] = []
+    for outs in results.values():
+        for o in outs:
+            c = o.get("commit") or "unrecorded"
+            commits[c] = commits.get(c, 0) + 1
+            if isinstance(o.get("load"), (int, float)):
+                loads.append(float(o["load"]))
+    said = ", ".join(f"{c} ({n} runs)" for c, n in commits.items())
+    if loads:
+        said += f"; load average at the runs' starts {min(loads):.1f}-{max(loads):.1f} (median {statistics.median(loads):.1f})"
+    return "runs' commits: " + said
 
 
 def main() -> int:
@@ -178,8 +204,13 @@ def main() -> int:
         if a.tier == "full" and not a.only:
             from simulated import run_simulated
             results["ddpdoctor (simulated job rules)"] = run_simulated()["ddpdoctor (simulated job rules)"]
+    if not a.merge:
+        commit = _commit()
+        for outs in results.values():
+            for o in outs:
+                o.setdefault("commit", commit)
     (out / "results.json").write_text(json.dumps(results, indent=1))
-    table = score.markdown(results, header)
+    table = score.markdown(results, header + "\n\n" + provenance(results))
     (out / "table.md").write_text(table)
     print(table)
     return 0

@@ -112,7 +112,8 @@ def _cleanup_cgroups() -> None:
 
 
 # -- ddpdoctor ---------------------------------------------------------------------------------------------
-_HANG_KIND = {"outside-collective": "stuck", "rank-exited": "left-early", "out-of-data": "left-early", "teardown": "stuck", "seq-behind": "collective-mismatch",
+_HANG_KIND = {"outside-collective": "stuck", "rank-exited": "left-early", "out-of-data": "left-early",
+              "loader-exhausted": "left-early", "teardown": "stuck", "seq-behind": "collective-mismatch",
               "mismatch": "collective-mismatch", "lost-node": "lost-node", "unknown": "hang"}
 _SYNC = {"grad-divergence": "divergence:grads", "grads-never-synced": "divergence:grads",
          "param-divergence": "divergence:params", "buffer-divergence": "divergence:buffers",
@@ -137,6 +138,8 @@ def _divergence_cause(f: dict[str, Any]) -> str:
         return "divergence:skip-step" if more else "collective-mismatch"
     if field == "graphs":
         return "divergence:compile"
+    if field in ("dry", "epoch"):
+        return "left-early"  # its loader ran out first (the hang scenarios' class for a shorter shard)
     return "collective-mismatch"
 
 

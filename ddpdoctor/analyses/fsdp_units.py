@@ -104,4 +104,19 @@ def unit_collectives(trace: Trace) -> list[UnitCollective]:
             synchronous=holder.end >= c.end, first=first, start_us=c.start, dur_us=dur,
             exposed_us=max(0.0, dur - covered), bytes=args_bytes(c.args),
         ))
+    _compute_after(out, merged)
     return out
+
+
+def _compute_after(rows: list[UnitCollective], merged: tuple[iv.Arr, iv.Arr]) -> None:
+    """Each all-gather's ``compute_after_us``: the rank's compute from its end to the end of the next all-gather of
+    the same step and pass (the previous unit's compute, which that all-gather could run beside when prefetched)."""
+    seqs: dict[tuple[int | None, str], list[UnitCollective]] = {}
+    for r in rows:
+        if r.op == "all_gather":
+            seqs.setdefault((r.step, r.phase), []).append(r)
+    for seq in seqs.values():
+        for a, b in zip(seq, seq[1:], strict=False):
+            end_a, end_b = a.start_us + a.dur_us, b.start_us + b.dur_us
+            a.compute_after_us = (iv.clipped_len(merged[0], merged[1], end_a, end_b)
+                                  if len(merged[0]) and end_b > end_a else 0.0)

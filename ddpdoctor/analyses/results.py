@@ -195,16 +195,23 @@ class Analysis:
     def fsdp_units(self) -> JsonObject:
         """The FSDP2 unit inventory (docs/json.md "fsdp_units"): per unit, time and exposed time per step of
         each collective, with the unit's parameters where the run recorded them."""
+        from ddpdoctor.analyses.fsdp_replay import replay_prefetch
         from ddpdoctor.analyses.fsdp_table import unit_table
 
         steps = max((r.steps for r in self.ranks), default=0)
         rows = unit_table(self.fsdp, steps)
         record = {u.fqn: u for u in self.parallelism.fsdp2_units} if self.parallelism else {}
+        replay = replay_prefetch(self.fsdp)
+        ranks = len({c.rank for c in self.fsdp}) or 1
         for row in rows:
             u = record.get(str(row["unit"]))
             if u is not None:
                 row.update(params=u.numel, bytes=u.bytes, kind=u.kind, reshard_after_forward=u.reshard_after_forward)
-        return {"units": rows, "steps": steps}
+            if replay.predictable:  # docs/metrics.md#fsdp2-prefetch-replay
+                name = "" if row["unit"] == "(root)" else str(row["unit"])
+                row["forward_prefetch_saved_ms"] = replay.unit_saved_ms(name, "forward", steps, ranks)
+                row["backward_prefetch_saved_ms"] = replay.unit_saved_ms(name, "backward", steps, ranks)
+        return {"units": rows, "steps": steps, "prefetch_replay": replay.to_json(steps, ranks)}
 
 
 def _call_json(c: CollectiveCall) -> JsonObject:

@@ -102,6 +102,11 @@ class SyncAnalysis:
     steps_run: int = 0  # steps every rank completed (the data recorder may run past the window)
     layouts: LayoutCheck = field(default_factory=LayoutCheck)  # DTensor parameters' layouts across ranks
     nonfinite: list[NonFinite] = field(default_factory=list)  # grads, then params: where NaN/inf first appeared
+    # every optimizer's step count, which must be equal on every rank (optimizer_steps)
+    optimizer_steps: TensorCheck = field(default_factory=lambda: TensorCheck(kind="optimizer"))
+    optimizers: list[str] = field(default_factory=list)  # the lowest rank's optimizer classes, by index
+    # at the first step where the counts differ: rank -> [step() calls, min, max state['step']] of that optimizer
+    optimizer_step_values: dict[int, list[float | None]] = field(default_factory=dict)
 
 
 def _num(v: float | str) -> float:
@@ -136,11 +141,13 @@ def compare_fingerprints(a: Fingerprint, b: Fingerprint) -> tuple[bool, float, f
     return False, abs_diff, rel_diff
 
 
-Kind = Literal["grads", "params", "buffers"]
+Kind = Literal["grads", "params", "buffers", "optimizer_steps"]
+_LABEL = {"grads": "grad", "params": "param", "buffers": "buffer", "optimizer_steps": "optimizer"}
 
 
 def _rows(rec: SyncRecord, kind: Kind) -> list[SyncRow]:
-    return rec.grads if kind == "grads" else rec.params if kind == "params" else rec.buffers
+    return {"grads": rec.grads, "params": rec.params, "buffers": rec.buffers,
+            "optimizer_steps": rec.optimizer_steps}[kind]
 
 
 def _rows_by_key(records: dict[int, SyncRecord], kind: Kind) -> dict[tuple[int, int], dict[int, SyncRow]]:
@@ -155,14 +162,17 @@ def _rows_by_key(records: dict[int, SyncRecord], kind: Kind) -> dict[tuple[int, 
 EqualOver = tuple[tuple[int, ...], tuple[str, ...]] | tuple[()] | None
 
 
-def equal_over(module: SyncModule | None, j: int) -> EqualOver:
+def equal_over(module: SyncModule | None, j: int, kind: Kind = "params") -> EqualOver:
     """check-sync's one "must be equal across which ranks" map, as one rank recorded it for its tensor ``j``
     (probes/fingerprints.placement_map): a plain tensor, every rank (DDP's replicas, the optimizer's parameters);
     a DTensor sharded on every mesh dim, no rank (only its layout must agree: check_layouts); a DTensor
-    ``Replicate()`` over some mesh dims, the ranks that differ from this one only along those dims."""
-    if module is None or j >= len(module.param_equal_group):
+    ``Replicate()`` over some mesh dims, the ranks that differ from this one only along those dims. ``kind``:
+    the module's parameters or its buffers (the same map covers both)."""
+    groups = module.buffer_equal_group if module is not None and kind == "buffers" else (
+        module.param_equal_group if module is not None else [])
+    if module is None or j >= len(groups):
         return None
-    g = module.param_equal_group[j]
+    g = groups[j]
     if g is None:
         return None
     if g < 0 or g >= len(module.equal_groups):
@@ -171,13 +181,13 @@ def equal_over(module: SyncModule | None, j: int) -> EqualOver:
     return tuple(group.ranks), tuple(group.over)
 
 
-def _partition(by_rank: dict[int, SyncRow], modules: dict[int, SyncModule | None], j: int
+def _partition(by_rank: dict[int, SyncRow], modules: dict[int, SyncModule | None], j: int, kind: Kind
                ) -> list[tuple[list[int], list[str] | None]]:
     """The present ranks split into the groups that must agree on tensor ``j`` (each with its mesh dims)."""
     ranks = sorted(by_rank)
     parts: dict[tuple[int, ...], tuple[list[int], list[str] | None]] = {}
     for rank in ranks:
-        over = equal_over(modules.get(rank), j)
+        over = equal_over(modules.get(rank), j, kind)
         if over is None:
             parts.setdefault((), (ranks, None))
         elif over:
@@ -191,9 +201,10 @@ def check_tensors(records: dict[int, SyncRecord], kind: Kind, names: dict[int, l
     """Compare, at every (step, module) at least two ranks recorded, each tensor of every rank with the lowest
     rank's among those that must hold it equal (``equal_over``; every rank unless a DTensor's placements say
     otherwise). Linear in ranks x tensors: each rank is compared with one reference per tensor."""
-    label = {"grads": "grad", "params": "param", "buffers": "buffer"}[kind]
+    label = _LABEL[kind]
     check = TensorCheck(kind=label)
-    described = kind == "params"  # the placement map covers the optimizer's parameters
+    described = kind in ("params", "buffers")  # the placement map covers the parameters and buffers
+    exact = kind == "optimizer_steps"  # counts: one step apart is a divergence however many steps were taken
     for (step, module), by_rank in sorted(_rows_by_key(records, kind).items()):
         if len(by_rank) < 2:
             continue
@@ -202,7 +213,7 @@ def check_tensors(records: dict[int, SyncRecord], kind: Kind, names: dict[int, l
         module_names = names.get(module, [])
         width = len(by_rank[min(by_rank)].fp)  # the lowest rank's tensors, as ever
         for j in range(width):
-            for members, over in _partition(by_rank, modules, j):
+            for members, over in _partition(by_rank, modules, j, kind):
                 ref_rank = members[0]
                 ref_row = by_rank[ref_rank]
                 ref_fp = ref_row.fp[j] if j < len(ref_row.fp) else None
@@ -217,7 +228,7 @@ def check_tensors(records: dict[int, SyncRecord], kind: Kind, names: dict[int, l
                     if equal:
                         continue
                     worst_abs, worst_rel = max(worst_abs, abs_d), max(worst_rel, rel_d)
-                    (close if rel_d <= RTOL else bad).append(rank)
+                    (close if rel_d <= RTOL and not exact else bad).append(rank)
                 if not bad and not close:
                     continue
                 name = module_names[j] if j < len(module_names) else f"#{j}"
@@ -287,7 +298,7 @@ def _finite(fp: Fingerprint) -> bool:
 
 def find_nonfinite(records: dict[int, SyncRecord], kind: Kind, names: dict[int, list[str]]) -> NonFinite | None:
     """The first (step, module) at which any rank's fingerprint of ``kind`` holds NaN or inf."""
-    label = {"grads": "grad", "params": "param", "buffers": "buffer"}[kind]
+    label = _LABEL[kind]
     first: NonFinite | None = None
     steps: set[int] = set()
     for (step, module), by_rank in sorted(_rows_by_key(records, kind).items()):
@@ -314,6 +325,21 @@ def find_nonfinite(records: dict[int, SyncRecord], kind: Kind, names: dict[int, 
     return first
 
 
+def optimizer_step_values(records: dict[int, SyncRecord], step: int, index: int) -> dict[int, list[float | None]]:
+    """Each rank's [step() calls, min, max state['step']] of optimizer ``index`` at ``step``, read back from its
+    fingerprints (a 1-element tensor's sum is its value; a 2-element one's first and last samples are its two)."""
+    out: dict[int, list[float | None]] = {}
+    for rank, rec in sorted(records.items()):
+        row = next((r for r in rec.optimizer_steps if r.step == step and r.module == index), None)
+        if row is None:
+            continue
+        calls = row.fp[0] if row.fp else None
+        state = row.fp[1] if len(row.fp) > 1 else None
+        out[rank] = [_num(calls[1]) if calls else None,
+                     *([_num(state[3]), _num(state[6])] if state and _num(state[0]) == 2 else [None, None])]
+    return out
+
+
 def analyze_sync(records: dict[int, SyncRecord]) -> SyncAnalysis:
     """``records``: rank -> that rank's sync.json."""
     ranks = sorted(records)
@@ -334,6 +360,10 @@ def analyze_sync(records: dict[int, SyncRecord]) -> SyncAnalysis:
     steps = [int(rec.steps_completed or 0) for rec in records.values()]
     # Fingerprints stop after --steps (or after MAX_CHECKED_STEPS=200 with --steps 0).
     window = max(int(rec.stop_after or 0) for rec in records.values()) or 200
+    optimizers = list(records[ranks[0]].optimizers) if ranks else []
+    opt_names = {i: [f"{cls}.step() calls", f"{cls} state['step']"] for i, cls in enumerate(optimizers)}
+    opt_check = check_tensors(records, "optimizer_steps", opt_names)
+    first = opt_check.diverged[0] if opt_check.diverged else None
     return SyncAnalysis(
         ranks=ranks,
         modules=modules,
@@ -350,4 +380,7 @@ def analyze_sync(records: dict[int, SyncRecord]) -> SyncAnalysis:
         layouts=check_layouts(records),
         nonfinite=[nf for nf in (find_nonfinite(records, "grads", names), find_nonfinite(records, "params", names))
                    if nf is not None],
+        optimizer_steps=opt_check,
+        optimizers=optimizers,
+        optimizer_step_values=optimizer_step_values(records, first.step, first.module) if first else {},
     )

@@ -110,6 +110,7 @@ CATALOG: tuple[FindingKind, ...] = (
     K("param-divergence", "sync", "EI", "ddpdoctor.findings.sync"),
     K("buffer-divergence", "sync", "EWI", "ddpdoctor.findings.sync"),
     K("shard-layout-differs", "sync", "E", "ddpdoctor.findings.sync"),
+    K("optimizer-steps-differ", "sync", "E", "ddpdoctor.findings.sync"),
     K("nothing-compared", "sync", "W", "ddpdoctor.findings.sync"),
     K("grads-never-synced", "sync", "E", "ddpdoctor.findings.sync"),
     K("nonfinite-values", "sync", "E", "ddpdoctor.findings.sync"),

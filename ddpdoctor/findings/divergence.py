@@ -10,6 +10,11 @@ from ddpdoctor.findings.model import Finding, Severity
 ADVICE = {
     "loss": "A NaN/inf loss on one rank is all-reduced into every replica: find why that rank's batch or state "
             "differs (its data, a division by a zero count, an overflow); stop on it with `--on-divergence stop`.",
+    "dry": "One rank's training DataLoader ran out first: its shard or loader is shorter. Give every rank as many "
+           "batches (DistributedSampler, drop_last=True), or let the ranks that run out join the others "
+           "(torch.distributed.algorithms.Join).",
+    "epoch": "The ranks read different epochs of their training DataLoader: a shorter shard restarted first, or an "
+             "epoch counter kept per rank; give every rank as many batches and drive epochs by one shared count.",
     "opt": "One rank took a different number of optimizer steps: a rank-local decision (a NaN check, a loss "
            "threshold, a scaler) must be made on all-reduced values, so every rank decides the same.",
     "colls": "One rank issued a different number of collectives in this step: a rank-local `continue`, a skipped "

@@ -42,6 +42,9 @@ class RankPosition:
     call_site: str | None = None
     exit_code: int | None = None
     unit: str | None = None  # the FSDP2 unit whose collective it waits in
+    # Completed steps when its training DataLoader raised StopIteration, if it drew no batch since
+    # (probes/data_position.py): positive evidence that it left its training loop because its data ended.
+    data_dry: int | None = None
 
 
 @dataclass
@@ -75,11 +78,21 @@ def _position_json(p: RankPosition) -> PositionDoc:
                         "exit_code": p.exit_code}
     if p.unit:
         out["unit"] = p.unit
+    if p.data_dry is not None:
+        out["data_dry"] = p.data_dry
     return out
 
 
 def position(rank: int, beat: Beat | None, exit_info: RankExitDoc | None) -> RankPosition:
     """One rank's position from its last heartbeat (and its exit message, when it ended)."""
+    p = _position(rank, beat, exit_info)
+    dry = beat.get("data_dry") if beat is not None else None
+    if type(dry) is int:
+        p.data_dry = dry
+    return p
+
+
+def _position(rank: int, beat: Beat | None, exit_info: RankExitDoc | None) -> RankPosition:
     if exit_info is not None:
         b: Beat = beat or {}
         last: CollectiveState = b.get("last_collective") or {}
@@ -117,8 +130,13 @@ def diagnose_hang(positions: dict[int, RankPosition], stalled: list[int]) -> Han
 
     gone = sorted(r for r, p in positions.items() if p.state in ("exited", "no-heartbeat"))
     if gone and inside:
+        dry = [r for r in gone if _ran_dry(positions[r])]
         return diag("rank-exited", gone, f"rank(s) {gone} left (or never reported) while rank(s) {sorted(inside)} "
-                    f"wait in {_describe(waiting_on)}")
+                    f"wait in {_describe(waiting_on)}" + (f"; rank(s) {dry} left after their training DataLoader "
+                                                          "ran dry (StopIteration)" if dry else ""))
+    exhausted = _loader_exhausted(positions, inside)
+    if exhausted is not None:
+        return diag(*exhausted, coll=_collective_of([p for r, p in inside.items() if r not in exhausted[1]]))
     outside = sorted(r for r, p in positions.items() if p.state == "outside-collective")
     if outside and inside:
         return diag("outside-collective", outside, f"rank(s) {outside} are outside any collective while rank(s) "
@@ -146,9 +164,15 @@ def diagnose_hang(positions: dict[int, RankPosition], stalled: list[int]) -> Han
                 # The ranks still in DDP's per-step all-reduce are where training should be; the others
                 # left the loop early (fewer batches) or called an extra collective.
                 culprits = sorted(set(inside) - in_ddp)
+            parted = _fsdp_parted(inside) if n == len(inside) - n else None
+            if parted is not None:
+                culprits = parted
             waiting_on = _collective_of([p for r, p in inside.items() if r not in culprits]) or waiting_on
             ps = list(inside.values())
             differs = [f for f in ("op", "group", "sizes") if len({repr(getattr(p, f)) for p in ps}) > 1]
+            if _units_differ(inside):
+                return diag("mismatch", culprits, _parted_reason(inside, culprits, parted is not None), differs,
+                            coll=waiting_on)
             if in_ddp and _out_of_data(inside, culprits, in_ddp):
                 step = inside[culprits[0]].step
                 # Said as a possibility, not as the kind: an extra barrier at the top of the loop looks the same
@@ -164,6 +188,80 @@ def diagnose_hang(positions: dict[int, RankPosition], stalled: list[int]) -> Han
                         differs, coll=waiting_on)
     return diag("unknown", [], "every rank is in the same state; no culprit can be told apart "
                 "(a slow or broken network, a deadlock in the script, or a collective every rank is waiting in)")
+
+
+def _ran_dry(p: RankPosition) -> bool:
+    return p.data_dry is not None and p.data_dry == p.step
+
+
+def _loader_exhausted(positions: dict[int, RankPosition], inside: dict[int, RankPosition]
+                      ) -> tuple[str, list[int], str] | None:
+    """Some live ranks' training DataLoader ran dry (StopIteration, at the step they are in, no batch drawn since)
+    while the others, whose loaders did not, wait in a collective: the dry ones left their training loop first (a
+    shorter shard or loader). Grounded in the loader's own StopIteration, never in where a rank waits: an extra
+    barrier at the top of the loop is not this (tests/e2e/test_multinode.py)."""
+    dry = sorted(r for r, p in positions.items() if _ran_dry(p))
+    rest = [r for r in positions if r not in dry]
+    # The others' loaders did not run dry (none at an earlier step either: that could be a loader read again).
+    if not dry or not rest or any(r not in inside or positions[r].data_dry is not None for r in rest):
+        return None
+    where = ", ".join(sorted({_describe_position(positions[r]) if positions[r].state == "in-collective"
+                              else f"{positions[r].phase or 'its code'} outside any collective" for r in dry}))
+    steps = sorted({positions[r].data_dry or 0 for r in dry})
+    return ("loader-exhausted", dry, f"rank(s) {dry}: their training DataLoader ran dry (StopIteration) after step "
+            f"{', '.join(map(str, steps))} and they left the training loop into {where}, while rank(s) {sorted(rest)}, "
+            f"whose loaders still had data, wait in {_describe(_collective_of([inside[r] for r in rest]))}: a "
+            "shorter data shard or loader on the first (split the data evenly: DistributedSampler, drop_last, or "
+            "torch.distributed.algorithms.Join)")
+
+
+# -- FSDP2: ranks that took another path through the units (saforem2/ezpz#242) -------------------------------------
+_PASS = {"forward": 0, "backward": 1}
+
+
+def _units_differ(inside: dict[int, RankPosition]) -> bool:
+    """Every rank waits in an FSDP2 unit's collective (the collective source named it), and not all in the same."""
+    units = {p.unit for p in inside.values()}
+    return None not in units and len(units) > 1
+
+
+def _program_point(p: RankPosition) -> tuple[int, int] | None:
+    """Where in the job a rank's FSDP2 collective is: (step, forward 0 / backward 1); None when the phase says
+    neither."""
+    if p.step is None or p.phase not in _PASS:
+        return None
+    return p.step, _PASS[p.phase]
+
+
+def _fsdp_parted(inside: dict[int, RankPosition]) -> list[int] | None:
+    """On a tie (as many ranks on each side), ranks in FSDP2 units' collectives at the same collective number but at
+    other points of the job: the ranks further on (a later step, or backward where the others are still in forward)
+    went past the collectives the others wait in, so they skipped them (a unit frozen or skipped on those ranks).
+    None when that cannot be told (no unit named, the same step and pass, a phase that is neither)."""
+    if not _units_differ(inside):
+        return None
+    points = {r: _program_point(p) for r, p in inside.items()}
+    known = {r: pt for r, pt in points.items() if pt is not None}
+    if len(known) < len(points) or len(set(known.values())) < 2:
+        return None
+    last = max(known.values())
+    return sorted(r for r, pt in known.items() if pt == last)
+
+
+def _parted_reason(inside: dict[int, RankPosition], culprits: list[int], ordered: bool) -> str:
+    """The reason of a mismatch in FSDP2 units' collectives: where the ranks parted, and which went on."""
+    def where(p: RankPosition) -> str:
+        return f"{p.unit} (step {p.step}, {p.phase}; {p.op} #{p.seq} on {p.group})"
+
+    waiting = sorted(r for r in inside if r not in culprits)
+    if ordered and waiting:
+        w, c = inside[waiting[0]], inside[culprits[0]]
+        return (f"the ranks parted at {where(w)}: rank(s) {waiting} wait in it while rank(s) {culprits} went on "
+                f"to {where(c)} at the same collective number, without it: a unit skipped, frozen "
+                "(requires_grad=False) or built differently on those ranks")
+    return ("the ranks parted between FSDP2 units at the same collective number: "
+            + ", ".join(f"rank {r}: {where(p)}" for r, p in sorted(inside.items()))
+            + ": a unit skipped, frozen or built differently on some ranks")
 
 
 def _out_of_data(inside: dict[int, RankPosition], culprits: list[int], in_ddp: set[int]) -> bool:
@@ -318,13 +416,13 @@ def reconcile(d: HangDiagnosis, stacks: Mapping[int, str | None], dumps: Mapping
         if p.state == "in-collective" and p.op in generic and v is not None and p.group in v.pending:
             named = v.pending[p.group]  # a wait the heartbeat saw but had not named yet: the dump names it
             pos[r] = RankPosition(r, "in-collective", p.phase, p.step, named.op, p.group, named.seq, named.sizes,
-                                  p.call_site, unit=p.unit)
+                                  p.call_site, unit=p.unit, data_dry=p.data_dry)
             changed = True
         elif p.state == "outside-collective" and st == "collective":
             wait = _pending_of(v)
             pos[r] = RankPosition(r, "in-collective", p.phase, p.step, wait.op if wait else "collective (stack)",
                                   wait.group if wait else None, wait.seq if wait else None,
-                                  wait.sizes if wait else [], p.call_site)
+                                  wait.sizes if wait else [], p.call_site, data_dry=p.data_dry)
             changed = True
     out = diagnose_hang(pos, d.stalled_ranks) if changed else d
     if out.kind == "unknown":
@@ -360,7 +458,7 @@ def _behind(pos: dict[int, RankPosition], views: dict[int, FlightView | None]) -
     for r, p in waiting.items():
         if p is not None and pos[r].state != "in-collective":
             newpos[r] = RankPosition(r, "in-collective", pos[r].phase, pos[r].step, p.op, p.group, p.seq, p.sizes,
-                                     pos[r].call_site)
+                                     pos[r].call_site, data_dry=pos[r].data_dry)
     return HangDiagnosis("seq-behind", sorted(p for p in pos if pos[p].state != "exited"), behind, coll, newpos,
                          f"rank(s) {behind} never launched {_describe(coll)}, which rank(s) {sorted(waiting)} wait in "
                          f"(Flight Recorder: their last completed collective on {w.group} is below #{w.seq})")
@@ -419,6 +517,16 @@ HANG_ADVICE = {
 }
 
 
+FSDP_PARTED_ADVICE = (
+    "Every rank must run the same fully_shard units in the same order every step: FSDP2 all-gathers a unit's "
+    "parameters before its forward and backward and reduce-scatters its gradients after, so a unit one rank skips "
+    "(a branch on rank-local data: an early exit, a mixture-of-experts route, a layer count that differs), or "
+    "freezes there only (requires_grad=False: FSDP2 then skips its reduce-scatter), leaves the others waiting in "
+    "that unit's collective. Take such decisions from a value every rank shares (all-reduce it first), freeze the "
+    "same parameters on every rank, and run every unit on every rank (with a zero contribution where it is "
+    "unused).")
+
+
 def hang_findings(hang: HangDoc, debug: bool = False, aborted_mismatch: Finding | None = None) -> list[Finding]:
     """``hang`` is RUN/hang.json as the monitor wrote it. ``aborted_mismatch``: the collective-mismatch that
     findings/crash.py read from a gloo abort and whose culprits it told apart (evidence ``culprit_ranks``): the ranks
@@ -437,6 +545,9 @@ def hang_findings(hang: HangDoc, debug: bool = False, aborted_mismatch: Finding 
         reason = (f"a collective mismatch: rank(s) {culprits} ran another collective (gloo aborted a rank that "
                   f"received its bytes); rank(s) {ended} ended with that abort, rank(s) {waiting} still wait")
     advice = HANG_ADVICE.get(kind, HANG_ADVICE["unknown"])
+    units = {p.get("unit") for p in positions.values() if p.get("state") == "in-collective"}
+    if kind == "mismatch" and None not in units and len(units) > 1:
+        advice = FSDP_PARTED_ADVICE
     if not debug:
         advice += " Rerun with `ddpdoctor run --debug` for TORCH_DISTRIBUTED_DEBUG=DETAIL's collective checks."
     out = [hang_finding(
@@ -458,8 +569,12 @@ def hang_findings(hang: HangDoc, debug: bool = False, aborted_mismatch: Finding 
 
 def _at(p: PositionDoc) -> CollectiveState:
     """A rank's position in hang.json as the collective it is in (the keys a mismatch's evidence shows)."""
-    return {"op": p.get("op"), "group": p.get("group"), "seq": p.get("seq"), "sizes": p.get("sizes"),
-            "call_site": p.get("call_site")}
+    out: CollectiveState = {"op": p.get("op"), "group": p.get("group"), "seq": p.get("seq"), "sizes": p.get("sizes"),
+                            "call_site": p.get("call_site")}
+    unit = p.get("unit")
+    if unit:
+        out["unit"] = unit
+    return out
 
 
 class GlooSizes(TypedDict):
@@ -491,7 +606,8 @@ def _grouped(colls: Mapping[int, CollectiveState]) -> str:
     """"ranks 0, 1, 3 all_reduce [[1]] at x.py:9, rank 2 ...": ranks in the same collective said once (linear)."""
     groups: dict[str, list[int]] = {}
     for r, c in sorted(colls.items()):
-        groups.setdefault(f"{c.get('op')} {c.get('sizes') or ''} at {c.get('call_site')}", []).append(r)
+        unit = f" in {c.get('unit')}" if c.get("unit") else ""
+        groups.setdefault(f"{c.get('op')} {c.get('sizes') or ''}{unit} at {c.get('call_site')}", []).append(r)
     return ", ".join(f"rank{'s' if len(rs) > 1 else ''} {', '.join(map(str, rs))} {what}" for what, rs in groups.items())
 
 
@@ -515,7 +631,8 @@ def mismatch_finding(colls: Mapping[int, CollectiveState], differs: list[str], d
         ranks=sorted(culprits) if culprits is not None else sorted(colls),
         evidence={
             "ranks": sorted(colls), "differs": differs,
-            "collectives": {str(r): {k: c.get(k) for k in ("op", "group", "seq", "sizes")} for r, c in colls.items()},
+            "collectives": {str(r): {k: c.get(k) for k in ("op", "group", "seq", "sizes", "unit") if k != "unit"
+                                     or c.get(k)} for r, c in colls.items()},
             "call_sites": {str(r): c.get("call_site") for r, c in colls.items()},
             **({"gloo_sizes": gloo_detail} if gloo_detail else {}),
             **({"culprit_ranks": sorted(culprits), "why": why} if culprits is not None else {}),

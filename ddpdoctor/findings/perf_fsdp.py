@@ -8,6 +8,7 @@ from __future__ import annotations
 import statistics
 from collections import defaultdict
 
+from ddpdoctor.analyses.fsdp_replay import replay_prefetch
 from ddpdoctor.analyses.results import Analysis, UnitCollective
 from ddpdoctor.findings.model import Finding, Severity
 from ddpdoctor.jsontypes import JsonObject
@@ -60,6 +61,17 @@ def fsdp_findings(a: Analysis) -> list[Finding]:
             "first_unit": (first[0].unit or "(root)") if first else None,
             "synchronous": all(r.synchronous for r in late),
         }
+        replay = replay_prefetch(rows)
+        if replay.predictable:  # docs/metrics.md#fsdp2-prefetch-replay
+            saved = replay.to_json(steps, ranks)
+            evidence["predicted_saved_ms_per_step"] = saved["forward_saved_ms"]
+            evidence["predicted_by_unit_ms"] = {
+                u: replay.unit_saved_ms("" if u == "(root)" else u, "forward", steps, ranks) for u in names[:SHOWN]}
+        else:
+            evidence["prediction"] = replay.reason
+        predicted = (f" A replay of FSDP2's schedule from this run's times predicts one-deep forward prefetch saves "
+                     f"{evidence['predicted_saved_ms_per_step']:.2f} ms per step (docs/metrics.md#fsdp2-prefetch-"
+                     "replay)." if replay.predictable else "")
         sync_note = (" On this device FSDP2 issues its all-gathers with async_op=False (CPU has no streams): a "
                      "prefetched all-gather still makes the main thread wait, so prefetch alone moves the wait "
                      "rather than hiding it; on GPU it runs on FSDP's all-gather stream beside compute."
@@ -76,7 +88,7 @@ def fsdp_findings(a: Analysis) -> list[Finding]:
                    f"({first_ms:.2f} ms per step) is unavoidable: nothing runs before it. Fewer, larger units "
                    "(fully_shard on blocks rather than single layers) also cut the per-collective latency; "
                    "`reshard_after_forward=False` on the last units saves their backward all-gather at the cost "
-                   "of memory." + sync_note,
+                   "of memory." + predicted + sync_note,
         ))
     waited = [r for r in rows if r.synchronous and r.exposed_us > 0 and not r.first and r not in late]
     waited_ms = _per_step_ms(waited, steps, ranks)

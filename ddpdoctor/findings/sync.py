@@ -73,7 +73,8 @@ _REPLICATE_ADVICE = (
 
 def _nothing_compared(analysis: SyncAnalysis) -> list[Finding]:
     """Zero comparisons is not a pass: say that nothing was checked, and why, instead of `ok`."""
-    compared = analysis.grads.comparisons + analysis.params.comparisons + analysis.buffers.comparisons
+    compared = (analysis.grads.comparisons + analysis.params.comparisons + analysis.buffers.comparisons
+                + analysis.optimizer_steps.comparisons)
     eq = analysis.equivalence
     if compared or analysis.layouts.comparisons or len(analysis.ranks) < 2 or (eq is not None and eq.relative_error):
         return []
@@ -142,6 +143,8 @@ def _buffer_findings(analysis: SyncAnalysis) -> list[Finding]:
     first = [d for d in check.diverged if d.step == step]
     mod = modules.get(first[0].module)
     bn = set(mod.batchnorm_buffers if mod else [])
+    if mod is not None and mod.ddp is False and not any(d.over for d in first):
+        return [_buffer_finding_without_ddp(check, all(d.name in bn for d in first))]
     # DDP's default (broadcast_buffers=True) when the module did not say
     broadcast = mod is None or mod.broadcast_buffers is None or mod.broadcast_buffers
     unsynced = not broadcast or not analysis.buffer_sync_by_ddp.get(first[0].module, True)
@@ -164,6 +167,66 @@ def _buffer_findings(analysis: SyncAnalysis) -> list[Finding]:
         advice = ("Something changed buffers on one rank between DDP's broadcast and the forward (a forward pre-hook, "
                   "a rank-dependent branch): find the code that writes them.")
     return [Finding("buffer-divergence", f.severity, title, ranks=f.ranks, evidence=evidence, advice=advice)]
+
+
+def _buffer_finding_without_ddp(check: TensorCheck, batchnorm: bool) -> Finding:
+    """Buffers that differ in a job without DDP (FSDP2, DTensor): nothing broadcasts buffers there."""
+    f = _divergence_finding(check, "buffer-divergence", Severity.WARNING if batchnorm else Severity.ERROR, set())
+    step = f.evidence.get("step")
+    evidence = dict(f.evidence, ddp=False, batchnorm=batchnorm)
+    if batchnorm:
+        return Finding(
+            "buffer-divergence", Severity.WARNING,
+            f"BatchNorm running statistics drift apart across ranks from step {step} (no DDP: nothing broadcasts "
+            "buffers)", ranks=f.ranks, evidence=evidence,
+            advice="fully_shard shards parameters, never buffers, and no one broadcasts them: each rank updates "
+                   "running_mean/running_var from its own batches. Training is unaffected (BatchNorm in train mode "
+                   "uses the batch's statistics), but each rank would evaluate a different model and a checkpoint "
+                   "keeps one rank's statistics. Use SyncBatchNorm, or all-reduce the buffers before evaluating or "
+                   "saving.")
+    return Finding(
+        "buffer-divergence", Severity.ERROR,
+        f"Buffers differ across ranks from step {step}: {', '.join(f.evidence.get('buffers') or [])} (no DDP: "
+        "nothing broadcasts buffers, so the ranks ran their forwards with other values)",
+        ranks=f.ranks, evidence=evidence,
+        advice="fully_shard (FSDP2) and DTensor shard or replicate parameters and leave buffers as each rank made "
+               "them: no broadcast keeps them equal, and the gradients the ranks reduce together then come from "
+               "different models. Find the code that writes the buffer on one rank (a rank-dependent "
+               "initialisation, a checkpoint or state loaded on one rank only, an in-place update in forward "
+               "computed from this rank's batch), or broadcast the buffers from rank 0 once before training.")
+
+
+def _optimizer_step_findings(analysis: SyncAnalysis) -> list[Finding]:
+    """An optimizer that took another number of steps on some rank: that rank's parameters (its shard, under
+    FSDP2, where no other rank holds the same values to compare) are updates behind or ahead."""
+    check = analysis.optimizer_steps
+    if not check.diverged:
+        return []
+    d = check.diverged[0]
+    ranks = sorted({r for x in check.diverged if x.step == d.step for r in x.ranks})
+    cls = analysis.optimizers[d.module] if d.module < len(analysis.optimizers) else "optimizer"
+    values = analysis.optimizer_step_values
+
+    def calls(rank: int) -> str:
+        v = values.get(rank, [None])[0]
+        return "?" if v is None else str(int(v))
+
+    title = (f"The optimizer ({cls}) took another number of steps on rank{'s' if len(ranks) > 1 else ''} "
+             f"{', '.join(map(str, ranks))} than on rank {d.reference_rank} from step {d.step}: "
+             f"{calls(ranks[0])} step() call(s) against {calls(d.reference_rank)}")
+    return [Finding(
+        "optimizer-steps-differ", Severity.ERROR, title, ranks=ranks,
+        evidence={"step": d.step, "optimizer": cls, "optimizer_index": d.module, "reference_rank": d.reference_rank,
+                  "differs": d.name, "steps_diverged": sorted({x.step for x in check.diverged})[:20],
+                  "step_calls": {str(r): (None if v[0] is None else int(v[0])) for r, v in values.items()},
+                  "state_step_min_max": {str(r): v[1:] for r, v in values.items()}},
+        advice="Every rank must call optimizer.step() together. A step skipped on one rank (a rank-local test of "
+               "the loss or the gradient norm: under FSDP2 each rank sees only its own shard's norm) leaves that "
+               "rank's parameters, or its shard of them, an update behind and Adam's bias correction out of step; "
+               "no other rank holds a sharded parameter's values, so nothing else shows it. Decide a skip on every "
+               "rank together (all-reduce the flag, as torch's ShardedGradScaler does with found_inf), and compute "
+               "a clipping norm over the whole model (torch.nn.utils.clip_grad_norm_ on DTensor gradients does).",
+    )]
 
 
 def _nonfinite_findings(analysis: SyncAnalysis) -> list[Finding]:
@@ -207,6 +270,7 @@ def sync_findings(analysis: SyncAnalysis) -> list[Finding]:
             findings.append(_tolerance_finding(check, id_))
     findings.extend(_nonfinite_findings(analysis))
     findings.extend(_buffer_findings(analysis))
+    findings.extend(_optimizer_step_findings(analysis))
     findings.extend(_layout_findings(analysis))
     findings.extend(_nothing_compared(analysis))
     if analysis.never_synced:

@@ -22,6 +22,7 @@ from typing import Any, Protocol
 
 from ddpdoctor.job import grouping, state
 from ddpdoctor.job.capture_relay import CaptureRequest, HeadCaptures, NodeCaptures
+from ddpdoctor.job.divergence_relay import WORD, DivergenceRelay
 from ddpdoctor.job.record import LongStall, RankRecord
 from ddpdoctor.job.relay import HeadRelay, NodeRelay
 from ddpdoctor.job.role import JobRole, NodeInfo
@@ -105,6 +106,8 @@ class JobAgent:
         self._contact = 0.0  # when the head's store last answered this node
         self._relay, self._head_relay = NodeRelay(), HeadRelay()  # live health job-wide (job/relay.py)
         self._relay_lock = threading.Lock()
+        # The ranks' per-step fingerprints job-wide (job/divergence_relay.py): the nodes relay, the head judges.
+        self.fingerprints = DivergenceRelay(role.node_rank, role.is_head)
         # `ddpdoctor capture` job-wide (job/capture_relay.py): the head forwards, the nodes send their windows back.
         self._node_caps = NodeCaptures(role.node_rank, run_root)
         self._head_caps = HeadCaptures(run_root) if role.is_head else None
@@ -147,6 +150,7 @@ class JobAgent:
                 live = self._relay.payload(self.seq)
             if live is not None:
                 self.store.put(f"live/{self.role.node_rank}", live)
+            self.fingerprints.publish(self.store, force=True)  # again what the head has not acknowledged
 
     def _connect(self) -> None:
         while self.store is None and not self._stop.is_set():
@@ -166,6 +170,7 @@ class JobAgent:
                 if now >= next_beat or sig != sent:
                     self.publish()
                     sent, next_beat = sig, now + PUBLISH_S
+                self._fingerprints_tick()
                 if now >= next_poll:
                     # The head's requests (stacks after a hang, captures) and verdict: twice a second, a few small
                     # requests; the head takes the windows the nodes sent back.
@@ -182,9 +187,25 @@ class JobAgent:
                 pass  # the head went away or is restarting: keep the ranks watched locally, try again
             self._stop.wait(TICK_S)
 
+    def _fingerprints_tick(self) -> None:
+        """Every tick (0.1 s): a node puts its ranks' new records; in stop mode it reads the head's word (its ranks
+        hold their optimizer step for it); the head puts its word."""
+        if self.store is None:
+            return
+        fp = self.fingerprints
+        if self.is_head:
+            fp.put_word(self.store)
+            return
+        fp.publish(self.store)
+        if fp.stop_mode:
+            fp.deliver(self.store.get(WORD), self.monitor)
+
     def _poll_head(self) -> None:
         assert self.store is not None
-        got = self.store.get_many(["req", "verdict", "busy", "capture", f"live-ack/{self.role.node_rank}"])
+        me = self.role.node_rank
+        got = self.store.get_many(["req", "verdict", "busy", "capture", f"live-ack/{me}", f"fp-ack/{me}", WORD])
+        self.fingerprints.acked(got.get(f"fp-ack/{me}"))
+        self.fingerprints.deliver(got.get(WORD), self.monitor)
         for creq in self._node_caps.new_requests(got.get("capture")):
             self.monitor.deliver(creq)
         with self._relay_lock:
@@ -238,6 +259,8 @@ class JobAgent:
         if not self.is_head and msg.get("type") == "beat":
             with self._relay_lock:
                 self._relay.add(rank, msg.pop("steps", None), msg.get("phase"))
+        elif not self.is_head and msg.get("type") == "fp":
+            self.fingerprints.add(rank, msg.get("fp"))
 
     def decide(self, monitor: Any, job: Any, now: float) -> None:
         """HangMonitor.decider: the head decides for the job; another node acts on the head's verdict."""
@@ -317,6 +340,11 @@ class JobAgent:
                       None, extra)
 
     def _decide(self, job_started: float) -> None:
+        if self.store is not None and (self.fingerprints.stop_mode or time.time() - self._read_at >= READ_EVERY_S):
+            try:  # in stop mode every poll (0.1 s): the ranks hold their optimizer step for the judge's word
+                self.fingerprints.take(self.store, list(self.nodes), self.monitor)
+            except (RuntimeError, OSError, ValueError):
+                pass
         if time.time() - self._read_at < READ_EVERY_S:
             return
         self._read_at = time.time()
@@ -688,6 +716,10 @@ def attach_agent(role: JobRole, watcher: Any, run_root: Path) -> JobAgent | None
     except JobStoreError as exc:
         raise BadInput(str(exc), run_root) from exc
     watcher.plugins.insert(0, agent)  # before the live watch: a node relays its ranks' steps (on_message)
+    for plugin in watcher.plugins:  # the divergence watch (job/divergence.py) judges on the head only
+        join = getattr(plugin, "join_job", None)
+        if join is not None:
+            join(agent.fingerprints)
     watcher.decider = agent.decide
     watcher.writes_run_files = role.is_head
     return agent

@@ -8,16 +8,34 @@ that equals the job's last agreed record is the job's, else the side with a fini
 
 from __future__ import annotations
 
+import threading
 import time
+import zlib
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TypedDict
 
 from ddpdoctor.rundir.layout import write_json
 
+MODE_ENV = "DDPDOCTOR_ON_DIVERGENCE"  # the ranks' probes/divergence.py reads it (warn | stop)
 WINDOW = 512  # steps kept while some rank has not reported them yet (a rank that ended early never will)
 MAX_RANKS_SHOWN = 64
-FIELDS = ("colls", "ops", "opt", "loss", "graphs")  # a record is [step, key, *FIELDS]
+# A record is [step, key, *FIELDS, *INFO] (probes/divergence.py builds it): ``key`` is a CRC of FIELDS, what the
+# ranks must agree on; INFO only explains a difference (a last uneven batch under Join differs there by design).
+FIELDS = ("colls", "ops", "opt", "loss", "graphs", "epoch", "dry")
+INFO = ("batches", "left", "recompiles", "breaks")
+MAX_REASON = 300  # characters of a record's ``why`` (why torch.compile compiled in that step)
+
+
+class RecordExtra(TypedDict, total=False):
+    """A record's optional last element, only in a step that needs it (probes/divergence.py)."""
+
+    why: str  # torch.compile compiled in this step: the guard that failed, the graph break's message
+    calls: list[str]  # this step's public collectives ("op|sizes|dtype|reduce op") when they changed
+
+
+def record_key(colls: int, ops: int, opt: int, loss: int, graphs: int, epoch: int = -1, dry: int = 0) -> int:
+    return zlib.crc32(f"{colls},{ops},{opt},{loss},{graphs},{epoch},{dry}".encode())
 
 
 class DivergenceItem(TypedDict):
@@ -56,9 +74,45 @@ class _Step:
 
 
 def valid(rec: Any) -> list[int] | None:
-    if isinstance(rec, list) and len(rec) == 2 + len(FIELDS) and all(type(v) is int for v in rec):
-        return rec
-    return None
+    """The record's numbers, checked; its optional last element (a dict) is read by ``record_reason`` and
+    ``record_calls``."""
+    n = 2 + len(FIELDS) + len(INFO)
+    if not isinstance(rec, list) or len(rec) not in (n, n + 1) or (len(rec) == n + 1 and not isinstance(rec[n], dict)):
+        return None
+    return rec if all(type(v) is int for v in rec[:n]) else None
+
+
+def _extra(rec: list[Any]) -> dict[str, object]:
+    n = 2 + len(FIELDS) + len(INFO)
+    return rec[n] if len(rec) > n and isinstance(rec[n], dict) else {}
+
+
+def record_reason(rec: list[Any]) -> str | None:
+    why = _extra(rec).get("why")
+    return str(why)[:MAX_REASON] if why else None
+
+
+def record_calls(rec: list[Any]) -> list[str] | None:
+    """The step's public collectives as the rank saw them ("op|sizes|dtype|reduce op"), when the record has them."""
+    calls = _extra(rec).get("calls")
+    return [str(c)[:200] for c in calls[:8]] if isinstance(calls, list) else None
+
+
+def _first_call_difference(step: int, theirs: list[str] | None, others: list[str] | None) -> str:
+    def show(c: str) -> str:
+        op, sizes, dtype, red = (c.split("|") + ["", "", ""])[:4]
+        return f"{op} sizes {sizes}" + (f" {dtype}" if dtype else "") + (f" op {red}" if red and red != "None" else "")
+
+    if theirs is None:
+        return ""
+    if others is None:
+        return f": its calls in step {step}: " + "; ".join(map(show, theirs)) if theirs else ""
+    for i in range(max(len(theirs), len(others))):
+        a = theirs[i] if i < len(theirs) else None
+        b = others[i] if i < len(others) else None
+        if a != b:
+            return f": call {i + 1} of step {step}: {show(a) if a else 'none'}, the other ranks {show(b) if b else 'none'}"
+    return ""
 
 
 class DivergenceJudge:
@@ -104,18 +158,27 @@ class DivergenceJudge:
 
         keys = sorted(st.by_key, key=rank_of)
         job_key = keys[0]
-        job = dict(zip(FIELDS, st.example[job_key][2:], strict=True))
+        job = dict(zip(FIELDS + INFO, st.example[job_key][2:2 + len(FIELDS) + len(INFO)], strict=True))
         items: list[DivergenceItem] = []
         diverged: list[int] = []
         for key in keys[1:]:
             ranks = sorted(st.by_key[key])
             diverged.extend(ranks)
-            theirs = dict(zip(FIELDS, st.example[key][2:], strict=True))
-            items.extend(_items(step, ranks, theirs, job))
+            theirs = dict(zip(FIELDS + INFO, st.example[key][2:2 + len(FIELDS) + len(INFO)], strict=True))
+            items.extend(_items(step, ranks, theirs, job, record_reason(st.example[key]),
+                                record_reason(st.example[job_key]),
+                                _first_call_difference(step, record_calls(st.example[key]),
+                                                       record_calls(st.example[job_key]))))
         diverged.sort()
         reason = items[0]["text"] if items else f"ranks {diverged[:8]} differ at step {step}"
         if len(diverged) == len(st.by_key[job_key]):
-            reason += " (as many ranks on each side: the side named is the one that changed from the last agreed step)"
+            job_ex = st.example[job_key]
+            reason += (" (as many ranks on each side: the side named is the one that changed from the last agreed step)"
+                       if job_key == agreed_key else
+                       " (as many ranks on each side: the side named is the one whose loss went non-finite)"
+                       if job_ex[5] != 0 and any(st.example[k][5] == 0 for k in keys[1:]) else
+                       " (as many ranks on each side, both changed from the last agreed step: the side of the higher "
+                       "rank is named; either may be the one at fault)")
         return {"step": step, "ranks": diverged[:MAX_RANKS_SHOWN], "ranks_count": len(diverged),
                 "others_count": len(st.by_key[job_key]), "job": job, "items": items[:8], "reason": reason,
                 "detected_at": time.time(), "after_first_record_s": round(time.time() - st.first_at, 3)}
@@ -126,9 +189,10 @@ def _who(ranks: list[int]) -> str:
     return ("rank " if len(ranks) == 1 else "ranks ") + shown
 
 
-def _items(step: int, ranks: list[int], theirs: dict[str, int], job: dict[str, int]) -> list[DivergenceItem]:
-    """The fields that differ, most telling first: a non-finite loss, optimizer steps, collective counts, the
-    collectives' kinds, compiled graphs."""
+def _items(step: int, ranks: list[int], theirs: dict[str, int], job: dict[str, int],
+           why: str | None = None, others_why: str | None = None, calls: str = "") -> list[DivergenceItem]:
+    """The fields that differ, most telling first: a non-finite loss, the training loader's end or epoch, optimizer
+    steps, collective counts, the collectives' kinds, compiled graphs."""
     who = _who(ranks)
     out: list[DivergenceItem] = []
 
@@ -138,6 +202,8 @@ def _items(step: int, ranks: list[int], theirs: dict[str, int], job: dict[str, i
     if theirs["loss"] != job["loss"] and 0 in (theirs["loss"], job["loss"]):
         add("loss", f"{who}: the loss went non-finite (NaN/inf) at step {step}, the other ranks' was finite"
             if theirs["loss"] == 0 else f"{who}: loss finite at step {step} while the other ranks' went non-finite")
+    if theirs["dry"] != job["dry"] or theirs["epoch"] != job["epoch"]:
+        add("dry" if theirs["dry"] != job["dry"] else "epoch", _data_text(step, who, theirs, job))
     if theirs["opt"] != job["opt"]:
         add("opt", f"{who}: {theirs['opt']} optimizer step(s) in step {step}, the other ranks {job['opt']}")
     if theirs["colls"] != job["colls"]:
@@ -147,11 +213,27 @@ def _items(step: int, ranks: list[int], theirs: dict[str, int], job: dict[str, i
                                  "issued extra collectives)" if more else " (it issued fewer collectives)"))
     if theirs["ops"] != job["ops"]:
         add("ops", f"{who}: its torch.distributed calls in step {step} differ from the other ranks' "
-            "(op, sizes, dtype or reduce op)")
+            f"(op, sizes, dtype or reduce op){calls}")
     if theirs["graphs"] != job["graphs"]:
         add("graphs", f"{who}: {theirs['graphs']} graphs compiled by step {step}, the other ranks {job['graphs']} "
-            "(torch.compile recompiled on one side)")
+            + (f"(its torch.compile: {why})" if why else f"(the other ranks' torch.compile: {others_why})" if others_why
+               else "(torch.compile recompiled on one side)"))
     return out
+
+
+def _data_text(step: int, who: str, theirs: dict[str, int], job: dict[str, int]) -> str:
+    def where(rec: dict[str, int]) -> str:
+        left = f", {rec['left']} left" if rec["left"] >= 0 else ""
+        return f"epoch {rec['epoch']}, batch {rec['batches']}{left}"
+
+    if theirs["dry"] and not job["dry"]:
+        head = f"{who}: its training DataLoader ran dry (StopIteration) before step {step} while the other ranks' did not"
+    elif job["dry"] and not theirs["dry"]:
+        head = f"{who}: its training DataLoader did not end before step {step} while the other ranks' ran dry"
+    else:
+        head = f"{who}: reads epoch {theirs['epoch']} of its training DataLoader at step {step}, the other ranks epoch " \
+            f"{job['epoch']}"
+    return f"{head} ({where(theirs)}; the others {where(job)}): a shorter shard or loader, or another epoch count"
 
 
 class DivergenceWatch:
@@ -162,26 +244,40 @@ class DivergenceWatch:
         self.on_divergence = on_divergence
         self.judge = DivergenceJudge(None)
         self.run_root: Path | None = None
+        self.relay: Any = None  # a job of several nodes: job/divergence_relay.DivergenceRelay (join_job)
+        self._lock = threading.Lock()  # the head's judge is fed by its ranks' lines and by the other nodes' relay
+
+    def join_job(self, relay: Any) -> None:
+        """job/agent.attach_agent: the job spans nodes. A node relays its ranks' records to the head (the agent
+        does) and hands its ranks the head's word; the head judges every rank's and puts its word for the nodes."""
+        self.relay = relay
+        relay.stop_mode = self.on_divergence == "stop"
 
     def rank_env(self) -> dict[str, str]:
         """The ranks' probes/divergence.py reads the mode: in stop mode it holds each optimizer step for the word."""
-        from ddpdoctor.probes.divergence import MODE_ENV
-
         return {MODE_ENV: self.on_divergence}
 
     def on_start(self, monitor: Any) -> None:
         self.run_root = monitor.run_root
-        if monitor.decider is not None and self.on_divergence == "stop":
-            # Many nodes: the ranks' records are not relayed to the head yet, so no monitor sees a whole step and
-            # a held optimizer step would wait HOLD_S every step. Said, and warned about instead.
+        if monitor.decider is not None and self.relay is None and self.on_divergence == "stop":
+            # Several nodes but no job layer to relay the records: no monitor sees a whole step, so a held
+            # optimizer step would wait HOLD_S every step. Said, and warned about instead.
             self.on_divergence = "warn"
-            monitor.say("--on-divergence stop is not supported on a job of several nodes yet: divergence is not "
-                        "compared across nodes either (docs/hangs.md#divergence)")
+            monitor.say("--on-divergence stop needs the job layer on a job of several nodes: warning instead "
+                        "(docs/hangs.md#divergence)")
         if self.run_root is not None and monitor.writes_run_files:
             (Path(self.run_root) / "divergence.json").unlink(missing_ok=True)
 
     def on_message(self, monitor: Any, rank: int, msg: Any) -> None:
         if msg.get("type") != "fp" or self.judge.verdict is not None:
+            return
+        if self.relay is not None and not self.relay.is_head:
+            return  # the agent relays this node's records to the head, which judges
+        with self._lock:
+            self._judge(monitor, rank, msg)
+
+    def _judge(self, monitor: Any, rank: int, msg: Any) -> None:
+        if self.judge.verdict is not None:
             return
         if self.judge.world_size is None:
             self.judge.world_size = monitor.world_size or getattr(monitor, "_expected_world", None)
@@ -198,16 +294,27 @@ class DivergenceWatch:
         if self.on_divergence == "stop" and self.judge.agreed_step > before:
             for r in monitor.rank_ids():  # the held optimizer steps may run (probes/divergence.py)
                 monitor.send(r, {"type": "fp-ok", "step": self.judge.agreed_step})
+            if self.relay is not None:
+                self.relay.word(ok=self.judge.agreed_step)  # and the other nodes' ranks
 
     def _declare(self, monitor: Any, verdict: DivergenceVerdict) -> None:
         verdict["on_divergence"] = self.on_divergence
         if self.on_divergence == "stop":
             for r in monitor.rank_ids():
                 monitor.send(r, {"type": "divergence-stop", "reason": verdict["reason"]})
+            if self.relay is not None:
+                self.relay.word(stop=verdict["reason"])
         if self.run_root is not None and monitor.writes_run_files:
             try:
                 write_json(Path(self.run_root) / "divergence.json", verdict)
             except OSError:
                 pass
+        for plugin in getattr(monitor, "plugins", []):  # the live watch: status, Prometheus, live TensorBoard
+            hook = getattr(plugin, "on_divergence", None)
+            if hook is not None:
+                try:
+                    hook(monitor, verdict)
+                except Exception:  # noqa: BLE001 - a surface that fails never stops the verdict
+                    pass
         action = "; stopping the job before its next optimizer step" if self.on_divergence == "stop" else ""
         monitor.say(f"ranks diverged at step {verdict['step']}: {verdict['reason']}{action}")

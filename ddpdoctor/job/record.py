@@ -24,13 +24,14 @@ MAX_SUMMARY = 16  # entries of the per-step summary (the ledger's numbers)
 class RankRecord(msgspec.Struct, omit_defaults=True, rename={
         "rank": "r", "step": "s", "phase": "p", "coll": "c", "sizes": "z", "where": "w", "age_s": "a",
         "beat_age_s": "l", "slowest_s": "m", "exit": "x", "idle_s": "i", "moved_s": "v", "exit_age_s": "e",
-        "summary": "k"}):
+        "summary": "k", "data_dry": "d"}):
     """One rank's state. ``step`` None: no heartbeat yet. ``coll``: [op, group, seq, call site] of the collective
     it is in (DDP's bucket all-reduce during backward counts). ``age_s``: seconds since its current step (or the
     job) started. ``idle_s``: seconds since its training thread last used CPU, did I/O or moved its Python position
     (None: not measured). ``moved_s``: seconds since its position (step, phase, collective, backward entry) last
     changed. ``exit``: [exit code, exception head, steps completed(, exit site)] once it ended, ``exit_age_s`` how long ago.
-    ``summary``: the last completed step's small numbers (name -> value; probes/ledger.py adds its own)."""
+    ``summary``: the last completed step's small numbers (name -> value; probes/ledger.py adds its own).
+    ``data_dry``: the completed steps when its training DataLoader ran dry, while it has drawn no batch since."""
 
     rank: int
     step: int | None = None
@@ -46,6 +47,7 @@ class RankRecord(msgspec.Struct, omit_defaults=True, rename={
     moved_s: float | None = None
     exit_age_s: float | None = None
     summary: dict[str, float] | None = None
+    data_dry: int | None = None
 
 
 def cut(s: Any, n: int = MAX_TEXT) -> str | None:
@@ -92,6 +94,9 @@ def record(rank: int, beat: Beat | None, exit_info: RankExitDoc | None, now: flo
         slowest = _num(b.get("max_step_s"))
         if slowest:
             rec.slowest_s = round(slowest, 3)
+        dry = b.get("data_dry")
+        if type(dry) is int:
+            rec.data_dry = dry
         summary = b.get("summary")
         if isinstance(summary, dict):
             rec.summary = {str(k)[:40]: float(v) for k, v in list(summary.items())[:MAX_SUMMARY]

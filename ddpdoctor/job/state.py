@@ -110,6 +110,8 @@ def to_position(rec: RankRecord | None, rank: int) -> RankPosition:
         beat["step"] = rec.step
     if rec.phase is not None:
         beat["phase"] = rec.phase
+    if rec.data_dry is not None:
+        beat["data_dry"] = rec.data_dry
     c = rec.coll
     if c and len(c) >= 4:
         coll: CollectiveState = {"op": c[0], "group": c[1], "seq": c[2], "call_site": c[3], "sizes": rec.sizes or []}

@@ -31,13 +31,14 @@ class TensorBoardExporter:
         self.logdir = logdir
         self._writer: Any = None
         self._written = 0
+        self._diverged = False
         self.failed: str | None = None  # why the live scalars stopped (a full disk); the job goes on
 
     def update(self, health: LiveHealth) -> None:
         if self.failed is not None:
             return
         points = [p for p in list(health.series) if p.step > self._written]
-        if not points:
+        if not points and (self._diverged or not any(a["id"] == "divergence" for a in health.alerts)):
             return
         try:
             if self._writer is None:
@@ -49,6 +50,10 @@ class TensorBoardExporter:
                 self._writer.add_scalar("live/step_time_ms", p.seconds * 1e3, p.step)
                 for phase, secs in p.phases.items():
                     self._writer.add_scalar(f"live/phase_ms/{phase}", secs * 1e3, p.step)
+            self._divergence(health)
+            if not points:
+                self._writer.flush()
+                return
             for r, secs in sorted(health.caused_s.items())[:MAX_RANK_SERIES]:  # the ledger's window figure, now
                 self._writer.add_scalar(f"live/caused_wait_ms/rank{r}", secs * 1e3, points[-1].step)
             if len(health.ranks) <= MAX_RANK_SERIES:
@@ -61,6 +66,20 @@ class TensorBoardExporter:
             self.failed = f"live TensorBoard scalars stopped: {getattr(exc, 'strerror', None) or exc}"
             return
         self._written = points[-1].step
+
+    def _divergence(self, health: LiveHealth) -> None:
+        """The divergence verdict, once: live/divergence/step (the first divergent step) and, per diverged rank (up
+        to 64), live/divergence/rankR = 1, both at that step."""
+        if self._diverged:
+            return
+        for a in health.alerts:
+            if a["id"] == "divergence":
+                ev: Any = a["evidence"]
+                self._writer.add_scalar("live/divergence/step", ev["step"], ev["step"])
+                for r in ev["ranks"][:MAX_RANK_SERIES]:
+                    self._writer.add_scalar(f"live/divergence/rank{r}", 1, ev["step"])
+                self._diverged = True
+                return
 
     def close(self) -> None:
         if self._writer is not None:
@@ -122,9 +141,19 @@ class _Collector:
         counts: dict[str, int] = {}
         for a in snap.get("alerts") or []:
             counts[a["id"]] = counts.get(a["id"], 0) + 1
-        for aid in ("slow-rank", "slowdown", "stall"):
+        for aid in ("slow-rank", "slowdown", "stall", "divergence"):
             alerts.add_metric([aid], counts.get(aid, 0))
         yield alerts
+        diverged = [a for a in snap.get("alerts") or [] if a["id"] == "divergence"]
+        if diverged:  # job/divergence.py's verdict: the first step the ranks' fingerprints differ, and who
+            ev: Any = diverged[0]["evidence"]
+            yield GaugeMetricFamily("ddpdoctor_divergence_step", "First step at which ranks diverged (per-step "
+                                    "fingerprint, docs/hangs.md#divergence).", value=ev["step"])
+            ranks = GaugeMetricFamily("ddpdoctor_divergence_rank", "1 for each rank that diverged, with the item "
+                                      "that differs.", labels=["rank", "item"])
+            for r in ev["ranks"]:
+                ranks.add_metric([str(r), ev["field"]], 1)
+            yield ranks
         step = GaugeMetricFamily("ddpdoctor_rank_step_time_seconds", "Each rank's median step time.", labels=["rank"])
         busy = GaugeMetricFamily("ddpdoctor_rank_busy_seconds", "Each rank's time outside waiting phases per step.",
                                  labels=["rank"])

@@ -26,6 +26,7 @@ import numpy as np
 from ddpdoctor.analyses.ledger import CausedWaitJson, caused_wait
 from ddpdoctor.live.records import (
     Alert,
+    DivergenceEvidence,
     HealthSnapshot,
     Outlier,
     RankHealth,
@@ -211,7 +212,13 @@ class LiveHealth:
                                  cost_ms=o["excess_s"] * 1e3)
         return fresh
 
-    def _raise(self, kind: str, key: int | str, evidence: SlowRankEvidence | SlowdownEvidence | Outlier, now: float,
+    def diverged(self, evidence: DivergenceEvidence, title: str, now: float) -> list[Alert]:
+        """The job's divergence verdict (job/divergence.py, through the live watch): one alert, an error of the job
+        rather than a cost, so its cost is 0; status, the Prometheus endpoint and the live scalars show it."""
+        return self._raise("divergence", evidence["step"], evidence, now, title, evidence["ranks"], 0.0)
+
+    def _raise(self, kind: str, key: int | str,
+               evidence: SlowRankEvidence | SlowdownEvidence | Outlier | DivergenceEvidence, now: float,
                title: str, ranks: list[int], cost_ms: float) -> list[Alert]:
         if (kind, key) in self._raised or len(self.alerts) >= MAX_ALERTS:
             return []

@@ -61,6 +61,16 @@ class SlowdownEvidence(TypedDict):
     top_phase: str | None
 
 
+class DivergenceEvidence(TypedDict):
+    """A divergence alert's evidence (job/divergence.py's verdict, as RUN/divergence.json holds it in full)."""
+
+    step: int  # the first step at which the ranks' fingerprints differ
+    ranks: list[int]
+    ranks_count: int
+    field: str  # the first item that differs: loss, dry, epoch, opt, colls, ops, graphs
+    on_divergence: str
+
+
 class Outlier(TypedDict):
     """One step far above the usual (rules.outliers); a "stall" one is a stall alert's evidence."""
 
@@ -77,13 +87,13 @@ class Outlier(TypedDict):
 class Alert(TypedDict):
     """One line of RUN/live/NODE/alerts.jsonl, and of the snapshot's "alerts"."""
 
-    id: str  # "slow-rank" | "slowdown" | "stall"
+    id: str  # "slow-rank" | "slowdown" | "stall" | "divergence"
     time: float
     step: int
     title: str
     ranks: list[int]
     cost_ms: float
-    evidence: SlowRankEvidence | SlowdownEvidence | Outlier
+    evidence: SlowRankEvidence | SlowdownEvidence | Outlier | DivergenceEvidence
 
 
 class _RankHealth(TypedDict):

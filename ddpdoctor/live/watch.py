@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING
 from ddpdoctor.job.capture_relay import CaptureRequest
 from ddpdoctor.live.health import LiveHealth, node_dir
 from ddpdoctor.live.protocol import CAPTURE_ID, MAX_STEPS, WINDOW_KINDS
-from ddpdoctor.live.records import Alert, CaptureRecord
+from ddpdoctor.live.records import Alert, CaptureRecord, DivergenceEvidence
 from ddpdoctor.live.rules import DEFAULT_CONFIG, HealthConfig
 from ddpdoctor.rundir.layout import write_json
 from ddpdoctor.safe_io import write_atomic
@@ -98,6 +98,22 @@ class LiveWatch:
         elif kind == "capture" and self.root is not None and isinstance(msg.get("id"), str):
             if CAPTURE_ID.match(msg["id"]):
                 _append_reply(captures_dir(self.root) / msg["id"] / "replies.jsonl", rank, msg)
+
+    def on_divergence(self, monitor: HangMonitor, verdict: Mapping[str, object]) -> None:
+        """job/divergence.py's verdict (RUN/divergence.json's document): a live alert, shown at once."""
+        if self.health is None:
+            return
+        step, ranks, items = verdict.get("step"), verdict.get("ranks"), verdict.get("items")
+        if type(step) is not int or not isinstance(ranks, list):
+            return
+        first = items[0] if isinstance(items, list) and items and isinstance(items[0], dict) else {}
+        ev: DivergenceEvidence = {"step": step, "ranks": [r for r in ranks if type(r) is int],
+                                  "ranks_count": int(verdict.get("ranks_count") or len(ranks)),  # type: ignore[call-overload]
+                                  "field": str(first.get("field") or ""),
+                                  "on_divergence": str(verdict.get("on_divergence") or "warn")}
+        self.health.diverged(ev, f"ranks diverged at step {step}: {verdict.get('reason')}"[:500], time.time())
+        for exporter in self.exporters:
+            exporter.update(self.health)
 
     def on_tick(self, monitor: HangMonitor, now: float) -> None:
         """The monitor's poll loop (every ~0.1 s): rules when due, control folder every 0.5 s."""

@@ -14,9 +14,18 @@ GradScaler-skipped step, an explicit ``ddpdoctor.step()``). It holds:
 - ``loss``: 1 when every loss ``backward()`` was called on was finite, 0 when one was not, -1 when none was seen or
   reading it would cost a device sync (a CUDA loss is not read).
 - ``graphs``: torch._dynamo's count of compiled graphs, once the script imported torch._dynamo (else -1).
+- ``epoch``, ``dry``: the training DataLoader's epoch (0-based, -1 without one) and whether it ran dry
+  (StopIteration) since the last record (probes/data_position.py).
+- ``batches``, ``left``: the batches it consumed in this epoch and has left (-1: no length). Not in the key: ranks
+  whose shards differ in length (a last uneven batch under ``Join``) differ there by design; the verdict shows them.
+- ``recompiles``, ``breaks``: torch.compile's recompiles and graph breaks so far (probes/compile_events.py). Not in
+  the key: ``graphs`` moves with them.
+- an optional last element, a dict, only in a step that needs it: ``why`` (a step where torch.compile compiled: the
+  guard that failed, the graph break's message) and ``calls`` (a step whose ``ops`` differs from the previous
+  record's: its first MAX_CALLS public collectives as "op|sizes|dtype|reduce op"), what a verdict quotes.
 
-A record is a short list ``[step, key, colls, ops, opt, loss, graphs]`` (~40 bytes of JSON); ``key`` is a CRC of
-the fields, what the job compares. Records wait in a deque the heartbeat thread drains every tick (0.2 s).
+A record is a short list ``[step, key, colls, ops, opt, loss, graphs, epoch, dry, batches, left, recompiles,
+breaks(, extra)]`` (~55 bytes of JSON); ``key`` is a CRC of the compared fields, what the job compares. Records wait in a deque the heartbeat thread drains every tick (0.2 s).
 
 ``--on-divergence stop`` ($DDPDOCTOR_ON_DIVERGENCE=stop): the record is sent at once and the optimizer's pre-hook
 holds until the monitor says every rank agreed on that step (``fp-ok``) or that they did not
@@ -28,7 +37,6 @@ from __future__ import annotations
 
 import math
 import os
-import sys
 import threading
 import zlib
 from collections import deque
@@ -37,31 +45,35 @@ from typing import Any
 
 import torch
 
-MODE_ENV = "DDPDOCTOR_ON_DIVERGENCE"
+from ddpdoctor.job.divergence import MODE_ENV, RecordExtra, record_key
+from ddpdoctor.probes.compile_events import CompileEvents
+from ddpdoctor.probes.data_position import DataPosition
+
 MAX_PENDING = 4096  # records not yet drained (a heartbeat thread that cannot send): the oldest are dropped
 # A peer that is only slower (a longer data load) costs this much protection, never an alarm. The tests raise it
 # ($DDPDOCTOR_DIVERGENCE_HOLD_S) so that a loaded machine's slow monitor cannot let a held step go.
 HOLD_S = 2.0
 HOLD_ENV = "DDPDOCTOR_DIVERGENCE_HOLD_S"
+MAX_CALLS = 8  # public collectives of a step kept to explain an ``ops`` difference
 
 
 class DivergenceStopped(RuntimeError):
     """Raised in the optimizer's pre-hook once the job found ranks that diverged (--on-divergence stop)."""
 
 
-def record_key(colls: int, ops: int, opt: int, loss: int, graphs: int) -> int:
-    return zlib.crc32(f"{colls},{ops},{opt},{loss},{graphs}".encode())
-
-
 class StepFingerprint:
     def __init__(self, tracker: Any, stop: bool | None = None) -> None:
         self.tracker = tracker
         self.stop = os.environ.get(MODE_ENV) == "stop" if stop is None else stop
-        self.pending: deque[list[int]] = deque(maxlen=MAX_PENDING)
+        self.pending: deque[list[int | str]] = deque(maxlen=MAX_PENDING)
         self.stop_reason: str | None = None
-        self.send: Callable[[list[int]], None] | None = None  # stop mode: the heartbeat's immediate send
+        self.send: Callable[[list[int | str]], None] | None = None  # stop mode: the heartbeat's immediate send
         self.holds_timed_out = 0
+        self.data = DataPosition(tracker)
+        self.compiles = CompileEvents()
         self._ops = 0
+        self._calls: list[str] = []  # this step's first MAX_CALLS public collectives, as folded into ``ops``
+        self._last_ops = 0  # the previous record's ``ops``
         self._loss = -1
         self._taken = False  # this iteration's record was taken (at its first optimizer step)
         self._base: int | None = None  # the default group's last enqueued sequence number at the last record
@@ -79,11 +91,13 @@ class StepFingerprint:
 
         self._handles.append(register_optimizer_step_pre_hook(self._on_pre))
         self.tracker.add_listener(self._on_step)
+        self.data.install()
 
     def finish(self, status: Any) -> None:
         for h in self._handles:
             h.remove()
         self._handles.clear()
+        self.data.uninstall()
 
     # -- the training thread -------------------------------------------------------------------------------
     def saw_collective(self, op: str, sizes: Any, args: Any, kwargs: Any) -> None:
@@ -93,7 +107,10 @@ class StepFingerprint:
         red = kwargs.get("op")
         if red is None and op in ("all_reduce", "reduce") and len(args) > 1 and not isinstance(args[1], int):
             red = args[1]
-        self._ops = zlib.crc32(f"{op}|{sizes}|{dtype}|{red}".encode(), self._ops)
+        desc = f"{op}|{sizes}|{dtype}|{red}"
+        self._ops = zlib.crc32(desc.encode(), self._ops)
+        if len(self._calls) < MAX_CALLS:
+            self._calls.append(desc)
 
     def saw_backward(self, tensor: Any) -> None:
         """``tensor.backward()`` (the heartbeat's outer backward wrapper): a CPU scalar loss is read (~1 us)."""
@@ -111,7 +128,7 @@ class StepFingerprint:
             rec = self._record(self.tracker.step + 1, opt=1)
             if self.stop and self.send is not None:
                 self.send(rec)
-                self._hold(rec[0])
+                self._hold(int(rec[0]))
             else:
                 self.pending.append(rec)
         if self.stop_reason is not None:
@@ -122,21 +139,25 @@ class StepFingerprint:
             self.pending.append(self._record(step, opt=0))
         self._taken = False
 
-    def _record(self, step: int, opt: int) -> list[int]:
+    def _record(self, step: int, opt: int) -> list[int | str]:
         colls = 0
         seq = self._enqueued()
         if seq is not None:
             colls = seq - self._base if self._base is not None else seq + 1
             self._base = seq
-        graphs = -1
-        dynamo = sys.modules.get("torch._dynamo.utils")
-        if dynamo is not None:
-            try:
-                graphs = int(dynamo.counters["stats"]["unique_graphs"])
-            except Exception:  # noqa: BLE001 - another torch's counters
-                graphs = -1
-        rec = [step, record_key(colls, self._ops, opt, self._loss, graphs), colls, self._ops, opt, self._loss, graphs]
-        self._ops, self._loss = 0, -1
+        graphs, recompiles, breaks, why = self.compiles.take()
+        epoch, dry, batches, left = self.data.take()
+        rec: list[int | str] = [step, record_key(colls, self._ops, opt, self._loss, graphs, epoch, dry), colls,
+                                self._ops, opt, self._loss, graphs, epoch, dry, batches, left, recompiles, breaks]
+        extra: RecordExtra = {}
+        if why is not None:
+            extra["why"] = why  # only in a step where torch.compile compiled: what made it
+        if self._ops != self._last_ops:
+            extra["calls"] = self._calls  # only when the step's collectives changed: what they are now
+        if extra:
+            rec.append(extra)  # type: ignore[arg-type]  # job/divergence.py reads it to explain a difference
+        self._last_ops = self._ops
+        self._ops, self._loss, self._calls = 0, -1, []
         return rec
 
     def _enqueued(self) -> int | None:
@@ -168,7 +189,7 @@ class StepFingerprint:
             self.stop_reason = reason
             self._answer.notify_all()
 
-    def take(self) -> list[list[int]]:
+    def take(self) -> list[list[int | str]]:
         from ddpdoctor.probes.steps import drain
 
         return drain(self.pending)

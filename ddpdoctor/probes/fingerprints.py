@@ -3,6 +3,7 @@ DDP module, or without DDP the optimizer's parameters) whose gradients, paramete
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any
 
 import torch
@@ -33,7 +34,7 @@ def _table(flats: list[torch.Tensor]) -> list[list[float]]:
     return torch.cat([numel[:, None], body], dim=1).tolist()
 
 
-def fingerprints(tensors: list[torch.Tensor | None]) -> list[list[float] | None]:
+def fingerprints(tensors: Sequence[torch.Tensor | None]) -> list[list[float] | None]:
     """Per tensor: [numel, sum, sum of squares, v_0 .. v_3] as float64 (v_k at position k*(n-1)//3), or None.
 
     O(elements) on the tensor's device and one host transfer per device and dtype for the whole list."""
@@ -102,7 +103,8 @@ def placement_map(params: list[Any]) -> tuple[list[EqualGroupDoc], list[int | No
 class WatchedModule:
     """One DDP module under watch (or, without DDP, the optimizer's parameters: ``ddp`` is None)."""
 
-    def __init__(self, index: int, ddp: Any, plain: list[tuple[str, Any]] | None = None) -> None:
+    def __init__(self, index: int, ddp: Any, plain: list[tuple[str, Any]] | None = None,
+                 plain_buffers: list[tuple[str, Any, bool]] | None = None) -> None:
         self.index = index
         self.ddp = ddp
         self.used = False  # a forward (or, without DDP, an optimizer step) ran in this iteration
@@ -114,13 +116,21 @@ class WatchedModule:
         self.buffers_done_step = -1
         self.buffers_synced_now: bool | None = None  # DDP broadcast the buffers before the current forward
         self.built_by: str | None = None
+        self.buffers: list[Any] = []  # without DDP: the buffers fingerprinted at each step end (probes/sync)
+        self.batchnorm_buffers: list[str] = []
+        self.buffer_group: list[int | None] = []
         if ddp is None:
             self.param_names = [n for n, _ in plain or []]
             self.params = [p for _, p in plain or []]
-            self.groups, self.param_group, self.layouts = placement_map(self.params)
+            self.buffer_names = [n for n, _, _ in plain_buffers or []]
+            self.buffers = [b for _, b, _ in plain_buffers or []]
+            self.batchnorm_buffers = [n for n, _, bn in plain_buffers or [] if bn]
+            # one map over parameters and buffers, so both index the same groups
+            self.groups, group, layouts = placement_map(self.params + self.buffers)
+            n = len(self.params)
+            self.param_group, self.layouts, self.buffer_group = group[:n], layouts[:n], group[n:]
             self.ignored: list[str] = []
             self.frozen: list[str] = []
-            self.buffer_names: list[str] = []
             return
         ignored = set(getattr(ddp, "parameters_to_ignore", ()) or ())
         named = list(ddp.module.named_parameters())
@@ -135,12 +145,16 @@ class WatchedModule:
         if ddp is None:
             doc: SyncModuleDoc = {
                 "index": self.index, "module_class": "optimizer parameters", "ddp": False,
-                "params": self.param_names, "ignored_params": [], "frozen_params": [], "buffers": [],
-                "batchnorm_buffers": [], "broadcast_buffers": False, "find_unused_parameters": False}
+                "params": self.param_names, "ignored_params": [], "frozen_params": [], "buffers": self.buffer_names,
+                "batchnorm_buffers": self.batchnorm_buffers, "broadcast_buffers": False,
+                "find_unused_parameters": False}
             if any(g is not None for g in self.param_group):  # DTensor parameters (FSDP2, HSDP, TP)
                 doc["equal_groups"] = self.groups
                 doc["param_equal_group"] = self.param_group
                 doc["param_layouts"] = self.layouts
+            if any(g is not None for g in self.buffer_group):  # DTensor buffers (rare): the same map
+                doc["equal_groups"] = self.groups
+                doc["buffer_equal_group"] = self.buffer_group
             return doc
         return {
             "index": self.index,

@@ -267,6 +267,9 @@ class HeartbeatProbe:
         }
         if self.summary:  # the last step's small numbers (e.g. probes/ledger.py's): RankRecord.summary
             out["summary"] = dict(self.summary)
+        fp = self.fingerprint
+        if fp is not None and fp.data.dry_step is not None:  # its training loader ran dry: the hang verdict's evidence
+            out["data_dry"] = fp.data.dry_step
         if self.backward_since is not None:
             # DDP's reducer all-reduces buckets during backward: where the default group's count stands.
             name, seq = group_info(None)

@@ -203,6 +203,7 @@ class _SyncModuleBuiltBy(TypedDict, total=False):
     equal_groups: list[EqualGroupDoc]
     param_equal_group: list[int | None]
     param_layouts: list[str | None]
+    buffer_equal_group: list[int | None]  # the same map for the buffers (without DDP, DTensor buffers)
 
 
 class SyncModuleDoc(_SyncModuleBuiltBy):
@@ -269,6 +270,10 @@ class SyncDoc(TypedDict):
     grads: list[FingerprintRow]
     params: list[FingerprintRow]
     buffers: list[FingerprintRow]
+    optimizers: list[str]  # the class of each optimizer whose step() ran, in the order first seen
+    # per optimizer (``module``: its index above), at each step end: fingerprints of [step() calls] and
+    # [min, max of state['step'] over its parameters] (empty when it keeps none): equal on every rank
+    optimizer_steps: list[FingerprintRow]
     equivalence: EquivalenceResult | None
 
 

@@ -9,7 +9,11 @@ When: gradients at the first optimizer step of an iteration (after every backwar
 so DDP has reduced them), parameters when the iteration ends, buffers when the wrapped module's
 forward starts (after DDP has broadcast them, if it does). With world size > 1 and no DDP module, the
 optimizer's parameters are fingerprinted instead (nothing averages their gradients, so they must be
-compared). After ``steps`` iterations the fingerprints stop; the data recorder goes on (indices only)
+compared), and the buffers of the modules that hold them when the iteration ends (FSDP2 shards parameters,
+never buffers: every rank keeps its own copy). Every optimizer's step count (its step() calls and the
+``state['step']`` it keeps per parameter) is recorded when the iteration ends: it must be equal on every rank.
+An FSDP2 job's iterations are counted in its root module's forwards (every rank all-gathers in them), as a DDP
+job's are in DDP's all-reduces (see _completed). After ``steps`` iterations the fingerprints stop; the data recorder goes on (indices only)
 until every shuffling training loader began its second epoch, at most ``data_steps`` more steps, so a
 missing ``set_epoch`` shows at default settings. Then every rank raises :class:`CheckSyncStop` (a clean
 ``SystemExit(0)``) from the same step, agreed on check-sync's own gloo group (the most steps any rank still
@@ -62,6 +66,12 @@ class SyncProbe:
         self.grads: list[FingerprintRow] = []
         self.params: list[FingerprintRow] = []
         self.buffers: list[FingerprintRow] = []
+        self.optimizer_steps: list[FingerprintRow] = []  # per optimizer: [step() calls], [min, max state['step']]
+        self._optimizers: list[Any] = []  # the optimizers whose step() ran, in the order first seen
+        self._step_calls: list[int] = []
+        self._fsdp_root: Any = None  # FSDP2's root module (the first fully_shard module to run a forward)
+        self._fsdp_forwards = 0  # its forwards under grad with gradient sync on: the job's iteration count
+        self._fsdp_in_iteration = False
         self.optimizer_params_outside_ddp: list[OutsideParam] = []
         self.sampler = SamplerProbe(Guard("check-sync data", self.notes, lambda: tracker.step))
         self.stopped_at: int | None = None
@@ -139,16 +149,19 @@ class SyncProbe:
     # that skips optimizer.step() (a rank-local "gradient norm too large" decision) still joins every all-reduce, so
     # this count is the same on every rank at the same point of the job, and check-sync's own collectives (the stop
     # agreement, the gather) can never wait against the job's. Without DDP: the tracker's optimizer steps.
+    # FSDP2 (no DDP module): the root module's forwards under grad, which all-gather on every rank, likewise.
     def _completed(self) -> int:
         """Iterations ended so far (at a step end, or before a synced forward: the previous iteration is over)."""
         n = max((m.total_synced for m in self.modules if m.ddp is not None), default=0)
-        return n if n else int(self.tracker.step)
+        return n if n else self._fsdp_forwards or int(self.tracker.step)
 
     def _index(self) -> int:
         """The (0-based) iteration running now, for the fingerprint rows."""
         ddp = [m for m in self.modules if m.ddp is not None]
         n = max((m.total_synced for m in ddp), default=0)
         if not n:
+            if self._fsdp_forwards:
+                return self._fsdp_forwards - 1 if self._fsdp_in_iteration else self._fsdp_forwards
             return int(self.tracker.step)
         return n - 1 if any(m.last_forward_synced for m in ddp) else n
 
@@ -163,6 +176,18 @@ class SyncProbe:
         self._stop_check(self._completed())
         mod.total_synced += 1
 
+    def _on_fsdp_root_forward(self, module: Any, args: Any) -> None:
+        """Before FSDP2's root forward, outside the fingerprints' guard (like _count_forward): count the iterations
+        that reduce gradients, and stop here if this rank skipped the optimizer step at which its peers stop."""
+        if not torch.is_grad_enabled() or not _fsdp_reduces_grads(module):
+            return
+        if self._fsdp_in_iteration:
+            # the last iteration ended without an optimizer step on this rank: its step counts say so at that step
+            self.guard.call("the optimizer's step count", self._record_step_counts, self._fsdp_forwards - 1)
+        self._stop_check(self._completed())
+        self._fsdp_forwards += 1
+        self._fsdp_in_iteration = True
+
     def _checking(self, step: int) -> bool:
         """Fingerprints are taken at this (0-based) iteration: inside the gradient-check window."""
         return step < (self.stop_after or MAX_CHECKED_STEPS) and step < MAX_CHECKED_STEPS
@@ -172,6 +197,12 @@ class SyncProbe:
         seen = self._seen_modules
         if seen is not None and len(seen) < 10_000 and self.guard.enabled:
             seen.setdefault(id(module), module)
+        if self._fsdp_root is None and not self.modules and _is_fsdp2(module):
+            # FSDP2's root is the first fully_shard module to run a forward (its lazy init says so). This call's
+            # hooks are already chosen: count it here, the module's own hook counts the next ones.
+            self._fsdp_root = module
+            self._handles.append(module.register_forward_pre_hook(self._on_fsdp_root_forward))
+            self._on_fsdp_root_forward(module, args)
 
     def _on_ddp_forward(self, mod: WatchedModule, args: Any, kwargs: Any) -> None:
         ddp = mod.ddp
@@ -216,6 +247,7 @@ class SyncProbe:
         # The closure is handed back wrapped, so the gradients are read as soon as it has made them (a pre hook may
         # return new args and kwargs); what the closure returns is returned unchanged.
         # (torch passes the step's own args, the optimizer first: step(self, closure))
+        self.guard.call("the optimizer's step count", self._count_step, optimizer)
         lead = 1 if args and args[0] is optimizer else 0
         in_kwargs = isinstance(kwargs, dict) and callable(kwargs.get("closure"))
         closure = kwargs["closure"] if in_kwargs else (
@@ -239,6 +271,15 @@ class SyncProbe:
             # Outside the fingerprints' guard: its exchange must happen on every rank, failed or not.
             self._equiv.on_optimizer_pre(self.tracker.step)
         return new
+
+    def _count_step(self, optimizer: Any) -> None:
+        for i, known in enumerate(self._optimizers):
+            if known is optimizer:
+                self._step_calls[i] += 1
+                return
+        if len(self._optimizers) < 64:
+            self._optimizers.append(optimizer)
+            self._step_calls.append(1)
 
     def _on_optimizer_pre(self, optimizer: Any, closure: bool = False) -> None:
         if self._seen_modules is not None:
@@ -287,7 +328,7 @@ class SyncProbe:
                  for g, group in enumerate(optimizer.param_groups)
                  for i, p in enumerate(group["params"]) if p.requires_grad]
         if plain:
-            self.modules.append(WatchedModule(0, None, plain))
+            self.modules.append(WatchedModule(0, None, plain, _owned_buffers(owners, {id(p) for _, p in plain})))
 
     def _note_params_outside_ddp(self, optimizer: Any) -> None:
         inside = {id(p) for mod in self.modules if mod.ddp is not None for p in mod.ddp.module.parameters()}
@@ -300,14 +341,25 @@ class SyncProbe:
 
     def _record_params(self, done: int) -> None:
         t0 = time.perf_counter()
+        self._record_step_counts(done)
         for mod in self.modules:
             if mod.used and self._checking(done):
                 self.params.append({"step": done, "module": mod.index, "fp": fingerprints(list(mod.params))})
+                if mod.ddp is None and mod.buffers:  # without DDP: the buffers as the iteration left them
+                    self.buffers.append({"step": done, "module": mod.index, "synced_by_ddp": False,
+                                         "fp": fingerprints(list(mod.buffers))})
             mod.used = False
             mod.synced_forwards = mod.unsynced_forwards = 0
             mod.last_forward_synced = None
             mod.local_sums = []
         self.check_seconds += time.perf_counter() - t0
+
+    def _record_step_counts(self, done: int) -> None:
+        self._fsdp_in_iteration = False
+        if self._checking(done):
+            for i, opt in enumerate(self._optimizers):
+                self.optimizer_steps.append({"step": done, "module": i, "fp": fingerprints(_step_counts(
+                    opt, self._step_calls[i]))})
 
     def on_step(self, step: int) -> None:
         """Step listener: iteration ``step - 1`` ended (its optimizer stepped)."""
@@ -407,7 +459,8 @@ class SyncProbe:
             "data_steps": self.data_steps,
             "stopped_at": self.stopped_at,
             "stop_reason": self.stop_reason,
-            "steps_completed": self.tracker.step,
+            # iterations (in the job's own count, see _completed) when check-sync stopped it, else optimizer steps
+            "steps_completed": self.stopped_at if self.stopped_at is not None else self.tracker.step,
             "check_seconds": round(self.check_seconds, 6),
             "probe_failed": not self.guard.enabled,
             "modules": [m.describe() for m in self.modules],
@@ -416,6 +469,8 @@ class SyncProbe:
             "grads": clean([r.copy() for r in self.grads]),
             "params": clean([r.copy() for r in self.params]),
             "buffers": clean([r.copy() for r in self.buffers]),
+            "optimizers": [type(o).__name__ for o in self._optimizers],
+            "optimizer_steps": clean([r.copy() for r in self.optimizer_steps]),
             "equivalence": self._equiv.result if self._equiv is not None else None,
         }
 
@@ -425,6 +480,70 @@ class SyncProbe:
         else:
             self._write()
         self.uninstall()
+
+
+def _is_fsdp2(module: Any) -> bool:
+    try:
+        from torch.distributed.fsdp import FSDPModule
+    except ImportError:  # torch < 2.6: FSDP2 lived under _composable
+        try:
+            from torch.distributed._composable.fsdp import FSDPModule
+        except ImportError:
+            return False
+    return isinstance(module, FSDPModule)
+
+
+def _fsdp_reduces_grads(root: Any) -> bool:
+    """False while FSDP2 accumulates gradients without reducing them (set_requires_gradient_sync(False)), like
+    DDP's no_sync: such a forward is no iteration of the job. Private state: on any doubt, True."""
+    try:
+        state = root._get_fsdp_state()
+        states = state._state_ctx.all_states or [state]
+        return all(g.reduce_grads for s in states for g in s._fsdp_param_groups)
+    except Exception:  # noqa: BLE001
+        return True
+
+
+def _step_counts(optimizer: Any, calls: int) -> list[torch.Tensor]:
+    """What must be equal on every rank about an optimizer: its step() calls, and the smallest and largest
+    ``state['step']`` over its parameters (Adam's family keeps one per parameter; [] when it keeps none). A fused or
+    capturable optimizer keeps them on the device: one reduction and one host copy per device, not one per tensor."""
+    numbers: list[float] = []
+    by_device: dict[Any, list[torch.Tensor]] = {}
+    for st in optimizer.state.values():
+        v = st.get("step") if isinstance(st, dict) else None
+        if isinstance(v, torch.Tensor) and v.numel() == 1:
+            by_device.setdefault(v.device, []).append(v.detach().reshape(()).double())
+        elif isinstance(v, (int, float)):
+            numbers.append(float(v))
+    for values in by_device.values():
+        stacked = torch.stack(values)
+        numbers.extend(torch.stack([stacked.min(), stacked.max()]).tolist())
+    state = (torch.tensor([min(numbers), max(numbers)], dtype=torch.float64) if numbers
+             else torch.zeros(0, dtype=torch.float64))
+    return [torch.tensor([float(calls)], dtype=torch.float64), state]
+
+
+def _owned_buffers(owners: list[Any], params: set[int]) -> list[tuple[str, Any, bool]]:
+    """The buffers of the outermost modules that ran a forward and hold any of ``params`` (the model, whatever
+    wraps it), named as in the model, each once, with whether a BatchNorm owns it. ``owners``: largest (most
+    parameters) first."""
+    covered: set[int] = set()
+    out: list[tuple[str, Any, bool]] = []
+    seen: set[int] = set()
+    for m in owners:
+        if id(m) in covered:
+            continue
+        covered.update(id(x) for x in m.modules())
+        if not any(id(p) in params for p in m.parameters()):
+            continue
+        for mn, sub in m.named_modules():
+            bn = isinstance(sub, torch.nn.modules.batchnorm._BatchNorm)
+            for name, b in sub.named_buffers(recurse=False):
+                if b is not None and id(b) not in seen and len(out) < 100_000:
+                    seen.add(id(b))
+                    out.append((f"{mn}.{name}" if mn else name, b, bn))
+    return out
 
 
 def _any_nonfinite(sums: list[Any]) -> bool:

@@ -87,6 +87,12 @@ def fsdp_unit_table(inventory: Mapping[str, Any] | None, verbose: bool) -> Table
         rows.append([str(u["unit"]), "-" if size is None else f"{size / 1e6:.2f}", cell(u, "all_gather_forward"), how,
                      cell(u, "all_gather_backward"), cell(u, "reduce_scatter"), cell(u, "all_reduce")])
     more = f"; {len(units) - 12} more units (--verbose)" if len(units) > 12 and not verbose else ""
+    replay = (inventory or {}).get("prefetch_replay") or {}
+    if replay.get("predictable"):
+        more += (f"; one-deep prefetch is predicted to save {replay.get('forward_saved_ms') or 0:.2f} ms (forward), "
+                 f"{replay.get('backward_saved_ms') or 0:.2f} ms (backward) per step")
+    elif replay.get("reason"):
+        more += f"; prefetch gain: {replay['reason']}"
     return _table("FSDP2 units (ms per step: time/exposed)",
                   ["unit", "MB", "AG fwd", "fwd AG issued", "AG bwd", "RS", "AR (HSDP)"], rows,
                   caption=f"AG all-gather, RS reduce-scatter, AR all-reduce across replicas{more}", left=1)

@@ -29,6 +29,9 @@ def render_sync_sections(report: Report, out: Any, verbose: bool) -> None:
         table.add_column(col)
     for key, c in (("grads", checks["grads"]), ("params", checks["params"]), ("buffers", checks["buffers"])):
         table.add_row(key, str(len(c["steps"])), str(c["comparisons"]), str(c["diverged"]), str(c["within_tolerance"]))
+    opt = checks.get("optimizer_steps")
+    if opt:  # every optimizer's step count, equal on every rank
+        table.add_row("optimizer steps", str(len(opt["steps"])), str(opt["comparisons"]), str(opt["diverged"]), "-")
     layouts = checks.get("layouts")
     if layouts:  # DTensor parameters: sharded ones are compared by layout only
         table.add_row("layouts", "-", str(layouts["comparisons"]), str(layouts["differ"]), "-")

@@ -59,17 +59,17 @@ def sync_parts(run: RunDir) -> tuple[SyncChecksSection | None, list[Finding], li
         shown = ", ".join([x for v in sharded for x in v][:4]) + (" …" if n > 4 else "")
         notes.append(f"compared across ranks: {analysis.layouts.comparisons} layout comparison(s) (global shape, "
                      f"mesh, placements), {analysis.params.comparisons} parameter value comparison(s) (replicated "
-                     f"parameters), {analysis.buffers.comparisons} buffer comparison(s); not compared: {n} sharded "
-                     f"parameter(s) ({shown}) whose values have no peer (each rank holds its own shard, sharded on "
-                     "every mesh dim), the optimizer's step count (not recorded)"
-                     + ("" if analysis.buffers.comparisons else " and the modules' buffers (not fingerprinted "
-                        "without DDP)"))
+                     f"parameters), {analysis.buffers.comparisons} buffer comparison(s), "
+                     f"{analysis.optimizer_steps.comparisons} optimizer step-count comparison(s); not compared: {n} "
+                     f"sharded parameter(s) ({shown}) whose values have no peer (each rank holds its own shard, "
+                     "sharded on every mesh dim)")
     elif all(m.ddp is False for m in analysis.modules) and any(m.param_layouts for m in analysis.modules):
         notes.append("no DistributedDataParallel module was built: the parameters the optimizer updates were "
                      "compared across the ranks their placements say must hold them equal (a DTensor Replicate()d "
                      "over a mesh dim across that dim, a plain tensor across every rank; a sharded one by layout "
-                     f"only): {analysis.params.comparisons} parameter and {analysis.layouts.comparisons} layout "
-                     "comparison(s)")
+                     f"only): {analysis.params.comparisons} parameter, {analysis.buffers.comparisons} buffer, "
+                     f"{analysis.optimizer_steps.comparisons} optimizer step-count and "
+                     f"{analysis.layouts.comparisons} layout comparison(s)")
     elif all(m.ddp is False for m in analysis.modules) and analysis.params.comparisons:
         notes.append("no DistributedDataParallel module was built: the parameters the optimizer updates were "
                      "compared across ranks")
@@ -150,6 +150,8 @@ def _checks(analysis: SyncAnalysis, shards: DataAnalysis) -> JsonObject:
                   "missing": e.missing} for e in shards.epochs],
         "equivalence": msgspec.to_builtins(analysis.equivalence),
     }
+    if analysis.optimizer_steps.comparisons:
+        out["optimizer_steps"] = tensor(analysis.optimizer_steps)
     if analysis.layouts.comparisons:
         out["layouts"] = {"comparisons": analysis.layouts.comparisons, "differ": len(analysis.layouts.differ)}
     return out

@@ -56,5 +56,6 @@ class ChecksJson(TypedDict, total=False):
     params: TensorCheckJson
     buffers: TensorCheckJson
     layouts: LayoutCheckJson  # only when DTensor parameters were recorded (FSDP2, HSDP, TP)
+    optimizer_steps: TensorCheckJson  # only when optimizer step counts were recorded
     data: list[ShardsJson]
     equivalence: dict[str, object] | None  # probes/equivalence.py's result as recorded (rundir Equivalence)

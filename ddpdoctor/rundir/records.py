@@ -68,6 +68,7 @@ class Beat(TypedDict, total=False):
     steps: list[list[object]]  # live.recent_steps: [step, seconds, {phase: seconds}]
     summary: dict[str, float]
     backward: BackwardState | None
+    data_dry: int  # completed steps when its training DataLoader ran dry, until it draws a batch again
 
 
 class RankExitDoc(TypedDict, total=False):
@@ -154,6 +155,7 @@ class PositionDoc(_PositionHead, total=False):
     """Where one rank stood when the hang was detected (findings/hang.py RankPosition)."""
 
     unit: str  # the FSDP2 unit whose collective it waits in
+    data_dry: int  # completed steps when its training DataLoader ran dry (no batch drawn since)
 
 
 class _HangDiagnosisHead(TypedDict):

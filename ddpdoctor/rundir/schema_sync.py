@@ -35,6 +35,7 @@ class SyncModule(msgspec.Struct, kw_only=True):
     equal_groups: list[EqualGroup] = []
     param_equal_group: list[int | None] = []
     param_layouts: list[str | None] = []
+    buffer_equal_group: list[int | None] = []  # the same map for the buffers (DTensor buffers, without DDP)
 
 
 class SyncRow(msgspec.Struct, kw_only=True):
@@ -83,6 +84,9 @@ class SyncRecord(Artefact, kw_only=True):
     grads: list[SyncRow] = []
     params: list[SyncRow] = []
     buffers: list[SyncRow] = []
+    optimizers: list[str] = []  # each optimizer's class, in the order its step() first ran
+    # per optimizer (module = its index), per step end: fingerprints of [step() calls], [min, max state['step']]
+    optimizer_steps: list[SyncRow] = []
     equivalence: Equivalence | None = None
     data_steps: int | None = None  # steps the data recorder runs past the fingerprint window
 

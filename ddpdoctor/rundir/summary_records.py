@@ -118,6 +118,9 @@ class UnitCollective:
     dur_us: float
     exposed_us: float  # of dur_us, the part with no compute running on this rank
     bytes: int | None = None
+    # all-gathers: this rank's compute from this all-gather's end to the end of the pass's next all-gather (the
+    # compute a prefetched next all-gather could hide behind: analyses/fsdp_replay.py); None for the pass's last
+    compute_after_us: float | None = None
 
 
 @dataclass(slots=True)

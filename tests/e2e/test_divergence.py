@@ -1,6 +1,6 @@
 """Ranks that diverge are named at the step it happens (issue 38): real 2-rank gloo launches of
-tests/scenarios/diverge.py under `ddpdoctor run`, and a healthy job's losses and weights bit-identical to plain
-torchrun's."""
+tests/scenarios/diverge.py and diverge_data.py under `ddpdoctor run` (one of them on two launchers of 2 ranks), and
+a healthy job's losses and weights bit-identical to plain torchrun's."""
 
 from __future__ import annotations
 
@@ -18,6 +18,7 @@ from tests.conftest import SCENARIOS, run_cli
 
 pytestmark = [pytest.mark.slow, pytest.mark.xdist_group(name="divergence")]
 JOB = SCENARIOS / "diverge.py"
+DATA_JOB = SCENARIOS / "diverge_data.py"
 REPO = Path(__file__).resolve().parents[2]
 # A held optimizer step waits for the monitor's word 60 s here, not 2: a loaded machine must not let step 5 go.
 ENV = {"SCENARIO_GLOO_TIMEOUT": "60", "DDPDOCTOR_DIVERGENCE_HOLD_S": "60"}
@@ -26,29 +27,47 @@ STEPS = "12"
 
 def _plain(out: Path) -> subprocess.CompletedProcess[str]:
     return subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
-                           str(JOB), "none", STEPS, str(out)], cwd=REPO, capture_output=True, text=True, timeout=300)
+                           str(DATA_JOB), "healthy", str(out)], cwd=REPO, capture_output=True, text=True, timeout=300)
 
 
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
-    """Every launch once, side by side (each mostly waits on start-up), shared by the tests below: three under
-    `ddpdoctor run` and the healthy job under plain torchrun. A reduce op that differs is a unit test."""
+    """Every launch once, side by side (each mostly waits on start-up), shared by the tests below: seven under
+    `ddpdoctor run`, one on two launchers, and the healthy job under plain torchrun. A reduce op that differs is a
+    unit test."""
     base = tmp_path_factory.mktemp("diverge")
 
     def launch(name: str, fault: str, mode: str) -> tuple[int, dict[str, Any], Path]:
         d = base / name
+        job = ([str(DATA_JOB), fault, str(d / "weights")] if name.startswith("data-")
+               else [str(JOB), fault, STEPS, str(d / "weights")])
         proc = run_cli("run", "--nproc-per-node", "2", "-q", "--json", "--on-divergence", mode, "--out", str(d / "run"),
-                       str(JOB), fault, STEPS, str(d / "weights"), env=ENV, timeout=300)
+                       *job, env=ENV, timeout=300)
         assert proc.stdout.strip(), proc.stderr[-3000:]
         return proc.returncode, json.loads(proc.stdout), d
 
-    cases = [("healthy", "none", "warn"), ("nan-stop", "nan", "stop"), ("skip", "skip", "warn")]
-    with ThreadPoolExecutor(len(cases) + 1) as pool:
+    cases = [("nan-stop", "nan", "stop"), ("skip", "skip", "warn"), ("data-healthy", "healthy", "warn"),
+             ("data-dry", "dry", "warn"), ("recompile", "recompile", "warn"), ("shape", "shape", "warn"),
+             ("frozen", "frozen", "warn")]
+    with ThreadPoolExecutor(len(cases) + 2) as pool:
         plain = pool.submit(_plain, base / "plain")
+        nodes = pool.submit(_two_nodes, base / "two-nodes")
         futures = {name: pool.submit(launch, name, fault, mode) for name, fault, mode in cases}
         out: dict[str, Any] = {name: f.result() for name, f in futures.items()}
         out["plain"] = (plain.result(), base / "plain")
+        out["two-nodes"] = nodes.result()
     return out
+
+
+def _two_nodes(d: Path) -> tuple[list[tuple[int, str, str]], Path]:
+    """Two launchers of 2 ranks each (`--nnodes 2`, one machine), rank 3 (on node 1) NaN at step 5, stop mode: the
+    head judges the records node 1 relays and its word stops node 1's ranks too (job/divergence_relay.py)."""
+    from tests.e2e.test_multinode import finish, start_nodes
+
+    env = {**ENV, "DIVERGE_FAULT": "nan", "DIVERGE_RANK": "3", "DIVERGE_STEPS": STEPS, "DIVERGE_OUT": str(d / "weights")}
+    procs = start_nodes("run", "diverge.py", d / "run", 2, 2, "--on-divergence", "stop", "--hang-timeout", "60",
+                        "--startup-timeout", "300", env=env)
+    return finish(procs, 300), d
 
 
 def _divergence(report: dict[str, Any]) -> list[dict[str, Any]]:
@@ -60,7 +79,9 @@ def _weights(d: Path, rank: int) -> dict[str, Any]:
 
 
 def test_healthy_job_with_rank0_only_eval_is_quiet_and_bit_identical_to_plain_torchrun(runs: Any) -> None:
-    code, report, d = runs["healthy"]
+    """diverge_data.py healthy: even shards (DistributedSampler, drop_last) over two epochs, an evaluation loop on
+    rank 0 only, and a last uneven batch under Join."""
+    code, report, d = runs["data-healthy"]
     assert code == 0, report["findings"]
     assert not _divergence(report)
     assert [f["id"] for f in report["findings"] if f["severity"] == "error"] == []
@@ -91,3 +112,50 @@ def test_a_rank_that_skips_its_optimizer_step_is_named(runs: Any) -> None:
     (f,) = _divergence(report)
     assert f["ranks"] == [1] and f["evidence"]["step"] == 5, f
     assert f["evidence"]["items"][0]["field"] == "colls", f
+
+
+def test_a_loader_that_runs_dry_first_is_named_at_its_step(runs: Any) -> None:
+    code, report, _ = runs["data-dry"]
+    (f,) = _divergence(report)
+    assert code == 1 and f["ranks"] == [0] and f["evidence"]["step"] == 4, f
+    item = f["evidence"]["items"][0]
+    assert item["field"] == "dry" and "epoch 1, batch 1, 2 left" in item["text"], item
+
+
+def test_two_nodes_a_nan_on_the_second_node_is_named_and_stopped_everywhere(runs: Any) -> None:
+    results, d = runs["two-nodes"]
+    assert [code for code, _, _ in results] == [1, 1], [se[-2000:] for _, _, se in results]
+    verdict = json.loads((d / "run" / "divergence.json").read_text())
+    assert verdict["ranks"] == [3] and verdict["step"] == 5 and verdict["others_count"] == 3, verdict
+    assert verdict["items"][0]["field"] == "loss" and verdict["on_divergence"] == "stop"
+    for rank in range(4):  # node 1's ranks got the head's word through the job store: none applied step 5
+        w = _weights(d, rank)
+        assert w["applied"] == [1, 2, 3, 4] and w["finite"], (rank, w["applied"])
+
+
+def test_a_rank_that_recompiles_alone_is_named_with_the_guard_that_failed(runs: Any) -> None:
+    code, report, _ = runs["recompile"]
+    (f,) = _divergence(report)
+    assert f["ranks"] == [1] and f["evidence"]["step"] == 5, f
+    item = f["evidence"]["items"][0]
+    assert item["field"] == "graphs" and item["rank_value"] == item["others_value"] + 1, item
+    assert "recompiled <lambda> (diverge.py:" in item["text"] and "size mismatch at index 0" in item["text"], item
+
+
+def test_a_collective_of_another_shape_on_one_rank_is_named_with_both_sides(runs: Any) -> None:
+    code, report, _ = runs["shape"]
+    (f,) = _divergence(report)
+    assert f["ranks"] == [1] and f["evidence"]["step"] == 5, f
+    item = f["evidence"]["items"][0]
+    assert item["field"] == "ops" and "all_reduce sizes [[2, 4]] torch.float32, the other ranks all_reduce sizes " \
+        "[[8]] torch.float32" in item["text"], item
+
+
+def test_a_layer_frozen_on_one_rank_is_named_by_the_crash_it_causes(runs: Any) -> None:
+    """The ezpz#242 shape on DDP: rank 1 freezes a layer at step 3. Its buckets never fill, so rank 0 waits inside
+    step 3's backward and no record of that step comes from it: the fingerprint cannot compare the step, and DDP's
+    own error on rank 1's next forward is the verdict (rank 1, not rank 0)."""
+    code, report, _ = runs["frozen"]
+    assert code == 1 and not _divergence(report), report["findings"]
+    (crash,) = [f for f in report["findings"] if f["id"] == "rank-crashed"]
+    assert crash["ranks"] == [1] and "Expected to have finished reduction" in crash["title"], crash

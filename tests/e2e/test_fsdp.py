@@ -143,7 +143,34 @@ def test_check_sync_hsdp_compares_replicas_over_the_replicate_dim(hsdp_sync):
     assert checks["steps_checked"] >= 2
     assert checks["params"]["comparisons"] == 8 * 2 * checks["steps_checked"] and checks["params"]["diverged"] == 0
     assert checks["layouts"] == {"comparisons": 24, "differ": 0}
-    assert not {f["id"] for f in report["findings"]} & {"param-divergence", "nothing-compared", "no-ddp"}
+    # the buffer (7.scale, a plain tensor fully_shard leaves alone) and AdamW's two step counts, across all 4 ranks
+    n = checks["steps_checked"]
+    assert checks["buffers"]["comparisons"] == 1 * 3 * n and checks["buffers"]["diverged"] == 0
+    assert checks["optimizer_steps"]["comparisons"] == 2 * 3 * n and checks["optimizer_steps"]["diverged"] == 0
+    assert any(f"{3 * n} buffer, {6 * n} optimizer step-count" in x for x in report["notes"]), report["notes"]
+    assert not {f["id"] for f in report["findings"]} & {"param-divergence", "nothing-compared", "no-ddp",
+                                                        "buffer-divergence", "optimizer-steps-differ", "divergence"}
+
+
+def test_check_sync_fsdp2_names_a_changed_buffer_and_a_skipped_optimizer_step(tmp_path_factory):
+    # 1-D FSDP2 shards every parameter, so no value has a peer: the buffer and the optimizer's step count are what
+    # must agree. Rank 1 scales its buffer after step 0 and skips optimizer.step() at step 2.
+    _, report, code = _check_sync(tmp_path_factory, "fsdp_bugs", 2, "--bug", "buffer", "--bug", "skip-step",
+                                  "--steps", "6")
+    assert code == 1, report
+    ids = {f["id"]: f for f in report["findings"]}
+    buf = ids["buffer-divergence"]
+    assert buf["severity"] == "error" and buf["ranks"] == [1] and buf["evidence"]["step"] == 1
+    assert buf["evidence"]["buffers"] == ["7.scale"] and buf["evidence"]["ddp"] is False
+    opt = ids["optimizer-steps-differ"]
+    assert opt["severity"] == "error" and opt["ranks"] == [1] and opt["evidence"]["step"] == 2
+    assert opt["evidence"]["step_calls"] == {"0": 3, "1": 2}
+    assert opt["evidence"]["state_step_min_max"] == {"0": [3.0, 3.0], "1": [2.0, 2.0]}
+    checks = report["checks"]
+    # the iterations are counted in FSDP2's root forwards: the rank that skipped a step stopped with its peers
+    assert checks["steps_run"] == checks["steps_checked"] == 5
+    assert checks["optimizer_steps"]["first_step"] == 2 and checks["params"]["comparisons"] == 0
+    assert not any("ended after" in n for n in report["notes"]), report["notes"]
 
 
 @pytest.fixture(scope="module")
@@ -180,6 +207,9 @@ def test_no_prefetch_is_found_without_prefetch_and_not_with_it(fsdp_run, prefetc
     # every unit but the first (whose all-gather is unavoidable, and said so) is named
     assert set(f["evidence"]["units"]) == {"2", "4", "6"} and f["evidence"]["first_unit"] == "0"
     assert "set_modules_to_forward_prefetch" in f["advice"]
+    # on CPU/gloo the main thread waits out every all-gather: no gain is predicted, and the report says why
+    assert "async_op=False" in f["evidence"]["prediction"] and "predicted_saved_ms_per_step" not in f["evidence"]
+    assert plain["fsdp_units"]["prefetch_replay"]["predictable"] is False
     assert "fsdp-no-prefetch" not in {f["id"] for f in prefetched["findings"]}
     units = prefetched["fsdp_units"]["units"]
     assert [u["forward_prefetched"] for u in units] == [False, True, True, True]
@@ -207,3 +237,20 @@ def test_tune_measures_forward_prefetch_against_the_scripts_own_fsdp2(tuned):
         want = [["2"], ["4"], ["6"], []] if "prefetch" in trial.name else [[], [], [], []]
         assert [u["forward_prefetch"] for u in units] == want, trial.name
     assert data["tune"]["script"]["unchanged"] is True
+
+
+def test_run_names_the_rank_that_took_another_path_through_the_units_and_where(tmp_path):
+    # saforem2/ezpz#242's shape: rank 1 freezes unit '0' at step 2, so FSDP2 skips that unit's reduce-scatter there
+    # and goes on to step 3; rank 0 waits in the reduce-scatter. A hang (on gloo too: the collectives' sizes never
+    # meet gloo's size check), its culprit and the unit where the ranks parted.
+    out = tmp_path / "run"
+    args = ("run", "--nproc-per-node", "2", "--hang-timeout", "10", "--json", "--out", str(out))
+    proc = run_cli(*args, SCRIPT, "--bug", "freeze-unit", "--steps", "6", timeout=300)
+    report = settle_cli(proc, json.loads(proc.stdout), args)
+    assert proc.returncode == 1, report
+    hang = next(f for f in report["findings"] if f["id"] == "hang")
+    assert hang["ranks"] == [1] and hang["evidence"]["culprit_ranks"] == [1]
+    assert hang["evidence"]["collective"]["unit"] == "FSDP unit '0' (Linear), reduce-scatter on mesh dim 'dp'"
+    assert "the ranks parted at FSDP unit '0' (Linear), reduce-scatter" in hang["title"]
+    assert "went on to FSDP unit '0' (Linear), forward all-gather on mesh dim 'dp' (step 3, forward" in hang["title"]
+    assert "fully_shard units" in hang["advice"] and not {f["id"] for f in report["findings"]} & DDP_ONLY

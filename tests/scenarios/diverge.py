@@ -3,9 +3,13 @@
     diverge.py FAULT [STEPS] [OUT]
 
 FAULT: ``none`` (healthy; rank 0 also runs an evaluation forward under no_grad every 4 steps, on rank 0 only);
-``skip`` (rank 1 skips its optimizer step at step 5: a rank-local loss check); ``nan`` (rank 1's loss is NaN at
+``skip`` (rank 1, or $DIVERGE_RANK, skips its optimizer step at step 5: a rank-local loss check); ``nan`` (rank 1's loss is NaN at
 step 5: all-reduced into every replica); ``reduceop`` (at step 5 every rank all-reduces a metric, rank 1 with MAX
-where the others SUM: no hang, no error, a silently different result). With OUT,
+where the others SUM: no hang, no error, a silently different result); ``recompile`` (every rank runs a
+torch.compile'd statistic, backend "eager", each step; at step 5 rank 1 hands it another shape: it alone
+recompiles); ``shape`` (at step 5 every rank all-reduces 8 statistics, rank 1 as a 2x4 tensor, the others as 8:
+gloo sums them without a word); ``frozen`` (at step 3 rank 1 alone freezes the first layer of its DDP-wrapped model,
+the ezpz#242 shape: its gradient buckets differ from then on). With OUT,
 each rank writes its losses and final weights to OUT/rankR.pt (the stop and bit-identity tests read them)."""
 
 import datetime
@@ -18,34 +22,44 @@ import torch
 import torch.distributed as dist
 import torch.nn as nn
 
-FAULT = sys.argv[1]
-STEPS = int(sys.argv[2]) if len(sys.argv) > 2 else 12
-OUT = sys.argv[3] if len(sys.argv) > 3 else None
+# Launchers that pass no arguments (tests/e2e/test_multinode.start_nodes) give them as DIVERGE_* variables.
+FAULT = sys.argv[1] if len(sys.argv) > 1 else os.environ["DIVERGE_FAULT"]
+STEPS = int(sys.argv[2] if len(sys.argv) > 2 else os.environ.get("DIVERGE_STEPS", "12"))
+OUT = sys.argv[3] if len(sys.argv) > 3 else os.environ.get("DIVERGE_OUT")
 AT = 5
+BAD = int(os.environ.get("DIVERGE_RANK", "1"))  # the rank that goes its own way
 
 dist.init_process_group("gloo", timeout=datetime.timedelta(seconds=int(os.environ.get("SCENARIO_GLOO_TIMEOUT", "120"))))
 rank = dist.get_rank()
 torch.manual_seed(0)
-model = nn.parallel.DistributedDataParallel(nn.Sequential(nn.Linear(8, 16), nn.ReLU(), nn.Linear(16, 1)))
+net = nn.Sequential(nn.Linear(8, 16), nn.ReLU(), nn.Linear(16, 1))
+model = nn.parallel.DistributedDataParallel(net)
 opt = torch.optim.SGD(model.parameters(), lr=0.01)
 gen = torch.Generator().manual_seed(1 + rank)
+stat = torch.compile(lambda t: (t * t).mean(), backend="eager") if FAULT == "recompile" else None
 losses = []
 applied = []  # the steps whose update reached the weights
 at = {}  # step -> when its loss was known (the detection-time figure: RUN/divergence.json's detected_at minus this)
 try:
     for step in range(1, STEPS + 1):
+        if FAULT == "frozen" and rank == BAD and step == 3:
+            net[0].requires_grad_(False)  # BUG: one rank alone freezes a layer (a LoRA or freeze schedule)
         x, y = torch.randn(4, 8, generator=gen), torch.randn(4, 1, generator=gen)
         loss = nn.functional.mse_loss(model(x), y)
-        if FAULT == "nan" and rank == 1 and step == AT:
-            loss = loss * float("nan")  # BUG: rank 1's loss is NaN at step 5
+        if stat is not None:
+            stat(x[:3] if rank == BAD and step == AT else x)  # BUG: another shape on one rank: it recompiles
+        if FAULT == "nan" and rank == BAD and step == AT:
+            loss = loss * float("nan")  # BUG: one rank's loss is NaN at step 5
         opt.zero_grad()
         loss.backward()
         losses.append(float(loss))
         at[step] = time.time()
         if FAULT == "reduceop" and step == AT:
-            dist.all_reduce(loss.detach().clone(), op=dist.ReduceOp.MAX if rank == 1 else dist.ReduceOp.SUM)  # BUG
-        if FAULT == "skip" and rank == 1 and step == AT:
-            continue  # BUG: rank 1 alone decides to skip this step
+            dist.all_reduce(loss.detach().clone(), op=dist.ReduceOp.MAX if rank == BAD else dist.ReduceOp.SUM)  # BUG
+        if FAULT == "shape" and step == AT:
+            dist.all_reduce(torch.ones(2, 4) if rank == BAD else torch.ones(8))  # BUG: another shape on one rank
+        if FAULT == "skip" and rank == BAD and step == AT:
+            continue  # BUG: one rank alone decides to skip this step
         opt.step()
         applied.append(step)
         if FAULT == "none" and rank == 0 and step % 4 == 0:

@@ -1,4 +1,5 @@
-"""FSDP2 training on CPU/gloo: an MLP of 4 Linear layers, `fully_shard` on each and on the root, AdamW.
+"""FSDP2 training on CPU/gloo: an MLP of 4 Linear layers and a buffer (a fixed output scale, as a model keeps a
+mask or a RoPE table), `fully_shard` on each Linear and on the root, AdamW.
 
     --mesh 1d        FSDP on a 1-D mesh of every rank (2 ranks)
     --mesh hsdp      HSDP on a 2-D mesh ("replicate", "shard") of 2x2 (4 ranks)
@@ -6,6 +7,12 @@
                      LayerNorm whose weight is a DTensor Replicate()d over "tp" (as TP leaves norm weights)
     --prefetch       explicit set_modules_to_forward_prefetch / set_modules_to_backward_prefetch (one unit ahead)
     --bug drift      (tp) rank 1 changes its copy of the replicated norm weight after the first step
+    --bug buffer     rank 1 changes its copy of the buffer after the first step
+    --bug skip-step  rank 1 skips optimizer.step() at step 2 (a rank-local "gradient norm too large")
+    --bug freeze-unit rank 1 freezes unit "0" (requires_grad=False) at step 2: FSDP2 skips that unit's
+                     reduce-scatter there, so the ranks part at it (saforem2/ezpz#242's shape: a rank that takes
+                     another path through the units)
+                     (--bug may be given more than once)
     --steps N        iterations (default 8)
 """
 
@@ -22,7 +29,7 @@ from torch.distributed.device_mesh import init_device_mesh
 p = argparse.ArgumentParser()
 p.add_argument("--mesh", default="1d", choices=["1d", "hsdp", "tp"])
 p.add_argument("--prefetch", action="store_true")
-p.add_argument("--bug", default="none", choices=["none", "drift"])
+p.add_argument("--bug", action="append", default=[], choices=["drift", "buffer", "skip-step", "freeze-unit"])
 p.add_argument("--steps", type=int, default=8)
 p.add_argument("--width", type=int, default=256)
 args = p.parse_args()
@@ -31,8 +38,19 @@ dist.init_process_group("gloo")
 rank, world = dist.get_rank(), dist.get_world_size()
 torch.manual_seed(0)
 W = args.width
+
+
+class Scale(nn.Module):
+    def __init__(self, n: int) -> None:
+        super().__init__()
+        self.register_buffer("scale", torch.full((n,), 0.5))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x * self.scale
+
+
 model = nn.Sequential(nn.Linear(W, W), nn.ReLU(), nn.Linear(W, W), nn.ReLU(), nn.Linear(W, W), nn.ReLU(),
-                      nn.Linear(W, 8))
+                      nn.Linear(W, 8), Scale(8))
 
 if args.mesh == "tp":
     from torch.distributed.tensor import Replicate, distribute_tensor
@@ -71,13 +89,18 @@ if args.mesh == "tp":
     batches = iter(DataLoader(data, batch_size=16, sampler=DistributedSampler(data, num_replicas=1, rank=0)))
 for step in range(args.steps):
     x = next(batches)[0] if args.mesh == "tp" else torch.randn(16, W, generator=g)
+    if "freeze-unit" in args.bug and step == 2 and rank == 1:
+        model[0].requires_grad_(False)
     loss = model(x).square().mean()
     opt.zero_grad()
     loss.backward()
-    opt.step()
-    if args.bug == "drift" and step == 0 and rank == 1:
+    if not ("skip-step" in args.bug and step == 2 and rank == 1):
+        opt.step()
+    if "drift" in args.bug and step == 0 and rank == 1:
         with torch.no_grad():
             model[3].weight.to_local().mul_(1.01)
+    if "buffer" in args.bug and step == 0 and rank == 1:
+        model[7].scale.mul_(1.01)
 dist.destroy_process_group()
 if os.environ.get("FSDP_TRAIN_SAY_DONE"):
     print(f"rank {rank} done")

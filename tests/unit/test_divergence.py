@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import json
 import time
 from typing import Any
 
@@ -10,12 +11,15 @@ import pytest
 import torch
 
 from ddpdoctor.findings.divergence import divergence_findings
-from ddpdoctor.job.divergence import DivergenceJudge, DivergenceWatch
-from ddpdoctor.probes.divergence import DivergenceStopped, StepFingerprint, record_key
+from ddpdoctor.job.divergence import DivergenceJudge, DivergenceWatch, record_key
+from ddpdoctor.probes.divergence import DivergenceStopped, StepFingerprint
 
 
-def rec(step: int, colls: int = 1, ops: int = 0, opt: int = 1, loss: int = 1, graphs: int = -1) -> list[int]:
-    return [step, record_key(colls, ops, opt, loss, graphs), colls, ops, opt, loss, graphs]
+def rec(step: int, colls: int = 1, ops: int = 0, opt: int = 1, loss: int = 1, graphs: int = -1, epoch: int = -1,
+        dry: int = 0, batches: int = -1, left: int = -1, why: str | None = None) -> list[Any]:
+    out: list[Any] = [step, record_key(colls, ops, opt, loss, graphs, epoch, dry), colls, ops, opt, loss, graphs,
+                      epoch, dry, batches, left, 0, 0]
+    return out + [{"why": why}] if why is not None else out
 
 
 def test_agreeing_ranks_are_quiet_and_a_minority_is_named() -> None:
@@ -179,3 +183,258 @@ def test_a_recompile_shows_in_the_record() -> None:
     finally:
         counters["stats"]["unique_graphs"] -= 1
     assert after[6] == before[6] + 1 and after[1] != before[1]
+
+
+class _Steps:
+    """A stand-in step tracker: ``step`` completed iterations, listeners called by ``end``."""
+
+    def __init__(self) -> None:
+        self.step = 0
+        self.listeners: list[Any] = []
+
+    def add_listener(self, fn: Any) -> None:
+        self.listeners.append(fn)
+
+    def end(self) -> None:
+        self.step += 1
+        for fn in self.listeners:
+            fn(self.step)
+
+
+def _train(fp: StepFingerprint, loaders: list[Any], peek: bool = False, evaluate: Any = None) -> list[list[int]]:
+    """Epochs over ``loaders`` (one per epoch) with an SGD step per batch; ``evaluate`` runs to its end after each
+    step; the records taken."""
+    p = torch.nn.Parameter(torch.ones(2))
+    opt = torch.optim.SGD([p], lr=0.1)
+    if peek:
+        next(iter(loaders[0]))  # a peek at a batch's shape: never fed a step
+    for loader in loaders:
+        for _ in loader:
+            opt.step()
+            fp.tracker.end()
+            for _ in evaluate or []:
+                pass
+    return fp.take()
+
+
+def test_data_position_counts_epochs_batches_left_and_the_loader_running_dry() -> None:
+    from torch.utils.data import DataLoader
+
+    fp = StepFingerprint(_Steps(), stop=False)
+    fp.install()
+    try:
+        loader = DataLoader(list(range(6)), batch_size=2)  # 3 batches an epoch
+        recs = _train(fp, [loader, loader], peek=True, evaluate=DataLoader(list(range(4)), batch_size=2))
+    finally:
+        fp.finish({})
+    # [step, key, colls, ops, opt, loss, graphs, epoch, dry, batches, left]
+    assert [r[7:11] for r in recs] == [[0, 0, 1, 2], [0, 0, 2, 1], [0, 0, 3, 0],
+                                     [1, 1, 1, 2], [1, 0, 2, 1], [1, 0, 3, 0]]
+    assert recs[3][1] != recs[4][1] and recs[4][1] == recs[5][1]  # the epoch's end is in the key; batches are not
+    assert fp.data.dry_step == 6  # ran dry after the 6th step and drew no batch since (the hang verdict reads it)
+
+
+def test_a_loader_that_runs_dry_first_is_named_with_its_step() -> None:
+    judge = DivergenceJudge(2)
+    for step in (1, 2, 3):
+        judge.add([0], rec(step, epoch=0, batches=step, left=3 - step))
+        judge.add([1], rec(step, epoch=0, batches=step, left=5 - step))
+    judge.add([1], rec(4, epoch=0, batches=4, left=1))
+    verdict = judge.add([0], rec(4, epoch=1, dry=1, batches=1, left=2))  # rank 0's shorter shard, read again
+    assert verdict is not None and verdict["ranks"] == [0] and verdict["step"] == 4
+    item = verdict["items"][0]
+    assert item["field"] == "dry" and "ran dry" in item["text"] and "epoch 1, batch 1, 2 left" in item["text"]
+    assert "epoch 0, batch 4, 1 left" in item["text"]
+
+
+def test_ranks_whose_shards_differ_in_length_agree_while_they_read_the_same_epoch() -> None:
+    judge = DivergenceJudge(2)
+    for step in (1, 2, 3):
+        judge.add([0], rec(step, epoch=0, batches=step, left=3 - step))
+        assert judge.add([1], rec(step, epoch=0, batches=step, left=4 - step)) is None
+    assert judge.agreed_step == 3
+
+
+class _Store:
+    """The job store's put/get/get_many over a dict (job/store.py seals the values; not what is tested here)."""
+
+    def __init__(self) -> None:
+        self.kv: dict[str, Any] = {}
+        self.puts = 0
+
+    def put(self, name: str, obj: Any) -> int:
+        self.puts += 1
+        self.kv[name] = obj
+        return 0
+
+    def get(self, name: str) -> Any:
+        return self.kv.get(name)
+
+    def get_many(self, names: list[str]) -> dict[str, Any]:
+        return {n: self.kv[n] for n in names if n in self.kv}
+
+
+class _Node(_Monitor):
+    def __init__(self, root: Any, ranks: list[int]) -> None:
+        super().__init__(root)
+        self.ranks = ranks
+        self.watch: DivergenceWatch | None = None
+
+    def rank_ids(self) -> list[int]:
+        return self.ranks
+
+    def replay(self, rank: int, msg: dict[str, Any]) -> None:
+        assert self.watch is not None
+        self.watch.on_message(self, rank, msg)
+
+
+def test_records_relayed_across_nodes_are_judged_on_the_head_and_its_word_reaches_the_other_node(
+        tmp_path: Any) -> None:
+    from ddpdoctor.job.divergence_relay import WORD, DivergenceRelay
+
+    store = _Store()
+    head, node = _Node(tmp_path, [0, 1]), _Node(None, [2, 3])
+    head.world_size = node.world_size = 4  # type: ignore[misc]
+    head.decider = node.decider = object()  # type: ignore[assignment]
+    node.writes_run_files = False  # type: ignore[misc]
+    relays = {0: DivergenceRelay(0, True), 1: DivergenceRelay(1, False)}
+    for mon, n in ((head, 0), (node, 1)):
+        mon.watch = DivergenceWatch("stop")
+        mon.watch.join_job(relays[n])
+        mon.watch.on_start(mon)
+    assert not head.said and relays[1].stop_mode
+
+    def step(k: int, bad: dict[str, Any] | None = None) -> None:
+        for r in (0, 1):
+            head.watch.on_message(head, r, {"type": "fp", "fp": [rec(k)]})  # type: ignore[union-attr]
+        for r in (2, 3):
+            relays[1].add(r, [rec(k, **(bad or {})) if r == 3 else rec(k)])  # the agent's on_message
+            node.watch.on_message(node, r, {"type": "fp", "fp": [rec(k)]})  # type: ignore[union-attr]
+        relays[1].publish(store)
+        relays[0].take(store, [0, 1], head)
+        relays[0].put_word(store)
+        relays[1].deliver(store.get(WORD), node)
+
+    step(1)
+    assert node.watch is not None and node.watch.judge.judged == 0  # a node does not judge: the head does
+    assert head.watch is not None and head.watch.judge.agreed_step == 1
+    assert node.sent == [(2, {"type": "fp-ok", "step": 1}), (3, {"type": "fp-ok", "step": 1})]
+    assert store.kv["fp-ack/1"] == 1
+    relays[1].acked(store.kv["fp-ack/1"])
+    puts = store.puts
+    relays[1].publish(store, force=True)
+    assert store.puts == puts  # acknowledged: nothing to repeat
+    step(2, {"loss": 0})
+    verdict = json.loads((tmp_path / "divergence.json").read_text())
+    assert verdict["ranks"] == [3] and verdict["step"] == 2
+    assert [m["type"] for _, m in node.sent[2:]] == ["divergence-stop", "divergence-stop"]
+    relays[1].deliver(store.get(WORD), node)
+    assert len(node.sent) == 4  # the word is handed over once
+
+
+def test_a_recompile_on_one_rank_is_named_with_torch_dynamo_s_own_reason() -> None:
+    """A real torch.compile (backend "eager": no code generation, ~1 s): a second shape makes it recompile, and
+    the record of that step carries the guard that failed, as TORCH_LOGS=recompiles words it."""
+    import torch._dynamo
+
+    from ddpdoctor.job.divergence import valid
+
+    torch._dynamo.reset()
+    fp = StepFingerprint(_Steps(), stop=False)
+    f = torch.compile(lambda x: (x * 2).sum(), backend="eager")
+    f(torch.ones(4, 3))
+    first = fp._record(1, opt=1)
+    f(torch.ones(4, 3))
+    same = fp._record(2, opt=1)
+    f(torch.ones(6, 3))  # another shape: the guard on its size fails
+    again = fp._record(3, opt=1)
+    assert valid(first) and valid(again) and len(same) == 13 and same[1] == first[1]
+    assert again[6] == first[6] + 1 and again[11] == first[11] + 1, (first, again)
+    why = again[13]["why"]
+    assert why.startswith("recompiled <lambda> (test_divergence.py:") and "size mismatch at index 0" in why, why
+    judge = DivergenceJudge(2)
+    for step, r0, r1 in ((2, same, same), (3, [3, *same[1:]], again)):
+        judge.add([0], [step, *r0[1:]])
+        verdict = judge.add([1], r1)
+    assert verdict is not None and verdict["ranks"] == [1] and verdict["items"][0]["field"] == "graphs"
+    assert "its torch.compile: recompiled <lambda>" in verdict["reason"], verdict["reason"]
+
+
+def test_the_verdict_reaches_status_prometheus_and_the_live_scalars(tmp_path: Any) -> None:
+    """The watch hands the verdict to the live watch (on_divergence): an alert that `status` lists, the Prometheus
+    endpoint exports (first step, each rank with its item) and the live TensorBoard scalars hold."""
+    import urllib.request
+
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+    from tensorboard.util import tensor_util
+
+    from ddpdoctor.live.export import PrometheusExporter, TensorBoardExporter
+    from ddpdoctor.live.health import LiveHealth
+    from ddpdoctor.live.status import load_status, status_text
+
+    (tmp_path / "manifest.json").write_text(json.dumps({"mode": "run", "finished": False}))
+    health = LiveHealth(tmp_path, world_size=2)
+    health.local_ranks = 2
+    for s in range(1, 6):
+        for r in range(2):
+            health.ingest(r, [[s, 0.01, {"forward": 0.004, "backward": 0.006}]], "forward")
+    health.tick(now=1000.0, force=True)
+    tb = TensorBoardExporter(tmp_path / "scalars" / "live")
+    tb.update(health)
+
+    class Live:  # the live watch's hook, as live/watch.py has it, on this health
+        exporters = [tb]
+        from ddpdoctor.live.watch import LiveWatch
+        on_divergence = LiveWatch.on_divergence
+
+    live = Live()
+    live.health = health  # type: ignore[attr-defined]
+    mon = _Monitor(tmp_path)
+    mon.plugins = [live]  # type: ignore[attr-defined]
+    watch = DivergenceWatch("warn")
+    watch.on_start(mon)
+    for step in (1, 2):
+        watch.on_message(mon, 0, {"type": "fp", "fp": [rec(step)]})
+        watch.on_message(mon, 1, {"type": "fp", "fp": [rec(step, colls=2) if step == 2 else rec(step)]})
+    health.tick(now=1001.0, force=True)
+    (alert,) = [a for a in health.alerts if a["id"] == "divergence"]
+    assert alert["ranks"] == [1] and alert["evidence"]["step"] == 2 and alert["evidence"]["field"] == "colls"
+    assert "divergence: ranks diverged at step 2: rank 1: 2 collectives" in status_text(load_status(tmp_path, now=1001.0))
+    exporter = PrometheusExporter("127.0.0.1", 0)
+    try:
+        exporter.update(health)
+        body = urllib.request.urlopen(f"http://127.0.0.1:{exporter.port}/metrics", timeout=10).read().decode()
+    finally:
+        exporter.close()
+    assert "ddpdoctor_divergence_step 2.0" in body and 'ddpdoctor_divergence_rank{item="colls",rank="1"} 1.0' in body
+    assert 'ddpdoctor_alerts_total{id="divergence"} 1.0' in body
+    tb.close()
+    acc = EventAccumulator(str(tmp_path / "scalars" / "live"))
+    acc.Reload()
+    (point,) = acc.Tensors("live/divergence/step")
+    assert point.step == 2 and float(tensor_util.make_ndarray(point.tensor_proto)) == 2.0
+    assert [p.step for p in acc.Tensors("live/divergence/rank1")] == [2]
+
+
+def test_a_collective_of_another_shape_is_named_with_both_sides_calls() -> None:
+    """Same element count, another shape (gloo all-reduces it without a word): the step's calls ride in the record
+    only when they changed from the previous step, and the verdict quotes the first that differs."""
+    from ddpdoctor.job.divergence import valid
+
+    a, b = StepFingerprint(_Steps(), stop=False), StepFingerprint(_Steps(), stop=False)
+    for fp, shape in ((a, (8,)), (b, (2, 4))):
+        fp.saw_collective("all_reduce", [[4]], (torch.ones(4),), {})
+        fp._record(1, opt=1)
+        fp.saw_collective("all_reduce", [[4]], (torch.ones(4),), {})
+        assert len(fp._record(2, opt=1)) == 13  # the same calls as the step before: nothing extra on the wire
+        fp.saw_collective("all_reduce", [[4]], (torch.ones(4),), {})
+        fp.saw_collective("all_reduce", [list(shape)], (torch.ones(shape),), {})
+    ra, rb = a._record(3, opt=1), b._record(3, opt=1)
+    assert valid(ra) and ra[13]["calls"][1] == "all_reduce|[[8]]|torch.float32|None"
+    judge = DivergenceJudge(3)
+    for r, rec3 in ((0, ra), (1, ra), (2, rb)):
+        verdict = judge.add([r], rec3)
+    assert verdict is not None and verdict["ranks"] == [2] and verdict["items"][0]["field"] == "ops"
+    assert verdict["items"][0]["text"].endswith(
+        ": call 2 of step 3: all_reduce sizes [[2, 4]] torch.float32, the other ranks all_reduce sizes [[8]] "
+        "torch.float32"), verdict["items"][0]["text"]

@@ -184,3 +184,40 @@ def test_a_rank_back_from_a_long_checkpoint_entering_backward_is_moving_not_hung
     moved = mon.links[0].moved_at
     mon._on_message(0, dict(b0, type="beat"))  # the next beat, same place: no move
     assert mon.links[0].moved_at == moved
+
+
+def _unit_coll(op: str, seq: int, sizes: list[list[int]], unit: str, site: str) -> dict:
+    return {**coll(op, seq, sizes, site), "unit": unit}
+
+
+RS0 = "FSDP unit '0' (Linear), reduce-scatter on mesh dim 'dp'"
+AG0 = "FSDP unit '0' (Linear), forward all-gather on mesh dim 'dp'"
+
+
+def test_fsdp2_ranks_that_parted_at_a_unit_name_the_rank_that_went_on_and_the_unit() -> None:
+    # The positions of tests/e2e/test_fsdp.py's freeze-unit launch (rank 1 froze unit '0' at step 2, so FSDP2
+    # skipped its reduce-scatter there): gloo runs the reduce-scatter as an all_reduce. One rank on each side, so no
+    # majority: rank 1 is at step 3's forward, past the collective rank 0 waits in: it skipped it.
+    ps = {0: position(0, beat(2, "backward", _unit_coll("all_reduce", 36, [[65792]], RS0, "t.py:111")), None),
+          1: position(1, beat(3, "forward", _unit_coll("all_gather", 36, [[32896]], AG0, "t.py:61")), None)}
+    d = diagnose_hang(ps, [0])
+    assert d.kind == "mismatch" and d.culprit_ranks == [1]
+    assert d.collective == {"op": "all_reduce", "seq": 36, "group": "default_pg", "unit": RS0}
+    assert d.reason.startswith(f"the ranks parted at {RS0} (step 2, backward; all_reduce #36 on default_pg): "
+                               "rank(s) [0] wait in it while rank(s) [1] went on to " + AG0 + " (step 3, forward")
+    out = hang_findings({"diagnosis": d.to_json(), "stacks": {}})
+    assert out[0].ranks == [1] and "fully_shard units" in out[0].advice
+    mismatch = out[1]
+    assert mismatch.id == "collective-mismatch" and mismatch.evidence["collectives"]["0"]["unit"] == RS0
+    assert f"in {AG0}" in mismatch.title
+    # the same units, both in step 2's forward: which one skipped cannot be told, both are named with their units
+    same = {0: position(0, beat(2, "forward", _unit_coll("all_gather", 9, [[32896]], AG0, "t.py:59")), None),
+            1: position(1, beat(2, "forward", _unit_coll("all_gather", 9, [[514]], AG0.replace("'0'", "'6'"),
+                                                         "t.py:59")), None)}
+    d = diagnose_hang(same, [0, 1])
+    assert d.culprit_ranks == [0, 1] and d.reason.startswith("the ranks parted between FSDP2 units")
+    # a majority still decides: three ranks wait in the reduce-scatter, the one that went on is the culprit
+    four = {r: position(r, beat(2, "backward", _unit_coll("all_reduce", 36, [[65792]], RS0, "t.py:111")), None)
+            for r in (0, 2, 3)}
+    four[1] = position(1, beat(3, "forward", _unit_coll("all_gather", 36, [[32896]], AG0, "t.py:61")), None)
+    assert diagnose_hang(four, [0, 2, 3]).culprit_ranks == [1]

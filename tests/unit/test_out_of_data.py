@@ -26,3 +26,30 @@ def test_an_extra_collective_at_the_top_of_the_loop_is_still_a_mismatch() -> Non
     ps = {0: _ddp(0), 1: RankPosition(1, "in-collective", "data", 5, "broadcast", "default_pg", 11, [[3]], "t.py:86")}
     d = diagnose_hang(ps, [0, 1])
     assert d.kind == "mismatch" and d.culprit_ranks == [1]
+
+
+def test_a_rank_whose_loader_raised_stop_iteration_is_named_loader_exhausted() -> None:
+    """The loader's own StopIteration (probes/data_position.py, the beat's ``data_dry``) is the positive evidence:
+    the same positions with it are ``loader-exhausted``, through the job's record as on one node."""
+    from ddpdoctor.job.record import RankRecord, decode, encode, record
+    from ddpdoctor.job.state import to_position
+
+    beat0 = {"step": 5, "phase": "data", "data_dry": 5, "collective": {
+        "op": "barrier", "group": "default_pg", "seq": 11, "call_site": "hang.py:73", "sizes": []}}
+    beat1 = {"step": 5, "phase": "backward", "backward": {"group": "default_pg", "seq": 11, "call_site": "b.py:56"}}
+    recs = decode(encode([record(0, beat0, None, 10.0, 0.0), record(1, beat1, None, 10.0, 0.0)]))  # type: ignore[arg-type]
+    assert isinstance(recs[0], RankRecord) and recs[0].data_dry == 5 and recs[1].data_dry is None
+    ps = {r.rank: to_position(r, r.rank) for r in recs}
+    d = diagnose_hang(ps, [0, 1])
+    assert d.kind == "loader-exhausted" and d.culprit_ranks == [0], d.reason
+    assert "ran dry (StopIteration) after step 5" in d.reason and "barrier #11" in d.reason
+    assert d.to_json()["positions"]["0"]["data_dry"] == 5
+    fs = hang_findings({"diagnosis": d.to_json(), "detected_after_s": 4.0, "hang_timeout_s": 3.0})
+    assert [f.evidence["kind"] for f in fs if f.id == "hang"] == ["loader-exhausted"]
+
+
+def test_a_loader_that_ran_dry_at_an_earlier_step_is_no_evidence() -> None:
+    # It drew batches again since (a new epoch): data_dry is cleared then; one left from an earlier step is stale.
+    p0 = RankPosition(0, "in-collective", "data", 5, "barrier", "default_pg", 11, [], "hang.py:73", data_dry=3)
+    d = diagnose_hang({0: p0, 1: _ddp(1)}, [0, 1])
+    assert d.kind == "mismatch"

@@ -206,3 +206,55 @@ def test_shuffle_conflict_is_reported():
                                           "sampler": "DistributedSampler"}]), 1: _data([])}
     f = _findings(data)
     assert f["sampler-shuffle-conflict"].ranks == [0]
+
+
+def _opt_record(rank, calls_by_step, state_by_step, buffers_by_step=None):
+    """A no-DDP (FSDP2) rank: one AdamW whose step counts are recorded at each step end, one buffer."""
+    from ddpdoctor.probes.sync import _step_counts
+
+    class _Opt:
+        def __init__(self, steps):
+            self.state = {i: {"step": torch.tensor(float(s))} for i, s in enumerate(steps)}
+
+    rows = [{"step": step, "module": 0, "fp": fingerprints(_step_counts(_Opt(state_by_step[step]), calls))}
+            for step, calls in enumerate(calls_by_step)]
+    buffers = [{"step": step, "module": 0, "synced_by_ddp": False, "fp": fingerprints([torch.tensor(v)])}
+               for step, v in enumerate(buffers_by_step or [])]
+    return {"rank": rank, "world_size": 2, "stop_after": 3, "steps_completed": 3,
+            "modules": [{"index": 0, "ddp": False, "module_class": "optimizer parameters", "params": ["w"],
+                         "buffers": ["7.scale"], "batchnorm_buffers": []}],
+            "grads": [], "params": [], "buffers": buffers, "optimizers": ["AdamW"], "optimizer_steps": rows}
+
+
+def test_optimizer_step_counts_compare_exactly_and_name_the_rank_that_skipped():
+    # rank 1 skipped its step at step 1 (both parameters' state['step'] stay 1), after a million steps: one step
+    # apart is 1e-6 relative, under RTOL, and still a divergence (counts are exact)
+    base = 1_000_000
+    r0 = _opt_record(0, [base + 1, base + 2, base + 3], [[base + 1] * 2, [base + 2] * 2, [base + 3] * 2])
+    r1 = _opt_record(1, [base + 1, base + 1, base + 2], [[base + 1] * 2, [base + 1] * 2, [base + 2] * 2])
+    a = analyze_sync_json({0: r0, 1: r1})
+    # 2 counts (calls, state) x 3 steps x 1 rank against rank 0
+    assert a.optimizer_steps.comparisons == 6 and a.optimizer_steps.first_step == 1
+    assert [d.name for d in a.optimizer_steps.diverged if d.step == 1] == ["AdamW.step() calls", "AdamW state['step']"]
+    assert not a.optimizer_steps.within_tolerance
+    assert a.optimizer_step_values == {0: [base + 2, base + 2, base + 2], 1: [base + 1, base + 1, base + 1]}
+    (f,) = [f for f in sync_findings(a) if f.id == "optimizer-steps-differ"]
+    assert f.severity.value == "error" and f.ranks == [1]
+    assert f.evidence["step"] == 1 and f.evidence["step_calls"] == {"0": base + 2, "1": base + 1}
+    assert "rank 1 than on rank 0 from step 1: 1000001 step() call(s) against 1000002" in f.title
+    healthy = analyze_sync_json({0: r0, 1: _opt_record(1, [base + 1, base + 2, base + 3], [[base + 1] * 2,
+                                                                                           [base + 2] * 2,
+                                                                                           [base + 3] * 2])})
+    assert healthy.optimizer_steps.comparisons == 6 and not healthy.optimizer_steps.diverged
+    assert not [f for f in sync_findings(healthy) if f.id in ("optimizer-steps-differ", "nothing-compared")]
+
+
+def test_a_buffer_that_differs_without_ddp_is_an_error_in_fsdp2_terms():
+    r0 = _opt_record(0, [1, 2], [[1], [2]], [[0.5, 0.5], [0.5, 0.5]])
+    r1 = _opt_record(1, [1, 2], [[1], [2]], [[0.5, 0.5], [0.505, 0.505]])
+    a = analyze_sync_json({0: r0, 1: r1})
+    assert a.buffers.comparisons == 2 and a.buffers.first_step == 1
+    (f,) = [f for f in sync_findings(a) if f.id == "buffer-divergence"]
+    assert f.severity.value == "error" and f.ranks == [1] and f.evidence["ddp"] is False
+    assert "7.scale" in f.title and "nothing broadcasts buffers" in f.title
+    assert "DDP does not broadcast" not in f.title and "broadcast_buffers" not in f.advice
