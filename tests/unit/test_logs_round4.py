@@ -208,3 +208,24 @@ def test_the_one_gate_passes_every_line_either_reader_takes() -> None:
             assert _EITHER.search(text.lower()), text
     for w in words:
         assert _EITHER.search(w.lower()), w
+
+
+def test_a_run_of_rank_prefixes_is_read_as_the_prefix_loop_reads_it() -> None:
+    # lines._RANK_RUN matches the whole run of stacked prefixes at once (cached rank per run text): the same text
+    # consumed and the same rank as matching _RANK_PREFIX again and again, on random soups of prefix pieces.
+    import random
+
+    from ddpdoctor.logs.lines import _RANK_PREFIX, _RANK_RUN, _run_rank
+
+    pieces = ["[default", "[rank", "]", ":", " ", "1", "23", "[4,5]", "<stdout>", "<stderr>", ",", "[", "x", "]:"]
+    rng = random.Random(40)
+    for _ in range(20000):
+        line = "".join(rng.choice(pieces) for _ in range(rng.randint(0, 12)))
+        rest, rank = line, None
+        while m := _RANK_PREFIX.match(rest):
+            rank = int(m.group(m.lastindex or 1))
+            rest = rest[m.end():]
+        run = _RANK_RUN.match(line)
+        assert (run.end() if run else 0) == len(line) - len(rest), line
+        if run:
+            assert _run_rank(run.group()) == rank, line
