@@ -49,7 +49,7 @@ class RankPosition:
 
 @dataclass
 class HangDiagnosis:
-    kind: str  # "rank-exited", "outside-collective", "seq-behind", "mismatch", "unknown"
+    kind: str  # "rank-exited", "loader-exhausted", "outside-collective", "seq-behind", "mismatch", "unknown"
     stalled_ranks: list[int]
     culprit_ranks: list[int]
     collective: WaitedCollective | None
@@ -498,6 +498,10 @@ def _agreement(d: HangDiagnosis, beats: dict[int, RankPosition], views: dict[int
 HANG_ADVICE = {
     "rank-exited": "The rank(s) that left ran fewer collectives than the others: give every rank the same number of "
                    "batches (DistributedSampler(drop_last=True), or the join() context manager for uneven inputs).",
+    "loader-exhausted": "The culprit's training DataLoader ran out of batches before the others' (its shard or loader "
+                        "is shorter): give every rank as many batches (DistributedSampler(drop_last=True), an even "
+                        "split), or let the ranks that run out join the others "
+                        "(torch.distributed.algorithms.Join with DDP's join hook).",
     "outside-collective": "Look at the culprit's stack: it is stuck outside torch.distributed (data loading, I/O, "
                           "a lock, an infinite loop); the others wait for it in the collective.",
     "seq-behind": "The culprit never called the collective the others are in: look for a collective under a "

@@ -15,6 +15,7 @@ import pytest
 
 from ddpdoctor.commands.topo import build_report
 from ddpdoctor.logs import explain
+from ddpdoctor.logs import lines as log_lines
 from ddpdoctor.logs.lines import split_lines
 from ddpdoctor.logs.tracebacks import exceptions_in
 
@@ -77,6 +78,8 @@ def test_logs_memory_beyond_the_text_is_bounded(monkeypatch: pytest.MonkeyPatch)
     # A window of lines is held at a time: doubling the log adds the text itself, not a LogLine per line.
     monkeypatch.setattr(explain, "WINDOW_LINES", 2000)
     monkeypatch.setattr(explain, "WINDOW_MARGIN", 200)
+    # raw_lines splits a chunk of text at a time: at this test's small sizes a 1 MiB chunk would be the whole log.
+    monkeypatch.setattr(log_lines, "_CHUNK", 1 << 14)
     n = 200_000 if LONG else 10_000
     peaks = []
     for size in (n, 2 * n):

@@ -45,7 +45,8 @@ def test_a_rank_whose_loader_raised_stop_iteration_is_named_loader_exhausted() -
     assert "ran dry (StopIteration) after step 5" in d.reason and "barrier #11" in d.reason
     assert d.to_json()["positions"]["0"]["data_dry"] == 5
     fs = hang_findings({"diagnosis": d.to_json(), "detected_after_s": 4.0, "hang_timeout_s": 3.0})
-    assert [f.evidence["kind"] for f in fs if f.id == "hang"] == ["loader-exhausted"]
+    (hang,) = [f for f in fs if f.id == "hang"]
+    assert hang.evidence["kind"] == "loader-exhausted" and "DataLoader ran out of batches" in hang.advice
 
 
 def test_a_loader_that_ran_dry_at_an_earlier_step_is_no_evidence() -> None:
