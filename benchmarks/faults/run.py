@@ -201,7 +201,7 @@ def main() -> int:
             scenarios = [s for s in SCENARIOS if any(s.name.startswith(o) for o in a.only)]
         healthy_runs = a.healthy_runs if a.healthy_runs is not None else (100 if a.tier == "full" else 0)
         results = run_real(scenarios, tools, out, healthy_runs, a.keep)
-        if a.tier == "full" and not a.only:
+        if a.tier == "full" and not a.only and "ddpdoctor" in tools:  # ddpdoctor's rules alone: once per table
             from simulated import run_simulated
             results["ddpdoctor (simulated job rules)"] = run_simulated()["ddpdoctor (simulated job rules)"]
     if not a.merge:
