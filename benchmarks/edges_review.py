@@ -808,8 +808,12 @@ def round5_faults(repeat: int = 2) -> None:
         try:
             st = os.statvfs(disk)
             (disk / "fill").write_bytes(b"\0" * max(0, st.f_bavail * st.f_frsize - (400 << 10)))
-            proc = cli("profile", "--nproc-per-node", "2", "--out", str(disk / "run"),
-                       str(REPO / "examples" / "train_mlp.py"))
+            try:
+                proc = cli("profile", "--nproc-per-node", "2", "--out", str(disk / "run"),
+                           str(REPO / "examples" / "train_mlp.py"), timeout=900)
+            except subprocess.TimeoutExpired:
+                outs.append("no answer in 900 s")
+                continue
             ok = proc.returncode in (0, 1) and "Traceback" not in proc.stderr and "Exception in thread" not in proc.stderr
             outs.append("" if ok else f"exit {proc.returncode}: {proc.stderr[-300:]}")
         finally:

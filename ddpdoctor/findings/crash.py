@@ -77,9 +77,10 @@ def _is_user_file(path: str) -> bool:
     return "site-packages" in path or "/lib/python3" not in path
 
 
-def _beat_collective(rank: int, last_beats: Mapping[int, Beat | None] | None) -> CollectiveState:
-    """The collective (DDP's bucket all-reduce for a rank in backward()) the rank's last heartbeat shows it in."""
-    p = position(rank, (last_beats or {}).get(rank), None)
+def _beat_collective(rank: int, last_beats: Mapping[int, Beat | None] | None, ddp: bool = True) -> CollectiveState:
+    """The collective (DDP's bucket all-reduce for a rank in backward() of a DDP job) the rank's last heartbeat shows
+    it in."""
+    p = position(rank, (last_beats or {}).get(rank), None, ddp)
     return {"op": p.op, "group": p.group, "seq": p.seq, "sizes": p.sizes, "call_site": p.call_site} if p.op else {}
 
 
@@ -96,7 +97,7 @@ def crash_findings(statuses: Mapping[int, RankStatusDoc | None], debug: bool = F
                    last_beats: Mapping[int, Beat | None] | None = None,
                    torn_down: set[int] | None = None, ddp_cfg: DDPModule | None = None,
                    oom_kills: int | None = None,
-                   first_signalled: Mapping[int, str] | None = None) -> list[Finding]:
+                   first_signalled: Mapping[int, str] | None = None, ddp: bool = True) -> list[Finding]:
     """rank-crashed for the root cause(s), collective-mismatch when the exception says so, and
     unused-parameters from DDP's "did not receive grad" error. Victims are listed, never blamed.
 
@@ -105,13 +106,14 @@ def crash_findings(statuses: Mapping[int, RankStatusDoc | None], debug: bool = F
     after another rank ended (its "Sending process PID closing signal"), victims when they left no status.
     ``oom_kills``: how many times the host's OOM killer fired during the job (/proc/vmstat, None: not known), which
     tells a rank killed outright by the OOM killer from one killed by another SIGKILL. ``first_signalled``: rank ->
-    signal of torchrun's first observed failure(s) (its failure table's root cause)."""
+    signal of torchrun's first observed failure(s) (its failure table's root cause). ``ddp``: False when the job
+    built no DDP module (FSDP2, DTensor): nothing is read as DDP's bucket all-reduce then."""
     torn_down = torn_down or set()
     failed: dict[int, FailedRank] = {r: {**s} for r, s in statuses.items() if s and s.get("exception")}
     for r, s in statuses.items():
         if s is None and stderr and r in stderr and (fatal := fatal_error(stderr[r])):
-            p = position(r, (last_beats or {}).get(r), None)
-            coll: CollectiveState = _beat_collective(r, last_beats) or {"op": fatal["op"]}
+            p = position(r, (last_beats or {}).get(r), None, ddp)
+            coll: CollectiveState = _beat_collective(r, last_beats, ddp) or {"op": fatal["op"]}
             failed[r] = {"exception": fatal["exception"], "traceback": fatal["traceback"], "died": True,
                          "failed_collective": {**coll, "call_site": fatal["call_site"] or p.call_site}}
     if not failed:
@@ -164,7 +166,7 @@ def crash_findings(statuses: Mapping[int, RankStatusDoc | None], debug: bool = F
         if any(p in exc for p in MISMATCH_PATTERNS):
             # A status cut short (the rank killed before its last write) leaves the last heartbeat to say where it was.
             colls: dict[int, CollectiveState] = {
-                rr: (ss.get("failed_collective") or ss.get("last_collective") or _beat_collective(rr, last_beats))
+                rr: (ss.get("failed_collective") or ss.get("last_collective") or _beat_collective(rr, last_beats, ddp))
                 for rr, ss in failed.items()}
             ps = [c for c in colls.values() if c.get("op")]
             differs = [f for f in ("op", "group", "sizes") if len({repr(c.get(f)) for c in ps}) > 1]
@@ -174,10 +176,10 @@ def crash_findings(statuses: Mapping[int, RankStatusDoc | None], debug: bool = F
             if detail and "bytes" not in differs:
                 differs.append("bytes")
             blamed = None
-            every, lasts = _where_each(statuses, colls, last_beats)
+            every, lasts = _where_each(statuses, colls, last_beats, ddp)
             if detail is not None:
                 # gloo aborts the rank that *received* the odd bytes: the rank that sent them is the one to blame.
-                blamed = gloo_mismatch_culprits(every, lasts, r)
+                blamed = gloo_mismatch_culprits(every, lasts, r, ddp)
             if blamed is not None and blamed[0] != [r]:
                 culprits, why = blamed
                 aborted: AbortedRank = {"rank": r, "exception": exc.splitlines()[0][:300]}
@@ -219,14 +221,15 @@ def _differs(colls: Mapping[int, CollectiveState]) -> list[str]:
 
 
 def _where_each(statuses: Mapping[int, RankStatusDoc | None], colls: Mapping[int, CollectiveState],
-                last_beats: Mapping[int, Beat | None] | None) -> tuple[dict[int, CollectiveState], dict[int, CollectiveState]]:
+                last_beats: Mapping[int, Beat | None] | None,
+                ddp: bool = True) -> tuple[dict[int, CollectiveState], dict[int, CollectiveState]]:
     """Every rank's collective (a failed rank's, else the one its status says it was in when torchrun stopped it,
     else its last heartbeat's) and the last one it completed (status, else heartbeat): the waiting ranks too."""
     where: dict[int, CollectiveState] = {}
     last: dict[int, CollectiveState] = {}
     for r, st in statuses.items():
         b = (last_beats or {}).get(r) or {}
-        c = colls.get(r) or (st or {}).get("failed_collective") or _beat_collective(r, last_beats)
+        c = colls.get(r) or (st or {}).get("failed_collective") or _beat_collective(r, last_beats, ddp)
         if c:
             where[r] = c
         lc = (st or {}).get("last_collective") or b.get("last_collective")
@@ -248,7 +251,7 @@ def _coll_key(c: CollectiveState) -> str:
 
 
 def gloo_mismatch_culprits(colls: Mapping[int, CollectiveState], lasts: Mapping[int, CollectiveState],
-                           receiver: int) -> tuple[list[int], str] | None:
+                           receiver: int, ddp: bool = True) -> tuple[list[int], str] | None:
     """Who sent gloo's "Received data size doesn't match" bytes (the rank gloo aborts is the one that received them):
     (culprits, why), or None when the evidence does not tell. In order:
 
@@ -258,11 +261,11 @@ def gloo_mismatch_culprits(colls: Mapping[int, CollectiveState], lasts: Mapping[
       collective);
     - "odd-one-out": the ranks whose collective (op, group, sizes) differs from what most ranks run;
     - "sender": on a tie (two ranks), the rank(s) whose collective differs from the receiver's.
-    Linear in ranks."""
+    ``ddp`` False (the job built no DDP module): the first two rules do not apply. Linear in ranks."""
     ps = {r: c for r, c in colls.items() if c.get("op")}
     if len(ps) < 2 or receiver not in ps:
         return None
-    in_ddp = {r for r, c in ps.items() if _in_ddp(c)}
+    in_ddp = {r for r, c in ps.items() if _in_ddp(c)} if ddp else set()  # no DDP: no rank is in its all-reduce
     if in_ddp and len(in_ddp) < len(ps):
         waited = {(c.get("op"), c.get("call_site"), c.get("seq")) for r, c in ps.items() if r not in in_ddp}
         if (receiver not in in_ddp and all(op != "barrier" for op, _, _ in waited)

@@ -83,16 +83,18 @@ def _position_json(p: RankPosition) -> PositionDoc:
     return out
 
 
-def position(rank: int, beat: Beat | None, exit_info: RankExitDoc | None) -> RankPosition:
-    """One rank's position from its last heartbeat (and its exit message, when it ended)."""
-    p = _position(rank, beat, exit_info)
+def position(rank: int, beat: Beat | None, exit_info: RankExitDoc | None, ddp: bool = True) -> RankPosition:
+    """One rank's position from its last heartbeat (and its exit message, when it ended). ``ddp``: the job built a
+    DDP module (or nobody knows): a rank in backward() with no collective named waits in DDP's bucket all-reduce;
+    without DDP (FSDP2, whose waits the collective source names) it is computing there."""
+    p = _position(rank, beat, exit_info, ddp)
     dry = beat.get("data_dry") if beat is not None else None
     if type(dry) is int:
         p.data_dry = dry
     return p
 
 
-def _position(rank: int, beat: Beat | None, exit_info: RankExitDoc | None) -> RankPosition:
+def _position(rank: int, beat: Beat | None, exit_info: RankExitDoc | None, ddp: bool) -> RankPosition:
     if exit_info is not None:
         b: Beat = beat or {}
         last: CollectiveState = b.get("last_collective") or {}
@@ -107,7 +109,7 @@ def _position(rank: int, beat: Beat | None, exit_info: RankExitDoc | None) -> Ra
                             coll.get("group"), coll.get("seq"), coll.get("sizes") or [], coll.get("call_site"),
                             unit=coll.get("unit"))
     bw = beat.get("backward")
-    if bw and beat.get("phase") == "backward":
+    if bw and beat.get("phase") == "backward" and ddp:
         # Stalled inside backward(): DDP's reducer waits for its bucket all-reduces there.
         return RankPosition(rank, "in-collective", "backward", beat.get("step"), DDP_BUCKETS, bw.get("group"),
                             bw.get("seq"), [], bw.get("call_site"))
@@ -611,7 +613,8 @@ def _grouped(colls: Mapping[int, CollectiveState]) -> str:
     groups: dict[str, list[int]] = {}
     for r, c in sorted(colls.items()):
         unit = f" in {c.get('unit')}" if c.get("unit") else ""
-        groups.setdefault(f"{c.get('op')} {c.get('sizes') or ''}{unit} at {c.get('call_site')}", []).append(r)
+        op = c.get("op") or "a collective it did not name"
+        groups.setdefault(f"{op} {c.get('sizes') or ''}{unit} at {c.get('call_site')}", []).append(r)
     return ", ".join(f"rank{'s' if len(rs) > 1 else ''} {', '.join(map(str, rs))} {what}" for what, rs in groups.items())
 
 

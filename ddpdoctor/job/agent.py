@@ -565,7 +565,9 @@ class JobAgent:
             line = f"the job's end is unknown: {said}; every other node ended with exit code 0"
         else:
             line = self._summary(job_code, lost) + (f"; {said}" if unknown else "")
-        word = HeadWord(line, 1 if job_code else 0, self.host, str(run_root / "report.txt")).to_json()
+        # The head's command saves the job's report as RUN/report.json (rundir/report.py; run, profile, check-sync):
+        # the other nodes point to it. No report.txt is written (the console's report is not saved as text).
+        word = HeadWord(line, 1 if job_code else 0, self.host, str(run_root / "report.json")).to_json()
         self.store.put("final", word)
         self._peers = [n for n in self.nodes if n != self.role.node_rank and n not in lost]
         self._wait_acks("ack", 15.0, ("final", word))

@@ -123,11 +123,71 @@ class DivergenceJudge:
         self.verdict: DivergenceVerdict | None = None
         self.judged = 0
         self.agreed_step = 0  # the last step every rank agreed on
+        # The loader that ran dry on some ranks while others go on (probes/data_position.py's dry event): per step,
+        # the ranks whose training loader ran dry after it (the first MAX_RANKS_SHOWN; their count; when the first
+        # did), and one rank known to go on past it (with its batches left, -1: it recorded the next step).
+        self.dry_at: dict[int, list[int]] = {}
+        self.dry_count: dict[int, int] = {}
+        self.dry_ms: dict[int, int] = {}
+        self.going_on: dict[int, tuple[int, int]] = {}
+
+    def add_dry(self, rank: int, step: int, ms: int) -> DivergenceVerdict | None:
+        """``rank``'s training loader ran dry after ``step`` completed steps (at ``ms``, epoch milliseconds) and it
+        drew no batch since (probes/data_position.py's dry event); a verdict if another rank is known to go on."""
+        if self.verdict is not None:
+            return None
+        ranks = self.dry_at.setdefault(step, [])
+        if not ranks:
+            self.dry_ms[step] = ms
+            _bound(self.dry_at, self.dry_ms, self.dry_count)
+        if rank not in ranks and len(ranks) < MAX_RANKS_SHOWN:
+            ranks.append(rank)
+        self.dry_count[step] = self.dry_count.get(step, 0) + 1
+        on = self.going_on.get(step)
+        if on is not None and on[0] != rank:
+            self.verdict = self._dry_verdict(step, on)
+        return self.verdict
+
+    def _went_on(self, ranks: list[int], rec: list[int]) -> DivergenceVerdict | None:
+        """A record with a training loader (epoch >= 0) that shows its ranks go on past a step with batches: ``left``
+        > 0 after this step, or no StopIteration since the previous step's record."""
+        step, epoch, dry, left = rec[0], rec[7], rec[8], rec[10]
+        if epoch < 0:
+            return None
+        for past, left_then in ((step, left), (step - 1, -1)):
+            if (past == step and left <= 0) or (past < step and (dry != 0 or past < 1)):
+                continue
+            if past not in self.going_on:
+                self.going_on[past] = (ranks[0], left_then)
+                _bound(self.going_on)
+            dry_ranks = self.dry_at.get(past)
+            if dry_ranks and any(r not in ranks for r in dry_ranks):
+                self.verdict = self._dry_verdict(past, (ranks[0], left_then))
+                return self.verdict
+        return None
+
+    def _dry_verdict(self, step: int, on: tuple[int, int]) -> DivergenceVerdict:
+        dry = sorted(self.dry_at.get(step, []))
+        count = self.dry_count.get(step, len(dry))
+        other, left = on
+        now = time.time()
+        went = (f"rank {other} goes on to step {step + 1} ({left} batch(es) left in its loader)" if left > 0 else
+                f"rank {other} goes on to step {step + 1} (it recorded that step without its loader ending)")
+        text = (f"{_who(dry)}: its training DataLoader ran dry (StopIteration) after step {step} and it has drawn "
+                f"none since (it left its training loop), while {went}: a shorter shard or loader; split the data evenly "
+                "(DistributedSampler with drop_last) or wrap the loop in Join")
+        others = max(1, (self.world_size or count + 1) - count)
+        item: DivergenceItem = {"field": "dry", "rank_value": 1, "others_value": 0, "text": text}
+        return {"step": step + 1, "ranks": dry[:MAX_RANKS_SHOWN], "ranks_count": count, "others_count": others,
+                "job": {"dry": 0, "left": left}, "items": [item], "reason": text, "detected_at": now,
+                "after_first_record_s": round(max(0.0, now - self.dry_ms.get(step, int(now * 1000)) / 1000), 3)}
 
     def add(self, ranks: list[int], rec: list[int]) -> DivergenceVerdict | None:
         """``ranks`` reported ``rec`` (one rank, or a node's ranks that agree); the new verdict, if this made one."""
         if self.verdict is not None or not ranks:
             return None
+        if self._went_on(ranks, rec) is not None:
+            return self.verdict
         step, key = rec[0], rec[1]
         st = self.steps.get(step)
         if st is None:
@@ -182,6 +242,13 @@ class DivergenceJudge:
         return {"step": step, "ranks": diverged[:MAX_RANKS_SHOWN], "ranks_count": len(diverged),
                 "others_count": len(st.by_key[job_key]), "job": job, "items": items[:8], "reason": reason,
                 "detected_at": time.time(), "after_first_record_s": round(time.time() - st.first_at, 3)}
+
+
+def _bound(*maps: dict[int, Any]) -> None:
+    """Keeps each per-step map to WINDOW steps (the oldest go)."""
+    for m in maps:
+        while len(m) > WINDOW:
+            del m[min(m)]
 
 
 def _who(ranks: list[int]) -> str:
@@ -284,6 +351,13 @@ class DivergenceWatch:
         recs = msg.get("fp")
         before = self.judge.agreed_step
         for raw in recs if isinstance(recs, list) else []:
+            if isinstance(raw, list) and len(raw) == 3 and raw[0] == "dry":  # probes/data_position.dry_event
+                if type(raw[1]) is int and type(raw[2]) is int:
+                    verdict = self.judge.add_dry(rank, raw[1], raw[2])
+                    if verdict is not None:
+                        self._declare(monitor, verdict)
+                        return
+                continue
             rec = valid(raw)
             if rec is None:
                 continue

@@ -35,6 +35,10 @@ _MAYBE_FAILURE = re.compile(
     r"|rendezvous|broken pipe|recvvalue|sendbytes|tcpstore|socket|stop_waiting|refused|gloo|reset|closing signal"
     r"|signal|killed|segmentation|bus error|exit|core dumped|terminate|fatal|oom|traceback|interrupt|timed out|libfabric|undeliverable|err:"
     r"|barrier|ready|fsdp|flatten|shard|placement|dtensor|mesh|waitforinput")
+# One search that every line parse_line or parse_failure could read passes (the words of both gates, lowercased:
+# messages._ANY's that _MAYBE_FAILURE lacks added): a line it does not match is neither searched again nor parsed.
+_EITHER = re.compile(_MAYBE_FAILURE.pattern + r"|last enqueued|detected mismatch|received data size"
+                     r"|did not receive grad|expected to have finished reduction")
 # A log that shows training (DDP's own INFO records, a framework's progress lines): a log, even with no word of
 # torch.distributed in it; when it holds no failure, the answer is "no failure found", not bad input.
 _TRAINING = re.compile(r"Reducer buckets have been rebuilt|\b(?:[Ee]poch|[Ll]oss|global_step|train_loss)\b"
@@ -98,8 +102,13 @@ def _window_events(lines: list[LogLine], work: list[int] | None) -> list[Event]:
     """Every event in one window of a log's lines, with each traceback's first-line time recorded."""
     events: list[Event] = []
     for line in lines:
+        low = line.text.lower()
+        if not _EITHER.search(low):
+            if line.logger in ("E", "F") and (failure := parse_failure(line)) is not None:
+                events.append(failure)
+            continue
         events.extend(parse_line(line))
-        if line.logger in ("E", "F") or _MAYBE_FAILURE.search(line.text.lower()):
+        if line.logger in ("E", "F") or _MAYBE_FAILURE.search(low):
             failure = parse_failure(line)
             if failure is not None:
                 events.append(failure)

@@ -5,15 +5,23 @@ verdict (findings/hang.py): the epoch it reads, the batches it consumed and has 
 The training loader is the one whose batch fed the step being recorded (the last to yield before the optimizer
 step): an evaluation loader that rank 0 alone runs dry between two steps is not it. A pass (one ``iter()``) counts
 as an epoch only once it fed a step, so a ``next(iter(loader))`` peek on one rank changes nothing. Loaders are told
-apart by their index sampler (the same object for every pass of one loader; kept by id, at most MAX_LOADERS)."""
+apart by their index sampler (the same object for every pass of one loader; kept by id, at most MAX_LOADERS).
+
+The dry event (``dry_event``): a rank whose training loader ran dry and that draws no batch from it for DRY_SETTLE_S
+tells the job at once (the heartbeat sends ``["dry", step, time]`` among its "fp" records, job/divergence.py), so a
+rank that leaves its loop on a shorter shard is named while the others wait for it, not after the hang timeout. A
+loader started again at once (the next epoch) sends nothing; a loader that runs dry inside ``Join`` (a last uneven
+batch, handled by design) never does."""
 
 from __future__ import annotations
 
 import threading
+import time
 import weakref
 from typing import Any
 
 MAX_LOADERS = 64
+DRY_SETTLE_S = 0.25  # a loader started again within this (the next epoch) sends no dry event
 
 
 class DataPosition:
@@ -29,6 +37,11 @@ class DataPosition:
         self._passes: dict[int, int] = {}  # key -> passes started (iter() that yielded a batch)
         self._fed: dict[int, tuple[int, int]] = {}  # key -> (pass that last fed a step, epochs that fed steps)
         self._saved: Any = None
+        self._join_saved: Any = None
+        self._joins = 0  # Join contexts the main thread is inside
+        self._dry_at = 0.0  # time.time() of the training loader's StopIteration
+        self._dry_joined = False  # it ran dry inside Join: uneven inputs handled by design
+        self._dry_sent: int | None = None  # the dry step whose event was sent
         self._on = True
         self._main = threading.main_thread().ident
 
@@ -53,6 +66,31 @@ class DataPosition:
 
         self._saved = (orig, __next__)
         _BaseDataLoaderIter.__next__ = __next__  # type: ignore[method-assign,assignment]
+        self._install_join()
+
+    def _install_join(self) -> None:
+        """Counts the Join contexts the main thread is in (``__enter__``/``__exit__`` wrapped, behaviour kept)."""
+        try:
+            from torch.distributed.algorithms.join import Join
+        except ImportError:
+            return
+        enter, exit_ = Join.__enter__, Join.__exit__
+        pos = self
+
+        def __enter__(join: Any) -> Any:
+            if threading.get_ident() == pos._main:
+                pos._joins += 1
+            return enter(join)
+
+        def __exit__(join: Any, *exc: Any) -> Any:
+            try:
+                return exit_(join, *exc)
+            finally:
+                if threading.get_ident() == pos._main:
+                    pos._joins = max(0, pos._joins - 1)
+
+        self._join_saved = (enter, exit_, __enter__, __exit__)
+        Join.__enter__, Join.__exit__ = __enter__, __exit__  # type: ignore[method-assign]
 
     def uninstall(self) -> None:
         self._on = False
@@ -64,6 +102,13 @@ class DataPosition:
         if _BaseDataLoaderIter.__next__ is mine:  # another probe wrapped it since: left in place, switched off
             _BaseDataLoaderIter.__next__ = orig  # type: ignore[method-assign]
         self._saved = None
+        if self._join_saved is not None:
+            from torch.distributed.algorithms.join import Join
+
+            enter, exit_, my_enter, my_exit = self._join_saved
+            if Join.__enter__ is my_enter and Join.__exit__ is my_exit:
+                Join.__enter__, Join.__exit__ = enter, exit_  # type: ignore[method-assign]
+            self._join_saved = None
 
     @staticmethod
     def _key(it: Any) -> int:
@@ -86,6 +131,20 @@ class DataPosition:
         if self._key(it) == self._train:
             self.dry = 1
             self.dry_step = self.tracker.step
+            self._dry_at = time.time()
+            self._dry_joined = self._joins > 0
+
+    def dry_event(self, now: float | None = None, force: bool = False) -> list[int | str] | None:
+        """The heartbeat thread: ``["dry", step, ms]`` once per dry step, when the training loader ran dry after
+        ``step`` completed steps (at ``ms``, epoch milliseconds) and no batch was drawn from it for DRY_SETTLE_S
+        (``force``: the rank is ending, no wait); None otherwise, and always inside ``Join``."""
+        step, at = self.dry_step, self._dry_at
+        if step is None or self._dry_joined or step == self._dry_sent:
+            return None
+        if not force and (time.time() if now is None else now) - at < DRY_SETTLE_S:
+            return None
+        self._dry_sent = step
+        return ["dry", step, int(at * 1000)]
 
     def take(self) -> tuple[int, int, int, int]:
         """(epoch, dry, batches, left) at a step's record: the epoch (0-based) and batches consumed in it of the

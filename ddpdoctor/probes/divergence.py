@@ -25,7 +25,8 @@ GradScaler-skipped step, an explicit ``ddpdoctor.step()``). It holds:
   record's: its first MAX_CALLS public collectives as "op|sizes|dtype|reduce op"), what a verdict quotes.
 
 A record is a short list ``[step, key, colls, ops, opt, loss, graphs, epoch, dry, batches, left, recompiles,
-breaks(, extra)]`` (~55 bytes of JSON); ``key`` is a CRC of the compared fields, what the job compares. Records wait in a deque the heartbeat thread drains every tick (0.2 s).
+breaks(, extra)]`` (~55 bytes of JSON); ``key`` is a CRC of the compared fields, what the job compares. Records wait in a deque the heartbeat thread drains every tick (0.2 s). After them may come the
+training loader's dry event ``["dry", step, ms]`` (probes/data_position.py), which the job judges at once.
 
 ``--on-divergence stop`` ($DDPDOCTOR_ON_DIVERGENCE=stop): the record is sent at once and the optimizer's pre-hook
 holds until the monitor says every rank agreed on that step (``fp-ok``) or that they did not
@@ -193,3 +194,12 @@ class StepFingerprint:
         from ddpdoctor.probes.steps import drain
 
         return drain(self.pending)
+
+    def outgoing(self, ending: bool = False) -> list[list[int | str]]:
+        """What the heartbeat sends this tick as an "fp" line: the records, then the training loader's dry event if
+        it is due (``ending``: the rank is ending, so at once)."""
+        recs = self.take() if self.pending else []
+        ev = self.data.dry_event(force=ending)
+        if ev is not None:
+            recs.append(ev)
+        return recs

@@ -131,8 +131,9 @@ class HeartbeatProbe:
         # whose rules would otherwise judge a short job on fewer steps than it ran.
         try:
             self._send(self.state())
-            if self.fingerprint is not None and self.fingerprint.pending:
-                self._send({"type": "fp", "rank": self.rank, "fp": self.fingerprint.take()})
+            recs = self.fingerprint.outgoing(ending=True) if self.fingerprint is not None else []
+            if recs:
+                self._send({"type": "fp", "rank": self.rank, "fp": recs})
         except Exception:  # noqa: BLE001 - the exit message below matters more
             pass
         self._send({"type": "exit", "status": {k: status.get(k) for k in ("exit_code", "exception", "steps_completed", "exit_site")}})
@@ -344,8 +345,9 @@ class HeartbeatProbe:
                 next_beat = now + self.interval_s
                 sent_sig = sig
             seen_sig = sig
-            if self.fingerprint is not None and self.fingerprint.pending:
-                self._send({"type": "fp", "rank": self.rank, "fp": self.fingerprint.take()})
+            recs = self.fingerprint.outgoing() if self.fingerprint is not None else []
+            if recs:
+                self._send({"type": "fp", "rank": self.rank, "fp": recs})
             sock = self._sock
             if sock is None:
                 continue

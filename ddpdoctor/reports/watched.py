@@ -174,7 +174,8 @@ def watch_findings(run: RunDir, debug: bool = False, stopped: bool = False) -> l
     infos = _infos(run)
     crashes = crash_findings(statuses, debug=debug, param_names=_param_names(infos), stderr=stderr, last_beats=beats,
                              torn_down=torn_down_ranks(run, statuses), ddp_cfg=_ddp_cfg(infos),
-                             oom_kills=_oom_kills(run), first_signalled=_first_signalled(run, statuses))
+                             oom_kills=_oom_kills(run), first_signalled=_first_signalled(run, statuses),
+                             ddp=_maybe_ddp(infos))
 
     if hang is not None or stopped:  # ranks ddpdoctor stopped did not leave of their own accord
         crashes = [f for f in crashes if f.id != "rank-left-early"]
@@ -258,6 +259,14 @@ def _infos(run: RunDir) -> dict[int, RankInfo]:
 def _param_names(infos: dict[int, RankInfo]) -> dict[int, list[str]]:
     """Each rank's DDP parameter names in reducer order (to name DDP's "parameter indices")."""
     return {r: [p.name for p in info.ddp_modules[0].parameters] for r, info in infos.items() if info.ddp_modules}
+
+
+def _maybe_ddp(infos: dict[int, RankInfo]) -> bool:
+    """False only when the ranks recorded what they built and none built a DDP module (an FSDP2 or DTensor job):
+    then no rule reads a rank in backward() as DDP's bucket all-reduce."""
+    recorded = [info.parallelism for info in infos.values() if info.parallelism is not None]
+    return not recorded or any(info.ddp_modules for info in infos.values()) or any(
+        p.ddp_modules or "ddp" in p.kinds for p in recorded)
 
 
 def _ddp_cfg(infos: dict[int, RankInfo]) -> DDPModule | None:

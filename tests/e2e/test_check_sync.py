@@ -133,7 +133,9 @@ def test_every_backward_under_no_sync(tmp_path):
 def test_uneven_batches(tmp_path):
     proc, report, _ = _check(tmp_path, bug="uneven")
     assert proc.returncode == 1
-    assert _ids(report, "warning", "error") == ["sampler-uneven-batches"]
+    # the per-step fingerprint (issue 38) also sees rank 0's loader run dry first: the same fault, from the job
+    assert _ids(report, "warning", "error") == ["divergence", "sampler-uneven-batches"]
+    assert _finding(report, "divergence")["evidence"]["items"][0]["field"] == "dry"
     assert _finding(report, "sampler-uneven-batches")["evidence"]["batches"] == {"0": 3, "1": 5}
 
 

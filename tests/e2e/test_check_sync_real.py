@@ -99,8 +99,10 @@ def test_unseeded_random_split_named(tmp_path):
 
 def test_uneven_last_batch_named(tmp_path):
     proc, report = _check_sync(tmp_path, "uneven", SYNC, "--bug", "uneven-last")
-    assert proc.returncode == 1 and _serious(report) == ["sampler-uneven-batches"]
-    (f,) = report["findings"]
+    # the per-step fingerprint (issue 38) may also see rank 0's loader run dry first: the same fault, from the job
+    assert proc.returncode == 1 and _serious(report) in (["sampler-uneven-batches"],
+                                                         ["divergence", "sampler-uneven-batches"])
+    (f,) = [f for f in report["findings"] if f["id"] == "sampler-uneven-batches"]
     assert f["title"].endswith("rank 0: 2, rank 1: 3: uneven last batch")
     assert f["evidence"]["samples_per_rank"] == {"0": 7, "1": 9}
 

@@ -32,22 +32,26 @@ def _plain(out: Path) -> subprocess.CompletedProcess[str]:
 
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
-    """Every launch once, side by side (each mostly waits on start-up), shared by the tests below: seven under
+    """Every launch once, side by side (each mostly waits on start-up), shared by the tests below: nine under
     `ddpdoctor run`, one on two launchers, and the healthy job under plain torchrun. A reduce op that differs is a
     unit test."""
     base = tmp_path_factory.mktemp("diverge")
 
     def launch(name: str, fault: str, mode: str) -> tuple[int, dict[str, Any], Path]:
         d = base / name
+        four = name == "nan4-stop"  # 4 ranks on one node, rank 2 NaN at step 5, 6 steps
         job = ([str(DATA_JOB), fault, str(d / "weights")] if name.startswith("data-")
-               else [str(JOB), fault, STEPS, str(d / "weights")])
-        proc = run_cli("run", "--nproc-per-node", "2", "-q", "--json", "--on-divergence", mode, "--out", str(d / "run"),
-                       *job, env=ENV, timeout=300)
+               else [str(JOB), fault, "6" if four else STEPS, str(d / "weights")])
+        # A job that hangs after its verdict (data-leave) ends at the hang timeout.
+        extra = ["--hang-timeout", "20"] if name == "data-leave" else []
+        proc = run_cli("run", "--nproc-per-node", "4" if four else "2", "-q", "--json", "--on-divergence", mode,
+                       "--out", str(d / "run"), *extra, *job, env={**ENV, "DIVERGE_RANK": "2"} if four else ENV,
+                       timeout=300)
         assert proc.stdout.strip(), proc.stderr[-3000:]
         return proc.returncode, json.loads(proc.stdout), d
 
-    cases = [("nan-stop", "nan", "stop"), ("skip", "skip", "warn"), ("data-healthy", "healthy", "warn"),
-             ("data-dry", "dry", "warn"), ("recompile", "recompile", "warn"), ("shape", "shape", "warn"),
+    cases = [("nan-stop", "nan", "stop"), ("nan4-stop", "nan", "stop"), ("skip", "skip", "warn"), ("data-healthy", "healthy", "warn"),
+             ("data-dry", "dry", "warn"), ("data-leave", "leave", "warn"), ("recompile", "recompile", "warn"), ("shape", "shape", "warn"),
              ("frozen", "frozen", "warn")]
     with ThreadPoolExecutor(len(cases) + 2) as pool:
         plain = pool.submit(_plain, base / "plain")
@@ -107,6 +111,18 @@ def test_nan_on_one_rank_is_named_and_stop_keeps_it_out_of_the_weights(runs: Any
     assert not [x for x in report["findings"] if x["id"] == "rank-crashed"]
 
 
+def test_four_ranks_a_nan_on_rank_2_is_named_and_stopped_on_every_rank(runs: Any) -> None:
+    """One launch of 4 ranks on one node: rank 2's loss is NaN at step 5; three agree against one."""
+    code, report, d = runs["nan4-stop"]
+    assert code == 1
+    (f,) = _divergence(report)
+    assert f["ranks"] == [2] and f["evidence"]["step"] == 5 and f["evidence"]["others_count"] == 3, f
+    assert f["evidence"]["items"][0]["field"] == "loss"
+    for rank in range(4):
+        w = _weights(d, rank)
+        assert w["applied"] == [1, 2, 3, 4] and w["finite"], (rank, w["applied"])
+
+
 def test_a_rank_that_skips_its_optimizer_step_is_named(runs: Any) -> None:
     code, report, _ = runs["skip"]
     (f,) = _divergence(report)
@@ -120,6 +136,18 @@ def test_a_loader_that_runs_dry_first_is_named_at_its_step(runs: Any) -> None:
     assert code == 1 and f["ranks"] == [0] and f["evidence"]["step"] == 4, f
     item = f["evidence"]["items"][0]
     assert item["field"] == "dry" and "epoch 1, batch 1, 2 left" in item["text"], item
+
+
+def test_a_rank_whose_loader_runs_dry_and_leaves_its_loop_is_named_within_2_s(runs: Any) -> None:
+    """diverge_data.py leave: rank 0's shard is shorter; it leaves its loop after step 3 and waits in a barrier while
+    rank 1 waits in step 4's backward. Its dry event names it seconds after, not at the hang timeout (20 s)."""
+    code, report, d = runs["data-leave"]
+    (f,) = _divergence(report)
+    assert code != 0 and f["ranks"] == [0] and f["evidence"]["step"] == 4, f
+    verdict = json.loads((d / "run" / "divergence.json").read_text())
+    assert verdict["after_first_record_s"] < 2.0, verdict  # from rank 0's StopIteration to the verdict
+    item = verdict["items"][0]
+    assert item["field"] == "dry" and "after step 3" in item["text"] and "rank 1 goes on to step 4" in item["text"]
 
 
 def test_two_nodes_a_nan_on_the_second_node_is_named_and_stopped_everywhere(runs: Any) -> None:

@@ -1,10 +1,13 @@
 """FSDP2 and HSDP jobs get the same doctor (issue 37): real gloo launches of tests/scenarios/fsdp_train.py, FSDP2 on
 2 ranks and HSDP on 4 (a 2x2 mesh).
 
-Launches are shared, the suite's time being the budget (six launches took ~175 s on the loaded 2-core machine): one
-`tune` of the plain FSDP2 script (no prefetch) serves the profile tests through its own profiled launch (RUN/profile,
-a normal profile run directory, read back with `analyze`) and measures forward prefetch against it; one 4-rank HSDP
-`check-sync` serves both the HSDP record and the replica comparison."""
+Launches are shared, the suite's time being the budget: one `tune` of the plain FSDP2 script (no prefetch) serves
+the profile tests through its own profiled launch (RUN/profile, a normal profile run directory, read back with
+`analyze`) and measures forward prefetch against it; one `profile --run-to-completion` of the script with explicit
+prefetch whose rank 1 then freezes a unit serves both the prefetched report and the hang where the ranks parted;
+one 4-rank HSDP `check-sync` serves the HSDP record, the replica comparison and the healthy buffer and optimizer
+step-count comparisons; one 2-rank `check-sync` with a changed buffer and a skipped step; one TP `check-sync`.
+Seven launches in all (tune's four among them)."""
 
 from __future__ import annotations
 
@@ -21,15 +24,6 @@ SCRIPT = str(SCENARIOS / "fsdp_train.py")
 # Rules that read DDP's buckets or options: none may fire on a job without DDP.
 DDP_ONLY = {"no-ddp", "buckets-latency-bound", "first-bucket-late", "find-unused-parameters-unneeded",
             "static-graph-would-help", "find-unused-parameters-on", "gradient-as-bucket-view-off"}
-
-
-def _profile(tmp_path_factory, name: str, nproc: int, *script_args: str) -> tuple[object, dict]:
-    out = tmp_path_factory.mktemp(name)
-    args = ("profile", "--nproc-per-node", str(nproc), "-q", "--json", "--fail-on", "error", "--out", str(out))
-    proc = run_cli(*args, SCRIPT, *script_args, timeout=400)
-    report = settle_cli(proc, json.loads(proc.stdout), args)
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    return out, report
 
 
 @pytest.fixture(scope="module")
@@ -175,7 +169,17 @@ def test_check_sync_fsdp2_names_a_changed_buffer_and_a_skipped_optimizer_step(tm
 
 @pytest.fixture(scope="module")
 def prefetch_run(tmp_path_factory):
-    return _profile(tmp_path_factory, "fsdp_prefetch", 2, "--steps", "10", "--prefetch")
+    """FSDP2 with explicit prefetch, profiled (steps 3-5; --run-to-completion keeps training after the window), whose
+    rank 1 freezes unit '0' at step 8: FSDP2 skips that unit's reduce-scatter there, the ranks part (ezpz#242's
+    shape) and the job hangs. One launch: the report holds the prefetched profile and the hang."""
+    out = tmp_path_factory.mktemp("fsdp_prefetch_parted")
+    args = ("profile", "--nproc-per-node", "2", "-q", "--json", "--out", str(out), "--active", "3",
+            "--run-to-completion", "--hang-timeout", "8")
+    proc = run_cli(*args, SCRIPT, "--prefetch", "--bug", "freeze-unit", "--freeze-at", "8", "--steps", "12",
+                   timeout=400)
+    report = settle_cli(proc, json.loads(proc.stdout), args)
+    assert proc.returncode == 1, proc.stderr[-3000:]
+    return out, report
 
 
 def test_overlap_is_not_counted_from_fsdp_ranges(fsdp_run):
@@ -239,18 +243,14 @@ def test_tune_measures_forward_prefetch_against_the_scripts_own_fsdp2(tuned):
     assert data["tune"]["script"]["unchanged"] is True
 
 
-def test_run_names_the_rank_that_took_another_path_through_the_units_and_where(tmp_path):
-    # saforem2/ezpz#242's shape: rank 1 freezes unit '0' at step 2, so FSDP2 skips that unit's reduce-scatter there
-    # and goes on to step 3; rank 0 waits in the reduce-scatter. A hang (on gloo too: the collectives' sizes never
+def test_run_names_the_rank_that_took_another_path_through_the_units_and_where(prefetch_run):
+    # saforem2/ezpz#242's shape: rank 1 froze unit '0' at step 8, so FSDP2 skipped that unit's reduce-scatter there
+    # and went on to step 9; rank 0 waits in the reduce-scatter. A hang (on gloo too: the collectives' sizes never
     # meet gloo's size check), its culprit and the unit where the ranks parted.
-    out = tmp_path / "run"
-    args = ("run", "--nproc-per-node", "2", "--hang-timeout", "10", "--json", "--out", str(out))
-    proc = run_cli(*args, SCRIPT, "--bug", "freeze-unit", "--steps", "6", timeout=300)
-    report = settle_cli(proc, json.loads(proc.stdout), args)
-    assert proc.returncode == 1, report
+    _, report = prefetch_run
     hang = next(f for f in report["findings"] if f["id"] == "hang")
     assert hang["ranks"] == [1] and hang["evidence"]["culprit_ranks"] == [1]
     assert hang["evidence"]["collective"]["unit"] == "FSDP unit '0' (Linear), reduce-scatter on mesh dim 'dp'"
-    assert "the ranks parted at FSDP unit '0' (Linear), reduce-scatter" in hang["title"]
-    assert "went on to FSDP unit '0' (Linear), forward all-gather on mesh dim 'dp' (step 3, forward" in hang["title"]
+    assert "the ranks parted at FSDP unit '0' (Linear), reduce-scatter on mesh dim 'dp' (step 8, backward" in hang["title"]
+    assert "went on to FSDP unit '0' (Linear), forward all-gather on mesh dim 'dp' (step 9, forward" in hang["title"]
     assert "fully_shard units" in hang["advice"] and not {f["id"] for f in report["findings"]} & DDP_ONLY

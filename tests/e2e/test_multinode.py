@@ -196,7 +196,8 @@ def test_healthy_job_with_slow_first_and_eval_steps_no_false_hang(tmp_path: Path
         assert code == 0, err[-3000:]
     assert verdict_lines(results[0][2]) == ["ddpdoctor: job finished ok"]
     assert verdict_lines(results[1][2]) == ["ddpdoctor: job finished ok; the job's report is on the head node "
-                                            f"({os.uname().nodename}) in {out}/report.txt"]
+                                            f"({os.uname().nodename}) in {out}/report.json"]
+    assert (out / "report.json").is_file()  # what the other node points to exists
     assert not (out / "hang.json").exists()
 
 

@@ -6,7 +6,9 @@ MODE ``healthy``: two epochs of a DistributedSampler(drop_last=True) over an une
 evaluation loader that rank 0 alone reads to its end after each epoch, then an epoch where rank 0 has one batch
 fewer than rank 1, handled by ``Join``: nothing diverged. MODE ``dry``: rank 0's shard is shorter (3 batches, rank
 1's 5) and each rank starts its loader again when it runs out, so from step 4 rank 0 reads its second epoch while
-rank 1 is still in its first; 6 steps on both, no hang. With OUT, each rank writes its losses and final weights to
+rank 1 is still in its first; 6 steps on both, no hang. MODE ``leave``: the same shorter shard on rank 0, read once
+(``for x, y in loader``): rank 0 leaves its loop after step 3 and waits in a final barrier while rank 1 waits in
+step 4's gradient all-reduce (a hang: the dry event names it first). With OUT, each rank writes its losses and final weights to
 OUT/rankR.pt (the bit-identity test compares them with plain torchrun's)."""
 
 import datetime
@@ -67,6 +69,11 @@ elif MODE == "dry":
             it = iter(loader)  # each rank starts its own loader again: rank 0 reads epoch 1 from step 4
             x, y = next(it)
         train(x, y)
+elif MODE == "leave":
+    loader = DataLoader(data[: 6 if rank == 0 else 10], batch_size=2)  # BUG: rank 0's shard is shorter
+    for x, y in loader:
+        train(x, y)
+    dist.barrier()  # "wait for everyone": rank 1 never comes, it waits in step 4's backward
 if OUT:
     os.makedirs(OUT, exist_ok=True)
     torch.save({"losses": losses, "weights": [p.detach().clone() for p in model.parameters()]},

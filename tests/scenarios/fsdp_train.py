@@ -9,7 +9,7 @@ mask or a RoPE table), `fully_shard` on each Linear and on the root, AdamW.
     --bug drift      (tp) rank 1 changes its copy of the replicated norm weight after the first step
     --bug buffer     rank 1 changes its copy of the buffer after the first step
     --bug skip-step  rank 1 skips optimizer.step() at step 2 (a rank-local "gradient norm too large")
-    --bug freeze-unit rank 1 freezes unit "0" (requires_grad=False) at step 2: FSDP2 skips that unit's
+    --bug freeze-unit rank 1 freezes unit "0" (requires_grad=False) at step --freeze-at: FSDP2 skips that unit's
                      reduce-scatter there, so the ranks part at it (saforem2/ezpz#242's shape: a rank that takes
                      another path through the units)
                      (--bug may be given more than once)
@@ -31,6 +31,7 @@ p.add_argument("--mesh", default="1d", choices=["1d", "hsdp", "tp"])
 p.add_argument("--prefetch", action="store_true")
 p.add_argument("--bug", action="append", default=[], choices=["drift", "buffer", "skip-step", "freeze-unit"])
 p.add_argument("--steps", type=int, default=8)
+p.add_argument("--freeze-at", type=int, default=2)
 p.add_argument("--width", type=int, default=256)
 args = p.parse_args()
 
@@ -89,7 +90,7 @@ if args.mesh == "tp":
     batches = iter(DataLoader(data, batch_size=16, sampler=DistributedSampler(data, num_replicas=1, rank=0)))
 for step in range(args.steps):
     x = next(batches)[0] if args.mesh == "tp" else torch.randn(16, W, generator=g)
-    if "freeze-unit" in args.bug and step == 2 and rank == 1:
+    if "freeze-unit" in args.bug and step == args.freeze_at and rank == 1:
         model[0].requires_grad_(False)
     loss = model(x).square().mean()
     opt.zero_grad()

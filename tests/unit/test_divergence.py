@@ -438,3 +438,106 @@ def test_a_collective_of_another_shape_is_named_with_both_sides_calls() -> None:
     assert verdict["items"][0]["text"].endswith(
         ": call 2 of step 3: all_reduce sizes [[2, 4]] torch.float32, the other ranks all_reduce sizes [[8]] "
         "torch.float32"), verdict["items"][0]["text"]
+
+
+def test_a_rank_whose_loader_ran_dry_and_left_its_loop_is_named_by_its_dry_event() -> None:
+    """The dry event (probes/data_position.dry_event) of rank 0 after step 3, while rank 1's record of step 3 has
+    batches left: named at once (step 4, rank 0), whichever of the two the judge hears first."""
+    for event_first in (False, True):
+        judge = DivergenceJudge(2)
+        for step in (1, 2, 3):
+            judge.add([0], rec(step, epoch=0, batches=step, left=3 - step))
+            if step < 3 or not event_first:
+                judge.add([1], rec(step, epoch=0, batches=step, left=5 - step))
+        t = int(time.time() * 1000)
+        verdict = judge.add_dry(0, 3, t)
+        if event_first:
+            assert verdict is None
+            verdict = judge.add([1], rec(3, epoch=0, batches=3, left=2))
+        assert verdict is not None and verdict["ranks"] == [0] and verdict["step"] == 4, verdict
+        (item,) = verdict["items"]
+        assert item["field"] == "dry" and "ran dry (StopIteration) after step 3" in item["text"], item
+        assert "rank 1 goes on to step 4 (2 batch(es) left" in item["text"], item
+        assert 0 <= verdict["after_first_record_s"] < 60
+    # A loader without a length (left -1): named once the other rank records step 4 with no StopIteration since.
+    judge = DivergenceJudge(2)
+    for step in (1, 2, 3):
+        judge.add([0], rec(step, epoch=0))
+        judge.add([1], rec(step, epoch=0))
+    assert judge.add_dry(0, 3, int(time.time() * 1000)) is None
+    verdict = judge.add([1], rec(4, epoch=0))
+    assert verdict is not None and verdict["ranks"] == [0] and verdict["step"] == 4
+    assert "it recorded that step without its loader ending" in verdict["reason"]
+
+
+def test_every_rank_running_dry_at_the_same_step_is_quiet() -> None:
+    """The end of an epoch (or of training): both loaders end after step 3, both dry events come, the next epoch's
+    records say so (dry 1): no verdict."""
+    judge = DivergenceJudge(2)
+    for step in (1, 2, 3):
+        for r in (0, 1):
+            assert judge.add([r], rec(step, epoch=0, batches=step, left=3 - step)) is None
+    assert judge.add_dry(0, 3, 0) is None and judge.add_dry(1, 3, 0) is None
+    for r in (0, 1):
+        assert judge.add([r], rec(4, epoch=1, dry=1, batches=1, left=2)) is None
+    assert judge.verdict is None and judge.agreed_step == 4
+
+
+def test_the_dry_event_waits_for_a_restart_and_never_comes_inside_join() -> None:
+    from types import SimpleNamespace
+
+    from torch.distributed.algorithms.join import Join
+    from torch.utils.data import DataLoader
+
+    original = Join.__enter__
+    fp = StepFingerprint(_Steps(), stop=False)
+    fp.install()
+    try:
+        loader = DataLoader(list(range(4)), batch_size=2)
+        _train(fp, [loader])
+        ran_dry = fp.data._dry_at
+        assert fp.data.dry_step == 2
+        assert fp.data.dry_event(now=ran_dry + 0.01) is None  # a restart may still come (the next epoch)
+        assert fp.data.dry_event(now=ran_dry + 1.0) == ["dry", 2, int(ran_dry * 1000)]
+        assert fp.data.dry_event(now=ran_dry + 2.0) is None  # once per dry step
+        _train(fp, [loader])  # the next epoch at once: drew a batch, so no event for step 4 until it ran dry again
+        assert fp.outgoing(ending=True)[-1] == ["dry", 4, int(fp.data._dry_at * 1000)]  # ending: no wait
+        join = SimpleNamespace(_enable=False)  # what Join.__exit__ reads first (no process group needed)
+        Join.__enter__(join)  # type: ignore[arg-type]
+        _train(fp, [loader])  # a last uneven batch under Join: its loader's end is by design
+        Join.__exit__(join, None, None, None)  # type: ignore[arg-type]
+        assert fp.data.dry_step == 6 and fp.outgoing(ending=True) == []
+    finally:
+        fp.finish({})
+    assert Join.__enter__ is original and fp.data._join_saved is None  # put back
+
+
+def test_a_dry_event_on_the_other_node_is_relayed_and_named_on_the_head(tmp_path: Any) -> None:
+    """Rank 3 (node 1) ran dry after step 2 and left its loop; rank 0 (the head's) has batches left: the relay
+    carries the dry event among the records (job/divergence_relay.py) and the head names rank 3 at step 3."""
+    from ddpdoctor.job.divergence_relay import WORD, DivergenceRelay
+
+    store = _Store()
+    head, node = _Node(tmp_path, [0, 1]), _Node(None, [2, 3])
+    head.world_size = node.world_size = 4  # type: ignore[misc]
+    head.decider = node.decider = object()  # type: ignore[assignment]
+    node.writes_run_files = False  # type: ignore[misc]
+    relays = {0: DivergenceRelay(0, True), 1: DivergenceRelay(1, False)}
+    for mon, n in ((head, 0), (node, 1)):
+        mon.watch = DivergenceWatch("stop")
+        mon.watch.join_job(relays[n])
+        mon.watch.on_start(mon)
+    for k in (1, 2):
+        for r in (0, 1):
+            head.watch.on_message(head, r, {"type": "fp", "fp": [rec(k, epoch=0, left=4 - k)]})  # type: ignore[union-attr]
+        for r in (2, 3):
+            left = 2 - k if r == 3 else 4 - k
+            relays[1].add(r, [rec(k, epoch=0, left=left)] + ([["dry", 2, 1000]] if r == 3 and k == 2 else []))
+    relays[1].publish(store)
+    relays[0].take(store, [0, 1], head)
+    relays[0].put_word(store)
+    relays[1].deliver(store.get(WORD), node)
+    verdict = json.loads((tmp_path / "divergence.json").read_text())
+    assert verdict["ranks"] == [3] and verdict["step"] == 3 and verdict["items"][0]["field"] == "dry", verdict
+    assert "after step 2" in verdict["reason"] and "goes on to step 3" in verdict["reason"]
+    assert [m["type"] for _, m in node.sent if m["type"] == "divergence-stop"] == ["divergence-stop"] * 2

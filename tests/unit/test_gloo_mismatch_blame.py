@@ -130,3 +130,22 @@ def test_a_recorded_skip_on_four_ranks_blames_the_rank_that_skipped(tmp_path: Pa
     (mm,) = [f for f in report.findings if f.id == "collective-mismatch"]
     assert mm.evidence["why"] == "skipped" and sorted(mm.evidence["collectives"]) == ["0", "1", "2", "3"]
     assert "ranks 0, 1, 3 all_reduce [[1]]" in mm.title
+
+
+def test_a_job_without_ddp_gets_no_ddp_reading() -> None:
+    # The shape of an FSDP2 job whose rank 1 skipped a unit's forward (tests/scenarios/fsdp_train.py, tried by hand):
+    # gloo aborted rank 1, whose last beat was in step 1's backward; rank 0 got "Connection reset" in unit '4''s
+    # all-gather wait. Read as DDP's, rank 1 was "in DDP's gradient all-reduce" and rank 0 blamed for leaving the
+    # loop; without DDP, a rank in backward() waits in no bucket all-reduce, and only the bytes tell the ranks apart.
+    wait = {**_in("wait (async collective)", []), "group": None, "seq": None}
+    statuses = {0: {**RESET, "failed_collective": wait, "last_collective": {"op": "backward (DDP gradient all-reduce)",
+                                                                           "call_site": "/job/train.py:13"}}, 1: None}
+    beats = {0: _metric(2), 1: _backward(1)}
+    (as_ddp,) = crash_findings(statuses, stderr={1: ABORT.format(got=65792)}, last_beats=beats)
+    assert as_ddp.evidence["why"] == "left-or-extra" and "DDP" in as_ddp.title
+    mm, crashed = crash_findings(statuses, stderr={1: ABORT.format(got=65792)}, last_beats=beats, ddp=False)
+    # rank 1 names no collective (it was computing in backward at its last beat): nothing tells who sent what, so
+    # both ranks are named, and the aborted rank is the one that failed first
+    assert mm.id == "collective-mismatch" and mm.ranks == [0, 1] and "why" not in mm.evidence
+    assert "DDP" not in mm.title and "rank 1 a collective it did not name" in mm.title
+    assert crashed.id == "rank-crashed" and crashed.ranks == [1]

@@ -187,3 +187,45 @@ def test_a_long_warning_that_names_an_error_is_not_cut_into_a_failure() -> None:
             "and will raise a RuntimeError: in a future release of the library; please migrate to the new option now")
     assert list(records(line)) == [line]
     assert explain_texts({"rank0.log": line + "\nEpoch 1 loss 0.5\n"}) == []
+
+
+def test_the_one_gate_passes_every_line_either_reader_takes() -> None:
+    # explain._EITHER replaces two searches per line (messages._ANY, explain._MAYBE_FAILURE) on the bulk of a log:
+    # every line either of them matches must pass it (the words of both, in any case).
+    import random
+
+    from ddpdoctor.logs.explain import _EITHER, _MAYBE_FAILURE
+    from ddpdoctor.logs.messages import _ANY
+
+    words = [w for w in (_ANY.pattern + "|" + _MAYBE_FAILURE.pattern).replace("\\(", "(").split("|")]
+    words = [w.replace("[Ll]", "L") for w in words]
+    rng = random.Random(40)
+    for _ in range(5000):
+        w = rng.choice(words)
+        w = "".join(c.upper() if rng.random() < 0.5 else c for c in w)
+        text = "x" * rng.randint(0, 5) + w + " y"
+        if _ANY.search(text) or _MAYBE_FAILURE.search(text.lower()):
+            assert _EITHER.search(text.lower()), text
+    for w in words:
+        assert _EITHER.search(w.lower()), w
+
+
+def test_a_run_of_rank_prefixes_is_read_as_the_prefix_loop_reads_it() -> None:
+    # lines._RANK_RUN matches the whole run of stacked prefixes at once (cached rank per run text): the same text
+    # consumed and the same rank as matching _RANK_PREFIX again and again, on random soups of prefix pieces.
+    import random
+
+    from ddpdoctor.logs.lines import _RANK_PREFIX, _RANK_RUN, _run_rank
+
+    pieces = ["[default", "[rank", "]", ":", " ", "1", "23", "[4,5]", "<stdout>", "<stderr>", ",", "[", "x", "]:"]
+    rng = random.Random(40)
+    for _ in range(20000):
+        line = "".join(rng.choice(pieces) for _ in range(rng.randint(0, 12)))
+        rest, rank = line, None
+        while m := _RANK_PREFIX.match(rest):
+            rank = int(m.group(m.lastindex or 1))
+            rest = rest[m.end():]
+        run = _RANK_RUN.match(line)
+        assert (run.end() if run else 0) == len(line) - len(rest), line
+        if run:
+            assert _run_rank(run.group()) == rank, line
