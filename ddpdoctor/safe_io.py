@@ -34,6 +34,13 @@ GZIP_FREE_BYTES = 256 << 20
 _CHUNK = 1 << 20
 
 
+def bad_utf8(exc: BaseException) -> bool:
+    """Whether a decoder refused its input for invalid UTF-8: UnicodeDecodeError (the standard library, msgspec
+    before 0.23) or msgspec's DecodeError "Invalid UTF-8 encoded string" (msgspec 0.23 on, which also refuses the
+    bytes of a lone surrogate)."""
+    return isinstance(exc, UnicodeDecodeError) or (type(exc).__name__ == "DecodeError" and "UTF-8" in str(exc))
+
+
 def max_input_bytes(default: int | None = None) -> int:
     """The cap on one input's (decompressed) size, from DDPDOCTOR_MAX_INPUT_MB, else ``default`` bytes (a
     command's own cap), else DEFAULT_MAX_INPUT_MB."""

@@ -11,6 +11,7 @@ from typing import Any
 
 import msgspec
 
+from ddpdoctor import safe_io
 from ddpdoctor.errors import BadInput
 
 CHUNK_BYTES = 8 << 20
@@ -115,7 +116,9 @@ def _decode_chunk(raw: bytes, pos: int, cut: int) -> list[ChromeEvent]:
     piece = b"[" + raw[pos:cut] + b"]"
     try:
         return _typed(piece)
-    except UnicodeDecodeError:
+    except (UnicodeDecodeError, msgspec.DecodeError) as exc:
+        if not safe_io.bad_utf8(exc):
+            raise
         # Invalid UTF-8 inside a name: keep the events with U+FFFD, as the analysis's loader does.
         return _typed(piece.decode("utf-8", "replace").encode("utf-8"))
 

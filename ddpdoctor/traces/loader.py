@@ -195,10 +195,7 @@ def _decode(data: bytes | bytearray, path: Path) -> tuple[TraceDoc, list[str]]:
     try:
         return _DOC.decode(data), notes
     except UnicodeDecodeError:
-        # Invalid UTF-8 inside a name: keep the trace, replace the bad bytes (HTA's parser gives up here).
-        notes.append(f"{path}: invalid UTF-8 replaced with U+FFFD")
-        data = data.decode("utf-8", "replace").encode("utf-8")
-        return _decode(data, path)[0], notes
+        return _utf8_replaced(data, path, notes)
     except msgspec.ValidationError as exc:
         text = str(exc)
         if data.lstrip()[:1] == b"[":
@@ -208,12 +205,20 @@ def _decode(data: bytes | bytearray, path: Path) -> tuple[TraceDoc, list[str]]:
             raise BadInput("not a PyTorch profiler trace (no traceEvents)", path) from exc
         raise BadInput(f"not a PyTorch profiler trace ({text})", path) from exc
     except msgspec.DecodeError as exc:
+        if safe_io.bad_utf8(exc):
+            return _utf8_replaced(data, path, notes)
         problem = "truncated JSON" if "truncated" in str(exc) else f"not valid JSON ({exc})"
         raise BadInput(problem, path) from exc
     except RecursionError as exc:
         # msgspec bounds nesting itself, in C, before Python's stack is at risk (no separate pre-scan of a
         # 500 MB trace is needed): a trace is a few levels deep, so this is a damaged or hostile file.
         raise BadInput(f"JSON nested too deeply (more than {sys.getrecursionlimit()} levels)", path) from exc
+
+
+def _utf8_replaced(data: bytes | bytearray, path: Path, notes: list[str]) -> tuple[TraceDoc, list[str]]:
+    # Invalid UTF-8 inside a name: keep the trace, replace the bad bytes (HTA's parser gives up here).
+    notes.append(f"{path}: invalid UTF-8 replaced with U+FFFD")
+    return _decode(bytes(data).decode("utf-8", "replace").encode("utf-8"), path)[0], notes
 
 
 def _bare_events(data: bytes | bytearray, path: Path) -> list[Event]:
