@@ -369,13 +369,28 @@ def flight_view(rank: int, dump: object) -> FlightView | None:
         if enq > done:
             first[str(g)] = done + 1
     entries = dump.get("entries")
-    named: dict[str, dict[str, object]] = {}
+    by_seq: dict[tuple[str, object], dict[str, object]] = {}
     for e in entries if isinstance(entries, list) else []:
         if not isinstance(e, dict) or e.get("is_p2p"):
             continue
         pg = e.get("process_group")
-        name = str(pg[0]) if isinstance(pg, list) and pg else ""
-        if name in first and e.get("collective_seq_id") == first[name]:
+        by_seq[(str(pg[0]) if isinstance(pg, list) and pg else "", e.get("collective_seq_id"))] = e
+    named: dict[str, dict[str, object]] = {}
+    for name in list(first):
+        # gloo marks a group's last completed collective lazily (its backend thread): entries the dump already
+        # says are retired completed, so the first pending one is the first not retired.
+        seq = first[name]
+        while (e := by_seq.get((name, seq))) is not None and e.get("retired") is True:
+            seq += 1
+        completed[name] = seq - 1
+        if (e := by_seq.get((name, seq))) is None and seq > first[name]:
+            enq = int(dump["pg_status"][name].get("last_enqueued_collective", -1)) if isinstance(
+                dump["pg_status"].get(name), dict) else -1
+            if seq > enq:
+                del first[name]  # every enqueued one is retired: nothing pending
+                continue
+        first[name] = seq
+        if e is not None:
             named[name] = e
     default = _default_name(dump)
     pending: dict[str, RankPosition] = {}
@@ -415,9 +430,13 @@ def reconcile(d: HangDiagnosis, stacks: Mapping[int, str | None], dumps: Mapping
     generic = set(WAIT_OPS.values())
     for r, p in d.positions.items():
         v, st = views[r], states[r]
-        if p.state == "in-collective" and p.op in generic and v is not None and p.group in v.pending:
-            named = v.pending[p.group]  # a wait the heartbeat saw but had not named yet: the dump names it
-            pos[r] = RankPosition(r, "in-collective", p.phase, p.step, named.op, p.group, named.seq, named.sizes,
+        if p.state == "in-collective" and v is not None and p.group in v.pending and (
+                p.op in generic or (p.seq is not None and (v.pending[p.group].seq or 0) > p.seq)):
+            # A wait the heartbeat saw but had not named yet, or named from gloo's lazily updated counters (an
+            # earlier number than the dump's first collective not retired): the dump names it.
+            named = v.pending[p.group]
+            op = named.op if p.op in generic else p.op
+            pos[r] = RankPosition(r, "in-collective", p.phase, p.step, op, p.group, named.seq, named.sizes or p.sizes,
                                   p.call_site, unit=p.unit, data_dry=p.data_dry)
             changed = True
         elif p.state == "outside-collective" and st == "collective":
