@@ -193,6 +193,36 @@ def test_reconcile_puts_a_rank_waiting_where_no_wrapper_sees_into_the_collective
     assert "sources that agree: flight-recorder, heartbeat, stack" in out.reason
 
 
+def _retired(d: dict, upto: int) -> dict:
+    for e in d["entries"]:
+        e["retired"] = e["collective_seq_id"] <= upto
+    return d
+
+
+def test_flight_view_counts_retired_entries_as_completed_as_gloo_marks_them_lazily() -> None:
+    # A real gloo dump (a fresh-clone run): last completed 10, enqueued 13, entries 11 and 12 already retired.
+    v = flight_view(0, _retired(dump(13, 10, [(11, "gloo:broadcast", [[8]]), (12, "gloo:all_reduce", [[410]]),
+                                               (13, "gloo:broadcast", [[8]])]), 12))
+    assert v is not None and v.completed == {"default_pg": 12}
+    assert (v.pending["default_pg"].op, v.pending["default_pg"].seq) == ("broadcast", 13)
+    every = flight_view(0, _retired(dump(12, 10, [(11, "gloo:broadcast", [[8]]), (12, "gloo:all_reduce", [[4]])]), 12))
+    assert every is not None and every.completed == {"default_pg": 12} and every.pending == {}
+
+
+def test_reconcile_takes_the_dumps_newer_number_over_a_heartbeats_lazy_one() -> None:
+    # The heartbeat named rank 0's wait from gloo's lazy counters (#11); the dump says #13; the culprit completed 12.
+    beats = {0: RankPosition(0, "in-collective", "forward", 3, "broadcast (DDP buffers/parameters)", "default_pg", 11),
+             1: RankPosition(1, "outside-collective", "data", 3)}
+    out = reconcile(diagnose_hang(beats, [0, 1]), {0: PYSPY_WAITING, 1: TRACEBACK_SLEEPING},
+                    {0: _retired(dump(13, 10, [(11, "gloo:broadcast", [[8]]), (12, "gloo:all_reduce", [[4]]),
+                                               (13, "gloo:broadcast", [[8]])]), 12),
+                     1: _retired(dump(12, 12, [(11, "gloo:broadcast", [[8]]), (12, "gloo:all_reduce", [[4]])]), 12)})
+    assert out.kind == "outside-collective" and out.culprit_ranks == [1]
+    assert out.collective is not None and out.collective["seq"] == 13
+    assert str(out.collective["op"]).startswith("broadcast")
+    assert out.sources == {0: ["heartbeat", "flight-recorder", "stack"], 1: ["heartbeat", "flight-recorder", "stack"]}
+
+
 def test_reconcile_names_the_rank_behind_from_the_flight_recorder_alone() -> None:
     beats = {r: RankPosition(r, "outside-collective", "forward", 3) for r in range(3)}
     out = reconcile(diagnose_hang(beats, [0, 1, 2]), {},
