@@ -357,6 +357,7 @@ def flight_view(rank: int, dump: object) -> FlightView | None:
     if not isinstance(dump, dict) or not isinstance(dump.get("pg_status"), dict):
         return None
     completed: dict[str, int] = {}
+    enqueued: dict[str, int] = {}
     first: dict[str, int] = {}
     for g, st in dump["pg_status"].items():
         if not isinstance(st, dict):
@@ -366,6 +367,7 @@ def flight_view(rank: int, dump: object) -> FlightView | None:
         except (TypeError, ValueError):
             continue
         completed[str(g)] = done
+        enqueued[str(g)] = enq
         if enq > done:
             first[str(g)] = done + 1
     entries = dump.get("entries")
@@ -383,12 +385,9 @@ def flight_view(rank: int, dump: object) -> FlightView | None:
         while (e := by_seq.get((name, seq))) is not None and e.get("retired") is True:
             seq += 1
         completed[name] = seq - 1
-        if (e := by_seq.get((name, seq))) is None and seq > first[name]:
-            enq = int(dump["pg_status"][name].get("last_enqueued_collective", -1)) if isinstance(
-                dump["pg_status"].get(name), dict) else -1
-            if seq > enq:
-                del first[name]  # every enqueued one is retired: nothing pending
-                continue
+        if e is None and seq > enqueued[name]:
+            del first[name]  # every enqueued one is retired: nothing pending
+            continue
         first[name] = seq
         if e is not None:
             named[name] = e

@@ -288,9 +288,9 @@ class _Node(_Monitor):
         self.watch.on_message(self, rank, msg)
 
 
-def test_records_relayed_across_nodes_are_judged_on_the_head_and_its_word_reaches_the_other_node(
-        tmp_path: Any) -> None:
-    from ddpdoctor.job.divergence_relay import WORD, DivergenceRelay
+def _two_nodes_in_stop_mode(tmp_path: Any) -> tuple[Any, Any, Any, dict[int, Any]]:
+    """A head (ranks 0, 1) and another node (ranks 2, 3), each watching in stop mode and joined by its relay."""
+    from ddpdoctor.job.divergence_relay import DivergenceRelay
 
     store = _Store()
     head, node = _Node(tmp_path, [0, 1]), _Node(None, [2, 3])
@@ -302,6 +302,14 @@ def test_records_relayed_across_nodes_are_judged_on_the_head_and_its_word_reache
         mon.watch = DivergenceWatch("stop")
         mon.watch.join_job(relays[n])
         mon.watch.on_start(mon)
+    return store, head, node, relays
+
+
+def test_records_relayed_across_nodes_are_judged_on_the_head_and_its_word_reaches_the_other_node(
+        tmp_path: Any) -> None:
+    from ddpdoctor.job.divergence_relay import WORD
+
+    store, head, node, relays = _two_nodes_in_stop_mode(tmp_path)
     assert not head.said and relays[1].stop_mode
 
     def step(k: int, bad: dict[str, Any] | None = None) -> None:
@@ -515,18 +523,9 @@ def test_the_dry_event_waits_for_a_restart_and_never_comes_inside_join() -> None
 def test_a_dry_event_on_the_other_node_is_relayed_and_named_on_the_head(tmp_path: Any) -> None:
     """Rank 3 (node 1) ran dry after step 2 and left its loop; rank 0 (the head's) has batches left: the relay
     carries the dry event among the records (job/divergence_relay.py) and the head names rank 3 at step 3."""
-    from ddpdoctor.job.divergence_relay import WORD, DivergenceRelay
+    from ddpdoctor.job.divergence_relay import WORD
 
-    store = _Store()
-    head, node = _Node(tmp_path, [0, 1]), _Node(None, [2, 3])
-    head.world_size = node.world_size = 4  # type: ignore[misc]
-    head.decider = node.decider = object()  # type: ignore[assignment]
-    node.writes_run_files = False  # type: ignore[misc]
-    relays = {0: DivergenceRelay(0, True), 1: DivergenceRelay(1, False)}
-    for mon, n in ((head, 0), (node, 1)):
-        mon.watch = DivergenceWatch("stop")
-        mon.watch.join_job(relays[n])
-        mon.watch.on_start(mon)
+    store, head, node, relays = _two_nodes_in_stop_mode(tmp_path)
     for k in (1, 2):
         for r in (0, 1):
             head.watch.on_message(head, r, {"type": "fp", "fp": [rec(k, epoch=0, left=4 - k)]})  # type: ignore[union-attr]
