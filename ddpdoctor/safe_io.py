@@ -312,6 +312,58 @@ def dumps_json(value: Any, **kwargs: Any) -> str:
     return msgspec.json.format(text, indent=indent)
 
 
+JSON_BATCH = 2_000  # elements of a long list encoded at once by iter_json
+
+
+def iter_json(value: Any, level: int = 0) -> Iterator[str]:
+    """dumps_json(value, indent=2) in pieces, the same text byte for byte once joined: a report's long lists (one
+    entry per step or per collective: 300 MB of text for 200,000 steps) are encoded JSON_BATCH elements at a time,
+    so neither the whole text nor its indented copy is ever held (issue 40). Small values are encoded whole."""
+    pad = "  " * level
+    if isinstance(value, dict) and value and all(isinstance(k, str) for k in value) and _long(value):
+        yield "{\n"
+        for i, (k, v) in enumerate(value.items()):
+            yield f",\n{pad}  " if i else f"{pad}  "
+            yield dumps_json(k) + ": "
+            yield from iter_json(v, level + 1)
+        yield f"\n{pad}}}"
+    elif isinstance(value, list) and value and _long(value):
+        yield "[\n"
+        i, first = 0, True
+        while i < len(value):
+            sep = "" if first else ",\n"
+            first = False
+            if _long(value[i]):
+                yield f"{sep}{pad}  "
+                yield from iter_json(value[i], level + 1)
+                i += 1
+                continue
+            j = i + 1
+            while j < len(value) and j - i < JSON_BATCH and not _long(value[j]):
+                j += 1
+            # "[\n  a,\n  b\n]" less its brackets: the elements one level in, then moved to this level
+            inner = dumps_json(value[i:j], indent=2)[2:-2]
+            yield sep + pad + (inner.replace("\n", "\n" + pad) if pad else inner)
+            i = j
+        yield f"\n{pad}]"
+    else:
+        text = dumps_json(value, indent=2)
+        yield text.replace("\n", "\n" + pad) if pad else text
+
+
+def _long(value: Any, depth: int = 3) -> bool:
+    """Whether ``value`` is, or holds within ``depth`` levels, a list longer than JSON_BATCH."""
+    if isinstance(value, list):
+        if len(value) > JSON_BATCH:
+            return True
+        items: Any = value
+    elif isinstance(value, dict):
+        items = value.values()
+    else:
+        return False
+    return depth > 0 and any(_long(v, depth - 1) for v in items if isinstance(v, list | dict))
+
+
 # -- writing ---------------------------------------------------------------------------------------------------
 def temp_name(path: Path) -> Path:
     """A temporary name beside ``path`` nobody can predict (128 random bits): another user who may create names in

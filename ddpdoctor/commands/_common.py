@@ -16,7 +16,7 @@ from ddpdoctor.commands._torchrun_options import torchrun_options
 from ddpdoctor.errors import EXIT_BAD_INPUT, BadInput
 from ddpdoctor.findings.model import Severity
 from ddpdoctor.report import Report
-from ddpdoctor.safe_io import dumps_json
+from ddpdoctor.safe_io import iter_json
 from ddpdoctor.terminal_text import one_line
 
 SectionRenderer = Callable[[Report, Any, bool], None]
@@ -74,7 +74,10 @@ def emit(
 ) -> NoReturn:
     """Print the report and exit with the code its findings imply (or ``exit_code`` when it is worse)."""
     if as_json:
-        click.echo(dumps_json(report.to_json(), indent=2))  # never NaN/Infinity or a lone surrogate (docs/json.md)
+        # never NaN/Infinity or a lone surrogate (docs/json.md); written in pieces: a long run's report is 100s of MB
+        for piece in iter_json(report.to_json()):
+            click.echo(piece, nl=False)
+        click.echo()
     else:
         from ddpdoctor.renderers.console import render
         from ddpdoctor.renderers.views import view_for

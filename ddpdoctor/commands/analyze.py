@@ -67,6 +67,7 @@ def _analyze(paths: tuple[Path, ...], window: str, reread: bool, workers: int | 
             analysis = analyze_paths(list(paths), AnalyzeOptions(window=window, reread=reread, workers=workers,
                                                                  on_bytes=advance))
         report = assemble(analysis)
+        del analysis  # what the report did not take (a long trace's columns) is free for the output's encoding
         report.findings.extend(_unfinished(paths))
         # A run directory is read, never rewritten: `profile` already wrote its report.html and scalars, and an
         # archived or read-only run must stay analysable. --html/--merge write where the user asks.

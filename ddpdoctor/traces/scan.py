@@ -48,7 +48,7 @@ def is_memory(name: str, cat: str) -> bool:
     return cat in ("gpu_memcpy", "gpu_memset") or name.startswith(("Memcpy", "Memset"))
 
 
-@dataclass
+@dataclass(slots=True)  # one per collective: no __dict__ (200,000 of them in a long trace)
 class CommEvent:
     name: str
     start: float
@@ -58,7 +58,7 @@ class CommEvent:
     args: EventArgs
 
 
-@dataclass
+@dataclass(slots=True)
 class CpuCall:
     name: str
     start: float
@@ -136,8 +136,10 @@ def scan(events: list[AnyEvent], has_gpu: bool, gloo_tids: set[tuple[int | str, 
 
 
 def scan_complete(xs: list[Event | XEvent], n_events: int, has_gpu: bool, gloo_tids: set[tuple[int | str, int | str]],
-                  path: str) -> Part:
-    """scan, given the complete events (complete_events) and the count of all events."""
+                  path: str, fsdp_filter: bool = True) -> Part:
+    """scan, given the complete events (complete_events) and the count of all events. ``fsdp_filter`` False: the
+    compute ops are kept whole, FSDP's wrappers among them too (a range of a trace: traces/chunks.py filters them
+    once it has every FSDP range)."""
     part = Part(n_events=n_events)
     gloo_thread_ids = {tid for _, tid in gloo_tids}  # a plain tid test first: no (pid, tid) tuple per event
     steps = part.steps
@@ -217,7 +219,7 @@ def scan_complete(xs: list[Event | XEvent], n_events: int, has_gpu: bool, gloo_t
         if k & K_COMPUTE and (ev.pid, ev.tid) not in gloo_tids:
             keep(ev)
     part.has_kernels = "kernel" in kinds
-    if cpu_compute and fsdp:
+    if cpu_compute and fsdp and fsdp_filter:
         cpu_compute = without_fsdp_wrappers(cpu_compute, fsdp)
     if cpu_compute:
         part.cpu_compute = cpu_compute
@@ -228,17 +230,21 @@ def without_fsdp_wrappers(events: list[Event | XEvent], fsdp: list[CpuCall]) -> 
     """The CPU ops that are compute under FSDP2: an op whose span holds one of FSDP's own ranges (the autograd
     node that runs FSDP's pre-backward hook, RegisterPostBackwardFunctionBackward, a module's python_function)
     is a wrapper around FSDP's all-gather or reduce-scatter and its ``work.wait()``; the ops inside it still
-    count, the wait does not (docs/metrics.md, "FSDP2 on CPU"). One binary search per op: the FSDP ranges
-    starting inside it are checked until the first that also ends inside it."""
+    count, the wait does not (docs/metrics.md, "FSDP2 on CPU")."""
+    keep = compute_mask([ev.ts for ev in events], [ev.ts + ev.dur for ev in events], fsdp)
+    return [ev for ev, k in zip(events, keep, strict=True) if k]
+
+
+def compute_mask(starts: list[float], ends: list[float], fsdp: list[CpuCall]) -> list[bool]:
+    """For each op (start, end), whether it is compute under FSDP2 (without_fsdp_wrappers). One binary search per
+    op: the FSDP ranges starting inside it are checked until the first that also ends inside it."""
     from bisect import bisect_left
 
     ranges = sorted((c.start, c.end) for c in fsdp)
-    starts = [r[0] for r in ranges]
-    out: list[Event | XEvent] = []
-    for ev in events:
-        ts = ev.ts
-        end = ts + ev.dur
-        i = bisect_left(starts, ts)
+    first = [r[0] for r in ranges]
+    out: list[bool] = []
+    for ts, end in zip(starts, ends, strict=True):
+        i = bisect_left(first, ts)
         wraps = False
         while i < len(ranges) and ranges[i][0] <= end:
             # the same span on both: the op runs inside FSDP's range (FSDP's ranges only wrap)
@@ -246,6 +252,5 @@ def without_fsdp_wrappers(events: list[Event | XEvent], fsdp: list[CpuCall]) -> 
                 wraps = True
                 break
             i += 1
-        if not wraps:
-            out.append(ev)
+        out.append(not wraps)
     return out

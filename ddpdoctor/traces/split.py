@@ -367,11 +367,12 @@ def _joined(answers: list[Part | None], path: Path, c: Cut, fallback_rank: int |
 
 
 @contextlib.contextmanager
-def _open_big(path: Path) -> Iterator[FileSource | None]:
-    """A big uncompressed trace file, open for reading by offset; None for a small, compressed or oversized one
-    (read whole by read_buffer, which names what is wrong with it)."""
+def _open_big(path: Path, min_bytes: int | None = None) -> Iterator[FileSource | None]:
+    """A big uncompressed trace file (``min_bytes`` or more, MIN_SPLIT_BYTES by default), open for reading by
+    offset; None for a small, compressed or oversized one (read whole by read_buffer, which names what is wrong
+    with it)."""
     st = safe_io.check_regular(path)
-    if st.st_size < MIN_SPLIT_BYTES or st.st_size > safe_io.max_input_bytes() or path.suffix == ".gz":
+    if st.st_size < (MIN_SPLIT_BYTES if min_bytes is None else min_bytes) or st.st_size > safe_io.max_input_bytes() or path.suffix == ".gz":
         yield None  # a ".gz" is read_buffer's to check (named .gz but not gzip is bad input)
         return
     try:
@@ -411,6 +412,7 @@ def _parallel() -> bool:
 def load_trace(path: Path, fallback_rank: int | None = None, workers: int = 1) -> Trace:
     """One trace file as a Trace; a big GPU trace on up to ``workers`` cores (forked workers, on Linux): its ranges
     read and decoded in parallel (one started by `prefetch` is collected)."""
+    from ddpdoctor.traces.chunks import MIN_CHUNKED_BYTES, read_buffer_chunked, read_chunked
     from ddpdoctor.traces.trace import build_trace
 
     path = Path(path)
@@ -419,19 +421,26 @@ def load_trace(path: Path, fallback_rank: int | None = None, workers: int = 1) -
         pending = _PREFETCHED.pop(fid, None) if fid is not None else None
         if pending is not None and (trace := pending.collect(path, fallback_rank)) is not None:
             return trace
-        if workers > 1 and _parallel():
-            with _open_big(path) as src:
-                if src is not None:
-                    with contextlib.suppress(FileChanged, OSError):
-                        c = _plan(src, workers)
-                        if c is not None and (trace := reduce_cut(src, path, c, fallback_rank)):
-                            return trace
-            data = read_buffer(path)  # small or compressed (decompressed), or not split: read whole
-            if src is None and len(data) >= MIN_SPLIT_BYTES and (trace := split_trace(data, path, workers,
-                                                                                      fallback_rank)):
-                return trace  # (a file whose ranges were planned and failed is not cut again)
-            return build_trace(raw_from_bytes(data, path), fallback_rank)  # the same bytes, not a second read
-        return build_trace(raw_from_bytes(read_buffer(path), path), fallback_rank)
+        parallel = workers > 1 and _parallel()
+        planned = False
+        with _open_big(path, min(MIN_SPLIT_BYTES, MIN_CHUNKED_BYTES) if parallel else MIN_CHUNKED_BYTES) as src:
+            if src is not None:
+                with contextlib.suppress(FileChanged, OSError):
+                    c = _plan(src, workers) if parallel and src.size >= MIN_SPLIT_BYTES else None
+                    if c is not None and (trace := reduce_cut(src, path, c, fallback_rank)):
+                        return trace
+                    planned = c is not None
+                    # Not a GPU trace to split among the cores: read a range at a time (traces/chunks.py).
+                    if not planned and (trace := read_chunked(src, path, fallback_rank)):
+                        return trace
+        data = read_buffer(path)  # small or compressed (decompressed), or not split: read whole
+        if src is None:  # (a file whose ranges were planned or read and failed is not cut again)
+            if parallel and len(data) >= MIN_SPLIT_BYTES and (trace := split_trace(data, path, workers,
+                                                                                   fallback_rank)):
+                return trace
+            if (trace := read_buffer_chunked(data, path, fallback_rank)) is not None:
+                return trace
+        return build_trace(raw_from_bytes(data, path), fallback_rank)  # the same bytes, not a second read
 
 
 @dataclass

@@ -10,8 +10,9 @@ import time
 
 import pytest
 
+from ddpdoctor import safe_io
 from ddpdoctor.launch import runlock
-from ddpdoctor.safe_io import dumps_json, loads_json
+from ddpdoctor.safe_io import dumps_json, iter_json, loads_json
 from tests.conftest import SAMPLE_RUN, run_cli
 
 
@@ -44,6 +45,31 @@ def test_dumps_json_writes_null_for_non_finite_and_fffd_for_lone_surrogates():
     out = strict(dumps_json(data, indent=1))
     assert out == {"a": None, "b": [None, None, 1.5, {"c": "x\ufffdy", "\ufffd": 2}], "d": "\U0001f600"}
     assert dumps_json({"a": 1.0}) == json.dumps({"a": 1.0})  # the fast path is plain json
+
+
+def test_iter_json_is_dumps_json_in_pieces(monkeypatch):
+    """--json is written in pieces (a long run's report is hundreds of MB): joined, the same text byte for byte,
+    NaN, lone surrogates, non-string keys and lists longer than a batch at every level included."""
+    import random
+
+    monkeypatch.setattr(safe_io, "JSON_BATCH", 3)
+    rnd = random.Random(40)
+
+    def value(depth: int = 0) -> object:
+        t = rnd.random()
+        if depth > 4 or t < 0.3:
+            return rnd.choice([1, 2.5, "x\u00e9\n", None, True, math.nan, "\ud800", [], {}, "\\ud", {1: 2}])
+        if t < 0.65:
+            return [value(depth + 1) for _ in range(rnd.randint(0, 9))]
+        return {f"k{i}\"": value(depth + 1) for i in range(rnd.randint(0, 6))}
+
+    pieces = 0
+    for _ in range(2000):
+        v = value()
+        out = list(iter_json(v))
+        assert "".join(out) == dumps_json(v, indent=2)
+        pieces += len(out) > 1
+    assert pieces > 500  # most were written in several pieces
 
 
 def test_loads_json_reads_non_finite_as_null_and_keeps_surrogate_pairs():
