@@ -330,16 +330,19 @@ def iter_json(value: Any, level: int = 0) -> Iterator[str]:
     elif isinstance(value, list) and value and _long(value):
         yield "[\n"
         i, first = 0, True
+        # The elements of a long list are taken as short (a step's or a call's entry): one check per element of a
+        # report's 200,000-entry lists would cost more than encoding them.
+        check = len(value) <= JSON_BATCH
         while i < len(value):
             sep = "" if first else ",\n"
             first = False
-            if _long(value[i]):
+            if check and _long(value[i]):
                 yield f"{sep}{pad}  "
                 yield from iter_json(value[i], level + 1)
                 i += 1
                 continue
             j = i + 1
-            while j < len(value) and j - i < JSON_BATCH and not _long(value[j]):
+            while j < len(value) and j - i < JSON_BATCH and not (check and _long(value[j])):
                 j += 1
             # "[\n  a,\n  b\n]" less its brackets: the elements one level in, then moved to this level
             inner = dumps_json(value[i:j], indent=2)[2:-2]

@@ -17,11 +17,12 @@ from __future__ import annotations
 
 import functools
 import operator
+import os
 from array import array
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from operator import attrgetter
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import msgspec
 import numpy as np
@@ -41,13 +42,22 @@ from ddpdoctor.traces.loader import (
     metadata_events,
 )
 from ddpdoctor.traces.scan import Part, bad_duration, compute_mask, scan_complete
-from ddpdoctor.traces.split import BufferSource, FileChanged, Source, _boundary, _edges, _tagged_or_any
+from ddpdoctor.traces.split import (
+    BufferSource,
+    FileChanged,
+    FileSource,
+    Source,
+    _boundary,
+    _edges,
+    _tagged_or_any,
+)
 
 if TYPE_CHECKING:
     from ddpdoctor.traces.trace import Trace
 
 CHUNK_BYTES = 8 << 20  # one range: ~60,000 CPU events, ~25 MB decoded
 MIN_CHUNKED_BYTES = 2 * CHUNK_BYTES  # below this the whole trace is read at once (no cut to plan)
+T = TypeVar("T")
 _TRIES = 8  # boundaries tried for one cut (a `},{` inside a name is not one)
 
 # Pass one: metadata events decoded, 'X' events (nearly all) skipped by the parser like the other phases.
@@ -57,15 +67,41 @@ _META = msgspec.json.Decoder(list[_META_UNION])
 _TS, _DUR = attrgetter("ts"), attrgetter("dur")
 
 
-def _range_bytes(src: Source, start: int, end: int) -> bytearray:
-    """The events of [start, end) as one JSON array: the separators before and after the range, read with it,
-    become the brackets (in a copy: the source is never written)."""
-    buf = bytearray(src.read(start - 1, end - start + 2))
-    buf[0], buf[-1] = 0x5B, 0x5D  # '[' and ']'
-    return buf
+def _range_bytes(src: Source, start: int, end: int) -> bytearray | memoryview:
+    """The events of [start, end) as one JSON array: the separators before and after the range become the brackets,
+    in a copy read straight into its buffer (a file), or in place and in a view (a decompressed buffer: the bytes
+    are put back by _restore once the range is decoded); one copy of the range at most."""
+    if isinstance(src, FileSource):
+        buf = bytearray(end - start + 2)
+        if os.preadv(src.fd, [buf], start - 1) != len(buf):
+            raise FileChanged  # shorter than it was
+        src.check()
+        buf[0], buf[-1] = 0x5B, 0x5D  # '[' and ']'
+        return buf
+    data = src.data
+    if isinstance(data, bytes):
+        return memoryview(b"[" + memoryview(data)[start:end] + b"]")
+    data[start - 1], data[end] = 0x5B, 0x5D
+    return memoryview(data)[start - 1:end + 1]
 
 
-def _metadata(buf: bytearray) -> list[Event | MEvent]:
+def _restore(src: Source, start: int, end: int, before: int, after: int) -> None:
+    if isinstance(src, BufferSource) and isinstance(src.data, bytearray):
+        src.data[start - 1], src.data[end] = before, after
+
+
+def _decoded(src: Source, start: int, end: int, decode: Callable[[Any], T]) -> T:
+    """decode(the range as a JSON array), the source as it was afterwards."""
+    data = src.data if isinstance(src, BufferSource) else b""
+    before, after = (data[start - 1], data[end]) if data else (0, 0)
+    try:
+        return decode(_range_bytes(src, start, end))
+    finally:
+        if data:
+            _restore(src, start, end, before, after)
+
+
+def _metadata(buf: bytearray | memoryview) -> list[Event | MEvent]:
     """The metadata events of one range (every other event skipped where every phase is one of the format's)."""
     try:
         return [e for e in _META.decode(buf) if type(e) is MEvent]
@@ -121,7 +157,7 @@ def _ranges_and_metadata(src: Source, lb: int, rb: int) -> tuple[list[tuple[int,
             b = _boundary(src, at, rb) if at < rb else None
             end, after = (b[0] + 1, b[1] - 1) if b is not None else (rb, rb)
             try:
-                metadata += _metadata(_range_bytes(src, start, end))
+                metadata += _decoded(src, start, end, _metadata)
                 break
             except DECODE_ERRORS:
                 if b is None:
@@ -136,7 +172,7 @@ def _ranges_and_metadata(src: Source, lb: int, rb: int) -> tuple[list[tuple[int,
 
 def _events(src: Source, ranges: list[tuple[int, int]]) -> Iterator[list[AnyEvent]]:
     for s, e in ranges:
-        yield _tagged_or_any(_range_bytes(src, s, e))
+        yield _decoded(src, s, e, _tagged_or_any)
 
 
 def _reduce_all(src: Source, ranges: list[tuple[int, int]], gloo_tids: set[tuple[int | str, int | str]],
