@@ -6,6 +6,7 @@ optimizers) are ignored until a forward runs again. ``ddpdoctor.step()`` switche
 
 from __future__ import annotations
 
+import os
 import sys
 import threading
 import time
@@ -14,6 +15,8 @@ from collections.abc import Callable
 from typing import Any, TypeVar
 
 import torch
+
+from ddpdoctor.analyses.ledger import CPU_WAIT
 
 StepListener = Callable[[int], None]
 
@@ -73,6 +76,9 @@ class StepTracker:
         self._fsdp_pending = True
         self._lock = threading.Lock()
         self._main = threading.main_thread().ident
+        self._runq_fd: int | None = None  # the training thread's schedstat, opened at its first iteration end
+        self._runq_ns: int | None = None
+        self._runq_off = False
 
     # -- phase clock (a few hundred ns per change) ---------------------------------------------------
     @property
@@ -213,6 +219,9 @@ class StepTracker:
             now = time.time()
             self.step_times.append(now - self.step_started)
             self._account()
+            waited = self._run_queue_wait()
+            if waited is not None:
+                self.phase_s[CPU_WAIT] = waited
             self.last_record = (self.step + 1, now - self.step_started, self.phase_s)
             if self.hold is None or not self.hold(self.last_record, self.step_started, now):
                 self.recent.append(self.last_record)
@@ -223,6 +232,26 @@ class StepTracker:
             step = self.step
         for fn in self._listeners:
             fn(step)
+
+
+    def _run_queue_wait(self) -> float | None:
+        """Seconds the calling (training) thread waited in the run queue since the last call; None where Linux does
+        not say (no schedstat, another thread, the first iteration). One pread of an open file, ~1 us."""
+        if self._runq_off:
+            return None
+        try:
+            if self._runq_fd is None:
+                if threading.get_ident() != self._main:
+                    return None
+                self._runq_fd = os.open("/proc/thread-self/schedstat", os.O_RDONLY | os.O_CLOEXEC)
+            elif threading.get_ident() != self._main:
+                return None
+            ns = int(os.pread(self._runq_fd, 96, 0).split()[1])
+        except (OSError, ValueError, IndexError):
+            self._runq_off = True  # never again: no schedstat here
+            return None
+        last, self._runq_ns = self._runq_ns, ns
+        return None if last is None else max(0, ns - last) / 1e9
 
 
 def _root_types() -> tuple[type, ...]:
