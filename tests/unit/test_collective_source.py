@@ -62,7 +62,9 @@ def test_source_sees_every_python_wait_and_reads_the_flight_recorder() -> None:
     assert out["blocked_s"] > 0 and out["kind_after"] is None
     assert out["after_uninstall"] == 4  # restored: nothing of the source stays in the job
     (group,) = out["status"].values()
-    assert group["enqueued"] == group["completed"] >= 4  # every collective, the C++ broadcast's included
+    assert group["enqueued"] >= 4  # every collective, the C++ broadcast's included
+    # gloo marks a group's last completed collective lazily (docs/hangs.md): the last one may still read pending.
+    assert group["enqueued"] - 1 <= group["completed"] <= group["enqueued"], group
 
 
 # -- phases ------------------------------------------------------------------------------------------------------------
