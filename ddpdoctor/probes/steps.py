@@ -72,6 +72,7 @@ class StepTracker:
         self._orig_next: Any = None
         self._loading = 0  # inside a DataLoader iterator's __next__
         self._wrapped = False  # a DDP/FSDP module has run its forward: only those switch the phase from now on
+        self.root_kind: str | None = None  # "DDP" or "FSDP": the first wrapped module whose forward ran
         self._root_types: tuple[type, ...] = _root_types()
         self._fsdp_pending = True
         self._lock = threading.Lock()
@@ -149,6 +150,8 @@ class StepTracker:
             self._fsdp_pending = False  # the script imported FSDP: its classes are roots too (never imported here)
             self._root_types = self._root_types + _fsdp_types()
         if isinstance(module, self._root_types):
+            if not self._wrapped:
+                self.root_kind = "DDP" if _is_ddp(module) else "FSDP"
             self._wrapped = True
         elif self._wrapped or self._phase == "backward":
             return  # a metric, loss or helper module outside the wrapped model; a recomputation in backward
@@ -252,6 +255,18 @@ class StepTracker:
             return None
         last, self._runq_ns = self._runq_ns, ns
         return None if last is None else max(0, ns - last) / 1e9
+
+
+def _is_ddp(module: Any) -> bool:
+    from torch.nn.parallel import DistributedDataParallel
+
+    return isinstance(module, DistributedDataParallel)
+
+
+def backward_label(tracker: StepTracker) -> str:
+    """What a rank in ``backward()`` waits on, for its status (findings/crash.py keys DDP's on this text)."""
+    return {"DDP": "backward (DDP gradient all-reduce)", "FSDP": "backward (FSDP gradient reduce-scatter)"}.get(
+        tracker.root_kind or "", "backward")
 
 
 def _root_types() -> tuple[type, ...]:
