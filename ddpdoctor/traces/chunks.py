@@ -18,6 +18,7 @@ from __future__ import annotations
 import functools
 import operator
 import os
+import re
 from array import array
 from collections.abc import Callable, Iterator
 from operator import attrgetter
@@ -32,7 +33,6 @@ from ddpdoctor.traces.loader import (
     _EVENTS,
     _OTHERS,
     DECODE_ERRORS,
-    AnyEvent,
     Event,
     MEvent,
     OtherEvent,
@@ -65,6 +65,7 @@ _SKIP_X = msgspec.defstruct("PhaseX", [], bases=(OtherEvent,), tag="X", gc=False
 _META_UNION: Any = functools.reduce(operator.or_, (MEvent, _SKIP_X, *_OTHERS))  # a union built at run time
 _META = msgspec.json.Decoder(list[_META_UNION])
 _TS, _DUR = attrgetter("ts"), attrgetter("dur")
+_PHASE_M, _ESCAPE = re.compile(rb'"M"'), re.compile(rb"\\u")  # (one literal each: searched as fast as memchr)
 
 
 def _range_bytes(src: Source, start: int, end: int) -> bytearray | memoryview:
@@ -102,7 +103,18 @@ def _decoded(src: Source, start: int, end: int, decode: Callable[[Any], T]) -> T
 
 
 def _metadata(buf: bytearray | memoryview) -> list[Event | MEvent]:
-    """The metadata events of one range (every other event skipped where every phase is one of the format's)."""
+    """The metadata events of one range (every other event skipped where every phase is one of the format's). A
+    range without the string "M" (a metadata event's phase) and without a \\u escape (one written escaped) holds
+    none and is not decoded: most ranges of a trace, searched at the speed of memory. Such a range is not checked
+    here (read_chunked checks every range again where a later one does not decode; the second pass decodes every
+    range, and cuts again where one does not decode)."""
+    if _PHASE_M.search(buf) is None and _ESCAPE.search(buf) is None:
+        return []
+    return _all_metadata(buf)
+
+
+def _all_metadata(buf: bytearray | memoryview) -> list[Event | MEvent]:
+    """The metadata events of one range, the range decoded (checked) whatever it holds."""
     try:
         return [e for e in _META.decode(buf) if type(e) is MEvent]
     except msgspec.ValidationError:
@@ -130,12 +142,14 @@ def read_chunked(src: Source, path: Path, fallback_rank: int | None = None) -> T
         return None
     lb, rb, doc = edges
     try:
-        planned = _ranges_and_metadata(src, lb, rb)
-        if planned is None:
-            return None
-        ranges, metadata = planned
-        parts = _reduce_all(src, ranges, _gloo_tids(metadata), str(path))
-    except (*DECODE_ERRORS, FileChanged, OSError):
+        try:
+            metadata = [m for found in _decoded_ranges(src, lb, rb, _metadata) for m in found]
+        except _Unreadable:
+            # A range skipped unchecked was cut inside a string: the next was read from there, and did not decode.
+            # Every range checked, as the second pass does.
+            metadata = [m for found in _decoded_ranges(src, lb, rb, _all_metadata) for m in found]
+        parts = _reduce_all(src, lb, rb, _gloo_tids(metadata), str(path))
+    except (*DECODE_ERRORS, _Unreadable, FileChanged, OSError):
         return None
     if parts is None:
         return None
@@ -144,12 +158,14 @@ def read_chunked(src: Source, path: Path, fallback_rank: int | None = None) -> T
     return join_parts(RawTrace(str(path), [], doc.distributedInfo, doc.host_name), parts, False, fallback_rank)
 
 
-def _ranges_and_metadata(src: Source, lb: int, rb: int) -> tuple[list[tuple[int, int]], list[Event | MEvent]] | None:
-    """The first pass: the array [lb, rb] cut about every CHUNK_BYTES at a `},{`, each range checked by decoding it
-    (its metadata events kept, the others skipped). A `},{` inside a string or a nested array leaves a range that
-    does not decode: the cut moves to the next one, up to _TRIES times (then None: the one-pass reader decides)."""
-    ranges: list[tuple[int, int]] = []
-    metadata: list[Event | MEvent] = []
+class _Unreadable(Exception):
+    """A range that does not decode wherever it is cut: the one-pass reader reads the file."""
+
+
+def _decoded_ranges(src: Source, lb: int, rb: int, decode: Callable[[Any], T]) -> Iterator[T]:
+    """decode(each range) of the array [lb, rb], cut about every CHUNK_BYTES at a `},{`, in order. A `},{` inside a
+    string or a nested array leaves a range that does not decode: the cut moves to the next one, up to _TRIES
+    times (then _Unreadable)."""
     start = lb + 1
     while start < rb:
         at = start + CHUNK_BYTES
@@ -157,25 +173,19 @@ def _ranges_and_metadata(src: Source, lb: int, rb: int) -> tuple[list[tuple[int,
             b = _boundary(src, at, rb) if at < rb else None
             end, after = (b[0] + 1, b[1] - 1) if b is not None else (rb, rb)
             try:
-                metadata += _decoded(src, start, end, _metadata)
+                out = _decoded(src, start, end, decode)
                 break
             except DECODE_ERRORS:
                 if b is None:
-                    return None
+                    raise _Unreadable from None
                 at = b[0] + 1
         else:
-            return None
-        ranges.append((start, end))
+            raise _Unreadable
+        yield out
         start = after
-    return (ranges, metadata) if ranges else None
 
 
-def _events(src: Source, ranges: list[tuple[int, int]]) -> Iterator[list[AnyEvent]]:
-    for s, e in ranges:
-        yield _decoded(src, s, e, _tagged_or_any)
-
-
-def _reduce_all(src: Source, ranges: list[tuple[int, int]], gloo_tids: set[tuple[int | str, int | str]],
+def _reduce_all(src: Source, lb: int, rb: int, gloo_tids: set[tuple[int | str, int | str]],
                 path: str) -> list[Part] | None:
     """Every range reduced as a CPU trace's; None where one holds a GPU kernel (a GPU trace: the one-pass reader
     decides), no range holds an event, or a compute op's bad duration needs the one-pass reader's order (FSDP)."""
@@ -183,7 +193,7 @@ def _reduce_all(src: Source, ranges: list[tuple[int, int]], gloo_tids: set[tuple
     starts: list[np.ndarray] = []
     ends: list[np.ndarray] = []
     first_bad: BadInput | None = None  # the first compute op with a bad duration, raised after every range
-    for events in _events(src, ranges):
+    for events in _decoded_ranges(src, lb, rb, _tagged_or_any):
         xs = complete_events(events)
         part = scan_complete(xs, len(events), False, gloo_tids, path, fsdp_filter=False)
         del events, xs
