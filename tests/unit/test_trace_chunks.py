@@ -8,6 +8,7 @@ from __future__ import annotations
 import copy
 import gzip
 import json
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -80,7 +81,17 @@ def test_names_that_look_like_a_boundary(tmp_path: Path, monkeypatch: pytest.Mon
     for i in range(0, len(doc["traceEvents"]), 7):
         doc["traceEvents"].insert(i, x('weird"},{"ph": "X"}]', 1 + i, 1, shapes=[{"a": 1}, {"b": [2]}]))
     data = json.dumps(doc).encode()
+    passes: list[str] = []
+    decoded_ranges = chunks._decoded_ranges
+
+    def spy(src: object, lb: int, rb: int, decode: Callable[..., object]) -> object:
+        passes.append(decode.__name__)
+        return decoded_ranges(src, lb, rb, decode)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(chunks, "_decoded_ranges", spy)
     both(data, tmp_path / "rank0.json")
+    # A range without metadata, skipped unchecked, was cut inside a name: the metadata pass checked every range.
+    assert passes == ["_metadata", "_all_metadata", "_tagged_or_any"]
     monkeypatch.setattr(chunks, "_TRIES", 1)
     assert chunked(data, tmp_path / "rank0.json") is None
 
