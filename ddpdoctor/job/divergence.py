@@ -115,6 +115,29 @@ def _first_call_difference(step: int, theirs: list[str] | None, others: list[str
     return ""
 
 
+@dataclass
+class _GradStep:
+    """One step's grad-set events (probes/divergence.py): per CRC of the flags, its ranks and one example."""
+
+    by_crc: dict[int, list[int]] = field(default_factory=dict)
+    example: dict[int, list[Any]] = field(default_factory=dict)
+    n: int = 0
+    first_at: float = 0.0
+
+
+def valid_grads(ev: Any) -> list[Any] | None:
+    """A grad-set event ``["grads", step, count, total, crc(, changed)]``, checked."""
+    if not isinstance(ev, list) or len(ev) not in (5, 6) or ev[0] != "grads" \
+            or not all(type(v) is int for v in ev[1:5]) or (len(ev) == 6 and not isinstance(ev[5], dict)):
+        return None
+    return ev
+
+
+def _changed_names(ev: list[Any], side: str) -> list[str]:
+    names = ev[5].get(side) if len(ev) == 6 else None
+    return [str(n)[:120] for n in names[:8]] if isinstance(names, list) else []
+
+
 class DivergenceJudge:
     def __init__(self, world_size: int | None) -> None:
         self.world_size = world_size
@@ -130,6 +153,64 @@ class DivergenceJudge:
         self.dry_count: dict[int, int] = {}
         self.dry_ms: dict[int, int] = {}
         self.going_on: dict[int, tuple[int, int]] = {}
+        # The grad-set events: per step not yet judged; the CRC of the last step every rank agreed on.
+        self.grad_steps: dict[int, _GradStep] = {}
+        self.grads_agreed: int | None = None
+
+    def add_grads(self, ranks: list[int], ev: list[Any]) -> DivergenceVerdict | None:
+        """``ranks`` sent the grad-set event ``ev`` (valid_grads); judged once every rank sent that step's. Ranks
+        that manage different numbers of parameters (pipeline stages) are not compared."""
+        if self.verdict is not None or not ranks:
+            return None
+        step, crc = ev[1], ev[4]
+        st = self.grad_steps.get(step)
+        if st is None:
+            st = self.grad_steps[step] = _GradStep(first_at=time.time())
+            _bound(self.grad_steps)
+        st.by_crc.setdefault(crc, []).extend(ranks)
+        st.example.setdefault(crc, ev)
+        st.n += len(ranks)
+        if self.world_size is None or st.n < self.world_size:
+            return None
+        del self.grad_steps[step]
+        if len(st.by_crc) == 1:
+            self.grads_agreed = crc
+            return None
+        if len({ex[3] for ex in st.example.values()}) > 1:
+            return None  # different models (pipeline stages): their sets are not comparable
+        self.verdict = self._grads_verdict(step, st)
+        return self.verdict
+
+    def _grads_verdict(self, step: int, st: _GradStep) -> DivergenceVerdict:
+        agreed = self.grads_agreed
+        crcs = sorted(st.by_crc, key=lambda c: (-len(st.by_crc[c]), 0 if c == agreed else 1, min(st.by_crc[c])))
+        job = st.example[crcs[0]]
+        items: list[DivergenceItem] = []
+        diverged: list[int] = []
+        for crc in crcs[1:]:
+            ranks = sorted(st.by_crc[crc])
+            diverged.extend(ranks)
+            ex = st.example[crc]
+            off, on = _changed_names(ex, "off"), _changed_names(ex, "on")
+            what = "; ".join(([f"it stopped building {', '.join(off)}"] if off else [])
+                             + ([f"it started building {', '.join(on)}"] if on else []))
+            same = " (as many, but other parameters)" if ex[2] == job[2] else ""
+            items.append({"field": "grads", "rank_value": ex[2], "others_value": job[2], "text": (
+                f"{_who(ranks)}: builds gradients for {ex[2]} of the {ex[3]} parameters DDP/FSDP2 manage at step "
+                f"{step}, the other ranks for {job[2]}{same}" + (f" ({what})" if what else "")
+                + ": a layer frozen or unfrozen on some ranks only; their gradient collectives no longer match, so "
+                "the others wait inside this step's backward")})
+        diverged.sort()
+        reason = items[0]["text"]
+        if len(diverged) == len(st.by_crc[crcs[0]]):
+            reason += (" (as many ranks on each side: the side named is the one that changed from the last agreed "
+                       "step)" if crcs[0] == agreed else " (as many ranks on each side, both changed from the last "
+                       "agreed step: the side of the higher rank is named; either may be the one at fault)")
+        now = time.time()
+        return {"step": step, "ranks": diverged[:MAX_RANKS_SHOWN], "ranks_count": len(diverged),
+                "others_count": len(st.by_crc[crcs[0]]), "job": {"grads": job[2], "params": job[3]},
+                "items": items[:8], "reason": reason, "detected_at": now,
+                "after_first_record_s": round(now - st.first_at, 3)}
 
     def add_dry(self, rank: int, step: int, ms: int) -> DivergenceVerdict | None:
         """``rank``'s training loader ran dry after ``step`` completed steps (at ``ms``, epoch milliseconds) and it
@@ -357,6 +438,13 @@ class DivergenceWatch:
                     if verdict is not None:
                         self._declare(monitor, verdict)
                         return
+                continue
+            grads = valid_grads(raw)
+            if grads is not None:  # probes/divergence.py's grad-set event, at the step's first backward
+                verdict = self.judge.add_grads([rank], grads)
+                if verdict is not None:
+                    self._declare(monitor, verdict)
+                    return
                 continue
             rec = valid(raw)
             if rec is None:

@@ -24,6 +24,14 @@ GradScaler-skipped step, an explicit ``ddpdoctor.step()``). It holds:
   guard that failed, the graph break's message) and ``calls`` (a step whose ``ops`` differs from the previous
   record's: its first MAX_CALLS public collectives as "op|sizes|dtype|reduce op"), what a verdict quotes.
 
+A **grad-set event** ``["grads", step, count, total, crc(, {"off": names, "on": names})]`` goes out at the first
+``backward()`` of each step (before DDP's or FSDP2's gradient collectives can block): of the ``total`` parameters
+DDP and FSDP2 manage, how many require grad (``count``) and a CRC of which. A rank that froze a layer alone (the
+ezpz#242 shape) builds other gradient buckets; the others then wait inside that step's backward and never take its
+record, so this event is what the job compares there. The names of the parameters whose flag changed since the
+rank's previous event ride along only in a step where it changed. Cost: one ``requires_grad`` read a managed
+parameter a step (C speed, ``bytes(map(...))``; benchmarks/collective_source_cost.py measures it).
+
 A record is a short list ``[step, key, colls, ops, opt, loss, graphs, epoch, dry, batches, left, recompiles,
 breaks(, extra)]`` (~55 bytes of JSON); ``key`` is a CRC of the compared fields, what the job compares. Records wait in a deque the heartbeat thread drains every tick (0.2 s). After them may come the
 training loader's dry event ``["dry", step, ms]`` (probes/data_position.py), which the job judges at once.
@@ -37,8 +45,10 @@ rank will only join after its own step) lets the step go on: the verdict then st
 from __future__ import annotations
 
 import math
+import operator
 import os
 import threading
+import weakref
 import zlib
 from collections import deque
 from collections.abc import Callable
@@ -56,6 +66,8 @@ MAX_PENDING = 4096  # records not yet drained (a heartbeat thread that cannot se
 HOLD_S = 2.0
 HOLD_ENV = "DDPDOCTOR_DIVERGENCE_HOLD_S"
 MAX_CALLS = 8  # public collectives of a step kept to explain an ``ops`` difference
+MAX_NAMES = 8  # parameters named in a grad-set event whose flag changed
+_REQUIRES_GRAD = operator.attrgetter("requires_grad")
 
 
 class DivergenceStopped(RuntimeError):
@@ -63,10 +75,19 @@ class DivergenceStopped(RuntimeError):
 
 
 class StepFingerprint:
-    def __init__(self, tracker: Any, stop: bool | None = None) -> None:
+    def __init__(self, tracker: Any, stop: bool | None = None,
+                 managed: Callable[[], list[Any]] | None = None) -> None:
         self.tracker = tracker
+        # The DDP modules and FSDP2 states the script built (probes/bootstrap.py): whose parameters' requires_grad
+        # flags the grad-set event compares; None or [] sends none.
+        self.managed = managed
+        self._owners: list[weakref.ReferenceType[Any]] = []
+        self._owners_key: tuple[int, ...] = ()
+        self._params: list[Any] = []
+        self._flags: bytes | None = None  # the last grad-set event's flags (one byte a managed parameter)
+        self._grads_step = 0
         self.stop = os.environ.get(MODE_ENV) == "stop" if stop is None else stop
-        self.pending: deque[list[int | str]] = deque(maxlen=MAX_PENDING)
+        self.pending: deque[list[Any]] = deque(maxlen=MAX_PENDING)
         self.stop_reason: str | None = None
         self.send: Callable[[list[int | str]], None] | None = None  # stop mode: the heartbeat's immediate send
         self.holds_timed_out = 0
@@ -114,7 +135,14 @@ class StepFingerprint:
             self._calls.append(desc)
 
     def saw_backward(self, tensor: Any) -> None:
-        """``tensor.backward()`` (the heartbeat's outer backward wrapper): a CPU scalar loss is read (~1 us)."""
+        """``tensor.backward()`` (the heartbeat's outer backward wrapper): the step's grad-set event at its first
+        backward; a CPU scalar loss is read (~1 us)."""
+        if self.managed is not None and self._grads_step != self.tracker.step + 1:
+            self._grads_step = self.tracker.step + 1
+            try:
+                self._grad_set(self._grads_step)
+            except Exception:  # noqa: BLE001 - a module torch changed under us: no event, never a broken backward
+                self.managed = None
         if self._loss == 0 or not isinstance(tensor, torch.Tensor) or tensor.device.type != "cpu" \
                 or tensor.numel() != 1:
             return
@@ -122,6 +150,37 @@ class StepFingerprint:
             self._loss = 1 if math.isfinite(float(tensor.detach())) else 0
         except (RuntimeError, ValueError, OverflowError):
             return
+
+    def _grad_set(self, step: int) -> None:
+        objs = self.managed() if self.managed is not None else []
+        key = tuple(map(id, objs))
+        if key != self._owners_key or any(r() is None for r in self._owners):  # a model built or freed: found again
+            self._owners_key = key
+            self._owners = [weakref.ref(o) for o in objs]
+            self._params = [p for o in objs for _, p in _named_params(o)]
+            self._flags = None
+        if not self._params:
+            return
+        flags = bytes(map(_REQUIRES_GRAD, self._params))
+        ev: list[Any] = ["grads", step, flags.count(1), len(flags), zlib.crc32(flags)]
+        if self._flags is not None and flags != self._flags:
+            ev.append(self._changed(self._flags, flags))
+        self._flags = flags
+        self.pending.append(ev)
+
+    def _changed(self, before: bytes, now: bytes) -> dict[str, list[str]]:
+        """The managed parameters whose flag changed (first MAX_NAMES each way), by name: only in a step where one
+        did, so the names are looked up then."""
+        names = {id(p): n for o in (r() for r in self._owners) if o is not None for n, p in _named_params(o)}
+        out: dict[str, list[str]] = {"off": [], "on": []}
+        if len(before) != len(now):
+            return out
+        for i, (a, b) in enumerate(zip(before, now, strict=True)):
+            if a != b:
+                side = out["on"] if b else out["off"]
+                if len(side) < MAX_NAMES:
+                    side.append(names.get(id(self._params[i]), f"#{i}"))
+        return out
 
     def _on_pre(self, optimizer: Any, args: Any, kwargs: Any) -> None:
         if not self._taken:
@@ -190,12 +249,12 @@ class StepFingerprint:
             self.stop_reason = reason
             self._answer.notify_all()
 
-    def take(self) -> list[list[int | str]]:
+    def take(self) -> list[list[Any]]:
         from ddpdoctor.probes.steps import drain
 
         return drain(self.pending)
 
-    def outgoing(self, ending: bool = False) -> list[list[int | str]]:
+    def outgoing(self, ending: bool = False) -> list[list[Any]]:
         """What the heartbeat sends this tick as an "fp" line: the records, then the training loader's dry event if
         it is due (``ending``: the rank is ending, so at once)."""
         recs = self.take() if self.pending else []
@@ -203,3 +262,18 @@ class StepFingerprint:
         if ev is not None:
             recs.append(ev)
         return recs
+
+
+def _named_params(owner: Any) -> list[tuple[str, Any]]:
+    """A DDP module's parameters as its reducer has them (those it ignores left out), or an FSDP2 state's sharded
+    parameters, with their names."""
+    mod = getattr(owner, "module", None)
+    if isinstance(mod, torch.nn.Module) and hasattr(owner, "_module_parameters"):  # DistributedDataParallel
+        ignored: set[str] = getattr(owner, "parameters_to_ignore", set())
+        return [(n, p) for n, p in mod.named_parameters() if n not in ignored]
+    groups = getattr(owner, "_fsdp_param_groups", None)
+    if groups is None:
+        one = getattr(owner, "_fsdp_param_group", None)
+        groups = [one] if one is not None else []
+    return [(str(getattr(fp, "_param_fqn", None) or i), fp.sharded_param)
+            for g in groups for i, fp in enumerate(getattr(g, "fsdp_params", []))]

@@ -179,11 +179,18 @@ def test_a_collective_of_another_shape_on_one_rank_is_named_with_both_sides(runs
         "[[8]] torch.float32" in item["text"], item
 
 
-def test_a_layer_frozen_on_one_rank_is_named_by_the_crash_it_causes(runs: Any) -> None:
-    """The ezpz#242 shape on DDP: rank 1 freezes a layer at step 3. Its buckets never fill, so rank 0 waits inside
-    step 3's backward and no record of that step comes from it: the fingerprint cannot compare the step, and DDP's
-    own error on rank 1's next forward is the verdict (rank 1, not rank 0)."""
-    code, report, _ = runs["frozen"]
-    assert code == 1 and not _divergence(report), report["findings"]
+def test_a_layer_frozen_on_one_rank_is_named_at_its_step_and_the_crash_points_to_it(runs: Any) -> None:
+    """The ezpz#242 shape on DDP: rank 1 freezes a layer at step 3. Rank 0 then waits inside step 3's backward and
+    takes no record of it, but both sent step 3's grad-set event at their backward's start: rank 1 is named at step
+    3 by the fingerprint, and DDP's own error on rank 1's next forward points to it."""
+    code, report, d = runs["frozen"]
+    assert code == 1, report["findings"]
+    (f,) = _divergence(report)
+    assert f["ranks"] == [1] and f["evidence"]["step"] == 3, f
+    item = f["evidence"]["items"][0]
+    assert item["field"] == "grads" and (item["rank_value"], item["others_value"]) == (2, 4), item
+    assert "it stopped building 0.weight, 0.bias" in item["text"], item
+    assert json.loads((d / "run" / "divergence.json").read_text())["after_first_record_s"] < 2.0
     (crash,) = [f for f in report["findings"] if f["id"] == "rank-crashed"]
     assert crash["ranks"] == [1] and "Expected to have finished reduction" in crash["title"], crash
+    assert "diverged at step 3 before: see the divergence finding" in crash["title"], crash

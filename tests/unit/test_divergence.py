@@ -540,3 +540,71 @@ def test_a_dry_event_on_the_other_node_is_relayed_and_named_on_the_head(tmp_path
     assert verdict["ranks"] == [3] and verdict["step"] == 3 and verdict["items"][0]["field"] == "dry", verdict
     assert "after step 2" in verdict["reason"] and "goes on to step 3" in verdict["reason"]
     assert [m["type"] for _, m in node.sent if m["type"] == "divergence-stop"] == ["divergence-stop"] * 2
+
+
+class _DDPLike:
+    """What probes/divergence._named_params reads of a DistributedDataParallel: ``module`` and its reducer's list."""
+
+    def __init__(self, module: torch.nn.Module) -> None:
+        self.module = module
+        self._module_parameters = list(module.parameters())
+        self.parameters_to_ignore: set[str] = set()
+
+
+def _backward_steps(fp: StepFingerprint, net: torch.nn.Module, steps: int, freeze_at: int | None) -> list[Any]:
+    for step in range(1, steps + 1):
+        if step == freeze_at:
+            net[0].requires_grad_(False)
+        loss = torch.tensor(0.5)
+        fp.saw_backward(loss)
+        fp.saw_backward(loss)  # a second backward in the step (gradient accumulation): one event a step
+        fp.tracker.end()
+    return [ev for ev in fp.take() if ev[0] == "grads"]
+
+
+def test_the_grad_set_event_counts_the_managed_parameters_and_names_those_that_changed() -> None:
+    torch.manual_seed(0)
+    net = torch.nn.Sequential(torch.nn.Linear(2, 3), torch.nn.ReLU(), torch.nn.Linear(3, 1))
+    ddp = _DDPLike(net)
+    fp = StepFingerprint(_Steps(), stop=False, managed=lambda: [ddp])
+    evs = _backward_steps(fp, net, 4, freeze_at=3)
+    crc_all, crc_frozen = evs[0][4], evs[2][4]
+    assert [ev[:4] for ev in evs] == [["grads", 1, 4, 4], ["grads", 2, 4, 4], ["grads", 3, 2, 4], ["grads", 4, 2, 4]]
+    assert crc_all == evs[1][4] and crc_frozen == evs[3][4] and crc_all != crc_frozen
+    assert evs[2][5] == {"off": ["0.weight", "0.bias"], "on": []}  # names only in the step it changed
+    assert [len(ev) for ev in evs] == [5, 5, 6, 5]
+    assert StepFingerprint(_Steps(), stop=False, managed=lambda: []).outgoing() == []  # no DDP/FSDP2: no event
+
+
+def _grads(step: int, count: int, total: int = 4, crc: int | None = None, off: list[str] | None = None) -> list[Any]:
+    ev: list[Any] = ["grads", step, count, total, crc if crc is not None else count]
+    return ev + [{"off": off, "on": []}] if off else ev
+
+
+def test_a_layer_frozen_on_one_rank_is_named_at_its_step_by_the_grad_set() -> None:
+    mon = _Monitor(None)
+    watch = DivergenceWatch("warn")
+    watch.on_start(mon)
+    for step in (1, 2):
+        for rank in (0, 1):
+            watch.on_message(mon, rank, {"type": "fp", "fp": [_grads(step, 4)]})
+    watch.on_message(mon, 0, {"type": "fp", "fp": [_grads(3, 4)]})  # rank 0 then waits inside step 3's backward
+    watch.on_message(mon, 1, {"type": "fp", "fp": [_grads(3, 2, off=["0.weight", "0.bias"]), rec(3)]})
+    v = watch.judge.verdict
+    assert v is not None and v["step"] == 3 and v["ranks"] == [1] and v["job"] == {"grads": 4, "params": 4}, v
+    assert v["items"][0]["field"] == "grads" and v["items"][0]["rank_value"] == 2
+    assert v["reason"].startswith("rank 1: builds gradients for 2 of the 4 parameters DDP/FSDP2 manage at step 3, "
+                                  "the other ranks for 4 (it stopped building 0.weight, 0.bias)"), v["reason"]
+    assert "the side named is the one that changed" in v["reason"]
+    (f,) = divergence_findings(v)
+    assert f.ranks == [1] and "requires_grad" in f.advice
+
+
+def test_every_rank_freezing_or_unfreezing_at_the_same_step_and_pipeline_stages_are_quiet() -> None:
+    judge = DivergenceJudge(4)
+    for step, count in ((1, 4), (2, 4), (3, 2), (4, 2), (5, 4)):  # a fine-tuning schedule, on every rank alike
+        for rank in range(4):
+            assert judge.add_grads([rank], _grads(step, count)) is None
+    for rank in range(4):  # two pipeline stages: other models, other parameter counts
+        assert judge.add_grads([rank], _grads(6, 4 if rank < 2 else 6, total=4 if rank < 2 else 6)) is None
+    assert judge.verdict is None and not judge.grad_steps
