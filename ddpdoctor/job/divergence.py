@@ -25,6 +25,9 @@ MAX_RANKS_SHOWN = 64
 FIELDS = ("colls", "ops", "opt", "loss", "graphs", "epoch", "dry")
 INFO = ("batches", "left", "recompiles", "breaks")
 MAX_REASON = 300  # characters of a record's ``why`` (why torch.compile compiled in that step)
+# --on-divergence stop: ranks still waiting in a collective this long after the verdict wait for a rank that left
+# its loop (a shorter shard) or will send nothing more: the job is ended then, not at the hang timeout.
+STOP_END_S = 2.0
 
 
 class RecordExtra(TypedDict, total=False):
@@ -394,6 +397,8 @@ class DivergenceWatch:
         self.run_root: Path | None = None
         self.relay: Any = None  # a job of several nodes: job/divergence_relay.DivergenceRelay (join_job)
         self._lock = threading.Lock()  # the head's judge is fed by its ranks' lines and by the other nodes' relay
+        self._stop_at: float | None = None  # stop mode: when the verdict told the ranks to stop
+        self._ended = False
 
     def join_job(self, relay: Any) -> None:
         """job/agent.attach_agent: the job spans nodes. A node relays its ranks' records to the head (the agent
@@ -415,6 +420,24 @@ class DivergenceWatch:
                         "(docs/hangs.md#divergence)")
         if self.run_root is not None and monitor.writes_run_files:
             (Path(self.run_root) / "divergence.json").unlink(missing_ok=True)
+
+    def on_tick(self, monitor: Any, now: float) -> None:
+        """Stop mode, STOP_END_S after the verdict: when every rank still running waits in a collective (a peer left
+        its loop, or waits in another one), none will reach the optimizer step where it would stop, so the job is
+        ended now (the monitor's hang path: stacks, Flight Recorder dumps, RUN/hang.json pointing to the
+        divergence) rather than at the hang timeout. A rank still doing other work (saving in a ``finally``) is left
+        to end on its own."""
+        if self._stop_at is None or self._ended or now - self._stop_at < STOP_END_S:
+            return
+        snap = monitor.snapshot()
+        alive = [r for r, s in snap.items() if s["exit"] is None]
+        waiting = [r for r in alive if _waits(snap[r]["beat"])]
+        if not alive or len(waiting) < len(alive):
+            return
+        self._ended = True
+        monitor.say(f"--on-divergence stop: rank(s) {waiting[:8]} still wait in a collective {now - self._stop_at:.1f} s "
+                    "after the verdict (their peers will not join it): ending the job")
+        monitor.end_now(waiting)
 
     def on_message(self, monitor: Any, rank: int, msg: Any) -> None:
         if msg.get("type") != "fp" or self.judge.verdict is not None:
@@ -466,6 +489,7 @@ class DivergenceWatch:
                 monitor.send(r, {"type": "divergence-stop", "reason": verdict["reason"]})
             if self.relay is not None:
                 self.relay.word(stop=verdict["reason"])
+            self._stop_at = time.time()
         if self.run_root is not None and monitor.writes_run_files:
             try:
                 write_json(Path(self.run_root) / "divergence.json", verdict)
@@ -480,3 +504,8 @@ class DivergenceWatch:
                     pass
         action = "; stopping the job before its next optimizer step" if self.on_divergence == "stop" else ""
         monitor.say(f"ranks diverged at step {verdict['step']}: {verdict['reason']}{action}")
+
+
+def _waits(beat: Any) -> bool:
+    """The rank's last beat shows it inside a collective or inside backward (DDP's gradient all-reduces)."""
+    return isinstance(beat, dict) and (beat.get("collective") is not None or beat.get("backward") is not None)

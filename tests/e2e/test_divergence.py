@@ -42,8 +42,8 @@ def runs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
         four = name == "nan4-stop"  # 4 ranks on one node, rank 2 NaN at step 5, 6 steps
         job = ([str(DATA_JOB), fault, str(d / "weights")] if name.startswith("data-")
                else [str(JOB), fault, "6" if four else STEPS, str(d / "weights")])
-        # A job that hangs after its verdict (data-leave) ends at the hang timeout.
-        extra = ["--hang-timeout", "20"] if name == "data-leave" else []
+        # A job that hangs after its verdict (data-leave, stop mode) is ended seconds after it, far before this.
+        extra = ["--hang-timeout", "60"] if name == "data-leave" else []
         proc = run_cli("run", "--nproc-per-node", "4" if four else "2", "-q", "--json", "--on-divergence", mode,
                        "--out", str(d / "run"), *extra, *job, env={**ENV, "DIVERGE_RANK": "2"} if four else ENV,
                        timeout=300)
@@ -51,7 +51,7 @@ def runs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
         return proc.returncode, json.loads(proc.stdout), d
 
     cases = [("nan-stop", "nan", "stop"), ("nan4-stop", "nan", "stop"), ("skip", "skip", "warn"), ("data-healthy", "healthy", "warn"),
-             ("data-dry", "dry", "warn"), ("data-leave", "leave", "warn"), ("recompile", "recompile", "warn"), ("shape", "shape", "warn"),
+             ("data-dry", "dry", "warn"), ("data-leave", "leave", "stop"), ("recompile", "recompile", "warn"), ("shape", "shape", "warn"),
              ("frozen", "frozen", "warn")]
     with ThreadPoolExecutor(len(cases) + 2) as pool:
         plain = pool.submit(_plain, base / "plain")
@@ -138,16 +138,26 @@ def test_a_loader_that_runs_dry_first_is_named_at_its_step(runs: Any) -> None:
     assert item["field"] == "dry" and "epoch 1, batch 1, 2 left" in item["text"], item
 
 
-def test_a_rank_whose_loader_runs_dry_and_leaves_its_loop_is_named_within_2_s(runs: Any) -> None:
-    """diverge_data.py leave: rank 0's shard is shorter; it leaves its loop after step 3 and waits in a barrier while
-    rank 1 waits in step 4's backward. Its dry event names it seconds after, not at the hang timeout (20 s)."""
+def test_a_rank_whose_loader_runs_dry_and_leaves_its_loop_is_named_within_2_s_and_stop_ends_the_job(
+        runs: Any) -> None:
+    """diverge_data.py leave, --on-divergence stop: rank 0's shard is shorter; it leaves its loop after step 3 and
+    waits in a barrier while rank 1 waits in step 4's backward. Its dry event names it within 2 s; neither rank will
+    reach an optimizer step where it would stop, so the monitor ends the job STOP_END_S (2 s) after the verdict with
+    both ranks' stacks (a hang verdict that points to the divergence), not at the hang timeout (60 s)."""
     code, report, d = runs["data-leave"]
     (f,) = _divergence(report)
-    assert code != 0 and f["ranks"] == [0] and f["evidence"]["step"] == 4, f
+    assert code == 1 and f["ranks"] == [0] and f["evidence"]["step"] == 4, f
     verdict = json.loads((d / "run" / "divergence.json").read_text())
     assert verdict["after_first_record_s"] < 2.0, verdict  # from rank 0's StopIteration to the verdict
     item = verdict["items"][0]
     assert item["field"] == "dry" and "after step 3" in item["text"] and "rank 1 goes on to step 4" in item["text"]
+    assert verdict["on_divergence"] == "stop"
+    (hang,) = [x for x in report["findings"] if x["id"] == "hang"]
+    assert "diverged at step 4 before: see the divergence finding" in hang["title"], hang["title"]
+    hang_doc = json.loads((d / "run" / "hang.json").read_text())
+    assert hang_doc["diagnosis"]["kind"] == "loader-exhausted", hang_doc["diagnosis"]
+    # Declared a few seconds into the wait, not at the hang timeout (60 s: a timeout's verdict says >= 60 here).
+    assert hang_doc["detected_after_s"] < 30 and hang_doc["hang_timeout_s"] == 60, hang_doc["detected_after_s"]
 
 
 def test_two_nodes_a_nan_on_the_second_node_is_named_and_stopped_everywhere(runs: Any) -> None:

@@ -608,3 +608,42 @@ def test_every_rank_freezing_or_unfreezing_at_the_same_step_and_pipeline_stages_
     for rank in range(4):  # two pipeline stages: other models, other parameter counts
         assert judge.add_grads([rank], _grads(6, 4 if rank < 2 else 6, total=4 if rank < 2 else 6)) is None
     assert judge.verdict is None and not judge.grad_steps
+
+
+def test_stop_mode_ends_a_job_whose_ranks_all_wait_in_a_collective_after_the_verdict(tmp_path: Any) -> None:
+    from ddpdoctor.job.divergence import STOP_END_S
+
+    class Mon(_Monitor):
+        ended: list[int] | None = None
+        beats: dict[int, Any] = {0: {"collective": {"op": "barrier"}}, 1: {"backward": {"seq": 9}}}
+
+        def snapshot(self) -> dict[int, Any]:
+            return {r: {"beat": b, "exit": None} for r, b in self.beats.items()}
+
+        def end_now(self, ranks: list[int]) -> bool:
+            self.ended = ranks
+            return True
+
+    mon = Mon(tmp_path)
+    watch = DivergenceWatch("stop")
+    watch.on_start(mon)
+    watch.on_tick(mon, time.time() + 60)  # no verdict yet: nothing
+    watch.on_message(mon, 0, {"type": "fp", "fp": [rec(1)]})
+    watch.on_message(mon, 1, {"type": "fp", "fp": [rec(1, loss=0)]})
+    t = watch._stop_at
+    assert t is not None
+    mon.beats[1] = {"step": 1}  # rank 1 is doing something else (saving in a finally): left to end on its own
+    watch.on_tick(mon, t + STOP_END_S + 1)
+    assert mon.ended is None
+    mon.beats[1] = {"backward": {"seq": 9}}
+    watch.on_tick(mon, t + STOP_END_S / 2)  # too early
+    assert mon.ended is None
+    watch.on_tick(mon, t + STOP_END_S + 1)
+    assert mon.ended == [0, 1] and "ending the job" in mon.said[-1]
+    warn = DivergenceWatch("warn")  # warn mode never ends the job
+    warn.on_start(mon)
+    mon.ended = None
+    warn.on_message(mon, 0, {"type": "fp", "fp": [rec(1)]})
+    warn.on_message(mon, 1, {"type": "fp", "fp": [rec(1, loss=0)]})
+    warn.on_tick(mon, time.time() + 60)
+    assert mon.ended is None
