@@ -19,6 +19,7 @@ from tests.conftest import SCENARIOS, run_cli
 pytestmark = [pytest.mark.slow, pytest.mark.xdist_group(name="divergence")]
 JOB = SCENARIOS / "diverge.py"
 DATA_JOB = SCENARIOS / "diverge_data.py"
+FSDP_JOB = SCENARIOS / "fsdp_train.py"
 REPO = Path(__file__).resolve().parents[2]
 # A held optimizer step waits for the monitor's word 60 s here, not 2: a loaded machine must not let step 5 go.
 ENV = {"SCENARIO_GLOO_TIMEOUT": "60", "DDPDOCTOR_DIVERGENCE_HOLD_S": "60"}
@@ -32,8 +33,8 @@ def _plain(out: Path) -> subprocess.CompletedProcess[str]:
 
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
-    """Every launch once, side by side (each mostly waits on start-up), shared by the tests below: nine under
-    `ddpdoctor run`, one on two launchers, and the healthy job under plain torchrun. A reduce op that differs is a
+    """Every launch once, side by side (each mostly waits on start-up), shared by the tests below: ten under
+    `ddpdoctor run` (one of them FSDP2), one on two launchers, and the healthy job under plain torchrun. A reduce op that differs is a
     unit test."""
     base = tmp_path_factory.mktemp("diverge")
 
@@ -41,7 +42,8 @@ def runs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
         d = base / name
         four = name == "nan4-stop"  # 4 ranks on one node, rank 2 NaN at step 5, 6 steps
         job = ([str(DATA_JOB), fault, str(d / "weights")] if name.startswith("data-")
-               else [str(JOB), fault, "6" if four else STEPS, str(d / "weights")])
+               else [str(FSDP_JOB), "--bug", fault, "--steps", "5", "--width", "16", "--out", str(d / "weights")]
+               if name.startswith("fsdp-") else [str(JOB), fault, "6" if four else STEPS, str(d / "weights")])
         # A job that hangs after its verdict (data-leave, stop mode) is ended seconds after it, far before this.
         extra = ["--hang-timeout", "60"] if name == "data-leave" else []
         proc = run_cli("run", "--nproc-per-node", "4" if four else "2", "-q", "--json", "--on-divergence", mode,
@@ -52,7 +54,7 @@ def runs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
 
     cases = [("nan-stop", "nan", "stop"), ("nan4-stop", "nan", "stop"), ("skip", "skip", "warn"), ("data-healthy", "healthy", "warn"),
              ("data-dry", "dry", "warn"), ("data-leave", "leave", "stop"), ("recompile", "recompile", "warn"), ("shape", "shape", "warn"),
-             ("frozen", "frozen", "warn")]
+             ("frozen", "frozen", "warn"), ("fsdp-nan-stop", "nan", "stop")]
     with ThreadPoolExecutor(len(cases) + 2) as pool:
         plain = pool.submit(_plain, base / "plain")
         nodes = pool.submit(_two_nodes, base / "two-nodes")
@@ -204,3 +206,21 @@ def test_a_layer_frozen_on_one_rank_is_named_at_its_step_and_the_crash_points_to
     (crash,) = [f for f in report["findings"] if f["id"] == "rank-crashed"]
     assert crash["ranks"] == [1] and "Expected to have finished reduction" in crash["title"], crash
     assert "diverged at step 3 before: see the divergence finding" in crash["title"], crash
+
+
+def test_fsdp2_a_nan_on_one_rank_is_named_and_stop_keeps_it_out_of_every_shard(runs: Any) -> None:
+    """tests/scenarios/fsdp_train.py --bug nan: rank 1's loss is NaN at its third step, which FSDP2's gradient
+    reduction would average into every rank's shards. Named at step 3 (rank 1, the loss); stop mode keeps step 3's
+    update out of every rank's shards. The record counts FSDP2's all-gathers and gradient reductions on the default
+    group (the Flight Recorder's status: FSDP2 calls torch.distributed's all_gather_single/reduce_scatter_single,
+    which the public wrappers do not see, so ``ops`` stays 0)."""
+    code, report, d = runs["fsdp-nan-stop"]
+    assert code == 1, report["findings"]
+    (f,) = _divergence(report)
+    assert f["ranks"] == [1] and f["evidence"]["step"] == 3, f
+    assert f["evidence"]["items"][0]["field"] == "loss" and f["evidence"]["on_divergence"] == "stop"
+    assert f["evidence"]["job"]["colls"] > 0, f["evidence"]["job"]  # FSDP2's collectives reached the record
+    for rank in (0, 1):
+        w = torch.load(d / "weights" / f"rank{rank}.pt")
+        assert w["applied"] == [0, 1] and w["finite"], (rank, w)  # 0-based: steps 1 and 2 only
+    assert not [x for x in report["findings"] if x["id"] == "rank-crashed"]
