@@ -97,7 +97,7 @@ class RankSession:
                                                                          *self.parallelism.fsdp2_states()])
             fingerprint.install()
             heartbeat.fingerprint = fingerprint
-            fingerprint.send = lambda rec: heartbeat._send({"type": "fp", "rank": self.rank, "fp": [rec]})
+            fingerprint.send = lambda recs: heartbeat._send({"type": "fp", "rank": self.rank, "fp": recs})
             self.extra.append(fingerprint)
             ledger.summary = heartbeat.summary  # the last step's blocked time rides in the job's rank record
             self.extra.append(heartbeat)

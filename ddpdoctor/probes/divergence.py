@@ -32,6 +32,18 @@ record, so this event is what the job compares there. The names of the parameter
 rank's previous event ride along only in a step where it changed. Cost: one ``requires_grad`` read a managed
 parameter a step (C speed, ``bytes(map(...))``; benchmarks/collective_source_cost.py measures it).
 
+A **gradient-norm event** ``["gnorm", step, finite]`` (1 finite, 0 NaN/inf) goes out for a step in which the script
+computed its gradient norm anyway: the value ``torch.nn.utils.clip_grad_norm_`` (and the deprecated
+``clip_grad_norm``, which calls it) or ``get_total_norm`` returned, wrapped here; a DTensor norm (FSDP2) is read
+through its local part (``to_local()``: no collective; torch 2.13's clip_grad_norm_ returns it Replicate()d, the
+same on every rank). A norm over gradients DDP or FSDP2 averaged is the same on every rank, so it differs only where
+a rank's norm covers gradients that are not averaged (a parameter outside DDP, a norm taken before a manual
+all-reduce); a NaN loss is the ``loss`` field's. A CPU norm is read at once (~1 us); a CUDA norm is never read on the training thread (that would sync the
+device): a non-blocking copy to pinned host memory and a CUDA event are queued, and the heartbeat thread reads the
+value once the event has completed (``event.query()``, no sync), so its event comes a tick or more after the step.
+Not read while torch.compile traces (no graph break). The event of a step goes out after the step's record was taken
+(in stop mode with it, before it: the judge sees it first).
+
 A record is a short list ``[step, key, colls, ops, opt, loss, graphs, epoch, dry, batches, left, recompiles,
 breaks(, extra)]`` (~55 bytes of JSON); ``key`` is a CRC of the compared fields, what the job compares. Records wait in a deque the heartbeat thread drains every tick (0.2 s). After them may come the
 training loader's dry event ``["dry", step, ms]`` (probes/data_position.py), which the job judges at once.
@@ -44,6 +56,7 @@ rank will only join after its own step) lets the step go on: the verdict then st
 
 from __future__ import annotations
 
+import functools
 import math
 import operator
 import os
@@ -86,10 +99,15 @@ class StepFingerprint:
         self._params: list[Any] = []
         self._flags: bytes | None = None  # the last grad-set event's flags (one byte a managed parameter)
         self._grads_step = 0
+        # Gradient norms the script computed: (step, finite as bool or a host tensor being filled, its CUDA event)
+        self._norms: list[tuple[int, Any, Any]] = []
+        self._norms_lock = threading.Lock()  # the training thread adds, the heartbeat thread reads CUDA ones
+        self._recorded = 0  # the step of the last record taken: norms of steps up to it go out
+        self._norm_originals: list[tuple[Any, str, Any]] = []
         self.stop = os.environ.get(MODE_ENV) == "stop" if stop is None else stop
         self.pending: deque[list[Any]] = deque(maxlen=MAX_PENDING)
         self.stop_reason: str | None = None
-        self.send: Callable[[list[int | str]], None] | None = None  # stop mode: the heartbeat's immediate send
+        self.send: Callable[[list[list[Any]]], None] | None = None  # stop mode: the heartbeat's immediate send
         self.holds_timed_out = 0
         self.data = DataPosition(tracker)
         self.compiles = CompileEvents()
@@ -114,12 +132,88 @@ class StepFingerprint:
         self._handles.append(register_optimizer_step_pre_hook(self._on_pre))
         self.tracker.add_listener(self._on_step)
         self.data.install()
+        self._wrap_norms()
 
     def finish(self, status: Any) -> None:
         for h in self._handles:
             h.remove()
         self._handles.clear()
         self.data.uninstall()
+        for mod, name, fn in reversed(self._norm_originals):
+            setattr(mod, name, fn)
+        self._norm_originals.clear()
+
+    def _wrap_norms(self) -> None:
+        """torch.nn.utils.clip_grad_norm_ and get_total_norm return the gradient norm: their value is read (or queued,
+        on CUDA) by ``saw_grad_norm``; the script gets it unchanged."""
+        import torch.nn.utils as utils
+        import torch.nn.utils.clip_grad as clip_grad
+
+        wrapped: dict[int, Any] = {}
+        for mod, name in ((utils, "clip_grad_norm_"), (clip_grad, "clip_grad_norm_"), (utils, "get_total_norm")):
+            fn = getattr(mod, name, None)
+            if fn is None:
+                continue
+            if id(fn) not in wrapped:
+                wrapped[id(fn)] = self._norm_wrapper(fn)
+            self._norm_originals.append((mod, name, fn))
+            setattr(mod, name, wrapped[id(fn)])
+
+    def _norm_wrapper(self, fn: Any) -> Any:
+        fp = self
+
+        @functools.wraps(fn)
+        def norm(*args: Any, **kwargs: Any) -> Any:
+            out = fn(*args, **kwargs)
+            try:
+                fp.saw_grad_norm(out)
+            except Exception:  # noqa: BLE001 - the script's own call is never broken by the record
+                pass
+            return out
+
+        return norm
+
+    def saw_grad_norm(self, norm: Any) -> None:
+        """A gradient norm the script computed in this step: read on CPU, queued on CUDA (no device sync)."""
+        if torch.compiler.is_compiling() or not isinstance(norm, torch.Tensor):
+            return
+        local = norm.to_local() if hasattr(norm, "to_local") else norm  # a DTensor: this rank's part, no collective
+        if not isinstance(local, torch.Tensor) or local.numel() != 1:
+            return
+        step = self.tracker.step + 1
+        t = local.detach()
+        if t.device.type == "cpu":
+            item: tuple[int, Any, Any] = (step, math.isfinite(float(t)), None)
+        elif t.device.type == "cuda":
+            host = t.to("cpu", non_blocking=True)  # into pinned memory: the copy is queued, not waited for
+            event = torch.cuda.Event()
+            event.record()
+            item = (step, host, event)
+        else:
+            return
+        with self._norms_lock:
+            if len(self._norms) < MAX_PENDING:
+                self._norms.append(item)
+
+    def _norm_events(self, upto: int) -> list[list[Any]]:
+        """The gradient-norm events of the steps up to ``upto`` whose every norm is known (a CUDA one: its copy's
+        event completed; a step with one still being copied waits whole, so that it goes out once), one a step:
+        finite only when every norm of it was."""
+        if not self._norms:
+            return []
+        with self._norms_lock:
+            due = [it for it in self._norms if it[0] <= upto]
+            state = {id(it): _copied(it[2]) for it in due}
+            waiting = {it[0] for it in due if state[id(it)] == "wait"}
+            self._norms = [it for it in self._norms if it[0] > upto or it[0] in waiting]
+        out: dict[int, int] = {}
+        for it in due:
+            step, value, event = it
+            if step in waiting or state[id(it)] == "drop":
+                continue
+            ok = math.isfinite(float(value)) if event is not None else bool(value)
+            out[step] = out.get(step, 1) & int(ok)
+        return [["gnorm", st, v] for st, v in sorted(out.items())]
 
     # -- the training thread -------------------------------------------------------------------------------
     def saw_collective(self, op: str, sizes: Any, args: Any, kwargs: Any) -> None:
@@ -186,20 +280,25 @@ class StepFingerprint:
         if not self._taken:
             self._taken = True
             rec = self._record(self.tracker.step + 1, opt=1)
+            norms = self._norm_events(int(rec[0]))  # before the record: in stop mode the judge sees them first
             if self.stop and self.send is not None:
-                self.send(rec)
+                self.send([*norms, rec])
                 self._hold(int(rec[0]))
             else:
+                self.pending.extend(norms)
                 self.pending.append(rec)
         if self.stop_reason is not None:
             raise DivergenceStopped(f"ddpdoctor --on-divergence stop: {self.stop_reason}")
 
     def _on_step(self, step: int) -> None:
         if not self._taken:
-            self.pending.append(self._record(step, opt=0))
+            rec = self._record(step, opt=0)
+            self.pending.extend(self._norm_events(step))
+            self.pending.append(rec)
         self._taken = False
 
     def _record(self, step: int, opt: int) -> list[int | str]:
+        self._recorded = step
         colls = 0
         seq = self._enqueued()
         if seq is not None:
@@ -258,10 +357,21 @@ class StepFingerprint:
         """What the heartbeat sends this tick as an "fp" line: the records, then the training loader's dry event if
         it is due (``ending``: the rank is ending, so at once)."""
         recs = self.take() if self.pending else []
+        recs += self._norm_events(self._recorded)  # CUDA norms whose copy has completed since
         ev = self.data.dry_event(force=ending)
         if ev is not None:
             recs.append(ev)
         return recs
+
+
+def _copied(event: Any) -> str:
+    """A CUDA norm's copy to the host: "ready" (or a CPU norm: no event), "wait", or "drop" (a device error)."""
+    if event is None:
+        return "ready"
+    try:
+        return "ready" if event.query() else "wait"
+    except RuntimeError:
+        return "drop"
 
 
 def _named_params(owner: Any) -> list[tuple[str, Any]]:

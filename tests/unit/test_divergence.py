@@ -647,3 +647,67 @@ def test_stop_mode_ends_a_job_whose_ranks_all_wait_in_a_collective_after_the_ver
     warn.on_message(mon, 1, {"type": "fp", "fp": [rec(1, loss=0)]})
     warn.on_tick(mon, time.time() + 60)
     assert mon.ended is None
+
+
+def test_the_gradient_norm_the_script_computes_is_recorded_and_returned_unchanged() -> None:
+    import torch.nn.utils.clip_grad as clip_grad
+
+    originals = (torch.nn.utils.clip_grad_norm_, clip_grad.clip_grad_norm_, torch.nn.utils.get_total_norm)
+    fp = StepFingerprint(_Steps(), stop=False)
+    fp.install()
+    try:
+        from torch.nn.utils import clip_grad_norm_  # imported after the probe installed, as a script does
+
+        p = torch.nn.Parameter(torch.ones(3))
+        opt = torch.optim.SGD([p], lr=0.1)
+        out = []
+        for grad in (torch.ones(3), torch.tensor([1.0, float("inf"), 0.0])):
+            p.grad = grad.clone()
+            out.append(clip_grad_norm_([p], max_norm=1.0))  # the wrapper: the value the script gets is torch's
+            torch.nn.utils.get_total_norm([p.grad])  # twice in a step: one event, finite only if both were
+            opt.step()
+            fp.tracker.end()
+        assert float(out[0]) == pytest.approx(3 ** 0.5) and not torch.isfinite(out[1])
+        evs = [ev for ev in fp.take() if ev[0] != "grads"]
+        assert [ev for ev in evs if ev[0] == "gnorm"] == [["gnorm", 1, 1], ["gnorm", 2, 0]]
+        assert evs[0] == ["gnorm", 1, 1] and evs[1][0] == 1  # the step's norm goes before its record
+    finally:
+        fp.finish({})
+    assert (torch.nn.utils.clip_grad_norm_, clip_grad.clip_grad_norm_, torch.nn.utils.get_total_norm) == originals
+
+
+def test_a_norm_still_being_copied_to_the_host_waits_and_goes_out_once() -> None:
+    """The CUDA path's bookkeeping with a stand-in event (no GPU here): a step whose copy has not completed waits
+    whole; the heartbeat's next tick sends it once."""
+
+    class Event:
+        done = False
+
+        def query(self) -> bool:
+            return self.done
+
+    ev = Event()
+    fp = StepFingerprint(_Steps(), stop=False)
+    fp._norms = [(1, True, None), (2, True, None), (2, torch.tensor(float("nan")), ev), (3, True, None)]
+    fp._recorded = 2
+    assert fp.outgoing() == [["gnorm", 1, 1]]  # step 2 waits for its copy; step 3 not recorded yet
+    ev.done = True
+    assert fp.outgoing() == [["gnorm", 2, 0]]
+    assert fp.outgoing() == [] and fp._norms == [(3, True, None)]
+
+
+def test_a_rank_whose_gradient_norm_goes_non_finite_alone_is_named_and_all_at_once_is_quiet() -> None:
+    mon = _Monitor(None)
+    watch = DivergenceWatch("stop")
+    watch.on_start(mon)
+    for rank in (0, 1):  # every rank non-finite at once (DDP averaged one rank's NaN): not a divergence of ranks
+        watch.on_message(mon, rank, {"type": "fp", "fp": [["gnorm", 1, 0], rec(1)]})
+    assert watch.judge.verdict is None
+    watch.on_message(mon, 0, {"type": "fp", "fp": [["gnorm", 2, 1], rec(2)]})
+    watch.on_message(mon, 1, {"type": "fp", "fp": [["gnorm", 2, 0], rec(2)]})
+    v = watch.judge.verdict
+    assert v is not None and v["step"] == 2 and v["ranks"] == [1] and v["items"][0]["field"] == "gnorm", v
+    assert v["reason"].startswith("rank 1: its gradient norm (the value clip_grad_norm_ or get_total_norm returned) "
+                                  "went non-finite (NaN/inf) at step 2 while the other ranks' was finite")
+    assert [m["type"] for _, m in mon.sent if m["type"] != "fp-ok"] == ["divergence-stop"] * 2  # before step 2's ok
+    assert {"type": "fp-ok", "step": 2} not in [m for _, m in mon.sent]
