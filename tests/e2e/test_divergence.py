@@ -33,7 +33,7 @@ def _plain(out: Path) -> subprocess.CompletedProcess[str]:
 
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
-    """Every launch once, side by side (each mostly waits on start-up), shared by the tests below: ten under
+    """Every launch once, side by side (each mostly waits on start-up), shared by the tests below: eleven under
     `ddpdoctor run` (one of them FSDP2), one on two launchers, and the healthy job under plain torchrun. A reduce op that differs is a
     unit test."""
     base = tmp_path_factory.mktemp("diverge")
@@ -54,7 +54,7 @@ def runs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
 
     cases = [("nan-stop", "nan", "stop"), ("nan4-stop", "nan", "stop"), ("skip", "skip", "warn"), ("data-healthy", "healthy", "warn"),
              ("data-dry", "dry", "warn"), ("data-leave", "leave", "stop"), ("recompile", "recompile", "warn"), ("shape", "shape", "warn"),
-             ("frozen", "frozen", "warn"), ("fsdp-nan-stop", "nan", "stop")]
+             ("frozen", "frozen", "warn"), ("fsdp-nan-stop", "nan", "stop"), ("gnorm-stop", "gnorm", "stop")]
     with ThreadPoolExecutor(len(cases) + 2) as pool:
         plain = pool.submit(_plain, base / "plain")
         nodes = pool.submit(_two_nodes, base / "two-nodes")
@@ -224,3 +224,17 @@ def test_fsdp2_a_nan_on_one_rank_is_named_and_stop_keeps_it_out_of_every_shard(r
         w = torch.load(d / "weights" / f"rank{rank}.pt")
         assert w["applied"] == [0, 1] and w["finite"], (rank, w)  # 0-based: steps 1 and 2 only
     assert not [x for x in report["findings"] if x["id"] == "rank-crashed"]
+
+
+def test_a_gradient_norm_that_goes_non_finite_on_one_rank_is_named_and_stopped(runs: Any) -> None:
+    """diverge.py gnorm: every rank clips its gradient norm (torch.nn.utils.clip_grad_norm_); at step 5 rank 1's
+    gradient of a parameter outside DDP overflows to inf while its loss stays finite. Named at step 5 by its norm,
+    and stop mode keeps step 5 out of every rank's weights."""
+    code, report, d = runs["gnorm-stop"]
+    assert code == 1, report["findings"]
+    (f,) = _divergence(report)
+    assert f["ranks"] == [1] and f["evidence"]["step"] == 5, f
+    assert [i["field"] for i in f["evidence"]["items"]] == ["gnorm"], f
+    for rank in (0, 1):
+        w = _weights(d, rank)
+        assert w["applied"] == [1, 2, 3, 4] and w["finite"], (rank, w["applied"])
