@@ -33,7 +33,7 @@ def _plain(out: Path) -> subprocess.CompletedProcess[str]:
 
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
-    """Every launch once, side by side (each mostly waits on start-up), shared by the tests below: eleven under
+    """Every launch once, side by side (each mostly waits on start-up), shared by the tests below: twelve under
     `ddpdoctor run` (one of them FSDP2), one on two launchers, and the healthy job under plain torchrun. A reduce op that differs is a
     unit test."""
     base = tmp_path_factory.mktemp("diverge")
@@ -54,7 +54,7 @@ def runs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
 
     cases = [("nan-stop", "nan", "stop"), ("nan4-stop", "nan", "stop"), ("skip", "skip", "warn"), ("data-healthy", "healthy", "warn"),
              ("data-dry", "dry", "warn"), ("data-leave", "leave", "stop"), ("recompile", "recompile", "warn"), ("shape", "shape", "warn"),
-             ("frozen", "frozen", "warn"), ("fsdp-nan-stop", "nan", "stop"), ("gnorm-stop", "gnorm", "stop")]
+             ("frozen", "frozen", "warn"), ("fsdp-nan-stop", "nan", "stop"), ("gnorm-stop", "gnorm", "stop"), ("freeze-all", "freeze-all", "warn")]
     with ThreadPoolExecutor(len(cases) + 2) as pool:
         plain = pool.submit(_plain, base / "plain")
         nodes = pool.submit(_two_nodes, base / "two-nodes")
@@ -97,6 +97,14 @@ def test_healthy_job_with_rank0_only_eval_is_quiet_and_bit_identical_to_plain_to
         ours, theirs = _weights(d, rank), torch.load(ref / f"rank{rank}.pt")
         assert ours["losses"] == theirs["losses"]
         assert all(torch.equal(a, b) for a, b in zip(ours["weights"], theirs["weights"], strict=True))
+
+
+def test_every_rank_freezing_the_same_layer_at_the_same_step_is_quiet(runs: Any) -> None:
+    """diverge.py freeze-all: a fine-tuning schedule, every rank freezes the first layer at step 3 (DDP with
+    find_unused_parameters): the grad-set events change on every rank alike, so nothing diverged."""
+    code, report, d = runs["freeze-all"]
+    assert code == 0 and not _divergence(report), report["findings"]
+    assert _weights(d, 0)["applied"] == list(range(1, int(STEPS) + 1))
 
 
 def test_nan_on_one_rank_is_named_and_stop_keeps_it_out_of_the_weights(runs: Any) -> None:

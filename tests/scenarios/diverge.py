@@ -2,7 +2,8 @@
 
     diverge.py FAULT [STEPS] [OUT]
 
-FAULT: ``none`` (healthy; rank 0 also runs an evaluation forward under no_grad every 4 steps, on rank 0 only);
+FAULT: ``freeze-all`` (healthy: DDP with find_unused_parameters, every rank freezes the first layer at step 3, as
+a fine-tuning schedule does); ``none`` (healthy; rank 0 also runs an evaluation forward under no_grad every 4 steps, on rank 0 only);
 ``skip`` (rank 1, or $DIVERGE_RANK, skips its optimizer step at step 5: a rank-local loss check); ``nan`` (rank 1's loss is NaN at
 step 5: all-reduced into every replica); ``reduceop`` (at step 5 every rank all-reduces a metric, rank 1 with MAX
 where the others SUM: no hang, no error, a silently different result); ``recompile`` (every rank runs a
@@ -35,7 +36,7 @@ dist.init_process_group("gloo", timeout=datetime.timedelta(seconds=int(os.enviro
 rank = dist.get_rank()
 torch.manual_seed(0)
 net = nn.Sequential(nn.Linear(8, 16), nn.ReLU(), nn.Linear(16, 1))
-model = nn.parallel.DistributedDataParallel(net)
+model = nn.parallel.DistributedDataParallel(net, find_unused_parameters=FAULT == "freeze-all")
 scale = nn.Parameter(torch.ones(1))  # gnorm: outside DDP, so its gradient is this rank's own
 opt = torch.optim.SGD([*model.parameters(), scale] if FAULT == "gnorm" else model.parameters(), lr=0.01)
 gen = torch.Generator().manual_seed(1 + rank)
@@ -47,6 +48,8 @@ try:
     for step in range(1, STEPS + 1):
         if FAULT == "frozen" and rank == BAD and step == 3:
             net[0].requires_grad_(False)  # BUG: one rank alone freezes a layer (a LoRA or freeze schedule)
+        if FAULT == "freeze-all" and step == 3:
+            net[0].requires_grad_(False)  # every rank alike: DDP (find_unused_parameters) takes it
         x, y = torch.randn(4, 8, generator=gen), torch.randn(4, 1, generator=gen)
         loss = nn.functional.mse_loss(model(x) * scale if FAULT == "gnorm" else model(x), y)
         if stat is not None:
