@@ -6,6 +6,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from ddpdoctor.analyses.ledger import CPU_WAIT
 from ddpdoctor.errors import BadInput
 
 if TYPE_CHECKING:
@@ -49,7 +50,8 @@ class TensorBoardExporter:
             for p in points:
                 self._writer.add_scalar("live/step_time_ms", p.seconds * 1e3, p.step)
                 for phase, secs in p.phases.items():
-                    self._writer.add_scalar(f"live/phase_ms/{phase}", secs * 1e3, p.step)
+                    tag = "live/cpu_wait_ms" if phase == CPU_WAIT else f"live/phase_ms/{phase}"
+                    self._writer.add_scalar(tag, secs * 1e3, p.step)
             self._divergence(health)
             if not points:
                 self._writer.flush()
@@ -160,9 +162,13 @@ class _Collector:
         share = GaugeMetricFamily("ddpdoctor_rank_phase_share", "Share of the step per phase.", labels=["rank", "phase"])
         caused = GaugeMetricFamily("ddpdoctor_rank_caused_wait_seconds", "How long the other ranks wait for this "
                                    "one per step (collective ledger, docs/metrics.md#caused-wait).", labels=["rank"])
+        runq = GaugeMetricFamily("ddpdoctor_rank_cpu_wait_seconds", "How long this rank's training thread waited "
+                                 "for a CPU per step (run queue; docs/metrics.md#caused-wait).", labels=["rank"])
         for r, v in (snap.get("ranks") or {}).items():
             if isinstance(v.get("caused_wait_ms"), (int, float)):
                 caused.add_metric([r], v["caused_wait_ms"] / 1e3)
+            if isinstance(v.get("cpu_wait_ms"), (int, float)):
+                runq.add_metric([r], v["cpu_wait_ms"] / 1e3)
             step.add_metric([r], v["step_ms"] / 1e3)
             busy.add_metric([r], v["busy_ms"] / 1e3)
             for phase, x in (v.get("phase_share") or {}).items():
@@ -171,3 +177,4 @@ class _Collector:
         yield busy
         yield share
         yield caused
+        yield runq

@@ -23,7 +23,7 @@ from typing import IO
 
 import numpy as np
 
-from ddpdoctor.analyses.ledger import CausedWaitJson, caused_wait
+from ddpdoctor.analyses.ledger import CPU_WAIT, CausedWaitJson, caused_wait
 from ddpdoctor.live.records import (
     Alert,
     DivergenceEvidence,
@@ -263,6 +263,7 @@ class LiveHealth:
             # statistics.median: on 30 values it is ~10x cheaper than np.median's call overhead (x ranks x phases).
             med = median([x.seconds for x in tail])
             phases = {p: median([x.phases.get(p, 0.0) for x in tail]) for p in _phase_names(tail)}
+            runq = phases.pop(CPU_WAIT, None)  # not a phase: it overlaps them
             total = sum(phases.values()) or 1.0
             busy = sum(v for p, v in phases.items() if p in LOSS_PHASES)
             row: RankHealth = {"step": tail[-1].step, "step_ms": round(med * 1e3, 3),
@@ -270,6 +271,8 @@ class LiveHealth:
                                "phase_share": {p: round(v / total, 4) for p, v in phases.items()},
                                "phase_now": self.phase_now.get(r),
                                "caused_wait_ms": round(self.caused_s.get(r, 0.0) * 1e3, 3)}
+            if runq is not None:
+                row["cpu_wait_ms"] = round(runq * 1e3, 3)
             split = self.split_s.get(r)
             if split is not None:
                 row["blocked_ms"] = round(split[0] * 1e3, 3)

@@ -111,6 +111,7 @@ class RankHealth(_RankHealth, total=False):
     blocked_ms: float
     waiting_ms: float
     transfer_ms: float
+    cpu_wait_ms: float  # the training thread's run-queue wait per step (analyses/ledger.py CPU_WAIT), where measured
 
 
 class HealthSnapshot(TypedDict):

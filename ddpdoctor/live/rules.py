@@ -17,6 +17,7 @@ from typing import TypeVar
 
 import numpy as np
 
+from ddpdoctor.analyses.ledger import CPU_WAIT, cpu_wait_excess
 from ddpdoctor.live.records import Outlier, SlowdownEvidence, SlowRankEvidence
 
 WAIT_PHASES = ("backward", "collective")
@@ -96,22 +97,28 @@ def slow_ranks(per_rank: dict[int, list[StepRecord]], cfg: HealthConfig = DEFAUL
     phases = LOSS_PHASES + WAIT_PHASES
     t = np.zeros((len(ranks), len(steps), len(phases)))
     total = np.zeros((len(ranks), len(steps)))
+    runq = np.zeros((len(ranks), len(steps)))
     for i, r in enumerate(ranks):
         for rec in per_rank[r]:
             j = index.get(rec.step)
             if j is None:
                 continue
             total[i, j] = rec.seconds
+            runq[i, j] = rec.phases.get(CPU_WAIT, 0.0)
             for k, p in enumerate(phases):
                 t[i, j, k] = rec.phases.get(p, 0.0)
     step_s = float(np.median(np.median(total, axis=0)))
     threshold = max(cfg.slow_rank_min_s, cfg.slow_rank_rel * step_s)
     everyone = np.median(t, axis=0) if len(ranks) > 32 else None
+    # A rank's phases are longer by what the OS kept it waiting for a CPU beyond the others: the host's, not its own.
+    queued = cpu_wait_excess(runq, np.median(runq, axis=0)[None, :] if everyone is not None else None)
     nloss = len(LOSS_PHASES)
     out: list[SlowRankEvidence] = []
     for i, r in enumerate(ranks):
         others = everyone if everyone is not None else np.median(np.delete(t, i, axis=0), axis=0)
         excess = t[i] - others  # (steps, phases)
+        if queued is not None:
+            excess[:, :nloss] -= queued[i][:, None]
         med = np.median(excess[:, :nloss], axis=0)
         k = int(np.argmax(med))
         loss = float(med[k])

@@ -18,7 +18,9 @@ def _ints(text: Any) -> list[int]:
 
 class DDPRecorder:
     def __init__(self) -> None:
-        self._modules: list[tuple[weakref.ReferenceType[Any], DDPConfig]] = []
+        # Each module with its reducer's parameter names as DDP built it: the reducer indexes the parameters that
+        # required grad at construction, and a layer frozen later (fine-tuning schedules, ezpz#242) keeps its index.
+        self._modules: list[tuple[weakref.ReferenceType[Any], DDPConfig, list[str]]] = []
         self._orig_init: Any = None
         self._last: list[DDPModuleDoc] = []
         self.process_group_created = False
@@ -30,7 +32,7 @@ class DDPRecorder:
         def __init__(ddp: Any, module: Any, *args: Any, **kwargs: Any) -> None:
             orig(ddp, module, *args, **kwargs)
             try:
-                recorder._modules.append((weakref.ref(ddp), recorder._config(ddp)))
+                recorder._modules.append((weakref.ref(ddp), recorder._config(ddp), _reducer_names(ddp)))
                 recorder.describe()  # the initial layout, in case the script never reaches a later step
             except Exception:  # noqa: BLE001 - recording must never break the user's model
                 pass
@@ -48,7 +50,7 @@ class DDPRecorder:
         return len(self._modules)
 
     def live_modules(self) -> list[Any]:
-        return [m for ref, _ in self._modules if (m := ref()) is not None]
+        return [m for ref, _, _ in self._modules if (m := ref()) is not None]
 
     @staticmethod
     def _config(ddp: Any) -> DDPConfig:
@@ -72,22 +74,22 @@ class DDPRecorder:
         # After destroy_process_group() the reducer's logger must not be touched (it can abort the process):
         # keep what was recorded while the group was alive.
         alive = dist.is_available() and dist.is_initialized()
-        for i, (ref, config) in enumerate(self._modules):
+        for i, (ref, config, names) in enumerate(self._modules):
             ddp = ref()
             if ddp is None or (not alive and i < len(self._last)):
                 if i < len(self._last):
                     out.append(self._last[i])
                 continue
-            out.append(self._describe_one(ddp, config, alive))
+            out.append(self._describe_one(ddp, config, alive, names))
         self._last = out
         return out
 
     @staticmethod
-    def _describe_one(ddp: Any, config: DDPConfig, alive: bool) -> DDPModuleDoc:
-        # DDP's reducer indexes the parameters that require grad, in named_parameters() order.
-        named = [(n, p) for n, p in ddp.module.named_parameters() if p.requires_grad]
+    def _describe_one(ddp: Any, config: DDPConfig, alive: bool, names: list[str]) -> DDPModuleDoc:
+        # DDP's reducer indexes the parameters that required grad when it was built, in named_parameters() order.
+        current = dict(ddp.module.named_parameters())
+        named = [(n, current[n]) for n in names if n in current]
         ignored = set(getattr(ddp, "parameters_to_ignore", ()) or ())
-        named = [(n, p) for n, p in named if n not in ignored]
         parameters: list[ParamDoc] = [
             {"name": n, "numel": int(p.numel()), "bytes": int(p.numel() * p.element_size()), "dtype": str(p.dtype).replace("torch.", "")}
             for n, p in named
@@ -133,6 +135,13 @@ class DDPRecorder:
 # through accelerate, so transformers wins over accelerate).
 _FRAMEWORKS = (("transformers", "/transformers/"), ("lightning", "/lightning/"), ("lightning", "/pytorch_lightning/"),
                ("accelerate", "/accelerate/"))
+
+
+def _reducer_names(ddp: Any) -> list[str]:
+    """The names of the parameters DDP's reducer indexes (``_build_params_for_reducer``): those that require grad
+    at construction and are not ignored, in named_parameters() order."""
+    ignored = set(getattr(ddp, "parameters_to_ignore", ()) or ())
+    return [n for n, p in ddp.module.named_parameters() if p.requires_grad and n not in ignored]
 
 
 def _built_by() -> str | None:

@@ -41,6 +41,7 @@ from ddpdoctor.probes.heartbeat_lines import (
 )
 from ddpdoctor.probes.records import Beat, CollectiveState, Dump, RankStatusDoc
 from ddpdoctor.probes.requests import REQUEST_HANDLERS, RequestHandler, register_request
+from ddpdoctor.probes.steps import backward_label
 
 __all__ = ["REQUEST_HANDLERS", "HeartbeatProbe", "RequestHandler", "register_request"]
 
@@ -122,7 +123,7 @@ class HeartbeatProbe:
         if self.last_collective is not None:
             status["last_collective"] = self.last_collective
         elif self.backward_site is not None:  # DDP's all-reduces run inside backward(): its call site stands for them
-            status["last_collective"] = {"op": "backward (DDP gradient all-reduce)", "call_site": self.backward_site}
+            status["last_collective"] = {"op": backward_label(self.tracker), "call_site": self.backward_site}
 
     def finish(self, status: RankStatusDoc) -> None:
         self.annotate(status)
@@ -238,7 +239,7 @@ class HeartbeatProbe:
                 if outer:
                     name, seq = group_info(None)
                     probe.failed_collective = {
-                        "op": "backward (DDP gradient all-reduce)", "group": name, "seq": seq, "sizes": [],
+                        "op": backward_label(probe.tracker), "group": name, "seq": seq, "sizes": [],
                         "call_site": probe.backward_site, "step": probe.tracker.step,
                         "error": f"{type(exc).__name__}: {exc}"[:2000],
                     }

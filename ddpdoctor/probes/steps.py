@@ -6,6 +6,7 @@ optimizers) are ignored until a forward runs again. ``ddpdoctor.step()`` switche
 
 from __future__ import annotations
 
+import os
 import sys
 import threading
 import time
@@ -14,6 +15,8 @@ from collections.abc import Callable
 from typing import Any, TypeVar
 
 import torch
+
+from ddpdoctor.analyses.ledger import CPU_WAIT
 
 StepListener = Callable[[int], None]
 
@@ -69,10 +72,14 @@ class StepTracker:
         self._orig_next: Any = None
         self._loading = 0  # inside a DataLoader iterator's __next__
         self._wrapped = False  # a DDP/FSDP module has run its forward: only those switch the phase from now on
+        self.root_kind: str | None = None  # "DDP" or "FSDP": the first wrapped module whose forward ran
         self._root_types: tuple[type, ...] = _root_types()
         self._fsdp_pending = True
         self._lock = threading.Lock()
         self._main = threading.main_thread().ident
+        self._runq_fd: int | None = None  # the training thread's schedstat, opened at its first iteration end
+        self._runq_ns: int | None = None
+        self._runq_off = False
 
     # -- phase clock (a few hundred ns per change) ---------------------------------------------------
     @property
@@ -143,6 +150,8 @@ class StepTracker:
             self._fsdp_pending = False  # the script imported FSDP: its classes are roots too (never imported here)
             self._root_types = self._root_types + _fsdp_types()
         if isinstance(module, self._root_types):
+            if not self._wrapped:
+                self.root_kind = "DDP" if _is_ddp(module) else "FSDP"
             self._wrapped = True
         elif self._wrapped or self._phase == "backward":
             return  # a metric, loss or helper module outside the wrapped model; a recomputation in backward
@@ -213,6 +222,9 @@ class StepTracker:
             now = time.time()
             self.step_times.append(now - self.step_started)
             self._account()
+            waited = self._run_queue_wait()
+            if waited is not None:
+                self.phase_s[CPU_WAIT] = waited
             self.last_record = (self.step + 1, now - self.step_started, self.phase_s)
             if self.hold is None or not self.hold(self.last_record, self.step_started, now):
                 self.recent.append(self.last_record)
@@ -223,6 +235,38 @@ class StepTracker:
             step = self.step
         for fn in self._listeners:
             fn(step)
+
+
+    def _run_queue_wait(self) -> float | None:
+        """Seconds the calling (training) thread waited in the run queue since the last call; None where Linux does
+        not say (no schedstat, another thread, the first iteration). One pread of an open file, ~1 us."""
+        if self._runq_off:
+            return None
+        try:
+            if self._runq_fd is None:
+                if threading.get_ident() != self._main:
+                    return None
+                self._runq_fd = os.open("/proc/thread-self/schedstat", os.O_RDONLY | os.O_CLOEXEC)
+            elif threading.get_ident() != self._main:
+                return None
+            ns = int(os.pread(self._runq_fd, 96, 0).split()[1])
+        except (OSError, ValueError, IndexError):
+            self._runq_off = True  # never again: no schedstat here
+            return None
+        last, self._runq_ns = self._runq_ns, ns
+        return None if last is None else max(0, ns - last) / 1e9
+
+
+def _is_ddp(module: Any) -> bool:
+    from torch.nn.parallel import DistributedDataParallel
+
+    return isinstance(module, DistributedDataParallel)
+
+
+def backward_label(tracker: StepTracker) -> str:
+    """What a rank in ``backward()`` waits on, for its status (findings/crash.py keys DDP's on this text)."""
+    return {"DDP": "backward (DDP gradient all-reduce)", "FSDP": "backward (FSDP gradient reduce-scatter)"}.get(
+        tracker.root_kind or "", "backward")
 
 
 def _root_types() -> tuple[type, ...]:

@@ -5,6 +5,7 @@ node and on two; healthy jobs stay quiet, run after run."""
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 from typing import Any
 
@@ -80,6 +81,23 @@ def test_healthy_job_is_quiet_run_after_run(tmp_path: Path) -> None:
         code, report, stderr = _run(tmp_path / f"ok{k}", 4)
         assert code == 0 and not _slow(report), report["findings"]
         assert "slow-rank" not in stderr
+
+
+@pytest.mark.skipif(len(getattr(os, "sched_getaffinity", lambda _: {0})(0)) < 2, reason="needs 2 CPUs")
+def test_a_rank_sharing_its_cpu_with_a_noisy_neighbour_is_not_called_slow(tmp_path: Path) -> None:
+    # Rank 0 is pinned to one CPU with 3 busy processes of another program: it waits for that CPU (its phases are
+    # longer) and rank 1 waits for it, but its own work is the same. Before the run-queue measure this was a
+    # slow-rank warning on rank 0 (8.4 ms, 31% of the step, "slower in backward"); the fault benchmark and CI saw
+    # the same on a loaded machine. The wait is the host's: a ledger note, never a slow rank.
+    out = tmp_path / "starved"
+    code, report, _ = _run(out, 2, "--slow-rank", "0", "--phase", "starved", "--work", "4")
+    assert code == 0 and not _slow(report), report["findings"]
+    snap = json.loads((out / "live" / "node0" / "health.json").read_text())
+    cpu = {r: v["cpu_wait_ms"] for r, v in snap["ranks"].items()}
+    assert cpu["0"] > 2 + cpu["1"], cpu  # the probe measured rank 0's wait for its CPU (12.7 vs 0.2 ms once)
+    caused = snap["ranks"]["0"]["caused_wait_ms"]
+    # Rank 0 did make rank 1 wait (10.2 ms once, said to be the CPU's); above the 2 ms floor that is said in a note.
+    assert caused < 2 or any(n.startswith("rank 0 kept the others waiting") for n in report["notes"]), report["notes"]
 
 
 def test_profile_splits_exposed_communication_into_waiting_for_the_straggler_and_transfer(tmp_path: Path) -> None:

@@ -101,7 +101,10 @@ def test_capture_profile_on_a_running_job(tmp_path: Path) -> None:
         window = Path(rep["run_dir"])
         assert window.parent == out / "captures" and len(list((window / "traces").glob("rank*.pt.trace.json.gz"))) == 2
         firsts = {json.loads((window / "ranks" / f"rank{r}" / "done.json").read_text())["first_step"] for r in (0, 1)}
-        assert len(firsts) == 1, rep.get("notes")  # both ranks profiled the same iterations
+        if len(firsts) > 1:  # a rank took the request late under heavy load: the report must say so
+            assert any("started on different iterations" in n for n in rep.get("notes") or []), rep.get("notes")
+        else:
+            assert len(firsts) == 1  # both ranks profiled the same iterations
         # the job goes on: the analyze of the window folder gives the same report
         again = run_cli("analyze", str(window), "--json")
         assert again.returncode == 0 and len(json.loads(again.stdout)["ranks"]) == 2

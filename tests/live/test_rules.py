@@ -51,6 +51,20 @@ def test_two_ranks_the_slow_one_not_its_waiting_peer() -> None:
     assert [(f["rank"], f["phase"], f["lost_ms_per_step"]) for f in found] == [(1, "data", 30.0)]
 
 
+def test_a_rank_that_waited_for_a_cpu_is_not_slow_for_it() -> None:
+    # Rank 1's forward is 20 ms longer every step; in the first job all 20 ms are run-queue wait beyond rank 0's
+    # (the host's CPUs, not its work): nothing. In the second, 5 ms of it is: 15 ms of its own, named with 15 ms.
+    from ddpdoctor.analyses.ledger import CPU_WAIT
+
+    for queued, lost in ((0.020, None), (0.005, 15.0)):
+        ranks = _ddp_ranks(2, 40, slow={1: ("forward", 0.020)})
+        for r, recs in ranks.items():
+            ranks[r] = [StepRecord(x.step, x.seconds, {**x.phases, CPU_WAIT: 0.002 + (queued if r == 1 else 0.0)})
+                        for x in recs]
+        found = slow_ranks(ranks)
+        assert [(f["rank"], f["lost_ms_per_step"]) for f in found] == ([] if lost is None else [(1, lost)])
+
+
 def test_noise_alone_raises_nothing() -> None:
     assert slow_ranks(_ddp_ranks(8, 60, jitter=0.3, seed=3)) == []
 

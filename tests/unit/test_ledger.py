@@ -8,7 +8,7 @@ import time
 
 import pytest
 
-from ddpdoctor.analyses.ledger import SCHED_SLICE_S, caused_wait
+from ddpdoctor.analyses.ledger import CPU_WAIT, SCHED_SLICE_S, caused_wait
 
 Records = dict[int, list[tuple[int, float, dict[str, float]]]]
 
@@ -84,6 +84,39 @@ def test_crowded_host_under_a_few_slices_is_a_note_not_a_slow_rank() -> None:
     assert [c.rank for c in caused_wait(recs).waited_for] == [1]
     v = caused_wait(recs, crowded={r: "4 ranks on 2 cores" for r in range(4)})
     assert v.waited_for == [] and "4 ranks on 2 cores" in v.notes[0] and 0.0025 < 4 * SCHED_SLICE_S
+
+
+def _starved(extra_work_s: float, runq_s: float, n: int = 2) -> Records:
+    """Worked example (docs/metrics.md#caused-wait, "run-queue wait"): 40 ms steps, 10 ms data, 20 ms backward;
+    rank 0 needs ``extra_work_s`` more CPU in its forward and waits ``runq_s`` for a CPU (in the same forward), the
+    others wait that long in the all-reduce; every rank waits 1 ms for a CPU besides."""
+    recs: Records = {r: [] for r in range(n)}
+    late = extra_work_s + runq_s
+    for s in range(1, 31):
+        for r in range(n):
+            mine = late if r == 0 else 0.0
+            ph = {"data": 0.010, "forward": 0.005 + mine, "backward": 0.020, "collective": 0.005 + late - mine,
+                  CPU_WAIT: 0.001 + (runq_s if r == 0 else 0.0)}
+            recs[r].append((s, 0.040 + late, ph))
+    return recs
+
+
+def test_a_rank_the_os_kept_off_the_cpu_is_a_note_not_a_slow_rank() -> None:
+    # Rank 0 makes the other wait 10 ms a step, all of it waiting for a CPU (11 ms against the other's 1 ms):
+    # 10 - 10 = 0 ms of its own lateness, under max(2 ms, 5% of 50 ms) = 2.5 ms.
+    v = caused_wait(_starved(0.0, 0.010))
+    assert v.waited_for == [] and v.caused_s[0] == pytest.approx(0.010)
+    assert "waited 10.00 ms per step longer than they did for a CPU" in v.notes[0] and "0.00 ms is under" in v.notes[0]
+    # The same 10 ms of wait from its own work (no run-queue wait beyond the others'): named, cost 10 ms.
+    (c,) = caused_wait(_starved(0.010, 0.0)).waited_for
+    assert c.rank == 0 and c.cost_s == pytest.approx(0.010) and c.phase == "forward"
+    # 8 ms of its own work plus 6 ms for a CPU (a busy rank on a crowded host): named for the whole 14 ms the
+    # others wait, since 14 - 6 = 8 ms of its own is over the 2.7 ms threshold (5% of 54 ms).
+    (c,) = caused_wait(_starved(0.008, 0.006)).waited_for
+    assert c.rank == 0 and c.cost_s == pytest.approx(0.014)
+    # 1.5 ms of its own work and 10 ms for a CPU: 1.5 ms is under the threshold, a note.
+    v = caused_wait(_starved(0.0015, 0.010))
+    assert v.waited_for == [] and "1.50 ms is under" in v.notes[0]
 
 
 def test_probe_counts_ddps_bucket_wait_as_blocked_and_leaves_gradients_alone(tmp_path) -> None:
