@@ -159,34 +159,39 @@ class DivergenceJudge:
         # The grad-set events: per step not yet judged; the CRC of the last step every rank agreed on.
         self.grad_steps: dict[int, _GradStep] = {}
         self.grads_agreed: int | None = None
-        # The gradient-norm events: per step not yet judged, each rank's finiteness (1/0; several norms: all).
-        self.norm_steps: dict[int, dict[int, int]] = {}
+        # The late events (gradient norms; CUDA losses): per (kind, step) not yet judged, each rank's finiteness.
+        self.norm_steps: dict[tuple[str, int], dict[int, int]] = {}
 
-    def add_norm(self, rank: int, step: int, finite: int) -> DivergenceVerdict | None:
-        """``rank``'s gradient norm of ``step`` (probes/divergence.py's gnorm event); judged once every rank sent
-        it: the ranks whose norm was non-finite while another's was finite are named. Every rank non-finite at once
-        (DDP all-reduced one rank's NaN gradient) is no divergence between ranks: the loss item names that rank."""
+    def add_norm(self, rank: int, step: int, finite: int, kind: str = "gnorm") -> DivergenceVerdict | None:
+        """``rank``'s late event of ``step`` (probes/divergence.py: ``gnorm``, its gradient norm; ``loss``, its
+        CUDA loss read once copied to the host); judged once every rank sent it: the ranks whose value was
+        non-finite while another's was finite are named. Every rank non-finite at once is no divergence between
+        ranks (a gradient norm over gradients DDP averaged is the same everywhere)."""
         if self.verdict is not None:
             return None
-        st = self.norm_steps.get(step)
+        st = self.norm_steps.get((kind, step))
         if st is None:
-            st = self.norm_steps[step] = {}
-            _bound(self.norm_steps)
+            st = self.norm_steps[kind, step] = {}
+            while len(self.norm_steps) > 2 * WINDOW:
+                del self.norm_steps[min(self.norm_steps, key=lambda k: k[1])]
         st[rank] = st.get(rank, 1) & (1 if finite else 0)
         if self.world_size is None or len(st) < self.world_size:
             return None
-        del self.norm_steps[step]
+        del self.norm_steps[kind, step]
         bad = sorted(r for r, v in st.items() if not v)
         if not bad or len(bad) == len(st):
             return None
         who = _who(bad)
         text = (f"{who}: its gradient norm (the value clip_grad_norm_ or get_total_norm returned) went non-finite "
                 f"(NaN/inf) at step {step} while the other ranks' was finite: a gradient that is not averaged across "
-                "ranks (a parameter outside DDP, a norm taken before an all-reduce) went NaN/inf there first")
-        item: DivergenceItem = {"field": "gnorm", "rank_value": 0, "others_value": 1, "text": text}
+                "ranks (a parameter outside DDP, a norm taken before an all-reduce) went NaN/inf there first"
+                if kind == "gnorm" else
+                f"{who}: the loss went non-finite (NaN/inf) at step {step}, the other ranks' was finite (a CUDA loss, "
+                "read once its copy reached the host)")
+        item: DivergenceItem = {"field": kind, "rank_value": 0, "others_value": 1, "text": text}
         now = time.time()
         self.verdict = {"step": step, "ranks": bad[:MAX_RANKS_SHOWN], "ranks_count": len(bad),
-                        "others_count": len(st) - len(bad), "job": {"gnorm": 1}, "items": [item], "reason": text,
+                        "others_count": len(st) - len(bad), "job": {kind: 1}, "items": [item], "reason": text,
                         "detected_at": now, "after_first_record_s": 0.0}
         return self.verdict
 
@@ -492,9 +497,9 @@ class DivergenceWatch:
                         self._declare(monitor, verdict)
                         return
                 continue
-            if isinstance(raw, list) and len(raw) == 3 and raw[0] == "gnorm":  # probes/divergence.py's norm event
+            if isinstance(raw, list) and len(raw) == 3 and raw[0] in ("gnorm", "loss"):  # probes' late events
                 if type(raw[1]) is int and type(raw[2]) is int:
-                    verdict = self.judge.add_norm(rank, raw[1], raw[2])
+                    verdict = self.judge.add_norm(rank, raw[1], raw[2], raw[0])
                     if verdict is not None:
                         self._declare(monitor, verdict)
                         return

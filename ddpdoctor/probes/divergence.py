@@ -12,7 +12,7 @@ GradScaler-skipped step, an explicit ``ddpdoctor.step()``). It holds:
   wrappers saw (probes/heartbeat.py); 0 when none.
 - ``opt``: 1 when the record was taken at an optimizer step, 0 when the iteration ended without one.
 - ``loss``: 1 when every loss ``backward()`` was called on was finite, 0 when one was not, -1 when none was seen or
-  reading it would cost a device sync (a CUDA loss is not read).
+  reading it would cost a device sync (a CUDA loss: it goes out later as a ``["loss", step, finite]`` event, below).
 - ``graphs``: torch._dynamo's count of compiled graphs, once the script imported torch._dynamo (else -1).
 - ``epoch``, ``dry``: the training DataLoader's epoch (0-based, -1 without one) and whether it ran dry
   (StopIteration) since the last record (probes/data_position.py).
@@ -100,7 +100,7 @@ class StepFingerprint:
         self._flags: bytes | None = None  # the last grad-set event's flags (one byte a managed parameter)
         self._grads_step = 0
         # Gradient norms the script computed: (step, finite as bool or a host tensor being filled, its CUDA event)
-        self._norms: list[tuple[int, Any, Any]] = []
+        self._norms: list[tuple[str, int, Any, Any]] = []  # (kind, step, finite or a host copy, its CUDA event)
         self._norms_lock = threading.Lock()  # the training thread adds, the heartbeat thread reads CUDA ones
         self._recorded = 0  # the step of the last record taken: norms of steps up to it go out
         self._norm_originals: list[tuple[Any, str, Any]] = []
@@ -178,17 +178,20 @@ class StepFingerprint:
         if torch.compiler.is_compiling() or not isinstance(norm, torch.Tensor):
             return
         local = norm.to_local() if hasattr(norm, "to_local") else norm  # a DTensor: this rank's part, no collective
-        if not isinstance(local, torch.Tensor) or local.numel() != 1:
-            return
+        if isinstance(local, torch.Tensor) and local.numel() == 1:
+            self._late("gnorm", local.detach())
+
+    def _late(self, kind: str, t: torch.Tensor) -> None:
+        """A scalar of this step whose finiteness goes out as a ``[kind, step, finite]`` event: a CPU one read now,
+        a CUDA one copied to pinned host memory without waiting, with an event the heartbeat thread polls."""
         step = self.tracker.step + 1
-        t = local.detach()
         if t.device.type == "cpu":
-            item: tuple[int, Any, Any] = (step, math.isfinite(float(t)), None)
+            item: tuple[str, int, Any, Any] = (kind, step, math.isfinite(float(t)), None)
         elif t.device.type == "cuda":
             host = t.to("cpu", non_blocking=True)  # into pinned memory: the copy is queued, not waited for
             event = torch.cuda.Event()
             event.record()
-            item = (step, host, event)
+            item = (kind, step, host, event)
         else:
             return
         with self._norms_lock:
@@ -196,24 +199,24 @@ class StepFingerprint:
                 self._norms.append(item)
 
     def _norm_events(self, upto: int) -> list[list[Any]]:
-        """The gradient-norm events of the steps up to ``upto`` whose every norm is known (a CUDA one: its copy's
-        event completed; a step with one still being copied waits whole, so that it goes out once), one a step:
-        finite only when every norm of it was."""
+        """The late events (gradient norms; CUDA losses) of the steps up to ``upto`` whose every value is known (a
+        CUDA one: its copy's event completed; a step with one still being copied waits whole, so that it goes out
+        once), one per kind a step: finite only when every value of it was."""
         if not self._norms:
             return []
         with self._norms_lock:
-            due = [it for it in self._norms if it[0] <= upto]
-            state = {id(it): _copied(it[2]) for it in due}
-            waiting = {it[0] for it in due if state[id(it)] == "wait"}
-            self._norms = [it for it in self._norms if it[0] > upto or it[0] in waiting]
-        out: dict[int, int] = {}
+            due = [it for it in self._norms if it[1] <= upto]
+            state = {id(it): _copied(it[3]) for it in due}
+            waiting = {it[:2] for it in due if state[id(it)] == "wait"}
+            self._norms = [it for it in self._norms if it[1] > upto or it[:2] in waiting]
+        out: dict[tuple[str, int], int] = {}
         for it in due:
-            step, value, event = it
-            if step in waiting or state[id(it)] == "drop":
+            kind, step, value, event = it
+            if (kind, step) in waiting or state[id(it)] == "drop":
                 continue
             ok = math.isfinite(float(value)) if event is not None else bool(value)
-            out[step] = out.get(step, 1) & int(ok)
-        return [["gnorm", st, v] for st, v in sorted(out.items())]
+            out[kind, step] = out.get((kind, step), 1) & int(ok)
+        return [[kind, st, v] for (kind, st), v in sorted(out.items(), key=lambda kv: (kv[0][1], kv[0][0]))]
 
     # -- the training thread -------------------------------------------------------------------------------
     def saw_collective(self, op: str, sizes: Any, args: Any, kwargs: Any) -> None:
@@ -230,15 +233,20 @@ class StepFingerprint:
 
     def saw_backward(self, tensor: Any) -> None:
         """``tensor.backward()`` (the heartbeat's outer backward wrapper): the step's grad-set event at its first
-        backward; a CPU scalar loss is read (~1 us)."""
+        backward; a CPU scalar loss is read (~1 us), a CUDA one queued for a late ``loss`` event."""
         if self.managed is not None and self._grads_step != self.tracker.step + 1:
             self._grads_step = self.tracker.step + 1
             try:
                 self._grad_set(self._grads_step)
             except Exception:  # noqa: BLE001 - a module torch changed under us: no event, never a broken backward
                 self.managed = None
-        if self._loss == 0 or not isinstance(tensor, torch.Tensor) or tensor.device.type != "cpu" \
-                or tensor.numel() != 1:
+        if self._loss == 0 or not isinstance(tensor, torch.Tensor) or tensor.numel() != 1:
+            return
+        if tensor.device.type == "cuda":  # never read here (a device sync): a late "loss" event, once copied
+            if not torch.compiler.is_compiling():
+                self._late("loss", tensor.detach())
+            return
+        if tensor.device.type != "cpu":
             return
         try:
             self._loss = 1 if math.isfinite(float(tensor.detach())) else 0

@@ -688,12 +688,14 @@ def test_a_norm_still_being_copied_to_the_host_waits_and_goes_out_once() -> None
 
     ev = Event()
     fp = StepFingerprint(_Steps(), stop=False)
-    fp._norms = [(1, True, None), (2, True, None), (2, torch.tensor(float("nan")), ev), (3, True, None)]
+    fp._norms = [("gnorm", 1, True, None), ("gnorm", 2, True, None), ("gnorm", 2, torch.tensor(float("nan")), ev),
+                 ("loss", 2, torch.tensor(1.0), Event()), ("gnorm", 3, True, None)]
+    fp._norms[3][3].done = True  # step 2's CUDA loss has reached the host: it goes alone
     fp._recorded = 2
-    assert fp.outgoing() == [["gnorm", 1, 1]]  # step 2 waits for its copy; step 3 not recorded yet
+    assert fp.outgoing() == [["gnorm", 1, 1], ["loss", 2, 1]]  # step 2's norm waits for its copy; 3 not recorded
     ev.done = True
     assert fp.outgoing() == [["gnorm", 2, 0]]
-    assert fp.outgoing() == [] and fp._norms == [(3, True, None)]
+    assert fp.outgoing() == [] and fp._norms == [("gnorm", 3, True, None)]
 
 
 def test_a_rank_whose_gradient_norm_goes_non_finite_alone_is_named_and_all_at_once_is_quiet() -> None:
@@ -711,3 +713,7 @@ def test_a_rank_whose_gradient_norm_goes_non_finite_alone_is_named_and_all_at_on
                                   "went non-finite (NaN/inf) at step 2 while the other ranks' was finite")
     assert [m["type"] for _, m in mon.sent if m["type"] != "fp-ok"] == ["divergence-stop"] * 2  # before step 2's ok
     assert {"type": "fp-ok", "step": 2} not in [m for _, m in mon.sent]
+    judge = DivergenceJudge(2)  # a CUDA loss, read late: the same rule under its own kind
+    assert judge.add_norm(0, 7, 1, "loss") is None and judge.add_norm(0, 7, 1, "gnorm") is None
+    v = judge.add_norm(1, 7, 0, "loss")
+    assert v is not None and v["ranks"] == [1] and v["items"][0]["field"] == "loss" and "a CUDA loss" in v["reason"]
