@@ -141,6 +141,7 @@ def main() -> None:
     fp_step, fp_peer, fp_loss, fp_coll = _fingerprint_cost(args.waits // 10, args.rounds)
     batch_on, batch_off = _batch_cost(args.waits // 10, args.rounds)
     grad_set = _grad_set_cost(args.waits // 10, args.rounds)
+    clip_on, clip_off = _norm_cost(args.waits // 10, args.rounds)
     dist.destroy_process_group()
 
     step = 0.010
@@ -164,6 +165,9 @@ def main() -> None:
           f"for {GRAD_SET_PARAMS} DDP parameters ({grad_set / GRAD_SET_PARAMS * 1e9:.0f} ns a parameter); a step "
           f"(1 optimizer step, 1 backward, 2 collectives, 1 batch, {GRAD_SET_PARAMS} parameters): {per_step * 1e6:.1f} us = {100 * per_step / step:.3f}% of a 10 ms step "
           "(budget 0.5%)")
+    print(f"gradient norm (only where the script clips): clip_grad_norm_ over {GRAD_SET_PARAMS} CPU gradients "
+          f"{clip_on * 1e6:.1f} us with the wrapper that reads its value vs {clip_off * 1e6:.1f} us without "
+          f"(+{(clip_on - clip_off) * 1e6:.2f} us = {100 * (clip_on - clip_off) / step:.3f}% of a 10 ms step)")
 
 
 def _time(n: int, fn: Any) -> float:
@@ -246,6 +250,36 @@ def _grad_set_cost(n: int, rounds: int, params: int = GRAD_SET_PARAMS) -> float:
 
     fp.saw_backward(loss)
     return _best(events, n, rounds)
+
+
+def _norm_cost(n: int, rounds: int, params: int = GRAD_SET_PARAMS) -> tuple[float, float]:
+    """Per call: ``torch.nn.utils.clip_grad_norm_`` over ``params`` CPU gradients with the fingerprint's wrapper
+    (it reads the returned norm: probes/divergence.py's gnorm event) and without, in alternating blocks."""
+    import torch
+
+    from ddpdoctor.probes.divergence import StepFingerprint
+    from ddpdoctor.probes.steps import StepTracker
+
+    ps = [torch.nn.Parameter(torch.ones(4)) for _ in range(params)]
+    for p in ps:
+        p.grad = torch.ones(4)
+    fp = StepFingerprint(StepTracker(), stop=False)
+
+    def clips(on: bool) -> Any:
+        def run(k: int) -> float:
+            if on:
+                fp._wrap_norms()
+            clip = torch.nn.utils.clip_grad_norm_
+            t0 = time.perf_counter()
+            for _ in range(k):
+                clip(ps, 1e9)
+            elapsed = time.perf_counter() - t0
+            fp.finish({})
+            fp._norms.clear()
+            return elapsed
+        return run
+
+    return _alternate(clips(True), clips(False), n, rounds)
 
 
 def _batch_cost(n: int, rounds: int) -> tuple[float, float]:
