@@ -18,8 +18,9 @@ In a one-rank gloo group on this machine (real works, real Flight Recorder):
    fingerprint's pre-hook (one Flight Recorder status read, a CRC, an append) against the same step without it, in
    alternating blocks; plus, per call, reading a CPU loss in ``backward()`` and folding one public collective into
    the step's CRC; and per DataLoader batch, ``next()`` with the data position's wrapper (probes/data_position.py)
-   against the bare one, in alternating blocks. As % of a 10 ms step for one optimizer step, one backward, 2 public
-   collectives and one batch a step."""
+   against the bare one, in alternating blocks; and the grad-set event at a step's first backward for a model of
+   100 DDP parameters. As % of a 10 ms step for one optimizer step, one backward, 2 public collectives, one batch
+   and 100 parameters a step."""
 
 from __future__ import annotations
 
@@ -32,6 +33,9 @@ from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+
+GRAD_SET_PARAMS = 100  # a model a 10 ms step trains: 50 Linear layers' weights and biases
 
 
 def _best(fn: Any, n: int, rounds: int) -> float:
@@ -136,6 +140,8 @@ def main() -> None:
     same = _harmless(dist, source)
     fp_step, fp_peer, fp_loss, fp_coll = _fingerprint_cost(args.waits // 10, args.rounds)
     batch_on, batch_off = _batch_cost(args.waits // 10, args.rounds)
+    grad_set = _grad_set_cost(args.waits // 10, args.rounds)
+    clip_on, clip_off = _norm_cost(args.waits // 10, args.rounds)
     dist.destroy_process_group()
 
     step = 0.010
@@ -151,13 +157,17 @@ def main() -> None:
           f"{in_s * 1e9:.0f} ns ({out_s / in_s:.2f}x)")
     print(f"results unchanged (3 DDP steps of a BatchNorm model, with and without the source): {same}")
     per_batch = max(0.0, batch_on - batch_off)
-    per_step = (fp_step - fp_peer) + fp_loss + 2 * fp_coll + per_batch
+    per_step = (fp_step - fp_peer) + fp_loss + 2 * fp_coll + per_batch + grad_set
     print(f"per-step fingerprint: optimizer.step() {fp_step * 1e6:.1f} us with its pre-hook vs {fp_peer * 1e6:.1f} us "
           f"without (+{(fp_step - fp_peer) * 1e6:.1f} us); loss read {fp_loss * 1e6:.2f} us; one collective folded "
           f"{fp_coll * 1e6:.2f} us; a DataLoader batch {batch_on * 1e6:.1f} us with the data position vs "
-          f"{batch_off * 1e6:.1f} us without (+{per_batch * 1e6:.2f} us); a step (1 optimizer step, 1 backward, "
-          f"2 collectives, 1 batch): {per_step * 1e6:.1f} us = {100 * per_step / step:.3f}% of a 10 ms step "
+          f"{batch_off * 1e6:.1f} us without (+{per_batch * 1e6:.2f} us); the grad-set event {grad_set * 1e6:.2f} us "
+          f"for {GRAD_SET_PARAMS} DDP parameters ({grad_set / GRAD_SET_PARAMS * 1e9:.0f} ns a parameter); a step "
+          f"(1 optimizer step, 1 backward, 2 collectives, 1 batch, {GRAD_SET_PARAMS} parameters): {per_step * 1e6:.1f} us = {100 * per_step / step:.3f}% of a 10 ms step "
           "(budget 0.5%)")
+    print(f"gradient norm (only where the script clips): clip_grad_norm_ over {GRAD_SET_PARAMS} CPU gradients "
+          f"{clip_on * 1e6:.1f} us with the wrapper that reads its value vs {clip_off * 1e6:.1f} us without "
+          f"(+{(clip_on - clip_off) * 1e6:.2f} us = {100 * (clip_on - clip_off) / step:.3f}% of a 10 ms step)")
 
 
 def _time(n: int, fn: Any) -> float:
@@ -213,6 +223,63 @@ def _fingerprint_cost(n: int, rounds: int) -> tuple[float, float, float, float]:
         return time.perf_counter() - t0
 
     return with_s, without_s, _best(loss_read, n, rounds), _best(fold, n, rounds)
+
+
+def _grad_set_cost(n: int, rounds: int, params: int = GRAD_SET_PARAMS) -> float:
+    """Per step: the grad-set event at a step's first backward (probes/divergence.py: one requires_grad read a
+    managed parameter, a CRC, an append) for a DDP-managed model of ``params`` parameters."""
+    import torch
+
+    from ddpdoctor.probes.divergence import StepFingerprint
+    from ddpdoctor.probes.steps import StepTracker
+
+    net = torch.nn.Sequential(*[torch.nn.Linear(4, 4) for _ in range(params // 2)])
+    owner = type("DDP", (), {"module": net, "_module_parameters": list(net.parameters()),
+                             "parameters_to_ignore": set()})()
+    fp = StepFingerprint(StepTracker(), stop=False, managed=lambda: [owner])
+    loss = torch.tensor(0.5)
+
+    def events(k: int) -> float:
+        t0 = time.perf_counter()
+        for i in range(k):
+            fp._grads_step = -1  # each call is a step's first backward
+            fp._grad_set(i)
+        elapsed = time.perf_counter() - t0
+        fp.pending.clear()
+        return elapsed
+
+    fp.saw_backward(loss)
+    return _best(events, n, rounds)
+
+
+def _norm_cost(n: int, rounds: int, params: int = GRAD_SET_PARAMS) -> tuple[float, float]:
+    """Per call: ``torch.nn.utils.clip_grad_norm_`` over ``params`` CPU gradients with the fingerprint's wrapper
+    (it reads the returned norm: probes/divergence.py's gnorm event) and without, in alternating blocks."""
+    import torch
+
+    from ddpdoctor.probes.divergence import StepFingerprint
+    from ddpdoctor.probes.steps import StepTracker
+
+    ps = [torch.nn.Parameter(torch.ones(4)) for _ in range(params)]
+    for p in ps:
+        p.grad = torch.ones(4)
+    fp = StepFingerprint(StepTracker(), stop=False)
+
+    def clips(on: bool) -> Any:
+        def run(k: int) -> float:
+            if on:
+                fp._wrap_norms()
+            clip = torch.nn.utils.clip_grad_norm_
+            t0 = time.perf_counter()
+            for _ in range(k):
+                clip(ps, 1e9)
+            elapsed = time.perf_counter() - t0
+            fp.finish({})
+            fp._norms.clear()
+            return elapsed
+        return run
+
+    return _alternate(clips(True), clips(False), n, rounds)
 
 
 def _batch_cost(n: int, rounds: int) -> tuple[float, float]:

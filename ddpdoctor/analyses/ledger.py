@@ -34,8 +34,11 @@ GAP = "ledger_gap"
 # /proc/thread-self/schedstat, probes/steps.py): sent with the phases under this key, but not a phase (it overlaps
 # them). It is subtracted from a rank's lateness: what the OS made a rank wait for a CPU is the host's, not the job's.
 CPU_WAIT = "cpu_wait"
+# The rank's process's CPU time in the step, every thread's (time.process_time()): a rank whose own threads keep
+# its cores busy (a busy thread, a GIL-holding logger) made its run-queue wait itself, so that part is its own.
+CPU_TIME = "cpu_time"
 # Keys that are not the rank's own work (time blocked in collectives is kept apart).
-NOT_WORK = (BLOCKED, HOST_BLOCKED, GAP, CPU_WAIT)
+NOT_WORK = (BLOCKED, HOST_BLOCKED, GAP, CPU_WAIT, CPU_TIME)
 # Linux's minimum scheduler slice (CFS sched_min_granularity / EEVDF base_slice): on a host with fewer cores than
 # ranks plus their launcher, which rank the OS sets aside for a slice or two is the OS's choice, not the job's.
 SCHED_SLICE_S = 0.00075
@@ -145,7 +148,7 @@ def caused_wait(per_rank: Mapping[int, Sequence[Record]], cfg: LedgerConfig = DE
     shape = (len(ranks), len(steps))
     size = shape[0] * shape[1]
     # Flat Python lists, turned into arrays once: a list store is ~10x cheaper than a numpy element store.
-    blocked_l, total_l, runq_l = [0.0] * size, [0.0] * size, [0.0] * size
+    blocked_l, total_l, runq_l, cpu_l = [0.0] * size, [0.0] * size, [0.0] * size, [0.0] * size
     by_phase_l: dict[str, list[float]] = {}  # one pass over the window's records: a phase's list when first seen
     first = steps[0]
     for i, r in enumerate(ranks):
@@ -164,6 +167,8 @@ def caused_wait(per_rank: Mapping[int, Sequence[Record]], cfg: LedgerConfig = DE
                         blocked_l[k] = v
                     elif p == CPU_WAIT:
                         runq_l[k] = v
+                    elif p == CPU_TIME:
+                        cpu_l[k] = v
                     continue
                 col = by_phase_l.get(p)
                 if col is None:
@@ -174,27 +179,32 @@ def caused_wait(per_rank: Mapping[int, Sequence[Record]], cfg: LedgerConfig = DE
     by_phase = {p: np.array(v).reshape(shape) for p, v in by_phase_l.items()}
     phases = sorted(by_phase)
     own = np.stack([by_phase[p] for p in phases], axis=2) if phases else np.zeros((*shape, 1))
-    return judge(ranks, steps, blocked, own, phases, total, cfg, crowded, np.array(runq_l).reshape(shape))
+    runq = np.array(runq_l).reshape(shape)
+    return judge(ranks, steps, blocked, own, phases, total, cfg, crowded,
+                 cpu_wait_excess(runq, np.array(cpu_l).reshape(shape), big=len(ranks) > 32))
 
 
-def cpu_wait_excess(runq: np.ndarray | None, ref: np.ndarray | None = None) -> np.ndarray | None:
-    """Per rank and step, how much longer the rank's training thread waited for a CPU than the others' median
-    (``ref``: every rank's median, above 32 ranks), never below 0; None where no rank measured it (CPU_WAIT)."""
-    if runq is None or not runq.any():
+def _over_others(x: np.ndarray, big: bool) -> np.ndarray:
+    """Per rank and step, x minus the other ranks' median (above 32 ranks, every rank's median)."""
+    if big:
+        return x - np.median(x, axis=0)[None, :]
+    return np.stack([x[i] - np.median(np.delete(x, i, axis=0), axis=0) for i in range(x.shape[0])])
+
+
+def cpu_wait_excess(runq: np.ndarray, cpu: np.ndarray, big: bool) -> np.ndarray | None:
+    """Per rank and step (ranks, steps): how much longer the rank's training thread waited for a CPU than the
+    others (median), less what its own process used beyond theirs (its own busy threads made that wait), never
+    below 0; None where no rank measured it (docs/metrics.md#run-queue-wait)."""
+    if runq.shape[0] < 2 or not runq.any():
         return None
-    n = runq.shape[0]
-    if ref is None:
-        if n < 2:
-            return None
-        ref = np.stack([np.median(np.delete(runq, i, axis=0), axis=0) for i in range(n)])
-    return np.maximum(runq - ref, 0.0)
+    return np.maximum(_over_others(runq, big) - np.maximum(_over_others(cpu, big), 0.0), 0.0)
 
 
 def judge(ranks: list[int], steps: list[int], blocked: np.ndarray, own: np.ndarray, phases: list[str],
           total: np.ndarray, cfg: LedgerConfig = DEFAULT, crowded: Mapping[int, str] | None = None,
-          runq: np.ndarray | None = None) -> LedgerVerdict:
+          q: np.ndarray | None = None) -> LedgerVerdict:
     """The rule on arrays: blocked (ranks, steps), own work (ranks, steps, phases), step seconds (ranks, steps),
-    run-queue wait (ranks, steps; CPU_WAIT) where measured."""
+    the CPU-wait excess (ranks, steps; cpu_wait_excess) where measured."""
     n = len(ranks)
     step_s = float(np.median(np.median(total, axis=0)))
     threshold = max(cfg.min_s, cfg.rel * step_s)
@@ -206,8 +216,6 @@ def judge(ranks: list[int], steps: list[int], blocked: np.ndarray, own: np.ndarr
     else:
         all_d = np.stack([np.median(np.delete(blocked, i, axis=0), axis=0) - blocked[i] for i in range(n)])
     med_deficit = np.median(all_d, axis=1)
-    # What the OS kept a rank waiting for a CPU beyond the others is not its own lateness (a crowded host).
-    q = cpu_wait_excess(runq, np.median(runq, axis=0)[None, :] if big and runq is not None else None)
     deficits = {int(i): all_d[i] for i in np.flatnonzero(med_deficit > threshold)}
     caused = {ranks[i]: round(max(0.0, float(med_deficit[i])), 6) for i in range(n)}
     least = blocked.min(axis=0)
@@ -237,7 +245,7 @@ def judge(ranks: list[int], steps: list[int], blocked: np.ndarray, own: np.ndarr
     for i, d in deficits.items():
         if crowded_note(i):
             continue
-        if q is not None:
+        if q is not None:  # what the OS kept it waiting for a CPU beyond the others is not its own lateness
             own_late = float(np.median(d - q[i]))
             if own_late <= threshold:
                 notes.append(f"rank {ranks[i]} kept the others waiting {med_deficit[i] * 1e3:.2f} ms per step "

@@ -21,6 +21,12 @@ ADVICE = {
              "optimizer step or a branch on rank-local data; make the decision on all-reduced values.",
     "ops": "The ranks' torch.distributed calls differ (op, sizes, dtype or reduce op): a branch on rank-local data "
            "or shapes; make every rank call the same collectives in the same order.",
+    "gnorm": "One rank's gradient norm went NaN/inf while the others' stayed finite: a gradient that is not averaged "
+             "(a parameter outside DDP, a norm taken before an all-reduce) overflowed or met a NaN there; check that rank's batch and "
+             "its mixed-precision scaling, and stop on it with `--on-divergence stop`.",
+    "grads": "The ranks build gradients for different parameters: a layer frozen or unfrozen (requires_grad) on some "
+             "ranks only, e.g. a freeze schedule keyed on rank-local state; change requires_grad on every rank at the "
+             "same step (DDP then also needs the same buckets: freeze before wrapping, or find_unused_parameters).",
     "graphs": "torch.compile recompiled on some ranks only: mark the dynamic dimension (torch._dynamo.mark_dynamic), "
               "pad shapes equally on every rank, and read TORCH_LOGS=recompiles for the guard that failed.",
 }

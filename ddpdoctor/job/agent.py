@@ -22,7 +22,7 @@ from typing import Any, Protocol
 
 from ddpdoctor.job import grouping, state
 from ddpdoctor.job.capture_relay import CaptureRequest, HeadCaptures, NodeCaptures
-from ddpdoctor.job.divergence_relay import WORD, DivergenceRelay
+from ddpdoctor.job.divergence_relay import HEAD_BELL, WORD, DivergenceRelay, word_bell
 from ddpdoctor.job.record import LongStall, RankRecord
 from ddpdoctor.job.relay import HeadRelay, NodeRelay
 from ddpdoctor.job.role import JobRole, NodeInfo
@@ -130,6 +130,49 @@ class JobAgent:
         self._job_started = job_started
         self._thread = threading.Thread(target=self._loop, name="ddpdoctor-job", daemon=True)
         self._thread.start()
+        if self.fingerprints.stop_mode:
+            # --on-divergence stop holds every optimizer step for the head's word: records and word travel at
+            # once, each side woken by a bell (a blocking pop on the job store) instead of the next of three polls.
+            if self.is_head:
+                self.fingerprints.on_word = self._word_now
+            threading.Thread(target=self._bells, name="ddpdoctor-fp-bells", daemon=True).start()
+
+    def _bells(self) -> None:
+        """Stop mode: the head takes the nodes' records the moment one rings (its judge's word then goes out at
+        once: _word_now); a node hands the head's word to its ranks the moment the head rings it."""
+        while self.store is None and not self._stop.is_set():
+            self._stop.wait(TICK_S)  # a node's store is connected by its agent's loop
+        store = self.store
+        if store is None:
+            return
+        me = self.role.node_rank
+        try:
+            bell = store.bell(HEAD_BELL if self.is_head else word_bell(me))
+        except (RuntimeError, OSError, ValueError):
+            return  # the ticks carry on alone
+        while bell.wait() and not self._stop.is_set():
+            try:
+                if self.is_head:
+                    self.fingerprints.take(store, list(self.nodes), self.monitor)
+                else:  # with the head's acknowledgement: records go out every step, it keeps the backlog short
+                    got = store.get_many([WORD, f"fp-ack/{me}"])
+                    self.fingerprints.acked(got.get(f"fp-ack/{me}"))
+                    self.fingerprints.deliver(got.get(WORD), self.monitor)
+            except (RuntimeError, OSError, ValueError):
+                pass
+
+    def _word_now(self) -> None:
+        """The head's judge has a new word (stop mode): put it and ring every other node's bell now."""
+        store = self.store
+        if store is None:
+            return
+        try:
+            if self.fingerprints.put_word(store):
+                for n in self.nodes:
+                    if n != self.role.node_rank:
+                        store.ring(word_bell(n))
+        except (RuntimeError, OSError, ValueError):
+            pass  # the tick puts it again
 
     # -- every node: publish -------------------------------------------------------------------------
     def _records(self) -> list[RankRecord]:
@@ -261,6 +304,13 @@ class JobAgent:
                 self._relay.add(rank, msg.pop("steps", None), msg.get("phase"))
         elif not self.is_head and msg.get("type") == "fp":
             self.fingerprints.add(rank, msg.get("fp"))
+            store = self.store
+            if self.fingerprints.stop_mode and store is not None:
+                try:  # a held optimizer step waits for this: put now and wake the head, not on the next tick
+                    self.fingerprints.publish(store)
+                    store.ring(HEAD_BELL)
+                except (RuntimeError, OSError, ValueError):
+                    pass  # the tick publishes it again
 
     def decide(self, monitor: Any, job: Any, now: float) -> None:
         """HangMonitor.decider: the head decides for the job; another node acts on the head's verdict."""
@@ -433,6 +483,9 @@ class JobAgent:
         writes the files it lacks (no shared filesystem) and tells every node the job's verdict."""
         self.end = code
         self._stop.set()
+        if self.fingerprints.stop_mode and self.store is not None:
+            with contextlib.suppress(RuntimeError, OSError, ValueError):  # wake this node's bell waiter to end
+                self.store.ring(HEAD_BELL if self.is_head else word_bell(self.role.node_rank))
         if self._thread is not None:
             self._thread.join(timeout=5)
         if self.store is None:

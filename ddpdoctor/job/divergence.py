@@ -25,6 +25,9 @@ MAX_RANKS_SHOWN = 64
 FIELDS = ("colls", "ops", "opt", "loss", "graphs", "epoch", "dry")
 INFO = ("batches", "left", "recompiles", "breaks")
 MAX_REASON = 300  # characters of a record's ``why`` (why torch.compile compiled in that step)
+# --on-divergence stop: ranks still waiting in a collective this long after the verdict wait for a rank that left
+# its loop (a shorter shard) or will send nothing more: the job is ended then, not at the hang timeout.
+STOP_END_S = 2.0
 
 
 class RecordExtra(TypedDict, total=False):
@@ -115,6 +118,29 @@ def _first_call_difference(step: int, theirs: list[str] | None, others: list[str
     return ""
 
 
+@dataclass
+class _GradStep:
+    """One step's grad-set events (probes/divergence.py): per CRC of the flags, its ranks and one example."""
+
+    by_crc: dict[int, list[int]] = field(default_factory=dict)
+    example: dict[int, list[Any]] = field(default_factory=dict)
+    n: int = 0
+    first_at: float = 0.0
+
+
+def valid_grads(ev: Any) -> list[Any] | None:
+    """A grad-set event ``["grads", step, count, total, crc(, changed)]``, checked."""
+    if not isinstance(ev, list) or len(ev) not in (5, 6) or ev[0] != "grads" \
+            or not all(type(v) is int for v in ev[1:5]) or (len(ev) == 6 and not isinstance(ev[5], dict)):
+        return None
+    return ev
+
+
+def _changed_names(ev: list[Any], side: str) -> list[str]:
+    names = ev[5].get(side) if len(ev) == 6 else None
+    return [str(n)[:120] for n in names[:8]] if isinstance(names, list) else []
+
+
 class DivergenceJudge:
     def __init__(self, world_size: int | None) -> None:
         self.world_size = world_size
@@ -130,6 +156,99 @@ class DivergenceJudge:
         self.dry_count: dict[int, int] = {}
         self.dry_ms: dict[int, int] = {}
         self.going_on: dict[int, tuple[int, int]] = {}
+        # The grad-set events: per step not yet judged; the CRC of the last step every rank agreed on.
+        self.grad_steps: dict[int, _GradStep] = {}
+        self.grads_agreed: int | None = None
+        # The late events (gradient norms; CUDA losses): per (kind, step) not yet judged, each rank's finiteness.
+        self.norm_steps: dict[tuple[str, int], dict[int, int]] = {}
+
+    def add_norm(self, rank: int, step: int, finite: int, kind: str = "gnorm") -> DivergenceVerdict | None:
+        """``rank``'s late event of ``step`` (probes/divergence.py: ``gnorm``, its gradient norm; ``loss``, its
+        CUDA loss read once copied to the host); judged once every rank sent it: the ranks whose value was
+        non-finite while another's was finite are named. Every rank non-finite at once is no divergence between
+        ranks (a gradient norm over gradients DDP averaged is the same everywhere)."""
+        if self.verdict is not None:
+            return None
+        st = self.norm_steps.get((kind, step))
+        if st is None:
+            st = self.norm_steps[kind, step] = {}
+            while len(self.norm_steps) > 2 * WINDOW:
+                del self.norm_steps[min(self.norm_steps, key=lambda k: k[1])]
+        st[rank] = st.get(rank, 1) & (1 if finite else 0)
+        if self.world_size is None or len(st) < self.world_size:
+            return None
+        del self.norm_steps[kind, step]
+        bad = sorted(r for r, v in st.items() if not v)
+        if not bad or len(bad) == len(st):
+            return None
+        who = _who(bad)
+        text = (f"{who}: its gradient norm (the value clip_grad_norm_ or get_total_norm returned) went non-finite "
+                f"(NaN/inf) at step {step} while the other ranks' was finite: a gradient that is not averaged across "
+                "ranks (a parameter outside DDP, a norm taken before an all-reduce) went NaN/inf there first"
+                if kind == "gnorm" else
+                f"{who}: the loss went non-finite (NaN/inf) at step {step}, the other ranks' was finite (a CUDA loss, "
+                "read once its copy reached the host)")
+        item: DivergenceItem = {"field": kind, "rank_value": 0, "others_value": 1, "text": text}
+        now = time.time()
+        self.verdict = {"step": step, "ranks": bad[:MAX_RANKS_SHOWN], "ranks_count": len(bad),
+                        "others_count": len(st) - len(bad), "job": {kind: 1}, "items": [item], "reason": text,
+                        "detected_at": now, "after_first_record_s": 0.0}
+        return self.verdict
+
+    def add_grads(self, ranks: list[int], ev: list[Any]) -> DivergenceVerdict | None:
+        """``ranks`` sent the grad-set event ``ev`` (valid_grads); judged once every rank sent that step's. Ranks
+        that manage different numbers of parameters (pipeline stages) are not compared."""
+        if self.verdict is not None or not ranks:
+            return None
+        step, crc = ev[1], ev[4]
+        st = self.grad_steps.get(step)
+        if st is None:
+            st = self.grad_steps[step] = _GradStep(first_at=time.time())
+            _bound(self.grad_steps)
+        st.by_crc.setdefault(crc, []).extend(ranks)
+        st.example.setdefault(crc, ev)
+        st.n += len(ranks)
+        if self.world_size is None or st.n < self.world_size:
+            return None
+        del self.grad_steps[step]
+        if len(st.by_crc) == 1:
+            self.grads_agreed = crc
+            return None
+        if len({ex[3] for ex in st.example.values()}) > 1:
+            return None  # different models (pipeline stages): their sets are not comparable
+        self.verdict = self._grads_verdict(step, st)
+        return self.verdict
+
+    def _grads_verdict(self, step: int, st: _GradStep) -> DivergenceVerdict:
+        agreed = self.grads_agreed
+        crcs = sorted(st.by_crc, key=lambda c: (-len(st.by_crc[c]), 0 if c == agreed else 1, min(st.by_crc[c])))
+        job = st.example[crcs[0]]
+        items: list[DivergenceItem] = []
+        diverged: list[int] = []
+        for crc in crcs[1:]:
+            ranks = sorted(st.by_crc[crc])
+            diverged.extend(ranks)
+            ex = st.example[crc]
+            off, on = _changed_names(ex, "off"), _changed_names(ex, "on")
+            what = "; ".join(([f"it stopped building {', '.join(off)}"] if off else [])
+                             + ([f"it started building {', '.join(on)}"] if on else []))
+            same = " (as many, but other parameters)" if ex[2] == job[2] else ""
+            items.append({"field": "grads", "rank_value": ex[2], "others_value": job[2], "text": (
+                f"{_who(ranks)}: builds gradients for {ex[2]} of the {ex[3]} parameters DDP/FSDP2 manage at step "
+                f"{step}, the other ranks for {job[2]}{same}" + (f" ({what})" if what else "")
+                + ": a layer frozen or unfrozen on some ranks only; their gradient collectives no longer match, so "
+                "the others wait inside this step's backward")})
+        diverged.sort()
+        reason = items[0]["text"]
+        if len(diverged) == len(st.by_crc[crcs[0]]):
+            reason += (" (as many ranks on each side: the side named is the one that changed from the last agreed "
+                       "step)" if crcs[0] == agreed else " (as many ranks on each side, both changed from the last "
+                       "agreed step: the side of the higher rank is named; either may be the one at fault)")
+        now = time.time()
+        return {"step": step, "ranks": diverged[:MAX_RANKS_SHOWN], "ranks_count": len(diverged),
+                "others_count": len(st.by_crc[crcs[0]]), "job": {"grads": job[2], "params": job[3]},
+                "items": items[:8], "reason": reason, "detected_at": now,
+                "after_first_record_s": round(now - st.first_at, 3)}
 
     def add_dry(self, rank: int, step: int, ms: int) -> DivergenceVerdict | None:
         """``rank``'s training loader ran dry after ``step`` completed steps (at ``ms``, epoch milliseconds) and it
@@ -313,6 +432,8 @@ class DivergenceWatch:
         self.run_root: Path | None = None
         self.relay: Any = None  # a job of several nodes: job/divergence_relay.DivergenceRelay (join_job)
         self._lock = threading.Lock()  # the head's judge is fed by its ranks' lines and by the other nodes' relay
+        self._stop_at: float | None = None  # stop mode: when the verdict told the ranks to stop
+        self._ended = False
 
     def join_job(self, relay: Any) -> None:
         """job/agent.attach_agent: the job spans nodes. A node relays its ranks' records to the head (the agent
@@ -334,6 +455,24 @@ class DivergenceWatch:
                         "(docs/hangs.md#divergence)")
         if self.run_root is not None and monitor.writes_run_files:
             (Path(self.run_root) / "divergence.json").unlink(missing_ok=True)
+
+    def on_tick(self, monitor: Any, now: float) -> None:
+        """Stop mode, STOP_END_S after the verdict: when every rank still running waits in a collective (a peer left
+        its loop, or waits in another one), none will reach the optimizer step where it would stop, so the job is
+        ended now (the monitor's hang path: stacks, Flight Recorder dumps, RUN/hang.json pointing to the
+        divergence) rather than at the hang timeout. A rank still doing other work (saving in a ``finally``) is left
+        to end on its own."""
+        if self._stop_at is None or self._ended or now - self._stop_at < STOP_END_S:
+            return
+        snap = monitor.snapshot()
+        alive = [r for r, s in snap.items() if s["exit"] is None]
+        waiting = [r for r in alive if _waits(snap[r]["beat"])]
+        if not alive or len(waiting) < len(alive):
+            return
+        self._ended = True
+        monitor.say(f"--on-divergence stop: rank(s) {waiting[:8]} still wait in a collective {now - self._stop_at:.1f} s "
+                    "after the verdict (their peers will not join it): ending the job")
+        monitor.end_now(waiting)
 
     def on_message(self, monitor: Any, rank: int, msg: Any) -> None:
         if msg.get("type") != "fp" or self.judge.verdict is not None:
@@ -358,6 +497,20 @@ class DivergenceWatch:
                         self._declare(monitor, verdict)
                         return
                 continue
+            if isinstance(raw, list) and len(raw) == 3 and raw[0] in ("gnorm", "loss"):  # probes' late events
+                if type(raw[1]) is int and type(raw[2]) is int:
+                    verdict = self.judge.add_norm(rank, raw[1], raw[2], raw[0])
+                    if verdict is not None:
+                        self._declare(monitor, verdict)
+                        return
+                continue
+            grads = valid_grads(raw)
+            if grads is not None:  # probes/divergence.py's grad-set event, at the step's first backward
+                verdict = self.judge.add_grads([rank], grads)
+                if verdict is not None:
+                    self._declare(monitor, verdict)
+                    return
+                continue
             rec = valid(raw)
             if rec is None:
                 continue
@@ -378,6 +531,7 @@ class DivergenceWatch:
                 monitor.send(r, {"type": "divergence-stop", "reason": verdict["reason"]})
             if self.relay is not None:
                 self.relay.word(stop=verdict["reason"])
+            self._stop_at = time.time()
         if self.run_root is not None and monitor.writes_run_files:
             try:
                 write_json(Path(self.run_root) / "divergence.json", verdict)
@@ -392,3 +546,8 @@ class DivergenceWatch:
                     pass
         action = "; stopping the job before its next optimizer step" if self.on_divergence == "stop" else ""
         monitor.say(f"ranks diverged at step {verdict['step']}: {verdict['reason']}{action}")
+
+
+def _waits(beat: Any) -> bool:
+    """The rank's last beat shows it inside a collective or inside backward (DDP's gradient all-reduces)."""
+    return isinstance(beat, dict) and (beat.get("collective") is not None or beat.get("backward") is not None)

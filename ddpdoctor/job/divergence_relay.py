@@ -5,17 +5,27 @@ through the store and each node hands it to its own ranks.
 
 Store keys: ``fp/N`` (node N's records not yet acknowledged, as job/relay.py's payload: [seq, rank, records, None]),
 ``fp-ack/N`` (the head took up to that sequence), ``fp-word`` (the head's word: ``{"ok": step, "stop": reason}``).
-A record is ~50 bytes; the head's work is O(1) a record. Node side: called from the agent's thread and the
+In stop mode the records and the word do not wait for a tick: a node puts at once and rings the head's bell
+(``fp-bell``), the head's judge puts its new word at once and rings each node's (``fp-word-bell/N``); job/agent.py's
+bell threads block on them (job/store.Bell). A record is ~50 bytes; the head's work is O(1) a record. Node side: called from the agent's thread and the
 monitor's message thread (``lock``); head side: from the monitor's poll loop, which also feeds the judge."""
 
 from __future__ import annotations
 
 import threading
+from collections.abc import Callable
 from typing import Any, TypedDict
 
 from ddpdoctor.job.relay import HeadRelay, NodeRelay
 
 WORD = "fp-word"
+# Stop mode's bells (job/store.Bell): a node rings HEAD_BELL once it put new records; the head rings each node's
+# word bell once it put a new word. The ticks below stay as the fallback (a bell lost with a restarted head).
+HEAD_BELL = "fp-bell"
+
+
+def word_bell(node: int) -> str:
+    return f"fp-word-bell/{node}"
 
 
 class Word(TypedDict):
@@ -30,12 +40,16 @@ class DivergenceRelay:
         self.node_rank, self.is_head = node_rank, is_head
         self.stop_mode = False  # --on-divergence stop: the word is read every tick, the records taken every poll
         self.lock = threading.Lock()
+        self._take_lock = threading.Lock()
         self._node = NodeRelay()
         self._head = HeadRelay()
         self._seq = 0
         self._dirty = False
         self._word: Word | None = None  # the head's word, to put (the head) / last handed over (a node)
         self._word_put = False
+        # Stop mode (job/agent.py): the head's new word goes out at once (put, and each node's bell rung) instead of
+        # on its next tick; called from the thread that judged.
+        self.on_word: Callable[[], None] | None = None
 
     # -- a node -----------------------------------------------------------------------------------------
     def add(self, rank: int, recs: Any) -> None:
@@ -83,6 +97,10 @@ class DivergenceRelay:
     # -- the head ---------------------------------------------------------------------------------------
     def take(self, store: Any, nodes: list[int], monitor: Any) -> None:
         """The other nodes' new records into this node's plugins (the judge), once; acknowledged."""
+        with self._take_lock:  # the poll loop and the bell's thread (stop mode) both take: each record once
+            self._take(store, nodes, monitor)
+
+    def _take(self, store: Any, nodes: list[int], monitor: Any) -> None:
         got = store.get_many([f"fp/{n}" for n in nodes if n != self.node_rank])
         for name, payload in got.items():
             node = int(name.split("/")[1])
@@ -101,10 +119,14 @@ class DivergenceRelay:
             if stop is not None:
                 w["stop"] = stop[:500]
             self._word, self._word_put = w, False
+        if self.on_word is not None:
+            self.on_word()
 
-    def put_word(self, store: Any) -> None:
+    def put_word(self, store: Any) -> bool:
+        """Put the head's new word; True when there was one."""
         with self.lock:
             if self._word is None or self._word_put:
-                return
+                return False
             w, self._word_put = {**self._word}, True
         store.put(WORD, w)
+        return True

@@ -239,5 +239,37 @@ class JobStore:
                 self.requests += 1
                 self._store.delete_key(self.key_of(n))
 
+    def ring(self, name: str) -> None:
+        """Push one bell on the queue ``name``: wakes a ``Bell`` blocked on it (its content means nothing: a foreign
+        client's bell only costs the waiter a read)."""
+        with self._lock:
+            self.requests += 1
+            self._store.queue_push(self.key_of(name), b"1")
+
+    def bell(self, name: str) -> Bell:
+        """A waiter on the queue ``name`` over a client connection of its own (its blocking pop never holds up
+        this handle's requests)."""
+        return Bell(self.host, self.port, self.key_of(name))
+
     def close(self) -> None:
         self._store = None
+
+
+class Bell:
+    """One blocking waiter on a job-store queue (TCPStore's queue_pop wakes the moment a value is pushed, ~0.3 ms
+    here). It never times out: a pop that timed out would leave the server's answer to arrive on a connection that
+    moved on, and each timeout logs a warning; ``stop`` ends it by ringing it. Every error ends ``wait`` with
+    False (the head went away)."""
+
+    def __init__(self, host: str, port: int, key: str) -> None:
+        import torch.distributed as dist
+
+        self.key = key
+        self._store = dist.TCPStore(host, port, is_master=False, timeout=datetime.timedelta(days=7))
+
+    def wait(self) -> bool:
+        try:
+            self._store.queue_pop(self.key, block=True)
+            return True
+        except (RuntimeError, OSError, ValueError):
+            return False

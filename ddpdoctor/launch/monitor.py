@@ -282,6 +282,16 @@ class HangMonitor:
         if self.hang is None:
             self.declare(self._job, hang, line, extra_text)
 
+    def end_now(self, ranks: list[int]) -> bool:
+        """A plugin's word (job/divergence.py, --on-divergence stop) that ``ranks`` wait for peers that will never
+        come: the hang is declared now, with every rank's stack and Flight Recorder dump, not at the hang timeout.
+        One node only (a job of several: the job layer's head judges hangs); False when nothing was done."""
+        job = self._job
+        if job is None or self.hang is not None or self.decider is not None or not ranks:
+            return False
+        self._on_hang(job, ranks, time.time())
+        return True
+
     def replay(self, rank: int, msg: RankMessage) -> None:
         """A message of a rank on another node (relayed by the job layer) to this node's plugins (its live watch)."""
         self._call("on_message", self, rank, msg)

@@ -6,7 +6,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from ddpdoctor.analyses.ledger import CPU_WAIT
+from ddpdoctor.analyses.ledger import CPU_TIME, CPU_WAIT
 from ddpdoctor.errors import BadInput
 
 if TYPE_CHECKING:
@@ -50,8 +50,9 @@ class TensorBoardExporter:
             for p in points:
                 self._writer.add_scalar("live/step_time_ms", p.seconds * 1e3, p.step)
                 for phase, secs in p.phases.items():
-                    tag = "live/cpu_wait_ms" if phase == CPU_WAIT else f"live/phase_ms/{phase}"
-                    self._writer.add_scalar(tag, secs * 1e3, p.step)
+                    if phase != CPU_TIME:
+                        tag = "live/cpu_wait_ms" if phase == CPU_WAIT else f"live/phase_ms/{phase}"
+                        self._writer.add_scalar(tag, secs * 1e3, p.step)
             self._divergence(health)
             if not points:
                 self._writer.flush()

@@ -23,7 +23,7 @@ from typing import IO
 
 import numpy as np
 
-from ddpdoctor.analyses.ledger import CPU_WAIT, CausedWaitJson, caused_wait
+from ddpdoctor.analyses.ledger import CPU_TIME, CPU_WAIT, CausedWaitJson, caused_wait
 from ddpdoctor.live.records import (
     Alert,
     DivergenceEvidence,
@@ -263,7 +263,8 @@ class LiveHealth:
             # statistics.median: on 30 values it is ~10x cheaper than np.median's call overhead (x ranks x phases).
             med = median([x.seconds for x in tail])
             phases = {p: median([x.phases.get(p, 0.0) for x in tail]) for p in _phase_names(tail)}
-            runq = phases.pop(CPU_WAIT, None)  # not a phase: it overlaps them
+            runq = phases.pop(CPU_WAIT, None)  # not phases: they overlap them
+            phases.pop(CPU_TIME, None)
             total = sum(phases.values()) or 1.0
             busy = sum(v for p, v in phases.items() if p in LOSS_PHASES)
             row: RankHealth = {"step": tail[-1].step, "step_ms": round(med * 1e3, 3),

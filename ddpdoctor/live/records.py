@@ -59,6 +59,7 @@ class SlowdownEvidence(TypedDict):
     recent_steps: list[int]
     noise_ms: float
     top_phase: str | None
+    cpu_wait_rise_ms: float  # of the rise, the ranks' longer wait for a CPU (subtracted before judging)
 
 
 class DivergenceEvidence(TypedDict):

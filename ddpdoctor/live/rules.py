@@ -17,7 +17,7 @@ from typing import TypeVar
 
 import numpy as np
 
-from ddpdoctor.analyses.ledger import CPU_WAIT, cpu_wait_excess
+from ddpdoctor.analyses.ledger import CPU_TIME, CPU_WAIT, cpu_wait_excess
 from ddpdoctor.live.records import Outlier, SlowdownEvidence, SlowRankEvidence
 
 WAIT_PHASES = ("backward", "collective")
@@ -98,6 +98,7 @@ def slow_ranks(per_rank: dict[int, list[StepRecord]], cfg: HealthConfig = DEFAUL
     t = np.zeros((len(ranks), len(steps), len(phases)))
     total = np.zeros((len(ranks), len(steps)))
     runq = np.zeros((len(ranks), len(steps)))
+    cpu = np.zeros((len(ranks), len(steps)))
     for i, r in enumerate(ranks):
         for rec in per_rank[r]:
             j = index.get(rec.step)
@@ -105,13 +106,14 @@ def slow_ranks(per_rank: dict[int, list[StepRecord]], cfg: HealthConfig = DEFAUL
                 continue
             total[i, j] = rec.seconds
             runq[i, j] = rec.phases.get(CPU_WAIT, 0.0)
+            cpu[i, j] = rec.phases.get(CPU_TIME, 0.0)
             for k, p in enumerate(phases):
                 t[i, j, k] = rec.phases.get(p, 0.0)
     step_s = float(np.median(np.median(total, axis=0)))
     threshold = max(cfg.slow_rank_min_s, cfg.slow_rank_rel * step_s)
     everyone = np.median(t, axis=0) if len(ranks) > 32 else None
     # A rank's phases are longer by what the OS kept it waiting for a CPU beyond the others: the host's, not its own.
-    queued = cpu_wait_excess(runq, np.median(runq, axis=0)[None, :] if everyone is not None else None)
+    queued = cpu_wait_excess(runq, cpu, big=everyone is not None)
     nloss = len(LOSS_PHASES)
     out: list[SlowRankEvidence] = []
     for i, r in enumerate(ranks):
@@ -150,7 +152,12 @@ def slowdown(series: list[JobPoint], cfg: HealthConfig = DEFAULT_CONFIG) -> Slow
     recent = np.array([p.seconds for p in pts[-cfg.window_steps:]])
     b, c = float(np.median(base)), float(np.median(recent))
     threshold = max(cfg.slowdown_rel * b, cfg.noise_k * _mad_sigma(base))
-    if c - b <= threshold:
+    # What the ranks now wait for a CPU beyond their baseline is the host's getting busier, not the job's (less
+    # whatever more CPU the job's own process now uses: docs/metrics.md#run-queue-wait).
+    queued = max(0.0, _median_of(pts[-cfg.window_steps:], CPU_WAIT) - _median_of(pts[:cfg.baseline_steps], CPU_WAIT)
+                 - max(0.0, _median_of(pts[-cfg.window_steps:], CPU_TIME)
+                       - _median_of(pts[:cfg.baseline_steps], CPU_TIME)))
+    if c - b - queued <= threshold:
         return None
     # Where it began: walk back while the centred 5-step median before the onset stays above the halfway mark.
     secs = [p.seconds for p in pts]
@@ -164,8 +171,12 @@ def slowdown(series: list[JobPoint], cfg: HealthConfig = DEFAULT_CONFIG) -> Slow
         "pct_slower": round(100 * (c - b) / b, 1) if b > 0 else None, "since_step": pts[onset].step,
         "baseline_steps": [pts[0].step, pts[cfg.baseline_steps - 1].step], "recent_steps": [recent_pts[0].step,
                                                                                              recent_pts[-1].step],
-        "noise_ms": round(_mad_sigma(base) * 1e3, 3), "top_phase": top,
+        "noise_ms": round(_mad_sigma(base) * 1e3, 3), "top_phase": top, "cpu_wait_rise_ms": round(queued * 1e3, 3),
     }
+
+
+def _median_of(points: Sequence[JobPoint], key: str) -> float:
+    return float(np.median([p.phases.get(key, 0.0) for p in points])) if points else 0.0
 
 
 T = TypeVar("T")

@@ -92,10 +92,12 @@ class RankSession:
             heartbeat.install()
             from ddpdoctor.probes.divergence import StepFingerprint
 
-            fingerprint = StepFingerprint(self.tracker)  # per-step records the monitor compares (issue 38)
+            # Per-step records the monitor compares (issue 38), with the DDP and FSDP2 parameters' grad set.
+            fingerprint = StepFingerprint(self.tracker, managed=lambda: [*self.ddp.live_modules(),
+                                                                         *self.parallelism.fsdp2_states()])
             fingerprint.install()
             heartbeat.fingerprint = fingerprint
-            fingerprint.send = lambda rec: heartbeat._send({"type": "fp", "rank": self.rank, "fp": [rec]})
+            fingerprint.send = lambda recs: heartbeat._send({"type": "fp", "rank": self.rank, "fp": recs})
             self.extra.append(fingerprint)
             ledger.summary = heartbeat.summary  # the last step's blocked time rides in the job's rank record
             self.extra.append(heartbeat)

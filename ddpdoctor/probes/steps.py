@@ -16,7 +16,7 @@ from typing import Any, TypeVar
 
 import torch
 
-from ddpdoctor.analyses.ledger import CPU_WAIT
+from ddpdoctor.analyses.ledger import CPU_TIME, CPU_WAIT
 
 StepListener = Callable[[int], None]
 
@@ -80,6 +80,7 @@ class StepTracker:
         self._runq_fd: int | None = None  # the training thread's schedstat, opened at its first iteration end
         self._runq_ns: int | None = None
         self._runq_off = False
+        self._cpu_s = 0.0  # the process's CPU time at the last iteration's end (sent beside cpu_wait)
 
     # -- phase clock (a few hundred ns per change) ---------------------------------------------------
     @property
@@ -225,6 +226,11 @@ class StepTracker:
             waited = self._run_queue_wait()
             if waited is not None:
                 self.phase_s[CPU_WAIT] = waited
+                cpu = time.process_time()
+                self.phase_s[CPU_TIME] = max(0.0, cpu - self._cpu_s)
+                self._cpu_s = cpu
+            else:
+                self._cpu_s = time.process_time()
             self.last_record = (self.step + 1, now - self.step_started, self.phase_s)
             if self.hold is None or not self.hold(self.last_record, self.step_started, now):
                 self.recent.append(self.last_record)

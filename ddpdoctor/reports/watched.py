@@ -194,6 +194,8 @@ def watch_findings(run: RunDir, debug: bool = False, stopped: bool = False) -> l
     findings.extend(stall_findings(stalls if isinstance(stalls, list) else []))
     if stopped:
         crashes = [f for f in crashes if f.id != "rank-crashed" or not is_victim(str(f.evidence.get("exception")))]
+    if diverged:  # a crash that followed (DDP's "Expected to have finished reduction" after a frozen layer) too
+        crashes = [dataclasses.replace(f, title=f.title + note) if f.id == "rank-crashed" else f for f in crashes]
     have = {f.id for f in findings}
     findings.extend(f for f in crashes if f.id in ("rank-crashed", "rank-left-early") or f.id not in have)
     if debug:

@@ -254,3 +254,9 @@ def test_run_names_the_rank_that_took_another_path_through_the_units_and_where(p
     assert "the ranks parted at FSDP unit '0' (Linear), reduce-scatter on mesh dim 'dp' (step 8, backward" in hang["title"]
     assert "went on to FSDP unit '0' (Linear), forward all-gather on mesh dim 'dp' (step 9, forward" in hang["title"]
     assert "fully_shard units" in hang["advice"] and not {f["id"] for f in report["findings"]} & DDP_ONLY
+    # The per-step fingerprint names it first (issue 38): both ranks sent that step's grad-set event at the start of
+    # its backward (the fingerprint counts steps from 1: the script's step 8 is its step 9), and the hang points to it.
+    div = next(f for f in report["findings"] if f["id"] == "divergence")
+    assert div["ranks"] == [1] and div["evidence"]["step"] == 9, div
+    assert div["evidence"]["items"][0]["field"] == "grads" and "it stopped building 0.weight, 0.bias" in div["title"]
+    assert "diverged at step 9 before: see the divergence finding" in hang["title"]

@@ -78,7 +78,9 @@ def test_one_thread_serves_a_thousand_idle_connections_and_a_scrape(tmp_path):
             s.close()
         exporter.close()
         resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
-    assert peak - before <= 1, f"{peak - before} threads for {n} connections"
+    # One thread serves them all; a thread per connection would be hundreds. A margin of a few: another test's
+    # daemon thread in this worker process may start or end meanwhile (it failed once at 2 in a -n 2 run).
+    assert peak - before <= 4, f"{peak - before} threads for {n} connections"
     assert held <= MAX_CONNECTIONS
     assert status == 200 and "ddpdoctor_step 10.0" in body, body[:500]
     assert alive and again == 200  # the storm of reads and closes left the one thread serving

@@ -54,7 +54,7 @@ def test_two_ranks_the_slow_one_not_its_waiting_peer() -> None:
 def test_a_rank_that_waited_for_a_cpu_is_not_slow_for_it() -> None:
     # Rank 1's forward is 20 ms longer every step; in the first job all 20 ms are run-queue wait beyond rank 0's
     # (the host's CPUs, not its work): nothing. In the second, 5 ms of it is: 15 ms of its own, named with 15 ms.
-    from ddpdoctor.analyses.ledger import CPU_WAIT
+    from ddpdoctor.analyses.ledger import CPU_TIME, CPU_WAIT
 
     for queued, lost in ((0.020, None), (0.005, 15.0)):
         ranks = _ddp_ranks(2, 40, slow={1: ("forward", 0.020)})
@@ -63,6 +63,12 @@ def test_a_rank_that_waited_for_a_cpu_is_not_slow_for_it() -> None:
                         for x in recs]
         found = slow_ranks(ranks)
         assert [(f["rank"], f["lost_ms_per_step"]) for f in found] == ([] if lost is None else [(1, lost)])
+    # The 20 ms of CPU wait again, its own process using 20 ms more CPU a step (its own busy threads): all its own.
+    ranks = _ddp_ranks(2, 40, slow={1: ("forward", 0.020)})
+    for r, recs in ranks.items():
+        ranks[r] = [StepRecord(x.step, x.seconds, {**x.phases, CPU_WAIT: 0.002 + (0.020 if r == 1 else 0.0),
+                                                   CPU_TIME: 0.05 + (0.020 if r == 1 else 0.0)}) for x in recs]
+    assert [(f["rank"], f["lost_ms_per_step"]) for f in slow_ranks(ranks)] == [(1, 20.0)]
 
 
 def test_noise_alone_raises_nothing() -> None:
@@ -119,6 +125,20 @@ def test_slowdown_against_the_jobs_own_baseline() -> None:
     assert (found["baseline_ms"], found["current_ms"], found["cost_ms_per_step"], found["pct_slower"]) == \
         (100.0, 130.0, 30.0, 30.0)
     assert 44 <= found["since_step"] <= 47
+
+
+def test_a_slowdown_that_is_the_hosts_cpu_is_not_the_jobs() -> None:
+    # +30 ms from step 46 as above; the ranks' wait for a CPU rose from 2 to 27 ms (the host got busier): 30 - 25
+    # = 5 ms of the job's own, under max(15% of 100 ms, noise): nothing. With the job's own process using 25 ms more
+    # CPU a step (its own new threads), the wait is its own: 30 ms, named.
+    from ddpdoctor.analyses.ledger import CPU_TIME, CPU_WAIT
+
+    times = [0.100] * 45 + [0.130] * 30
+    busier = [{CPU_WAIT: 0.002 if s < 45 else 0.027, CPU_TIME: 0.05} for s in range(75)]
+    assert slowdown(_series(times, busier)) is None
+    own = [{CPU_WAIT: 0.002 if s < 45 else 0.027, CPU_TIME: 0.05 if s < 45 else 0.075} for s in range(75)]
+    found = slowdown(_series(times, own))
+    assert found is not None and found["cost_ms_per_step"] == 30.0 and found["cpu_wait_rise_ms"] == 0.0
 
 
 def test_no_slowdown_within_noise_or_from_recurring_evaluation() -> None:

@@ -2,14 +2,17 @@
 
     diverge.py FAULT [STEPS] [OUT]
 
-FAULT: ``none`` (healthy; rank 0 also runs an evaluation forward under no_grad every 4 steps, on rank 0 only);
+FAULT: ``freeze-all`` (healthy: DDP with find_unused_parameters, every rank freezes the first layer at step 3, as
+a fine-tuning schedule does); ``none`` (healthy; rank 0 also runs an evaluation forward under no_grad every 4 steps, on rank 0 only);
 ``skip`` (rank 1, or $DIVERGE_RANK, skips its optimizer step at step 5: a rank-local loss check); ``nan`` (rank 1's loss is NaN at
 step 5: all-reduced into every replica); ``reduceop`` (at step 5 every rank all-reduces a metric, rank 1 with MAX
 where the others SUM: no hang, no error, a silently different result); ``recompile`` (every rank runs a
 torch.compile'd statistic, backend "eager", each step; at step 5 rank 1 hands it another shape: it alone
 recompiles); ``shape`` (at step 5 every rank all-reduces 8 statistics, rank 1 as a 2x4 tensor, the others as 8:
 gloo sums them without a word); ``frozen`` (at step 3 rank 1 alone freezes the first layer of its DDP-wrapped model,
-the ezpz#242 shape: its gradient buckets differ from then on). With OUT,
+the ezpz#242 shape: its gradient buckets differ from then on); ``gnorm`` (the output is multiplied by a scale
+parameter outside DDP, whose gradient is each rank's own, and every rank clips its gradient norm; at step 5 rank 1's
+scale gradient overflows to inf: its norm alone goes non-finite, the loss stays finite). With OUT,
 each rank writes its losses and final weights to OUT/rankR.pt (the stop and bit-identity tests read them)."""
 
 import datetime
@@ -33,8 +36,9 @@ dist.init_process_group("gloo", timeout=datetime.timedelta(seconds=int(os.enviro
 rank = dist.get_rank()
 torch.manual_seed(0)
 net = nn.Sequential(nn.Linear(8, 16), nn.ReLU(), nn.Linear(16, 1))
-model = nn.parallel.DistributedDataParallel(net)
-opt = torch.optim.SGD(model.parameters(), lr=0.01)
+model = nn.parallel.DistributedDataParallel(net, find_unused_parameters=FAULT == "freeze-all")
+scale = nn.Parameter(torch.ones(1))  # gnorm: outside DDP, so its gradient is this rank's own
+opt = torch.optim.SGD([*model.parameters(), scale] if FAULT == "gnorm" else model.parameters(), lr=0.01)
 gen = torch.Generator().manual_seed(1 + rank)
 stat = torch.compile(lambda t: (t * t).mean(), backend="eager") if FAULT == "recompile" else None
 losses = []
@@ -44,8 +48,10 @@ try:
     for step in range(1, STEPS + 1):
         if FAULT == "frozen" and rank == BAD and step == 3:
             net[0].requires_grad_(False)  # BUG: one rank alone freezes a layer (a LoRA or freeze schedule)
+        if FAULT == "freeze-all" and step == 3:
+            net[0].requires_grad_(False)  # every rank alike: DDP (find_unused_parameters) takes it
         x, y = torch.randn(4, 8, generator=gen), torch.randn(4, 1, generator=gen)
-        loss = nn.functional.mse_loss(model(x), y)
+        loss = nn.functional.mse_loss(model(x) * scale if FAULT == "gnorm" else model(x), y)
         if stat is not None:
             stat(x[:3] if rank == BAD and step == AT else x)  # BUG: another shape on one rank: it recompiles
         if FAULT == "nan" and rank == BAD and step == AT:
@@ -53,6 +59,10 @@ try:
         opt.zero_grad()
         loss.backward()
         losses.append(float(loss))
+        if FAULT == "gnorm":
+            if rank == BAD and step == AT:
+                scale.grad.fill_(float("inf"))  # BUG: a gradient no one averages overflows on one rank
+            torch.nn.utils.clip_grad_norm_([*model.parameters(), scale], 1.0)
         at[step] = time.time()
         if FAULT == "reduceop" and step == AT:
             dist.all_reduce(loss.detach().clone(), op=dist.ReduceOp.MAX if rank == BAD else dist.ReduceOp.SUM)  # BUG

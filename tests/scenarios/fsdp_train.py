@@ -9,11 +9,14 @@ mask or a RoPE table), `fully_shard` on each Linear and on the root, AdamW.
     --bug drift      (tp) rank 1 changes its copy of the replicated norm weight after the first step
     --bug buffer     rank 1 changes its copy of the buffer after the first step
     --bug skip-step  rank 1 skips optimizer.step() at step 2 (a rank-local "gradient norm too large")
+    --bug nan        rank 1's loss is NaN at step --nan-at (0-based; the fingerprint's step --nan-at + 1): FSDP2's
+                     reduce-scatter averages it into every rank's shards (issue 38)
     --bug freeze-unit rank 1 freezes unit "0" (requires_grad=False) at step --freeze-at: FSDP2 skips that unit's
                      reduce-scatter there, so the ranks part at it (saforem2/ezpz#242's shape: a rank that takes
                      another path through the units)
                      (--bug may be given more than once)
     --steps N        iterations (default 8)
+    --out DIR        each rank writes DIR/rankR.pt: the steps whose optimizer step ran, and whether its shards are finite
 """
 
 from __future__ import annotations
@@ -29,10 +32,12 @@ from torch.distributed.device_mesh import init_device_mesh
 p = argparse.ArgumentParser()
 p.add_argument("--mesh", default="1d", choices=["1d", "hsdp", "tp"])
 p.add_argument("--prefetch", action="store_true")
-p.add_argument("--bug", action="append", default=[], choices=["drift", "buffer", "skip-step", "freeze-unit"])
+p.add_argument("--bug", action="append", default=[], choices=["drift", "buffer", "skip-step", "freeze-unit", "nan"])
 p.add_argument("--steps", type=int, default=8)
 p.add_argument("--freeze-at", type=int, default=2)
 p.add_argument("--width", type=int, default=256)
+p.add_argument("--nan-at", type=int, default=2)
+p.add_argument("--out")
 args = p.parse_args()
 
 dist.init_process_group("gloo")
@@ -88,20 +93,31 @@ if args.mesh == "tp":
 
     data = TensorDataset(torch.randn(16 * args.steps, W, generator=torch.Generator().manual_seed(1)))
     batches = iter(DataLoader(data, batch_size=16, sampler=DistributedSampler(data, num_replicas=1, rank=0)))
-for step in range(args.steps):
-    x = next(batches)[0] if args.mesh == "tp" else torch.randn(16, W, generator=g)
-    if "freeze-unit" in args.bug and step == args.freeze_at and rank == 1:
-        model[0].requires_grad_(False)
-    loss = model(x).square().mean()
-    opt.zero_grad()
-    loss.backward()
-    if not ("skip-step" in args.bug and step == 2 and rank == 1):
-        opt.step()
-    if "drift" in args.bug and step == 0 and rank == 1:
-        with torch.no_grad():
-            model[3].weight.to_local().mul_(1.01)
-    if "buffer" in args.bug and step == 0 and rank == 1:
-        model[7].scale.mul_(1.01)
+applied = []
+try:
+    for step in range(args.steps):
+        x = next(batches)[0] if args.mesh == "tp" else torch.randn(16, W, generator=g)
+        if "freeze-unit" in args.bug and step == args.freeze_at and rank == 1:
+            model[0].requires_grad_(False)
+        loss = model(x).square().mean()
+        if "nan" in args.bug and step == args.nan_at and rank == 1:
+            loss = loss * float("nan")  # BUG: one rank's loss is NaN
+        opt.zero_grad()
+        loss.backward()
+        if not ("skip-step" in args.bug and step == 2 and rank == 1):
+            opt.step()
+            applied.append(step)
+        if "drift" in args.bug and step == 0 and rank == 1:
+            with torch.no_grad():
+                model[3].weight.to_local().mul_(1.01)
+        if "buffer" in args.bug and step == 0 and rank == 1:
+            model[7].scale.mul_(1.01)
+finally:
+    if args.out:
+        os.makedirs(args.out, exist_ok=True)
+        local = [p.to_local() if hasattr(p, "to_local") else p for p in model.parameters()]
+        torch.save({"applied": applied, "finite": all(bool(torch.isfinite(t).all()) for t in local)},
+                   os.path.join(args.out, f"rank{rank}.pt"))
 dist.destroy_process_group()
 if os.environ.get("FSDP_TRAIN_SAY_DONE"):
     print(f"rank {rank} done")

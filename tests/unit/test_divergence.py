@@ -540,3 +540,180 @@ def test_a_dry_event_on_the_other_node_is_relayed_and_named_on_the_head(tmp_path
     assert verdict["ranks"] == [3] and verdict["step"] == 3 and verdict["items"][0]["field"] == "dry", verdict
     assert "after step 2" in verdict["reason"] and "goes on to step 3" in verdict["reason"]
     assert [m["type"] for _, m in node.sent if m["type"] == "divergence-stop"] == ["divergence-stop"] * 2
+
+
+class _DDPLike:
+    """What probes/divergence._named_params reads of a DistributedDataParallel: ``module`` and its reducer's list."""
+
+    def __init__(self, module: torch.nn.Module) -> None:
+        self.module = module
+        self._module_parameters = list(module.parameters())
+        self.parameters_to_ignore: set[str] = set()
+
+
+def _backward_steps(fp: StepFingerprint, net: torch.nn.Module, steps: int, freeze_at: int | None) -> list[Any]:
+    for step in range(1, steps + 1):
+        if step == freeze_at:
+            net[0].requires_grad_(False)
+        loss = torch.tensor(0.5)
+        fp.saw_backward(loss)
+        fp.saw_backward(loss)  # a second backward in the step (gradient accumulation): one event a step
+        fp.tracker.end()
+    return [ev for ev in fp.take() if ev[0] == "grads"]
+
+
+def test_the_grad_set_event_counts_the_managed_parameters_and_names_those_that_changed() -> None:
+    torch.manual_seed(0)
+    net = torch.nn.Sequential(torch.nn.Linear(2, 3), torch.nn.ReLU(), torch.nn.Linear(3, 1))
+    ddp = _DDPLike(net)
+    fp = StepFingerprint(_Steps(), stop=False, managed=lambda: [ddp])
+    evs = _backward_steps(fp, net, 4, freeze_at=3)
+    crc_all, crc_frozen = evs[0][4], evs[2][4]
+    assert [ev[:4] for ev in evs] == [["grads", 1, 4, 4], ["grads", 2, 4, 4], ["grads", 3, 2, 4], ["grads", 4, 2, 4]]
+    assert crc_all == evs[1][4] and crc_frozen == evs[3][4] and crc_all != crc_frozen
+    assert evs[2][5] == {"off": ["0.weight", "0.bias"], "on": []}  # names only in the step it changed
+    assert [len(ev) for ev in evs] == [5, 5, 6, 5]
+    assert StepFingerprint(_Steps(), stop=False, managed=lambda: []).outgoing() == []  # no DDP/FSDP2: no event
+
+
+def _grads(step: int, count: int, total: int = 4, crc: int | None = None, off: list[str] | None = None) -> list[Any]:
+    ev: list[Any] = ["grads", step, count, total, crc if crc is not None else count]
+    return ev + [{"off": off, "on": []}] if off else ev
+
+
+def test_a_layer_frozen_on_one_rank_is_named_at_its_step_by_the_grad_set() -> None:
+    mon = _Monitor(None)
+    watch = DivergenceWatch("warn")
+    watch.on_start(mon)
+    for step in (1, 2):
+        for rank in (0, 1):
+            watch.on_message(mon, rank, {"type": "fp", "fp": [_grads(step, 4)]})
+    watch.on_message(mon, 0, {"type": "fp", "fp": [_grads(3, 4)]})  # rank 0 then waits inside step 3's backward
+    watch.on_message(mon, 1, {"type": "fp", "fp": [_grads(3, 2, off=["0.weight", "0.bias"]), rec(3)]})
+    v = watch.judge.verdict
+    assert v is not None and v["step"] == 3 and v["ranks"] == [1] and v["job"] == {"grads": 4, "params": 4}, v
+    assert v["items"][0]["field"] == "grads" and v["items"][0]["rank_value"] == 2
+    assert v["reason"].startswith("rank 1: builds gradients for 2 of the 4 parameters DDP/FSDP2 manage at step 3, "
+                                  "the other ranks for 4 (it stopped building 0.weight, 0.bias)"), v["reason"]
+    assert "the side named is the one that changed" in v["reason"]
+    (f,) = divergence_findings(v)
+    assert f.ranks == [1] and "requires_grad" in f.advice
+
+
+def test_every_rank_freezing_or_unfreezing_at_the_same_step_and_pipeline_stages_are_quiet() -> None:
+    judge = DivergenceJudge(4)
+    for step, count in ((1, 4), (2, 4), (3, 2), (4, 2), (5, 4)):  # a fine-tuning schedule, on every rank alike
+        for rank in range(4):
+            assert judge.add_grads([rank], _grads(step, count)) is None
+    for rank in range(4):  # two pipeline stages: other models, other parameter counts
+        assert judge.add_grads([rank], _grads(6, 4 if rank < 2 else 6, total=4 if rank < 2 else 6)) is None
+    assert judge.verdict is None and not judge.grad_steps
+
+
+def test_stop_mode_ends_a_job_whose_ranks_all_wait_in_a_collective_after_the_verdict(tmp_path: Any) -> None:
+    from ddpdoctor.job.divergence import STOP_END_S
+
+    class Mon(_Monitor):
+        ended: list[int] | None = None
+        beats: dict[int, Any] = {0: {"collective": {"op": "barrier"}}, 1: {"backward": {"seq": 9}}}
+
+        def snapshot(self) -> dict[int, Any]:
+            return {r: {"beat": b, "exit": None} for r, b in self.beats.items()}
+
+        def end_now(self, ranks: list[int]) -> bool:
+            self.ended = ranks
+            return True
+
+    mon = Mon(tmp_path)
+    watch = DivergenceWatch("stop")
+    watch.on_start(mon)
+    watch.on_tick(mon, time.time() + 60)  # no verdict yet: nothing
+    watch.on_message(mon, 0, {"type": "fp", "fp": [rec(1)]})
+    watch.on_message(mon, 1, {"type": "fp", "fp": [rec(1, loss=0)]})
+    t = watch._stop_at
+    assert t is not None
+    mon.beats[1] = {"step": 1}  # rank 1 is doing something else (saving in a finally): left to end on its own
+    watch.on_tick(mon, t + STOP_END_S + 1)
+    assert mon.ended is None
+    mon.beats[1] = {"backward": {"seq": 9}}
+    watch.on_tick(mon, t + STOP_END_S / 2)  # too early
+    assert mon.ended is None
+    watch.on_tick(mon, t + STOP_END_S + 1)
+    assert mon.ended == [0, 1] and "ending the job" in mon.said[-1]
+    warn = DivergenceWatch("warn")  # warn mode never ends the job
+    warn.on_start(mon)
+    mon.ended = None
+    warn.on_message(mon, 0, {"type": "fp", "fp": [rec(1)]})
+    warn.on_message(mon, 1, {"type": "fp", "fp": [rec(1, loss=0)]})
+    warn.on_tick(mon, time.time() + 60)
+    assert mon.ended is None
+
+
+def test_the_gradient_norm_the_script_computes_is_recorded_and_returned_unchanged() -> None:
+    import torch.nn.utils.clip_grad as clip_grad
+
+    originals = (torch.nn.utils.clip_grad_norm_, clip_grad.clip_grad_norm_, torch.nn.utils.get_total_norm)
+    fp = StepFingerprint(_Steps(), stop=False)
+    fp.install()
+    try:
+        from torch.nn.utils import clip_grad_norm_  # imported after the probe installed, as a script does
+
+        p = torch.nn.Parameter(torch.ones(3))
+        opt = torch.optim.SGD([p], lr=0.1)
+        out = []
+        for grad in (torch.ones(3), torch.tensor([1.0, float("inf"), 0.0])):
+            p.grad = grad.clone()
+            out.append(clip_grad_norm_([p], max_norm=1.0))  # the wrapper: the value the script gets is torch's
+            torch.nn.utils.get_total_norm([p.grad])  # twice in a step: one event, finite only if both were
+            opt.step()
+            fp.tracker.end()
+        assert float(out[0]) == pytest.approx(3 ** 0.5) and not torch.isfinite(out[1])
+        evs = [ev for ev in fp.take() if ev[0] != "grads"]
+        assert [ev for ev in evs if ev[0] == "gnorm"] == [["gnorm", 1, 1], ["gnorm", 2, 0]]
+        assert evs[0] == ["gnorm", 1, 1] and evs[1][0] == 1  # the step's norm goes before its record
+    finally:
+        fp.finish({})
+    assert (torch.nn.utils.clip_grad_norm_, clip_grad.clip_grad_norm_, torch.nn.utils.get_total_norm) == originals
+
+
+def test_a_norm_still_being_copied_to_the_host_waits_and_goes_out_once() -> None:
+    """The CUDA path's bookkeeping with a stand-in event (no GPU here): a step whose copy has not completed waits
+    whole; the heartbeat's next tick sends it once."""
+
+    class Event:
+        done = False
+
+        def query(self) -> bool:
+            return self.done
+
+    ev = Event()
+    fp = StepFingerprint(_Steps(), stop=False)
+    fp._norms = [("gnorm", 1, True, None), ("gnorm", 2, True, None), ("gnorm", 2, torch.tensor(float("nan")), ev),
+                 ("loss", 2, torch.tensor(1.0), Event()), ("gnorm", 3, True, None)]
+    fp._norms[3][3].done = True  # step 2's CUDA loss has reached the host: it goes alone
+    fp._recorded = 2
+    assert fp.outgoing() == [["gnorm", 1, 1], ["loss", 2, 1]]  # step 2's norm waits for its copy; 3 not recorded
+    ev.done = True
+    assert fp.outgoing() == [["gnorm", 2, 0]]
+    assert fp.outgoing() == [] and fp._norms == [("gnorm", 3, True, None)]
+
+
+def test_a_rank_whose_gradient_norm_goes_non_finite_alone_is_named_and_all_at_once_is_quiet() -> None:
+    mon = _Monitor(None)
+    watch = DivergenceWatch("stop")
+    watch.on_start(mon)
+    for rank in (0, 1):  # every rank non-finite at once (DDP averaged one rank's NaN): not a divergence of ranks
+        watch.on_message(mon, rank, {"type": "fp", "fp": [["gnorm", 1, 0], rec(1)]})
+    assert watch.judge.verdict is None
+    watch.on_message(mon, 0, {"type": "fp", "fp": [["gnorm", 2, 1], rec(2)]})
+    watch.on_message(mon, 1, {"type": "fp", "fp": [["gnorm", 2, 0], rec(2)]})
+    v = watch.judge.verdict
+    assert v is not None and v["step"] == 2 and v["ranks"] == [1] and v["items"][0]["field"] == "gnorm", v
+    assert v["reason"].startswith("rank 1: its gradient norm (the value clip_grad_norm_ or get_total_norm returned) "
+                                  "went non-finite (NaN/inf) at step 2 while the other ranks' was finite")
+    assert [m["type"] for _, m in mon.sent if m["type"] != "fp-ok"] == ["divergence-stop"] * 2  # before step 2's ok
+    assert {"type": "fp-ok", "step": 2} not in [m for _, m in mon.sent]
+    judge = DivergenceJudge(2)  # a CUDA loss, read late: the same rule under its own kind
+    assert judge.add_norm(0, 7, 1, "loss") is None and judge.add_norm(0, 7, 1, "gnorm") is None
+    v = judge.add_norm(1, 7, 0, "loss")
+    assert v is not None and v["ranks"] == [1] and v["items"][0]["field"] == "loss" and "a CUDA loss" in v["reason"]

@@ -392,3 +392,22 @@ def test_the_head_says_a_deleted_end_is_unknown_not_a_dead_host(tmp_path: Path,
     out = agent._finish_head(tmp_path, 0)
     assert "died" not in (out.line or "") and "end is unknown" in (out.line or "") and "node 1 (h1)" in out.line
     assert out.code == 1
+
+
+def test_a_bell_wakes_its_waiter_the_moment_it_is_rung_and_never_times_out(head: JobStore) -> None:
+    """Stop mode's bells (job/divergence_relay.py): a blocking pop on a connection of its own, woken by a push from
+    any handle; a bell rung before the wait is kept for it. No timing asserted beyond 'it woke'."""
+    import threading
+
+    node = JobStore("127.0.0.1", head.port, "t" * 32, is_head=False, connect_timeout_s=5)
+    bell = node.bell("fp-bell")
+    woke: list[bool] = []
+    waiter = threading.Thread(target=lambda: woke.extend([bell.wait(), bell.wait()]), daemon=True)
+    waiter.start()
+    head.ring("fp-bell")
+    head.ring("fp-bell")
+    waiter.join(timeout=60)
+    assert woke == [True, True] and not waiter.is_alive()
+    node.put("node/1", {"v": 1})  # the node's own handle is not held up by its bell's connection
+    assert head.get("node/1") == {"v": 1}
+    assert bell.key == node.key_of("fp-bell") != "fp-bell"  # the queue's name is keyed, as every value's

@@ -8,7 +8,7 @@ import time
 
 import pytest
 
-from ddpdoctor.analyses.ledger import CPU_WAIT, SCHED_SLICE_S, caused_wait
+from ddpdoctor.analyses.ledger import CPU_TIME, CPU_WAIT, SCHED_SLICE_S, caused_wait
 
 Records = dict[int, list[tuple[int, float, dict[str, float]]]]
 
@@ -117,6 +117,17 @@ def test_a_rank_the_os_kept_off_the_cpu_is_a_note_not_a_slow_rank() -> None:
     # 1.5 ms of its own work and 10 ms for a CPU: 1.5 ms is under the threshold, a note.
     v = caused_wait(_starved(0.0015, 0.010))
     assert v.waited_for == [] and "1.50 ms is under" in v.notes[0]
+    # The same 10 ms for a CPU, but its own process used 30 ms more CPU a step than the other's (busy threads of its
+    # own, the benchmark's straggler-host-contention): the wait is its own doing, nothing is subtracted: named.
+    recs = _starved(0.0, 0.010)
+    for r, rows in recs.items():
+        recs[r] = [(s, t, {**ph, CPU_TIME: 0.030 + (0.030 if r == 0 else 0.0)}) for s, t, ph in rows]
+    (c,) = caused_wait(recs).waited_for
+    assert c.rank == 0 and c.cost_s == pytest.approx(0.010)
+    # Half of it (5 ms more CPU): 10 - (10 - 5) = 5 ms of its own lateness, over 2.5 ms: named.
+    for r, rows in recs.items():
+        recs[r] = [(s, t, {**ph, CPU_TIME: 0.030 + (0.005 if r == 0 else 0.0)}) for s, t, ph in rows]
+    assert [c.rank for c in caused_wait(recs).waited_for] == [0]
 
 
 def test_probe_counts_ddps_bucket_wait_as_blocked_and_leaves_gradients_alone(tmp_path) -> None:
