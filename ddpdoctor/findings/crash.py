@@ -159,6 +159,10 @@ def crash_findings(statuses: Mapping[int, RankStatusDoc | None], debug: bool = F
         first = min(failed, key=lambda r: failed[r].get("ended_at") or 0)
         roots = {first: failed[first]}
         victims = [r for r in victims if r != first]
+    # A rank torchrun stopped after the root failed (a signal, no exception of its own) is a victim too: whether it
+    # saw its peer's connection close first (an exception) or was stopped first is a race.
+    victims = sorted(set(victims) | {r for r, st in statuses.items() if st and r not in failed and r not in roots
+                                     and (r in torn_down or st.get("signal"))})
     out: list[Finding] = []
     for r, s in sorted(roots.items()):
         exc = s.get("exception") or ""

@@ -69,3 +69,15 @@ def test_sigterm_to_rank_0_blames_rank_0_not_its_victim():
     findings = crash_findings(statuses)
     assert _errors(findings) == [("rank-crashed", [0])]
     assert "Rank 0 failed first" in findings[0].title and findings[0].evidence["victims"] == [1]
+
+
+def test_a_rank_torchrun_stopped_after_the_root_failed_is_its_victim():
+    """Rank 0 fails with its own exception; rank 1, waiting in DDP's all-reduce, is stopped by torchrun before it sees
+    the connection close (a race: a fresh-clone run saw it once in tests/e2e/test_hang_scenarios.py). It is listed
+    as a victim either way."""
+    peer_first = {0: {"rank": 0, "exception": "ValueError: corrupt sample", "ended_at": 100.0},
+                  1: {"rank": 1, "exception": PEER, "ended_at": 101.0}}
+    stopped_first = {0: peer_first[0], 1: _term(1, 101.0)}
+    for statuses in (peer_first, stopped_first):
+        (f,) = [f for f in crash_findings(statuses) if f.id == "rank-crashed"]
+        assert f.ranks == [0] and f.evidence["victims"] == [1] and "Rank 0 failed first" in f.title, f
