@@ -41,8 +41,7 @@ from ddpdoctor.traces.loader import (
     decode_args,
     metadata_events,
 )
-from ddpdoctor.traces.scan import Part, bad_duration, compute_mask, scan_complete
-from ddpdoctor.traces.split import (
+from ddpdoctor.traces.ranges import (
     BufferSource,
     FileChanged,
     FileSource,
@@ -51,6 +50,7 @@ from ddpdoctor.traces.split import (
     _edges,
     _tagged_or_any,
 )
+from ddpdoctor.traces.scan import Part, bad_duration, compute_mask, scan_complete
 
 if TYPE_CHECKING:
     from ddpdoctor.traces.trace import Trace

@@ -18,7 +18,7 @@ import pytest
 from ddpdoctor.analyses.rank import analyze_trace
 from ddpdoctor.analyses.results import asdict
 from ddpdoctor.errors import BadInput
-from ddpdoctor.traces import split
+from ddpdoctor.traces import ranges, split
 from ddpdoctor.traces.loader import Event, MEvent, OtherEvent, XEvent, raw_from_bytes
 from ddpdoctor.traces.trace import Trace, build_trace
 from tests.conftest import shared_path
@@ -141,7 +141,7 @@ def test_file_ranges_read_by_offset_equal_one_pass(tmp_path: Path, workers: int)
 def test_a_window_search_finds_a_boundary_across_windows(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """Cut targets whose next boundary lies windows away, or across two windows' edge, give the same ranges as a
     search of the whole buffer."""
-    monkeypatch.setattr(split, "_WINDOW", 300)
+    monkeypatch.setattr(ranges, "_WINDOW", 300)  # where the boundary search reads it
     data = json.dumps(tricky_doc(), indent=1).encode()  # `},\n  {`: a boundary with blanks in it
     lb, rb, _ = split._edges(data)  # type: ignore[misc]
     for at in range(lb + 1, rb, 7):
