@@ -211,10 +211,7 @@ def judge(ranks: list[int], steps: list[int], blocked: np.ndarray, own: np.ndarr
     big = n > 32
     ref_blocked = np.median(blocked, axis=0) if big else None
     ref_own = np.median(own, axis=0) if big else None
-    if ref_blocked is not None:  # one vectorised pass: linear in ranks x steps
-        all_d = ref_blocked[None, :] - blocked
-    else:
-        all_d = np.stack([np.median(np.delete(blocked, i, axis=0), axis=0) - blocked[i] for i in range(n)])
+    all_d = -_over_others(blocked, big)  # the others' median blocked time - r's (above 32 ranks one vectorised pass)
     med_deficit = np.median(all_d, axis=1)
     deficits = {int(i): all_d[i] for i in np.flatnonzero(med_deficit > threshold)}
     caused = {ranks[i]: round(max(0.0, float(med_deficit[i])), 6) for i in range(n)}

@@ -223,14 +223,9 @@ class StepTracker:
             now = time.time()
             self.step_times.append(now - self.step_started)
             self._account()
-            waited = self._run_queue_wait()
-            if waited is not None:
-                self.phase_s[CPU_WAIT] = waited
-                cpu = time.process_time()
-                self.phase_s[CPU_TIME] = max(0.0, cpu - self._cpu_s)
-                self._cpu_s = cpu
-            else:
-                self._cpu_s = time.process_time()
+            use = self._cpu_use()
+            if use is not None:
+                self.phase_s[CPU_WAIT], self.phase_s[CPU_TIME] = use
             self.last_record = (self.step + 1, now - self.step_started, self.phase_s)
             if self.hold is None or not self.hold(self.last_record, self.step_started, now):
                 self.recent.append(self.last_record)
@@ -242,25 +237,23 @@ class StepTracker:
         for fn in self._listeners:
             fn(step)
 
-
-    def _run_queue_wait(self) -> float | None:
-        """Seconds the calling (training) thread waited in the run queue since the last call; None where Linux does
-        not say (no schedstat, another thread, the first iteration). One pread of an open file, ~1 us."""
-        if self._runq_off:
+    def _cpu_use(self) -> tuple[float, float] | None:
+        """Seconds the training thread waited in the run queue, and the process's CPU seconds, since the last call;
+        None where Linux does not say (no schedstat, another thread, the first iteration). One pread of an open file
+        and one clock read, ~2 us."""
+        if self._runq_off or threading.get_ident() != self._main:
             return None
         try:
             if self._runq_fd is None:
-                if threading.get_ident() != self._main:
-                    return None
                 self._runq_fd = os.open("/proc/thread-self/schedstat", os.O_RDONLY | os.O_CLOEXEC)
-            elif threading.get_ident() != self._main:
-                return None
             ns = int(os.pread(self._runq_fd, 96, 0).split()[1])
         except (OSError, ValueError, IndexError):
             self._runq_off = True  # never again: no schedstat here
             return None
-        last, self._runq_ns = self._runq_ns, ns
-        return None if last is None else max(0, ns - last) / 1e9
+        cpu = time.process_time()
+        last_ns, last_cpu = self._runq_ns, self._cpu_s
+        self._runq_ns, self._cpu_s = ns, cpu
+        return None if last_ns is None else (max(0, ns - last_ns) / 1e9, max(0.0, cpu - last_cpu))
 
 
 def _is_ddp(module: Any) -> bool:
